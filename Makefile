@@ -1,0 +1,45 @@
+# Gridgate: `make run` (demo on the embedded SQLite database) and `make test` (the CI gate).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: run test lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py demo
+	DEBUG=$${DEBUG:-true} HOST=$(HOST) PORT=$(PORT) scripts/run.sh
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python manage.py check
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python scripts/with_test_database.py $(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python scripts/with_test_database.py $(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

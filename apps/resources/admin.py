@@ -1,0 +1,129 @@
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import Count
+from django.forms.models import BaseInlineFormSet
+from django.utils.html import format_html_join
+
+from apps.resources import services
+from apps.resources.launch import launch_spec
+from apps.resources.models import ResourceClass, ResourcePool
+
+
+class ClassInlineFormSet(BaseInlineFormSet):
+    """Checks the classes of a pool as a set: exactly one default (R-POOL-2), and the pool's
+    kind/quota rules (R-POOL-3/6) against the classes as they will be after this save."""
+
+    def _construct_form(self, i, **kwargs):
+        form = super()._construct_form(i, **kwargs)
+        form.instance._default_checked_as_set = True
+        return form
+
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        planned = [
+            form.instance
+            for form in self.forms
+            if form.cleaned_data and not form.cleaned_data.get("DELETE") and (form.instance.pk or form.has_changed())
+        ]
+        try:
+            services.check_class_set(planned, self.instance.name)
+            self.instance.clean_classes(planned)
+        except ValidationError as exc:
+            raise ValidationError(exc.messages) from None  # formset errors are a flat list
+
+
+class ResourceClassInline(admin.TabularInline):
+    model = ResourceClass
+    formset = ClassInlineFormSet
+    extra = 0
+    fields = ["name", "cpu", "memory", "gpu", "max_storage", "default_storage", "default", "remote"]
+
+
+@admin.register(ResourcePool)
+class ResourcePoolAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "kind",
+        "public",
+        "default",
+        "slots_total",
+        "strategy",
+        "is_accessible",
+        "class_count",
+    ]
+    list_filter = ["kind", "public", "default", "strategy", "is_accessible"]
+    search_fields = ["name", "accessibility_message"]
+    filter_horizontal = ["users", "groups"]
+    readonly_fields = ["created_at", "updated_at"]
+    inlines = [ResourceClassInline]
+    fieldsets = [
+        (None, {"fields": ["name", "kind", "public", "default", "remote"]}),
+        ("Capacity", {"fields": ["quota_cpu", "quota_memory", "quota_gpu", "slots_total"]}),
+        ("Sessions and scheduling", {"fields": ["strategy", "idle_timeout", "max_lifetime"]}),
+        ("Accessibility", {"fields": ["is_accessible", "accessibility_message"]}),
+        ("Access (private pools)", {"fields": ["users", "groups"]}),
+        ("History", {"fields": ["created_at", "updated_at"]}),
+    ]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_class_count=Count("classes"))
+
+    @admin.display(description="classes", ordering="_class_count")
+    def class_count(self, obj):
+        return obj._class_count
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+
+        class PoolForm(form):
+            def _post_clean(self):
+                # The inline formset checks class-dependent rules against the edited classes,
+                # so a kind change and the class fixes it needs can be saved together.
+                self.instance._defer_class_checks = True
+                super()._post_clean()
+
+        return PoolForm
+
+
+@admin.register(ResourceClass)
+class ResourceClassAdmin(admin.ModelAdmin):
+    list_display = ["name", "pool", "kind", "cpu", "memory", "gpu", "default"]
+    list_filter = ["pool__kind", "default", "pool"]
+    list_select_related = ["pool"]
+    search_fields = ["name", "pool__name"]
+    readonly_fields = ["kind", "launch_specification", "created_at", "updated_at"]
+
+    @admin.display(description="kind (from the pool)")
+    def kind(self, obj):
+        return obj.pool.kind
+
+    @admin.display(description="launch specification")
+    def launch_specification(self, obj):
+        if not obj.pk:
+            return "-"
+        spec = launch_spec(obj)
+        rows = [("resources", spec["resources"])]
+        rows += [(name, value) for name, value in spec["environment"].items()]
+        rows += [("#SBATCH", " ".join(spec["batch_directives"]) or "-")]
+        return format_html_join("", "<div><code>{}</code>: {}</div>", rows)
+
+    def delete_model(self, request, obj):
+        try:
+            services.delete_class(obj)
+        except Exception as exc:  # Conflict: the default class goes last
+            self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset.select_related("pool"):
+            try:
+                services.delete_class(obj)
+            except Exception as exc:
+                self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+
+    def save_model(self, request, obj, form, change):
+        try:
+            super().save_model(request, obj, form, change)
+        except ValidationError as exc:  # pragma: no cover - full_clean ran in the form
+            self.message_user(request, "; ".join(exc.messages), messages.ERROR)

@@ -1,0 +1,180 @@
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from apps.core.api.serializers import ValidatedModelSerializer
+from apps.resources import services
+from apps.resources.launch import launch_spec
+from apps.resources.models import ResourceClass, ResourcePool
+
+
+@extend_schema_field(OpenApiTypes.NUMBER)
+class CpuField(serializers.DecimalField):
+    """CPU as a JSON number: whole values as integers (2, not 2.0 or "2.000")."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_digits", 8)
+        kwargs.setdefault("decimal_places", 3)
+        kwargs.setdefault("coerce_to_string", False)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value):
+        value = Decimal(value)
+        if value == value.to_integral_value():
+            return int(value)
+        return float(value.normalize())
+
+
+class ClassRemoteSerializer(serializers.Serializer):
+    """Documentation shape of a class override (validated by the model)."""
+
+    system_name = serializers.CharField(required=False)
+    partition = serializers.CharField(required=False)
+    forward_resource_values = serializers.BooleanField(required=False)
+
+
+class ResourceClassSerializer(ValidatedModelSerializer):
+    kind = serializers.CharField(read_only=True, help_text="The pool's kind (derived).")
+    cpu = CpuField()
+    remote = serializers.JSONField(required=False, allow_null=True)
+    matching = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ResourceClass
+        fields = [
+            "id",
+            "pool",
+            "kind",
+            "name",
+            "cpu",
+            "memory",
+            "gpu",
+            "max_storage",
+            "default_storage",
+            "default",
+            "remote",
+            "matching",
+        ]
+        read_only_fields = ["id", "pool", "kind", "matching"]
+        # Uniqueness is checked by the model (full_clean) with the admin's messages; the
+        # default-class switch must not be refused by DRF's own unique validator.
+        validators = []
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_matching(self, obj) -> bool:
+        wanted = self.context.get("wanted") or {}
+        return all(getattr(obj, dim) >= value for dim, value in wanted.items())
+
+    def create(self, validated_data):
+        validated_data["pool"] = self.context["pool"]
+        return super().create(validated_data)
+
+
+class ClassEntrySerializer(serializers.Serializer):
+    """A class inside a pool write: with ``id`` it patches that class, without it creates one."""
+
+    id = serializers.IntegerField(required=False)
+    name = serializers.CharField(required=False, max_length=64)
+    cpu = CpuField(required=False)
+    memory = serializers.IntegerField(required=False)
+    gpu = serializers.IntegerField(required=False)
+    max_storage = serializers.IntegerField(required=False)
+    default_storage = serializers.IntegerField(required=False)
+    default = serializers.BooleanField(required=False)
+    remote = serializers.JSONField(required=False, allow_null=True)
+
+
+class QuotaSerializer(serializers.Serializer):
+    cpu = CpuField()
+    memory = serializers.IntegerField()
+    gpu = serializers.IntegerField(required=False, default=0)
+
+
+class ResourcePoolSerializer(serializers.ModelSerializer):
+    quota = QuotaSerializer(required=False, allow_null=True)
+    remote = serializers.JSONField(required=False, allow_null=True)
+    users = serializers.SlugRelatedField(
+        many=True, required=False, slug_field="username", queryset=get_user_model().objects.all()
+    )
+    groups = serializers.SlugRelatedField(many=True, required=False, slug_field="name", queryset=Group.objects.all())
+    classes = ResourceClassSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ResourcePool
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "public",
+            "default",
+            "quota",
+            "remote",
+            "slots_total",
+            "strategy",
+            "idle_timeout",
+            "max_lifetime",
+            "is_accessible",
+            "accessibility_message",
+            "users",
+            "groups",
+            "classes",
+        ]
+        validators = []
+        extra_kwargs = {"name": {"validators": []}, "default": {"validators": []}}
+
+    def to_internal_value(self, data):
+        validated = super().to_internal_value(data)
+        raw_classes = data.get("classes") if hasattr(data, "get") else None
+        if raw_classes is not None:
+            entries = ClassEntrySerializer(data=raw_classes, many=True)
+            if not entries.is_valid():
+                raise serializers.ValidationError({"classes": entries.errors})
+            validated["classes"] = entries.validated_data
+        return validated
+
+    def _save(self, instance, validated_data):
+        classes = validated_data.pop("classes", None)
+        users = validated_data.pop("users", None)
+        groups = validated_data.pop("groups", None)
+        if "quota" in validated_data:
+            quota = validated_data.pop("quota")
+            validated_data["quota_cpu"] = quota["cpu"] if quota else None
+            validated_data["quota_memory"] = quota["memory"] if quota else None
+            validated_data["quota_gpu"] = quota.get("gpu", 0) if quota else None
+        if "remote" in validated_data and validated_data["remote"] is None:
+            validated_data["remote"] = {}
+        try:
+            return services.save_pool(pool=instance, fields=validated_data, users=users, groups=groups, classes=classes)
+        except DjangoValidationError as exc:  # pragma: no cover - services convert already
+            raise serializers.ValidationError(services._api_errors(exc)) from None
+
+    def create(self, validated_data):
+        return self._save(None, validated_data)
+
+    def update(self, instance, validated_data):
+        return self._save(instance, validated_data)
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["quota"] = QuotaSerializer(instance.quota).data if instance.quota is not None else None
+        return data
+
+
+class AccessibilitySerializer(serializers.Serializer):
+    is_accessible = serializers.BooleanField()
+    message = serializers.CharField(allow_blank=True, required=False, default="", max_length=500)
+
+
+class LaunchSpecSerializer(serializers.Serializer):
+    resources = serializers.DictField()
+    environment = serializers.DictField(child=serializers.CharField())
+    batch_directives = serializers.ListField(child=serializers.CharField())
+
+    @classmethod
+    def for_class(cls, resource_class: ResourceClass):
+        return cls(launch_spec(resource_class))

@@ -1,0 +1,137 @@
+from decimal import Decimal, InvalidOperation
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.generics import get_object_or_404
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from apps.core.api.permissions import IsStaff, IsStaffOrReadOnly
+from apps.resources import selectors, services
+from apps.resources.api.filters import ResourceClassFilter, ResourcePoolFilter
+from apps.resources.api.serializers import (
+    AccessibilitySerializer,
+    LaunchSpecSerializer,
+    ResourceClassSerializer,
+    ResourcePoolSerializer,
+)
+from apps.resources.models import ResourcePool
+
+MATCH_PARAMS = [
+    OpenApiParameter(dim, OpenApiTypes.NUMBER, description=f"Mark classes whose {dim} is at least this.")
+    for dim in ("cpu", "memory", "gpu")
+]
+
+
+def wanted_resources(request) -> dict:
+    wanted = {}
+    for dim in ("cpu", "memory", "gpu"):
+        raw = request.query_params.get(dim)
+        if raw in (None, ""):
+            continue
+        try:
+            value = Decimal(raw)
+        except InvalidOperation:
+            raise ValidationError({dim: [f"'{raw}' is not a number."]}) from None
+        if not value.is_finite() or value < 0:
+            raise ValidationError({dim: ["Must be a number of at least 0."]})
+        wanted[dim] = value
+    return wanted
+
+
+@extend_schema_view(list=extend_schema(parameters=MATCH_PARAMS), retrieve=extend_schema(parameters=MATCH_PARAMS))
+class ResourcePoolViewSet(viewsets.ModelViewSet):
+    """Resource pools with their classes. Reads: pools you may use (R-POOL-8). Writes: staff."""
+
+    serializer_class = ResourcePoolSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = ResourcePoolFilter
+
+    def get_queryset(self):
+        return selectors.visible_pools(self.request.user)
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if self.request is not None and self.request.method == "GET":
+            context["wanted"] = wanted_resources(self.request)
+        return context
+
+    def get_permissions(self):
+        if self.action == "accessible" and self.request.method == "GET":
+            return [AllowAny()]
+        if self.action == "accessible":
+            return [IsStaff()]
+        if self.action == "classes" and self.request.method == "POST":
+            return [IsStaff()]
+        return super().get_permissions()
+
+    def get_authenticators(self):
+        # R-SESS-5: external schedulers read accessibility without credentials; a stale or
+        # foreign token header must not turn that into a 401.
+        if self.request is not None and self.request.method == "GET" and "accessible" in self.request.path:
+            return []
+        return super().get_authenticators()
+
+    @extend_schema(request=AccessibilitySerializer, responses=AccessibilitySerializer, auth=[])
+    @action(detail=True, methods=["get", "put"], url_path="accessible")
+    def accessible(self, request, pk=None):
+        """R-SESS-5: ``{"is_accessible", "message"}`` for external schedulers (GET needs no login)."""
+        # Deliberately not scoped by visibility: the answer is a bool and a message, and QRMI
+        # clients probe private QPU pools before they authenticate.
+        pool = get_object_or_404(ResourcePool.objects.all(), pk=pk)
+        if request.method == "PUT":
+            body = AccessibilitySerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            pool.is_accessible = body.validated_data["is_accessible"]
+            pool.accessibility_message = body.validated_data.get("message", "")
+            pool.save(update_fields=["is_accessible", "accessibility_message", "updated_at"])
+        return Response({"is_accessible": pool.is_accessible, "message": pool.accessibility_message})
+
+    @extend_schema(methods=["GET"], responses=ResourceClassSerializer(many=True), parameters=MATCH_PARAMS)
+    @extend_schema(methods=["POST"], request=ResourceClassSerializer, responses={201: ResourceClassSerializer})
+    @action(detail=True, methods=["get", "post"], url_path="classes", filterset_class=None, pagination_class=None)
+    def classes(self, request, pk=None):
+        pool = self.get_object()
+        if request.method == "POST":
+            serializer = ResourceClassSerializer(data=request.data, context={"pool": pool, "request": request})
+            serializer.is_valid(raise_exception=True)
+            serializer.save()
+            return Response(serializer.data, status=status.HTTP_201_CREATED)
+        context = {"request": request, "wanted": wanted_resources(request)}
+        return Response(ResourceClassSerializer(pool.classes.all(), many=True, context=context).data)
+
+
+@extend_schema_view(list=extend_schema(parameters=MATCH_PARAMS))
+class ResourceClassViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Classes of the pools you may use; create them under ``/resource-pools/{id}/classes/``."""
+
+    serializer_class = ResourceClassSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = ResourceClassFilter
+
+    def get_queryset(self):
+        return selectors.visible_classes(self.request.user).order_by("pool__name", "name", "id")
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if self.request is not None and self.request.method == "GET":
+            context["wanted"] = wanted_resources(self.request)
+        return context
+
+    def perform_destroy(self, instance):
+        services.delete_class(instance)
+
+    @extend_schema(responses=LaunchSpecSerializer)
+    @action(detail=True, methods=["get"], url_path="launch-spec")
+    def launch_spec(self, request, pk=None):
+        """R-LAUNCH: resources, environment and batch directives a launch of this class uses."""
+        return Response(LaunchSpecSerializer.for_class(self.get_object()).data)

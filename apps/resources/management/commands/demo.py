@@ -1,0 +1,136 @@
+"""``manage.py demo``: demo users, pools and classes. Safe to re-run (updates in place)."""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from apps.resources.models import ResourceClass, ResourcePool
+
+DEMO_USERS = [
+    # username, password, is_staff
+    ("admin", "admin", True),
+    ("alice", "alice", False),
+    ("bob", "bob", False),
+]
+
+DEMO_POOLS = [
+    {
+        "pool": {"name": "local", "kind": "local", "public": True, "default": True, "remote": {}},
+        "classes": [
+            {"name": "small", "cpu": 1, "memory": 2, "default": True},
+            {"name": "medium", "cpu": 2, "memory": 4},
+        ],
+    },
+    {
+        "pool": {
+            "name": "qpu",
+            "kind": "local",
+            "public": False,
+            "slots_total": 10,
+            "strategy": "weighted_fair",
+            "remote": {},
+            "accessibility_message": "Emulated QPU for the demo.",
+        },
+        "groups": ["qpu-users"],
+        "classes": [{"name": "qpu-access", "cpu": 1, "memory": 1, "default": True}],
+    },
+    {
+        "pool": {
+            "name": "alps",
+            "kind": "firecrest",
+            "public": True,
+            "remote": {
+                "api_url": "https://api.cscs.ch/hpc/firecrest/v2",
+                "token_uri": "https://auth.cscs.ch/auth/realms/firecrest-clients/protocol/openid-connect/token",
+                "system_name": "daint",
+                "partition": "normal",
+                "working_root": "/capstor/scratch/gridgate",
+            },
+        },
+        "classes": [
+            {"name": "daint-node", "cpu": 288, "memory": 460, "gpu": 4, "default": True},
+            {
+                "name": "eiger-debug",
+                "cpu": 8,
+                "memory": 16,
+                "remote": {"system_name": "eiger", "partition": "debug", "forward_resource_values": True},
+            },
+        ],
+    },
+    {
+        "pool": {
+            "name": "slurm",
+            "kind": "slurm",
+            "public": True,
+            "remote": {"partition": "debug", "working_root": "/var/lib/gridgate/slurm"},
+        },
+        "classes": [
+            {
+                "name": "one-core",
+                "cpu": 1,
+                "memory": 1,
+                "default": True,
+                "remote": {"forward_resource_values": True},
+            },
+            {"name": "whole-node", "cpu": 2, "memory": 2},
+        ],
+    },
+    {
+        "pool": {
+            "name": "qarnot",
+            "kind": "qarnot",
+            "public": True,
+            "quota_cpu": 64,
+            "quota_memory": 256,
+            "quota_gpu": 0,
+            "remote": {"profile": "docker-batch", "docker_image": "ubuntu:24.04"},
+        },
+        "classes": [
+            {"name": "cpu-16", "cpu": 16, "memory": 32, "default": True},
+            {"name": "cpu-32", "cpu": 32, "memory": 64},
+        ],
+    },
+]
+
+
+class Command(BaseCommand):
+    help = "Create or update the demo users, pools and classes."
+
+    @transaction.atomic
+    def handle(self, *args, **options):
+        User = get_user_model()
+        users = {}
+        for username, password, staff in DEMO_USERS:
+            user, created = User.objects.get_or_create(username=username)
+            user.is_staff = staff
+            user.is_superuser = staff
+            user.set_password(password)
+            user.save()
+            users[username] = user
+            self.stdout.write(f"{'created' if created else 'updated'} user {username}")
+        qpu_users, _ = Group.objects.get_or_create(name="qpu-users")
+        qpu_users.user_set.add(users["alice"])
+
+        for spec in DEMO_POOLS:
+            fields = dict(spec["pool"])
+            name = fields.pop("name")
+            pool = ResourcePool.objects.filter(name=name).first() or ResourcePool(name=name)
+            for key, value in fields.items():
+                setattr(pool, key, value)
+            pool.full_clean()
+            pool.save()
+            if spec.get("groups"):
+                pool.groups.set(Group.objects.filter(name__in=spec["groups"]))
+            for class_fields in spec["classes"]:
+                class_fields = dict(class_fields)
+                cname = class_fields.pop("name")
+                item = pool.classes.filter(name=cname).first() or ResourceClass(pool=pool, name=cname)
+                for key, value in class_fields.items():
+                    setattr(item, key, value)
+                item._default_checked_as_set = True
+                item.full_clean()
+                item.save()
+            self.stdout.write(f"pool {pool.name} ({pool.kind}): {pool.classes.count()} classes")
+        self.stdout.write(self.style.SUCCESS("Demo data ready."))
+        self.stdout.write("Logins: admin/admin (staff), alice/alice (qpu-users), bob/bob")

@@ -1,0 +1,418 @@
+"""Resource pools and classes (SPEC §3).
+
+Rules live in ``clean()`` so the admin and the API report them with the same message; database
+constraints back the invariants that a race or a raw write could otherwise break.
+"""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.core.validators import MinLengthValidator, MinValueValidator
+from django.db import models, router, transaction
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from apps.resources import remote as remote_rules
+
+
+class PoolKind(models.TextChoices):
+    LOCAL = "local", "Local"
+    SLURM = "slurm", "Slurm"
+    FIRECREST = "firecrest", "FirecREST"
+    RUNAI = "runai", "Run:AI"
+    QARNOT = "qarnot", "Qarnot"
+
+
+SLURM_LIKE = frozenset({PoolKind.SLURM, PoolKind.FIRECREST})
+
+
+class Strategy(models.TextChoices):
+    FIFO = "fifo", "FIFO"
+    WEIGHTED_FAIR = "weighted_fair", "Weighted fair (job count / slots)"
+    USAGE_FAIR = "usage_fair", "Usage fair (device time / slots)"
+
+
+def fmt(value) -> str:
+    """A number as people write it: 8, 0.5 (not 8.000 or 5E-1)."""
+    if isinstance(value, (Decimal, float)):
+        return f"{Decimal(value).normalize():f}"
+    return str(value)
+
+
+class _CleanEnforcedConstraints:
+    """Skip, in ``full_clean()``, the constraints that ``clean()`` already reports in words.
+
+    Without this the admin would show the rule's message and the constraint's message side by
+    side. The constraints still guard every write in the database.
+    """
+
+    CLEAN_ENFORCED: frozenset[str] = frozenset()
+
+    def validate_constraints(self, exclude=None):
+        errors = {}
+        using = router.db_for_write(self.__class__, instance=self)
+        for constraint in self._meta.constraints:
+            if constraint.name in self.CLEAN_ENFORCED:
+                continue
+            try:
+                constraint.validate(self.__class__, self, exclude=exclude, using=using)
+            except ValidationError as exc:
+                errors = exc.update_error_dict(errors)
+        if errors:
+            raise ValidationError(errors)
+
+
+class ResourcePoolQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        """R-POOL-8: public pools, pools granted to the user or one of their groups; staff see all."""
+        if user.is_staff:
+            return self
+        if not user.is_authenticated:
+            return self.none()
+        through_users = ResourcePool.users.through.objects.filter(user_id=user.pk)
+        through_groups = ResourcePool.groups.through.objects.filter(group__user=user.pk)
+        return self.filter(
+            Q(public=True)
+            | Q(pk__in=through_users.values("resourcepool_id"))
+            | Q(pk__in=through_groups.values("resourcepool_id"))
+        )
+
+
+class ResourcePool(_CleanEnforcedConstraints, models.Model):
+    """A set of classes on one kind of compute, with optional quota and session capacity."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[MinLengthValidator(1)])
+    kind = models.CharField(max_length=16, choices=PoolKind.choices, default=PoolKind.LOCAL)
+    public = models.BooleanField(default=False, help_text=_("Usable by every authenticated user."))
+    default = models.BooleanField(default=False, help_text=_("The pool users get when they name none."))
+    quota_cpu = models.DecimalField("quota CPU", max_digits=10, decimal_places=3, null=True, blank=True)
+    quota_memory = models.PositiveIntegerField("quota memory (GB)", null=True, blank=True)
+    quota_gpu = models.PositiveIntegerField("quota GPU", null=True, blank=True)
+    remote = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=_("Per-kind configuration (no secrets: name environment variables instead)."),
+    )
+    slots_total = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=_("Session capacity in slots; empty means unlimited."),
+    )
+    strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.WEIGHTED_FAIR)
+    idle_timeout = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)], help_text=_("Seconds."))
+    max_lifetime = models.PositiveIntegerField(
+        default=30 * 24 * 3600, validators=[MinValueValidator(1)], help_text=_("Seconds.")
+    )
+    is_accessible = models.BooleanField(default=True)
+    accessibility_message = models.CharField(max_length=500, blank=True, default="")
+    users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="granted_pools")
+    groups = models.ManyToManyField(Group, blank=True, related_name="granted_pools")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ResourcePoolQuerySet.as_manager()
+
+    CLEAN_ENFORCED = frozenset(
+        {
+            "resources_pool_single_default",
+            "resources_pool_default_is_public_local",
+            "resources_pool_quota_valid",
+        }
+    )
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["default"],
+                condition=Q(default=True),
+                name="resources_pool_single_default",
+                violation_error_message="At most one pool is the default pool.",
+            ),
+            models.CheckConstraint(
+                condition=Q(default=False)
+                | Q(public=True, kind="local", quota_cpu__isnull=True, quota_memory__isnull=True),
+                name="resources_pool_default_is_public_local",
+                violation_error_message="The default pool is public, local and has no quota.",
+            ),
+            models.CheckConstraint(
+                condition=Q(quota_cpu__isnull=True, quota_memory__isnull=True, quota_gpu__isnull=True)
+                | Q(quota_cpu__gt=0, quota_memory__gt=0, quota_gpu__gte=0),
+                name="resources_pool_quota_valid",
+                violation_error_message="A quota has cpu > 0, memory > 0 and gpu >= 0.",
+            ),
+            models.CheckConstraint(
+                condition=Q(slots_total__isnull=True) | Q(slots_total__gte=1),
+                name="resources_pool_slots_total_positive",
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        instance = super().from_db(db, field_names, values)
+        # Snapshot what R-POOL-3/6 compare against: those checks run only when these change, so
+        # legacy rows that predate a rule stay editable (write-time rules, SPEC R-POOL-4).
+        instance._loaded = {
+            name: instance.__dict__.get(name) for name in ("kind", "quota_cpu", "quota_memory", "quota_gpu")
+        }
+        return instance
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def has_quota(self) -> bool:
+        return self.quota_cpu is not None or self.quota_memory is not None
+
+    @property
+    def quota(self) -> dict | None:
+        if not self.has_quota:
+            return None
+        return {"cpu": self.quota_cpu, "memory": self.quota_memory, "gpu": self.quota_gpu or 0}
+
+    @property
+    def is_slurm_like(self) -> bool:
+        return self.kind in SLURM_LIKE
+
+    def remote_config(self) -> dict:
+        """``remote`` with the documented defaults filled in (e.g. ``token_env``)."""
+        return remote_rules.with_defaults(self.kind, self.remote)
+
+    def kind_changed(self) -> bool:
+        loaded = getattr(self, "_loaded", None)
+        return bool(self.pk and loaded and loaded["kind"] != self.kind)
+
+    def quota_changed(self) -> bool:
+        loaded = getattr(self, "_loaded", None)
+        if not (self.pk and loaded):
+            return False
+        return any(loaded[f] != getattr(self, f) for f in ("quota_cpu", "quota_memory", "quota_gpu"))
+
+    # -- rules -----------------------------------------------------------------------------
+    def clean(self):
+        errors: dict[str, list[str]] = {}
+        if self.remote is None:
+            self.remote = {}
+        if self.name is not None:
+            self.name = self.name.strip()
+        problems = remote_rules.validate_pool_remote(self.kind, self.remote)
+        if problems:
+            errors["remote"] = problems
+
+        if self.quota_cpu is not None or self.quota_memory is not None or self.quota_gpu is not None:
+            if self.quota_gpu is None:
+                self.quota_gpu = 0
+            if self.quota_cpu is None or self.quota_cpu <= 0:
+                errors.setdefault("quota_cpu", []).append("A quota needs a cpu value greater than 0.")
+            if self.quota_memory is None or self.quota_memory <= 0:
+                errors.setdefault("quota_memory", []).append("A quota needs a memory value (GB) greater than 0.")
+
+        # R-POOL-1: one default pool, and it is usable by everyone without limits.
+        if self.default:
+            other = ResourcePool.objects.filter(default=True).exclude(pk=self.pk).first()
+            if other is not None:
+                errors.setdefault("default", []).append(
+                    f"Pool '{other.name}' is already the default pool; at most one pool is the default (R-POOL-1)."
+                )
+            if not self.public or self.kind != PoolKind.LOCAL or self.has_quota:
+                errors.setdefault("default", []).append(
+                    "The default pool must be public, local and without quota (R-POOL-1)."
+                )
+        if errors:
+            raise ValidationError(errors)
+        if not getattr(self, "_defer_class_checks", False) and self.pk:
+            self.clean_classes(list(self.classes.all()))
+
+    def clean_classes(self, classes) -> None:
+        """R-POOL-3 and R-POOL-6 against ``classes`` (the stored ones, or a planned set)."""
+        errors: dict[str, list[str]] = {}
+        if self.quota_changed() and self.has_quota:
+            for dim, label in (("cpu", "quota_cpu"), ("memory", "quota_memory"), ("gpu", "quota_gpu")):
+                limit = getattr(self, label) or 0
+                too_big = [c for c in classes if getattr(c, dim) is not None and getattr(c, dim) > limit]
+                if too_big:
+                    names = ", ".join(f"{c.name} ({fmt(getattr(c, dim))})" for c in too_big)
+                    errors.setdefault(label, []).append(
+                        f"The quota {dim} {fmt(limit)} no longer fits these classes: {names} (R-POOL-3)."
+                    )
+        if self.kind_changed():
+            target = self.kind
+            if target not in SLURM_LIKE:
+                bad = [c.name for c in classes if c.remote]
+                if bad:
+                    errors.setdefault("kind", []).append(
+                        f"Cannot change the kind to {target}: classes {', '.join(bad)} carry a remote "
+                        "override, which only Slurm-like pools accept; clear it first or in the same "
+                        "request (R-POOL-6)."
+                    )
+            else:
+                if target == PoolKind.SLURM:
+                    bad = [c.name for c in classes if c.remote and "system_name" in c.remote]
+                    if bad:
+                        errors.setdefault("kind", []).append(
+                            f"Cannot change the kind to slurm: classes {', '.join(bad)} set system_name, "
+                            "which only firecrest pools accept (R-POOL-6)."
+                        )
+                fractional = [c for c in classes if c.cpu is not None and c.cpu != c.cpu.to_integral_value()]
+                if fractional:
+                    names = ", ".join(f"{c.name} (cpu {fmt(c.cpu)})" for c in fractional)
+                    errors.setdefault("kind", []).append(
+                        f"Cannot change the kind to {target}: classes with a fractional cpu: {names}. "
+                        "Give them a whole number of CPUs, in the same request if you like (R-POOL-6)."
+                    )
+        if errors:
+            raise ValidationError(errors)
+
+
+def default_class_message(pool_name: str) -> str:
+    return (
+        f"Pool '{pool_name}' needs exactly one default class: make this class the default, "
+        "or make another class the default first (R-POOL-2)."
+    )
+
+
+class ResourceClass(_CleanEnforcedConstraints, models.Model):
+    """A size within a pool. Its kind is its pool's kind (derived, never stored)."""
+
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="classes")
+    name = models.CharField(max_length=64, validators=[MinLengthValidator(1)])
+    cpu = models.DecimalField("CPU", max_digits=8, decimal_places=3)
+    memory = models.PositiveIntegerField("memory (GB)")
+    gpu = models.PositiveIntegerField("GPU", default=0)
+    max_storage = models.PositiveIntegerField("max storage (GB)", default=1)
+    default_storage = models.PositiveIntegerField("default storage (GB)", default=1)
+    default = models.BooleanField(default=False)
+    remote = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text=_("Slurm-like pools only: system_name (firecrest), partition, forward_resource_values."),
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    CLEAN_ENFORCED = frozenset(
+        {
+            # Making a class the default demotes the previous default in save(); validating the
+            # partial unique constraint first would refuse that switch.
+            "resources_class_single_default",
+            "resources_class_cpu_positive",
+            "resources_class_memory_positive",
+            "resources_class_storage_default_within_max",
+        }
+    )
+
+    class Meta:
+        ordering = ["pool_id", "name", "id"]
+        verbose_name_plural = "resource classes"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool", "name"],
+                name="resources_class_unique_name_in_pool",
+                violation_error_message="A class with this name already exists in this pool.",
+            ),
+            models.UniqueConstraint(
+                fields=["pool"],
+                condition=Q(default=True),
+                name="resources_class_single_default",
+                violation_error_message="A pool has exactly one default class.",
+            ),
+            models.CheckConstraint(condition=Q(cpu__gt=0), name="resources_class_cpu_positive"),
+            models.CheckConstraint(condition=Q(memory__gt=0), name="resources_class_memory_positive"),
+            models.CheckConstraint(
+                condition=Q(default_storage__lte=models.F("max_storage")),
+                name="resources_class_storage_default_within_max",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.pool.name}/{self.name}" if self.pool_id else self.name
+
+    def save(self, *args, **kwargs):
+        with transaction.atomic():
+            if self.default and self.pool_id:
+                ResourceClass.objects.filter(pool_id=self.pool_id, default=True).exclude(pk=self.pk).update(
+                    default=False
+                )
+            super().save(*args, **kwargs)
+
+    @property
+    def kind(self) -> str:
+        return self.pool.kind
+
+    def remote_value(self, key: str, default=None):
+        return (self.remote or {}).get(key, default)
+
+    @property
+    def forward_resource_values(self) -> bool:
+        return bool(self.remote_value("forward_resource_values", False))
+
+    def clean(self):
+        errors: dict[str, list[str]] = {}
+        if self.name is not None:
+            self.name = self.name.strip()
+        if self.remote == {}:
+            self.remote = None
+        if self.cpu is not None and self.cpu <= 0:
+            errors.setdefault("cpu", []).append("cpu must be greater than 0.")
+        if self.memory is not None and self.memory <= 0:
+            errors.setdefault("memory", []).append("memory (GB) must be greater than 0.")
+        if (
+            self.default_storage is not None
+            and self.max_storage is not None
+            and self.default_storage > self.max_storage
+        ):
+            errors.setdefault("default_storage", []).append("default_storage cannot exceed max_storage.")
+        pool = self._state.fields_cache.get("pool") or (self.pool if self.pool_id else None)
+        if pool is not None:
+            self._clean_against_pool(pool, errors)
+        if errors:
+            raise ValidationError(errors)
+
+    def _clean_against_pool(self, pool: ResourcePool, errors: dict) -> None:
+        # R-POOL-3: the class fits the pool's quota.
+        if pool.has_quota:
+            for dim, limit in (
+                ("cpu", pool.quota_cpu),
+                ("memory", pool.quota_memory),
+                ("gpu", pool.quota_gpu or 0),
+            ):
+                value = getattr(self, dim)
+                if value is not None and limit is not None and value > limit:
+                    errors.setdefault(dim, []).append(
+                        f"{dim} {fmt(value)} exceeds the quota of pool '{pool.name}' ({fmt(limit)}) (R-POOL-3)."
+                    )
+        # R-POOL-4: Slurm-like pools allocate whole CPUs. 2.0 is accepted and stored as 2.
+        if pool.kind in SLURM_LIKE and self.cpu is not None:
+            cpu = Decimal(self.cpu)
+            if cpu != cpu.to_integral_value():
+                errors.setdefault("cpu", []).append(
+                    f"Classes of {pool.kind} pools need a whole number of CPUs (got {fmt(cpu)}) (R-POOL-4)."
+                )
+            else:
+                self.cpu = cpu.to_integral_value()
+        # R-POOL-5: remote overrides only for Slurm-like pools; system_name only for FirecREST.
+        if self.remote is not None:
+            problems = remote_rules.validate_class_remote(self.remote)
+            if problems:
+                errors.setdefault("remote", []).extend(problems)
+            elif pool.kind not in SLURM_LIKE:
+                errors.setdefault("remote", []).append(
+                    f"Only classes of Slurm-like pools (firecrest, slurm) take a remote override; "
+                    f"pool '{pool.name}' is {pool.kind} (R-POOL-5)."
+                )
+            elif "system_name" in self.remote and pool.kind != PoolKind.FIRECREST:
+                errors.setdefault("remote", []).append(
+                    f"system_name is only accepted in firecrest pools; pool '{pool.name}' is {pool.kind} (R-POOL-5)."
+                )
+        # R-POOL-2: exactly one default class. Saving a default demotes the previous one; a
+        # non-default class is refused when no other class of the pool is the default. A class
+        # set edited as a whole (admin inline, pool PATCH) is checked as a set instead.
+        if not self.default and pool.pk and not getattr(self, "_default_checked_as_set", False):
+            has_other_default = pool.classes.filter(default=True).exclude(pk=self.pk).exists()
+            if not has_other_default:
+                errors.setdefault("default", []).append(default_class_message(pool.name))

@@ -1,0 +1,188 @@
+"""Validation of the per-kind ``remote`` configuration of pools and classes (SPEC §3).
+
+Every key is validated and unknown keys are rejected, so a typo in an admin form never silently
+turns into "use the default". Secrets are never stored (R-POOL-7): only the *names* of the
+environment variables that hold them.
+"""
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from django.conf import settings
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_WORDS = ("token", "secret", "password", "key")
+SECRET_ALLOWED = {"token_uri"}
+
+
+class RemoteError(Exception):
+    """One message about the ``remote`` field."""
+
+
+def _https_url(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise RemoteError("must be a URL")
+    parsed = urlparse(value)
+    allowed = {"https", "http"} if settings.GRIDGATE_ALLOW_INSECURE_REMOTES else {"https"}
+    if parsed.scheme not in allowed or not parsed.netloc:
+        if parsed.scheme == "http":
+            raise RemoteError("must be an https URL (http is only allowed with GRIDGATE_ALLOW_INSECURE_REMOTES=true)")
+        raise RemoteError("must be an https URL")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+        raise RemoteError("must be a non-empty string of at most 255 characters")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not ENV_NAME.match(value):
+        raise RemoteError("must be an environment variable name (letters, digits, underscores)")
+    return value
+
+
+def _abs_path(value: Any) -> str:
+    value = _text(value)
+    if not value.startswith("/"):
+        raise RemoteError("must be an absolute path")
+    return value
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RemoteError("must be a whole number of at least 1")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise RemoteError("must be true or false")
+    return value
+
+
+@dataclass(frozen=True)
+class Key:
+    check: Callable[[Any], Any]
+    required: bool = False
+    default: Any = None
+
+
+POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
+    "local": {},
+    "firecrest": {
+        "api_url": Key(_https_url, required=True),
+        "system_name": Key(_text, required=True),
+        "partition": Key(_text),
+        "token_uri": Key(_https_url, required=True),
+        "account": Key(_text),
+        "working_root": Key(_abs_path),
+        "client_id_env": Key(_env_name, default="FIRECREST_CLIENT_ID"),
+        "client_secret_env": Key(_env_name, default="FIRECREST_CLIENT_SECRET"),
+    },
+    "slurm": {
+        "partition": Key(_text),
+        "account": Key(_text),
+        "working_root": Key(_abs_path),
+    },
+    "runai": {
+        "base_url": Key(_https_url, required=True),
+        "project": Key(_text),
+    },
+    "qarnot": {
+        "profile": Key(_text, required=True),
+        "docker_image": Key(_text),
+        "cluster_url": Key(_https_url),
+        "snapshot_interval": Key(_positive_int, default=60),
+        "max_upload_mb": Key(_positive_int, default=512),
+        "token_env": Key(_env_name, default="QARNOT_TOKEN"),
+    },
+}
+
+CLASS_REMOTE_KEYS: dict[str, Key] = {
+    "system_name": Key(_text),
+    "partition": Key(_text),
+    "forward_resource_values": Key(_bool, default=False),
+}
+
+
+def looks_like_secret(key: str) -> bool:
+    lowered = key.lower()
+    if lowered in SECRET_ALLOWED or lowered.endswith("_env"):
+        return False
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def secret_message(key: str, kind: str) -> str:
+    env_keys = [name for name in POOL_REMOTE_KEYS.get(kind, {}) if name.endswith("_env")]
+    if f"{key}_env" in env_keys:
+        where = f"set '{key}_env' to the name of the environment variable that holds it"
+    elif env_keys:
+        where = (
+            "set "
+            + " / ".join(f"'{name}'" for name in env_keys)
+            + (" to the name of the environment variable that holds it")
+        )
+    else:
+        where = "keep it in an environment variable of the worker hosts"
+    return f"'{key}' looks like a credential, and credentials are never stored: {where} (R-POOL-7)."
+
+
+def validate_pool_remote(kind: str, remote: dict) -> list[str]:
+    """Return the problems with a pool ``remote`` for ``kind`` (empty list when valid)."""
+    if not isinstance(remote, dict):
+        return ["must be a JSON object"]
+    if kind not in POOL_REMOTE_KEYS:
+        return []  # the kind field reports the bad kind
+    schema = POOL_REMOTE_KEYS[kind]
+    problems = []
+    for key in remote:
+        if looks_like_secret(key):
+            problems.append(secret_message(key, kind))
+    if problems:
+        return problems
+    if kind == "local" and remote:
+        return ["a local pool takes no remote configuration: leave it empty"]
+    for key, value in remote.items():
+        spec = schema.get(key)
+        if spec is None:
+            problems.append(f"unknown key '{key}' for a {kind} pool; accepted: {', '.join(schema)}")
+            continue
+        try:
+            spec.check(value)
+        except RemoteError as exc:
+            problems.append(f"'{key}' {exc}")
+    for key, spec in schema.items():
+        if spec.required and key not in remote:
+            problems.append(f"'{key}' is required for a {kind} pool")
+    return problems
+
+
+def with_defaults(kind: str, remote: dict | None) -> dict:
+    """The pool's remote configuration with documented defaults filled in."""
+    out = {key: spec.default for key, spec in POOL_REMOTE_KEYS.get(kind, {}).items() if spec.default is not None}
+    out.update(remote or {})
+    return out
+
+
+def validate_class_remote(remote: dict) -> list[str]:
+    if not isinstance(remote, dict):
+        return ["must be a JSON object or null"]
+    problems = []
+    for key, value in remote.items():
+        if looks_like_secret(key):
+            problems.append(secret_message(key, "slurm"))
+            continue
+        spec = CLASS_REMOTE_KEYS.get(key)
+        if spec is None:
+            problems.append(f"unknown key '{key}'; accepted: {', '.join(CLASS_REMOTE_KEYS)}")
+            continue
+        try:
+            spec.check(value)
+        except RemoteError as exc:
+            problems.append(f"'{key}' {exc}")
+    return problems

@@ -1,0 +1,107 @@
+"""State-changing operations on pools and classes."""
+
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
+from rest_framework.exceptions import ValidationError as ApiValidationError
+
+from apps.core.api.exceptions import Conflict, validation_error_dict
+from apps.resources.models import ResourceClass, ResourcePool, default_class_message
+
+QUOTA_FIELDS = {"quota_cpu": "quota", "quota_memory": "quota", "quota_gpu": "quota"}
+
+
+def _api_errors(exc: DjangoValidationError) -> dict:
+    errors = {}
+    for key, messages in validation_error_dict(exc).items():
+        errors.setdefault(QUOTA_FIELDS.get(key, key), []).extend(messages)
+    return errors
+
+
+def save_pool(
+    *,
+    pool: ResourcePool | None,
+    fields: dict,
+    users=None,
+    groups=None,
+    classes: list[dict] | None = None,
+) -> ResourcePool:
+    """Create or update a pool and, in the same transaction, the classes given inline.
+
+    R-POOL-6: class changes are applied before the pool-level checks (kind conversion, quota
+    fit) run against the final set of classes, so one PATCH can change the kind and fix the
+    classes. Any error rolls back everything: a refused request changes nothing.
+    """
+    with transaction.atomic():
+        pool = pool or ResourcePool()
+        for name, value in fields.items():
+            setattr(pool, name, value)
+        pool._defer_class_checks = True
+        try:
+            pool.full_clean()
+        except DjangoValidationError as exc:
+            raise ApiValidationError(_api_errors(exc)) from None
+        pool.save()
+        if users is not None:
+            pool.users.set(users)
+        if groups is not None:
+            pool.groups.set(groups)
+
+        if classes:
+            existing = {c.pk: c for c in pool.classes.all()}
+            class_errors: list[dict] = []
+            failed = False
+            for entry in classes:
+                entry = dict(entry)
+                class_id = entry.pop("id", None)
+                if class_id is not None and class_id not in existing:
+                    class_errors.append({"id": [f"Class {class_id} is not in pool '{pool.name}'."]})
+                    failed = True
+                    continue
+                item = existing.get(class_id) or ResourceClass()
+                for name, value in entry.items():
+                    setattr(item, name, value)
+                item.pool = pool  # the in-memory pool: classes are checked against the new kind
+                item._default_checked_as_set = True
+                try:
+                    item.full_clean()
+                except DjangoValidationError as exc:
+                    class_errors.append(validation_error_dict(exc))
+                    failed = True
+                    continue
+                item.save()
+                class_errors.append({})
+            if failed:
+                raise ApiValidationError({"classes": class_errors})
+
+        final = list(pool.classes.all())
+        errors = {}
+        if final and sum(1 for c in final if c.default) != 1:
+            errors["classes"] = [default_class_message(pool.name)]
+        try:
+            pool.clean_classes(final)
+        except DjangoValidationError as exc:
+            for key, messages in _api_errors(exc).items():
+                errors.setdefault(key, []).extend(messages)
+        if errors:
+            raise ApiValidationError(errors)
+    return pool
+
+
+def delete_class(resource_class: ResourceClass) -> None:
+    """Delete a class; the default class goes only last (R-POOL-2)."""
+    with transaction.atomic():
+        pool = ResourcePool.objects.select_for_update().get(pk=resource_class.pool_id)
+        others = pool.classes.exclude(pk=resource_class.pk)
+        if resource_class.default and others.exists():
+            raise Conflict(
+                f"'{resource_class.name}' is the default class of pool '{pool.name}': make another "
+                "class the default before deleting it (R-POOL-2)."
+            )
+        resource_class.delete()
+
+
+def check_class_set(forms_instances, pool_name: str) -> None:
+    """The admin inline's set-level R-POOL-2 check (same message as the API)."""
+    if forms_instances and sum(1 for c in forms_instances if c.default) != 1:
+        raise DjangoValidationError({NON_FIELD_ERRORS: [default_class_message(pool_name)]})

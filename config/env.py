@@ -1,0 +1,115 @@
+"""Typed readers for environment variables.
+
+Every reader fails with ``ImproperlyConfigured`` naming the variable, so a bad deployment value
+stops the process at start instead of surfacing later as an obscure error.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use true or false.")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}.")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_database(name: str, default_sqlite: Path) -> dict:
+    """Parse ``DATABASE_URL`` (postgres:// or sqlite:///), defaulting to an embedded SQLite file.
+
+    SQLite gets ``transaction_mode: IMMEDIATE``: a deferred transaction that later needs the write
+    lock fails with "database is locked" instead of waiting, which breaks serialized admission.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        default_sqlite.parent.mkdir(parents=True, exist_ok=True)
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(default_sqlite)}
+    else:
+        try:
+            config = dj_database_url.parse(raw.strip())
+        except Exception as exc:  # dj-database-url raises several types for malformed URLs
+            raise ImproperlyConfigured(
+                f"{name} is not a valid database URL ({exc}). Expected "
+                "postgres://user:password@host:port/name or sqlite:///path."
+            ) from None
+        engine = config.get("ENGINE", "")
+        if engine not in {
+            "django.db.backends.postgresql",
+            "django.db.backends.sqlite3",
+        }:
+            raise ImproperlyConfigured(
+                f"{name} uses an unsupported database ({engine or 'unknown'}): use postgres:// or sqlite:///."
+            )
+        if engine.endswith("postgresql") and not config.get("NAME"):
+            raise ImproperlyConfigured(f"{name} names no database (postgres://host:port/NAME).")
+        if engine.endswith("sqlite3") and not config.get("NAME"):
+            raise ImproperlyConfigured(f"{name} names no SQLite file (sqlite:///path).")
+    if config["ENGINE"].endswith("sqlite3"):
+        config.setdefault("OPTIONS", {})
+        config["OPTIONS"].update({"transaction_mode": "IMMEDIATE", "timeout": 30})
+    else:
+        config.setdefault("CONN_MAX_AGE", 0)
+        config.setdefault("OPTIONS", {})
+        config["OPTIONS"].setdefault("connect_timeout", 5)
+    return config
+
+
+def embedded_secret_key(path: Path) -> str:
+    """The embedded set-up's key: generated once into ``var/`` (mode 600) when SECRET_KEY is unset.
+
+    Production sets ``SECRET_KEY``; this keeps ``make run`` and management commands working on a
+    fresh clone without ever shipping a fixed key.
+    """
+    import secrets
+
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ImproperlyConfigured(f"SECRET_KEY is unset and {path} cannot be read ({exc}).") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it first
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    return key

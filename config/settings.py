@@ -1,0 +1,139 @@
+"""Gridgate settings. Everything deployment-specific comes from environment variables."""
+
+from pathlib import Path
+
+from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("GRIDGATE_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY") or embedded_secret_key(VAR_DIR / "secret_key")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "apps.core",
+    "apps.resources",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env_database("DATABASE_URL", VAR_DIR / "gridgate.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env_str("GRIDGATE_STATIC_ROOT", str(VAR_DIR / "static")))
+
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.StablePageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.core.api.exceptions.exception_handler",
+    "COERCE_DECIMAL_TO_STRING": False,
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gridgate API",
+    "DESCRIPTION": "Resource pools, sessions, jobs and cases for shared research compute.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
+}
+
+# django-q2: the ORM broker needs nothing beyond the database; Redis is an option for larger
+# sites (GRIDGATE_REDIS_URL). ``retry`` must exceed ``timeout`` or tasks run twice.
+Q_CLUSTER = {
+    "name": "gridgate",
+    "workers": env_int("GRIDGATE_Q_WORKERS", 2, minimum=1),
+    "timeout": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10),
+    "retry": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10) + 60,
+    "max_attempts": 3,
+    "catch_up": False,
+    "orm": "default",
+    "poll": 0.2,
+    "save_limit": 1000,
+    "ack_failures": True,
+    "label": "Task queue",
+}
+_redis_url = env_str("GRIDGATE_REDIS_URL")
+if _redis_url:
+    Q_CLUSTER.pop("orm")
+    Q_CLUSTER["redis"] = _redis_url
+
+# Gridgate's own settings.
+GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
+GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
+GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
+GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("GRIDGATE_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,97 @@
+import os
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from rest_framework.test import APIClient
+
+from apps.resources.models import ResourceClass, ResourcePool
+
+
+def pytest_configure(config):
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if os.environ.get("CI", "").lower() == "true" and not engine.endswith("postgresql"):
+        raise pytest.UsageError(
+            "CI=true requires PostgreSQL: the concurrency tests must run, not be skipped. "
+            "Set DATABASE_URL or start PostgreSQL on 127.0.0.1:5432."
+        )
+
+
+def pytest_collection_modifyitems(config, items):
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return
+    reason = os.environ.get("GRIDGATE_TEST_PG_SKIP_REASON", "needs PostgreSQL (SQLite ignores SELECT ... FOR UPDATE)")
+    skip = pytest.mark.skip(reason=f"PostgreSQL-only test skipped: {reason}")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+User = get_user_model()
+
+
+@pytest.fixture
+def staff(db):
+    return User.objects.create_user("staff", password="pw", is_staff=True)
+
+
+@pytest.fixture
+def owner(db):
+    return User.objects.create_user("owner", password="pw")
+
+
+@pytest.fixture
+def member(db):
+    return User.objects.create_user("member", password="pw")
+
+
+@pytest.fixture
+def outsider(db):
+    return User.objects.create_user("outsider", password="pw")
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def api():
+    """``api(user)`` → an APIClient authenticated as ``user`` (None for anonymous)."""
+    return client_for
+
+
+@pytest.fixture
+def local_pool(db):
+    pool = ResourcePool.objects.create(name="local", kind="local", public=True, default=True)
+    ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=2, default=True)
+    return pool
+
+
+@pytest.fixture
+def private_pool(db, member):
+    group = Group.objects.create(name="qpu-users")
+    member.groups.add(group)
+    pool = ResourcePool.objects.create(name="qpu", kind="local", public=False, slots_total=10)
+    pool.groups.add(group)
+    ResourceClass.objects.create(pool=pool, name="qpu-access", cpu=1, memory=1, default=True)
+    return pool
+
+
+FIRECREST_REMOTE = {
+    "api_url": "https://firecrest.example.org/v2",
+    "token_uri": "https://auth.example.org/token",
+    "system_name": "daint",
+}
+
+
+@pytest.fixture
+def firecrest_pool(db):
+    pool = ResourcePool.objects.create(
+        name="alps", kind="firecrest", public=True, remote=dict(FIRECREST_REMOTE, partition="normal")
+    )
+    ResourceClass.objects.create(pool=pool, name="node", cpu=64, memory=256, gpu=4, default=True)
+    return pool

@@ -1,0 +1,166 @@
+"""Pool and class endpoints: permissions, matching, accessibility, pagination, query counts."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.resources.models import ResourceClass, ResourcePool
+
+pytestmark = pytest.mark.django_db
+
+
+def test_non_staff_writes_are_forbidden(api, member, local_pool):
+    klass = local_pool.classes.get()
+    client = api(member)
+    assert client.post("/api/v1/resource-pools/", {"name": "x", "kind": "local"}, format="json").status_code == 403
+    assert client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"public": False}, format="json").status_code == 403
+    assert client.delete(f"/api/v1/resource-pools/{local_pool.pk}/").status_code == 403
+    assert (
+        client.post(
+            f"/api/v1/resource-pools/{local_pool.pk}/classes/",
+            {"name": "y", "cpu": 1, "memory": 1},
+            format="json",
+        ).status_code
+        == 403
+    )
+    assert client.patch(f"/api/v1/resource-classes/{klass.pk}/", {"cpu": 2}, format="json").status_code == 403
+    assert (
+        client.put(f"/api/v1/resource-pools/{local_pool.pk}/accessible/", {"is_accessible": False}).status_code == 403
+    )
+    local_pool.refresh_from_db()
+    assert local_pool.public and local_pool.is_accessible
+
+
+def test_anonymous_requests_are_unauthorized(api, local_pool):
+    assert api(None).get("/api/v1/resource-pools/").status_code == 401
+
+
+def test_staff_creates_pool_with_classes_quota_and_grants(api, staff, member):
+    response = api(staff).post(
+        "/api/v1/resource-pools/",
+        {
+            "name": "gpu",
+            "kind": "slurm",
+            "public": False,
+            "quota": {"cpu": 64, "memory": 512, "gpu": 8},
+            "remote": {"partition": "gpu", "working_root": "/scratch/gg"},
+            "slots_total": 4,
+            "strategy": "fifo",
+            "users": ["member"],
+            "classes": [
+                {"name": "a100", "cpu": 16, "memory": 128, "gpu": 1, "default": True},
+                {
+                    "name": "a100x4",
+                    "cpu": 64,
+                    "memory": 512,
+                    "gpu": 4,
+                    "remote": {"forward_resource_values": True},
+                },
+            ],
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["quota"] == {"cpu": 64, "memory": 512, "gpu": 8}
+    assert body["users"] == ["member"] and body["slots_total"] == 4
+    assert [c["name"] for c in body["classes"]] == ["a100", "a100x4"]
+    assert api(member).get(f"/api/v1/resource-pools/{body['id']}/").status_code == 200
+
+
+def test_unknown_user_in_grants_is_a_400(api, staff):
+    response = api(staff).post(
+        "/api/v1/resource-pools/", {"name": "x", "kind": "local", "users": ["ghost"]}, format="json"
+    )
+    assert response.status_code == 400 and "users" in response.json()
+
+
+def test_duplicate_pool_name_is_a_400_keyed_by_name(api, staff, local_pool):
+    response = api(staff).post("/api/v1/resource-pools/", {"name": "local", "kind": "local"}, format="json")
+    assert response.status_code == 400 and "name" in response.json()
+
+
+def test_matching_marks_classes_that_satisfy_the_request(api, member, local_pool):
+    ResourceClass.objects.create(pool=local_pool, name="big", cpu=8, memory=32, gpu=1)
+    results = api(member).get("/api/v1/resource-pools/?cpu=2&memory=4&gpu=1").json()["results"]
+    matching = {c["name"]: c["matching"] for c in results[0]["classes"]}
+    assert matching == {"big": True, "small": False}
+
+
+def test_matching_rejects_non_numbers(api, member, local_pool):
+    response = api(member).get("/api/v1/resource-pools/?cpu=lots")
+    assert response.status_code == 400 and "cpu" in response.json()
+
+
+def test_class_kind_is_derived_from_the_pool(api, member, firecrest_pool):
+    klass = api(member).get(f"/api/v1/resource-pools/{firecrest_pool.pk}/classes/").json()[0]
+    assert klass["kind"] == "firecrest"
+
+
+def test_accessible_is_readable_without_authentication(api, private_pool):
+    response = api(None).get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/")
+    assert response.status_code == 200
+    assert response.json() == {"is_accessible": True, "message": ""}
+
+
+def test_accessible_ignores_a_bad_token_on_get(private_pool):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    assert client.get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/").status_code == 200
+
+
+def test_staff_sets_accessibility(api, staff, private_pool):
+    response = api(staff).put(
+        f"/api/v1/resource-pools/{private_pool.pk}/accessible/",
+        {"is_accessible": False, "message": "QPU calibration until 14:00"},
+        format="json",
+    )
+    assert response.status_code == 200
+    assert api(None).get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/").json() == {
+        "is_accessible": False,
+        "message": "QPU calibration until 14:00",
+    }
+
+
+def test_pagination_is_deterministic_and_bounded(api, staff):
+    ResourcePool.objects.bulk_create([ResourcePool(name=f"p{i:03d}", public=True) for i in range(30)])
+    client = api(staff)
+    first = client.get("/api/v1/resource-pools/?page_size=10").json()
+    second = client.get("/api/v1/resource-pools/?page_size=10&page=2").json()
+    assert first["count"] == 30 and first["next"] and first["previous"] is None
+    assert [p["name"] for p in first["results"]] == [f"p{i:03d}" for i in range(10)]
+    assert [p["name"] for p in second["results"]] == [f"p{i:03d}" for i in range(10, 20)]
+    assert len(client.get("/api/v1/resource-pools/?page_size=100000").json()["results"]) == 30
+
+
+def test_bad_page_is_404_not_500(api, staff, local_pool):
+    assert api(staff).get("/api/v1/resource-pools/?page=99").status_code == 404
+
+
+def test_pool_list_query_count_does_not_grow_with_pools(api, member):
+    def count_queries():
+        with CaptureQueriesContext(connection) as ctx:
+            assert api(member).get("/api/v1/resource-pools/?page_size=500").status_code == 200
+        return len(ctx)
+
+    def add_pools(start, n):
+        for i in range(start, start + n):
+            pool = ResourcePool.objects.create(name=f"pool{i}", public=True)
+            ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+
+    add_pools(0, 2)
+    few = count_queries()
+    add_pools(2, 20)
+    assert count_queries() == few
+
+
+def test_malformed_json_body_is_400(api, staff):
+    response = api(staff).generic("POST", "/api/v1/resource-pools/", "{not json", content_type="application/json")
+    assert response.status_code == 400
+
+
+def test_deleting_a_pool_removes_its_classes(api, staff, local_pool):
+    assert api(staff).delete(f"/api/v1/resource-pools/{local_pool.pk}/").status_code == 204
+    assert not ResourceClass.objects.exists()
