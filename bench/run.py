@@ -1,4 +1,4 @@
-"""Run every bench/bench_*.py in turn (each prints its figure and ratio)."""
+"""Run every bench/*.py script in turn (each prints its figure and ratio)."""
 
 import runpy
 import sys
@@ -9,7 +9,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     sys.path.insert(0, str(HERE.parent))
-    scripts = sorted(HERE.glob("bench_*.py"))
+    scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run.py")
     if not scripts:
         print("no benchmarks yet")
         return 0
