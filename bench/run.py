@@ -9,7 +9,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     sys.path.insert(0, str(HERE.parent))
-    scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run.py")
+    scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run.py" and not p.name.startswith("_"))
     if not scripts:
         print("no benchmarks yet")
         return 0

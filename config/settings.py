@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django_q",
     "apps.core",
     "apps.resources",
+    "apps.sessions",
 ]
 
 MIDDLEWARE = [

@@ -8,4 +8,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("apps.core.api.urls")),
     path("api/v1/", include("apps.resources.api.urls")),
+    path("api/v1/", include("apps.sessions.api.urls")),
 ]

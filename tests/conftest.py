@@ -95,3 +95,13 @@ def firecrest_pool(db):
     )
     ResourceClass.objects.create(pool=pool, name="node", cpu=64, memory=256, gpu=4, default=True)
     return pool
+
+
+@pytest.fixture
+def service_principal(db):
+    """An integration account (e.g. the SPANK plugin) holding ``act_on_behalf``."""
+    from django.contrib.auth.models import Permission
+
+    user = User.objects.create_user("spank", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
+    return User.objects.get(pk=user.pk)  # fresh instance: permission cache

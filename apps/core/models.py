@@ -1,3 +1,5 @@
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 
@@ -12,3 +14,26 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self):
         return f"{self.name} @ {self.seen_at:%Y-%m-%d %H:%M:%S}"
+
+
+class IdempotencyKey(models.Model):
+    """A POST answered once per (user, Idempotency-Key) (SPEC §7).
+
+    The row is inserted before the request is processed (``response_status`` null while in
+    flight), so a concurrent repeat sees it and gets 409 instead of running twice. Only
+    successful (2xx) responses are kept; a failed attempt deletes its row so the client may retry.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body.")
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="core_idempotency_user_key")]
+
+    def __str__(self):
+        return f"{self.user_id}:{self.key}"

@@ -1,0 +1,64 @@
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from apps.sessions.models import Session
+
+EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Session
+        fields = [
+            "id",
+            "user",
+            "resource_class",
+            "pool",
+            "slots",
+            "external_id",
+            "status",
+            "created_at",
+            "expires_at",
+            "idle_expires_at",
+            "revoked_at",
+            "revocation_reason",
+            "launch_spec",
+        ]
+        read_only_fields = fields
+
+
+class SessionCreateSerializer(serializers.Serializer):
+    """``POST /sessions/``: ``resource_class``, ``slots``, ``external_id`` (or its aliases
+    ``scheduler_job_id`` / ``slurm_job_id``), and ``user`` for service principals."""
+
+    resource_class = serializers.IntegerField(min_value=1)
+    slots = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1)
+    external_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    scheduler_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    slurm_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    user = serializers.CharField(max_length=150, required=False, help_text="Username (service principals only).")
+
+    def validate(self, attrs):
+        given = {attrs.pop(name).strip() for name in EXTERNAL_ID_ALIASES if attrs.get(name, "").strip()}
+        for name in EXTERNAL_ID_ALIASES:
+            attrs.pop(name, None)
+        if len(given) > 1:
+            raise serializers.ValidationError(
+                {"external_id": ["external_id, scheduler_job_id and slurm_job_id disagree; send one."]}
+            )
+        attrs["external_id"] = given.pop() if given else ""
+        return attrs
+
+    def validate_user(self, value):
+        user = get_user_model().objects.filter(username=value).first()
+        if user is None:
+            raise serializers.ValidationError(f"No user named '{value}'.")
+        return user
+
+
+class SlotsSerializer(serializers.Serializer):
+    slots_total = serializers.IntegerField()
+    slots_used = serializers.IntegerField()
+    slots_available = serializers.IntegerField()

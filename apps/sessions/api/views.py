@@ -1,0 +1,96 @@
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.generics import get_object_or_404
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.api.permissions import IsStaff
+from apps.core.idempotency import idempotent
+from apps.resources.models import ResourcePool
+from apps.resources.selectors import can_use_pool, visible_classes
+from apps.sessions import services
+from apps.sessions.api.filters import SessionFilter
+from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer, SlotsSerializer
+from apps.sessions.models import Session, is_service_principal
+
+CONFLICT = OpenApiResponse(description="No capacity (with slots_available) or a different session for the id.")
+
+
+class SessionViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    """Sessions: claims on a pool's capacity. Own sessions; staff and service principals see all."""
+
+    serializer_class = SessionSerializer
+    filterset_class = SessionFilter
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no real user
+            return Session.objects.none()
+        return (
+            Session.objects.visible_to(self.request.user).select_related("user", "pool").order_by("-created_at", "id")
+        )
+
+    def get_permissions(self):
+        if self.action == "revoke":
+            return [IsStaff()]
+        return super().get_permissions()
+
+    @extend_schema(
+        request=SessionCreateSerializer,
+        responses={201: SessionSerializer, 200: SessionSerializer, 409: CONFLICT, 403: OpenApiResponse()},
+    )
+    def create(self, request, *args, **kwargs):
+        """R-SESS-1/2: 201 new session, 200 the same active one for this external id, 409 no room."""
+        return idempotent(request, lambda: self._create(request))
+
+    def _create(self, request):
+        body = SessionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        caller = request.user
+        target = data.get("user") or caller
+        if target != caller and not is_service_principal(caller):
+            raise PermissionDenied("Only service principals (act_on_behalf) may open sessions for another user.")
+        resource_class = visible_classes(caller).filter(pk=data["resource_class"]).first()
+        if resource_class is None:
+            raise ValidationError({"resource_class": [f"No class {data['resource_class']} that you can use."]})
+        if target != caller and not can_use_pool(target, resource_class.pool):
+            raise PermissionDenied(f"User '{target.username}' may not use pool '{resource_class.pool.name}'.")
+        admission = services.admit(
+            user=target, resource_class=resource_class, slots=data["slots"], external_id=data["external_id"]
+        )
+        return Response(
+            SessionSerializer(admission.session).data,
+            status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
+        )
+
+    def destroy(self, request, *args, **kwargs):
+        """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
+        services.release(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """R-SESS-4: staff revocation (reason ``manual``); frees the slots at once."""
+        session = self.get_object()
+        services.revoke(session)
+        session.refresh_from_db()
+        return Response(SessionSerializer(session).data)
+
+
+class PoolSlotsView(APIView):
+    """R-SESS-6: slot usage of a pool, for external load sensors and licence sync."""
+
+    @extend_schema(responses={200: SlotsSerializer, 404: OpenApiResponse(description="No slots_total.")})
+    def get(self, request, pk):
+        pool = get_object_or_404(ResourcePool.objects.visible_to(request.user), pk=pk)
+        if pool.slots_total is None:
+            return Response(
+                {"detail": f"Pool '{pool.name}' has no slot capacity (slots_total is not set)."},
+                status=status.HTTP_404_NOT_FOUND,
+            )
+        return Response(services.slots_usage(pool))

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class ComputeSessionsConfig(AppConfig):
+    name = "apps.sessions"
+    # Must differ from django.contrib.sessions' label "sessions".
+    label = "compute_sessions"
+    verbose_name = "Compute sessions"

@@ -1,0 +1,47 @@
+"""Extension points the scheduling app plugs into, so sessions do not import jobs.
+
+- ``register_busy_condition(fn)``: ``fn()`` returns a ``Q`` (usually ``Exists(...)``) true for
+  sessions that have pending or running work; such sessions are never idle-expired (R-SESS-3).
+  The Q must be pure (no per-call values): admission compiles it once per process.
+- ``sessions_revoked``: sent after sessions were revoked (released, revoked by staff, expired),
+  with ``session_ids`` and ``reason``; receivers cancel pending jobs and ask running ones to stop
+  (R-SESS-3, R-SESS-4).
+"""
+
+from collections.abc import Callable
+
+from django.db.models import Q
+from django.dispatch import Signal
+
+sessions_revoked = Signal()
+
+_busy_conditions: list[Callable[[], Q]] = []
+_version = 0
+
+
+def register_busy_condition(condition: Callable[[], Q]) -> None:
+    global _version
+    if condition not in _busy_conditions:
+        _busy_conditions.append(condition)
+        _version += 1
+
+
+def unregister_busy_condition(condition: Callable[[], Q]) -> None:
+    global _version
+    if condition in _busy_conditions:
+        _busy_conditions.remove(condition)
+        _version += 1
+
+
+def busy_version() -> int:
+    """Changes whenever the set of conditions changes (compiled queries depend on it)."""
+    return _version
+
+
+def busy_q() -> Q | None:
+    """A Q matching sessions with unfinished work, or None when nothing is registered."""
+    combined = None
+    for condition in _busy_conditions:
+        q = condition()
+        combined = q if combined is None else combined | q
+    return combined

@@ -1,0 +1,107 @@
+"""Sessions: a user's claim on a pool's capacity (SPEC §4)."""
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.resources.models import ResourceClass, ResourcePool
+
+
+class SessionStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    REVOKED = "revoked", "Revoked"
+
+
+class RevocationReason(models.TextChoices):
+    RELEASED = "released", "Released by owner or service"
+    MANUAL = "manual", "Revoked by staff"
+    IDLE_TIMEOUT = "idle_timeout", "Idle timeout"
+    MAX_LIFETIME = "max_lifetime", "Maximum lifetime reached"
+
+
+class SessionQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(status=SessionStatus.ACTIVE)
+
+    def visible_to(self, user):
+        """Own sessions; staff and service principals see all."""
+        if is_service_principal(user):
+            return self
+        return self.filter(user=user)
+
+
+def is_service_principal(user) -> bool:
+    """Staff, or a user holding ``act_on_behalf`` (e.g. the SPANK plugin's account)."""
+    return bool(user and user.is_authenticated and (user.is_staff or user.has_perm("compute_sessions.act_on_behalf")))
+
+
+class Session(models.Model):
+    """A claim on a pool: ``slots`` of its capacity and one class's resources.
+
+    The UUID is the acquisition token handed to the client (QRMI's session id).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="compute_sessions")
+    resource_class = models.ForeignKey(ResourceClass, on_delete=models.PROTECT, related_name="sessions")
+    # Denormalized from the class: admission sums active sessions per pool under the pool lock.
+    pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="sessions")
+    slots = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    external_id = models.CharField(
+        max_length=128, blank=True, default="", help_text="Scheduler job id (e.g. Slurm's), for idempotency."
+    )
+    status = models.CharField(max_length=16, choices=SessionStatus.choices, default=SessionStatus.ACTIVE)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    idle_expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revocation_reason = models.CharField(max_length=16, choices=RevocationReason.choices, blank=True, default="")
+    vruntime = models.FloatField(default=0.0, help_text="Fair-scheduler virtual runtime.")
+    launch_spec = models.JSONField(default=dict, help_text="The class's launch specification at creation.")
+
+    objects = SessionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        permissions = [("act_on_behalf", "Can create, list and release sessions on behalf of other users")]
+        constraints = [
+            # R-SESS-2 backstop: one active session per (user, scheduler job), whatever the path.
+            models.UniqueConstraint(
+                fields=["user", "external_id"],
+                condition=Q(status="active") & ~Q(external_id=""),
+                name="sessions_unique_active_external_id",
+                violation_error_message="An active session already exists for this external id.",
+            ),
+            models.CheckConstraint(condition=Q(slots__gte=1), name="sessions_slots_positive"),
+            models.CheckConstraint(
+                condition=Q(status="active", revoked_at__isnull=True) | Q(status="revoked", revoked_at__isnull=False),
+                name="sessions_revoked_at_matches_status",
+            ),
+        ]
+        indexes = [
+            # Admission: SUM(slots) of the active sessions of one pool, under the pool lock.
+            models.Index(fields=["pool", "slots"], condition=Q(status="active"), name="sessions_active_pool"),
+            # Admission's "anything due in this pool?" probe and the expiry sweep (partial: only
+            # active sessions are ever due).
+            models.Index(fields=["pool", "expires_at"], condition=Q(status="active"), name="sessions_active_expires"),
+            models.Index(fields=["pool", "idle_expires_at"], condition=Q(status="active"), name="sessions_active_idle"),
+            # Lists: own sessions, newest first.
+            models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
+        ]
+
+    def __str__(self):
+        return f"{self.id} ({self.user} on {self.pool.name if self.pool_id else '?'}, {self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == SessionStatus.ACTIVE
+
+    @property
+    def slot_seconds(self) -> float:
+        end = self.revoked_at or timezone.now()
+        return max((end - self.created_at).total_seconds(), 0.0) * self.slots

@@ -1,0 +1,42 @@
+"""Shared set-up for benchmarks: a dedicated PostgreSQL database, migrated, Django ready."""
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def django_on_bench_database(name: str = "gridgate_bench") -> str | None:
+    """Point Django at ``<server>/<name>`` (created if missing) and migrate it.
+
+    Returns the psycopg conninfo, or None when no PostgreSQL is configured (the caller skips).
+    """
+    sys.path.insert(0, str(ROOT))
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    import psycopg
+
+    server = url.rsplit("/", 1)[0]
+    with psycopg.connect(server + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ["DATABASE_URL"] = f"{server}/{name}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("GRIDGATE_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return f"{server}/{name}"
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]

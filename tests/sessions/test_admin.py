@@ -1,0 +1,55 @@
+import pytest
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.sessions import services
+from apps.sessions.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client, staff):
+    staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
+def session(owner):
+    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=10)
+    klass = ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    return services.admit(user=owner, resource_class=klass, slots=3, external_id="771").session
+
+
+def test_session_admin_lists_filters_and_searches(admin_client, session):
+    for url in [
+        "/admin/compute_sessions/session/",
+        f"/admin/compute_sessions/session/?pool__id__exact={session.pool_id}&status__exact=active",
+        "/admin/compute_sessions/session/?q=771",
+        f"/admin/compute_sessions/session/{session.pk}/change/",
+    ]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+    assert "771" in admin_client.get("/admin/compute_sessions/session/?q=771").content.decode()
+
+
+def test_admin_revoke_action_uses_the_service(admin_client, session):
+    response = admin_client.post(
+        "/admin/compute_sessions/session/",
+        {"action": "revoke_sessions", "_selected_action": [str(session.pk)]},
+        follow=True,
+    )
+    assert "Revoked 1 session(s)." in response.content.decode()
+    session.refresh_from_db()
+    assert (session.status, session.revocation_reason) == ("revoked", "manual")
+
+
+def test_pool_admin_shows_slots_used(admin_client, session):
+    assert "3 / 10" in admin_client.get("/admin/resources/resourcepool/").content.decode()
+    assert "3 / 10" in admin_client.get(f"/admin/resources/resourcepool/{session.pool_id}/change/").content.decode()
+
+
+def test_sessions_cannot_be_added_by_form(admin_client, session):
+    assert admin_client.get("/admin/compute_sessions/session/add/").status_code == 403
+    assert Session.objects.count() == 1

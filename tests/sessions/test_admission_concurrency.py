@@ -1,0 +1,95 @@
+"""R-SESS-1/2 under real concurrency: PostgreSQL, one connection per thread."""
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection
+from django.db.models import Sum
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.sessions import services
+from apps.sessions.models import Session
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def qpu(db):
+    pool = ResourcePool.objects.create(name="qpu", kind="local", slots_total=10)
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    return pool
+
+
+def test_concurrent_admission_never_oversubscribes_and_admits_what_fits(qpu, owner):
+    klass = qpu.classes.get()
+    rng = random.Random(7)
+    requests = [rng.randint(1, 4) for _ in range(64)]
+    barrier = threading.Barrier(32)
+
+    def attempt(slots):
+        try:
+            barrier.wait(timeout=30)  # release the threads together to maximise contention
+        except threading.BrokenBarrierError:
+            pass
+        try:
+            services.admit(user=owner, resource_class=klass, slots=slots)
+            return ("admitted", slots, None)
+        except services.CapacityExceeded as exc:
+            return ("full", slots, exc.extra["slots_available"])
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=32) as executor:
+        outcomes = list(executor.map(attempt, requests))
+
+    used = Session.objects.active().filter(pool=qpu).aggregate(n=Sum("slots"))["n"]
+    admitted = sum(slots for kind, slots, _ in outcomes if kind == "admitted")
+    assert used == admitted <= qpu.slots_total
+    # Every refusal saw, at its turn, fewer slots than it asked for: nothing that fitted was lost.
+    assert all(available < slots for kind, slots, available in outcomes if kind == "full")
+    # And the pool ends full up to the smallest refused request.
+    smallest_refused = min((slots for kind, slots, _ in outcomes if kind == "full"), default=None)
+    if smallest_refused is not None:
+        assert qpu.slots_total - used < smallest_refused
+
+
+def test_concurrent_identical_requests_yield_exactly_one_session(qpu, owner):
+    klass = qpu.classes.get()
+
+    def attempt(_):
+        try:
+            return str(services.admit(user=owner, resource_class=klass, slots=2, external_id="1234").session.id)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=32) as executor:
+        ids = set(executor.map(attempt, range(48)))
+
+    assert len(ids) == 1
+    assert Session.objects.filter(external_id="1234").count() == 1
+    with pytest.raises(services.SessionConflict):
+        services.admit(user=owner, resource_class=klass, slots=3, external_id="1234")
+
+
+def test_concurrent_same_external_id_on_two_pools_yields_one_session(qpu, owner):
+    other = ResourcePool.objects.create(name="qpu2", kind="local", slots_total=10)
+    other_class = ResourceClass.objects.create(pool=other, name="access", cpu=1, memory=1, default=True)
+    klass = qpu.classes.get()
+
+    def attempt(i):
+        target = klass if i % 2 else other_class
+        try:
+            return ("ok", str(services.admit(user=owner, resource_class=target, slots=1, external_id="77").session.id))
+        except services.SessionConflict:
+            return ("conflict", None)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=16) as executor:
+        outcomes = list(executor.map(attempt, range(32)))
+
+    assert Session.objects.active().filter(external_id="77").count() == 1
+    assert len({sid for kind, sid in outcomes if kind == "ok"}) == 1
+    assert all(kind in {"ok", "conflict"} for kind, _ in outcomes)

@@ -1,0 +1,146 @@
+"""R-SESS-3: absolute and idle lifetimes, with time travel (time-machine), and the sweep."""
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.core.management import call_command
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.sessions import hooks, services
+from apps.sessions.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def pool(db):
+    pool = ResourcePool.objects.create(
+        name="qpu", kind="local", public=True, slots_total=2, idle_timeout=600, max_lifetime=3600
+    )
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    return pool
+
+
+@pytest.fixture
+def busy(db):
+    """Sessions whose external id starts with "busy" count as having pending/running work,
+    standing in for the scheduling app's condition (a pure Q, as compiled queries require)."""
+
+    def condition():
+        return Q(external_id__startswith="busy")
+
+    hooks.register_busy_condition(condition)
+    yield
+    hooks.unregister_busy_condition(condition)
+
+
+def admit(pool, user, **kwargs):
+    return services.admit(user=user, resource_class=pool.classes.get(), **kwargs).session
+
+
+def test_idle_session_without_jobs_is_revoked_after_idle_timeout(pool, owner):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner)
+    with time_machine.travel(start + timedelta(seconds=599), tick=False):
+        assert services.expire_due_sessions() == {"max_lifetime": 0, "idle_timeout": 0}
+    with time_machine.travel(start + timedelta(seconds=601), tick=False):
+        assert services.expire_due_sessions()["idle_timeout"] == 1
+    session.refresh_from_db()
+    assert (session.status, session.revocation_reason) == ("revoked", "idle_timeout")
+
+
+def test_idle_session_with_unfinished_work_is_not_idle_expired(pool, owner, busy):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner, external_id="busy-1")
+    with time_machine.travel(start + timedelta(seconds=900), tick=False):
+        services.expire_due_sessions()
+    session.refresh_from_db()
+    assert session.status == "active"
+
+
+def test_absolute_expiry_applies_even_with_unfinished_work(pool, owner, busy):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner, external_id="busy-2")
+        for minutes in range(5, 60, 5):  # activity keeps renewing the idle deadline ...
+            with time_machine.travel(start + timedelta(minutes=minutes), tick=False):
+                services.touch(session)
+    with time_machine.travel(start + timedelta(seconds=3601), tick=False):
+        services.expire_due_sessions()
+    session.refresh_from_db()
+    assert (session.status, session.revocation_reason) == ("revoked", "max_lifetime")
+
+
+def test_activity_renews_the_idle_deadline(pool, owner):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner)
+    with time_machine.travel(start + timedelta(seconds=500), tick=False):
+        services.touch(session)
+    with time_machine.travel(start + timedelta(seconds=700), tick=False):
+        services.expire_due_sessions()
+    session.refresh_from_db()
+    assert session.status == "active"
+
+
+def test_expired_sessions_never_block_admission(pool, owner):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        old = admit(pool, owner, slots=2)
+    with time_machine.travel(start + timedelta(seconds=3601), tick=False):
+        new = admit(pool, owner, slots=2)  # would not fit if the expired session still counted
+    old.refresh_from_db()
+    assert old.revocation_reason == "max_lifetime" and new.is_active
+
+
+def test_expire_sessions_command_reports_and_is_safe_to_rerun(pool, owner, capsys):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        admit(pool, owner)
+    with time_machine.travel(start + timedelta(hours=2), tick=False):
+        call_command("expire_sessions")
+        call_command("expire_sessions")
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "expired 1 session(s) past max_lifetime, 0 idle session(s)",
+        "expired 0 session(s) past max_lifetime, 0 idle session(s)",
+    ]
+
+
+def test_revocation_is_announced_for_job_cancellation(pool, owner):
+    received = []
+
+    def receiver(sender, session_ids, reason, **kwargs):
+        received.append((list(session_ids), reason))
+
+    hooks.sessions_revoked.connect(receiver)
+    try:
+        session = admit(pool, owner)
+        services.revoke(session)
+        services.revoke(session)  # second revoke changes nothing and announces nothing
+    finally:
+        hooks.sessions_revoked.disconnect(receiver)
+    assert received == [([session.pk], "manual")]
+
+
+def test_expiry_schedule_is_installed(db):
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.get(name="gridgate.expire_sessions")
+    assert schedule.func == "apps.sessions.tasks.expire_sessions" and schedule.minutes == 1
+
+
+def test_session_table_is_untouched_by_expiry_of_other_pools(pool, owner):
+    other = ResourcePool.objects.create(name="other", kind="local", public=True, max_lifetime=60)
+    ResourceClass.objects.create(pool=other, name="c", cpu=1, memory=1, default=True)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        s_other = admit(other, owner)
+    with time_machine.travel(start + timedelta(seconds=120), tick=False):
+        services.expire_due_sessions(pool_id=pool.pk)
+    assert Session.objects.get(pk=s_other.pk).status == "active"
