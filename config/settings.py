@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "apps.core",
     "apps.resources",
     "apps.sessions",
+    "apps.scheduling",
 ]
 
 MIDDLEWARE = [
@@ -129,6 +130,11 @@ GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", Fa
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+# Run enqueued tasks inline instead of through the broker (tests only).
+GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
+# Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
+GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
+GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -9,4 +9,5 @@ urlpatterns = [
     path("api/v1/", include("apps.core.api.urls")),
     path("api/v1/", include("apps.resources.api.urls")),
     path("api/v1/", include("apps.sessions.api.urls")),
+    path("api/v1/", include("apps.scheduling.api.urls")),
 ]

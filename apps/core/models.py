@@ -37,3 +37,17 @@ class IdempotencyKey(models.Model):
 
     def __str__(self):
         return f"{self.user_id}:{self.key}"
+
+
+class Lease(models.Model):
+    """A named, expiring claim: one ticker loop per kind across all worker clusters."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    owner = models.CharField(max_length=200)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} held by {self.owner} until {self.expires_at:%H:%M:%S}"

@@ -90,6 +90,12 @@ class Session(models.Model):
             # active sessions are ever due).
             models.Index(fields=["pool", "expires_at"], condition=Q(status="active"), name="sessions_active_expires"),
             models.Index(fields=["pool", "idle_expires_at"], condition=Q(status="active"), name="sessions_active_idle"),
+            # weighted_fair/usage_fair dispatch: active sessions of a pool by (vruntime, age, id).
+            models.Index(
+                fields=["pool", "vruntime", "created_at", "id"],
+                condition=Q(status="active"),
+                name="sessions_active_vruntime",
+            ),
             # Lists: own sessions, newest first.
             models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
         ]

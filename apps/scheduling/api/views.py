@@ -1,0 +1,133 @@
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.api.permissions import IsStaffOrReadOnly
+from apps.core.idempotency import idempotent
+from apps.resources.models import ResourcePool
+from apps.scheduling import selectors, services
+from apps.scheduling.api.filters import DeviceFilter, JobFilter
+from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer, JobSerializer, JobSubmitSerializer
+from apps.scheduling.drivers import DriverError, InvalidPayload, get_driver
+from apps.scheduling.models import Device, Job
+from apps.sessions.models import Session, SessionStatus
+
+
+class DeviceViewSet(viewsets.ModelViewSet):
+    """Devices of the pools you may use, with their load. Staff create and change them."""
+
+    serializer_class = DeviceSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = DeviceFilter
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Device.objects.none()
+        visible = ResourcePool.objects.visible_to(self.request.user)
+        return selectors.devices_with_load(Device.objects.filter(pool__in=visible)).order_by("pool_id", "name", "id")
+
+    def perform_update(self, serializer):
+        was_online = serializer.instance.online
+        device = serializer.save()
+        if device.online and not was_online:
+            services.set_device_online(device, True)  # R-SCHED-5: dispatch on "device back online"
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get"])
+    def specs(self, request, pk=None):
+        """The driver's target description (the emulator: its Pulser device as JSON)."""
+        device = self.get_object()
+        return Response(get_driver(device.driver).specs(device))
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Jobs: own; staff see all. Pending jobs say why they wait and where they are in the queue."""
+
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Job.objects.none()
+        queryset = Job.objects.select_related("pool")
+        if not self.request.user.is_staff:
+            queryset = queryset.filter(user=self.request.user)
+        return queryset.order_by("-created_at", "-id")
+
+    def get_serializer(self, *args, **kwargs):
+        if args and self.action in ("list", "retrieve"):
+            objects = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            kwargs.setdefault("context", self.get_serializer_context())
+            kwargs["context"]["queue_info"] = selectors.queue_info(objects)
+        return super().get_serializer(*args, **kwargs)
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        return list(page) if page is not None else None
+
+    @extend_schema(responses=JobLogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        return Response({"logs": self.get_object().logs})
+
+    @extend_schema(
+        request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Finished or already requested.")}
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """R-JOB-2: pending → cancelled; running → cancel requested; finished or repeated → 409."""
+        job = services.cancel_job(self.get_object())
+        return Response(JobSerializer(job, context={"queue_info": {}}).data)
+
+
+class SessionJobsView(APIView):
+    """``POST /sessions/{id}/jobs/``: submit a job in your active session (R-JOB-1)."""
+
+    def _session(self, request, pk) -> Session:
+        queryset = Session.objects.visible_to(request.user).select_related("pool")
+        return get_object_or_404(queryset, pk=pk)
+
+    @extend_schema(
+        request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}
+    )
+    def post(self, request, pk):
+        return idempotent(request, lambda: self._submit(request, pk))
+
+    def _submit(self, request, pk):
+        session = self._session(request, pk)
+        if session.user_id != request.user.pk:
+            raise PermissionDenied("Only the session's owner submits jobs in it.")
+        if session.status != SessionStatus.ACTIVE:
+            raise PermissionDenied(f"Session {session.pk} is {session.status} ({session.revocation_reason}).")
+        body = JobSubmitSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        target = None
+        if body.validated_data.get("device") is not None:
+            target = Device.objects.filter(pool_id=session.pool_id, pk=body.validated_data["device"]).first()
+            if target is None:
+                raise ValidationError({"device": ["Not a device of this session's pool."]})
+        try:
+            job = services.submit_job(
+                session=session,
+                payload=body.validated_data["payload"],
+                shots=body.validated_data["shots"],
+                target_device=target,
+            )
+        except InvalidPayload as exc:
+            raise ValidationError({"payload": [str(exc)]}) from None
+        except DriverError as exc:
+            raise ValidationError({"payload": [str(exc)]}) from None
+        job.pool = session.pool
+        data = JobSerializer(job, context={"queue_info": selectors.queue_info([job])}).data
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=JobSerializer(many=True))
+    def get(self, request, pk):
+        session = self._session(request, pk)
+        jobs = list(session.jobs.select_related("pool").order_by("created_at", "id")[:500])
+        return Response(JobSerializer(jobs, many=True, context={"queue_info": selectors.queue_info(jobs)}).data)

@@ -1,0 +1,71 @@
+"""Device drivers: one small contract, one module per driver, one registry.
+
+The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database transaction
+(R-SCHED-4) and never reads a driver's own state names.
+"""
+
+from dataclasses import dataclass, field
+
+
+class DriverError(Exception):
+    """Base of the errors a driver raises."""
+
+
+class TransientDriverError(DriverError):
+    """Try again later: the job goes back to the queue and the session is not charged (R-JOB-3)."""
+
+
+class PermanentDriverError(DriverError):
+    """The job cannot run: it fails with this message (R-JOB-3)."""
+
+
+class InvalidPayload(DriverError):
+    """Refused at submission with a 400 and this message."""
+
+
+@dataclass
+class DriverState:
+    """What a poll says. ``status`` is one of running, completed, failed, cancelled."""
+
+    status: str
+    result: dict | None = None
+    error: str = ""
+    logs: str = ""
+    runtime_seconds: float | None = None
+    started: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class DeviceDriver:
+    name = ""
+
+    def validate_config(self, config: dict) -> list[str]:
+        return []
+
+    def validate_payload(self, device, payload: dict, shots: int) -> None:
+        """Raise InvalidPayload when the job could never run on this device."""
+
+    def submit(self, device, job) -> str:
+        """Start the job; return its remote id. Must be idempotent per job: a retried submit of
+        the same job returns the existing remote id instead of starting it twice."""
+        raise NotImplementedError
+
+    def poll(self, device, remote_id: str) -> DriverState:
+        raise NotImplementedError
+
+    def cancel(self, device, remote_id: str) -> None:
+        raise NotImplementedError
+
+    def specs(self, device) -> dict:
+        return {"driver": self.name}
+
+
+def get_driver(name: str) -> DeviceDriver:
+    from apps.scheduling.drivers.emulator import EmulatorDriver
+    from apps.scheduling.drivers.fake import FakeDriver
+
+    registry = {"fake": FakeDriver(), "emulator": EmulatorDriver()}
+    try:
+        return registry[name]
+    except KeyError:
+        raise PermanentDriverError(f"Unknown device driver '{name}'.") from None

@@ -1,0 +1,171 @@
+"""Devices, jobs and the scheduler's state (SPEC §5)."""
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from apps.resources.models import ResourcePool
+from apps.sessions.models import Session
+
+
+class DriverName(models.TextChoices):
+    FAKE = "fake", "Fake (scripted, for tests)"
+    EMULATOR = "emulator", "Pulser emulator (QutipEmulator)"
+
+
+class Device(models.Model):
+    """Something that runs jobs for a pool: a QPU, or an emulator standing in for one."""
+
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=64)
+    driver = models.CharField(max_length=16, choices=DriverName.choices, default=DriverName.EMULATOR)
+    config = models.JSONField(default=dict, blank=True, help_text="Driver settings (no secrets).")
+    online = models.BooleanField(default=True)
+    max_concurrent_jobs = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pool_id", "name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "name"], name="scheduling_device_unique_name"),
+            models.CheckConstraint(condition=Q(max_concurrent_jobs__gte=1), name="scheduling_device_capacity"),
+        ]
+
+    def __str__(self):
+        return f"{self.pool.name}/{self.name}" if self.pool_id else self.name
+
+    def clean(self):
+        from apps.scheduling.drivers import get_driver
+
+        if self.config is None:
+            self.config = {}
+        if not isinstance(self.config, dict):
+            raise ValidationError({"config": "Must be a JSON object."})
+        problems = get_driver(self.driver).validate_config(self.config)
+        if problems:
+            raise ValidationError({"config": problems})
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+UNFINISHED = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Job(models.Model):
+    """A unit of work submitted inside a session and dispatched to one device."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="jobs")
+    # Denormalized from the session: the dispatcher and the lists filter on them.
+    pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    payload = models.JSONField()
+    shots = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    target_device = models.ForeignKey(
+        Device,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="targeted_jobs",
+        help_text="Run only on this device (else any online device of the pool).",
+    )
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    remote_id = models.CharField(max_length=128, blank=True, default="")
+    created_at = models.DateTimeField()
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    logs = models.TextField(blank=True, default="")
+    runtime_seconds = models.FloatField(null=True, blank=True)
+    # Worker bookkeeping.
+    attempts = models.PositiveIntegerField(default=0, help_text="Transient submission failures so far.")
+    not_before = models.DateTimeField(null=True, blank=True, help_text="Back-off after a transient failure.")
+    next_poll_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    charged = models.BooleanField(default=False, help_text="usage_fair: device time charged to the session.")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(shots__gte=1), name="scheduling_job_shots_positive"),
+            models.CheckConstraint(
+                condition=~Q(status="running") | Q(device__isnull=False), name="scheduling_running_has_device"
+            ),
+        ]
+        indexes = [
+            # fifo next job, and queue position: oldest pending job of a pool.
+            models.Index(fields=["pool", "created_at", "id"], condition=Q(status="pending"), name="jobs_pending_pool"),
+            # weighted/usage fair: "does this session have a pending job" and its oldest one.
+            models.Index(
+                fields=["session", "created_at", "id"], condition=Q(status="pending"), name="jobs_pending_session"
+            ),
+            # Device load: running jobs per device (capacity check at dispatch).
+            models.Index(fields=["device"], condition=Q(status="running"), name="jobs_running_device"),
+            # Poll pass: running jobs of a pool due for a poll.
+            models.Index(fields=["pool", "next_poll_at"], condition=Q(status="running"), name="jobs_running_poll"),
+            # Idle-expiry busy check: unfinished jobs of a session.
+            models.Index(
+                fields=["session"], condition=Q(status__in=["pending", "running"]), name="jobs_unfinished_session"
+            ),
+            # Lists: own jobs, newest first.
+            models.Index(fields=["user", "-created_at", "-id"], name="jobs_user_created"),
+        ]
+
+    def __str__(self):
+        return f"job {self.pk} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+class DriverRun(models.Model):
+    """State of one execution on a built-in driver (fake, emulator): what a real QPU's own
+    queue would hold. The core learns about it only through ``driver.poll``."""
+
+    remote_id = models.CharField(max_length=128, primary_key=True)
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="runs")
+    payload = models.JSONField()
+    shots = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, default="queued")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    logs = models.TextField(blank=True, default="")
+    runtime_seconds = models.FloatField(null=True, blank=True)
+    polls = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "remote_id"]
+
+    def __str__(self):
+        return f"{self.remote_id} ({self.status})"
+
+
+class PoolQueue(models.Model):
+    """One row per pool: its lock serializes dispatch (and submission's catch-up) for that
+    pool, separately from the pool row that admission locks, so admissions never delay
+    dispatch."""
+
+    pool = models.OneToOneField(ResourcePool, on_delete=models.CASCADE, primary_key=True, related_name="queue")
+    last_dispatch_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["pool_id"]
+
+    def __str__(self):
+        return f"queue of {self.pool_id}"

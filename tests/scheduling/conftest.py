@@ -1,0 +1,43 @@
+import pytest
+from django.utils import timezone
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling.models import Device
+from apps.sessions import services as session_services
+
+
+@pytest.fixture
+def qpu_pool(db, owner, member):
+    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=100, strategy="weighted_fair")
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    return pool
+
+
+@pytest.fixture
+def fake_device(qpu_pool):
+    return Device.objects.create(
+        pool=qpu_pool, name="fake1", driver="fake", config={"script": ["running", "completed"]}
+    )
+
+
+@pytest.fixture
+def open_session():
+    def make(pool, user, slots=1, **kwargs):
+        return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
+
+    return make
+
+
+def complete(job, runtime=1.0):
+    """Finish a dispatched job as a device would (frees the device)."""
+    from apps.scheduling.drivers import DriverState
+    from apps.scheduling.services import _finish
+
+    job.refresh_from_db()
+    assert _finish(
+        job, DriverState("completed", result={"counts": {}}, runtime_seconds=runtime), expect_remote_id=job.remote_id
+    )
+
+
+def now():
+    return timezone.now()

@@ -1,0 +1,223 @@
+"""R-SCHED-3/4, R-JOB-2/3/4: restart, claims, driver failures, cancel, revocation, visibility."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.scheduling import selectors, services
+from apps.scheduling.drivers.fake import FakeDriver
+from apps.scheduling.models import Device, DriverRun, Job, JobStatus
+from apps.sessions import services as session_services
+from apps.sessions.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+def make_polls_due():
+    Job.objects.update(next_poll_at=None)
+
+
+def submit(session, n=1):
+    return [services.submit_job(session=session, payload={"i": i}, shots=5) for i in range(n)]
+
+
+def test_a_pass_runs_a_job_to_completion(qpu_pool, fake_device, open_session, owner):
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)  # dispatch + submit
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.remote_id == f"fake-{job.pk}"
+    make_polls_due()
+    services.run_pool(qpu_pool.pk)  # poll: running
+    make_polls_due()
+    services.run_pool(qpu_pool.pk)  # poll: completed
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and job.result == {"counts": {"0": 5}}
+    assert job.started_at and job.finished_at and job.runtime_seconds == 1.0
+
+
+def test_jobs_on_a_device_are_polled_not_resubmitted_after_restart(
+    qpu_pool, fake_device, open_session, owner, monkeypatch
+):
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    # A new worker starts: it must poll the job on the device, never submit it again.
+    Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    monkeypatch.setattr(FakeDriver, "submit", lambda *a, **k: pytest.fail("resubmitted a job already on a device"))
+    polled = []
+    original_poll = FakeDriver.poll
+    monkeypatch.setattr(FakeDriver, "poll", lambda self, d, r: polled.append(r) or original_poll(self, d, r))
+    services.run_pool(qpu_pool.pk)
+    assert polled == [job.remote_id]
+
+
+def test_claim_without_recorded_submission_is_adopted_not_duplicated(qpu_pool, fake_device, open_session, owner):
+    (job,) = submit(open_session(qpu_pool, owner))
+    claimed = services.dispatch_once(qpu_pool.pk)
+    services.submit_claimed(claimed)
+    # The worker died after the driver accepted the job but before recording the remote id.
+    Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.remote_id == f"fake-{job.pk}"
+    assert DriverRun.objects.filter(remote_id__startswith="fake-").count() == 1
+
+
+def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session, owner):
+    Device.objects.create(
+        pool=qpu_pool, name="flaky", driver="fake", config={"fail_submit": "transient", "fail_submit_times": 1}
+    )
+    session = open_session(qpu_pool, owner, slots=2)
+    (job,) = submit(session)
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    session.refresh_from_db()
+    assert job.status == JobStatus.PENDING and job.device is None and job.attempts == 1
+    assert "transient" in job.error and job.not_before is not None
+    assert session.vruntime == 0  # the dispatch charge (1/2) was refunded
+    assert selectors.queue_info([job])[job.pk][0] == selectors.TURN
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.remote_id
+
+
+def test_permanent_driver_error_fails_the_job_with_the_error(qpu_pool, open_session, owner):
+    Device.objects.create(pool=qpu_pool, name="broken", driver="fake", config={"fail_submit": "permanent"})
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "permanent" in job.error and job.finished_at
+
+
+def test_transient_poll_errors_keep_the_job_running(qpu_pool, open_session, owner):
+    Device.objects.create(pool=qpu_pool, name="f", driver="fake", config={"fail_polls": 1})
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    Job.objects.filter(pk=job.pk).update(next_poll_at=None)
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and "poll" in job.error
+
+
+def test_cancel_pending_is_immediate(qpu_pool, open_session, owner):
+    (job,) = submit(open_session(qpu_pool, owner))
+    assert services.cancel_job(job).status == JobStatus.CANCELLED
+
+
+def test_cancel_running_is_requested_then_done_by_the_worker(qpu_pool, fake_device, open_session, owner):
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    job = services.cancel_job(Job.objects.get(pk=job.pk))
+    assert job.status == JobStatus.RUNNING and job.cancel_requested_at
+    make_polls_due()
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("final", [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED])
+def test_cancel_of_a_finished_job_is_409(qpu_pool, open_session, owner, final):
+    from apps.core.api.exceptions import Conflict
+
+    (job,) = submit(open_session(qpu_pool, owner))
+    Job.objects.filter(pk=job.pk).update(status=final)
+    with pytest.raises(Conflict) as info:
+        services.cancel_job(job)
+    assert info.value.extra["status"] == final
+
+
+def test_repeated_cancel_of_a_running_job_is_409(qpu_pool, fake_device, open_session, owner):
+    from apps.core.api.exceptions import Conflict
+
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    services.cancel_job(job)
+    with pytest.raises(Conflict):
+        services.cancel_job(job)
+
+
+def test_revoking_a_session_cancels_pending_and_stops_running_jobs(qpu_pool, fake_device, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    running, pending = submit(session, 2)
+    services.dispatch_once(qpu_pool.pk)
+    session_services.revoke(session)
+    running.refresh_from_db(), pending.refresh_from_db()
+    assert pending.status == JobStatus.CANCELLED and "manual" in pending.error
+    assert running.status == JobStatus.RUNNING and running.cancel_requested_at
+
+
+def test_session_with_unfinished_jobs_is_not_idle_expired(qpu_pool, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    submit(session)
+    later = timezone.now() + timedelta(seconds=qpu_pool.idle_timeout + 10)
+    session_services.expire_due_sessions(now=later)
+    assert Session.objects.get(pk=session.pk).status == "active"
+    Job.objects.filter(session=session).update(status=JobStatus.COMPLETED)
+    session_services.expire_due_sessions(now=later)
+    assert Session.objects.get(pk=session.pk).revocation_reason == "idle_timeout"
+
+
+def test_submitting_renews_the_idle_deadline(qpu_pool, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    before = session.idle_expires_at
+    submit(session)
+    session.refresh_from_db()
+    assert session.idle_expires_at > before
+
+
+def test_pending_reasons(qpu_pool, open_session, owner):
+    (job,) = submit(open_session(qpu_pool, owner))
+    job = Job.objects.select_related("pool").get(pk=job.pk)
+    assert selectors.queue_info([job])[job.pk] == (selectors.NO_DEVICE, 1)
+    device = Device.objects.create(pool=qpu_pool, name="d", driver="fake")
+    assert selectors.queue_info([job])[job.pk][0] == selectors.TURN
+    other = submit(open_session(qpu_pool, owner))[0]
+    Job.objects.filter(pk=other.pk).update(status=JobStatus.RUNNING, device=device)
+    assert selectors.queue_info([job])[job.pk][0] == selectors.BUSY
+    qpu_pool.is_accessible = False
+    qpu_pool.save()
+    job = Job.objects.select_related("pool").get(pk=job.pk)
+    assert selectors.queue_info([job])[job.pk][0] == selectors.NOT_ACCESSIBLE
+
+
+def test_inaccessible_pool_dispatches_nothing(qpu_pool, fake_device, open_session, owner):
+    submit(open_session(qpu_pool, owner))
+    qpu_pool.is_accessible = False
+    qpu_pool.save()
+    assert services.dispatch_once(qpu_pool.pk) is None
+
+
+def test_queue_positions_follow_the_weighted_order(qpu_pool, open_session, owner, member):
+    heavy, light = open_session(qpu_pool, owner, slots=2), open_session(qpu_pool, member, slots=1)
+    h = submit(heavy, 4)
+    l_ = submit(light, 2)
+    jobs = list(Job.objects.select_related("pool").filter(pk__in=[j.pk for j in h + l_]))
+    info = selectors.queue_info(jobs)
+    order = sorted(info, key=lambda pk: info[pk][1])
+    # tags: heavy 0, .5, 1, 1.5; light 0, 1 → heavy is older: h0 l0 h1 h2 l1 h3
+    assert order == [h[0].pk, l_[0].pk, h[1].pk, h[2].pk, l_[1].pk, h[3].pk]
+    assert sorted(p for _, p in info.values()) == list(range(1, 7))
+    # And the dispatcher agrees with the estimate.
+    Device.objects.create(pool=qpu_pool, name="d", driver="fake")
+    from tests.scheduling.conftest import complete
+
+    dispatched = []
+    for _ in range(6):
+        job = services.dispatch_once(qpu_pool.pk)
+        services.submit_claimed(job)
+        complete(job)
+        dispatched.append(job.pk)
+    assert dispatched == order
+
+
+def test_tick_runs_a_bounded_loop_once_across_clusters(qpu_pool, settings):
+    from apps.core.models import Lease
+    from apps.core.tasks import acquire_lease, run_ticker
+
+    assert acquire_lease("scheduling.tick", "other-host", timedelta(seconds=30))
+    assert run_ticker("scheduling.tick", lambda: None, interval=0, duration=0.05) == 0  # held elsewhere
+    Lease.objects.all().delete()
+    assert run_ticker("scheduling.tick", lambda: None, interval=0, duration=0.05) > 0
+    assert not Lease.objects.exists()  # released at the end
