@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_str
+from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_mapping, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GRIDGATE_VAR_DIR", str(BASE_DIR / "var")))
@@ -27,6 +27,8 @@ INSTALLED_APPS = [
     "django_q",
     "apps.core",
     "apps.resources",
+    "apps.backends",
+    "apps.cases",
 ]
 
 MIDDLEWARE = [
@@ -100,7 +102,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {},
+    "ENUM_NAME_OVERRIDES": {"CaseStatusEnum": "apps.cases.models.CaseStatus"},
 }
 
 # django-q2: the ORM broker needs nothing beyond the database; Redis is an option for larger
@@ -128,6 +130,19 @@ GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", Fa
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+
+# Cases and execution backends (SPEC §6; cadences in docs/operations.md).
+# Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).
+GRIDGATE_CASE_BACKENDS = env_mapping("GRIDGATE_CASE_BACKENDS", {"local": "local", "slurm": "slurm"})
+GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1)
+GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)
+GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS", 600, minimum=1)
+GRIDGATE_CASE_LEASE_SECONDS = env_int("GRIDGATE_CASE_LEASE_SECONDS", 120, minimum=10)
+GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
+GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
+GRIDGATE_CASE_TICKER_SECONDS = env_int("GRIDGATE_CASE_TICKER_SECONDS", 50, minimum=1)
+GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
+GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 LOGGING = {
     "version": 1,

@@ -8,4 +8,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("apps.core.api.urls")),
     path("api/v1/", include("apps.resources.api.urls")),
+    path("api/v1/", include("apps.backends.api.urls")),
+    path("api/v1/", include("apps.cases.api.urls")),
 ]
