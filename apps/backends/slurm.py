@@ -211,6 +211,11 @@ class SlurmBackend(ExecutionBackend):
                 out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[4]), _int(parts[5]), parts[3])
         return out
 
+    def _exit_code(self, job_id: str) -> str:
+        proc = run(["scontrol", "-o", "show", "job", job_id], check=False)
+        match = re.search(r"\bExitCode=(\S+)", proc.stdout)
+        return match.group(1) if match else ""
+
     def poll(self, job: JobRef) -> BackendState:
         result = self.poll_many([job])[job.remote_id]
         if isinstance(result, Exception):
@@ -241,6 +246,8 @@ class SlurmBackend(ExecutionBackend):
                 continue
             status = map_state(raw)
             message = ""
+            if status == BackendStatus.FAILED and not exit_code:
+                exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
             if status == BackendStatus.FAILED:
                 message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
                     f" (exit code {exit_code})" if exit_code else ""
