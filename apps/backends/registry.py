@@ -11,7 +11,7 @@ from importlib import import_module
 
 from django.conf import settings
 
-from apps.backends.base import BackendError, ExecutionBackend
+from apps.backends.base import BackendError, Check, ExecutionBackend
 
 #: backend name → "module:Class" (imported lazily so an optional SDK is imported only when used)
 BACKENDS: dict[str, str] = {
@@ -19,6 +19,8 @@ BACKENDS: dict[str, str] = {
     "local": "apps.backends.local:LocalBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
+
+__all__ = ["BACKENDS", "Check", "NoBackend", "backend_class", "backend_name_for_kind", "describe", "get_backend"]
 
 DEFAULT_KIND_MAP = {"local": "local", "slurm": "slurm"}
 

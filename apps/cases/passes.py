@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -155,7 +155,7 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
             case.lease_owner, case.lease_until = "", None
             keep.append(case)
         if keep:
-            Case.objects.bulk_update(keep, fields)
+            bulk_write(keep, fields)
         if release:
             Case.objects.filter(id__in=release, lease_owner=owner).update(lease_owner="", lease_until=None)
         kept = {case.id for case in keep}
@@ -164,6 +164,35 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
             CaseEvent.objects.bulk_create(kept_events)
     report.recorded += len(keep)
     report.transitions += [(str(e.case_id), e.from_status, e.to_status) for e in kept_events if e.to_status]
+
+
+def bulk_write(cases: list[Case], fields: list[str]) -> None:
+    """One UPDATE for all rows. On PostgreSQL ``UPDATE … FROM (VALUES …)``: Django's bulk_update
+    builds a CASE WHEN per field and row, which made the write-back most of a 1 000-case pass."""
+    if connection.vendor != "postgresql":
+        Case.objects.bulk_update(cases, fields)
+        return
+    model_fields = [Case._meta.get_field(name) for name in fields]
+    table = connection.ops.quote_name(Case._meta.db_table)
+    pk_column = connection.ops.quote_name(Case._meta.pk.column)
+    columns = [connection.ops.quote_name(field.column) for field in model_fields]
+    sets = ", ".join(
+        f"{column} = CAST(v.c{i} AS {field.db_type(connection)})"
+        for i, (column, field) in enumerate(zip(columns, model_fields, strict=True))
+    )
+    names = ", ".join(["pk"] + [f"c{i}" for i in range(len(fields))])
+    row = "(" + ", ".join(["%s"] * (len(fields) + 1)) + ")"
+    params = []
+    for case in cases:
+        params.append(str(case.pk))
+        params += [field.get_db_prep_save(getattr(case, field.attname), connection) for field in model_fields]
+    # Only model metadata (quoted names, column types) is interpolated; every value is a parameter.
+    values = ", ".join([row] * len(cases))
+    sql = (
+        f"UPDATE {table} SET {sets} FROM (VALUES {values}) AS v({names}) WHERE {table}.{pk_column} = CAST(v.pk AS uuid)"  # noqa: S608, E501
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _transition(case: Case, to: str, now: datetime, message: str, events: list[CaseEvent]) -> None:
