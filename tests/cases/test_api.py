@@ -312,3 +312,19 @@ def test_r_back_2_degraded_launch_options_are_not_cached(api, member, local_pool
 def test_launch_options_of_a_hidden_class_are_404(api, outsider, private_pool):
     url = f"/api/v1/resource-classes/{private_pool.classes.get().pk}/launch-options/"
     assert api(outsider).get(url).status_code == 404
+
+
+def test_openapi_schema_has_the_case_routes(tmp_path):
+    from django.core.management import call_command
+
+    out = tmp_path / "schema.yaml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(out))
+    text = out.read_text()
+    for path in [
+        "/api/v1/cases/{id}/launch/",
+        "/api/v1/cases/{id}/files/{path}:",
+        "/api/v1/campaigns/{id}/inputs/",
+        "/api/v1/backends/",
+        "/api/v1/resource-classes/{id}/launch-options/",
+    ]:
+        assert path in text, path
