@@ -50,6 +50,23 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_mapping(name: str, default: dict[str, str]) -> dict[str, str]:
+    """``key=value,key=value`` → dict (e.g. pool kind → backend name)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return dict(default)
+    out = {}
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ImproperlyConfigured(f"{name}={raw!r}: expected key=value pairs separated by commas.")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def env_database(name: str, default_sqlite: Path) -> dict:
     """Parse ``DATABASE_URL`` (postgres:// or sqlite:///), defaulting to an embedded SQLite file.
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_str
+from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_mapping, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GRIDGATE_VAR_DIR", str(BASE_DIR / "var")))
@@ -29,6 +29,8 @@ INSTALLED_APPS = [
     "apps.resources",
     "apps.sessions",
     "apps.scheduling",
+    "apps.backends",
+    "apps.cases",
 ]
 
 MIDDLEWARE = [
@@ -102,7 +104,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {},
+    "ENUM_NAME_OVERRIDES": {"CaseStatusEnum": "apps.cases.models.CaseStatus"},
 }
 
 # django-q2: the ORM broker needs nothing beyond the database; Redis is an option for larger
@@ -135,6 +137,19 @@ GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
+
+# Cases and execution backends (SPEC §6; cadences in docs/operations.md).
+# Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).
+GRIDGATE_CASE_BACKENDS = env_mapping("GRIDGATE_CASE_BACKENDS", {"local": "local", "slurm": "slurm"})
+GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1)
+GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)
+GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS", 600, minimum=1)
+GRIDGATE_CASE_LEASE_SECONDS = env_int("GRIDGATE_CASE_LEASE_SECONDS", 120, minimum=10)
+GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
+GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
+GRIDGATE_CASE_TICKER_SECONDS = env_int("GRIDGATE_CASE_TICKER_SECONDS", 50, minimum=1)
+GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
+GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 LOGGING = {
     "version": 1,

@@ -10,4 +10,6 @@ urlpatterns = [
     path("api/v1/", include("apps.resources.api.urls")),
     path("api/v1/", include("apps.sessions.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
+    path("api/v1/", include("apps.backends.api.urls")),
+    path("api/v1/", include("apps.cases.api.urls")),
 ]

@@ -30,7 +30,9 @@ def inline_data(classes, initial=0, prefix="classes"):
 
 
 def pool_form(**fields):
-    data = {
+    """The pool change form, with the empty management form of the devices inline that the
+    scheduling app adds to the same page."""
+    data = inline_data([], prefix="devices") | {
         "name": "lab",
         "kind": "local",
         "remote": "{}",

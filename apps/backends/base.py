@@ -1,0 +1,179 @@
+"""The execution-backend contract (SPEC §6).
+
+The core (``apps.cases``) programs against these types only. A backend translates its provider's
+state names and option keys into them, so nothing outside ``apps/backends/<name>.py`` ever reads
+a provider's vocabulary: the core passes ``launch_options`` through unread and understands only
+``BackendStatus``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class BackendStatus:
+    """What every provider state is mapped to. An unknown provider state maps to PENDING."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ALL = (PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+    TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
+
+@dataclass
+class BackendState:
+    """One observation of a remote job. Deltas are the output produced since the last poll."""
+
+    status: str
+    progress: float | None = None
+    stdout_delta: str = ""
+    stderr_delta: str = ""
+    execution_time: float | None = None
+    cores: int | None = None
+    message: str = ""
+
+    def __post_init__(self):
+        if self.status not in BackendStatus.ALL:
+            raise ValueError(f"unknown backend status {self.status!r}")
+        if self.progress is not None:
+            self.progress = min(1.0, max(0.0, float(self.progress)))
+
+
+@dataclass
+class Choice:
+    value: str
+    label: str
+
+
+@dataclass
+class LaunchOption:
+    key: str
+    label: str
+    choices: list[Choice]
+    default: str | None = None
+
+
+@dataclass
+class LaunchOptions:
+    """What a user may choose at launch. ``degraded``: the provider could not be asked; the
+    defaults still launch (R-BACK-2)."""
+
+    options: list[LaunchOption] = field(default_factory=list)
+    degraded: bool = False
+    message: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Check:
+    """One line of ``manage.py doctor``: never carries a credential's value (R-BACK-1)."""
+
+    name: str
+    ok: bool
+    message: str
+
+
+@dataclass
+class SubmitSpec:
+    """Everything a backend needs to start a case. Built by the core from the case and its class.
+
+    ``workspace`` is the case's local workspace (``inputs/`` is read from it); ``shared_dir`` is
+    the campaign's shared inputs (seen as ``shared/`` in the working directory, never brought back
+    with results). ``launch_options`` are the user's choices, read only by the backend.
+    """
+
+    case_id: str
+    command: str
+    workspace: Path
+    pool_remote: dict[str, Any]
+    resources: dict[str, Any]
+    batch_directives: list[str]
+    environment: dict[str, str]
+    launch_options: dict[str, Any]
+    observability_globs: list[str]
+    shared_dir: Path | None = None
+
+    @property
+    def inputs_dir(self) -> Path:
+        return self.workspace / "inputs"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A submitted case as a backend sees it: its remote id plus the case identity it was
+    submitted under (job name, workspace) so a backend can find its files without the database."""
+
+    case_id: str
+    remote_id: str
+    workspace: Path
+    pool_remote: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+class BackendError(Exception):
+    """A provider call failed. The message is shown to users: never put a credential in it."""
+
+
+class AlreadyFinished(BackendError):
+    """cancel() on a job that already ended (e.g. Qarnot's 'Invalid operation on non-running
+    task'): not an error for the user, the case reports its real final state (R-CASE-6)."""
+
+
+class ExecutionBackend(ABC):
+    """Five verbs plus launch options and doctor. Instances are cheap and stateless: build one per
+    call site with :func:`apps.backends.registry.get_backend`."""
+
+    name: str = ""
+    #: pool kinds this backend can serve (the registry decides which one actually does).
+    kinds: tuple[str, ...] = ()
+
+    @abstractmethod
+    def submit(self, spec: SubmitSpec) -> str:
+        """Start the case, return the remote id. Raise BackendError on failure."""
+
+    @abstractmethod
+    def find(self, spec: SubmitSpec) -> str | None:
+        """The remote id of a job already submitted for this case (by its name, the case id), or
+        None. Called before every submit so a retried launch adopts instead of resubmitting
+        (R-CASE-1)."""
+
+    @abstractmethod
+    def poll(self, job: JobRef) -> BackendState:
+        """The job's state. Raise BackendError when the provider cannot say (a failed poll)."""
+
+    def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
+        """Poll several jobs; keyed by remote id. Backends that can batch override this so a pass
+        costs one provider call per (system, credential) instead of one per case."""
+        out: dict[str, BackendState | Exception] = {}
+        for job in jobs:
+            try:
+                out[job.remote_id] = self.poll(job)
+            except Exception as exc:  # one bad job must not fail the others' polls
+                out[job.remote_id] = exc
+        return out
+
+    @abstractmethod
+    def sync(self, job: JobRef, globs: list[str]) -> None:
+        """Copy the files matching ``globs`` (and ``.gridgate/progress``) into ``live/``."""
+
+    @abstractmethod
+    def fetch_final(self, job: JobRef) -> None:
+        """Bring the case's results into ``results/``. Raise BackendError if they are not all
+        there: the case stays running and is retried (R-CASE-4)."""
+
+    @abstractmethod
+    def cancel(self, job: JobRef) -> None:
+        """Stop the job. Raise AlreadyFinished when it had already ended."""
+
+    def launch_options(self, pool) -> LaunchOptions:
+        return LaunchOptions()
+
+    def doctor(self, pool=None) -> list[Check]:
+        return []

@@ -1,0 +1,65 @@
+"""``manage.py doctor [--backend NAME] [--pool ID]`` (R-BACK-5).
+
+One line per check with an actionable message; credentials are reported present or missing,
+never printed. Exit status 1 when any check fails, so it can gate a deployment.
+"""
+
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.backends import registry
+from apps.resources.models import ResourcePool
+
+
+class Command(BaseCommand):
+    help = "Check that the execution backends can run cases (one line per check; non-zero exit on failure)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--backend", help=f"Only this backend ({', '.join(sorted(registry.BACKENDS))}).")
+        parser.add_argument("--pool", type=int, help="Only this pool (by id), with its backend.")
+
+    def targets(self, backend_name, pool_id):
+        """(backend name, pool or None) pairs to check."""
+        if backend_name and backend_name not in registry.BACKENDS:
+            raise CommandError(f"Unknown backend {backend_name!r}; registered: {', '.join(sorted(registry.BACKENDS))}.")
+        if pool_id is not None:
+            pool = ResourcePool.objects.filter(pk=pool_id).first()
+            if pool is None:
+                raise CommandError(f"No pool with id {pool_id}.")
+            if backend_name:
+                return [(backend_name, pool)]
+            try:
+                return [(registry.backend_name_for_kind(pool.kind), pool)]
+            except registry.NoBackend as exc:
+                raise CommandError(str(exc)) from None
+        mapping = registry.kind_map()
+        names = [backend_name] if backend_name else sorted(set(mapping.values()))
+        out = []
+        for name in names:
+            kinds = [kind for kind, served_by in mapping.items() if served_by == name]
+            pools = list(ResourcePool.objects.filter(kind__in=kinds).order_by("name", "id"))
+            out += [(name, pool) for pool in pools] or [(name, None)]
+        return out
+
+    def handle(self, *args, backend=None, pool=None, **options):
+        failed = 0
+        total = 0
+        for name, target_pool in self.targets(backend, pool):
+            label = f"{name}" + (f" pool={target_pool.name}" if target_pool is not None else "")
+            try:
+                checks = registry.get_backend(name).doctor(target_pool)
+            except Exception as exc:  # a doctor must report, not crash
+                checks = [registry.Check("doctor", False, f"the check itself failed: {type(exc).__name__}: {exc}")]
+            for check in checks:
+                total += 1
+                if check.ok:
+                    self.stdout.write(f"OK    [{label}] {check.name}: {check.message}")
+                else:
+                    failed += 1
+                    self.stdout.write(self.style.ERROR(f"FAIL  [{label}] {check.name}: {check.message}"))
+        summary = f"{total - failed}/{total} checks passed"
+        if failed:
+            self.stdout.write(self.style.ERROR(summary))
+            sys.exit(1)
+        self.stdout.write(self.style.SUCCESS(summary))

@@ -1,0 +1,368 @@
+"""The Slurm backend: ``sbatch``/``squeue``/``scontrol``/``sacct``/``scancel`` on a login node.
+
+Quirks this module absorbs so the core never sees them:
+
+- **Job name = case id.** Before every submission the backend looks the name up (``squeue
+  --name``, then ``sacct -c --name``) and adopts an existing job, so a retried launch never
+  creates a second one (R-CASE-1).
+- **Jobs age out of slurmctld.** ``squeue`` forgets a finished job ``MinJobAge`` seconds after it
+  ends (plus slurmctld's purge cycle). The backend then asks ``sacct -c`` (the job-completion
+  record, which works without slurmdbd); with slurmdbd, ``sacct`` plain would serve the same
+  purpose. A job neither knows is a failed poll, never a failure (R-CASE-3): right after
+  ``sbatch`` a busy controller may not list it yet.
+- ``squeue -j`` with a single unknown id exits 1 ("Invalid job id specified"); with several ids
+  it prints only the known ones. Both mean "not in slurmctld".
+- State names map here; ``COMPLETING`` is still running (epilog, output flush). An unknown state
+  maps to pending, never to a failure.
+- One ``squeue`` call covers every job of a pass (R-CASE-2 bar: one status call per pass).
+
+The run directory is ``<working_root>/<case id>/`` (the pool's ``remote.working_root``, a
+filesystem shared by the login and compute nodes); without a ``working_root`` the case workspace
+itself is used, which suits a single-node cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from apps.backends import files
+from apps.backends.base import (
+    AlreadyFinished,
+    BackendError,
+    BackendState,
+    BackendStatus,
+    Check,
+    Choice,
+    ExecutionBackend,
+    JobRef,
+    LaunchOption,
+    LaunchOptions,
+    SubmitSpec,
+)
+
+TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
+
+STATES = {
+    "PENDING": BackendStatus.PENDING,
+    "CONFIGURING": BackendStatus.PENDING,
+    "REQUEUED": BackendStatus.PENDING,
+    "REQUEUE_HOLD": BackendStatus.PENDING,
+    "REQUEUE_FED": BackendStatus.PENDING,
+    "RESV_DEL_HOLD": BackendStatus.PENDING,
+    "RUNNING": BackendStatus.RUNNING,
+    "COMPLETING": BackendStatus.RUNNING,
+    "STAGE_OUT": BackendStatus.RUNNING,
+    "SIGNALING": BackendStatus.RUNNING,
+    "RESIZING": BackendStatus.RUNNING,
+    "SUSPENDED": BackendStatus.RUNNING,
+    "STOPPED": BackendStatus.RUNNING,
+    "COMPLETED": BackendStatus.SUCCEEDED,
+    "FAILED": BackendStatus.FAILED,
+    "TIMEOUT": BackendStatus.FAILED,
+    "OUT_OF_MEMORY": BackendStatus.FAILED,
+    "NODE_FAIL": BackendStatus.FAILED,
+    "BOOT_FAIL": BackendStatus.FAILED,
+    "DEADLINE": BackendStatus.FAILED,
+    "PREEMPTED": BackendStatus.FAILED,
+    "SPECIAL_EXIT": BackendStatus.FAILED,
+    "REVOKED": BackendStatus.FAILED,
+    "CANCELLED": BackendStatus.CANCELLED,
+}
+
+TIME_CHOICES = [("00:10:00", "10 minutes"), ("01:00:00", "1 hour"), ("04:00:00", "4 hours"), ("1-00:00:00", "1 day")]
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+-]{1,64}$")
+
+
+def map_state(raw: str) -> str:
+    """``CANCELLED by 0`` → cancelled; unknown → pending (never a failure)."""
+    word = (raw or "").strip().split(" ")[0].rstrip("+").upper()
+    return STATES.get(word, BackendStatus.PENDING)
+
+
+def parse_elapsed(text: str) -> float | None:
+    """Slurm durations: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
+    text = (text or "").strip()
+    if not text or text in {"INVALID", "UNLIMITED", "NOT_SET"}:
+        return None
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    seconds = 0.0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return days * 86400 + seconds
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except FileNotFoundError:
+        raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"{args[0]} did not answer within {TIMEOUT} s") from None
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise BackendError(f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}")
+    return proc
+
+
+def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
+    root = (pool_remote or {}).get("working_root")
+    return Path(root) / case_id if root else workspace / ".run"
+
+
+class SlurmBackend(ExecutionBackend):
+    name = "slurm"
+    kinds = ("slurm",)
+
+    # -- submission --------------------------------------------------------------------------
+    def find(self, spec: SubmitSpec) -> str | None:
+        live = run(["squeue", "-h", "-t", "all", f"--name={spec.case_id}", "-o", "%i|%j"]).stdout
+        ids = [line.split("|")[0] for line in live.splitlines() if line.endswith(f"|{spec.case_id}")]
+        if not ids:
+            done = run(["sacct", "-c", f"--name={spec.case_id}", "-n", "-P", "-o", "jobid,jobname"], check=False)
+            ids = [line.split("|")[0] for line in done.stdout.splitlines() if line.endswith(f"|{spec.case_id}")]
+        ids = [i for i in ids if i.isdigit()]
+        return max(ids, key=int) if ids else None
+
+    def _directives(self, spec: SubmitSpec) -> list[str]:
+        directives = list(spec.batch_directives)
+        for key, flag in (("partition", "--partition"), ("time", "--time")):
+            value = spec.launch_options.get(key)
+            if value in (None, ""):
+                continue
+            if not isinstance(value, str) or not SAFE_VALUE.match(value):
+                raise BackendError(f"launch option '{key}' has an invalid value {value!r}")
+            directives = [d for d in directives if not d.startswith(f"{flag}=")]
+            directives.append(f"{flag}={value}")
+        return directives
+
+    def job_script(self, spec: SubmitSpec, rdir: Path) -> str:
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={spec.case_id}",
+            f"#SBATCH --output={rdir}/stdout",
+            f"#SBATCH --error={rdir}/stderr",
+            f"#SBATCH --chdir={rdir}/work",
+        ]
+        lines += [f"#SBATCH {directive}" for directive in self._directives(spec)]
+        lines.append(f"export GRIDGATE_CASE_ID={spec.case_id}")
+        for name, value in sorted(spec.environment.items()):
+            lines.append(f"export {name}={_shell_quote(value)}")
+        lines.append(spec.command)
+        return "\n".join(lines) + "\n"
+
+    def submit(self, spec: SubmitSpec) -> str:
+        if not spec.command.strip():
+            raise BackendError("the case has no command to run")
+        rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
+        try:
+            rdir.mkdir(parents=True, exist_ok=True)
+            for name in ("stdout", "stderr"):
+                (rdir / name).unlink(missing_ok=True)
+            files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir)
+            script = rdir / "job.sh"
+            script.write_text(self.job_script(spec, rdir))
+        except OSError as exc:
+            raise BackendError(f"cannot prepare {rdir}: {exc}") from None
+        out = run(["sbatch", "--parsable", str(script)]).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch answered {out!r} instead of a job id")
+        return job_id
+
+    # -- observation -----------------------------------------------------------------------
+    def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None]]:
+        proc = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T|%M|%C"], check=False)
+        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+            detail = proc.stderr.strip().splitlines()
+            raise BackendError(f"squeue failed: {detail[-1] if detail else proc.returncode}")
+        out = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == 5:
+                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[3]), _int(parts[4]))
+        return out
+
+    def _sacct(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
+        proc = run(
+            ["sacct", "-c", "-j", ",".join(ids), "-n", "-P", "-o", "jobid,jobname,state,exitcode,elapsed,ncpus"],
+            check=False,
+        )
+        out = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == 6:
+                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[4]), _int(parts[5]), parts[3])
+        return out
+
+    def _exit_code(self, job_id: str) -> str:
+        proc = run(["scontrol", "-o", "show", "job", job_id], check=False)
+        match = re.search(r"\bExitCode=(\S+)", proc.stdout)
+        return match.group(1) if match else ""
+
+    def poll(self, job: JobRef) -> BackendState:
+        result = self.poll_many([job])[job.remote_id]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
+        if not jobs:
+            return {}
+        try:
+            live = self._squeue([j.remote_id for j in jobs])
+        except BackendError as exc:
+            return {j.remote_id: exc for j in jobs}
+        # Jobs slurmctld has purged (past MinJobAge) are resolved from the completion records.
+        # The name must match too: job ids restart when a cluster's state is reset.
+        missing = [j.remote_id for j in jobs if j.remote_id not in live or live[j.remote_id][0] != j.case_id]
+        archived = self._sacct(missing) if missing else {}
+        out: dict[str, BackendState | Exception] = {}
+        for job in jobs:
+            rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+            if job.remote_id in live and live[job.remote_id][0] == job.case_id:
+                _name, raw, elapsed, cores = live[job.remote_id]
+                exit_code = ""
+            elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
+                _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
+            else:
+                out[job.remote_id] = BackendError(f"Slurm does not know job {job.remote_id} (yet)")
+                continue
+            status = map_state(raw)
+            message = ""
+            if status == BackendStatus.FAILED and not exit_code:
+                exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
+            if status == BackendStatus.FAILED:
+                message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
+                    f" (exit code {exit_code})" if exit_code else ""
+                )
+            out[job.remote_id] = BackendState(
+                status=status,
+                stdout_delta=files.read_delta(rdir / "stdout", job.workspace / "stdout.log"),
+                stderr_delta=files.read_delta(rdir / "stderr", job.workspace / "stderr.log"),
+                execution_time=elapsed,
+                cores=cores,
+                message=message,
+            )
+        return out
+
+    def sync(self, job: JobRef, globs: list[str]) -> None:
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+        files.sync_live(rdir / "work", job.workspace / "live", globs)
+
+    def fetch_final(self, job: JobRef) -> None:
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+        files.copy_results(rdir, job.workspace / "results")
+
+    def cancel(self, job: JobRef) -> None:
+        state = self.poll_many([job])[job.remote_id]
+        if isinstance(state, BackendState) and state.status in BackendStatus.TERMINAL:
+            raise AlreadyFinished(f"Slurm job {job.remote_id} already ended")
+        run(["scancel", job.remote_id])
+
+    # -- launch form and doctor ----------------------------------------------------------------
+    def launch_options(self, pool) -> LaunchOptions:
+        time_option = LaunchOption(
+            key="time",
+            label="Time limit",
+            choices=[Choice(value, label) for value, label in TIME_CHOICES],
+            default="01:00:00",
+        )
+        configured = (pool.remote or {}).get("partition") if pool is not None else None
+        try:
+            lines = run(["sinfo", "-h", "-o", "%P|%a"]).stdout.splitlines()
+        except BackendError as exc:
+            fallback = [Choice(configured, configured)] if configured else []
+            return LaunchOptions(
+                options=[LaunchOption("partition", "Partition", fallback, configured), time_option],
+                degraded=True,
+                message=str(exc),
+            )
+        partitions, default = [], configured
+        for line in lines:
+            name, _, avail = line.partition("|")
+            if name.endswith("*"):
+                name = name[:-1]
+                default = default or name
+            if avail == "up":
+                partitions.append(Choice(name, name))
+        return LaunchOptions(options=[LaunchOption("partition", "Partition", partitions, default), time_option])
+
+    def doctor(self, pool=None) -> list[Check]:
+        checks = []
+        for command in ("sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"):
+            found = shutil.which(command)
+            checks.append(
+                Check(
+                    f"command {command}",
+                    bool(found),
+                    found or f"{command} is not on PATH: install the Slurm client tools (slurm-client) on this host",
+                )
+            )
+        try:
+            ping = run(["scontrol", "ping"]).stdout.strip()
+            checks.append(Check("controller", "UP" in ping, ping or "no answer from scontrol ping"))
+        except BackendError as exc:
+            checks.append(Check("controller", False, f"{exc}: start slurmctld or fix slurm.conf/munge on this host"))
+        remote = (pool.remote or {}) if pool is not None else {}
+        partition = remote.get("partition")
+        if partition:
+            try:
+                found = run(["sinfo", "-h", "-p", partition, "-o", "%P|%a"]).stdout.strip()
+                ok = bool(found) and found.endswith("|up")
+                checks.append(
+                    Check(
+                        "partition",
+                        ok,
+                        f"partition {partition} is up"
+                        if ok
+                        else f"partition {partition} is missing or not up: fix the pool's remote.partition",
+                    )
+                )
+            except BackendError as exc:
+                checks.append(Check("partition", False, str(exc)))
+        root = remote.get("working_root")
+        if root:
+            path = Path(root)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / ".gridgate-doctor"
+                probe.write_text("ok")
+                probe.unlink()
+                checks.append(Check("working_root", True, f"{root} is writable"))
+            except OSError as exc:
+                checks.append(Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root"))
+        proc = (
+            run(["sacct", "-c", "-n", "-P", "-o", "jobid", "-S", "now"], check=False) if shutil.which("sacct") else None
+        )
+        if proc is not None:
+            checks.append(
+                Check(
+                    "job completion records",
+                    proc.returncode == 0,
+                    "sacct -c answers (finished jobs resolve after MinJobAge)"
+                    if proc.returncode == 0
+                    else "sacct -c fails: set JobCompType=jobcomp/filetxt (or run slurmdbd) so finished jobs resolve",
+                )
+            )
+        return checks
+
+
+def _shell_quote(value: str) -> str:
+    return "'" + str(value).replace("'", "'\"'\"'") + "'"

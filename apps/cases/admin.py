@@ -1,0 +1,124 @@
+from django.contrib import admin, messages
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from apps.cases import services, workspace
+from apps.cases.models import Campaign, Case, CaseEvent
+
+
+class CaseEventInline(admin.TabularInline):
+    model = CaseEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "kind", "from_status", "to_status", "message", "options"]
+    readonly_fields = fields
+    ordering = ["at", "id"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Case)
+class CaseAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
+    list_filter = ["status", "backend", "results_fetched", "resource_class__pool"]
+    list_select_related = ["owner", "resource_class__pool"]
+    search_fields = ["name", "remote_id", "owner__username", "command"]
+    date_hierarchy = "created_at"
+    inlines = [CaseEventInline]
+    actions = ["cancel_cases"]
+    readonly_fields = [
+        "id",
+        "status",
+        "backend",
+        "remote_id",
+        "progress",
+        "execution_time",
+        "cores",
+        "created_at",
+        "launch_requested_at",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "last_polled_at",
+        "last_synced_at",
+        "poll_failures",
+        "last_error",
+        "results_fetched",
+        "next_poll_at",
+        "next_sync_at",
+        "lease_owner",
+        "lease_until",
+        "workspace_files",
+    ]
+    fieldsets = [
+        (None, {"fields": ["id", "name", "owner", "campaign", "resource_class", "command"]}),
+        ("Launch", {"fields": ["launch_options", "observability_globs", "backend", "remote_id", "status"]}),
+        ("Progress", {"fields": ["progress", "execution_time", "cores", "results_fetched", "workspace_files"]}),
+        (
+            "Timeline",
+            {"fields": ["created_at", "launch_requested_at", "submitted_at", "started_at", "finished_at"]},
+        ),
+        (
+            "Worker bookkeeping",
+            {
+                "classes": ["collapse"],
+                "fields": [
+                    "last_polled_at",
+                    "last_synced_at",
+                    "poll_failures",
+                    "last_error",
+                    "next_poll_at",
+                    "next_sync_at",
+                    "lease_owner",
+                    "lease_until",
+                ],
+            },
+        ),
+    ]
+
+    @admin.display(description="files")
+    def workspace_files(self, obj):
+        if not obj.pk:
+            return "-"
+        entries = workspace.list_files(workspace.case_dir(obj.id))[:200]
+        if not entries:
+            return "no files yet"
+        base = reverse("case-files", kwargs={"pk": obj.pk})
+        return format_html_join(
+            "",
+            '<div><a href="{}{}">{}</a> ({} bytes)</div>',
+            ((base, entry["path"], entry["path"], entry["size"]) for entry in entries),
+        )
+
+    @admin.action(description="Cancel the selected cases (same service as the API)")
+    def cancel_cases(self, request, queryset):
+        done, refused = 0, []
+        for case in queryset.select_related("resource_class__pool"):
+            try:
+                services.cancel_case(case)
+                done += 1
+            except Exception as exc:  # Conflict (already ended) or backend unavailable
+                refused.append(f"{case.name}: {getattr(exc, 'detail', exc)}")
+        if done:
+            self.message_user(request, f"Cancelled {done} case(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, format_html("Not cancelled: {}", "; ".join(refused)), messages.WARNING)
+
+
+@admin.register(Campaign)
+class CampaignAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "created_at"]
+    search_fields = ["name", "owner__username"]
+    list_select_related = ["owner"]
+    readonly_fields = ["id", "created_at"]
+
+    def delete_model(self, request, obj):
+        try:
+            services.delete_campaign(obj)
+        except Exception as exc:
+            self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)

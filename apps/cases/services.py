@@ -1,0 +1,288 @@
+"""State-changing operations on cases and campaigns: create, upload, launch, cancel, refresh."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from rest_framework import status as http_status
+from rest_framework.exceptions import APIException, NotFound, Throttled
+from rest_framework.exceptions import ValidationError as DRFValidationError
+
+from apps.backends.base import AlreadyFinished, BackendError, JobRef, SubmitSpec
+from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
+from apps.cases import passes, workspace
+from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
+from apps.core.api.exceptions import Conflict
+from apps.resources.launch import launch_spec
+from apps.resources.selectors import can_use_pool
+
+logger = logging.getLogger(__name__)
+
+
+class BackendUnavailable(APIException):
+    """The provider could not be reached to carry out the request (the case is unchanged)."""
+
+    status_code = http_status.HTTP_502_BAD_GATEWAY
+    default_detail = "The execution backend could not be reached."
+    default_code = "backend_unavailable"
+
+
+def _event(case, *, kind=CaseEvent.Kind.TRANSITION, from_status="", to_status="", message="", options=None, at=None):
+    return CaseEvent.objects.create(
+        case=case,
+        at=at or timezone.now(),
+        kind=kind,
+        from_status=from_status,
+        to_status=to_status,
+        message=message[:2000],
+        options=options,
+    )
+
+
+# -- creation and inputs ---------------------------------------------------------------------------
+def create_campaign(*, owner, name: str, uploads=()) -> Campaign:
+    campaign = Campaign(owner=owner, name=name)
+    campaign.full_clean()
+    campaign.save()
+    workspace.campaign_shared_dir(campaign.id).mkdir(parents=True, exist_ok=True)
+    if uploads:
+        add_campaign_inputs(campaign, uploads)
+    return campaign
+
+
+def add_campaign_inputs(campaign: Campaign, uploads) -> list[str]:
+    if campaign.cases.exclude(status=CaseStatus.PREPARED).exists():
+        # A launched case may be reading shared/ right now (or a backend uploaded it once).
+        raise Conflict("Shared inputs are frozen once a case of the campaign has been launched.")
+    return workspace.save_uploads(workspace.campaign_shared_dir(campaign.id), uploads)
+
+
+def create_case(
+    *,
+    owner,
+    resource_class,
+    name: str,
+    command: str,
+    launch_options=None,
+    observability_globs=None,
+    campaign: Campaign | None = None,
+    uploads=(),
+) -> Case:
+    """A prepared case with its workspace (and its input files, all or nothing)."""
+    if not can_use_pool(owner, resource_class.pool):
+        raise DRFValidationError({"resource_class": ["You may not use this class's pool."]})
+    case = Case(
+        owner=owner,
+        resource_class=resource_class,
+        name=name,
+        command=command,
+        launch_options=launch_options or {},
+        observability_globs=observability_globs or [],
+        campaign=campaign,
+    )
+    case.full_clean()
+    try:
+        case.backend = backend_name_for_kind(resource_class.pool.kind)
+    except NoBackend:
+        case.backend = ""  # launching will say clearly why it cannot run
+    root = workspace.create_case_dir(case.id)
+    try:
+        workspace.save_uploads(root / "inputs", uploads)
+        with transaction.atomic():
+            case.save(force_insert=True)
+            _event(case, to_status=CaseStatus.PREPARED, message="created")
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return case
+
+
+def add_inputs(case: Case, uploads) -> list[str]:
+    """R-CASE-7: inputs are uploaded while the case is prepared (and not being launched)."""
+    case.refresh_from_db(fields=["status", "launch_requested_at"])
+    if case.status != CaseStatus.PREPARED or case.launch_requested_at is not None:
+        raise Conflict("Inputs can only be added while the case is prepared.", status=case.status)
+    return workspace.save_uploads(workspace.case_dir(case.id) / "inputs", uploads)
+
+
+# -- launch (R-CASE-1) -----------------------------------------------------------------------------
+def build_spec(case: Case) -> SubmitSpec:
+    resource_class = case.resource_class
+    spec = launch_spec(resource_class)
+    return SubmitSpec(
+        case_id=str(case.id),
+        command=case.command,
+        workspace=workspace.case_dir(case.id),
+        pool_remote=resource_class.pool.remote_config(),
+        resources=spec["resources"],
+        batch_directives=spec["batch_directives"],
+        environment=spec["environment"],
+        launch_options=dict(case.launch_options or {}),
+        observability_globs=list(case.observability_globs or []),
+        shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
+    )
+
+
+def launch_case(case: Case, *, launch_options=None) -> Case:
+    """R-CASE-1: record the launch request under a lease, submit with no transaction open, record
+    the outcome in a short transaction. Idempotent: the backend adopts a job already submitted
+    under the case's name instead of creating a second one."""
+    if launch_options is not None and not isinstance(launch_options, dict):
+        raise DRFValidationError({"launch_options": ["Must be a JSON object."]})
+    now = timezone.now()
+    owner = passes.worker_id()
+    with transaction.atomic():
+        locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
+        if locked.status != CaseStatus.PREPARED:
+            raise Conflict(f"The case is already {locked.status}; it cannot be launched again.", status=locked.status)
+        if locked.lease_until is not None and locked.lease_until > now:
+            raise Conflict("The case is being launched right now.", status=locked.status)
+        try:
+            locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
+        except NoBackend as exc:
+            raise DRFValidationError({"resource_class": [str(exc)]}) from None
+        if launch_options is not None:
+            locked.launch_options = launch_options
+        locked.launch_requested_at = now
+        locked.lease_owner = owner
+        locked.lease_until = now + timedelta(seconds=passes.lease_seconds())
+        locked.save(update_fields=["backend", "launch_options", "launch_requested_at", "lease_owner", "lease_until"])
+        _event(
+            locked,
+            kind=CaseEvent.Kind.LAUNCH,
+            message=f"launch requested on the {locked.backend} backend",
+            options=locked.launch_options,
+            at=now,
+        )
+    submit_claimed(locked, owner=owner)
+    locked.refresh_from_db()
+    return locked
+
+
+def submit_claimed(case: Case, *, owner: str) -> bool:
+    """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded."""
+    spec = build_spec(case)
+    remote_id, error = None, ""
+    try:
+        backend = get_backend(case.backend)
+        # Look the job up by name first: a retried launch adopts it (R-CASE-1).
+        remote_id = backend.find(spec) or backend.submit(spec)
+    except BackendError as exc:
+        error = str(exc)
+    except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
+        logger.exception("case %s: submission raised", case.id)
+        error = f"{type(exc).__name__}: {exc}"
+    now = timezone.now()
+    with transaction.atomic():
+        fields = {"lease_owner": "", "lease_until": None}
+        if remote_id:
+            fields.update(
+                status=CaseStatus.PENDING,
+                remote_id=str(remote_id),
+                submitted_at=now,
+                next_poll_at=now,
+                poll_failures=0,
+                last_error="",
+            )
+        else:
+            fields.update(status=CaseStatus.FAILED, last_error=error[:2000], finished_at=now)
+        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(**fields)
+        if updated:
+            _event(
+                case,
+                from_status=CaseStatus.PREPARED,
+                to_status=fields["status"],
+                message=f"submitted as {remote_id}" if remote_id else f"submission failed: {error}",
+                at=now,
+            )
+    if not updated:
+        current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
+        if remote_id and current == CaseStatus.CANCELLED:
+            # Cancelled while the submission was in flight: do not leave an orphan job running.
+            try:
+                backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
+            except Exception as exc:
+                logger.warning("case %s: orphan job %s not cancelled: %s", case.id, remote_id, exc)
+        return False
+    if remote_id:
+        from apps.cases.tasks import enqueue_poll
+
+        enqueue_poll([case.id])
+    return True
+
+
+# -- cancel (R-CASE-6) -----------------------------------------------------------------------------
+def cancel_case(case: Case) -> Case:
+    """Idempotent and never a 500: a prepared case is just marked cancelled; an active one is
+    cancelled at the provider first; a case that ended meanwhile answers 409 with its real status."""
+    now = timezone.now()
+    with transaction.atomic():
+        if Case.objects.filter(pk=case.pk, status=CaseStatus.PREPARED).update(
+            status=CaseStatus.CANCELLED, finished_at=now
+        ):
+            _event(case, kind=CaseEvent.Kind.CANCEL, from_status=CaseStatus.PREPARED, to_status=CaseStatus.CANCELLED)
+            case.refresh_from_db()
+            return case
+    case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
+    if case.status in TERMINAL:
+        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+    try:
+        get_backend(case.backend).cancel(passes.job_ref(case))  # no transaction open
+    except AlreadyFinished:
+        # The provider finished it between our last poll and this request: find out how it ended.
+        passes.poll_pass(case_ids=[case.id])
+        case.refresh_from_db()
+        if case.status in TERMINAL:
+            raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
+        raise Conflict(
+            "The case finished on the provider's side; its results are being fetched.", status=case.status
+        ) from None
+    except BackendError as exc:
+        Case.objects.filter(pk=case.pk).update(last_error=f"cancel failed: {exc}"[:2000])
+        raise BackendUnavailable(f"The backend could not cancel the case: {exc}") from None
+    with transaction.atomic():
+        previous = case.status
+        updated = Case.objects.filter(pk=case.pk, status__in=list(ACTIVE), remote_id=case.remote_id).update(
+            status=CaseStatus.CANCELLED, finished_at=timezone.now()
+        )
+        if updated:
+            _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
+    case.refresh_from_db()
+    if not updated:
+        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+    return case
+
+
+# -- refresh (R-CASE-2: an immediate, throttled pull of one case) ----------------------------------
+def refresh_case(case: Case) -> Case:
+    now = timezone.now()
+    minimum = timedelta(seconds=settings.GRIDGATE_CASE_REFRESH_SECONDS)
+    # Compare-and-set on last_refresh_at: concurrent refreshes of one case cost one provider call.
+    window_open = Case.objects.filter(pk=case.pk).exclude(last_refresh_at__gt=now - minimum)
+    if not window_open.update(last_refresh_at=now):
+        last = Case.objects.filter(pk=case.pk).values_list("last_refresh_at", flat=True).first()
+        if last is None:
+            raise NotFound()
+        raise Throttled(wait=max(1, int((last + minimum - now).total_seconds()) + 1))
+    case.refresh_from_db()
+    if case.status in ACTIVE and case.remote_id:
+        passes.poll_pass(case_ids=[case.id])
+        passes.sync_pass(case_ids=[case.id])
+        case.refresh_from_db()
+    return case
+
+
+def delete_campaign(campaign: Campaign) -> None:
+    """Refused while the campaign has unfinished cases (their workspaces read shared/)."""
+    unfinished = campaign.cases.exclude(status__in=list(TERMINAL)).count()
+    if unfinished:
+        raise Conflict(f"The campaign still has {unfinished} unfinished case(s).")
+    with transaction.atomic():
+        campaign.cases.update(campaign=None)  # finished cases stay, with their own workspaces
+        campaign.delete()
+    shutil.rmtree(workspace.campaign_shared_dir(campaign.id).parent, ignore_errors=True)

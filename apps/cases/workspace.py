@@ -1,0 +1,169 @@
+"""Case and campaign workspaces on local disk (R-CASE-5, R-CASE-7).
+
+``GRIDGATE_CASES_ROOT/<case id>/`` holds ``inputs/``, ``live/`` (synced while running),
+``results/`` (final), ``stdout.log`` and ``stderr.log``; ``GRIDGATE_CASES_ROOT/campaigns/<id>/shared/``
+holds a campaign's shared inputs. Every path that comes from a request goes through
+:func:`confined` so nothing outside a workspace is ever read or written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.exceptions import APIException, ValidationError
+
+LAYOUT_DIRS = ("inputs", "live", "results")
+LOGS = {"stdout": "stdout.log", "stderr": "stderr.log"}
+
+
+class PayloadTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The upload is too large."
+    default_code = "payload_too_large"
+
+
+def cases_root() -> Path:
+    return Path(settings.GRIDGATE_CASES_ROOT)
+
+
+def case_dir(case_id) -> Path:
+    return cases_root() / str(case_id)
+
+
+def campaign_shared_dir(campaign_id) -> Path:
+    return cases_root() / "campaigns" / str(campaign_id) / "shared"
+
+
+def create_case_dir(case_id) -> Path:
+    root = case_dir(case_id)
+    for name in LAYOUT_DIRS:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    for name in LOGS.values():
+        (root / name).touch(exist_ok=True)
+    return root
+
+
+def confined(root: Path, relative: str) -> Path:
+    """R-CASE-7: ``root/relative`` if it stays inside ``root`` once symlinks are resolved.
+
+    Refuses absolute paths, ``..`` components, NUL bytes and any symlink leading out.
+    """
+    if not relative or "\x00" in relative or "\\" in relative:
+        raise ValidationError({"path": ["Invalid path."]})
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or any(part == ".." for part in pure.parts):
+        raise ValidationError(
+            {"path": ["Paths are relative to the case workspace: no '/' prefix, no '..' (R-CASE-7)."]}
+        )
+    base = root.resolve()
+    target = (base / pure).resolve(strict=False)
+    if not target.is_relative_to(base):
+        raise ValidationError({"path": ["This path leads out of the case workspace (R-CASE-7)."]})
+    return target
+
+
+def list_files(root: Path) -> list[dict]:
+    """Regular files of a workspace, ``[{"path", "size"}]`` sorted by path. Hidden top-level
+    entries (backend run directories, staging) and symlinks are not listed."""
+    out = []
+    if not root.is_dir():
+        return out
+    base = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        here = Path(dirpath)
+        if here == base:
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        dirnames[:] = sorted(d for d in dirnames if not (here / d).is_symlink())
+        for name in filenames:
+            path = here / name
+            if path.is_symlink() or (here == base and name.startswith(".")) or name.endswith(".part"):
+                continue
+            out.append({"path": path.relative_to(base).as_posix(), "size": path.stat().st_size})
+    out.sort(key=lambda entry: entry["path"])
+    return out
+
+
+def upload_limit_bytes() -> int:
+    return settings.GRIDGATE_MAX_UPLOAD_MB * 1024 * 1024
+
+
+def check_content_length(request) -> None:
+    """Refuse an oversized request before its body is parsed (R-CASE-7: 413, nothing written)."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > upload_limit_bytes():
+        raise PayloadTooLarge(f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB).")
+
+
+def save_uploads(dest: Path, uploads) -> list[str]:
+    """Write uploaded files into ``dest`` all or nothing (R-CASE-7).
+
+    Files are first written to a staging directory beside ``dest`` and moved into place only
+    once every one is complete, so an oversized or failing upload leaves nothing half-written.
+    """
+    uploads = list(uploads or [])
+    if not uploads:
+        return []
+    total = sum(upload.size or 0 for upload in uploads)
+    if total > upload_limit_bytes():
+        raise PayloadTooLarge(f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB).")
+    names = []
+    for upload in uploads:
+        name = os.path.basename(upload.name or "")
+        if not name or name in {".", ".."} or name.startswith("."):
+            raise ValidationError({"inputs": [f"Invalid file name {upload.name!r}."]})
+        confined(dest, name)
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise ValidationError({"inputs": ["Two uploaded files have the same name."]})
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".upload-{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        written = 0
+        for name, upload in zip(names, uploads, strict=True):
+            with (staging / name).open("wb") as handle:
+                for chunk in upload.chunks():
+                    written += len(chunk)
+                    if written > upload_limit_bytes():  # the declared size lied
+                        raise PayloadTooLarge(
+                            f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB)."
+                        )
+                    handle.write(chunk)
+        for name in names:
+            os.replace(staging / name, dest / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return names
+
+
+def append_logs(root: Path, stdout: str, stderr: str) -> None:
+    """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly)."""
+    for name, text in (("stdout.log", stdout), ("stderr.log", stderr)):
+        if text:
+            with (root / name).open("ab") as handle:
+                handle.write(text.encode("utf-8", "surrogateescape"))
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a log, reading at most a bounded block from the end."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return ""
+    block = min(size, max(64 * 1024, lines * 512))
+    with path.open("rb") as handle:
+        handle.seek(size - block)
+        data = handle.read()
+    text = data.decode("utf-8", "replace")
+    parts = text.splitlines(keepends=True)
+    if block < size and parts:
+        parts = parts[1:]  # the first line was cut by the block boundary
+    return "".join(parts[-lines:]) if lines > 0 else ""

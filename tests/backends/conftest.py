@@ -1,0 +1,60 @@
+"""Backends run for real here: local pools use the local backend, Slurm pools the Slurm one."""
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from apps.cases import passes
+from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
+
+
+@pytest.fixture(autouse=True)
+def real_backends(settings, cases_root):  # noqa: F811
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "slurm": "slurm"}
+
+
+def wait_for_terminal(case, *, timeout: float = 60.0, poll_every: float = 0.2):
+    """Run poll passes until the case ends (a bounded wait for a real process, not a timing test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        passes.poll_pass(case_ids=[case.id])
+        case.refresh_from_db()
+        if case.is_terminal:
+            return case
+        time.sleep(poll_every)
+    raise AssertionError(f"case {case.id} still {case.status} after {timeout} s: {case.last_error}")
+
+
+def wait_until(predicate, *, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def slurm_unavailable_reason() -> str | None:
+    if not shutil.which("sbatch"):
+        return "sbatch is not installed (run scripts/slurm-local.sh start)"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"scontrol ping failed: {exc}"
+    if "UP" not in ping.stdout:
+        return f"slurmctld is not up ({(ping.stdout + ping.stderr).strip()}); run scripts/slurm-local.sh start"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Skip Slurm tests with the reason outside CI; under CI=true a missing cluster fails them."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GRIDGATE_SLURM_TESTS") == "1":
+            pytest.fail(f"Slurm tests are required here (CI/GRIDGATE_SLURM_TESTS) but {reason}")
+        pytest.skip(f"Slurm not available: {reason}")
+    return True

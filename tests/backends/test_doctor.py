@@ -1,0 +1,58 @@
+"""``manage.py doctor`` (R-BACK-5): one line per check, non-zero exit on failure."""
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from apps.resources.models import ResourceClass, ResourcePool
+
+pytestmark = pytest.mark.django_db
+
+
+def doctor(*args):
+    out = io.StringIO()
+    try:
+        call_command("doctor", *args, stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, out.getvalue()
+
+
+def test_doctor_fake_backend_passes():
+    code, out = doctor("--backend", "fake")
+    assert code == 0
+    assert out.splitlines()[0].startswith("OK    [fake] fake:")
+    assert out.strip().endswith("1/1 checks passed")
+
+
+def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
+    code, out = doctor("--backend", "local")
+    assert code == 0
+    assert "cases root:" in out and "shell:" in out
+
+
+def test_doctor_fails_with_an_actionable_message_and_non_zero_exit(monkeypatch, tmp_path):
+    pool = ResourcePool.objects.create(
+        name="hpc", kind="slurm", public=True, remote={"partition": "debug", "working_root": str(tmp_path / "w")}
+    )
+    ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no Slurm commands on this "host"
+    code, out = doctor("--pool", str(pool.pk))
+    assert code == 1
+    lines = out.splitlines()
+    assert "FAIL  [slurm pool=hpc] command sbatch: sbatch is not on PATH: install the Slurm client tools" in out
+    assert any(line.startswith("OK    [slurm pool=hpc] working_root:") for line in lines)
+    assert lines[-1].endswith("checks passed") and not lines[-1].startswith("OK")
+
+
+def test_doctor_refuses_unknown_backend_and_runai_pool():
+    with pytest.raises(CommandError):
+        doctor("--backend", "nope")
+    pool = ResourcePool.objects.create(
+        name="gpu", kind="runai", public=True, remote={"base_url": "https://runai.example.org"}
+    )
+    with pytest.raises(CommandError, match="no case backend"):
+        doctor("--pool", str(pool.pk))

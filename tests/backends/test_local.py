@@ -1,0 +1,85 @@
+"""The local backend with real subprocesses."""
+
+import pytest
+
+from apps.backends.local import LocalBackend, run_dir
+from apps.cases import passes, services, workspace
+from apps.cases.models import CaseStatus
+from tests.backends.conftest import wait_for_terminal, wait_until
+
+pytestmark = pytest.mark.django_db
+
+
+def with_input(case, name, data: bytes):
+    (workspace.case_dir(case.id) / "inputs" / name).write_bytes(data)
+
+
+def test_real_command_writes_a_result_that_comes_back_into_results(make_case):
+    case = make_case(
+        command="cat mesh.txt > out.txt; echo extra >> mesh.txt; mkdir -p post; echo 7 > post/value; echo hello",
+        observability_globs=["post/*"],
+    )
+    with_input(case, "mesh.txt", b"mesh\n")
+    with_input(case, "untouched.txt", b"same\n")
+    case = services.launch_case(case)
+    assert case.status == CaseStatus.PENDING and case.remote_id.startswith("local:")
+    case = wait_for_terminal(case)
+
+    assert case.status == CaseStatus.DONE, case.last_error
+    results = workspace.case_dir(case.id) / "results"
+    assert (results / "out.txt").read_text() == "mesh\n"
+    assert (results / "mesh.txt").read_text() == "mesh\nextra\n"  # changed inputs come back
+    assert (results / "post" / "value").read_text() == "7\n"
+    assert not (results / "untouched.txt").exists()  # unchanged inputs do not
+    assert (workspace.case_dir(case.id) / "inputs" / "mesh.txt").read_text() == "mesh\n"  # inputs untouched
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "hello\n"
+    listed = {entry["path"] for entry in workspace.list_files(workspace.case_dir(case.id))}
+    assert "results/out.txt" in listed and not any(path.startswith(".run") for path in listed)
+
+
+def test_failing_command_ends_failed_with_stderr_kept(make_case):
+    case = services.launch_case(make_case(command="echo 'solver diverged' >&2; exit 3"))
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.FAILED
+    assert "exited with status 3" in case.last_error
+    assert (workspace.case_dir(case.id) / "stderr.log").read_text() == "solver diverged\n"
+
+
+def test_exit_status_on_disk_survives_a_worker_restart(make_case):
+    """The outcome is read from .run/exit_status: a new backend instance (a restarted worker)
+    that never saw the process still resolves the case."""
+    case = services.launch_case(make_case(command="echo done > marker"))
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until((rdir / "exit_status").exists, what="the exit status file")
+    assert (rdir / "exit_status").read_text().strip() == "0"
+    state = LocalBackend().poll(passes.job_ref(case))
+    assert state.status == "succeeded"
+
+
+def test_progress_marker_is_synced_into_live_and_read_while_running(make_case):
+    case = services.launch_case(
+        make_case(
+            command="echo 0.25 > .gridgate/progress; echo partial > run.log; sleep 30", observability_globs=["*.log"]
+        )
+    )
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until((rdir / "work" / "run.log").exists, what="the command's first output")
+    passes.poll_pass(case_ids=[case.id])
+    passes.sync_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+    assert case.progress == 0.25
+    assert (workspace.case_dir(case.id) / "live" / "run.log").read_text() == "partial\n"
+    case = services.cancel_case(case)
+    assert case.status == CaseStatus.CANCELLED
+    assert (rdir / "cancelled").exists()
+
+
+def test_symlinks_out_of_the_working_directory_never_come_back(make_case, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    case = services.launch_case(make_case(command=f"ln -s {secret} leak; echo ok > real"))
+    case = wait_for_terminal(case)
+    results = workspace.case_dir(case.id) / "results"
+    assert case.status == CaseStatus.DONE
+    assert (results / "real").exists() and not (results / "leak").exists()

@@ -1,0 +1,48 @@
+"""The case admin: filters, events inline, file links, and the cancel action (same service as the API)."""
+
+import pytest
+
+from apps.cases import services
+from apps.cases.models import Case, CaseStatus
+from tests.cases.conftest import drive
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client, staff):
+    staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    return client
+
+
+def test_changelist_filters_by_status(admin_client, make_case):
+    make_case(name="alpha")
+    response = admin_client.get("/admin/cases/case/?status__exact=prepared")
+    assert response.status_code == 200 and b"alpha" in response.content
+    assert b"alpha" not in admin_client.get("/admin/cases/case/?status__exact=done").content
+
+
+def test_change_page_shows_events_and_links_to_files(admin_client, make_case):
+    case = drive(services.launch_case(make_case()))
+    response = admin_client.get(f"/admin/cases/case/{case.pk}/change/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert f"/api/v1/cases/{case.pk}/files/results/result.txt" in body
+    assert "results fetched" in body  # the done transition's event, inline
+
+
+def test_cancel_action_uses_the_cancel_service(admin_client, make_case):
+    running = services.launch_case(make_case(name="running"))
+    finished = drive(services.launch_case(make_case(name="finished")))
+    response = admin_client.post(
+        "/admin/cases/case/",
+        {"action": "cancel_cases", "_selected_action": [str(running.pk), str(finished.pk)]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "Cancelled 1 case(s)." in text and "already ended: done" in text
+    assert Case.objects.get(pk=running.pk).status == CaseStatus.CANCELLED
+    assert Case.objects.get(pk=finished.pk).status == CaseStatus.DONE

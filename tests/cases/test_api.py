@@ -1,0 +1,330 @@
+"""The case, campaign and backend endpoints of SPEC §7."""
+
+import os
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from apps.backends.fake import FakeBackend
+from apps.cases import workspace
+from apps.cases.models import Case, CaseStatus
+from tests.cases.conftest import drive
+
+pytestmark = pytest.mark.django_db
+
+CASE_FIELDS = {
+    "id",
+    "name",
+    "owner",
+    "resource_class",
+    "backend",
+    "command",
+    "launch_options",
+    "observability_globs",
+    "status",
+    "remote_id",
+    "progress",
+    "execution_time",
+    "cores",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "poll_failures",
+    "last_error",
+    "results_fetched",
+}
+
+
+def create(client, rc, **extra):
+    body = {"name": "cavity", "resource_class": rc.pk, "command": "solve", **extra}
+    return client.post("/api/v1/cases/", body, format="json")
+
+
+def test_create_case_as_json_returns_the_spec_payload(api, owner, local_pool):
+    response = create(api(owner), local_pool.classes.get(), observability_globs=["*.log"])
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert set(body) == CASE_FIELDS
+    assert body["status"] == "prepared" and body["owner"] == "owner" and body["backend"] == "fake"
+    root = workspace.case_dir(body["id"])
+    assert all((root / name).is_dir() for name in ("inputs", "live", "results"))
+    assert (root / "stdout.log").exists() and (root / "stderr.log").exists()
+
+
+def test_create_case_multipart_with_inputs(api, owner, local_pool):
+    rc = local_pool.classes.get()
+    response = api(owner).post(
+        "/api/v1/cases/",
+        {
+            "name": "mesh",
+            "resource_class": rc.pk,
+            "command": "solve",
+            "launch_options": '{"outcome": "succeed"}',
+            "inputs": [SimpleUploadedFile("a.txt", b"alpha"), SimpleUploadedFile("b.dat", b"beta")],
+        },
+        format="multipart",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["launch_options"] == {"outcome": "succeed"}
+    files = api(owner).get(f"/api/v1/cases/{body['id']}/files/").json()
+    assert {"path": "inputs/a.txt", "size": 5} in files and {"path": "inputs/b.dat", "size": 4} in files
+
+
+def test_user_without_pool_access_cannot_create_a_case_there(api, outsider, private_pool):
+    response = create(api(outsider), private_pool.classes.get())
+    assert response.status_code == 400 and "resource_class" in response.json()
+
+
+def test_outsiders_get_404_on_every_case_route(api, owner, outsider, local_pool):
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    client = api(outsider)
+    for method, path in [
+        ("get", f"/api/v1/cases/{case_id}/"),
+        ("get", f"/api/v1/cases/{case_id}/events/"),
+        ("get", f"/api/v1/cases/{case_id}/logs/"),
+        ("get", f"/api/v1/cases/{case_id}/files/"),
+        ("get", f"/api/v1/cases/{case_id}/files/stdout.log"),
+        ("post", f"/api/v1/cases/{case_id}/launch/"),
+        ("post", f"/api/v1/cases/{case_id}/cancel/"),
+        ("post", f"/api/v1/cases/{case_id}/refresh/"),
+        ("post", f"/api/v1/cases/{case_id}/inputs/"),
+    ]:
+        assert getattr(client, method)(path).status_code == 404, path
+    assert client.get("/api/v1/cases/").json()["count"] == 0
+    assert Case.objects.get(pk=case_id).status == CaseStatus.PREPARED
+
+
+def test_staff_see_every_case(api, owner, staff, local_pool):
+    create(api(owner), local_pool.classes.get())
+    assert api(staff).get("/api/v1/cases/").json()["count"] == 1
+
+
+def test_launch_run_and_fetch_result_through_the_api(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    response = client.post(
+        f"/api/v1/cases/{case_id}/launch/", {"launch_options": {"outcome": "succeed"}}, format="json"
+    )
+    assert response.status_code == 200 and response.json()["status"] == "pending"
+    drive(Case.objects.get(pk=case_id))
+    body = client.get(f"/api/v1/cases/{case_id}/").json()
+    assert body["status"] == "done" and body["results_fetched"] is True and body["progress"] == 1.0
+
+    download = client.get(f"/api/v1/cases/{case_id}/files/results/result.txt")
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content) == f"fake result of {case_id}\n".encode()
+
+    logs = client.get(f"/api/v1/cases/{case_id}/logs/?stream=stdout&tail=1")
+    assert logs.status_code == 200 and logs["Content-Type"].startswith("text/plain")
+    assert logs.content.decode() == "step 4/4: succeeded\n"
+
+    events = client.get(f"/api/v1/cases/{case_id}/events/").json()["results"]
+    assert [e["to_status"] for e in events if e["to_status"]] == ["prepared", "pending", "running", "done"]
+    launch = next(e for e in events if e["kind"] == "launch")
+    assert launch["options"] == {"outcome": "succeed"}
+
+
+def test_logs_reject_unknown_stream(api, owner, local_pool):
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    assert api(owner).get(f"/api/v1/cases/{case_id}/logs/?stream=env").status_code == 400
+    assert api(owner).get(f"/api/v1/cases/{case_id}/logs/?tail=x").status_code == 400
+
+
+def test_cancel_after_completion_is_409_with_status(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    drive(Case.objects.get(pk=case_id))
+    response = client.post(f"/api/v1/cases/{case_id}/cancel/")
+    assert response.status_code == 409 and response.json()["status"] == "done"
+
+
+def test_r_case_7_path_traversal_is_refused(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    for path in ["../../../../etc/passwd", "..%2F..%2F..%2Fetc%2Fpasswd", "inputs/../../x", "%2Fetc%2Fpasswd"]:
+        response = client.get(f"/api/v1/cases/{case_id}/files/{path}")
+        assert response.status_code in (400, 404), path
+        assert b"root:" not in b"".join(getattr(response, "streaming_content", [response.content]))
+
+
+def test_r_case_7_symlink_out_of_the_workspace_is_refused(api, owner, local_pool, tmp_path):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    os.symlink(secret, workspace.case_dir(case_id) / "results" / "leak.txt")
+    os.symlink(tmp_path, workspace.case_dir(case_id) / "results" / "outside")
+    assert client.get(f"/api/v1/cases/{case_id}/files/results/leak.txt").status_code == 400
+    assert client.get(f"/api/v1/cases/{case_id}/files/results/outside/secret.txt").status_code == 400
+    listed = [entry["path"] for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()]
+    assert not any("leak" in path or "outside" in path for path in listed)
+
+
+def test_r_case_7_oversized_upload_is_413_and_writes_nothing(api, owner, local_pool, settings):
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
+    small = SimpleUploadedFile("small.txt", b"ok")
+    response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [small, big]}, format="multipart")
+    assert response.status_code == 413
+    root = workspace.case_dir(case_id)
+    assert list((root / "inputs").iterdir()) == []
+    assert not [p for p in root.iterdir() if p.name.startswith(".upload")]
+
+
+def test_r_case_7_oversized_files_at_creation_are_413_and_leave_no_case(api, owner, local_pool, settings):
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    rc = local_pool.classes.get()
+    response = api(owner).post(
+        "/api/v1/cases/",
+        {"name": "big", "resource_class": rc.pk, "command": "x", "inputs": [SimpleUploadedFile("b", b"x" * 2**21)]},
+        format="multipart",
+    )
+    assert response.status_code == 413
+    assert Case.objects.count() == 0
+    assert not any(workspace.cases_root().glob("*/inputs/*"))
+
+
+def test_r_case_7_size_check_applies_to_the_declared_total_too(settings, tmp_path):
+    from apps.cases.workspace import PayloadTooLarge, save_uploads
+
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    files = [SimpleUploadedFile(f"f{i}", b"x" * 400_000) for i in range(3)]
+    with pytest.raises(PayloadTooLarge):
+        save_uploads(tmp_path / "inputs", files)
+    assert not (tmp_path / "inputs").exists() or not any((tmp_path / "inputs").iterdir())
+
+
+def test_inputs_only_while_prepared(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    ok = client.post(
+        f"/api/v1/cases/{case_id}/inputs/", {"inputs": [SimpleUploadedFile("m.txt", b"1")]}, format="multipart"
+    )
+    assert ok.status_code == 201 and ok.json() == {"uploaded": ["m.txt"]}
+    client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    late = client.post(
+        f"/api/v1/cases/{case_id}/inputs/", {"inputs": [SimpleUploadedFile("n.txt", b"2")]}, format="multipart"
+    )
+    assert late.status_code == 409 and late.json()["status"] == "pending"
+
+
+def test_refresh_is_throttled_per_case(api, owner, local_pool, settings):
+    settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    polls = FakeBackend.calls.get("poll", 0)
+    first = client.post(f"/api/v1/cases/{case_id}/refresh/")
+    assert first.status_code == 200
+    assert FakeBackend.calls["poll"] == polls + 1
+    second = client.post(f"/api/v1/cases/{case_id}/refresh/")
+    assert second.status_code == 429
+    assert FakeBackend.calls["poll"] == polls + 1
+
+
+def test_failed_submit_through_the_api_reports_failed(api, owner, local_pool):
+    FakeBackend.faults.fail_submit = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    body = client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").json()
+    assert body["status"] == "failed" and "submission refused" in body["last_error"]
+
+
+def test_bad_payloads_are_400_not_500(api, owner, local_pool):
+    client = api(owner)
+    rc = local_pool.classes.get()
+    assert create(client, rc, observability_globs="*.log").status_code == 400
+    assert create(client, rc, observability_globs=["../x"]).status_code == 400
+    assert create(client, rc, command="  ").status_code == 400
+    case_id = create(client, rc).json()["id"]
+    assert client.post(f"/api/v1/cases/{case_id}/launch/", {"launch_options": [1]}, format="json").status_code == 400
+
+
+def test_campaign_shared_inputs_are_seen_by_its_cases(api, owner, local_pool):
+    client = api(owner)
+    response = client.post(
+        "/api/v1/campaigns/", {"name": "sweep", "inputs": [SimpleUploadedFile("mesh.msh", b"mesh")]}, format="multipart"
+    )
+    assert response.status_code == 201, response.content
+    campaign = response.json()
+    assert campaign["shared_files"] == [{"path": "mesh.msh", "size": 4}]
+    more = client.post(
+        f"/api/v1/campaigns/{campaign['id']}/inputs/", {"inputs": [SimpleUploadedFile("p", b"1")]}, format="multipart"
+    )
+    assert more.status_code == 201
+    case = create(client, local_pool.classes.get(), campaign=campaign["id"])
+    assert case.status_code == 201
+    assert client.get(f"/api/v1/campaigns/{campaign['id']}/").json()["name"] == "sweep"
+
+
+def test_campaigns_of_others_are_404_and_unusable(api, owner, outsider, local_pool):
+    campaign = api(owner).post("/api/v1/campaigns/", {"name": "mine"}, format="json").json()
+    assert api(outsider).get(f"/api/v1/campaigns/{campaign['id']}/").status_code == 404
+    response = create(api(outsider), local_pool.classes.get(), campaign=campaign["id"])
+    assert response.status_code == 400 and "campaign" in response.json()
+
+
+def test_backends_list_names_the_kinds_they_serve(api, member):
+    body = api(member).get("/api/v1/backends/").json()
+    by_name = {entry["name"]: entry["kinds"] for entry in body}
+    assert by_name["fake"] == ["local"] and by_name["slurm"] == ["slurm"] and by_name["local"] == []
+
+
+def test_r_back_2_healthy_launch_options_are_cached(api, member, local_pool):
+    calls = []
+    original = FakeBackend.launch_options
+
+    def counting(self, pool):
+        calls.append(pool.pk)
+        return original(self, pool)
+
+    FakeBackend.launch_options = counting
+    try:
+        url = f"/api/v1/resource-classes/{local_pool.classes.get().pk}/launch-options/"
+        first = api(member).get(url).json()
+        second = api(member).get(url).json()
+    finally:
+        FakeBackend.launch_options = original
+    assert first == second and first["degraded"] is False and first["backend"] == "fake"
+    assert first["options"][0]["key"] == "outcome"
+    assert len(calls) == 1
+
+
+def test_r_back_2_degraded_launch_options_are_not_cached(api, member, local_pool, monkeypatch):
+    calls = []
+
+    def unreachable(self, pool):
+        calls.append(1)
+        raise ConnectionError("provider down")
+
+    monkeypatch.setattr(FakeBackend, "launch_options", unreachable)
+    url = f"/api/v1/resource-classes/{local_pool.classes.get().pk}/launch-options/"
+    for _ in range(2):
+        body = api(member).get(url).json()
+        assert body["degraded"] is True and "provider down" in body["message"]
+    assert len(calls) == 2
+
+
+def test_launch_options_of_a_hidden_class_are_404(api, outsider, private_pool):
+    url = f"/api/v1/resource-classes/{private_pool.classes.get().pk}/launch-options/"
+    assert api(outsider).get(url).status_code == 404
+
+
+def test_openapi_schema_has_the_case_routes(tmp_path):
+    from django.core.management import call_command
+
+    out = tmp_path / "schema.yaml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(out))
+    text = out.read_text()
+    for path in [
+        "/api/v1/cases/{id}/launch/",
+        "/api/v1/cases/{id}/files/{path}:",
+        "/api/v1/campaigns/{id}/inputs/",
+        "/api/v1/backends/",
+        "/api/v1/resource-classes/{id}/launch-options/",
+    ]:
+        assert path in text, path

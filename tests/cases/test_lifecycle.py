@@ -1,0 +1,244 @@
+"""The case lifecycle on the fake backend, with injected faults (R-CASE-1 … 6)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.backends.fake import FakeBackend
+from apps.cases import passes, services, workspace
+from apps.cases.models import Case, CaseStatus
+from apps.core.api.exceptions import Conflict
+from tests.cases.conftest import drive, statuses
+
+pytestmark = pytest.mark.django_db
+
+
+def test_fake_case_goes_prepared_pending_running_done_with_results_on_disk(make_case):
+    case = make_case()
+    assert case.status == CaseStatus.PREPARED and case.backend == "fake"
+    case = services.launch_case(case, launch_options={"outcome": "succeed"})
+    assert case.status == CaseStatus.PENDING and case.remote_id and case.submitted_at
+
+    passes.poll_pass(case_ids=[case.id])  # scripted: pending
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING
+    passes.poll_pass(case_ids=[case.id])  # running
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING and case.started_at
+    case = drive(case)
+
+    assert case.status == CaseStatus.DONE
+    assert case.results_fetched and case.progress == 1.0 and case.finished_at
+    results = workspace.case_dir(case.id) / "results" / "result.txt"
+    assert results.read_text() == f"fake result of {case.id}\n"
+    assert statuses(case) == [
+        ("", "prepared"),
+        ("prepared", "pending"),
+        ("pending", "running"),
+        ("running", "done"),
+    ]
+    assert "step 4/4: succeeded" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+
+
+def test_r_case_4_done_only_after_results_are_in_results_dir(make_case):
+    """R-CASE-4: a failing fetch_final keeps the case running; a later pass finishes it."""
+    case = services.launch_case(make_case())
+    FakeBackend.faults.fail_fetch_final = 2
+    case = drive(case, max_passes=4, until=CaseStatus.DONE)
+    assert case.status == CaseStatus.RUNNING
+    assert not case.results_fetched
+    assert "fetching results failed" in case.last_error
+    assert not (workspace.case_dir(case.id) / "results" / "result.txt").exists()
+
+    case = drive(case, max_passes=3, until=CaseStatus.DONE)
+    assert case.status == CaseStatus.DONE and case.results_fetched
+    assert (workspace.case_dir(case.id) / "results" / "result.txt").exists()
+    assert case.last_error == "" and case.poll_failures == 0
+
+
+def test_r_case_3_failed_polls_change_nothing_but_counters_and_back_off(make_case):
+    case = services.launch_case(make_case())
+    drive(case, max_passes=2, until=CaseStatus.RUNNING)
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+    before = Case.objects.values().get(pk=case.pk)
+
+    FakeBackend.faults.fail_polls = 3
+    now = timezone.now()
+    delays = []
+    for i in range(3):
+        at = now + timedelta(hours=i)
+        passes.poll_pass(case_ids=[case.id], now=at)
+        case.refresh_from_db()
+        delays.append((case.next_poll_at - at).total_seconds())
+    assert case.status == CaseStatus.RUNNING
+    assert case.poll_failures == 3
+    assert "provider unreachable" in case.last_error
+    assert delays == [20, 40, 80]  # exponential from the 10 s cadence
+    after = Case.objects.values().get(pk=case.pk)
+    changed = {key for key in before if before[key] != after[key]}
+    assert changed <= {"poll_failures", "last_error", "last_polled_at", "next_poll_at"}
+
+    case = drive(case)
+    assert case.status == CaseStatus.DONE and case.poll_failures == 0 and case.last_error == ""
+
+
+def test_r_case_3_back_off_is_capped(make_case, settings):
+    settings.GRIDGATE_CASE_MAX_BACKOFF_SECONDS = 300
+    assert passes.backoff(1).total_seconds() == 20
+    assert passes.backoff(50).total_seconds() == 300
+
+
+def test_r_case_1_failed_submit_marks_the_case_failed_with_the_error(make_case):
+    FakeBackend.faults.fail_submit = 1
+    case = services.launch_case(make_case())
+    assert case.status == CaseStatus.FAILED
+    assert "submission refused" in case.last_error
+    assert case.remote_id == "" and case.finished_at
+    assert statuses(case)[-1] == ("prepared", "failed")
+
+
+def test_r_case_1_retried_launch_adopts_the_job_instead_of_submitting_again(make_case, fake):
+    """The web process died after the provider accepted the job but before recording it."""
+    case = make_case()
+    spec = services.build_spec(case)
+    remote_id = fake.submit(spec)  # the job reached the provider…
+    Case.objects.filter(pk=case.pk).update(  # …and the launcher died holding its lease
+        launch_requested_at=timezone.now() - timedelta(minutes=5),
+        lease_owner="dead-worker",
+        lease_until=timezone.now() - timedelta(minutes=3),
+    )
+    report = passes.submit_pass()
+    case.refresh_from_db()
+    assert report.recorded == 1
+    assert case.status == CaseStatus.PENDING and case.remote_id == remote_id
+    assert FakeBackend.calls["submit"] == 1
+
+    # A second launch request on the submitted case is refused, never a second job.
+    with pytest.raises(Conflict) as refused:
+        services.launch_case(case)
+    assert refused.value.extra["status"] == CaseStatus.PENDING
+    assert FakeBackend.calls["submit"] == 1 and len(FakeBackend.jobs) == 1
+
+
+def test_r_case_1_launch_while_another_launch_holds_the_lease_is_refused(make_case):
+    case = make_case()
+    Case.objects.filter(pk=case.pk).update(
+        launch_requested_at=timezone.now(), lease_owner="other", lease_until=timezone.now() + timedelta(minutes=1)
+    )
+    with pytest.raises(Conflict):
+        services.launch_case(case)
+    assert FakeBackend.calls.get("submit", 0) == 0
+
+
+def test_remote_failure_ends_failed_with_its_logs(make_case):
+    case = services.launch_case(make_case(), launch_options={"outcome": "fail"})
+    case = drive(case)
+    assert case.status == CaseStatus.FAILED
+    assert "scripted failure" in case.last_error
+    assert "simulated failure" in (workspace.case_dir(case.id) / "stderr.log").read_text()
+    assert not case.results_fetched
+
+
+def test_r_case_6_cancel_racing_completion_answers_409_with_the_real_final_status(make_case, fake):
+    """The provider finished the job after our last poll: it refuses the abort."""
+    case = services.launch_case(make_case())
+    drive(case, max_passes=2, until=CaseStatus.RUNNING)
+    fake.complete(case.remote_id)
+    with pytest.raises(Conflict) as refused:
+        services.cancel_case(case)
+    assert refused.value.extra["status"] == CaseStatus.DONE
+    case.refresh_from_db()
+    assert case.status == CaseStatus.DONE and case.results_fetched
+
+
+def test_r_case_6_cancel_of_a_case_already_recorded_done_is_409(make_case):
+    case = drive(services.launch_case(make_case()))
+    with pytest.raises(Conflict) as refused:
+        services.cancel_case(case)
+    assert refused.value.extra["status"] == CaseStatus.DONE
+
+
+def test_r_case_6_cancel_running_case_then_cancel_again(make_case):
+    case = services.launch_case(make_case())
+    case = services.cancel_case(case)
+    assert case.status == CaseStatus.CANCELLED and case.finished_at
+    assert FakeBackend.jobs[case.remote_id].cancelled
+    with pytest.raises(Conflict) as again:
+        services.cancel_case(case)
+    assert again.value.extra["status"] == CaseStatus.CANCELLED
+
+
+def test_r_case_6_cancel_prepared_case_just_marks_it(make_case):
+    case = services.cancel_case(make_case())
+    assert case.status == CaseStatus.CANCELLED
+    assert FakeBackend.calls.get("cancel", 0) == 0
+
+
+def test_pass_skips_write_back_when_the_case_was_cancelled_meanwhile(make_case, monkeypatch):
+    case = services.launch_case(make_case())
+    original_poll = FakeBackend.poll_many
+
+    def poll_then_user_cancels(self, jobs):
+        answers = original_poll(self, jobs)
+        Case.objects.filter(pk=case.pk).update(status=CaseStatus.CANCELLED)  # a cancel lands mid-pass
+        return answers
+
+    monkeypatch.setattr(FakeBackend, "poll_many", poll_then_user_cancels)
+    report = passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert report.skipped == 1 and report.recorded == 0
+    assert case.status == CaseStatus.CANCELLED and case.lease_owner == ""
+
+
+def test_r_case_5_progress_is_never_read_from_a_stale_synced_marker(make_case, fake):
+    case = services.launch_case(make_case())
+    drive(case, max_passes=2, until=CaseStatus.RUNNING)
+    fake.set_progress_marker(case.remote_id, "0.4")
+    passes.sync_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.progress == pytest.approx(0.4)
+    assert (workspace.case_dir(case.id) / "live" / ".gridgate" / "progress").read_text() == "0.4"
+
+    case = drive(case)
+    assert case.status == CaseStatus.DONE and case.progress == 1.0
+    # The stale copy is still in live/: later passes and refreshes never bring it back.
+    passes.sync_pass(case_ids=[case.id])
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.progress == 1.0
+
+
+def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
+    from rest_framework.exceptions import ValidationError
+
+    from apps.resources.models import ResourceClass, ResourcePool
+
+    pool = ResourcePool.objects.create(
+        name="gpu", kind="runai", public=True, remote={"base_url": "https://runai.example.org"}
+    )
+    rc = ResourceClass.objects.create(pool=pool, name="a100", cpu=8, memory=64, gpu=1, default=True)
+    case = services.create_case(owner=owner, resource_class=rc, name="train", command="python train.py")
+    with pytest.raises(ValidationError) as refused:
+        services.launch_case(case)
+    assert "runai" in str(refused.value.detail) and "no case backend" in str(refused.value.detail)
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED
+
+
+def test_poll_pass_query_count_does_not_grow_with_cases(make_case):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries_for(n):
+        cases = [services.launch_case(make_case(name=f"c{i}")) for i in range(n)]
+        Case.objects.filter(pk__in=[c.pk for c in cases]).update(next_poll_at=timezone.now() - timedelta(seconds=1))
+        with CaptureQueriesContext(connection) as ctx:
+            report = passes.poll_pass()
+        assert report.recorded == n
+        Case.objects.all().delete()
+        return len(ctx.captured_queries)
+
+    small, large = queries_for(3), queries_for(30)
+    assert small == large
