@@ -132,5 +132,14 @@ class Command(BaseCommand):
                 item.full_clean()
                 item.save()
             self.stdout.write(f"pool {pool.name} ({pool.kind}): {pool.classes.count()} classes")
+        from apps.scheduling.models import Device
+
+        qpu = ResourcePool.objects.get(name="qpu")
+        device, created = Device.objects.update_or_create(
+            pool=qpu,
+            name="emulator",
+            defaults={"driver": "emulator", "config": {"pulser_device": "AnalogDevice"}, "online": True},
+        )
+        self.stdout.write(f"{'created' if created else 'updated'} device qpu/emulator (Pulser AnalogDevice)")
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
         self.stdout.write("Logins: admin/admin (staff), alice/alice (qpu-users), bob/bob")
