@@ -111,7 +111,8 @@ SPECTACULAR_SETTINGS = {
 # sites (GRIDGATE_REDIS_URL). ``retry`` must exceed ``timeout`` or tasks run twice.
 Q_CLUSTER = {
     "name": "gridgate",
-    "workers": env_int("GRIDGATE_Q_WORKERS", 2, minimum=1),
+    # One worker is mostly asleep in the tick loop (apps.core.ticker); tasks are I/O-bound.
+    "workers": env_int("GRIDGATE_Q_WORKERS", 4, minimum=2),
     "timeout": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10),
     "retry": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10) + 60,
     "max_attempts": 3,
@@ -132,6 +133,8 @@ GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", Fa
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+# manage.py cleanup: how long ended sessions, finished jobs and case events are kept.
+GRIDGATE_RETENTION_DAYS = env_int("GRIDGATE_RETENTION_DAYS", 90, minimum=1)
 # Run enqueued tasks inline instead of through the broker (tests only).
 GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
@@ -147,7 +150,6 @@ GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS",
 GRIDGATE_CASE_LEASE_SECONDS = env_int("GRIDGATE_CASE_LEASE_SECONDS", 120, minimum=10)
 GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
 GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
-GRIDGATE_CASE_TICKER_SECONDS = env_int("GRIDGATE_CASE_TICKER_SECONDS", 50, minimum=1)
 GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 

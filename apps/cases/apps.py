@@ -5,3 +5,12 @@ class CasesConfig(AppConfig):
     name = "apps.cases"
     label = "cases"
     verbose_name = "Cases"
+
+    def ready(self):
+        from django.conf import settings
+
+        from apps.cases import tasks
+        from apps.core import ticker
+
+        # R-CASE-2: the submit/poll/sync passes every few seconds, between event-triggered polls.
+        ticker.register("cases.passes", tasks.run_passes, every=lambda: settings.GRIDGATE_CASE_TICK_INTERVAL)

@@ -169,17 +169,3 @@ class CaseEvent(models.Model):
         if self.from_status or self.to_status:
             return f"{self.at:%Y-%m-%d %H:%M:%S} {self.from_status or '-'} → {self.to_status or '-'}"
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}"
-
-
-class PassLease(models.Model):
-    """One row per ticker loop kind: the cluster holding it runs that loop (see docs/operations.md)."""
-
-    name = models.CharField(max_length=64, primary_key=True)
-    owner = models.CharField(max_length=100, blank=True, default="")
-    until = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self):
-        return f"{self.name} held by {self.owner or '-'} until {self.until}"

@@ -89,3 +89,21 @@ def run_ticker(name: str, step: Callable[[], object], *, interval: float, durati
     finally:
         release_lease(name, owner)
     return steps
+
+
+def cleanup() -> str:
+    """Daily schedule: ``manage.py cleanup`` with the configured retention."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("cleanup", stdout=out)
+    return out.getvalue()
+
+
+def tick() -> str:
+    """Minutely schedule ``gridgate.tick``: the shared sub-minute loop (apps.core.ticker)."""
+    from apps.core import ticker
+
+    return ticker.tick()

@@ -7,8 +7,13 @@ class SchedulingConfig(AppConfig):
     verbose_name = "Devices, jobs and scheduling"
 
     def ready(self):
+        from django.conf import settings
+
+        from apps.core import ticker
         from apps.scheduling import services
         from apps.sessions import hooks
 
+        # R-SCHED-5 safety net: poll and dispatch every pool with unfinished jobs every second.
+        ticker.register("scheduling.sweep", services.sweep, every=lambda: settings.GRIDGATE_DISPATCH_TICK)
         hooks.register_busy_condition(services.busy_condition)
         hooks.sessions_revoked.connect(services.on_sessions_revoked, dispatch_uid="scheduling.cancel_jobs")

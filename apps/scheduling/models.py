@@ -148,6 +148,8 @@ class DriverRun(models.Model):
     polls = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When the device began the run.")
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "remote_id"]

@@ -1,12 +1,11 @@
 """django-q2 entry points for scheduling (thin; the work is in services)."""
 
-from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from apps.core.tasks import run_ticker
 from apps.scheduling import services
 from apps.scheduling.drivers import emulator
-from apps.scheduling.models import DriverRun
+from apps.scheduling.models import DriverRun, Job, JobStatus
 
 
 def run_pool(pool_id: int) -> dict:
@@ -18,25 +17,22 @@ def sweep() -> dict:
     return services.sweep()
 
 
-def tick() -> int:
-    """Minutely schedule: ~55 s of sweeps every GRIDGATE_DISPATCH_TICK seconds, one loop across
-    all clusters (lease), so polls and dispatch keep a sub-minute cadence between events."""
-    return run_ticker("scheduling.tick", services.sweep, interval=settings.GRIDGATE_DISPATCH_TICK, duration=55)
-
-
 def run_emulation(remote_id: str) -> str:
     """Execute one emulator run, then poll and dispatch its pool at once (a device was freed)."""
     with transaction.atomic():
         run = DriverRun.objects.select_for_update().select_related("device").filter(remote_id=remote_id).first()
         if run is None or run.status != "queued":
             return "skipped"  # already executed (task retried) or cancelled before it started
-        run.status = "running"
-        run.save(update_fields=["status"])
+        run.status, run.started_at = "running", timezone.now()
+        run.save(update_fields=["status", "started_at"])
     emulator.execute(run)  # minutes of CPU at most; no transaction held
     with transaction.atomic():
         cancelled = DriverRun.objects.select_for_update().values_list("cancel_requested", flat=True).get(pk=run.pk)
         if cancelled:
             run.status, run.result, run.error = "cancelled", None, "cancelled while running"
-        run.save(update_fields=["status", "result", "error", "logs", "runtime_seconds"])
+        run.finished_at = timezone.now()
+        run.save(update_fields=["status", "result", "error", "logs", "runtime_seconds", "finished_at"])
+    # The device is free now: poll this job at once (not at its next scheduled poll) and refill.
+    Job.objects.filter(remote_id=run.remote_id, status=JobStatus.RUNNING).update(next_poll_at=None)
     services.run_pool(run.device.pool_id)
     return run.status

@@ -328,3 +328,37 @@ def test_openapi_schema_has_the_case_routes(tmp_path):
         "/api/v1/resource-classes/{id}/launch-options/",
     ]:
         assert path in text, path
+
+
+def test_idempotency_key_replays_case_creation_with_the_same_files(api, owner, local_pool):
+    rc = local_pool.classes.get()
+    client = api(owner)
+
+    def post(content):
+        return client.post(
+            "/api/v1/cases/",
+            {
+                "name": "mesh",
+                "resource_class": rc.pk,
+                "command": "run",
+                "inputs": [SimpleUploadedFile("a.txt", content)],
+            },
+            format="multipart",
+            HTTP_IDEMPOTENCY_KEY="case-1",
+        )
+
+    first, again = post(b"one"), post(b"one")
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert first.json()["id"] == again.json()["id"] and again["Idempotent-Replayed"] == "true"
+    assert post(b"two").status_code == 409  # same key, different file content
+    assert Case.objects.count() == 1
+
+
+def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    client = api(owner)
+    url = f"/api/v1/cases/{case_id}/launch/"
+    first = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
+    again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
+    assert first.status_code == 200 and first.json() == again.json()
+    assert Case.objects.get(pk=case_id).events.filter(to_status="pending").count() == 1

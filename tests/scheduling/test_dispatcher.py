@@ -212,12 +212,30 @@ def test_queue_positions_follow_the_weighted_order(qpu_pool, open_session, owner
     assert dispatched == order
 
 
-def test_tick_runs_a_bounded_loop_once_across_clusters(qpu_pool, settings):
-    from apps.core.models import Lease
-    from apps.core.tasks import acquire_lease, run_ticker
+def test_sweep_is_registered_with_the_shared_tick_loop(db):
+    from apps.core import ticker
 
-    assert acquire_lease("scheduling.tick", "other-host", timedelta(seconds=30))
-    assert run_ticker("scheduling.tick", lambda: None, interval=0, duration=0.05) == 0  # held elsewhere
-    Lease.objects.all().delete()
-    assert run_ticker("scheduling.tick", lambda: None, interval=0, duration=0.05) > 0
-    assert not Lease.objects.exists()  # released at the end
+    periodic = ticker.registered()["scheduling.sweep"]
+    assert periodic.func is services.sweep and periodic.every() == 1
+
+
+def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, open_session, owner, settings):
+    """R-SCHED-5: when a run ends, its job is recorded and the next one starts in the same task,
+    even if the job's next scheduled poll is later."""
+    from apps.scheduling import tasks
+    from apps.scheduling.models import DriverRun
+
+    Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
+    session = open_session(qpu_pool, owner)
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    first, second = (
+        services.submit_job(session=session, payload={"sequence": analog_sequence()}, shots=20) for _ in range(2)
+    )
+    services.run_pool(qpu_pool.pk)  # dispatches the first (its run task is not executed here)
+    Job.objects.filter(pk=first.pk).update(next_poll_at=timezone.now() + timedelta(minutes=5))
+    assert tasks.run_emulation(f"emu-{first.pk}") == "completed"
+    first.refresh_from_db(), second.refresh_from_db()
+    assert first.status == JobStatus.COMPLETED and second.status == JobStatus.RUNNING
+    run = DriverRun.objects.get(remote_id=f"emu-{first.pk}")
+    assert run.started_at <= run.finished_at

@@ -24,6 +24,7 @@ from apps.cases.api.serializers import (
     UploadResultSerializer,
 )
 from apps.cases.models import Campaign, Case, CaseStatus
+from apps.core.idempotency import idempotent
 
 UPLOAD_PARSERS = [JSONParser, MultiPartParser, FormParser]
 CONFLICT = OpenApiResponse(description="Conflict with the case's current state; the body carries `status`.")
@@ -52,7 +53,9 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     @extend_schema(request=CaseCreateSerializer, responses={201: CaseSerializer, 413: TOO_LARGE})
     def create(self, request):
-        # TODO(idempotency-key): Idempotency-Key replay support comes from apps.core (sessions issue).
+        return idempotent(request, lambda: self._create(request))
+
+    def _create(self, request):
         body = CaseCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -84,7 +87,9 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["post"])
     def launch(self, request, pk=None):
         """R-CASE-1: submit the case; 200 with ``pending`` (submitted) or ``failed`` (refused)."""
-        # TODO(idempotency-key): Idempotency-Key replay support comes from apps.core (sessions issue).
+        return idempotent(request, lambda: self._launch(request))
+
+    def _launch(self, request):
         case = self.get_object()
         body = LaunchSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -1,0 +1,52 @@
+"""manage.py cleanup prunes old ended things and never touches active work."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from apps.core.models import IdempotencyKey
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling.models import Job, JobStatus
+from apps.sessions import services
+from apps.sessions.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+def test_cleanup_prunes_old_ended_sessions_jobs_and_keys_only(owner, capsys):
+    pool = ResourcePool.objects.create(name="p", public=True)
+    klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    old_ended = services.admit(user=owner, resource_class=klass).session
+    services.release(old_ended)
+    kept_active = services.admit(user=owner, resource_class=klass).session
+    long_ago = timezone.now() - timedelta(days=200)
+    Session.objects.filter(pk=old_ended.pk).update(revoked_at=long_ago)
+    now = timezone.now()
+    finished = Job.objects.create(
+        session=kept_active,
+        pool=pool,
+        user=owner,
+        payload={},
+        shots=1,
+        created_at=now,
+        status=JobStatus.COMPLETED,
+        finished_at=long_ago,
+    )
+    pending = Job.objects.create(session=kept_active, pool=pool, user=owner, payload={}, shots=1, created_at=long_ago)
+    old_key = IdempotencyKey.objects.create(user=owner, key="old", fingerprint="x")
+    IdempotencyKey.objects.filter(pk=old_key.pk).update(created_at=now - timedelta(hours=25))
+    fresh_key = IdempotencyKey.objects.create(user=owner, key="fresh", fingerprint="y")
+
+    call_command("cleanup", "--dry-run")
+    assert Session.objects.filter(pk=old_ended.pk).exists()
+    call_command("cleanup", "--days", "30")
+    call_command("cleanup", "--days", "30")  # safe to re-run
+
+    assert not Session.objects.filter(pk=old_ended.pk).exists()
+    assert Session.objects.filter(pk=kept_active.pk).exists()
+    assert not Job.objects.filter(pk=finished.pk).exists() and Job.objects.filter(pk=pending.pk).exists()
+    assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [fresh_key.pk]
+    out = capsys.readouterr().out
+    assert "would delete 1 ended sessions" in out and "deleted 1 row(s): idempotency keys" in out

@@ -1,0 +1,57 @@
+"""The shared sub-minute loop: one per site (lease), every registered pass at its own period."""
+
+from datetime import timedelta
+
+import pytest
+
+from apps.core import ticker
+from apps.core.models import Lease
+from apps.core.tasks import acquire_lease, run_ticker
+
+pytestmark = pytest.mark.django_db
+
+
+def test_only_one_loop_runs_across_clusters_until_its_lease_expires():
+    assert acquire_lease("loop", "cluster-a", timedelta(seconds=30))
+    assert not acquire_lease("loop", "cluster-b", timedelta(seconds=30))
+    assert acquire_lease("loop", "cluster-a", timedelta(seconds=30))  # renewal
+    Lease.objects.filter(name="loop").update(expires_at="2000-01-01T00:00:00Z")
+    assert acquire_lease("loop", "cluster-b", timedelta(seconds=30))  # cluster-a died: taken over
+
+
+def test_ticker_returns_at_once_when_another_cluster_holds_the_loop():
+    assert acquire_lease("loop", "elsewhere", timedelta(seconds=30))
+    assert run_ticker("loop", lambda: pytest.fail("ran"), interval=0, duration=0.05) == 0
+
+
+def test_ticker_runs_steps_and_releases_its_lease():
+    steps = []
+    assert run_ticker("loop", lambda: steps.append(1), interval=0, duration=0.02) == len(steps) > 0
+    assert not Lease.objects.exists()
+
+
+def test_a_failing_step_does_not_end_the_loop():
+    calls = []
+
+    def step():
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    assert run_ticker("loop", step, interval=0, duration=0.02) == len(calls) > 1
+
+
+def test_tick_runs_each_pass_at_its_own_period(monkeypatch):
+    monkeypatch.setattr(ticker, "_REGISTRY", {})
+    fast, slow = [], []
+    ticker.register("fast", lambda: fast.append(1), every=lambda: 0)
+    ticker.register("slow", lambda: slow.append(1), every=lambda: 3600)
+    outcome = ticker.tick(duration=0.02)
+    assert len(slow) == 1 and len(fast) > 1 and "slow: 1" in outcome
+
+
+def test_tick_schedule_replaces_the_per_app_loops(db):
+    from django_q.models import Schedule
+
+    names = set(Schedule.objects.values_list("name", flat=True))
+    assert "gridgate.tick" in names
+    assert not names & {"gridgate.scheduling_tick", "gridgate.cases.ticker"}
