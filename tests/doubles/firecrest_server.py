@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -142,7 +143,7 @@ class FirecrestDouble:
 
     def _fault(self, after: bool):
         for fault in self.faults:
-            if fault.times <= 0 or fault.after != after or fault.path_part not in request.path:
+            if fault.times <= 0 or fault.after != after or not _matches(fault.path_part, request.path):
                 continue
             if fault.method and fault.method != request.method:
                 continue
@@ -503,6 +504,15 @@ class FirecrestDouble:
 
     def wipe(self):
         shutil.rmtree(self.fs_root, ignore_errors=True)
+
+
+def _matches(path_part: str, path: str) -> bool:
+    """A fault's target: a substring of the path, or the exact path when it ends with ``$``."""
+    return path == path_part[:-1] if path_part.endswith("$") else path_part in path
+
+
+# The doubles' request lines would drown the test output.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 class _Error(Exception):

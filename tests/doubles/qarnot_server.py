@@ -36,7 +36,7 @@ from flask import Flask, jsonify, request
 from moto.server import ThreadedMotoServer
 from werkzeug.serving import make_server
 
-from tests.doubles.firecrest_server import Fault
+from tests.doubles.firecrest_server import Fault, _matches
 
 
 @dataclass
@@ -223,7 +223,7 @@ class QarnotDouble:
 
         def fault(after: bool):
             for item in double.faults:
-                if item.times <= 0 or item.after != after or item.path_part not in request.path:
+                if item.times <= 0 or item.after != after or not _matches(item.path_part, request.path):
                     continue
                 if item.method and item.method != request.method:
                     continue
