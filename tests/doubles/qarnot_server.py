@@ -58,7 +58,7 @@ class Task:
 
 
 class QarnotDouble:
-    def __init__(self, *, token: str = "qarnot-TOKEN-value-9f8e7d", profiles=("docker-batch",), catalogue=None):
+    def __init__(self, *, token: str = "qarnot-TOKEN-value-9f8e7d", profiles=("docker-batch",), catalogue=None):  # noqa: S107, E501
         self.token = token
         self.profiles = list(profiles)
         self.catalogue = (
