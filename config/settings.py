@@ -143,7 +143,9 @@ GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
 
 # Cases and execution backends (SPEC §6; cadences in docs/operations.md).
 # Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).
-GRIDGATE_CASE_BACKENDS = env_mapping("GRIDGATE_CASE_BACKENDS", {"local": "local", "slurm": "slurm"})
+GRIDGATE_CASE_BACKENDS = env_mapping(
+    "GRIDGATE_CASE_BACKENDS", {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
+)
 GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1)
 GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)
 GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS", 600, minimum=1)

@@ -121,6 +121,13 @@ class BackendError(Exception):
     """A provider call failed. The message is shown to users: never put a credential in it."""
 
 
+class SubmitUncertain(BackendError):
+    """The submission may or may not have reached the provider (its answer timed out and the job
+    is not listed yet). The core keeps the case prepared and retries the launch later; the retry
+    looks the job up by name first (``find``), so it adopts the job instead of creating a second
+    one (R-CASE-1)."""
+
+
 class AlreadyFinished(BackendError):
     """cancel() on a job that already ended (e.g. Qarnot's 'Invalid operation on non-running
     task'): not an error for the user, the case reports its real final state (R-CASE-6)."""

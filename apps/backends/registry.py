@@ -1,8 +1,8 @@
 """Which backend serves which pool kind.
 
 ``GRIDGATE_CASE_BACKENDS`` (setting, from the environment as ``kind=name,kind=name``) maps a pool
-kind to a backend name; the default maps ``local`` and ``slurm`` to their backends. FirecREST and
-Qarnot register here when their modules land (``BACKENDS`` below); Run:AI has no case backend.
+kind to a backend name; the default maps ``local``, ``slurm``, ``firecrest`` and ``qarnot`` to their
+backends (``BACKENDS`` below); Run:AI has no case backend.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from apps.backends.base import BackendError, Check, ExecutionBackend
 #: backend name → "module:Class" (imported lazily so an optional SDK is imported only when used)
 BACKENDS: dict[str, str] = {
     "fake": "apps.backends.fake:FakeBackend",
+    "firecrest": "apps.backends.firecrest:FirecrestBackend",
     "local": "apps.backends.local:LocalBackend",
+    "qarnot": "apps.backends.qarnot:QarnotBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
 
 __all__ = ["BACKENDS", "Check", "NoBackend", "backend_class", "backend_name_for_kind", "describe", "get_backend"]
 
-DEFAULT_KIND_MAP = {"local": "local", "slurm": "slurm"}
+DEFAULT_KIND_MAP = {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
 
 
 class NoBackend(BackendError):

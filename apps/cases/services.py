@@ -13,7 +13,7 @@ from rest_framework import status as http_status
 from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.exceptions import ValidationError as DRFValidationError
 
-from apps.backends.base import AlreadyFinished, BackendError, JobRef, SubmitSpec
+from apps.backends.base import AlreadyFinished, BackendError, JobRef, SubmitSpec, SubmitUncertain
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
@@ -22,6 +22,9 @@ from apps.resources.launch import launch_spec
 from apps.resources.selectors import can_use_pool
 
 logger = logging.getLogger(__name__)
+
+#: launches retried after an uncertain submission (timeout) before the case is failed
+MAX_UNCERTAIN_SUBMITS = 5
 
 
 class BackendUnavailable(APIException):
@@ -167,17 +170,21 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
 def submit_claimed(case: Case, *, owner: str) -> bool:
     """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded."""
     spec = build_spec(case)
-    remote_id, error = None, ""
+    remote_id, error, uncertain = None, "", False
     try:
         backend = get_backend(case.backend)
         # Look the job up by name first: a retried launch adopts it (R-CASE-1).
         remote_id = backend.find(spec) or backend.submit(spec)
+    except SubmitUncertain as exc:
+        error, uncertain = str(exc), True
     except BackendError as exc:
         error = str(exc)
     except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
         logger.exception("case %s: submission raised", case.id)
         error = f"{type(exc).__name__}: {exc}"
     now = timezone.now()
+    if uncertain and case.poll_failures + 1 < MAX_UNCERTAIN_SUBMITS:
+        return _retry_uncertain_submit(case, owner=owner, error=error, now=now)
     with transaction.atomic():
         fields = {"lease_owner": "", "lease_until": None}
         if remote_id:
@@ -214,6 +221,24 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
 
         enqueue_poll([case.id])
     return True
+
+
+def _retry_uncertain_submit(case: Case, *, owner: str, error: str, now) -> bool:
+    """The provider may hold a job for this case: stay prepared, keep the launch request, and let
+    the submit pass retry once the back-off lease expires. The retry calls ``find`` first, so a
+    job that did reach the provider is adopted, never submitted twice (R-CASE-1). The attempt
+    count lives in ``poll_failures`` (unused while prepared); the last attempt fails the case."""
+    attempts = case.poll_failures + 1
+    with transaction.atomic():
+        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(
+            poll_failures=attempts,
+            last_error=f"submission uncertain (attempt {attempts}): {error}"[:2000],
+            lease_owner="submit-retry",
+            lease_until=now + passes.backoff(attempts),
+        )
+        if updated:
+            _event(case, kind=CaseEvent.Kind.ERROR, message=f"submission uncertain, will retry: {error}", at=now)
+    return bool(updated)
 
 
 # -- cancel (R-CASE-6) -----------------------------------------------------------------------------

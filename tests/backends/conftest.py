@@ -1,4 +1,5 @@
-"""Backends run for real here: local pools use the local backend, Slurm pools the Slurm one."""
+"""Backends run for real here: local pools use the local backend, Slurm pools the Slurm one,
+FirecREST and Qarnot pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
 
 import os
 import shutil
@@ -13,7 +14,8 @@ from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fi
 
 @pytest.fixture(autouse=True)
 def real_backends(settings, cases_root):  # noqa: F811
-    settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "slurm": "slurm"}
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
+    settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True  # the doubles speak plain http on 127.0.0.1
 
 
 def wait_for_terminal(case, *, timeout: float = 60.0, poll_every: float = 0.2):

@@ -1,0 +1,632 @@
+"""The Qarnot backend: docker tasks on Qarnot's cloud through the qarnot SDK (R-BACK-3).
+
+Quirks this module absorbs so the core never sees them (each was met on a real account, see
+``docs/backends.md``):
+
+- **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
+  (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use, never at import or
+  in ``launch_options`` without a guard, and kept per (cluster, token) in this process. The token
+  comes from the environment variable named by the pool's ``token_env`` (R-BACK-1).
+- **Room before spending.** There is no quota exception: a full bucket or storage quota surfaces
+  as a botocore ``ClientError`` in the middle of an upload. The per-case upload plan is checked
+  against ``max_upload_mb`` and ``user_info`` (bucket count, storage bytes) before anything is
+  uploaded.
+- **Buckets per case**: ``gg-<case>-in`` (inputs) and ``gg-<case>-out`` (results and snapshots);
+  a campaign's shared inputs go once to ``gg-campaign-<id>`` under the ``shared/`` prefix (so the
+  task sees ``shared/`` as locally) and are never downloaded back.
+- **Setters before submit.** Constraints, scheduling type and the snapshot whitelist are set
+  before ``submit()`` (most setters raise once the task has a uuid). ``snapshot(interval)``
+  called before submit keeps only the interval and drops the whitelist, so the periodic snapshot
+  is started right after submit with the whitelist passed explicitly.
+- **Catalogue-checked constraints.** Qarnot refuses a whole submission for a constraint its
+  per-account catalogue does not list, so the synthesised core constraint is sent only when the
+  catalogue lists it; node types come from the same catalogue.
+- **Results**: ``download_results`` re-downloads the whole bucket on every fresh task and
+  ``get_all_files`` does not sanitise keys, so objects are listed and fetched here, only new or
+  changed whitelisted ones while running, confined to the workspace.
+- **Abort of a finished task** raises ``UnauthorizedException("Invalid operation on non-running
+  task")``: that is "already finished" (R-CASE-6), never a 500.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shlex
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from apps.backends import files
+from apps.backends.base import (
+    AlreadyFinished,
+    BackendError,
+    BackendState,
+    BackendStatus,
+    Check,
+    Choice,
+    ExecutionBackend,
+    JobRef,
+    LaunchOption,
+    LaunchOptions,
+    SubmitSpec,
+    SubmitUncertain,
+)
+from apps.backends.remote_common import (
+    LIVE_MAX_BYTES,
+    MissingCredential,
+    confined_target,
+    env_secret,
+    glob_matches,
+    globs_to_regex,
+    safe_relative,
+    scrub,
+)
+from apps.resources.remote import with_defaults
+
+logger = logging.getLogger(__name__)
+sdk_logger = logging.getLogger("apps.backends.qarnot.sdk")  # the SDK prints to stdout otherwise
+
+TIMEOUT = 30  # seconds per API request
+RETRY_COUNT = 2  # the SDK retries 429/5xx with (2 ** try) * RETRY_WAIT sleeps: keep passes bounded
+RETRY_WAIT = 0.5
+STATE_DIR = ".qarnot"
+SHARED_MARKER = ".gridgate-complete"
+MB = 1024 * 1024
+
+STATES = {
+    "UnSubmitted": BackendStatus.PENDING,
+    "Submitted": BackendStatus.PENDING,
+    "PartiallyDispatched": BackendStatus.PENDING,
+    "FullyDispatched": BackendStatus.PENDING,
+    "PartiallyExecuting": BackendStatus.RUNNING,
+    "FullyExecuting": BackendStatus.RUNNING,
+    "UploadingResults": BackendStatus.RUNNING,
+    "DownloadingResults": BackendStatus.RUNNING,
+    "PendingCancel": BackendStatus.RUNNING,
+    "Success": BackendStatus.SUCCEEDED,
+    "Failure": BackendStatus.FAILED,
+    "Cancelled": BackendStatus.CANCELLED,
+    "PendingDelete": BackendStatus.CANCELLED,
+    "Deleted": BackendStatus.CANCELLED,
+}
+SCHEDULING = {"flex": "Flex", "ondemand": "OnDemand", "reserved": "Reserved"}
+
+_connections: dict[tuple, object] = {}
+_connections_lock = threading.Lock()
+
+
+def map_state(raw) -> str:
+    """Qarnot task state → BackendStatus; an unknown state is pending, never a failure."""
+    return STATES.get(str(raw or ""), BackendStatus.PENDING)
+
+
+def _sdk():
+    try:
+        import qarnot
+        import qarnot.exceptions
+        import qarnot.hardware_constraint
+        import qarnot.scheduling_type
+    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
+        raise BackendError(f"the qarnot SDK is not installed ({exc}): pip install -r requirements.txt") from None
+    return qarnot
+
+
+def bucket_names(case_id: str) -> tuple[str, str]:
+    return f"gg-{case_id}-in", f"gg-{case_id}-out"
+
+
+def shared_bucket_name(shared_dir: Path) -> str:
+    return f"gg-campaign-{shared_dir.parent.name}"
+
+
+def case_tag(case_id: str) -> str:
+    return f"gridgate-case-{case_id}"
+
+
+def parse_duration(text) -> float | None:
+    """Qarnot's ``[d.]hh:mm:ss[.fffffff]``."""
+    if text in (None, ""):
+        return None
+    text = str(text)
+    days = 0
+    head, _, rest = text.partition(":")
+    if "." in head:
+        day_text, head = head.split(".", 1)
+        days = int(day_text) if day_text.isdigit() else 0
+    try:
+        parts = [float(head)] + [float(p) for p in rest.split(":")] if rest else [float(head)]
+    except ValueError:
+        return None
+    seconds = 0.0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return days * 86400 + seconds
+
+
+class Session:
+    """One pool's view of Qarnot: the lazily built connection and the secret to scrub."""
+
+    def __init__(self, remote: dict):
+        self.remote = with_defaults("qarnot", remote or {})
+        self.token_env = self.remote.get("token_env")
+        self._conn = None
+        self.secrets: list[str] = []
+
+    def token(self) -> str:
+        token = env_secret(self.token_env, "Qarnot token")
+        self.secrets = [token]
+        return token
+
+    @property
+    def conn(self):
+        if self._conn is None:
+            qarnot = _sdk()
+            token = self.token()
+            cluster = self.remote.get("cluster_url") or None
+            key = (cluster, hashlib.sha256(token.encode()).hexdigest())
+            with _connections_lock:
+                conn = _connections.get(key)
+            if conn is None:
+                with self.guard("connection"):
+                    conn = qarnot.connection.Connection(
+                        client_token=token,
+                        cluster_url=cluster,
+                        cluster_timeout=TIMEOUT,
+                        retry_count=RETRY_COUNT,
+                        retry_wait=RETRY_WAIT,
+                        logger=sdk_logger,
+                    )
+                with _connections_lock:
+                    _connections[key] = conn
+            self._conn = conn
+        return self._conn
+
+    @property
+    def s3(self):
+        client = self.conn.s3client
+        if client is None:
+            raise BackendError("this Qarnot cluster announces no storage service: buckets are unavailable")
+        return client
+
+    @contextmanager
+    def guard(self, what: str):
+        """Every SDK, S3 or transport failure becomes a BackendError safe to show (R-BACK-1)."""
+        try:
+            yield
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets)) from None
+
+
+def describe(exc: Exception) -> str:
+    import botocore.exceptions
+    import requests
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if code in ("QuotaExceeded", "TooManyBuckets", "EntityTooLarge") or "quota" in str(error).lower():
+            return f"storage quota reached ({code}): free buckets or storage on the account"
+        return f"storage error {code}: {error.get('Message', '')}".strip()
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        return f"storage unreachable ({type(exc).__name__})"
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {TIMEOUT} s (timeout)"
+    if isinstance(exc, requests.ConnectionError):
+        return "cannot connect to the Qarnot API"
+    qarnot = _sdk()
+    if isinstance(exc, qarnot.exceptions.UnauthorizedException):
+        return f"unauthorized: {exc}" if str(exc) else "the token was refused (unauthorized)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class QarnotBackend(ExecutionBackend):
+    name = "qarnot"
+    kinds = ("qarnot",)
+
+    # -- submission --------------------------------------------------------------------------
+    def find(self, spec: SubmitSpec) -> str | None:
+        return self._find(Session(spec.pool_remote), spec.case_id)
+
+    def _find(self, session: Session, case_id: str) -> str | None:
+        with session.guard("task lookup"):
+            for task in session.conn.all_tasks(summary=False, tags=[case_tag(case_id)]):
+                if task.name == case_id and task.uuid:
+                    return task.uuid
+        return None
+
+    def _scheduling(self, options: dict):
+        value = options.get("scheduling")
+        if value in (None, ""):
+            return None
+        name = SCHEDULING.get(str(value).replace("-", "").replace("_", "").lower())
+        if name is None:
+            raise BackendError(f"unknown scheduling type {value!r}: choose one of {', '.join(SCHEDULING.values())}")
+        st = _sdk().scheduling_type
+        return {"Flex": st.FlexScheduling, "OnDemand": st.OnDemandScheduling, "Reserved": st.ReservedScheduling}[name]()
+
+    def _cores(self, spec: SubmitSpec) -> int:
+        ranks, threads = spec.launch_options.get("ranks"), spec.launch_options.get("threads")
+        if isinstance(ranks, int) and ranks > 0:
+            return ranks * (threads if isinstance(threads, int) and threads > 0 else 1)
+        return max(1, math.ceil(float(spec.resources.get("cpu") or 1)))
+
+    def _catalogue(self, session: Session) -> list:
+        with session.guard("hardware-constraint catalogue"):
+            return list(session.conn.all_hardware_constraints())
+
+    def _constraints(self, session: Session, spec: SubmitSpec) -> list:
+        """The synthesised core constraint only if the catalogue lists it (Qarnot refuses the
+        whole task otherwise); the node type must be a catalogue key."""
+        hw = _sdk().hardware_constraint
+        node_type = spec.launch_options.get("node_type")
+        try:
+            catalogue = self._catalogue(session)
+        except BackendError as exc:
+            if node_type:
+                raise
+            logger.info("case %s: no catalogue (%s); no core constraint sent", spec.case_id, exc)
+            return []
+        out = []
+        cores = self._cores(spec)
+        if any(isinstance(c, hw.MinimumCoreHardware) and c._core_count == cores for c in catalogue):
+            out.append(hw.MinimumCoreHardware(cores))
+        if node_type:
+            keys = [c._specification_key for c in catalogue if isinstance(c, hw.SpecificHardware)]
+            if node_type not in keys:
+                raise BackendError(f"unknown node type {node_type!r}: choose one of {', '.join(keys) or 'none'}")
+            out.append(hw.SpecificHardware(node_type))
+        return out
+
+    def _bucket_exists(self, session: Session, name: str) -> bool:
+        import botocore.exceptions
+
+        try:
+            session.s3.head_bucket(Bucket=name)
+            return True
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+                return False
+            raise BackendError(scrub(f"Qarnot bucket check failed: {describe(exc)}", session.secrets)) from None
+
+    def _object_exists(self, session: Session, bucket: str, key: str) -> bool:
+        import botocore.exceptions
+
+        try:
+            session.s3.head_object(Bucket=bucket, Key=key)
+            return True
+        except botocore.exceptions.ClientError:
+            return False
+
+    def plan(self, session: Session, spec: SubmitSpec) -> dict:
+        """What this launch will upload and create, checked before anything is spent."""
+        inputs = list(files.walk_files(spec.inputs_dir))
+        shared, shared_bucket = [], None
+        if spec.shared_dir is not None and spec.shared_dir.is_dir():
+            shared_bucket = shared_bucket_name(spec.shared_dir)
+            with session.guard("shared-inputs check"):
+                done = self._object_exists(session, shared_bucket, SHARED_MARKER)
+            if not done:
+                shared = list(files.walk_files(spec.shared_dir))
+        total = sum(path.stat().st_size for _rel, path in inputs + shared)
+        limit = int(session.remote.get("max_upload_mb") or 512)
+        if total > limit * MB:
+            raise BackendError(
+                f"this launch would upload {total / MB:.1f} MB, more than the pool's max_upload_mb ({limit} MB)"
+            )
+        names = list(bucket_names(spec.case_id)) + ([shared_bucket] if shared_bucket else [])
+        with session.guard("account check"):
+            new = [name for name in names if not self._bucket_exists(session, name)]
+            info = session.conn.user_info
+        limited = info.max_bucket is not None and info.max_bucket >= 0 and (info.bucket_count or 0) >= 0
+        if limited and (info.bucket_count or 0) + len(new) > info.max_bucket:
+            raise BackendError(
+                f"the Qarnot account has room for {max(0, info.max_bucket - info.bucket_count)} more bucket(s) "
+                f"and this launch needs {len(new)}: delete old buckets first"
+            )
+        quota, used = info.quota_bytes_bucket, info.used_quota_bytes_bucket
+        if quota is not None and quota >= 0 and used is not None and used + total > quota:
+            raise BackendError(
+                f"the Qarnot storage quota has {max(0, quota - used) / MB:.1f} MB left and this launch "
+                f"uploads {total / MB:.1f} MB: free storage first"
+            )
+        return {"inputs": inputs, "shared": shared, "shared_bucket": shared_bucket, "bytes": total}
+
+    def _upload(self, session: Session, bucket: str, entries, prefix: str = "") -> dict[str, str]:
+        """Upload files; returns {key: md5} (S3's ETag of a single-part upload)."""
+        with session.guard(f"creation of bucket {bucket}"):
+            session.conn.create_bucket(bucket)
+        md5s = {}
+        for rel, path in entries:
+            key = prefix + rel
+            with session.guard(f"upload of {key}"):
+                # A full quota surfaces here as a botocore ClientError: reported, and the case fails
+                # before any task exists, so nothing runs (or bills) half-prepared.
+                session.s3.upload_file(str(path), bucket, key)
+            md5s[key] = hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+        return md5s
+
+    def submit(self, spec: SubmitSpec) -> str:
+        if not spec.command.strip():
+            raise BackendError("the case has no command to run")
+        session = Session(spec.pool_remote)
+        scheduling = self._scheduling(spec.launch_options)  # unknown value: fails before any upload
+        profile = session.remote.get("profile")
+        plan = self.plan(session, spec)
+        constraints = self._constraints(session, spec)
+        in_name, out_name = bucket_names(spec.case_id)
+        manifest = self._upload(session, in_name, plan["inputs"])
+        resources = [in_name]
+        if plan["shared_bucket"]:
+            if plan["shared"]:
+                self._upload(session, plan["shared_bucket"], plan["shared"], prefix="shared/")
+                with session.guard("shared-inputs marker"):
+                    session.s3.put_object(Bucket=plan["shared_bucket"], Key=SHARED_MARKER, Body=b"ok\n")
+            resources.append(plan["shared_bucket"])
+        with session.guard("creation of the results bucket"):
+            session.conn.create_bucket(out_name)
+        _save_state(spec.workspace, "manifest.json", manifest)
+
+        regex = globs_to_regex(spec.observability_globs)
+        with session.guard("task preparation"):
+            task = session.conn.create_task(spec.case_id, profile, 1)
+            task.tags = [case_tag(spec.case_id)]
+            constants = {name: str(value) for name, value in spec.environment.items()}
+            constants["GRIDGATE_CASE_ID"] = spec.case_id
+            image = session.remote.get("docker_image")
+            if image:
+                repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+                constants["DOCKER_REPO"] = repo
+                constants["DOCKER_TAG"] = tag or "latest"
+            constants["DOCKER_CMD"] = "/bin/sh -c " + shlex.quote("mkdir -p .gridgate && " + spec.command)
+            task.constants = constants
+            task.resources = [session.conn.retrieve_bucket(name) for name in resources]
+            task.results = session.conn.retrieve_bucket(out_name)
+            task.results_blacklist = "^shared/"  # shared inputs never come back with results
+            task.hardware_constraints = constraints
+            if scheduling is not None:
+                task.scheduling_type = scheduling
+            # Must be set before submit: the periodic snapshot filter below does not stick otherwise.
+            task.snapshot_whitelist = regex
+        try:
+            with session.guard("task submission"):
+                task.submit()
+        except BackendError as exc:
+            if "timeout" not in str(exc) and "cannot connect" not in str(exc):
+                raise
+            found = None
+            try:
+                found = self._find(session, spec.case_id)
+            except BackendError:
+                pass
+            if found:
+                logger.info("case %s: submission timed out; adopted task %s", spec.case_id, found)
+                return found
+            raise SubmitUncertain(f"{exc}; the task is not listed (yet): the launch will be retried") from None
+        try:
+            with session.guard("periodic snapshot"):
+                # After submit, with the whitelist passed explicitly: called before submit the SDK
+                # keeps only the interval and the snapshot would bring back every file.
+                task.snapshot(int(session.remote.get("snapshot_interval") or 60), whitelist=regex)
+        except BackendError as exc:
+            logger.warning("case %s: periodic snapshot not started: %s", spec.case_id, exc)
+        if not task.uuid:
+            raise BackendError("Qarnot accepted the task without giving its uuid")
+        return task.uuid
+
+    # -- observation -----------------------------------------------------------------------
+    def _task(self, session: Session, uuid: str):
+        # An unknown uuid (MissingTaskException) is a failed poll, never a failure (R-CASE-3).
+        with session.guard(f"lookup of task {uuid}"):
+            return session.conn.retrieve_task(uuid)
+
+    def poll(self, job: JobRef) -> BackendState:
+        session = Session(job.pool_remote)
+        task = self._task(session, job.remote_id)
+        status = map_state(task.state)
+        stdout = stderr = ""
+        if status != BackendStatus.PENDING:
+            with session.guard("output fetch"):
+                # fresh_* are POSTs answering what was written since the previous call.
+                stdout = task.fresh_stdout() or ""
+                stderr = task.fresh_stderr() or ""
+        message = ""
+        if status == BackendStatus.FAILED:
+            errors = "; ".join(e.message for e in (task.errors or []) if getattr(e, "message", None))
+            message = f"Qarnot task {job.remote_id} failed" + (f": {errors}" if errors else "")
+        cores = task.running_core_count if isinstance(task.running_core_count, int) else None
+        return BackendState(
+            status=status,
+            stdout_delta=stdout,
+            stderr_delta=stderr,
+            execution_time=parse_duration(task.execution_time),
+            cores=cores or None,
+            message=message,
+        )
+
+    def _objects(self, session: Session, bucket: str):
+        with session.guard(f"listing of bucket {bucket}"):
+            paginator = session.s3.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=bucket):
+                yield from page.get("Contents", []) or []
+
+    def _get(self, session: Session, bucket: str, key: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        with session.guard(f"download of {key}"):
+            session.s3.download_file(bucket, key, str(tmp))
+        tmp.replace(target)
+
+    def sync(self, job: JobRef, globs: list[str]) -> None:
+        """Only new or changed whitelisted objects (by ETag) come down while the task runs."""
+        session = Session(job.pool_remote)
+        _in, out_name = bucket_names(job.case_id)
+        live = job.workspace / "live"
+        seen = _load_state(job.workspace, "live.json")
+        for item in self._objects(session, out_name):
+            key = safe_relative(item.get("Key", ""))
+            if key is None or key.startswith("shared/") or not glob_matches(key, globs):
+                continue
+            if int(item.get("Size") or 0) > LIVE_MAX_BYTES:
+                continue
+            etag = str(item.get("ETag", "")).strip('"')
+            target = confined_target(live, key)
+            if target is None or (seen.get(key) == etag and target.exists()):
+                continue
+            self._get(session, out_name, key, target)
+            seen[key] = etag
+        _save_state(job.workspace, "live.json", seen)
+
+    def fetch_final(self, job: JobRef) -> None:
+        """The case's own results bucket only: never the shared inputs, never unchanged inputs."""
+        session = Session(job.pool_remote)
+        _in, out_name = bucket_names(job.case_id)
+        manifest = _load_state(job.workspace, "manifest.json")
+        results = job.workspace / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        for item in self._objects(session, out_name):
+            key = safe_relative(item.get("Key", ""))
+            if key is None or key.split("/", 1)[0] in files.NOT_RESULTS:
+                continue
+            if manifest.get(key) and manifest[key] == str(item.get("ETag", "")).strip('"'):
+                continue  # an input returned unchanged is not a result
+            target = confined_target(results, key)
+            if target is not None:
+                self._get(session, out_name, key, target)
+
+    def cancel(self, job: JobRef) -> None:
+        qarnot = _sdk()
+        session = Session(job.pool_remote)
+        task = self._task(session, job.remote_id)
+        if map_state(task.state) in BackendStatus.TERMINAL:
+            raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
+        try:
+            task.abort()
+        except qarnot.exceptions.UnauthorizedException as exc:
+            if "non-running" in str(exc).lower() or "non running" in str(exc).lower():
+                # Finished between our lookup and the abort.
+                raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended") from None
+            raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+        except qarnot.exceptions.MissingTaskException:
+            raise AlreadyFinished(f"Qarnot task {job.remote_id} no longer exists") from None
+        except Exception as exc:
+            raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+
+    # -- launch form and doctor ----------------------------------------------------------------
+    def launch_options(self, pool) -> LaunchOptions:
+        """Never raises: scheduling choices are static; node types need the catalogue, and when
+        it cannot be read the answer is degraded (and therefore not cached, R-BACK-2)."""
+        scheduling = LaunchOption(
+            "scheduling", "Scheduling", [Choice(v, v) for v in SCHEDULING.values()], default="Flex"
+        )
+        try:
+            session = Session(pool.remote if pool is not None else {})
+            hw = _sdk().hardware_constraint
+            catalogue = self._catalogue(session)
+        except Exception as exc:
+            return LaunchOptions(
+                options=[scheduling, LaunchOption("node_type", "Node type", [], None)],
+                degraded=True,
+                message=str(exc) if isinstance(exc, BackendError) else f"Qarnot could not be asked: {describe(exc)}",
+            )
+        keys = [c._specification_key for c in catalogue if isinstance(c, hw.SpecificHardware)]
+        return LaunchOptions(options=[scheduling, LaunchOption("node_type", "Node type", [Choice(k, k) for k in keys])])
+
+    def doctor(self, pool=None) -> list[Check]:
+        checks = []
+        try:
+            qarnot = _sdk()
+            checks.append(Check("sdk", True, f"qarnot SDK {qarnot.__version__} is installed"))
+        except BackendError as exc:
+            return [Check("sdk", False, str(exc))]
+        if pool is None:
+            checks.append(Check("pool", True, "no Qarnot pool configured: nothing more to check"))
+            return checks
+        session = Session(pool.remote)
+        try:
+            session.token()
+            checks.append(Check("credentials", True, f"{session.token_env} is set (value not shown)"))
+        except MissingCredential as exc:
+            checks.append(Check("credentials", False, str(exc)))
+            return checks
+        try:
+            with session.guard("connection"):
+                info = session.conn.user_info
+            checks.append(Check("reachability", True, "the Qarnot API answers and accepts the token"))
+        except BackendError as exc:
+            checks.append(Check("reachability", False, f"{exc}: check cluster_url and the token"))
+            return checks
+        profile = session.remote.get("profile")
+        try:
+            with session.guard("profile listing"):
+                profiles = list(session.conn.profiles_names())
+            ok = profile in profiles
+            checks.append(
+                Check(
+                    "profile",
+                    ok,
+                    f"profile {profile} is available"
+                    if ok
+                    else f"profile {profile!r} is not offered ({', '.join(profiles)}): fix remote.profile",
+                )
+            )
+        except BackendError as exc:
+            checks.append(Check("profile", False, str(exc)))
+        image = session.remote.get("docker_image")
+        if image:
+            ok = " " not in image and not image.startswith(("-", ":"))
+            checks.append(
+                Check("image", ok, f"image {image}" + ("" if ok else " is malformed: fix remote.docker_image"))
+            )
+        else:
+            checks.append(Check("image", True, "no docker_image: the profile's default image runs cases"))
+        try:
+            with session.guard("storage"):
+                session.s3.list_buckets()
+            room = None if info.max_bucket is None or info.max_bucket < 0 else info.max_bucket - info.bucket_count
+            ok = room is None or room >= 3
+            checks.append(
+                Check(
+                    "buckets",
+                    ok,
+                    (f"room for {room} more bucket(s)" if room is not None else "no bucket limit")
+                    + ("" if ok else ": a case needs 2 (3 with shared inputs); delete old buckets"),
+                )
+            )
+            quota, used = info.quota_bytes_bucket, info.used_quota_bytes_bucket
+            limit = int(session.remote.get("max_upload_mb") or 512)
+            if quota is None or quota < 0:
+                checks.append(Check("storage", True, "no storage quota"))
+            else:
+                left = max(0, quota - (used or 0))
+                ok = left >= limit * MB
+                checks.append(
+                    Check(
+                        "storage",
+                        ok,
+                        f"{left / MB:.1f} MB of storage left"
+                        + ("" if ok else f", less than one case's max_upload_mb ({limit} MB): free storage"),
+                    )
+                )
+        except BackendError as exc:
+            checks.append(Check("buckets", False, str(exc)))
+        return checks
+
+
+def _load_state(workspace: Path, name: str) -> dict:
+    try:
+        return json.loads((workspace / STATE_DIR / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(workspace: Path, name: str, data: dict) -> None:
+    path = workspace / STATE_DIR / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{name}.part")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(path)

@@ -1,0 +1,111 @@
+"""Helpers shared by the backends that talk to a provider over HTTP (FirecREST, Qarnot).
+
+Credentials (R-BACK-1) are read from the environment variables the pool's ``remote`` names, at
+the moment of use, and never leave this process: :func:`scrub` removes their values from any text
+that could reach a user (exception messages, doctor lines) as a last line of defence, in case a
+provider or an SDK echoes them back.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+from apps.backends.base import BackendError
+from apps.backends.files import PROGRESS_FILE
+
+#: a live file larger than this is not pulled while the case runs (results bring it at the end)
+LIVE_MAX_BYTES = 8 << 20
+
+
+class MissingCredential(BackendError):
+    """An environment variable named in the pool's remote is unset. The message names the
+    variable, never a value."""
+
+
+def env_secret(name: str, what: str) -> str:
+    value = os.environ.get(name or "", "")
+    if not value:
+        raise MissingCredential(
+            f"the {what} is missing: set the environment variable {name} on the worker hosts "
+            "(its name comes from the pool's remote configuration)"
+        )
+    return value
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every credential value replaced by ``***`` (R-BACK-1)."""
+    out = str(text)
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            out = out.replace(secret, "***")
+    return out
+
+
+def glob_matches(rel: str, globs: list[str]) -> bool:
+    """The core's observability globs, with the same semantics as the local backends (fnmatch:
+    ``*`` also crosses ``/``), plus Gridgate's progress marker."""
+    return any(fnmatch.fnmatch(rel, pattern) for pattern in list(globs or []) + [PROGRESS_FILE])
+
+
+def globs_to_regex(globs: list[str]) -> str:
+    """One anchored regular expression for a provider-side filter (Qarnot's snapshot whitelist)
+    matching exactly what :func:`glob_matches` matches. Written by hand rather than with
+    ``fnmatch.translate``, whose ``(?s:…)\\Z`` output is Python-specific."""
+    parts = []
+    for pattern in list(globs or []) + [PROGRESS_FILE]:
+        out, i = [], 0
+        while i < len(pattern):
+            char = pattern[i]
+            if char == "*":
+                out.append(".*")
+            elif char == "?":
+                out.append(".")
+            elif char == "[":
+                end = pattern.find("]", i + 1)
+                if end == -1:
+                    out.append(re.escape(char))
+                else:
+                    body = pattern[i + 1 : end]
+                    if body.startswith("!"):
+                        body = "^" + body[1:]
+                    out.append("[" + body.replace("\\", "\\\\") + "]")
+                    i = end
+            else:
+                out.append(re.escape(char))
+            i += 1
+        parts.append("".join(out))
+    return "^(" + "|".join(parts) + ")$"
+
+
+def safe_relative(key: str) -> str | None:
+    """A provider-supplied object key or path as a safe relative path, or None.
+
+    The Qarnot SDK's ``get_all_files`` does not sanitise keys (``..`` escapes the target), and a
+    remote listing is data from outside: never let it choose where a file lands (R-CASE-7).
+    """
+    if not key or "\x00" in key or "\\" in key:
+        return None
+    pure = PurePosixPath(key)
+    if pure.is_absolute() or any(part in ("..", "") for part in key.split("/")):
+        return None
+    return pure.as_posix()
+
+
+def write_atomically(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.part")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+
+
+def confined_target(root: Path, rel: str) -> Path | None:
+    """``root/rel`` if it stays inside ``root`` (symlinks already in ``root`` included)."""
+    safe = safe_relative(rel)
+    if safe is None:
+        return None
+    base = root.resolve()
+    target = (base / safe).resolve(strict=False)
+    return target if target.is_relative_to(base) else None

@@ -1,0 +1,299 @@
+"""The FirecREST backend against the local FirecREST v2 double (tests/doubles/firecrest_server.py),
+with the real pyfirecrest client over HTTP (R-BACK-1, R-BACK-4, R-CASE-1 … 6)."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from apps.backends import firecrest as fc
+from apps.backends.base import BackendError, BackendStatus
+from apps.cases import passes, services, workspace
+from apps.cases.models import Case, CaseStatus
+from apps.resources.models import ResourceClass, ResourcePool
+from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.doubles.firecrest_server import FirecrestDouble
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "s3cr3t-client-VALUE-42"
+
+
+@pytest.fixture
+def double(tmp_path, monkeypatch):
+    monkeypatch.setenv("GG_FC_ID", "gridgate-client")
+    monkeypatch.setenv("GG_FC_SECRET", SECRET)
+    monkeypatch.setattr(fc, "TIMEOUT", 5.0)
+    monkeypatch.setattr(fc, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
+    fc._clients.clear()
+    server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
+    yield server
+    server.stop()
+    fc._clients.clear()
+
+
+@pytest.fixture
+def fc_pool(double):
+    pool = ResourcePool.objects.create(
+        name="daint",
+        kind="firecrest",
+        public=True,
+        remote={
+            "api_url": double.url,
+            "token_uri": double.token_uri,
+            "system_name": double.system,
+            "partition": "debug",
+            "working_root": str(double.fs_root / "scratch"),
+            "client_id_env": "GG_FC_ID",
+            "client_secret_env": "GG_FC_SECRET",
+        },
+    )
+    ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
+    return pool
+
+
+def launch(make_case, pool, command, *, inputs=None, **kwargs):
+    case = make_case(resource_class=pool.classes.get(), command=command, **kwargs)
+    for name, data in (inputs or {"in.txt": "input\n"}).items():
+        path = workspace.case_dir(case.id) / "inputs" / name
+        path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+    return services.launch_case(case)
+
+
+def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool, make_case, double):
+    """Full lifecycle (R-CASE-2 … 5) through pyfirecrest: inputs (one over 1 MiB, through the
+    transfer endpoints) land in working_root/<case id>/work, live files and output deltas come
+    back while running, results on disk at the end."""
+    big = bytes(range(256)) * 8192  # 2 MiB
+    case = launch(
+        make_case,
+        fc_pool,
+        "cat in.txt > out.txt; echo started; mkdir -p out; echo 0.5 > .gridgate/progress; echo partial > out/p.txt; "
+        "while [ ! -e go ]; do sleep 0.1; done; echo final > out/p.txt; test -s big.bin && echo done; echo warn >&2",
+        inputs={"in.txt": "input\n", "big.bin": big},
+        observability_globs=["out/*.txt"],
+    )
+    assert case.status == CaseStatus.PENDING, case.last_error
+    work = Path(fc_pool.remote["working_root"]) / str(case.id) / "work"
+    assert (work / "big.bin").read_bytes() == big
+    assert any("/transfer/upload" in p for _m, p in double.calls)
+    root = workspace.case_dir(case.id)
+    wait_until(lambda: (work / "out" / "p.txt").exists(), timeout=10, what="the job to start")
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+    assert "started" in (root / "stdout.log").read_text()
+    passes.sync_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert (root / "live" / "out" / "p.txt").read_text() == "partial\n" and case.progress == 0.5
+    (work / "go").write_text("")
+    case = wait_for_terminal(case, timeout=30)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (root / "results" / "out.txt").read_text() == "input\n"
+    assert (root / "results" / "out" / "p.txt").read_text() == "final\n"
+    assert not (root / "results" / "in.txt").exists() and not (root / "results" / "big.bin").exists()
+    log = (root / "stdout.log").read_text()
+    assert log.count("started") == 1 and "done" in log  # deltas appended once each
+    assert "warn" in (root / "stderr.log").read_text()
+
+
+@pytest.mark.slurm
+def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster, tmp_path, make_case, monkeypatch):
+    """End to end: the double hands the job script to the local Slurm cluster (sbatch)."""
+    monkeypatch.setenv("GG_FC_ID", "gridgate-client")
+    monkeypatch.setenv("GG_FC_SECRET", SECRET)
+    fc._clients.clear()
+    server = FirecrestDouble(tmp_path / "hpc", runner="slurm", client_secret=SECRET).start()
+    try:
+        pool = ResourcePool.objects.create(
+            name="slurm-fc",
+            kind="firecrest",
+            public=True,
+            remote={
+                "api_url": server.url,
+                "token_uri": server.token_uri,
+                "system_name": server.system,
+                "partition": "debug",
+                "working_root": str(server.fs_root / "scratch"),
+                "client_id_env": "GG_FC_ID",
+                "client_secret_env": "GG_FC_SECRET",
+            },
+        )
+        ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
+        case = launch(make_case, pool, "cat in.txt > out.txt; echo on-slurm")
+        assert case.status == CaseStatus.PENDING, case.last_error
+        assert server.jobs[int(case.remote_id.split("@")[0])].slurm_id
+        case = wait_for_terminal(case, timeout=90)
+        assert case.status == CaseStatus.DONE, case.last_error
+        assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+        assert "on-slurm" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+    finally:
+        server.stop()
+        fc._clients.clear()
+
+
+def test_polling_makes_one_status_call_per_system_and_credential_per_pass(fc_pool, make_case, double):
+    """R-BACK-4: however many cases, one job_info listing per (system, credential) per pass."""
+    cases = [launch(make_case, fc_pool, "sleep 5") for _ in range(6)]
+    assert all(c.status == CaseStatus.PENDING for c in cases)
+    before = len(double.status_calls())
+    passes.poll_pass(case_ids=[c.id for c in cases])
+    assert double.status_calls()[before:] == [f"/compute/{double.system}/jobs"]
+    assert all(Case.objects.get(pk=c.pk).poll_failures == 0 for c in cases)
+
+
+def test_job_unknown_right_after_submit_is_a_failed_poll_then_recovers(fc_pool, make_case, double):
+    """R-CASE-3: FirecREST's transient 404 just after submit changes nothing but the counters."""
+    double.hide_new_jobs = 2  # hidden from the listing and from the single lookup
+    case = launch(make_case, fc_pool, "true")
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
+    case = wait_for_terminal(case, timeout=30)
+    assert case.status == CaseStatus.DONE
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_provider_errors_on_the_status_call_leave_the_case_recoverable(fc_pool, make_case, double, status):
+    case = launch(make_case, fc_pool, "true")
+    double.fault(f"/compute/{double.system}/jobs$", status=status, times=5, method="GET")
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1
+    double.faults.clear()
+    case = wait_for_terminal(case, timeout=30)
+    assert case.status == CaseStatus.DONE
+
+
+def test_submit_whose_answer_times_out_adopts_the_job_instead_of_submitting_twice(fc_pool, make_case, double):
+    """R-CASE-1: the job reached Slurm but the answer timed out: adopted by name, one job."""
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", delay=6, after=True)
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert len(double.user_jobs()) == 1 and case.remote_id.startswith(f"{double.user_jobs()[0].job_id}@")
+
+
+def test_uncertain_submit_keeps_the_case_prepared_and_the_retry_adopts_the_job(fc_pool, make_case, double):
+    """R-CASE-1: the job is not listed yet after the timeout: the case stays prepared, the submit
+    pass retries later and finds the job by name instead of submitting a second one."""
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", delay=6, after=True)
+    double.hide_new_jobs = 3  # the lookups right after the timeout do not see it yet
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at and "uncertain" in case.last_error
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # the back-off has passed
+    for job in double.user_jobs():
+        job.hidden_lookups = 0
+    passes.submit_pass()
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and len(double.user_jobs()) == 1
+
+
+def test_cancel_of_a_finished_job_answers_409_with_the_real_state(fc_pool, make_case, double, api, owner):
+    """R-CASE-6: FirecREST answers 404 for a job that ended; the API answers 409, never 500."""
+    case = launch(make_case, fc_pool, "true")
+    job = double.user_jobs()[0]
+    wait_until(lambda: job.proc.poll() is not None, what="the job to end")
+    response = api(owner).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert response.status_code == 409, response.content
+    case.refresh_from_db()
+    assert case.status == CaseStatus.DONE and response.json()["status"] == "done"
+
+
+def test_cancel_of_a_running_job_cancels_it(fc_pool, make_case, double):
+    case = launch(make_case, fc_pool, "sleep 30")
+    case = services.cancel_case(case)
+    assert case.status == CaseStatus.CANCELLED and double.user_jobs()[0].cancelled
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "expected"),
+    [
+        ("COMPLETED", 0, BackendStatus.SUCCEEDED),
+        ("COMPLETED", 2, BackendStatus.FAILED),
+        ("FAILED", 1, BackendStatus.FAILED),
+        ("TIMEOUT", 0, BackendStatus.FAILED),
+        ("OUT_OF_MEMORY", 0, BackendStatus.FAILED),
+        ("NODE_FAIL", 0, BackendStatus.FAILED),
+        ("CANCELLED by 1234", 0, BackendStatus.CANCELLED),
+        (["RUNNING"], None, BackendStatus.RUNNING),
+        ("COMPLETED,FAILED", 0, BackendStatus.FAILED),
+        ("PENDING", None, BackendStatus.PENDING),
+        ("SOMETHING_NEW", None, BackendStatus.PENDING),
+    ],
+)
+def test_slurm_states_map_to_backend_statuses(state, exit_code, expected):
+    assert fc.map_state(state, exit_code) == expected
+
+
+def test_out_of_memory_ends_the_case_failed_with_the_state_in_the_message(fc_pool, make_case, double):
+    case = launch(make_case, fc_pool, "sleep 30")
+    double.force_state(double.user_jobs()[0].job_id, "OUT_OF_MEMORY", 0)
+    case = wait_for_terminal(case, timeout=10)
+    assert case.status == CaseStatus.FAILED and "OUT_OF_MEMORY" in case.last_error
+
+
+def test_job_script_carries_sbatch_lines_and_the_case_id_as_job_name(fc_pool, make_case, double):
+    case = launch(make_case, fc_pool, "true", launch_options={"time": "00:10:00"})
+    script = next((Path(fc_pool.remote["working_root"]) / str(case.id)).glob("job-*.sh")).read_text()
+    assert f"#SBATCH --job-name={case.id}" in script and "#SBATCH --partition=debug" in script
+    assert "#SBATCH --time=00:10:00" in script
+
+
+def test_client_secret_never_appears_in_logs_responses_or_errors(fc_pool, make_case, double, api, owner, caplog):
+    """R-BACK-1: the secret's value is in no log record, API response, admin page or error."""
+    caplog.set_level(logging.DEBUG)
+    case = launch(make_case, fc_pool, "echo hi")
+    case = wait_for_terminal(case, timeout=30)
+    texts = [api(owner).get(f"/api/v1/cases/{case.id}/").content.decode()]
+    double.client_secret = "rotated"  # the token endpoint now refuses ours
+    fc._clients.clear()
+    with pytest.raises(BackendError) as info:
+        fc.FirecrestBackend().poll(passes.job_ref(case))
+    bad = launch(make_case, fc_pool, "true")
+    assert bad.status == CaseStatus.FAILED and "client credentials" in bad.last_error
+    from django.test import Client
+
+    admin = Client()
+    owner.is_staff = owner.is_superuser = True
+    owner.save()
+    admin.force_login(owner)
+    texts.append(admin.get(f"/admin/resources/resourcepool/{fc_pool.id}/change/").content.decode())
+    texts.append(admin.get(f"/admin/cases/case/{bad.id}/change/").content.decode())
+    for text in [str(info.value), bad.last_error, caplog.text, *texts]:
+        assert SECRET not in text
+
+
+def test_doctor_checks_each_prerequisite_without_printing_the_secret(fc_pool, double, capsys, monkeypatch):
+    from django.core.management import call_command
+
+    call_command("doctor", "--pool", str(fc_pool.id))
+    out = capsys.readouterr().out
+    for name in ("sdk", "credentials", "auth", "reachability", "system", "partition", "working_root"):
+        assert f"] {name}:" in out
+    assert SECRET not in out and "FAIL" not in out
+    monkeypatch.delenv("GG_FC_SECRET")
+    with pytest.raises(SystemExit):
+        call_command("doctor", "--pool", str(fc_pool.id))
+    assert "GG_FC_SECRET" in capsys.readouterr().out
+
+
+def test_launch_options_list_partitions_and_degrade_when_unreachable(fc_pool, double):
+    options = fc.FirecrestBackend().launch_options(fc_pool)
+    assert not options.degraded and options.options[0].choices[0].value == "debug"
+    double.fault("/partitions", status=503, times=5)
+    options = fc.FirecrestBackend().launch_options(fc_pool)
+    assert options.degraded and options.options[0].default == "debug"
+
+
+def test_secret_in_a_pool_remote_is_refused(fc_pool):
+    """R-POOL-7 at the backend's door: a secret in remote is refused, naming the *_env key."""
+    from django.core.exceptions import ValidationError
+
+    fc_pool.remote = {**fc_pool.remote, "client_secret": SECRET}
+    with pytest.raises(ValidationError) as info:
+        fc_pool.full_clean()
+    assert "client_secret_env" in str(info.value) and SECRET not in str(info.value)
+    with pytest.raises(BackendError, match="GG_UNSET"):
+        fc.Session(
+            {"client_id_env": "GG_FC_ID", "client_secret_env": "GG_UNSET", "client_secret": SECRET}
+        ).credentials()

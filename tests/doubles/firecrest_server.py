@@ -1,0 +1,522 @@
+"""A local FirecREST v2 double: the endpoints pyfirecrest calls, plus an OIDC token endpoint.
+
+It serves on 127.0.0.1 at a port chosen at runtime. The "remote" filesystem is a directory of
+this machine (every path must stay under ``fs_root``), so a pool's ``working_root`` is a local
+path. Jobs run either as local processes (``runner="local"``: fast, deterministic, for fault
+tests) or on the local Slurm cluster through ``sbatch`` (``runner="slurm"``: a real batch job).
+
+Faults (all counted per request): ``fault(path_part, status=…, times=…, delay=…, after=…)``
+answers ``status`` (5xx, 429, 404…) or sleeps ``delay`` seconds before answering (a client
+timeout); with ``after=True`` the request is carried out first and the answer is delayed (a
+submission that reached Slurm but whose answer timed out). ``hide_new_jobs = N`` hides each new
+job from the next N lookups (FirecREST's transient 404 right after submit). ``force_state(id,
+state, exit_code)`` overrides what a job reports (OUT_OF_MEMORY, NODE_FAIL…).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.serving import make_server
+
+API_VERSION = "2.6.0"
+
+
+@dataclass
+class Fault:
+    path_part: str
+    method: str | None
+    status: int | None
+    times: int
+    delay: float
+    after: bool
+    body: dict | None = None
+
+
+@dataclass
+class Job:
+    job_id: int
+    name: str
+    workdir: str
+    account: str | None = None
+    proc: subprocess.Popen | None = None
+    slurm_id: str | None = None
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    cancelled: bool = False
+    hidden_lookups: int = 0
+    forced: tuple[str, int] | None = None
+    transfer: bool = False
+    log: str = ""
+
+
+class FirecrestDouble:
+    def __init__(
+        self,
+        fs_root: Path,
+        *,
+        runner: str = "local",
+        system: str = "cluster",
+        partitions=("debug",),
+        client_id: str = "gridgate-client",
+        client_secret: str = "s3cr3t-client-VALUE-42",  # noqa: S107 - the double's test credential
+    ):
+        self.fs_root = Path(fs_root).resolve()
+        self.fs_root.mkdir(parents=True, exist_ok=True)
+        self.runner = runner
+        self.system = system
+        self.partitions = list(partitions)
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.tokens: set[str] = set()
+        self.jobs: dict[int, Job] = {}
+        self.faults: list[Fault] = []
+        self.calls: list[tuple[str, str]] = []
+        self.hide_new_jobs = 0
+        self.transfers: dict[str, dict] = {}
+        self._ids = itertools.count(1000)
+        self._lock = threading.Lock()
+        self.app = self._build_app()
+        self._server = None
+        self._thread = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self):
+        self._server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        for job in self.jobs.values():
+            if job.proc is not None and job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            if job.slurm_id and job.ended is None:
+                subprocess.run(["scancel", job.slurm_id], capture_output=True, check=False)
+        if self._server is not None:
+            self._server.shutdown()
+            self._thread.join(5)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    @property
+    def token_uri(self) -> str:
+        return f"{self.url}/auth/token"
+
+    # -- test controls ------------------------------------------------------------------------
+    def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, body=None):
+        self.faults.append(Fault(path_part, method, status, times, delay, after, body))
+
+    def status_calls(self) -> list[str]:
+        """Job-status requests (listing or one job) as they reached the double."""
+        return [path for method, path in self.calls if method == "GET" and "/compute/" in path]
+
+    def force_state(self, job_id, state, exit_code=0):
+        self.jobs[int(job_id)].forced = (state, exit_code)
+
+    def user_jobs(self) -> list[Job]:
+        return [job for job in self.jobs.values() if not job.transfer]
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _path(self, raw: str | None) -> Path:
+        if not raw:
+            raise _Error(400, "path is required")
+        path = Path(os.path.normpath(raw))
+        if not path.is_absolute() or not (path == self.fs_root or path.is_relative_to(self.fs_root)):
+            raise _Error(403, f"Permission denied: {raw}")
+        return path
+
+    def _fault(self, after: bool):
+        for fault in self.faults:
+            if fault.times <= 0 or fault.after != after or not _matches(fault.path_part, request.path):
+                continue
+            if fault.method and fault.method != request.method:
+                continue
+            fault.times -= 1
+            if fault.delay:
+                time.sleep(fault.delay)
+            if fault.status:
+                headers = {"Retry-After": "0"} if fault.status == 429 else {}
+                body = fault.body or {"message": f"injected fault {fault.status}"}
+                return jsonify(body), fault.status, headers
+            return None
+        return None
+
+    def _job_state(self, job: Job) -> tuple[str, int | None]:
+        if job.forced:
+            return job.forced
+        if job.transfer:
+            return "COMPLETED", 0
+        if job.proc is not None:
+            code = job.proc.poll()
+            if code is None:
+                return "RUNNING", None
+            job.ended = job.ended or time.time()
+            if job.cancelled:
+                return f"CANCELLED by {os.getuid()}", code
+            return ("COMPLETED", 0) if code == 0 else ("FAILED", code)
+        if job.slurm_id:
+            return self._slurm_state(job)
+        return "PENDING", None
+
+    def _slurm_state(self, job: Job) -> tuple[str, int | None]:
+        live = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job.slurm_id, "-o", "%T"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        if live and live not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return live, None
+        done = subprocess.run(
+            ["sacct", "-c", "-j", job.slurm_id, "-n", "-P", "-o", "state,exitcode"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if done:
+            state, _, code = done.splitlines()[-1].partition("|")
+            job.ended = job.ended or time.time()
+            return state, int(code.split(":")[0] or 0)
+        if live:
+            job.ended = job.ended or time.time()
+            return live, 0 if live == "COMPLETED" else 1
+        return "PENDING", None
+
+    def _job_json(self, job: Job) -> dict:
+        state, code = self._job_state(job)
+        end = job.ended or time.time()
+        return {
+            "jobId": job.job_id,
+            "name": job.name,
+            "status": {"state": state, "stateReason": "None", "exitCode": code},
+            "time": {"elapsed": int(end - job.started), "start": int(job.started), "end": None, "limit": 3600},
+            "workingDirectory": job.workdir,
+            "account": job.account,
+        }
+
+    def _start_job(self, body: dict) -> Job:
+        script = body.get("script") or ""
+        workdir = str(self._path(body.get("working_directory")))
+        name = (re.search(r"^#SBATCH --job-name=(\S+)", script, re.M) or [None, "job"])[1]
+        job = Job(job_id=next(self._ids), name=name, workdir=workdir, account=body.get("account"))
+        job.hidden_lookups = self.hide_new_jobs
+        script_path = Path(workdir).parent / f"job-{job.job_id}.sh"
+        script_path.write_text(script)
+        if self.runner == "slurm":
+            out = subprocess.run(
+                ["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, check=False, cwd=workdir
+            )
+            if out.returncode != 0:
+                raise _Error(400, f"sbatch: {out.stderr.strip()}")
+            job.slurm_id = out.stdout.strip().split(";")[0]
+        else:
+
+            def directive(flag, default):
+                match = re.search(rf"^#SBATCH {flag}=(\S+)", script, re.M)
+                return match.group(1) if match else default
+
+            chdir = directive("--chdir", workdir)
+            stdout = open(directive("--output", f"{workdir}/slurm-{job.job_id}.out"), "ab")  # noqa: SIM115
+            stderr = open(directive("--error", f"{workdir}/slurm-{job.job_id}.out"), "ab")  # noqa: SIM115
+            job.proc = subprocess.Popen(
+                ["bash", str(script_path)], cwd=chdir, stdout=stdout, stderr=stderr, start_new_session=True
+            )
+            stdout.close()
+            stderr.close()
+        return job
+
+    def _transfer_job(self, system: str, message: str) -> dict:
+        job = Job(job_id=next(self._ids), name="transfer", workdir=str(self.fs_root), transfer=True)
+        log = self.fs_root / ".transfer" / f"{job.job_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(message + "\n")
+        self.jobs[job.job_id] = job
+        return {"jobId": job.job_id, "system": system, "logs": {"outputLog": str(log), "errorLog": str(log)}}
+
+    # -- the application ------------------------------------------------------------------------
+    def _build_app(self) -> Flask:  # noqa: C901 - one route table, read top to bottom
+        app = Flask("firecrest-double")
+        double = self
+
+        @app.errorhandler(_Error)
+        def error(exc):
+            return jsonify({"message": exc.message}), exc.status
+
+        @app.before_request
+        def before():
+            with double._lock:
+                double.calls.append((request.method, request.path))
+            answer = double._fault(after=False)
+            if answer is not None:
+                return answer
+            if request.path == "/auth/token" or request.path.startswith("/_stage/"):
+                return None
+            header = request.headers.get("Authorization", "")
+            if not header.startswith("Bearer ") or header[7:] not in double.tokens:
+                return jsonify({"message": "Invalid token"}), 401
+            return None
+
+        @app.after_request
+        def after(response):
+            delayed = double._fault(after=True)
+            if delayed is not None:
+                return app.make_response(delayed)
+            response.headers["f7t-appversion"] = API_VERSION
+            return response
+
+        @app.post("/auth/token")
+        def token():
+            if (
+                request.form.get("grant_type") != "client_credentials"
+                or request.form.get("client_id") != double.client_id
+                or request.form.get("client_secret") != double.client_secret
+            ):
+                return jsonify({"error": "invalid_client", "error_description": "Invalid client credentials"}), 401
+            value = secrets.token_urlsafe(16)
+            double.tokens.add(value)
+            return jsonify({"access_token": value, "expires_in": 300, "token_type": "Bearer"})
+
+        @app.get("/status/systems")
+        def systems():
+            return jsonify({"systems": [{"name": double.system, "servicesHealth": [{"healthy": True}]}]})
+
+        @app.get("/status/<system>/partitions")
+        def partitions(system):
+            double._system(system)
+            return jsonify({"partitions": [{"name": p, "state": "UP"} for p in double.partitions]})
+
+        # -- filesystem ------------------------------------------------------------------------
+        @app.get("/filesystem/<system>/ops/ls")
+        def ls(system):
+            double._system(system)
+            path = double._path(request.args.get("path"))
+            if not path.is_dir():
+                raise _Error(404, f"ls: cannot access '{path}': No such file or directory")
+            out = []
+            for child in sorted(path.iterdir()):
+                st = child.lstat()
+                kind = "l" if child.is_symlink() else ("d" if child.is_dir() else "-")
+                out.append(
+                    {
+                        "name": child.name,
+                        "type": kind,
+                        "linkTarget": os.readlink(child) if kind == "l" else None,
+                        "size": st.st_size,
+                        "lastModified": f"{st.st_mtime_ns}",
+                        "permissions": "rw-r--r--",
+                    }
+                )
+            return jsonify({"output": out})
+
+        @app.post("/filesystem/<system>/ops/mkdir")
+        def mkdir(system):
+            double._system(system)
+            body = request.get_json()
+            path = double._path(body.get("sourcePath"))
+            path.mkdir(parents=bool(body.get("parent")), exist_ok=bool(body.get("parent")))
+            return jsonify({"output": {"name": path.name, "type": "d"}}), 201
+
+        @app.post("/filesystem/<system>/ops/symlink")
+        def symlink(system):
+            double._system(system)
+            body = request.get_json()
+            link = double._path(body.get("linkPath"))
+            if link.exists() or link.is_symlink():
+                raise _Error(400, f"ln: failed to create symbolic link '{link}': File exists")
+            link.symlink_to(double._path(body.get("sourcePath")))
+            return jsonify({}), 201
+
+        @app.post("/filesystem/<system>/ops/upload")
+        def upload(system):
+            double._system(system)
+            directory = double._path(request.args.get("path"))
+            handle = request.files["file"]
+            target = double._path(str(directory / handle.filename))
+            target.write_bytes(handle.read())
+            return Response(status=204)
+
+        @app.get("/filesystem/<system>/ops/download")
+        def download(system):
+            double._system(system)
+            path = double._existing(request.args.get("path"))
+            return Response(path.read_bytes(), mimetype="application/octet-stream")
+
+        @app.get("/filesystem/<system>/ops/stat")
+        def stat(system):
+            double._system(system)
+            path = double._existing(request.args.get("path"))
+            st = path.stat()
+            return jsonify({"output": {"size": st.st_size, "mtime": int(st.st_mtime), "mode": st.st_mode}})
+
+        @app.get("/filesystem/<system>/ops/checksum")
+        def checksum(system):
+            double._system(system)
+            path = double._existing(request.args.get("path"))
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            return jsonify({"output": {"algorithm": "SHA256", "checksum": digest}})
+
+        @app.get("/filesystem/<system>/ops/view")
+        def view(system):
+            double._system(system)
+            return jsonify({"output": double._existing(request.args.get("path")).read_text()})
+
+        @app.get("/filesystem/<system>/ops/tail")
+        def tail(system):
+            double._system(system)
+            data = double._existing(request.args.get("path")).read_bytes()
+            count = int(request.args.get("bytes") or 0)
+            if request.args.get("skipHeading") in ("true", "True"):
+                data = data[count:]  # pyfirecrest: "the whole file, without the first NUM bytes"
+            elif count:
+                data = data[-count:]
+            return jsonify({"output": data.decode("utf-8", "replace")})
+
+        # -- transfers (files over MAX_DIRECT_UPLOAD_SIZE) ----------------------------------------
+        @app.post("/filesystem/<system>/transfer/upload")
+        def transfer_upload(system):
+            double._system(system)
+            body = request.get_json()
+            target = double._path(body.get("path"))
+            size = int((body.get("transfer_directives") or {}).get("file_size") or 0)
+            part = 512 * 1024
+            key = secrets.token_hex(8)
+            double.transfers[key] = {"target": target, "parts": {}}
+            urls = [f"{double.url}/_stage/{key}/{i}" for i in range(max(1, -(-size // part)))]
+            return jsonify(
+                {
+                    "transferJob": double._transfer_job(system, "File was successfully uploaded"),
+                    "transferDirectives": {
+                        "transfer_method": "s3",
+                        "parts_upload_urls": urls,
+                        "max_part_size": part,
+                        "complete_upload_url": f"{double.url}/_stage/{key}/complete",
+                    },
+                }
+            ), 201
+
+        @app.put("/_stage/<key>/<int:index>")
+        def stage_part(key, index):
+            data = request.get_data()
+            double.transfers[key]["parts"][index] = data
+            return Response(status=200, headers={"ETag": f'"{hashlib.md5(data).hexdigest()}"'})  # noqa: S324
+
+        @app.post("/_stage/<key>/complete")
+        def stage_complete(key):
+            transfer = double.transfers[key]
+            parts = transfer["parts"]
+            transfer["target"].write_bytes(b"".join(parts[i] for i in sorted(parts)))
+            return Response(status=200)
+
+        @app.post("/filesystem/<system>/transfer/download")
+        def transfer_download(system):
+            double._system(system)
+            source = double._existing(request.get_json().get("source_path"))
+            key = secrets.token_hex(8)
+            double.transfers[key] = {"source": source}
+            return jsonify(
+                {
+                    "transferJob": double._transfer_job(system, "File was successfully downloaded"),
+                    "transferDirectives": {"transfer_method": "s3", "download_url": f"{double.url}/_stage/{key}"},
+                }
+            ), 201
+
+        @app.get("/_stage/<key>")
+        def stage_download(key):
+            return Response(double.transfers[key]["source"].read_bytes(), mimetype="application/octet-stream")
+
+        # -- compute ------------------------------------------------------------------------------
+        @app.post("/compute/<system>/jobs")
+        def submit(system):
+            double._system(system)
+            body = (request.get_json() or {}).get("job") or {}
+            job = double._start_job(body)
+            with double._lock:
+                double.jobs[job.job_id] = job
+            return jsonify({"jobId": job.job_id}), 201
+
+        @app.get("/compute/<system>/jobs")
+        def jobs(system):
+            double._system(system)
+            name = request.args.get("name")
+            out = []
+            for job in list(double.jobs.values()):
+                if job.transfer or (name and job.name != name):
+                    continue
+                if job.hidden_lookups > 0:
+                    job.hidden_lookups -= 1
+                    continue
+                out.append(double._job_json(job))
+            return jsonify({"jobs": out})
+
+        @app.get("/compute/<system>/jobs/<int:job_id>")
+        def job(system, job_id):
+            double._system(system)
+            found = double.jobs.get(job_id)
+            if found is None:
+                raise _Error(404, "Job not found")
+            if found.hidden_lookups > 0:
+                found.hidden_lookups -= 1
+                raise _Error(404, "Job not found")
+            return jsonify({"jobs": [double._job_json(found)]})
+
+        @app.delete("/compute/<system>/jobs/<int:job_id>")
+        def cancel(system, job_id):
+            double._system(system)
+            found = double.jobs.get(job_id)
+            if found is None:
+                raise _Error(404, "Job not found")
+            state, _code = double._job_state(found)
+            if state.split(" ")[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
+                # Slurm has forgotten it: FirecREST answers 404 for a finished job.
+                raise _Error(404, "Job not found")
+            found.cancelled = True
+            if found.proc is not None:
+                os.killpg(found.proc.pid, signal.SIGTERM)
+                found.proc.wait(10)
+            elif found.slurm_id:
+                subprocess.run(["scancel", found.slurm_id], capture_output=True, check=False)
+            return Response(status=204)
+
+        return app
+
+    def _system(self, system: str):
+        if system != self.system:
+            raise _Error(404, f"System '{system}' not found")
+
+    def _existing(self, raw) -> Path:
+        path = self._path(raw)
+        if not path.is_file():
+            raise _Error(404, f"{raw}: No such file or directory")
+        return path
+
+    def wipe(self):
+        shutil.rmtree(self.fs_root, ignore_errors=True)
+
+
+def _matches(path_part: str, path: str) -> bool:
+    """A fault's target: a substring of the path, or the exact path when it ends with ``$``."""
+    return path == path_part[:-1] if path_part.endswith("$") else path_part in path
+
+
+# The doubles' request lines would drown the test output.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+class _Error(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
