@@ -216,3 +216,10 @@ def test_failed_request_does_not_burn_the_idempotency_key(api, owner, qpu):
     assert client.post("/api/v1/sessions/", body, format="json", **headers).status_code == 409
     client.delete(f"/api/v1/sessions/{blocker}/")
     assert client.post("/api/v1/sessions/", body, format="json", **headers).status_code == 201
+
+
+def test_deleting_a_pool_with_sessions_is_409_not_500(api, owner, staff, qpu):
+    open_session(api(owner), qpu)
+    response = api(staff).delete(f"/api/v1/resource-pools/{qpu.pk}/")
+    assert response.status_code == 409 and "still in use" in response.json()["detail"]
+    assert ResourcePool.objects.filter(pk=qpu.pk).exists()

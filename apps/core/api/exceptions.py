@@ -38,9 +38,8 @@ def exception_handler(exc, context):
     if isinstance(exc, DjangoValidationError):
         return Response(validation_error_dict(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, (ProtectedError, RestrictedError)):
-        names = (
-            sorted({str(obj) for obj in list(exc.protected_objects)[:5]}) if hasattr(exc, "protected_objects") else []
-        )
+        blockers = exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+        names = sorted({str(obj) for obj in list(blockers)[:5]})
         detail = "This object is still in use" + (f" by: {', '.join(names)}." if names else ".")
         return Response({"detail": detail}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, IntegrityError):
