@@ -120,7 +120,8 @@ def session_open(request):
 @require_GET
 def session_detail(request, pk):
     session = get_object_or_404(_sessions(request.user), pk=pk)
-    form = JobSubmitForm(examples=bundled_examples(), initial={"example": next(iter(bundled_examples()), "")})
+    examples = bundled_examples()
+    form = JobSubmitForm(examples=examples, initial={"example": next(iter(examples), "")})
     return render(
         request,
         "web/session_detail.html",

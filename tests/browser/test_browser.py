@@ -14,7 +14,9 @@ from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Device, Job
 from tests.browser.conftest import TIMEOUT_MS, log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# postgres: the live server, the worker thread and the test share the database concurrently, which
+# SQLite's in-memory test database does not support (the tests are skipped there, reason printed).
+pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
