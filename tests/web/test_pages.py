@@ -428,3 +428,26 @@ def test_refresh_is_throttled_in_words(web, settings, cases_root, owner, local_p
         "Refresh refused (429)"
         in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
     )
+
+
+def test_launch_dialog_asks_once_while_healthy_and_again_after_a_degraded_answer(
+    web, cases_root, owner, local_pool, monkeypatch
+):
+    """R-BACK-2 through the page: the API's caching rules (healthy cached, degraded not)."""
+    calls = []
+    original = FakeBackend.launch_options
+
+    def counted(self, pool):
+        calls.append(pool.pk)
+        if len(calls) == 1:
+            raise BackendError("timeout")
+        return original(self, pool)
+
+    monkeypatch.setattr(FakeBackend, "launch_options", counted)
+    case = _case(owner, local_pool)
+    client = web(owner)
+    url = reverse("web:case-launch", args=[case.pk])
+    assert "could not be fetched" in client.get(url, **HX).content.decode()
+    for _ in range(2):
+        assert "Scripted outcome" in client.get(url, **HX).content.decode()
+    assert len(calls) == 2  # the degraded answer was not cached; the healthy one was
