@@ -8,10 +8,12 @@ when the dialog opens, with the API's caching and degradation (R-BACK-2).
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import HttpResponseNotAllowed
+from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -191,6 +193,10 @@ def job_list(request):
     queryset = _jobs(request.user)
     session_id = request.GET.get("session")
     if session_id:
+        try:
+            session_id = uuid.UUID(session_id)
+        except ValueError:
+            raise Http404("No such session.") from None
         queryset = queryset.filter(session__in=_sessions(request.user).filter(pk=session_id))
     jobs = list(queryset.order_by("-created_at", "-id")[:LIST_LIMIT])
     context = {

@@ -237,6 +237,10 @@ def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner
     assert "<td>2</td>" in page  # second in the queue
 
 
+def test_job_list_of_a_malformed_session_id_is_404(web, owner):
+    assert web(owner).get(reverse("web:job-list") + "?session=nope", **HX).status_code == 404
+
+
 def test_finished_job_list_stops_polling(web, owner, qpu_pool, open_session):
     session = open_session(qpu_pool, owner)
     for job in _submit(session, 1):
