@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ format: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python scripts/with_test_database.py $(BIN)/python bench/run.py
+
+# Re-take the README's screenshots of the user pages (the browser tests, saving into docs/).
+screenshots: $(VENV)/.installed-dev
+	GRIDGATE_SCREENSHOTS_DIR=docs/screenshots $(BIN)/python scripts/with_test_database.py $(BIN)/pytest -m browser tests/browser
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

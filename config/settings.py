@@ -25,12 +25,14 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    "django_htmx",
     "apps.core",
     "apps.resources",
     "apps.sessions",
     "apps.scheduling",
     "apps.backends",
     "apps.cases",
+    "apps.web",
 ]
 
 MIDDLEWARE = [
@@ -41,6 +43,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -77,8 +80,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("GRIDGATE_STATIC_ROOT", str(VAR_DIR / "static")))
+# The user pages' stylesheet, script and the vendored htmx (served from here: no CDN, works offline).
+STATICFILES_DIRS = [BASE_DIR / "static"]
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "web:login"
+LOGIN_REDIRECT_URL = "web:home"
+LOGOUT_REDIRECT_URL = "web:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -12,4 +12,6 @@ urlpatterns = [
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
+    # The user pages take the rest of the site (after /admin/ and /api/).
+    path("", include("apps.web.urls")),
 ]

@@ -1,0 +1,89 @@
+"""Forms of the user pages: they parse input only; the rules live in the models and services."""
+
+import json
+
+from django import forms
+
+from apps.resources.selectors import visible_classes
+
+
+class OpenSessionForm(forms.Form):
+    resource_class = forms.IntegerField(widget=forms.HiddenInput)
+    slots = forms.IntegerField(min_value=1, initial=1)
+    external_id = forms.CharField(max_length=128, required=False, label="External id (optional)")
+
+
+class JobSubmitForm(forms.Form):
+    """A Pulser sequence from an uploaded JSON file or a bundled example, and the shots."""
+
+    example = forms.ChoiceField(required=False, label="Bundled example")
+    sequence_file = forms.FileField(required=False, label="Or upload a sequence (JSON)")
+    shots = forms.IntegerField(min_value=1, max_value=100_000, initial=100)
+
+    def __init__(self, *args, examples: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.examples = examples
+        self.fields["example"].choices = [("", "—")] + [(name, name) for name in examples]
+
+    def clean(self):
+        data = super().clean()
+        upload, example = data.get("sequence_file"), data.get("example")
+        if upload:
+            try:
+                document = json.loads(upload.read().decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise forms.ValidationError({"sequence_file": f"Not a JSON file: {exc}"}) from None
+        elif example:
+            document = self.examples[example]
+        else:
+            raise forms.ValidationError("Pick a bundled example or upload a sequence file.")
+        data["payload"] = payload_of(document)
+        return data
+
+
+def payload_of(document):
+    """Accept what people have at hand: an example file (``{"payload", "shots"}``), a job payload
+    (``{"sequence": …}``) or a bare Pulser abstract representation."""
+    if isinstance(document, dict) and isinstance(document.get("payload"), dict):
+        return document["payload"]
+    if isinstance(document, dict) and "sequence" in document:
+        return document
+    return {"sequence": json.dumps(document)}
+
+
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class MultipleFileField(forms.FileField):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("widget", MultipleFileInput())
+        super().__init__(*args, **kwargs)
+
+    def clean(self, data, initial=None):
+        single = super().clean
+        if isinstance(data, (list, tuple)):
+            return [single(item, initial) for item in data]
+        return [single(data, initial)] if data else []
+
+
+class CaseCreateForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    resource_class = forms.ModelChoiceField(queryset=None, label="Class")
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), help_text="Run in the case's working directory."
+    )
+    observability_globs = forms.CharField(
+        required=False,
+        label="Files to watch while it runs",
+        help_text="Glob patterns, one per line or comma-separated (e.g. logs/*.txt).",
+    )
+    inputs = MultipleFileField(required=False, label="Input files")
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["resource_class"].queryset = visible_classes(user).order_by("pool__name", "name", "id")
+
+    def clean_observability_globs(self):
+        raw = self.cleaned_data.get("observability_globs") or ""
+        return [part.strip() for part in raw.replace(",", "\n").splitlines() if part.strip()]

@@ -1,0 +1,25 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from apps.web import views
+
+app_name = "web"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("sessions/", views.session_list, name="session-list"),
+    path("sessions/open/", views.session_open, name="session-open"),
+    path("sessions/<uuid:pk>/", views.session_detail, name="session-detail"),
+    path("sessions/<uuid:pk>/release/", views.session_release, name="session-release"),
+    path("sessions/<uuid:pk>/jobs/", views.job_submit, name="job-submit"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("cases/", views.case_list, name="case-list"),
+    path("cases/<uuid:pk>/", views.case_detail, name="case-detail"),
+    path("cases/<uuid:pk>/launch/", views.case_launch, name="case-launch"),
+    path("cases/<uuid:pk>/cancel/", views.case_cancel, name="case-cancel"),
+    path("cases/<uuid:pk>/refresh/", views.case_refresh, name="case-refresh"),
+]

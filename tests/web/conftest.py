@@ -1,0 +1,63 @@
+"""Fixtures for the user pages: logged-in clients, a QPU pool with a fake device, an isolated
+cases root served by the fake backend (so no page test starts a process)."""
+
+import pytest
+from django.test import Client
+
+from apps.backends.fake import FakeBackend
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling.models import Device
+from apps.sessions import services as session_services
+
+
+@pytest.fixture
+def web():
+    """``web(user)`` → a Django test client logged in as ``user`` (None: anonymous)."""
+
+    def make(user):
+        client = Client()
+        if user is not None:
+            client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def cases_root(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "fake"}
+    FakeBackend.reset()
+    yield settings.GRIDGATE_CASES_ROOT
+    FakeBackend.reset()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_options_cache():
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def qpu_pool(db):
+    pool = ResourcePool.objects.create(name="emulators", kind="local", public=True, slots_total=2, strategy="fifo")
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    return pool
+
+
+@pytest.fixture
+def fake_device(qpu_pool):
+    return Device.objects.create(
+        pool=qpu_pool, name="fake1", driver="fake", config={"script": ["running", "completed"]}
+    )
+
+
+@pytest.fixture
+def open_session():
+    def make(pool, user, slots=1, **kwargs):
+        return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
+
+    return make
