@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "apps.resources",
     "apps.sessions",
     "apps.scheduling",
+    "apps.accounting",
     "apps.backends",
     "apps.cases",
     "apps.web",

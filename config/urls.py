@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/", include("apps.resources.api.urls")),
     path("api/v1/", include("apps.sessions.api.urls")),
     path("api/v1/", include("apps.scheduling.api.urls")),
+    path("api/v1/", include("apps.accounting.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
     # The user pages take the rest of the site (after /admin/ and /api/).

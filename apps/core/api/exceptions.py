@@ -2,7 +2,7 @@
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -42,6 +42,13 @@ def exception_handler(exc, context):
         names = sorted({str(obj) for obj in list(blockers)[:5]})
         detail = "This object is still in use" + (f" by: {', '.join(names)}." if names else ".")
         return Response({"detail": detail}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, DataError):
+        # The database refused a value the request carried (a NUL byte, an integer out of range):
+        # the client's input, not a server fault.
+        return Response(
+            {"detail": "A value in the request is not valid here (out of range or forbidden characters)."},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     if isinstance(exc, IntegrityError):
         # A constraint caught a race that validation could not see: the request conflicts with
         # a concurrent one. The database message is not echoed (it can name internals).

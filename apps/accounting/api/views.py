@@ -1,0 +1,69 @@
+from datetime import timedelta
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounting.selectors import usage
+from apps.core.api.permissions import IsStaff
+
+
+class UsageRowSerializer(serializers.Serializer):
+    user = serializers.CharField()
+    pool = serializers.CharField()
+    sessions = serializers.IntegerField()
+    session_slot_hours = serializers.FloatField()
+    jobs = serializers.DictField(child=serializers.IntegerField(), help_text="Jobs created in the period, by status.")
+    device_seconds = serializers.FloatField()
+    wait_mean_seconds = serializers.FloatField(allow_null=True)
+    wait_p95_seconds = serializers.FloatField(allow_null=True)
+    cases = serializers.DictField(child=serializers.IntegerField(), help_text="Cases created in the period, by status.")
+    case_execution_seconds = serializers.FloatField()
+
+
+class AccountingSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    rows = UsageRowSerializer(many=True)
+
+
+def _moment(request, name, default):
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    value = parse_datetime(raw)
+    if value is None:
+        raise ValidationError({name: ["Use an ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z."]})
+    return value if timezone.is_aware(value) else timezone.make_aware(value, timezone.utc)
+
+
+class AccountingView(APIView):
+    """Usage per user and pool over a period (staff): session slot-hours, jobs by status, device
+    time, mean and p95 wait before dispatch, cases by status and their execution time."""
+
+    permission_classes = [IsStaff]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", OpenApiTypes.DATETIME, description="Start (default: 30 days ago)."),
+            OpenApiParameter("until", OpenApiTypes.DATETIME, description="End (default: now)."),
+            OpenApiParameter("pool", OpenApiTypes.INT),
+            OpenApiParameter("user", OpenApiTypes.STR, description="Username."),
+        ],
+        responses=AccountingSerializer,
+    )
+    def get(self, request):
+        until = _moment(request, "until", timezone.now())
+        since = _moment(request, "since", until - timedelta(days=30))
+        if since >= until:
+            raise ValidationError({"since": ["Must be before until."]})
+        pool = request.query_params.get("pool")
+        if pool not in (None, "") and not pool.isdigit():
+            raise ValidationError({"pool": ["A pool id."]})
+        rows = usage(since, until, pool_id=int(pool) if pool else None, username=request.query_params.get("user"))
+        return Response(AccountingSerializer({"since": since, "until": until, "rows": rows}).data)
