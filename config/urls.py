@@ -12,4 +12,5 @@ urlpatterns = [
     path("api/v1/", include("apps.scheduling.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
+    path("qrmi/<str:pool>/", include("apps.qrmi.api.urls")),  # R-QRMI-1: a Warden per pool
 ]
