@@ -20,11 +20,13 @@ def resource():
 
 def run(runs: int) -> dict:
     import pulser.devices
-    from pulser import Pulse, QPUBackend, Register, Sequence
+    from pulser import Pulse, QPUBackend, Sequence
     from qrmi.pulser import PulserQRMIConnection
 
-    register = Register.rectangle(1, 2, spacing=8, prefix="q")
-    sequence = Sequence(register, pulser.devices.AnalogDevice)
+    device = pulser.devices.AnalogDevice  # what GET qpu/specs announces for this pool
+    # A QPU (and QPUBackend's mimic_qpu check) wants registers drawn from a calibrated layout.
+    register = device.pre_calibrated_layouts[0].define_register(0, 1, qubit_ids=["q0", "q1"])
+    sequence = Sequence(register, device)
     sequence.declare_channel("rydberg", "rydberg_global")
     sequence.add(Pulse.ConstantPulse(500, 2.0, 0.0, 0.0), "rydberg")
     sequence.measure("ground-rydberg")
