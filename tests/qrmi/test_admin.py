@@ -4,6 +4,9 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from apps.qrmi.models import UnixAccount
+from apps.scheduling.models import Job
+from apps.sessions.models import Session
+from tests.qrmi.test_qrmi_api import acquire, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -54,3 +57,15 @@ def test_r_qrmi_2_user_changelist_shows_and_searches_uids(admin_client, owner, m
 def test_unix_account_admin_lists(admin_client, owner):
     UnixAccount.objects.create(user=owner, unix_uid=4321)
     assert admin_client.get("/admin/qrmi/unixaccount/").status_code == 200
+
+
+@pytest.mark.munge
+def test_r_qrmi_3_qrmi_sessions_and_jobs_show_in_the_admin(admin_client, qpu, qrmi, alice):
+
+    session = Session.objects.get(pk=acquire(qrmi, slurm_job_id="31").json()["id"])
+    job_id = submit(qrmi, session).json()["id"]
+    sessions = admin_client.get("/admin/compute_sessions/session/", {"q": "31"})
+    assert [s.pk for s in sessions.context["cl"].result_list] == [session.pk]
+    jobs = admin_client.get("/admin/scheduling/job/")
+    assert [j.pk for j in jobs.context["cl"].result_list] == [job_id]
+    assert Job.objects.get(pk=job_id).user == alice

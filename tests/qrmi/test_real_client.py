@@ -36,6 +36,26 @@ RESOURCE = "fresnel"  # the QPU resource name a site configures in Slurm (qpu.co
 @pytest.fixture
 def live_qpu(munged, live_server, settings, django_user_model):
     need("" if os.getuid() == 0 else "the end-to-end test runs the user's part as uid 65534 (setpriv needs root)")
+    probe = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={USER_UID}",
+            f"--regid={USER_UID}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import qrmi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    need(
+        ""
+        if probe.returncode == 0
+        else f"uid {USER_UID} cannot run {sys.executable} with qrmi (the interpreter, the venv and their parent "
+        f"folders must be readable by it): {probe.stderr.strip()[-300:]}"
+    )
     settings.GRIDGATE_TASKS_EAGER = True
     pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=2)
     ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
@@ -113,3 +133,10 @@ def test_r_qrmi_real_client_acquires_runs_pulser_and_releases(live_qpu):
     assert job.user == user and job.user.unix_account.unix_uid == USER_UID
     assert sum(job.result["counts"].values()) == 100
     assert str(job.pk) == outcome["batch_id"]
+
+
+def test_r_qrmi_real_client_reports_an_inaccessible_pool(live_qpu):
+    pool, _, url = live_qpu
+    pool.is_accessible, pool.accessibility_message = False, "Calibration in progress."
+    pool.save()
+    assert client("accessible", url) == {"accessible": False}
