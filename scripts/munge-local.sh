@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start a local munged for the QRMI tests (docs/qrmi.md), idempotently: a munged that already
 # answers (e.g. started by scripts/slurm-local.sh) is left alone. Installs the Debian package when
-# `munge` is missing (root only). Usage: scripts/munge-local.sh start|status
+# it is missing under CI=true (or MUNGE_INSTALL=1), never silently on a developer's machine.
+# Usage: scripts/munge-local.sh start|status
 set -euo pipefail
 
 answers() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -16,6 +17,10 @@ case "${1:-}" in
       exit 1
     fi
     if ! command -v munged >/dev/null && [ ! -x /usr/sbin/munged ]; then
+      if [ "${CI:-}" != true ] && [ "${MUNGE_INSTALL:-}" != 1 ]; then
+        echo "munge is not installed (apt-get install munge, or MUNGE_INSTALL=1 $0 start)" >&2
+        exit 1
+      fi
       apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends munge >/dev/null
     fi
