@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "apps.backends",
     "apps.cases",
     "apps.web",
+    "apps.qrmi",
 ]
 
 MIDDLEWARE = [
@@ -91,6 +92,8 @@ LOGOUT_REDIRECT_URL = "web:login"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
+        "apps.qrmi.authentication.MungeAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -162,6 +165,12 @@ GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
 GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
 GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
+
+# QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on
+# acquire/release (the SPANK plugin runs as root); the unmunge binary; munged's socket ("" = default).
+GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(int(uid) for uid in env_list("GRIDGATE_MUNGE_SERVICE_UIDS", ["0"]))
+GRIDGATE_MUNGE_UNMUNGE = env_str("GRIDGATE_MUNGE_UNMUNGE", "unmunge")
+GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
 
 LOGGING = {
     "version": 1,

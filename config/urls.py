@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/", include("apps.accounting.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
+    path("qrmi/<str:pool>/", include("apps.qrmi.api.urls")),  # R-QRMI-1: a Warden per pool
     # The user pages take the rest of the site (after /admin/ and /api/).
     path("", include("apps.web.urls")),
 ]

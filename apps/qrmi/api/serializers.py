@@ -1,0 +1,29 @@
+from rest_framework import serializers
+
+
+class AcquireSerializer(serializers.Serializer):
+    """``POST sessions``: qrmi 0.26.4 sends ``user_id`` and ``slurm_job_id``; newer clients send
+    ``scheduler_job_id`` and ``qpu_slots`` (R-QRMI-1)."""
+
+    user_id = serializers.RegexField(r"^\d{1,10}$", help_text="The Unix uid of the job's user, as a string.")
+    slurm_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
+    scheduler_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
+    qpu_slots = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1)
+
+    def validate(self, attrs):
+        given = {(attrs.get(name) or "").strip() for name in ("slurm_job_id", "scheduler_job_id")} - {""}
+        if len(given) > 1:
+            raise serializers.ValidationError({"scheduler_job_id": ["slurm_job_id and scheduler_job_id disagree."]})
+        return {"uid": int(attrs["user_id"]), "external_id": given.pop() if given else "", "slots": attrs["qpu_slots"]}
+
+
+class TaskSerializer(serializers.Serializer):
+    """``POST jobs``: the Pulser sequence's abstract representation (a JSON string) and the runs."""
+
+    sequence = serializers.JSONField()
+    shots = serializers.IntegerField(min_value=1, max_value=1_000_000)
+
+    def validate_sequence(self, value):
+        if not isinstance(value, (str, dict)) or not value:
+            raise serializers.ValidationError("Must be a Pulser sequence's abstract representation (a JSON string).")
+        return value

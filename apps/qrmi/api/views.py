@@ -1,0 +1,252 @@
+"""The Warden-compatible QPU endpoint under ``/qrmi/<pool name>/`` (SPEC §7b).
+
+R-QRMI-3: nothing here has state of its own. Acquire and release are ``apps.sessions.services``
+admissions and releases, tasks are ``apps.scheduling.services`` jobs; this module only speaks
+the wire protocol the unmodified ``qrmi`` client expects (see docs/qrmi.md): no trailing slashes,
+integer job ids, string user ids, Warden's status names, results as a JSON string.
+"""
+
+import json
+import uuid
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
+from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid
+from apps.qrmi.permissions import HasMungeIdentity
+from apps.resources.models import ResourcePool
+from apps.resources.selectors import can_use_pool
+from apps.scheduling import services as scheduling
+from apps.scheduling.drivers import DriverError, get_driver
+from apps.scheduling.models import Job, JobStatus
+from apps.sessions import services as sessions
+from apps.sessions.models import Session, SessionStatus, is_service_principal
+
+SESSION_HEADER = "X-Warden-Session"
+
+# Warden's status names, the only ones the client knows (anything else reads as an error).
+STATUS = {
+    JobStatus.PENDING: "PENDING",
+    JobStatus.RUNNING: "RUNNING",
+    JobStatus.COMPLETED: "DONE",
+    JobStatus.CANCELLED: "CANCELED",
+    JobStatus.FAILED: "ERROR",
+}
+
+
+def job_body(job: Job, uid: int) -> dict:
+    """The job shape of the protocol: ``results`` is a JSON *string* (Pulser parses it) or null
+    while there is nothing to read."""
+    results = None
+    if job.status == JobStatus.COMPLETED and isinstance(job.result, dict):
+        results = json.dumps({"counter": job.result.get("counts", {})})
+    return {"id": job.pk, "user_id": str(uid), "status": STATUS[job.status], "results": results}
+
+
+@extend_schema(exclude=True)  # a foreign protocol, documented in docs/qrmi.md, not in the API schema
+class QrmiView(APIView):
+    """Base: MUNGE authentication only (R-QRMI-2) and the pool named in the URL."""
+
+    authentication_classes = [QrmiMungeAuthentication]
+    permission_classes = [HasMungeIdentity]
+
+    @property
+    def pool(self) -> ResourcePool:
+        if not hasattr(self, "_pool"):
+            self._pool = get_object_or_404(ResourcePool, name=self.kwargs["pool"])
+        return self._pool
+
+    @property
+    def uid(self) -> int:
+        return self.request.auth.uid
+
+    def is_service(self) -> bool:
+        """R-QRMI-2: a service uid, or a uid linked to a service principal, acts for others."""
+        return self.request.auth.is_service or is_service_principal(self.request.user)
+
+    def caller(self):
+        """The user behind the credential's uid (job routes act as that user)."""
+        if not self.request.user.is_authenticated:
+            raise PermissionDenied(
+                f"Unix uid {self.uid} is not linked to a Gridgate account; ask an administrator to set "
+                "your Unix uid on your Gridgate user."
+            )
+        return self.request.user
+
+    def session_from_header(self) -> Session:
+        raw = self.request.headers.get(SESSION_HEADER, "").strip()
+        if not raw:
+            raise ValidationError({SESSION_HEADER: ["This header is required (the session id acquire returned)."]})
+        return self.session(raw)
+
+    def session(self, raw: str) -> Session:
+        try:
+            session_id = uuid.UUID(raw)
+        except ValueError:
+            raise NotFound(f"No session '{raw}' on pool '{self.pool.name}'.") from None
+        session = Session.objects.select_related("pool", "user").filter(pk=session_id, pool=self.pool).first()
+        if session is None:
+            raise NotFound(f"No session '{raw}' on pool '{self.pool.name}'.")
+        return session
+
+    def own_job(self, job_id: int) -> Job:
+        """Other users' jobs are 404, like everywhere in Gridgate."""
+        job = Job.objects.filter(pk=job_id, pool=self.pool, user=self.caller()).first()
+        if job is None:
+            raise NotFound(f"No job {job_id} of uid {self.uid} on pool '{self.pool.name}'.")
+        return job
+
+
+class AccessibleView(QrmiView):
+    """``GET accessible``: no authentication (the client sends none)."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    def get(self, request, pool):
+        default = "" if self.pool.is_accessible else f"Pool '{self.pool.name}' is not accessible."
+        return Response(
+            {"is_accessible": self.pool.is_accessible, "message": self.pool.accessibility_message or default}
+        )
+
+
+class SessionsView(QrmiView):
+    """``POST sessions`` (acquire) and ``DELETE sessions`` with ``X-Warden-Session`` (release)."""
+
+    def post(self, request, pool):
+        """R-QRMI-1/3: admission, idempotency and 409s of R-SESS-1/2, on the pool's default class;
+        201 new session, 200 the active one of the same scheduler job."""
+        if not self.is_service():
+            raise PermissionDenied(
+                f"Unix uid {self.uid} may not acquire sessions: only service uids (the SPANK plugin or "
+                "prolog running as root) acquire on behalf of users."
+            )
+        body = AcquireSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        user = user_for_uid(data["uid"])
+        if user is None:
+            raise PermissionDenied(
+                f"Unix uid {data['uid']} has no Gridgate account: an administrator must link a Gridgate user "
+                f"to uid {data['uid']} (its Unix uid field in the admin)."
+            )
+        if not can_use_pool(user, self.pool):
+            raise PermissionDenied(f"User '{user.username}' (uid {data['uid']}) may not use pool '{self.pool.name}'.")
+        resource_class = self.pool.classes.filter(default=True).first()
+        if resource_class is None:
+            raise PermissionDenied(f"Pool '{self.pool.name}' has no default class to open sessions on.")
+        admission = sessions.admit(
+            user=user, resource_class=resource_class, slots=data["slots"], external_id=data["external_id"]
+        )
+        session = admission.session
+        return Response(
+            {
+                "id": str(session.pk),
+                "user_id": str(data["uid"]),
+                "scheduler_job_id": session.external_id,
+                "qpu_slots": session.slots,
+            },
+            status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
+        )
+
+    def delete(self, request, pool):
+        return release(self, self.session_from_header())
+
+
+class SessionView(QrmiView):
+    """``DELETE sessions/<id>`` (qrmi 0.26.4's release)."""
+
+    def delete(self, request, pool, session_id):
+        return release(self, self.session(session_id))
+
+
+def release(view: QrmiView, session: Session) -> Response:
+    """R-SESS-4 through R-QRMI-1: service uids or the owner's uid; idempotent; 200 ``{"id"}``
+    (the client treats 204 or an empty object as a failure)."""
+    if not (view.is_service() or session.user_id == getattr(view.request.user, "pk", None)):
+        raise PermissionDenied(f"Unix uid {view.uid} may not release session {session.pk}.")
+    sessions.release(session)
+    return Response({"id": str(session.pk)})
+
+
+class JobsView(QrmiView):
+    """``POST jobs`` with ``X-Warden-Session``: a job in the caller's own active session."""
+
+    def post(self, request, pool):
+        """R-QRMI-2/3: the uid must be the session owner's; then R-JOB-1 submission and fair
+        scheduling like any job."""
+        user = self.caller()
+        session = self.session_from_header()
+        if session.user_id != user.pk:
+            raise PermissionDenied(f"Session {session.pk} belongs to another user than uid {self.uid}.")
+        if session.status != SessionStatus.ACTIVE:
+            raise PermissionDenied(
+                f"Session {session.pk} has ended ({session.get_revocation_reason_display() or session.status})."
+            )
+        body = TaskSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            job = scheduling.submit_job(
+                session=session,
+                payload={"sequence": body.validated_data["sequence"]},
+                shots=body.validated_data["shots"],
+            )
+        except DriverError as exc:
+            raise ValidationError({"sequence": [str(exc)]}) from None
+        job.refresh_from_db()  # an eager dispatcher (tests) may have run it already
+        return Response(job_body(job, self.uid))
+
+
+class JobView(QrmiView):
+    def get(self, request, pool, job_id):
+        return Response(job_body(self.own_job(job_id), self.uid))
+
+
+class JobCancelView(QrmiView):
+    def post(self, request, pool, job_id):
+        """R-JOB-2: pending → CANCELED; running → stays RUNNING until the device stops; 409 when
+        finished."""
+        job = scheduling.cancel_job(self.own_job(job_id))
+        return Response(job_body(job, self.uid))
+
+
+class JobLogsView(QrmiView):
+    def get(self, request, pool, job_id):
+        job = self.own_job(job_id)
+        logs = job.logs
+        if job.error:
+            logs += ("" if not logs or logs.endswith("\n") else "\n") + f"error: {job.error}\n"
+        return Response({"logs": logs})
+
+
+class SpecsView(QrmiView):
+    """``GET qpu/specs``: the Pulser device the pool's device runs (the emulator: its configured
+    ``pulser_device``), as a JSON string; its name is what sequences must target."""
+
+    def get(self, request, pool):
+        device = self.pool.devices.order_by("-online", "id").first()
+        if device is None:
+            raise NotFound(f"Pool '{self.pool.name}' has no device.")
+        return Response({"specs": json.dumps(get_driver(device.driver).specs(device))})
+
+
+class SlotsView(QrmiView):
+    """``GET qpu-slots``: R-SESS-6 usage with Warden's names; 404 when slots are not managed."""
+
+    def get(self, request, pool):
+        if self.pool.slots_total is None:
+            raise NotFound(f"Pool '{self.pool.name}' has no slot capacity (slots_total is not set).")
+        usage = sessions.slots_usage(self.pool)
+        return Response(
+            {
+                "qpu_slots_total": usage["slots_total"],
+                "qpu_slots_used": usage["slots_used"],
+                "qpu_slots_available": usage["slots_available"],
+            }
+        )

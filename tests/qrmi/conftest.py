@@ -1,0 +1,117 @@
+"""MUNGE for the QRMI tests: a real munged (started here when it is not running) makes the
+credentials, and the server verifies them with it (R-QRMI-2). Under CI=true a missing munged is
+a failure; elsewhere the tests skip with the reason."""
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.qrmi.models import UnixAccount
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling.models import Device
+
+ROOT = Path(__file__).resolve().parents[2]
+CI = os.environ.get("CI", "").lower() == "true"
+USER_UID = 65534  # "nobody": exists everywhere, so setpriv and munge accept it
+
+
+@functools.cache
+def munge_problem() -> str:
+    """Start munged if needed (scripts/munge-local.sh, idempotent); '' when it answers."""
+    try:
+        done = subprocess.run(
+            [str(ROOT / "scripts" / "munge-local.sh"), "start"], capture_output=True, text=True, timeout=300
+        )
+    except OSError as exc:
+        return f"cannot run scripts/munge-local.sh: {exc}"
+    if done.returncode != 0:
+        return f"munged is not available: {(done.stderr or done.stdout).strip()[-300:]}"
+    return ""
+
+
+def need(problem: str) -> None:
+    if problem:
+        if CI:
+            pytest.fail(f"CI=true: {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def munged():
+    need(munge_problem())
+
+
+@pytest.fixture
+def cred(munged):
+    """``cred(uid=0, ttl=None)`` → a fresh MUNGE credential signed by ``uid`` (other uids than
+    our own through ``setpriv``, which needs root)."""
+
+    def make(uid: int = 0, ttl: int | None = None) -> str:
+        command = ["munge", "--no-input"] + ([f"--ttl={ttl}"] if ttl else [])
+        if uid != os.getuid():
+            need("" if os.getuid() == 0 else "making credentials for another uid needs root (setpriv)")
+            command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+    return make
+
+
+@pytest.fixture
+def qrmi(cred):
+    """``qrmi(uid)`` → an APIClient whose every request carries a fresh credential of ``uid``
+    (``uid=None``: no credential)."""
+
+    class Client(APIClient):
+        def __init__(self, uid):
+            super().__init__()
+            self.uid = uid
+
+        def generic(self, method, path, *args, **extra):
+            if self.uid is not None:
+                extra.setdefault("HTTP_X_MUNGE_CRED", cred(self.uid))
+            return super().generic(method, path, *args, **extra)
+
+    return Client
+
+
+def link(user, uid: int):
+    UnixAccount.objects.create(user=user, unix_uid=uid)
+    return user
+
+
+@pytest.fixture
+def qpu(db):
+    """A QPU pool with an emulator device (AnalogDevice) and 4 slots."""
+    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=4)
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    return pool
+
+
+@pytest.fixture
+def alice(owner):
+    """The job's user, linked to uid 65534."""
+    return link(owner, USER_UID)
+
+
+@pytest.fixture
+def bob(member):
+    """Another user, linked to uid 1001."""
+    return link(member, 1001)
+
+
+@pytest.fixture
+def open_qrmi_session(qpu, alice):
+    """A session of alice on the QPU pool, as acquire would open it."""
+    from apps.sessions import services
+
+    def make(external_id: str = "", slots: int = 1):
+        return services.admit(
+            user=alice, resource_class=qpu.classes.get(), slots=slots, external_id=external_id
+        ).session
+
+    return make

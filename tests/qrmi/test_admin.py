@@ -1,0 +1,71 @@
+"""R-QRMI-2: the Unix uid is edited as an inline on the user's admin page."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from apps.qrmi.models import UnixAccount
+from apps.scheduling.models import Job
+from apps.sessions.models import Session
+from tests.qrmi.test_qrmi_api import acquire, submit
+
+pytestmark = pytest.mark.django_db
+
+User = get_user_model()
+
+
+def user_form(user, uid, total=0):
+    return {
+        "username": user.username,
+        "is_active": "on",
+        "date_joined_0": "2026-01-01",
+        "date_joined_1": "00:00:00",
+        "unix_account-TOTAL_FORMS": "1",
+        "unix_account-INITIAL_FORMS": str(total),
+        "unix_account-MIN_NUM_FORMS": "0",
+        "unix_account-MAX_NUM_FORMS": "1",
+        "unix_account-0-unix_uid": str(uid),
+        "unix_account-0-user": str(user.pk),
+        **({"unix_account-0-id": str(user.unix_account.pk)} if total else {}),
+    }
+
+
+def test_r_qrmi_2_user_admin_shows_and_saves_the_unix_uid(admin_client, owner):
+    page = admin_client.get(f"/admin/auth/user/{owner.pk}/change/")
+    assert page.status_code == 200
+    assert b"unix_account-0-unix_uid" in page.content
+    response = admin_client.post(f"/admin/auth/user/{owner.pk}/change/", user_form(owner, 1000))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert UnixAccount.objects.get(user=owner).unix_uid == 1000
+
+
+def test_r_qrmi_2_a_uid_belongs_to_one_user(admin_client, owner, member):
+    UnixAccount.objects.create(user=member, unix_uid=1000)
+    response = admin_client.post(f"/admin/auth/user/{owner.pk}/change/", user_form(owner, 1000))
+    assert response.status_code == 200
+    assert b"Unix account with this Unix uid already exists" in response.content
+    assert not UnixAccount.objects.filter(user=owner).exists()
+
+
+def test_r_qrmi_2_user_changelist_shows_and_searches_uids(admin_client, owner, member):
+    UnixAccount.objects.create(user=owner, unix_uid=4321)
+    page = admin_client.get("/admin/auth/user/", {"q": "4321"})
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == 1
+    assert b"4321" in page.content
+
+
+def test_unix_account_admin_lists(admin_client, owner):
+    UnixAccount.objects.create(user=owner, unix_uid=4321)
+    assert admin_client.get("/admin/qrmi/unixaccount/").status_code == 200
+
+
+@pytest.mark.munge
+def test_r_qrmi_3_qrmi_sessions_and_jobs_show_in_the_admin(admin_client, qpu, qrmi, alice):
+
+    session = Session.objects.get(pk=acquire(qrmi, slurm_job_id="31").json()["id"])
+    job_id = submit(qrmi, session).json()["id"]
+    sessions = admin_client.get("/admin/compute_sessions/session/", {"q": "31"})
+    assert [s.pk for s in sessions.context["cl"].result_list] == [session.pk]
+    jobs = admin_client.get("/admin/scheduling/job/")
+    assert [j.pk for j in jobs.context["cl"].result_list] == [job_id]
+    assert Job.objects.get(pk=job_id).user == alice

@@ -1,0 +1,142 @@
+"""The unmodified qrmi 0.26.4 client against a live Gridgate (SPEC §7b, R-QRMI-1/2/3).
+
+A live server (pytest-django's ``live_server``, on a port chosen at runtime) runs the worker's
+tasks eagerly in its request threads (``GRIDGATE_TASKS_EAGER``), and a ticker thread sweeps the
+pools every half second like the workers' ``scheduling.tick``, so a submitted job is dispatched,
+emulated and polled to completion by the code the workers run. The client runs in
+subprocesses, exactly as on a cluster: the SPANK plugin's part (is_accessible, acquire, release)
+as root, the user's Pulser program as uid 65534 (``setpriv``), each signing its requests with the
+real munged.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from apps.qrmi.models import UnixAccount
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling import services as scheduling
+from apps.scheduling.models import Device, Job, JobStatus
+from apps.sessions.models import RevocationReason, Session, SessionStatus
+from tests.qrmi.conftest import USER_UID, need
+
+pytestmark = [pytest.mark.munge, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+CLIENT = Path(__file__).with_name("qrmi_client.py")
+RESOURCE = "fresnel"  # the QPU resource name a site configures in Slurm (qpu.conf)
+
+
+@pytest.fixture
+def live_qpu(munged, live_server, settings, django_user_model):
+    need("" if os.getuid() == 0 else "the end-to-end test runs the user's part as uid 65534 (setpriv needs root)")
+    probe = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={USER_UID}",
+            f"--regid={USER_UID}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import qrmi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    need(
+        ""
+        if probe.returncode == 0
+        else f"uid {USER_UID} cannot run {sys.executable} with qrmi (the interpreter, the venv and their parent "
+        f"folders must be readable by it): {probe.stderr.strip()[-300:]}"
+    )
+    settings.GRIDGATE_TASKS_EAGER = True
+    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=2)
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    user = django_user_model.objects.create_user("nobody-user")
+    UnixAccount.objects.create(user=user, unix_uid=USER_UID)
+    stop = threading.Event()
+
+    def tick():  # the workers' sweep (R-SCHED-5's safety net): polls what the events did not
+        try:
+            while not stop.wait(0.5):
+                scheduling.sweep()
+        finally:
+            connection.close()
+
+    ticker = threading.Thread(target=tick, name="ticker", daemon=True)
+    ticker.start()
+    yield pool, user, f"{live_server.url}/qrmi/{pool.name}"
+    stop.set()
+    ticker.join(timeout=30)
+
+
+def client(mode: str, url: str, *, uid: int = 0, token: str = "", **extra) -> dict:
+    """Run qrmi_client.py ``mode`` as ``uid`` with a Slurm job's QRMI environment."""
+    home = tempfile.mkdtemp(prefix="qrmi-home-")
+    os.chmod(home, 0o777)  # noqa: S103 - a throwaway HOME the unprivileged uid can write (matplotlib)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "MPLCONFIGDIR": home,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "QRMI_JOB_QPU_RESOURCES": RESOURCE,
+        "QRMI_JOB_QPU_TYPES": "pasqal-local",
+        f"{RESOURCE}_QRMI_WARDEN_URL": url,
+        "QRMI_JOB_UID": str(USER_UID),
+        "QRMI_JOB_ID": "4242",
+        **extra,
+    }
+    if token:
+        env[f"{RESOURCE}_QRMI_JOB_ACQUISITION_TOKEN"] = token
+    command = [sys.executable, str(CLIENT), mode]
+    if uid != os.getuid():
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=home)
+    assert done.returncode == 0, f"qrmi client '{mode}' as uid {uid} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_r_qrmi_real_client_acquires_runs_pulser_and_releases(live_qpu):
+    pool, user, url = live_qpu
+
+    assert client("accessible", url) == {"accessible": True}
+    token = client("acquire", url)["token"]
+    session = Session.objects.get(pk=token)
+    assert (session.user, session.pool, session.external_id, session.status) == (
+        user,
+        pool,
+        "4242",
+        SessionStatus.ACTIVE,
+    )
+
+    outcome = client("run", url, uid=USER_UID, token=token, RUNS="100")
+    assert sum(outcome["counts"].values()) == 100
+    assert all(len(bits) == 2 for bits in outcome["counts"])
+    assert outcome["devices"] == ["AnalogDevice"]
+    assert len(outcome["logs"]) == 1 and "simulated 2 atoms, 100 shots" in outcome["logs"][0]
+
+    client("release", url, token=token)
+
+    session.refresh_from_db()
+    assert session.status == SessionStatus.REVOKED
+    assert session.revocation_reason == RevocationReason.RELEASED
+    job = Job.objects.get(session=session)
+    assert job.status == JobStatus.COMPLETED
+    assert job.user == user and job.user.unix_account.unix_uid == USER_UID
+    assert sum(job.result["counts"].values()) == 100
+    assert str(job.pk) == outcome["batch_id"]
+
+
+def test_r_qrmi_real_client_reports_an_inaccessible_pool(live_qpu):
+    pool, _, url = live_qpu
+    pool.is_accessible, pool.accessibility_message = False, "Calibration in progress."
+    pool.save()
+    assert client("accessible", url) == {"accessible": False}
