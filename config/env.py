@@ -67,6 +67,13 @@ def env_mapping(name: str, default: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def env_int_list(name: str, default: list[int]) -> list[int]:
+    try:
+        return [int(item) for item in env_list(name, [str(v) for v in default])]
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={os.environ.get(name)!r} must be comma-separated whole numbers.") from None
+
+
 def env_database(name: str, default_sqlite: Path) -> dict:
     """Parse ``DATABASE_URL`` (postgres:// or sqlite:///), defaulting to an embedded SQLite file.
 

@@ -2,7 +2,16 @@
 
 from pathlib import Path
 
-from config.env import embedded_secret_key, env_bool, env_database, env_int, env_list, env_mapping, env_str
+from config.env import (
+    embedded_secret_key,
+    env_bool,
+    env_database,
+    env_int,
+    env_int_list,
+    env_list,
+    env_mapping,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GRIDGATE_VAR_DIR", str(BASE_DIR / "var")))
@@ -168,7 +177,7 @@ GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_S
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on
 # acquire/release (the SPANK plugin runs as root); the unmunge binary; munged's socket ("" = default).
-GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(int(uid) for uid in env_list("GRIDGATE_MUNGE_SERVICE_UIDS", ["0"]))
+GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
 GRIDGATE_MUNGE_UNMUNGE = env_str("GRIDGATE_MUNGE_UNMUNGE", "unmunge")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
 

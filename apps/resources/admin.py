@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html_join
 
@@ -68,7 +69,14 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     ]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_class_count=Count("classes"))
+        # A subquery, not Count("classes"): other apps' admins add their own aggregates, and two
+        # joins in one GROUP BY would multiply each other's counts.
+        classes = ResourceClass.objects.filter(pool=OuterRef("pk")).order_by().values("pool")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(_class_count=Coalesce(Subquery(classes.annotate(n=Count("pk")).values("n")), 0))
+        )
 
     @admin.display(description="classes", ordering="_class_count")
     def class_count(self, obj):

@@ -59,6 +59,10 @@ def save_pool(
                     failed = True
                     continue
                 item = existing.get(class_id) or ResourceClass()
+                if item.pk and "default" not in entry:
+                    # An earlier entry may have made another class the default, which demoted
+                    # this one in the database: do not write the stale flag back.
+                    item.refresh_from_db(fields=["default"])
                 for name, value in entry.items():
                     setattr(item, name, value)
                 item.pool = pool  # the in-memory pool: classes are checked against the new kind

@@ -53,6 +53,20 @@ class DeviceAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return selectors.devices_with_load(super().get_queryset(request))
 
+    def has_delete_permission(self, request, obj=None):
+        # A device that runs jobs cannot go (see services.delete_device); the admin hides the
+        # button rather than failing on the database constraint.
+        if obj is not None and Job.objects.filter(device=obj, status=JobStatus.RUNNING).exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        busy = queryset.filter(jobs__status=JobStatus.RUNNING).distinct()
+        if busy.exists():
+            names = ", ".join(str(d) for d in busy)
+            self.message_user(request, f"Not deleted, running jobs: {names}.", messages.ERROR)
+        super().delete_queryset(request, queryset.exclude(pk__in=busy.values("pk")))
+
     @admin.display(description="running", ordering="running_jobs")
     def running_jobs(self, obj):
         return obj.running_jobs
@@ -73,8 +87,8 @@ class DeviceAdmin(admin.ModelAdmin):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ["id", "user", "pool", "session", "device", "status", "shots", "created_at", "finished_at"]
-    list_filter = ["status", "pool", "device"]
-    list_select_related = ["user", "pool", "device", "device__pool", "session"]
+    list_filter = ["status", "pool", ("device", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["user", "pool", "device", "device__pool", "session", "session__user", "session__pool"]
     search_fields = ["=id", "user__username", "remote_id", "=session__id"]
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Job._meta.fields]

@@ -3,6 +3,7 @@
 import math
 from collections import defaultdict
 
+from django.db import connection
 from django.db.models import Count, F, Q, Window
 from django.db.models.functions import RowNumber
 
@@ -40,17 +41,7 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
         devices[device.pool_id].append(device)
     pools = {j.pool_id: j.pool for j in pending}
 
-    # Rank of each listed job inside its session (FIFO within a session), and in its pool.
-    ranked = (
-        Job.objects.filter(pool_id__in=pool_ids, status=JobStatus.PENDING)
-        .annotate(
-            in_session=Window(RowNumber(), partition_by=[F("session_id")], order_by=[F("created_at"), F("id")]),
-            in_pool=Window(RowNumber(), partition_by=[F("pool_id")], order_by=[F("created_at"), F("id")]),
-        )
-        .filter(id__in=[j.pk for j in pending])
-        .values_list("id", "in_session", "in_pool")
-    )
-    ranks = {job_id: (in_session, in_pool) for job_id, in_session, in_pool in ranked}
+    ranks = _ranks(pool_ids, [j.pk for j in pending])
 
     fair_pools = [p for p in pool_ids if pools[p].strategy != "fifo"]
     sessions = defaultdict(list)
@@ -82,6 +73,32 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
             position = _fair_position(job, in_session - 1, sessions[job.pool_id])
         info[job.pk] = (reason, position)
     return info
+
+
+def _ranks(pool_ids, job_ids) -> dict[int, tuple[int, int]]:
+    """``{job id: (rank in its session, rank in its pool)}`` among *all* pending jobs of the pools.
+
+    The row numbers must be computed over every pending job before picking the listed ones: a
+    WHERE on the ids inside the same query would number only the listed jobs. Hence the derived
+    table (the ORM applies non-window filters inside the windowed query).
+    """
+    ranked = (
+        Job.objects.filter(pool_id__in=pool_ids, status=JobStatus.PENDING)
+        .annotate(
+            in_session=Window(RowNumber(), partition_by=[F("session_id")], order_by=[F("created_at"), F("id")]),
+            in_pool=Window(RowNumber(), partition_by=[F("pool_id")], order_by=[F("created_at"), F("id")]),
+        )
+        .values_list("id", "in_session", "in_pool")
+    )
+    sql, params = ranked.query.sql_with_params()
+    placeholders = ", ".join(["%s"] * len(job_ids))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT ranked.id, ranked.in_session, ranked.in_pool FROM ({sql}) ranked "  # noqa: S608 - placeholders only
+            f"WHERE ranked.id IN ({placeholders})",
+            [*params, *job_ids],
+        )
+        return {job_id: (in_session, in_pool) for job_id, in_session, in_pool in cursor.fetchall()}
 
 
 def _fair_position(job, index: int, sessions: list[dict]) -> int:

@@ -235,13 +235,18 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str) -> bool:
             runtime_seconds=state.runtime_seconds,
             lease_until=None,
         )
-        if updated and status == JobStatus.COMPLETED and state.runtime_seconds:
-            pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
-            strategy = strategy_for(pool.strategy)
-            if strategy.charge_at_completion and Job.objects.filter(pk=job.pk, charged=False).update(charged=True):
-                job.runtime_seconds = state.runtime_seconds
-                slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
-                strategy.charge(job, strategy.completion_charge(job, slots))
+    if updated and state.runtime_seconds:
+        # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
+        # job ran too). In its own transaction, after the job row's: revocation locks the session
+        # then the jobs, so taking the job then the session here could deadlock.
+        pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
+        strategy = strategy_for(pool.strategy)
+        if strategy.charge_at_completion:
+            with transaction.atomic():
+                if Job.objects.filter(pk=job.pk, charged=False).update(charged=True):
+                    job.runtime_seconds = state.runtime_seconds
+                    slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
+                    strategy.charge(job, strategy.completion_charge(job, slots))
     return bool(updated)
 
 
@@ -260,7 +265,7 @@ def poll_running(pool_id: int) -> int:
             .filter(Q(next_poll_at__isnull=True) | Q(next_poll_at__lte=now))
             .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
             .select_for_update(skip_locked=True)
-            .order_by("next_poll_at", "id")
+            .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
         )
         ids = list(due.values_list("id", flat=True)[:POLL_BATCH])
         Job.objects.filter(id__in=ids).update(lease_until=now + LEASE)
@@ -321,6 +326,14 @@ def sweep() -> dict:
         totals["polled"] += outcome["polled"]
         totals["dispatched"] += outcome["dispatched"]
     return totals
+
+
+def delete_device(device: Device) -> None:
+    """A device goes only when nothing runs on it (its jobs' ``device`` would go null while
+    running, which the database refuses); take it offline and let them finish first."""
+    if Job.objects.filter(device=device, status=JobStatus.RUNNING).exists():
+        raise Conflict(f"Device '{device.name}' is running jobs: take it offline and wait for them to end.")
+    device.delete()
 
 
 def set_device_online(device: Device, online: bool) -> None:

@@ -21,7 +21,6 @@ def eligible_jobs(pool_id: int, free_device_ids: list[int], now):
 
 class Strategy:
     name = ""
-    charge_at_dispatch = False
     charge_at_completion = False
 
     def next_job(self, pool_id: int, free_device_ids: list[int], now) -> Job | None:
@@ -52,7 +51,6 @@ class WeightedFair(Strategy):
     five turns for every turn of a one-slot session."""
 
     name = "weighted_fair"
-    charge_at_dispatch = True
 
     def next_job(self, pool_id, free_device_ids, now):
         # Exists, not a join + DISTINCT: one index probe per session, in vruntime order, stopping
@@ -83,7 +81,6 @@ class UsageFair(WeightedFair):
     weighting by QPU time rather than job count."""
 
     name = "usage_fair"
-    charge_at_dispatch = False
     charge_at_completion = True
 
     def dispatch_charge(self, job, slots):

@@ -1,5 +1,5 @@
 from django.contrib import admin, messages
-from django.db.models import Q, Sum
+from django.db.models import OuterRef, Subquery, Sum
 
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
@@ -72,11 +72,8 @@ class PoolAdminWithSlots(ResourcePoolAdmin):
         return [tuple(f) for f in fieldsets]
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(_slots_used=Sum("sessions__slots", filter=Q(sessions__status=SessionStatus.ACTIVE)))
-        )
+        active = Session.objects.filter(pool=OuterRef("pk"), status=SessionStatus.ACTIVE).order_by().values("pool")
+        return super().get_queryset(request).annotate(_slots_used=Subquery(active.annotate(n=Sum("slots")).values("n")))
 
     @admin.display(description="slots used / total")
     def slots_used(self, obj):

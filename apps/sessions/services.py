@@ -58,8 +58,8 @@ def admit(*, user, resource_class: ResourceClass, slots: int = 1, external_id: s
 
     The time spent holding the lock bounds admission throughput, so everything that can be
     prepared is prepared before taking it (launch spec, the new row, the compiled SQL of the lock
-    and of the usage aggregate); the common case holds the lock for three statements: lock, one
-    aggregate that also counts due sessions, insert.
+    and of the usage aggregate); the common case holds the lock for four short statements: lock,
+    an index probe for due sessions, the usage aggregate, insert.
     R-SESS-2: (user, external_id) identifies a session among active ones; the partial unique
     constraint catches a concurrent duplicate admitted through another pool's lock.
     """
@@ -94,14 +94,15 @@ def admit(*, user, resource_class: ResourceClass, slots: int = 1, external_id: s
                 if row is None:
                     raise ResourcePool.DoesNotExist(f"Pool {pool_id} no longer exists.")
                 limits = dict(zip(_POOL_LIMIT_FIELDS, row, strict=True))
+                # Expire first: an expired session is never handed back as "the existing one".
+                cursor.execute(*due.sql_with_params(pool_id=pool_id, now=now))
+                if cursor.fetchone() is not None:
+                    expire_due_sessions(now=now, pool_id=pool_id)
                 if external_id:
                     same = _existing(user, external_id)
                     if same is not None:
                         return Admission(_same_or_conflict(same, resource_class, slots), False)
                 has_quota = limits["quota_cpu"] is not None or limits["quota_memory"] is not None
-                cursor.execute(*due.sql_with_params(pool_id=pool_id, now=now))
-                if cursor.fetchone() is not None:
-                    expire_due_sessions(now=now, pool_id=pool_id)
                 cursor.execute(*_usage_sql(has_quota).sql_with_params(pool_id=pool_id))
                 row = cursor.fetchone() or ()
                 used = dict.fromkeys(_USAGE_COLUMNS, 0)
@@ -223,9 +224,11 @@ def _check_capacity(limits: dict, resource_class: ResourceClass, slots: int, use
             if used[dim] + wanted > limit:
                 over.append(f"{dim} {fmt(used[dim])} used + {fmt(wanted)} > quota {fmt(limit)}")
         if over:
-            extra = {"quota_exceeded": over}
-            if total is not None:
-                extra["slots_available"] = max(total - used["slots"], 0)
+            # slots_available is always present on a refusal (null when the pool counts no slots).
+            extra = {
+                "quota_exceeded": over,
+                "slots_available": None if total is None else max(total - used["slots"], 0),
+            }
             raise CapacityExceeded(f"Pool '{name}' quota would be exceeded: {'; '.join(over)}.", **extra)
 
 
@@ -239,16 +242,18 @@ def touch(session: Session, now: datetime | None = None) -> None:
     session.last_activity_at, session.idle_expires_at = now, now + idle
 
 
-def _revoke(queryset, reason: str, now: datetime) -> list:
+def _revoke(queryset, reason: str, now: datetime, *, skip_locked: bool = True) -> list:
     """Revoke the active sessions of ``queryset``; return the ids this call revoked.
 
     Compare-and-set on ``status`` so that two revokers never both "win", then announce the
-    revocation (pending jobs are cancelled by the scheduling app's receiver).
+    revocation (pending jobs are cancelled by the scheduling app's receiver). Sweeps skip rows
+    another transaction holds (the next sweep gets them); an explicit release or revoke waits for
+    the row instead, or a session briefly locked by a job submission would silently stay active.
     """
     with transaction.atomic(savepoint=False):
         ids = list(
             queryset.filter(status=SessionStatus.ACTIVE)
-            .select_for_update(skip_locked=True)
+            .select_for_update(skip_locked=skip_locked)
             .values_list("id", flat=True)
         )
         if not ids:
@@ -263,12 +268,14 @@ def _revoke(queryset, reason: str, now: datetime) -> list:
 
 def release(session: Session) -> bool:
     """R-SESS-4: release by owner or service principal. Idempotent: False if already ended."""
-    return bool(_revoke(Session.objects.filter(pk=session.pk), RevocationReason.RELEASED, timezone.now()))
+    return bool(
+        _revoke(Session.objects.filter(pk=session.pk), RevocationReason.RELEASED, timezone.now(), skip_locked=False)
+    )
 
 
 def revoke(session: Session, reason: str = RevocationReason.MANUAL) -> bool:
     """R-SESS-4: staff revocation; frees the slots at once."""
-    return bool(_revoke(Session.objects.filter(pk=session.pk), reason, timezone.now()))
+    return bool(_revoke(Session.objects.filter(pk=session.pk), reason, timezone.now(), skip_locked=False))
 
 
 def expire_due_sessions(*, now: datetime | None = None, pool_id: int | None = None) -> dict:

@@ -64,6 +64,8 @@ def test_slot_hours_count_only_the_part_inside_the_period(api, staff, owner, poo
 def test_accounting_is_staff_only_and_validates_its_parameters(api, owner, staff):
     assert api(owner).get("/api/v1/accounting/").status_code == 403
     assert api(staff).get("/api/v1/accounting/?since=yesterday").status_code == 400
+    assert api(staff).get("/api/v1/accounting/?since=2026-13-45T00:00:00").status_code == 400
+    assert api(staff).get("/api/v1/accounting/?since=2020-01-01").status_code == 200  # a date, naive: UTC
     assert api(staff).get("/api/v1/accounting/?pool=x").status_code == 400
     assert (
         api(staff).get("/api/v1/accounting/?since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z").status_code == 400

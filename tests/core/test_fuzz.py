@@ -88,11 +88,17 @@ def test_arbitrary_json_bodies_never_cause_a_server_error(api, owner, staff, wor
     assert response.status_code < 500, (method, path, body, response.content[:500])
 
 
+# Date-shaped values that parse_datetime accepts or chokes on (a bare date, impossible dates).
+DATES = st.sampled_from(["2026-01-01", "2026-13-45T00:00:00", "2026-02-30", "2026-01-01T00:00:00+25:00"])
+
+
 @FUZZ
 @given(
     query=st.dictionaries(
-        st.sampled_from(["page", "page_size", "cpu", "memory", "gpu", "status", "pool", "session", "user", "since"]),
-        st.text(max_size=12),
+        st.sampled_from(
+            ["page", "page_size", "cpu", "memory", "gpu", "status", "pool", "session", "user", "since", "until"]
+        ),
+        st.text(max_size=12) | DATES,
         max_size=4,
     )
 )

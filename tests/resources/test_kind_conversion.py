@@ -125,3 +125,15 @@ def test_inline_class_errors_are_reported_per_entry(api, staff, local_pool):
     assert response.status_code == 400
     assert "cpu" in response.json()["classes"][0]
     assert not local_pool.classes.filter(name="neg").exists()
+
+
+def test_switching_the_default_class_in_one_patch_sticks(api, staff, local_pool):
+    small = local_pool.classes.get(name="small")
+    big = ResourceClass.objects.create(pool=local_pool, name="big", cpu=4, memory=8)
+    response = api(staff).patch(
+        f"/api/v1/resource-pools/{local_pool.pk}/",
+        {"classes": [{"id": big.pk, "default": True}, {"id": small.pk, "cpu": 2}]},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert list(local_pool.classes.filter(default=True).values_list("name", flat=True)) == ["big"]

@@ -164,3 +164,24 @@ def test_malformed_json_body_is_400(api, staff):
 def test_deleting_a_pool_removes_its_classes(api, staff, local_pool):
     assert api(staff).delete(f"/api/v1/resource-pools/{local_pool.pk}/").status_code == 204
     assert not ResourceClass.objects.exists()
+
+
+def test_grants_are_shown_to_staff_only(api, member, staff, private_pool):
+    private_pool.users.add(member)
+    as_member = api(member).get(f"/api/v1/resource-pools/{private_pool.pk}/").json()
+    as_staff = api(staff).get(f"/api/v1/resource-pools/{private_pool.pk}/").json()
+    assert (as_member["users"], as_member["groups"]) == ([], [])
+    assert as_staff["users"] == ["member"] and as_staff["groups"] == ["qpu-users"]
+
+
+def test_demo_refuses_to_run_without_debug_and_keeps_existing_passwords(settings, db):
+    from django.contrib.auth import get_user_model
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="DEBUG=true"):
+        call_command("demo")
+    user = get_user_model().objects.create_user("admin", password="a-real-password")
+    call_command("demo", "--force")
+    user.refresh_from_db()
+    assert user.check_password("a-real-password") and not user.is_superuser

@@ -239,3 +239,56 @@ def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, 
     assert first.status == JobStatus.COMPLETED and second.status == JobStatus.RUNNING
     run = DriverRun.objects.get(remote_id=f"emu-{first.pk}")
     assert run.started_at <= run.finished_at
+
+
+def test_queue_position_counts_jobs_not_in_the_listing(qpu_pool, open_session, owner, member):
+    """R-JOB-4: a job's position counts every pending job ahead of it, not only listed ones."""
+    qpu_pool.strategy = "fifo"
+    qpu_pool.save()
+    others = submit(open_session(qpu_pool, member), 3)
+    (mine,) = submit(open_session(qpu_pool, owner))
+    mine = Job.objects.select_related("pool").get(pk=mine.pk)
+    assert selectors.queue_info([mine])[mine.pk][1] == len(others) + 1
+    Device.objects.create(pool=qpu_pool, name="d", driver="fake")
+    qpu_pool.strategy = "weighted_fair"
+    qpu_pool.save()
+    mine = Job.objects.select_related("pool").get(pk=mine.pk)
+    # weighted: both sessions at vruntime 0, the member's is older: its first job goes first.
+    assert selectors.queue_info([mine])[mine.pk][1] == 2
+
+
+def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device, open_session, owner):
+    from apps.scheduling.drivers import DriverState
+    from apps.scheduling.services import _finish
+
+    qpu_pool.strategy = "usage_fair"
+    qpu_pool.save()
+    session = open_session(qpu_pool, owner, slots=2)
+    submit(session)
+    job = services.dispatch_once(qpu_pool.pk)
+    services.submit_claimed(job)
+    job.refresh_from_db()
+    _finish(job, DriverState("failed", error="boom", runtime_seconds=8.0), expect_remote_id=job.remote_id)
+    _finish(job, DriverState("failed", error="boom", runtime_seconds=8.0), expect_remote_id=job.remote_id)
+    session.refresh_from_db()
+    assert session.vruntime == pytest.approx(4.0)  # 8 s / 2 slots, charged once
+
+
+def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_session, owner):
+    from apps.scheduling.drivers.emulator import STALE_RUN
+    from apps.scheduling.models import DriverRun
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
+    (job,) = [
+        services.submit_job(session=open_session(qpu_pool, owner), payload={"sequence": analog_sequence()}, shots=5)
+    ]
+    services.run_pool(qpu_pool.pk)
+    DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(
+        status="running", started_at=timezone.now() - STALE_RUN - timedelta(seconds=1)
+    )
+    make_polls_due()
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "worker stopped" in job.error
+    assert not Job.objects.filter(device=device, status=JobStatus.RUNNING).exists()

@@ -179,3 +179,13 @@ def test_device_back_online_triggers_dispatch(
         response = api(staff).patch(f"/api/v1/devices/{fake_device.pk}/", {"online": True}, format="json")
     assert response.status_code == 200
     assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING
+
+
+def test_a_device_running_jobs_cannot_be_deleted(api, staff, owner, qpu_pool, fake_device, open_session):
+    job_id = post_job(api(owner), open_session(qpu_pool, owner)).json()["id"]
+    Job.objects.filter(pk=job_id).update(status=JobStatus.RUNNING, device=fake_device)
+    response = api(staff).delete(f"/api/v1/devices/{fake_device.pk}/")
+    assert response.status_code == 409 and "running jobs" in response.json()["detail"]
+    Job.objects.filter(pk=job_id).update(status=JobStatus.COMPLETED)
+    assert api(staff).delete(f"/api/v1/devices/{fake_device.pk}/").status_code == 204
+    assert Job.objects.get(pk=job_id).device is None  # the finished job keeps its history

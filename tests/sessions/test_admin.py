@@ -45,9 +45,15 @@ def test_admin_revoke_action_uses_the_service(admin_client, session):
     assert (session.status, session.revocation_reason) == ("revoked", "manual")
 
 
-def test_pool_admin_shows_slots_used(admin_client, session):
-    assert "3 / 10" in admin_client.get("/admin/resources/resourcepool/").content.decode()
-    assert "3 / 10" in admin_client.get(f"/admin/resources/resourcepool/{session.pool_id}/change/").content.decode()
+def test_pool_admin_shows_slots_used(admin_client, session, member):
+    # A second class and more sessions (one revoked): counts must not multiply through joins.
+    other = ResourceClass.objects.create(pool=session.pool, name="other", cpu=1, memory=1)
+    services.admit(user=member, resource_class=other, slots=2)
+    ended = services.admit(user=member, resource_class=other, slots=4).session
+    services.release(ended)
+    page = admin_client.get("/admin/resources/resourcepool/").content.decode()
+    assert "5 / 10" in page and '<td class="field-class_count">2</td>' in page
+    assert "5 / 10" in admin_client.get(f"/admin/resources/resourcepool/{session.pool_id}/change/").content.decode()
 
 
 def test_sessions_cannot_be_added_by_form(admin_client, session):

@@ -93,3 +93,31 @@ def test_concurrent_same_external_id_on_two_pools_yields_one_session(qpu, owner)
     assert Session.objects.active().filter(external_id="77").count() == 1
     assert len({sid for kind, sid in outcomes if kind == "ok"}) == 1
     assert all(kind in {"ok", "conflict"} for kind, _ in outcomes)
+
+
+def test_release_waits_for_a_briefly_locked_session_instead_of_skipping_it(qpu, owner):
+    """R-SESS-4: a release racing a job submission (which locks the session row) still releases."""
+    from django.db import transaction
+
+    session = services.admit(user=owner, resource_class=qpu.classes.get(), slots=3).session
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_lock():
+        try:
+            with transaction.atomic():
+                Session.objects.select_for_update().get(pk=session.pk)
+                locked.set()
+                done.wait(timeout=0.5)  # holds the row while the release arrives
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    locked.wait(timeout=10)
+    try:
+        assert services.release(session) is True
+    finally:
+        done.set()
+        holder.join()
+        connection.close()
+    assert Session.objects.get(pk=session.pk).status == "revoked"

@@ -223,3 +223,36 @@ def test_deleting_a_pool_with_sessions_is_409_not_500(api, owner, staff, qpu):
     response = api(staff).delete(f"/api/v1/resource-pools/{qpu.pk}/")
     assert response.status_code == 409 and "still in use" in response.json()["detail"]
     assert ResourcePool.objects.filter(pk=qpu.pk).exists()
+
+
+def test_user_field_does_not_reveal_whether_a_username_exists(api, owner, qpu):
+    assert open_session(api(owner), qpu, user="ghost").status_code == 403
+    assert open_session(api(owner), qpu, user="owner").status_code == 201  # naming oneself is fine
+
+
+def test_service_principal_naming_an_unknown_user_gets_400(api, service_principal, qpu):
+    qpu.users.add(service_principal)
+    response = open_session(api(service_principal), qpu, user="ghost")
+    assert response.status_code == 400 and "ghost" in response.json()["user"][0]
+
+
+def test_quota_refusal_carries_slots_available(api, owner):
+    pool = ResourcePool.objects.create(name="lab", public=True, quota_cpu=1, quota_memory=8, quota_gpu=0)
+    ResourceClass.objects.create(pool=pool, name="one", cpu=1, memory=1, default=True)
+    open_session(api(owner), pool)
+    body = open_session(api(owner), pool).json()
+    assert "slots_available" in body and body["slots_available"] is None
+
+
+def test_expired_session_is_not_returned_as_the_existing_one(api, owner, qpu):
+    first = open_session(api(owner), qpu, external_id="77").json()["id"]
+    Session.objects.filter(pk=first).update(expires_at="2000-01-01T00:00:00Z")
+    again = open_session(api(owner), qpu, external_id="77")
+    assert again.status_code == 201 and again.json()["id"] != first
+    assert Session.objects.get(pk=first).revocation_reason == "max_lifetime"
+
+
+def test_hidden_pool_ids_cannot_be_probed_through_filters(api, outsider, qpu):
+    response = api(outsider).get(f"/api/v1/sessions/?pool={qpu.pk}")
+    other = api(outsider).get("/api/v1/sessions/?pool=999999")
+    assert response.status_code == other.status_code == 400  # same answer as a pool that does not exist

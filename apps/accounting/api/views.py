@@ -1,4 +1,4 @@
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -36,10 +36,13 @@ def _moment(request, name, default):
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
-    value = parse_datetime(raw)
+    try:
+        value = parse_datetime(raw)  # also accepts a bare date; raises on impossible dates
+    except ValueError:
+        value = None
     if value is None:
         raise ValidationError({name: ["Use an ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z."]})
-    return value if timezone.is_aware(value) else timezone.make_aware(value, timezone.utc)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
 class AccountingView(APIView):

@@ -2,7 +2,6 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -148,10 +147,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             validated_data["quota_gpu"] = quota.get("gpu", 0) if quota else None
         if "remote" in validated_data and validated_data["remote"] is None:
             validated_data["remote"] = {}
-        try:
-            return services.save_pool(pool=instance, fields=validated_data, users=users, groups=groups, classes=classes)
-        except DjangoValidationError as exc:  # pragma: no cover - services convert already
-            raise serializers.ValidationError(services._api_errors(exc)) from None
+        return services.save_pool(pool=instance, fields=validated_data, users=users, groups=groups, classes=classes)
 
     def create(self, validated_data):
         return self._save(None, validated_data)
@@ -161,6 +157,10 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is None or not request.user.is_staff:
+            # Who else is granted a private pool is the operators' business, not its users'.
+            data["users"], data["groups"] = [], []
         data["quota"] = QuotaSerializer(instance.quota).data if instance.quota is not None else None
         return data
 

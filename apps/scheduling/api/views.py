@@ -13,7 +13,7 @@ from apps.resources.models import ResourcePool
 from apps.scheduling import selectors, services
 from apps.scheduling.api.filters import DeviceFilter, JobFilter
 from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer, JobSerializer, JobSubmitSerializer
-from apps.scheduling.drivers import DriverError, InvalidPayload, get_driver
+from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
 from apps.sessions.models import Session, SessionStatus
 
@@ -30,6 +30,9 @@ class DeviceViewSet(viewsets.ModelViewSet):
             return Device.objects.none()
         visible = ResourcePool.objects.visible_to(self.request.user)
         return selectors.devices_with_load(Device.objects.filter(pool__in=visible)).order_by("pool_id", "name", "id")
+
+    def perform_destroy(self, instance):
+        services.delete_device(instance)
 
     def perform_update(self, serializer):
         was_online = serializer.instance.online
@@ -118,9 +121,7 @@ class SessionJobsView(APIView):
                 shots=body.validated_data["shots"],
                 target_device=target,
             )
-        except InvalidPayload as exc:
-            raise ValidationError({"payload": [str(exc)]}) from None
-        except DriverError as exc:
+        except DriverError as exc:  # InvalidPayload, or a driver that cannot judge the payload
             raise ValidationError({"payload": [str(exc)]}) from None
         job.pool = session.pool
         data = JobSerializer(job, context={"queue_info": selectors.queue_info([job])}).data

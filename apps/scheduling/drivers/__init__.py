@@ -4,7 +4,7 @@ The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database tra
 (R-SCHED-4) and never reads a driver's own state names.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class DriverError(Exception):
@@ -33,7 +33,6 @@ class DriverState:
     logs: str = ""
     runtime_seconds: float | None = None
     started: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 class DeviceDriver:

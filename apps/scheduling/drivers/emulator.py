@@ -13,6 +13,10 @@ doubles per atom).
 import json
 import logging
 import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
 
 from apps.scheduling.drivers import DeviceDriver, DriverState, InvalidPayload, PermanentDriverError
 from apps.scheduling.models import DriverRun
@@ -20,6 +24,9 @@ from apps.scheduling.models import DriverRun
 log = logging.getLogger(__name__)
 
 KNOWN = {"pulser_device", "max_atoms"}
+# Longer than django-q2's task timeout (GRIDGATE_Q_TIMEOUT): a run "running" for longer has lost
+# its worker.
+STALE_RUN = timedelta(seconds=settings.Q_CLUSTER["timeout"] + 60)
 DEFAULT_DEVICE = "AnalogDevice"
 
 
@@ -91,11 +98,13 @@ class EmulatorDriver(DeviceDriver):
         from apps.core.tasks import enqueue
 
         remote_id = f"emu-{job.pk}"
-        _, created = DriverRun.objects.get_or_create(
+        run, created = DriverRun.objects.get_or_create(
             remote_id=remote_id,
             defaults={"device": device, "payload": job.payload, "shots": job.shots, "status": "queued"},
         )
-        if created:
+        if created or run.status == "queued":
+            # A retried submit of a run still queued re-enqueues it (the first enqueue may have
+            # been lost with its worker); run_emulation starts a queued run only once.
             enqueue("apps.scheduling.tasks.run_emulation", remote_id)
         return remote_id
 
@@ -107,6 +116,13 @@ class EmulatorDriver(DeviceDriver):
             return DriverState(
                 "completed", result=run.result, runtime_seconds=run.runtime_seconds, logs=run.logs, started=True
             )
+        if run.status == "running" and run.started_at and timezone.now() - run.started_at > STALE_RUN:
+            # Its worker died mid-simulation (killed, or past the task timeout): nothing will
+            # ever finish it. Fail it, so the device's capacity comes back.
+            DriverRun.objects.filter(pk=run.pk, status="running").update(
+                status="failed", error="The emulation's worker stopped before it finished.", finished_at=timezone.now()
+            )
+            return DriverState("failed", error="The emulation's worker stopped before it finished.", started=True)
         if run.status in ("failed", "cancelled"):
             return DriverState(
                 run.status, error=run.error, logs=run.logs, runtime_seconds=run.runtime_seconds, started=True

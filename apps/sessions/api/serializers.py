@@ -1,4 +1,3 @@
-from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from apps.sessions.models import Session
@@ -50,12 +49,6 @@ class SessionCreateSerializer(serializers.Serializer):
             )
         attrs["external_id"] = given.pop() if given else ""
         return attrs
-
-    def validate_user(self, value):
-        user = get_user_model().objects.filter(username=value).first()
-        if user is None:
-            raise serializers.ValidationError(f"No user named '{value}'.")
-        return user
 
 
 class SlotsSerializer(serializers.Serializer):

@@ -1,3 +1,4 @@
+from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -51,9 +52,14 @@ class SessionViewSet(
         body.is_valid(raise_exception=True)
         data = body.validated_data
         caller = request.user
-        target = data.get("user") or caller
-        if target != caller and not is_service_principal(caller):
-            raise PermissionDenied("Only service principals (act_on_behalf) may open sessions for another user.")
+        target = caller
+        if data.get("user") and data["user"] != caller.get_username():
+            # Checked before the lookup, so that nobody but a principal can probe usernames.
+            if not is_service_principal(caller):
+                raise PermissionDenied("Only service principals (act_on_behalf) may open sessions for another user.")
+            target = get_user_model().objects.filter(username=data["user"]).first()
+            if target is None:
+                raise ValidationError({"user": [f"No user named '{data['user']}'."]})
         resource_class = visible_classes(caller).filter(pk=data["resource_class"]).first()
         if resource_class is None:
             raise ValidationError({"resource_class": [f"No class {data['resource_class']} that you can use."]})

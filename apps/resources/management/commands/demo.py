@@ -1,8 +1,9 @@
 """``manage.py demo``: demo users, pools and classes. Safe to re-run (updates in place)."""
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from apps.resources.models import ResourceClass, ResourcePool
@@ -97,18 +98,28 @@ DEMO_POOLS = [
 class Command(BaseCommand):
     help = "Create or update the demo users, pools and classes."
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--force", action="store_true", help="Run even with DEBUG off (it creates accounts with known passwords)."
+        )
+
     @transaction.atomic
-    def handle(self, *args, **options):
+    def handle(self, *args, force=False, **options):
+        if not settings.DEBUG and not force:
+            raise CommandError(
+                "demo creates accounts with well-known passwords: it runs with DEBUG=true (make run) or --force."
+            )
         User = get_user_model()
         users = {}
         for username, password, staff in DEMO_USERS:
             user, created = User.objects.get_or_create(username=username)
-            user.is_staff = staff
-            user.is_superuser = staff
-            user.set_password(password)
-            user.save()
+            if created:  # an existing account keeps its password and rights
+                user.is_staff = staff
+                user.is_superuser = staff
+                user.set_password(password)
+                user.save()
             users[username] = user
-            self.stdout.write(f"{'created' if created else 'updated'} user {username}")
+            self.stdout.write(f"{'created' if created else 'kept existing'} user {username}")
         qpu_users, _ = Group.objects.get_or_create(name="qpu-users")
         qpu_users.user_set.add(users["alice"])
 
