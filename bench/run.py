@@ -1,6 +1,7 @@
-"""Run every bench/*.py script in turn (each prints its figure and ratio)."""
+"""Run every bench/*.py script in turn, each in its own process (each prints its figure and
+ratio). Exits non-zero if any benchmark crashed."""
 
-import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,15 +9,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    sys.path.insert(0, str(HERE.parent))
     scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run.py" and not p.name.startswith("_"))
-    if not scripts:
-        print("no benchmarks yet")
-        return 0
+    failed = []
     for script in scripts:
-        print(f"== {script.name}")
-        runpy.run_path(str(script), run_name="__main__")
-    return 0
+        print(f"== {script.name}", flush=True)
+        if subprocess.run([sys.executable, str(script)], cwd=HERE.parent).returncode:
+            failed.append(script.name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
