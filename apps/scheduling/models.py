@@ -120,6 +120,8 @@ class Job(models.Model):
             models.Index(
                 fields=["session"], condition=Q(status__in=["pending", "running"]), name="jobs_unfinished_session"
             ),
+            # Lists: staff see all jobs, newest first.
+            models.Index(fields=["-created_at", "-id"], name="jobs_created"),
             # Lists: own jobs, newest first.
             models.Index(fields=["user", "-created_at", "-id"], name="jobs_user_created"),
         ]

@@ -1,6 +1,5 @@
 """Read-side helpers: device load and why a job waits (R-JOB-4)."""
 
-import math
 from collections import defaultdict
 
 from django.db import connection
@@ -41,7 +40,17 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
         devices[device.pool_id].append(device)
     pools = {j.pool_id: j.pool for j in pending}
 
-    ranks = _ranks(pool_ids, [j.pk for j in pending])
+    fifo_pools = {p for p in pool_ids if pools[p].strategy == "fifo"}
+    in_session = _ranks(
+        Job.objects.filter(session_id__in={j.session_id for j in pending}), "session_id", [j.pk for j in pending]
+    )
+    in_pool = (
+        _ranks(
+            Job.objects.filter(pool_id__in=fifo_pools), "pool_id", [j.pk for j in pending if j.pool_id in fifo_pools]
+        )
+        if fifo_pools
+        else {}
+    )
 
     fair_pools = [p for p in pool_ids if pools[p].strategy != "fifo"]
     sessions = defaultdict(list)
@@ -55,6 +64,7 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
             sessions[row["pool_id"]].append(row)
 
     info = {}
+    queues: dict[int, _FairQueue] = {}
     for job in pending:
         pool = pools[job.pool_id]
         online = devices.get(job.pool_id, [])
@@ -66,54 +76,65 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
             reason = BUSY
         else:
             reason = TURN
-        in_session, in_pool = ranks.get(job.pk, (1, 1))
         if pool.strategy == "fifo":
-            position = in_pool
+            position = in_pool.get(job.pk, 1)
         else:
-            position = _fair_position(job, in_session - 1, sessions[job.pool_id])
+            if job.pool_id not in queues:
+                queues[job.pool_id] = _FairQueue(sessions[job.pool_id])
+            position = queues[job.pool_id].position(job.session_id, in_session.get(job.pk, 1) - 1)
         info[job.pk] = (reason, position)
     return info
 
 
-def _ranks(pool_ids, job_ids) -> dict[int, tuple[int, int]]:
-    """``{job id: (rank in its session, rank in its pool)}`` among *all* pending jobs of the pools.
+def _ranks(jobs, partition: str, job_ids) -> dict[int, int]:
+    """``{job id: rank}`` by (created_at, id) among *all* pending ``jobs`` of each ``partition``.
 
     The row numbers must be computed over every pending job before picking the listed ones: a
     WHERE on the ids inside the same query would number only the listed jobs. Hence the derived
-    table (the ORM applies non-window filters inside the windowed query).
+    table (the ORM applies non-window filters inside the windowed query). Callers keep the
+    ranked set small: the listed jobs' sessions, or the FIFO pools only.
     """
+    if not job_ids:
+        return {}
     ranked = (
-        Job.objects.filter(pool_id__in=pool_ids, status=JobStatus.PENDING)
-        .annotate(
-            in_session=Window(RowNumber(), partition_by=[F("session_id")], order_by=[F("created_at"), F("id")]),
-            in_pool=Window(RowNumber(), partition_by=[F("pool_id")], order_by=[F("created_at"), F("id")]),
-        )
-        .values_list("id", "in_session", "in_pool")
+        jobs.filter(status=JobStatus.PENDING)
+        .annotate(rank=Window(RowNumber(), partition_by=[F(partition)], order_by=[F("created_at"), F("id")]))
+        .values_list("id", "rank")
     )
     sql, params = ranked.query.sql_with_params()
     placeholders = ", ".join(["%s"] * len(job_ids))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT ranked.id, ranked.in_session, ranked.in_pool FROM ({sql}) ranked "  # noqa: S608 - placeholders only
-            f"WHERE ranked.id IN ({placeholders})",
+            f"SELECT ranked.id, ranked.rank FROM ({sql}) ranked WHERE ranked.id IN ({placeholders})",  # noqa: S608
             [*params, *job_ids],
         )
-        return {job_id: (in_session, in_pool) for job_id, in_session, in_pool in cursor.fetchall()}
+        return dict(cursor.fetchall())
 
 
-def _fair_position(job, index: int, sessions: list[dict]) -> int:
-    own = next((s for s in sessions if s["id"] == job.session_id), None)
-    if own is None:
-        return 1
-    tag = own["vruntime"] + index / own["slots"]
-    own_key = (own["created_at"], own["id"])
-    ahead = 0
-    for other in sessions:
-        if other["id"] == own["id"]:
-            ahead += index
-            continue
-        # Jobs of `other` reached before ours: tags below ours, or equal with an older session.
-        span = (tag - other["vruntime"]) * other["slots"]
-        before = math.ceil(span) if (other["created_at"], other["id"]) > own_key else math.floor(span) + 1
-        ahead += max(0, min(other["pending"], before))
-    return ahead + 1
+class _FairQueue:
+    """The runnable sessions of one pool as arrays, to place many jobs in the weighted order
+    without a Python loop over every session per job (numpy comes with pulser)."""
+
+    def __init__(self, sessions: list[dict]):
+        import numpy as np
+
+        self.np = np
+        ordered = sorted(sessions, key=lambda row: (row["created_at"], row["id"]))  # the tie-break order
+        self.index = {row["id"]: i for i, row in enumerate(ordered)}
+        self.vruntime = np.array([row["vruntime"] for row in ordered], dtype=float)
+        self.slots = np.array([row["slots"] for row in ordered], dtype=float)
+        self.pending = np.array([row["pending"] for row in ordered], dtype=float)
+
+    def position(self, session_id, index: int) -> int:
+        """1 + the jobs the weighted scheduler reaches before the session's ``index``-th job."""
+        np = self.np
+        own = self.index.get(session_id)
+        if own is None:
+            return 1
+        tag = self.vruntime[own] + index / self.slots[own]
+        # Jobs of other sessions with a smaller tag, or an equal tag in an older session.
+        span = (tag - self.vruntime) * self.slots
+        before = np.where(np.arange(len(span)) < own, np.floor(span) + 1, np.ceil(span))
+        ahead = np.clip(np.minimum(self.pending, before), 0, None)
+        ahead[own] = index
+        return int(ahead.sum()) + 1

@@ -96,6 +96,8 @@ class Session(models.Model):
                 condition=Q(status="active"),
                 name="sessions_active_vruntime",
             ),
+            # Lists: staff and service principals see all sessions, newest first.
+            models.Index(fields=["-created_at", "id"], name="sessions_created"),
             # Lists: own sessions, newest first.
             models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
         ]
