@@ -365,5 +365,5 @@ def case_refresh(request, pk):
     except APIException as exc:
         _refused(request, exc, "Refresh")
     else:
-        messages.info(request, "Case refreshed from the backend.")
+        messages.info(request, "Refresh requested: a worker is asking the backend now.")
     return redirect("web:case-detail", pk=case.pk)

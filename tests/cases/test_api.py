@@ -145,7 +145,10 @@ def test_r_case_7_path_traversal_is_refused(api, owner, local_pool):
     case_id = create(client, local_pool.classes.get()).json()["id"]
     for path in ["../../../../etc/passwd", "..%2F..%2F..%2Fetc%2Fpasswd", "inputs/../../x", "%2Fetc%2Fpasswd"]:
         response = client.get(f"/api/v1/cases/{case_id}/files/{path}")
-        assert response.status_code in (400, 404), path
+        # Every one of these matches the download route: refused by the confinement check, 400
+        # (a 404 would also pass for a route that never reached the check at all).
+        assert response.status_code == 400, path
+        assert "R-CASE-7" in response.json()["path"][0], path
         assert b"root:" not in b"".join(getattr(response, "streaming_content", [response.content]))
 
 
@@ -212,18 +215,21 @@ def test_inputs_only_while_prepared(api, owner, local_pool):
     assert late.status_code == 409 and late.json()["status"] == "pending"
 
 
-def test_refresh_is_throttled_per_case(api, owner, local_pool, settings):
+def test_refresh_is_throttled_per_case_and_never_polls_in_the_request(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-2: a refresh enqueues the passes for a worker and answers the recorded state."""
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
+    sent = []
+    monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append([str(i) for i in ids]))
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
-    polls = FakeBackend.calls.get("poll", 0)
     first = client.post(f"/api/v1/cases/{case_id}/refresh/")
-    assert first.status_code == 200
-    assert FakeBackend.calls["poll"] == polls + 1
+    assert first.status_code == 200 and first.json()["status"] == "pending"
+    assert "poll" not in FakeBackend.calls and "sync" not in FakeBackend.calls
+    assert sent == [[case_id]]
     second = client.post(f"/api/v1/cases/{case_id}/refresh/")
     assert second.status_code == 429
-    assert FakeBackend.calls["poll"] == polls + 1
+    assert sent == [[case_id]]
 
 
 def test_failed_submit_through_the_api_reports_failed(api, owner, local_pool):

@@ -427,7 +427,7 @@ def test_refresh_is_throttled_in_words(web, settings, cases_root, owner, local_p
     case = _case(owner, local_pool)
     case_services.launch_case(case)
     client = web(owner)
-    assert "Case refreshed" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
+    assert "Refresh requested" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
     assert (
         "Refresh refused (429)"
         in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
