@@ -100,6 +100,18 @@ def test_staff_see_every_case(api, owner, staff, local_pool):
     assert api(staff).get("/api/v1/cases/").json()["count"] == 1
 
 
+def test_staff_cannot_launch_or_upload_into_another_users_case(api, owner, staff, local_pool):
+    """SPEC §7: launch and inputs are owner-only (staff may cancel or refresh, not act as owner)."""
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    client = api(staff)
+    upload = {"inputs": [SimpleUploadedFile("m.txt", b"1")]}
+    assert client.post(f"/api/v1/cases/{case_id}/inputs/", upload, format="multipart").status_code == 403
+    assert client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").status_code == 403
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+    assert list((workspace.case_dir(case_id) / "inputs").iterdir()) == []
+
+
 def test_launch_run_and_fetch_result_through_the_api(api, owner, local_pool):
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
