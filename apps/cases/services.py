@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 from datetime import timedelta
@@ -17,7 +16,7 @@ from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from apps.backends.base import AlreadyFinished, BackendError, JobRef, LeaseLost, SubmitSpec, SubmitUncertain
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
-from apps.backends.remote_common import scrub
+from apps.backends.remote_common import scrub_for_pool
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
@@ -117,16 +116,9 @@ def add_inputs(case: Case, uploads) -> list[str]:
 
 
 # -- credentials (R-BACK-1) ------------------------------------------------------------------------
-def pool_secrets(pool) -> list[str]:
-    """The values of the credentials a pool's ``remote`` names (``*_env`` keys), to scrub from
-    any text that may reach a user, a log line or the database."""
-    remote = (pool.remote if pool is not None else None) or {}
-    names = [value for key, value in remote.items() if key.endswith("_env") and isinstance(value, str)]
-    return [os.environ[name] for name in names if os.environ.get(name)]
-
-
 def scrub_for(pool, text: str) -> str:
-    return scrub(text, pool_secrets(pool))
+    """Error text without the values of the pool's credentials, before it is stored or shown."""
+    return scrub_for_pool(pool, text)
 
 
 # -- launch (R-CASE-1) -----------------------------------------------------------------------------

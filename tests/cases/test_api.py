@@ -312,6 +312,20 @@ def test_r_back_2_healthy_launch_options_are_cached(api, member, local_pool):
     assert len(calls) == 1
 
 
+def test_r_back_1_a_secret_in_a_launch_options_error_is_not_returned(api, member, local_pool, monkeypatch):
+    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
+    local_pool.remote = {"token_env": "GG_TEST_TOKEN"}
+    local_pool.save(update_fields=["remote"])
+
+    def leaky(self, pool):
+        raise ConnectionError("refused: Authorization s3cr3t-token-value")
+
+    monkeypatch.setattr(FakeBackend, "launch_options", leaky)
+    response = api(member).get(f"/api/v1/resource-classes/{local_pool.classes.get().pk}/launch-options/")
+    assert response.status_code == 200 and response.json()["degraded"] is True
+    assert b"s3cr3t-token-value" not in response.content and "***" in response.json()["message"]
+
+
 def test_r_back_2_degraded_launch_options_are_not_cached(api, member, local_pool, monkeypatch):
     calls = []
 
