@@ -1,5 +1,8 @@
 """The local backend with real subprocesses."""
 
+import os
+import signal
+
 import pytest
 
 from apps.backends.local import LocalBackend, run_dir
@@ -8,6 +11,14 @@ from apps.cases.models import CaseStatus
 from tests.backends.conftest import wait_for_terminal, wait_until
 
 pytestmark = pytest.mark.django_db
+
+
+def _kill(case):
+    """Stop a case's process group whatever the test's outcome (idempotent)."""
+    try:
+        os.killpg(int(case.remote_id.split(":", 1)[1]), signal.SIGKILL)
+    except (ProcessLookupError, ValueError, IndexError, PermissionError):
+        pass
 
 
 def with_input(case, name, data: bytes):
@@ -56,12 +67,13 @@ def test_exit_status_on_disk_survives_a_worker_restart(make_case):
     assert state.status == "succeeded"
 
 
-def test_progress_marker_is_synced_into_live_and_read_while_running(make_case):
+def test_progress_marker_is_synced_into_live_and_read_while_running(make_case, request):
     case = services.launch_case(
         make_case(
             command="echo 0.25 > .gridgate/progress; echo partial > run.log; sleep 30", observability_globs=["*.log"]
         )
     )
+    request.addfinalizer(lambda: _kill(case))  # an assertion failing below must not leave it running
     rdir = run_dir(workspace.case_dir(case.id))
     wait_until((rdir / "work" / "run.log").exists, what="the command's first output")
     passes.poll_pass(case_ids=[case.id])

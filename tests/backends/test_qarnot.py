@@ -121,8 +121,9 @@ def test_cancel_of_a_task_that_already_finished_answers_409_with_the_real_state(
         qb.QarnotBackend().cancel(passes.job_ref(case))
 
 
-def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double):
+def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double, request):
     case = launch(make_case, q_pool, "sleep 30")
+    request.addfinalizer(double.reap)  # the sleep must not outlive the test
     double.wait_state(case.remote_id, ("FullyExecuting",))
     case = services.cancel_case(case)
     assert case.status == CaseStatus.CANCELLED

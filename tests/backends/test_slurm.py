@@ -141,8 +141,9 @@ def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     assert "bad mesh" in (workspace.case_dir(case.id) / "stderr.log").read_text()
 
 
-def test_scancel_ends_cancelled(slurm_pool, make_case):
+def test_scancel_ends_cancelled(slurm_pool, make_case, request):
     case = services.launch_case(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
+    request.addfinalizer(lambda: subprocess.run(["scancel", case.remote_id], capture_output=True, check=False))
     deadline = time.monotonic() + 60
     while case.status != CaseStatus.RUNNING and time.monotonic() < deadline:
         passes.poll_pass(case_ids=[case.id])

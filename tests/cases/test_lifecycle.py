@@ -210,10 +210,31 @@ def test_r_case_5_progress_is_never_read_from_a_stale_synced_marker(make_case, f
     case = drive(case)
     assert case.status == CaseStatus.DONE and case.progress == 1.0
     # The stale copy is still in live/: later passes and refreshes never bring it back.
+    assert (workspace.case_dir(case.id) / "live" / ".gridgate" / "progress").read_text() == "0.4"
     passes.sync_pass(case_ids=[case.id])
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.progress == 1.0
+
+
+def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progress(make_case, fake, monkeypatch):
+    """The sync pass read the marker (0.4) of a running case while a poll finalized it: the
+    write-back must not replace the final progress (1) with the stale marker."""
+    case = services.launch_case(make_case())
+    drive(case, max_passes=2, until=CaseStatus.RUNNING)
+    fake.set_progress_marker(case.remote_id, "0.4")
+    original = FakeBackend.sync
+
+    def sync_while_the_poll_finalizes(self, job_ref, globs):
+        original(self, job_ref, globs)
+        Case.objects.filter(pk=case.pk).update(status=CaseStatus.DONE, progress=1.0, results_fetched=True)
+
+    monkeypatch.setattr(FakeBackend, "sync", sync_while_the_poll_finalizes)
+    report = passes.sync_pass(case_ids=[case.id])
+    assert report.claimed == 1 and report.skipped == 1
+    assert (workspace.case_dir(case.id) / "live" / ".gridgate" / "progress").read_text() == "0.4"
+    case.refresh_from_db()
+    assert case.status == CaseStatus.DONE and case.progress == 1.0
 
 
 def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
