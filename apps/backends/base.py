@@ -9,6 +9,7 @@ a provider's vocabulary: the core passes ``launch_options`` through unread and u
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,19 @@ class SubmitSpec:
     launch_options: dict[str, Any]
     observability_globs: list[str]
     shared_dir: Path | None = None
+    #: set by the core: renews the launch lease. A backend whose submission takes long (uploads)
+    #: calls :meth:`heartbeat` between steps, so no other worker takes the launch over and
+    #: submits a second job (R-CASE-1). Raises :class:`LeaseLost` when the launch is no longer
+    #: ours: the backend stops there, before submitting anything.
+    keepalive: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def inputs_dir(self) -> Path:
         return self.workspace / "inputs"
+
+    def heartbeat(self) -> None:
+        if self.keepalive is not None:
+            self.keepalive()
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,11 @@ class SubmitUncertain(BackendError):
     is not listed yet). The core keeps the case prepared and retries the launch later; the retry
     looks the job up by name first (``find``), so it adopts the job instead of creating a second
     one (R-CASE-1)."""
+
+
+class LeaseLost(BackendError):
+    """The launch lease was taken over (it expired, or the case was cancelled) while this worker
+    was preparing the submission: it must stop without submitting."""
 
 
 class AlreadyFinished(BackendError):

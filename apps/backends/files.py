@@ -18,6 +18,10 @@ from pathlib import Path
 from apps.backends.base import BackendError
 
 PROGRESS_FILE = ".gridgate/progress"
+#: the only worker environment variables a case command inherits (R-BACK-1: the worker's
+#: environment holds provider tokens, SECRET_KEY, DATABASE_URL… and none of it may reach a case).
+INHERITED_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: top-level names of a working directory that are never results: the campaign's shared inputs
 #: (R-CASE-6 of campaigns: never downloaded back) and Gridgate's own control files.
 NOT_RESULTS = ("shared", ".gridgate")
@@ -114,12 +118,29 @@ def sync_live(work: Path, live: Path, globs: list[str]) -> list[str]:
     return copied
 
 
-def read_delta(source: Path, already: Path) -> str:
+def base_environment(names=INHERITED_ENVIRONMENT) -> dict[str, str]:
+    """The harmless part of the worker's environment (never a credential, R-BACK-1)."""
+    env = {name: os.environ[name] for name in names if os.environ.get(name)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
+def case_environment(spec) -> dict[str, str]:
+    """A case command's whole environment: :func:`base_environment`, the launch specification's
+    environment and ``GRIDGATE_CASE_ID``; nothing else from the worker."""
+    env = base_environment()
+    env.update({str(name): str(value) for name, value in (spec.environment or {}).items()})
+    env["GRIDGATE_CASE_ID"] = spec.case_id
+    return env
+
+
+def read_delta(source: Path, already: Path, *, limit: int | None = 4 << 20) -> str:
     """Bytes of ``source`` past the size of ``already`` (the workspace log the core appends to).
 
     The offset lives on disk, not in memory, so a restarted worker resumes exactly where the
     last one stopped. ``surrogateescape`` round-trips bytes that are not UTF-8 (and a character
-    cut at the boundary) unchanged.
+    cut at the boundary) unchanged. ``limit`` bounds one read (a chatty job is caught up over
+    several polls); ``None`` drains everything, for the last poll of a finished job (R-CASE-5).
     """
     try:
         offset = already.stat().st_size
@@ -128,7 +149,7 @@ def read_delta(source: Path, already: Path) -> str:
     try:
         with source.open("rb") as handle:
             handle.seek(offset)
-            data = handle.read(4 << 20)  # bounded: a chatty job is caught up over several polls
+            data = handle.read() if limit is None else handle.read(limit)
     except FileNotFoundError:
         return ""
     return data.decode("utf-8", "surrogateescape")

@@ -286,12 +286,14 @@ class FirecrestBackend(ExecutionBackend):
         lines.append(spec.command)
         return "\n".join(lines) + "\n"
 
-    def _upload_tree(self, session: Session, local_root: Path, remote_root: str) -> dict[str, list]:
+    def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat=None) -> dict[str, list]:
         """Upload every regular file under ``local_root``; returns {rel: [size, sha256]}."""
         manifest = {}
         made = {remote_root}
         account = session.remote.get("account")
         for rel, path in files.walk_files(local_root):
+            if heartbeat is not None:
+                heartbeat()  # renew the launch lease between uploads (R-CASE-1)
             directory = posixpath.join(remote_root, posixpath.dirname(rel)) if "/" in rel else remote_root
             if directory not in made:
                 session.call(f"mkdir {directory}", "mkdir", session.system, directory, create_parents=True)
@@ -310,7 +312,7 @@ class FirecrestBackend(ExecutionBackend):
             manifest[rel] = [path.stat().st_size, files._hash(path)]
         return manifest
 
-    def _upload_shared(self, session: Session, shared_dir: Path) -> str:
+    def _upload_shared(self, session: Session, shared_dir: Path, heartbeat=None) -> str:
         """A campaign's shared inputs, uploaded once per campaign (a marker says it is complete)."""
         campaign_root = posixpath.join(session.working_root, "campaigns", shared_dir.parent.name)
         target = posixpath.join(campaign_root, "shared")
@@ -322,7 +324,7 @@ class FirecrestBackend(ExecutionBackend):
             if exc.status != 404:
                 raise
         session.call(f"mkdir {target}", "mkdir", session.system, target, create_parents=True)
-        self._upload_tree(session, shared_dir, target)
+        self._upload_tree(session, shared_dir, target, heartbeat)
         session.call(
             "upload of the shared-inputs marker", "upload", session.system, _bytes_io(b"ok\n"), campaign_root,
             ".gridgate-complete", file_size=3,
@@ -337,15 +339,16 @@ class FirecrestBackend(ExecutionBackend):
         work = posixpath.join(rdir, "work")
         script = self.job_script(spec, rdir)  # validates launch options before anything is sent
         session.call(f"mkdir {work}", "mkdir", session.system, posixpath.join(work, ".gridgate"), create_parents=True)
-        manifest = self._upload_tree(session, spec.inputs_dir, work)
+        manifest = self._upload_tree(session, spec.inputs_dir, work, spec.heartbeat)
         if spec.shared_dir is not None and spec.shared_dir.is_dir():
-            target = self._upload_shared(session, spec.shared_dir)
+            target = self._upload_shared(session, spec.shared_dir, spec.heartbeat)
             try:
                 session.call("link of shared/", "symlink", session.system, target, posixpath.join(work, "shared"))
             except ProviderError as exc:
                 if exc.status not in (400, 409):  # already linked by an earlier attempt
                     raise
         _save_state(spec.workspace, "manifest.json", manifest)
+        spec.heartbeat()  # last check that the launch is still ours before the job exists
         try:
             answer = session.call("job submission", "submit", session.system, working_dir=work, script_str=script)
         except ProviderError as exc:

@@ -86,9 +86,8 @@ class LocalBackend(ExecutionBackend):
             raise BackendError(f"cannot prepare the working directory: {exc}") from None
         wrapper = rdir / "wrapper.sh"
         wrapper.write_text(WRAPPER)
-        env = dict(os.environ)
-        env.update(spec.environment)
-        env["GRIDGATE_CASE_ID"] = spec.case_id
+        # R-BACK-1: never the worker's environment (tokens, SECRET_KEY, DATABASE_URL…).
+        env = files.case_environment(spec)
         try:
             process = subprocess.Popen(
                 ["/bin/sh", str(wrapper), str(rdir), spec.command],
@@ -115,9 +114,9 @@ class LocalBackend(ExecutionBackend):
     def poll(self, job: JobRef) -> BackendState:
         rdir = run_dir(job.workspace)
         pid = self._pid(job)
-        stdout = files.read_delta(rdir / "stdout", job.workspace / "stdout.log")
-        stderr = files.read_delta(rdir / "stderr", job.workspace / "stderr.log")
         cores = 1
+        # The status is decided before the output is read: a command that ends between the two
+        # reads would otherwise be finalized without the output it wrote last (R-CASE-5).
         if (rdir / "cancelled").exists():
             status, message = BackendStatus.CANCELLED, "cancelled"
         elif (rdir / "exit_status").exists():
@@ -131,6 +130,11 @@ class LocalBackend(ExecutionBackend):
         else:
             # Gone without writing its status: killed from outside or the host rebooted.
             status, message = BackendStatus.FAILED, "the process disappeared without an exit status"
+        # A finished command writes nothing more: drain its output now, whatever its size (the
+        # case is finalized on this answer and never polled again).
+        limit = None if status in BackendStatus.TERMINAL else 4 << 20
+        stdout = files.read_delta(rdir / "stdout", job.workspace / "stdout.log", limit=limit)
+        stderr = files.read_delta(rdir / "stderr", job.workspace / "stderr.log", limit=limit)
         started = (rdir / "pid").stat().st_mtime if (rdir / "pid").exists() else None
         ended = (rdir / "exit_status").stat().st_mtime if (rdir / "exit_status").exists() else None
         execution_time = None

@@ -30,10 +30,12 @@ Quirks this module absorbs so the core never sees them (each was met on a real a
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import math
+import re
 import shlex
 import threading
 from contextlib import contextmanager
@@ -336,12 +338,14 @@ class QarnotBackend(ExecutionBackend):
             )
         return {"inputs": inputs, "shared": shared, "shared_bucket": shared_bucket, "bytes": total}
 
-    def _upload(self, session: Session, bucket: str, entries, prefix: str = "") -> dict[str, str]:
+    def _upload(self, session: Session, bucket: str, entries, prefix: str = "", heartbeat=None) -> dict[str, str]:
         """Upload files; returns {key: md5} (S3's ETag of a single-part upload)."""
         with session.guard(f"creation of bucket {bucket}"):
             session.conn.create_bucket(bucket)
         md5s = {}
         for rel, path in entries:
+            if heartbeat is not None:
+                heartbeat()  # renew the launch lease between uploads (R-CASE-1)
             key = prefix + rel
             with session.guard(f"upload of {key}"):
                 # A full quota surfaces here as a botocore ClientError: reported, and the case fails
@@ -359,11 +363,11 @@ class QarnotBackend(ExecutionBackend):
         plan = self.plan(session, spec)
         constraints = self._constraints(session, spec)
         in_name, out_name = bucket_names(spec.case_id)
-        manifest = self._upload(session, in_name, plan["inputs"])
+        manifest = self._upload(session, in_name, plan["inputs"], heartbeat=spec.heartbeat)
         resources = [in_name]
         if plan["shared_bucket"]:
             if plan["shared"]:
-                self._upload(session, plan["shared_bucket"], plan["shared"], prefix="shared/")
+                self._upload(session, plan["shared_bucket"], plan["shared"], prefix="shared/", heartbeat=spec.heartbeat)
                 with session.guard("shared-inputs marker"):
                     session.s3.put_object(Bucket=plan["shared_bucket"], Key=SHARED_MARKER, Body=b"ok\n")
             resources.append(plan["shared_bucket"])
@@ -386,27 +390,50 @@ class QarnotBackend(ExecutionBackend):
             task.constants = constants
             task.resources = [session.conn.retrieve_bucket(name) for name in resources]
             task.results = session.conn.retrieve_bucket(out_name)
-            task.results_blacklist = "^shared/"  # shared inputs never come back with results
+            # Shared inputs (and their completeness marker) never come back with results.
+            task.results_blacklist = f"^(shared/|{re.escape(SHARED_MARKER)}$)"
             task.hardware_constraints = constraints
             if scheduling is not None:
                 task.scheduling_type = scheduling
             # Must be set before submit: the periodic snapshot filter below does not stick otherwise.
             task.snapshot_whitelist = regex
+        spec.heartbeat()  # last check that the launch is still ours before the task exists
+        # The SDK retries a POST that answered 429/5xx: for POST /tasks a retry can create a
+        # second task (the first request may have created one before failing). Submit through a
+        # copy of the connection with retries off, and record the answer's status.
+        submit_conn = copy.copy(session.conn)
+        submit_conn._retry_count = 0
+        answered: list[int] = []
+        post = submit_conn._post
+
+        def recording_post(url, json=None, **kwargs):
+            response = post(url, json=json, **kwargs)
+            answered.append(response.status_code)
+            return response
+
+        submit_conn._post = recording_post
+        task._connection = submit_conn
         try:
-            with session.guard("task submission"):
+            try:
                 task.submit()
-        except BackendError as exc:
-            if "timeout" not in str(exc) and "cannot connect" not in str(exc):
-                raise
+            finally:
+                task._connection = session.conn
+        except Exception as exc:
+            status = answered[0] if answered else None
+            error = scrub(f"Qarnot task submission failed: {describe(exc)}", session.secrets)
+            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
+            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
+            if status is not None and 400 <= status < 500 and status != 429:
+                raise BackendError(error) from None
             found = None
             try:
-                found = self._find(session, spec.case_id)
+                found = task.uuid or self._find(session, spec.case_id)
             except BackendError:
                 pass
             if found:
-                logger.info("case %s: submission timed out; adopted task %s", spec.case_id, found)
+                logger.info("case %s: uncertain submission (%s); adopted task %s", spec.case_id, error, found)
                 return found
-            raise SubmitUncertain(f"{exc}; the task is not listed (yet): the launch will be retried") from None
+            raise SubmitUncertain(f"{error}; the task is not listed (yet): the launch will be retried") from None
         try:
             with session.guard("periodic snapshot"):
                 # After submit, with the whitelist passed explicitly: called before submit the SDK
@@ -490,7 +517,7 @@ class QarnotBackend(ExecutionBackend):
         results.mkdir(parents=True, exist_ok=True)
         for item in self._objects(session, out_name):
             key = safe_relative(item.get("Key", ""))
-            if key is None or key.split("/", 1)[0] in files.NOT_RESULTS:
+            if key is None or key.split("/", 1)[0] in files.NOT_RESULTS or key == SHARED_MARKER:
                 continue
             if manifest.get(key) and manifest[key] == str(item.get("ETag", "")).strip('"'):
                 continue  # an input returned unchanged is not a result

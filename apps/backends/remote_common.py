@@ -35,6 +35,19 @@ def env_secret(name: str, what: str) -> str:
     return value
 
 
+def pool_secrets(pool) -> list[str]:
+    """The values of the credentials a pool's ``remote`` names (its ``*_env`` keys), for
+    :func:`scrub`. Never stored or shown: read from the environment at the moment of use."""
+    remote = (getattr(pool, "remote", None) if pool is not None else None) or {}
+    names = [value for key, value in remote.items() if key.endswith("_env") and isinstance(value, str)]
+    return [os.environ[name] for name in names if os.environ.get(name)]
+
+
+def scrub_for_pool(pool, text) -> str:
+    """``text`` without the values of ``pool``'s credentials (R-BACK-1)."""
+    return scrub(str(text), pool_secrets(pool))
+
+
 def scrub(text: str, secrets: list[str]) -> str:
     """``text`` with every credential value replaced by ``***`` (R-BACK-1)."""
     out = str(text)

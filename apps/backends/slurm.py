@@ -41,6 +41,7 @@ from apps.backends.base import (
     LaunchOption,
     LaunchOptions,
     SubmitSpec,
+    SubmitUncertain,
 )
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
@@ -71,6 +72,13 @@ STATES = {
     "REVOKED": BackendStatus.FAILED,
     "CANCELLED": BackendStatus.CANCELLED,
 }
+
+#: how far back ``sacct`` looks: without ``-S`` it starts at midnight today, so a job submitted
+#: yesterday would be missed by the lookup by name (and submitted again) or by the poll.
+SACCT_START = "now-30days"
+#: worker variables the Slurm client commands may need (configuration location only); the rest of
+#: the worker's environment (credentials, R-BACK-1) never reaches ``sbatch`` or the job.
+SLURM_CLIENT_ENVIRONMENT = ("SLURM_CONF",)
 
 TIME_CHOICES = [("00:10:00", "10 minutes"), ("01:00:00", "1 hour"), ("04:00:00", "4 hours"), ("1-00:00:00", "1 day")]
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+-]{1,64}$")
@@ -108,13 +116,19 @@ def _int(text: str) -> int | None:
         return None
 
 
-def run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+def client_environment() -> dict[str, str]:
+    return files.base_environment(files.INHERITED_ENVIRONMENT + SLURM_CLIENT_ENVIRONMENT)
+
+
+def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=TIMEOUT, check=False, env=client_environment()
+        )
     except FileNotFoundError:
         raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
-        raise BackendError(f"{args[0]} did not answer within {TIMEOUT} s") from None
+        raise timeout_error(f"{args[0]} did not answer within {TIMEOUT} s") from None
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         raise BackendError(f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}")
@@ -135,7 +149,10 @@ class SlurmBackend(ExecutionBackend):
         live = run(["squeue", "-h", "-t", "all", f"--name={spec.case_id}", "-o", "%i|%j"]).stdout
         ids = [line.split("|")[0] for line in live.splitlines() if line.endswith(f"|{spec.case_id}")]
         if not ids:
-            done = run(["sacct", "-c", f"--name={spec.case_id}", "-n", "-P", "-o", "jobid,jobname"], check=False)
+            done = run(
+                ["sacct", "-c", "-S", SACCT_START, f"--name={spec.case_id}", "-n", "-P", "-o", "jobid,jobname"],
+                check=False,
+            )
             ids = [line.split("|")[0] for line in done.stdout.splitlines() if line.endswith(f"|{spec.case_id}")]
         ids = [i for i in ids if i.isdigit()]
         return max(ids, key=int) if ids else None
@@ -159,10 +176,14 @@ class SlurmBackend(ExecutionBackend):
             f"#SBATCH --output={rdir}/stdout",
             f"#SBATCH --error={rdir}/stderr",
             f"#SBATCH --chdir={rdir}/work",
+            # R-BACK-1: the job gets none of the submitter's environment, only what is exported
+            # below (the harmless basics, the launch specification's environment, the case id).
+            "#SBATCH --export=NONE",
         ]
         lines += [f"#SBATCH {directive}" for directive in self._directives(spec)]
-        lines.append(f"export GRIDGATE_CASE_ID={spec.case_id}")
-        for name, value in sorted(spec.environment.items()):
+        for name, value in sorted(files.case_environment(spec).items()):
+            if name == "TMPDIR":
+                continue  # the worker's scratch directory means nothing on a compute node
             lines.append(f"export {name}={_shell_quote(value)}")
         lines.append(spec.command)
         return "\n".join(lines) + "\n"
@@ -180,7 +201,9 @@ class SlurmBackend(ExecutionBackend):
             script.write_text(self.job_script(spec, rdir))
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
-        out = run(["sbatch", "--parsable", str(script)]).stdout.strip()
+        # A timed-out sbatch may have queued the job: uncertain, never a failure (the retry
+        # looks the job up by name first, R-CASE-1).
+        out = run(["sbatch", "--parsable", str(script)], timeout_error=SubmitUncertain).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out!r} instead of a job id")
@@ -201,7 +224,18 @@ class SlurmBackend(ExecutionBackend):
 
     def _sacct(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
         proc = run(
-            ["sacct", "-c", "-j", ",".join(ids), "-n", "-P", "-o", "jobid,jobname,state,exitcode,elapsed,ncpus"],
+            [
+                "sacct",
+                "-c",
+                "-S",
+                SACCT_START,
+                "-j",
+                ",".join(ids),
+                "-n",
+                "-P",
+                "-o",
+                "jobid,jobname,state,exitcode,elapsed,ncpus",
+            ],
             check=False,
         )
         out = {}
@@ -246,6 +280,8 @@ class SlurmBackend(ExecutionBackend):
                 continue
             status = map_state(raw)
             message = ""
+            # A finished job writes nothing more: drain its output (it is finalized on this answer).
+            limit = None if status in BackendStatus.TERMINAL else 4 << 20
             if status == BackendStatus.FAILED and not exit_code:
                 exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
             if status == BackendStatus.FAILED:
@@ -254,8 +290,8 @@ class SlurmBackend(ExecutionBackend):
                 )
             out[job.remote_id] = BackendState(
                 status=status,
-                stdout_delta=files.read_delta(rdir / "stdout", job.workspace / "stdout.log"),
-                stderr_delta=files.read_delta(rdir / "stderr", job.workspace / "stderr.log"),
+                stdout_delta=files.read_delta(rdir / "stdout", job.workspace / "stdout.log", limit=limit),
+                stderr_delta=files.read_delta(rdir / "stderr", job.workspace / "stderr.log", limit=limit),
                 execution_time=elapsed,
                 cores=cores,
                 message=message,

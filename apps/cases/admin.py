@@ -3,7 +3,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from apps.cases import services, workspace
-from apps.cases.models import Campaign, Case, CaseEvent
+from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent
 
 
 class CaseEventInline(admin.TabularInline):
@@ -113,12 +113,23 @@ class CampaignAdmin(admin.ModelAdmin):
     list_select_related = ["owner"]
     readonly_fields = ["id", "created_at"]
 
-    def delete_model(self, request, obj):
-        try:
-            services.delete_campaign(obj)
-        except Exception as exc:
-            self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+    def has_delete_permission(self, request, obj=None):
+        """Deleting a campaign is refused while it has unfinished cases (SPEC §6): the delete page
+        answers 403 instead of swallowing the refusal and then reporting a deletion."""
+        if obj is not None and obj.cases.exclude(status__in=list(TERMINAL)).exists():
+            return False
+        return super().has_delete_permission(request, obj)
 
-    def delete_queryset(self, request, queryset):
-        for obj in queryset:
-            self.delete_model(request, obj)
+    def get_actions(self, request):
+        # The bulk delete cannot refuse per campaign (and reports every one deleted): no bulk delete.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def get_deleted_objects(self, objs, request):
+        # Finished cases are detached from the campaign (they keep their own workspaces), not
+        # deleted: the campaign is the only object the confirmation lists.
+        return [str(obj) for obj in objs], {Campaign._meta.verbose_name_plural: len(objs)}, set(), []
+
+    def delete_model(self, request, obj):
+        services.delete_campaign(obj)  # the same service as the API; re-checks under a lock

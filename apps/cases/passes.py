@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -124,6 +125,31 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None) ->
                 lease_owner=owner, lease_until=now + timedelta(seconds=lease_seconds())
             )
     return ids
+
+
+class Leases:
+    """The leases a pass holds, renewed while it works through a long batch (a slow provider, big
+    downloads): a lease that expired mid-pass lets another worker take the case and do the same
+    work twice (two appends of one log delta, two downloads). Renewal is throttled to a quarter of
+    the lease; :attr:`held` is what is still ours."""
+
+    def __init__(self, ids, owner: str, now: datetime):
+        self.owner = owner
+        self.now = now
+        self.started = self.renewed = time.monotonic()
+        self.held = set(ids)
+
+    def renew(self, *, force: bool = False) -> set:
+        clock = time.monotonic()
+        if not self.held or (not force and clock - self.renewed < lease_seconds() / 4):
+            return self.held
+        until = self.now + timedelta(seconds=clock - self.started + lease_seconds())
+        with transaction.atomic():
+            mine = Case.objects.filter(id__in=list(self.held), lease_owner=self.owner)
+            mine.update(lease_until=until)
+            self.held = set(mine.values_list("id", flat=True))
+        self.renewed = clock
+        return self.held
 
 
 def _load(ids, owner) -> list[Case]:
@@ -276,6 +302,7 @@ def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
         return report
     cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
+    leases = Leases(ids, owner, now)
     events: list[CaseEvent] = []
     by_backend: dict[str, list[Case]] = {}
     for case in cases:
@@ -288,7 +315,12 @@ def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
                 apply_state(case, exc, None, now, events)
             continue
         answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
+        leases.renew(force=True)
         for case in group:
+            if case.id not in leases.renew():
+                # Our lease expired during the provider call and another worker took the case:
+                # it appends this delta itself. Appending it here too would write it twice.
+                continue
             result = answers.get(case.remote_id)
             if result is None:
                 result = RuntimeError(f"the {name} backend gave no answer for {case.remote_id}")
@@ -314,8 +346,11 @@ def sync_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
     cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
     interval = timedelta(seconds=settings.GRIDGATE_CASE_SYNC_SECONDS)
+    leases = Leases(ids, owner, now)
     for case in cases:
         case.next_sync_at = now + interval
+        if case.id not in leases.renew():
+            continue  # taken over by another worker: it syncs the case (the write-back skips it)
         try:
             backend = get_backend(case.backend)
             backend.sync(job_ref(case), list(case.observability_globs or []))
@@ -325,10 +360,9 @@ def sync_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
         case.last_synced_at = now
         # R-CASE-5: the marker is read only while the case runs (the status is re-checked under
         # the lock at write-back), so a terminal case never takes a stale synced value.
-        if not getattr(backend, "reports_progress", False):
-            marker = files.read_progress(workspace.case_dir(case.id) / "live" / files.PROGRESS_FILE)
-            if marker is not None:
-                case.progress = marker
+        marker = files.read_progress(workspace.case_dir(case.id) / "live" / files.PROGRESS_FILE)
+        if marker is not None:
+            case.progress = marker
     _record(cases, original, owner, SYNC_FIELDS, [], report)
     return report
 

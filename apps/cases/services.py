@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,8 +14,9 @@ from rest_framework import status as http_status
 from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.exceptions import ValidationError as DRFValidationError
 
-from apps.backends.base import AlreadyFinished, BackendError, JobRef, SubmitSpec, SubmitUncertain
+from apps.backends.base import AlreadyFinished, BackendError, JobRef, LeaseLost, SubmitSpec, SubmitUncertain
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
+from apps.backends.remote_common import scrub_for_pool
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
@@ -113,7 +115,35 @@ def add_inputs(case: Case, uploads) -> list[str]:
     return workspace.save_uploads(workspace.case_dir(case.id) / "inputs", uploads)
 
 
+# -- credentials (R-BACK-1) ------------------------------------------------------------------------
+def scrub_for(pool, text: str) -> str:
+    """Error text without the values of the pool's credentials, before it is stored or shown."""
+    return scrub_for_pool(pool, text)
+
+
 # -- launch (R-CASE-1) -----------------------------------------------------------------------------
+class LaunchLease:
+    """Renews a launch lease while its holder submits (uploads can outlast the lease): without it
+    the submit pass of another worker takes an expired lease over and submits a second job.
+    Each renewal is one UPDATE (backends call it between upload steps, which take far longer);
+    only the submitting thread renews (a transfer thread has no business with the database)."""
+
+    def __init__(self, case_id, owner: str):
+        self.case_id = case_id
+        self.owner = owner
+        self.thread = threading.get_ident()
+
+    def renew(self) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        now = timezone.now()
+        held = Case.objects.filter(pk=self.case_id, lease_owner=self.owner, status=CaseStatus.PREPARED).update(
+            lease_until=now + timedelta(seconds=passes.lease_seconds())
+        )
+        if not held:
+            raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
+
+
 def build_spec(case: Case) -> SubmitSpec:
     resource_class = case.resource_class
     spec = launch_spec(resource_class)
@@ -168,20 +198,38 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
 
 
 def submit_claimed(case: Case, *, owner: str) -> bool:
-    """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded."""
+    """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded.
+
+    The lease is renewed first (a case late in a submit pass's batch may have waited out its
+    lease) and while the backend prepares the submission (``spec.keepalive``); a lease lost
+    meanwhile stops the attempt before anything is submitted (R-CASE-1)."""
+    lease = LaunchLease(case.pk, owner)
+    try:
+        lease.renew()
+    except LeaseLost:
+        logger.info("case %s: launch lease lost before submitting; left to its new holder", case.id)
+        return False
     spec = build_spec(case)
+    spec.keepalive = lease.renew
+    pool = case.resource_class.pool
     remote_id, error, uncertain = None, "", False
     try:
         backend = get_backend(case.backend)
         # Look the job up by name first: a retried launch adopts it (R-CASE-1).
-        remote_id = backend.find(spec) or backend.submit(spec)
+        remote_id = backend.find(spec)
+        if not remote_id:
+            spec.heartbeat()
+            remote_id = backend.submit(spec)
+    except LeaseLost:
+        logger.info("case %s: launch lease lost while submitting; nothing was submitted", case.id)
+        return False
     except SubmitUncertain as exc:
-        error, uncertain = str(exc), True
+        error, uncertain = scrub_for(pool, str(exc)), True
     except BackendError as exc:
-        error = str(exc)
+        error = scrub_for(pool, str(exc))
     except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
-        logger.exception("case %s: submission raised", case.id)
-        error = f"{type(exc).__name__}: {exc}"
+        error = scrub_for(pool, f"{type(exc).__name__}: {exc}")
+        logger.error("case %s: submission raised %s", case.id, error)
     now = timezone.now()
     if uncertain and case.poll_failures + 1 < MAX_UNCERTAIN_SUBMITS:
         return _retry_uncertain_submit(case, owner=owner, error=error, now=now)
@@ -251,16 +299,30 @@ def cancel_case(case: Case) -> Case:
             status=CaseStatus.CANCELLED, finished_at=now
         ):
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=CaseStatus.PREPARED, to_status=CaseStatus.CANCELLED)
-            case.refresh_from_db()
-            return case
+            case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
+            launched = case.launch_requested_at is not None
+        else:
+            launched = None
+    if launched is not None:
+        if launched:
+            # A launch was requested (e.g. an uncertain submission waiting for its retry): the
+            # provider may hold a job for this case. Look it up, with no transaction open, and
+            # stop it so nothing runs (or bills) for a cancelled case (R-CASE-6).
+            _cancel_orphan(case)
+        return case
     case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
     if case.status in TERMINAL:
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
     try:
         get_backend(case.backend).cancel(passes.job_ref(case))  # no transaction open
     except AlreadyFinished:
-        # The provider finished it between our last poll and this request: find out how it ended.
-        passes.poll_pass(case_ids=[case.id])
+        # The provider finished it between our last poll and this request. Finding out how it
+        # ended is a worker's job (R-CASE-2: no pass in request handling): poll it soon, and
+        # answer with what the database knows now.
+        from apps.cases.tasks import enqueue_poll
+
+        Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).update(next_poll_at=timezone.now())
+        enqueue_poll([case.id])
         case.refresh_from_db()
         if case.status in TERMINAL:
             raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
@@ -268,8 +330,9 @@ def cancel_case(case: Case) -> Case:
             "The case finished on the provider's side; its results are being fetched.", status=case.status
         ) from None
     except BackendError as exc:
-        Case.objects.filter(pk=case.pk).update(last_error=f"cancel failed: {exc}"[:2000])
-        raise BackendUnavailable(f"The backend could not cancel the case: {exc}") from None
+        text = scrub_for(case.resource_class.pool, str(exc))
+        Case.objects.filter(pk=case.pk).update(last_error=f"cancel failed: {text}"[:2000])
+        raise BackendUnavailable(f"The backend could not cancel the case: {text}") from None
     with transaction.atomic():
         previous = case.status
         updated = Case.objects.filter(pk=case.pk, status__in=list(ACTIVE), remote_id=case.remote_id).update(
@@ -283,6 +346,24 @@ def cancel_case(case: Case) -> Case:
     return case
 
 
+def _cancel_orphan(case: Case) -> None:
+    try:
+        backend = get_backend(case.backend)
+        spec = build_spec(case)
+        remote_id = backend.find(spec)
+        if remote_id:
+            backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
+            logger.info("case %s: cancelled the job %s its uncertain submission left", case.id, remote_id)
+    except AlreadyFinished:
+        pass
+    except Exception as exc:
+        logger.warning(
+            "case %s: a job left by its launch may still run: %s",
+            case.id,
+            scrub_for(case.resource_class.pool, f"{type(exc).__name__}: {exc}"),
+        )
+
+
 # -- refresh (R-CASE-2: an immediate, throttled pull of one case) ----------------------------------
 def refresh_case(case: Case) -> Case:
     now = timezone.now()
@@ -294,20 +375,28 @@ def refresh_case(case: Case) -> Case:
         if last is None:
             raise NotFound()
         raise Throttled(wait=max(1, int((last + minimum - now).total_seconds()) + 1))
+    # R-CASE-2: passes never run in request handling. The case is made due now and a worker
+    # polls (and syncs) it within the broker's poll interval; the answer is the current state.
+    Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).exclude(remote_id="").update(
+        next_poll_at=now, next_sync_at=now
+    )
     case.refresh_from_db()
     if case.status in ACTIVE and case.remote_id:
-        passes.poll_pass(case_ids=[case.id])
-        passes.sync_pass(case_ids=[case.id])
-        case.refresh_from_db()
+        from apps.cases.tasks import enqueue_refresh
+
+        enqueue_refresh([case.id])
     return case
 
 
 def delete_campaign(campaign: Campaign) -> None:
-    """Refused while the campaign has unfinished cases (their workspaces read shared/)."""
-    unfinished = campaign.cases.exclude(status__in=list(TERMINAL)).count()
-    if unfinished:
-        raise Conflict(f"The campaign still has {unfinished} unfinished case(s).")
+    """Refused while the campaign has unfinished cases (their workspaces read shared/). The count
+    and the deletion happen under the campaign's row lock, so a case created in the campaign
+    meanwhile (its insert waits on the lock) is never orphaned."""
     with transaction.atomic():
+        Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
+        unfinished = campaign.cases.exclude(status__in=list(TERMINAL)).count()
+        if unfinished:
+            raise Conflict(f"The campaign still has {unfinished} unfinished case(s).")
         campaign.cases.update(campaign=None)  # finished cases stay, with their own workspaces
         campaign.delete()
     shutil.rmtree(workspace.campaign_shared_dir(campaign.id).parent, ignore_errors=True)

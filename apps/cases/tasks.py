@@ -21,24 +21,38 @@ from apps.cases import passes
 logger = logging.getLogger(__name__)
 
 
-def enqueue_poll(case_ids) -> None:
-    """Poll these cases soon, in a worker (never in the request: R-CASE-2)."""
+def _enqueue(func: str, case_ids, what: str) -> None:
     ids = [str(case_id) for case_id in case_ids]
 
     def send():
         try:
             from django_q.tasks import async_task
 
-            async_task("apps.cases.tasks.poll_cases", ids, task_name="gridgate.cases.poll_cases")
+            async_task(f"apps.cases.tasks.{func}", ids, task_name=f"gridgate.cases.{func}")
         except Exception:  # the ticker is the safety net: a broker hiccup only delays the poll
-            logger.warning("could not enqueue the poll of %s; the ticker will poll them", ids, exc_info=True)
+            logger.warning("could not enqueue the %s of %s; the ticker will take them", what, ids, exc_info=True)
 
     transaction.on_commit(send)
+
+
+def enqueue_poll(case_ids) -> None:
+    """Poll these cases soon, in a worker (never in the request: R-CASE-2)."""
+    _enqueue("poll_cases", case_ids, "poll")
+
+
+def enqueue_refresh(case_ids) -> None:
+    """A user asked to refresh these cases: poll and sync them soon, in a worker (R-CASE-2)."""
+    _enqueue("refresh_cases", case_ids, "refresh")
 
 
 def poll_cases(case_ids) -> str:
     """Event-triggered: poll these cases now (if no other worker holds them)."""
     return str(passes.poll_pass(case_ids=case_ids))
+
+
+def refresh_cases(case_ids) -> str:
+    """Event-triggered by a user's refresh: poll, then sync, these cases now."""
+    return f"{passes.poll_pass(case_ids=case_ids)}; {passes.sync_pass(case_ids=case_ids)}"
 
 
 def poll_pass() -> str:

@@ -12,6 +12,7 @@ import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
@@ -314,8 +315,11 @@ def case_detail(request, pk):
 
 @login_required
 def case_launch(request, pk):
-    """GET: the launch dialog (asks the backend for its options now). POST: launch."""
+    """GET: the launch dialog (asks the backend for its options now). POST: launch. The owner's
+    alone (SPEC §7): staff see every case but do not launch other users' cases."""
     case = _case(request, pk)
+    if case.owner_id != request.user.pk:
+        raise PermissionDenied("Only the case's owner may launch it.")
     if request.method == "GET":
         spec = launch_spec(case.resource_class)
         body = launch_options_for(case.resource_class)
@@ -365,5 +369,5 @@ def case_refresh(request, pk):
     except APIException as exc:
         _refused(request, exc, "Refresh")
     else:
-        messages.info(request, "Case refreshed from the backend.")
+        messages.info(request, "Refresh requested: a worker is asking the backend now.")
     return redirect("web:case-detail", pk=case.pk)

@@ -56,3 +56,19 @@ def test_doctor_refuses_unknown_backend_and_runai_pool():
     )
     with pytest.raises(CommandError, match="no case backend"):
         doctor("--pool", str(pool.pk))
+
+
+def test_doctor_never_prints_a_secret_from_a_crashing_check(monkeypatch, capsys):
+    """R-BACK-1: a check that raises with a credential in its message is scrubbed."""
+    from apps.backends.fake import FakeBackend
+
+    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
+    pool = ResourcePool.objects.create(name="loc", kind="local", public=True, remote={"token_env": "GG_TEST_TOKEN"})
+
+    def leaky(self, pool=None):
+        raise RuntimeError("401 for token s3cr3t-token-value")
+
+    monkeypatch.setattr(FakeBackend, "doctor", leaky)
+    code, out = doctor("--backend", "fake", "--pool", str(pool.pk))
+    assert code == 1
+    assert "s3cr3t-token-value" not in out and "***" in out

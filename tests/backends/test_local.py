@@ -1,5 +1,8 @@
 """The local backend with real subprocesses."""
 
+import os
+import signal
+
 import pytest
 
 from apps.backends.local import LocalBackend, run_dir
@@ -8,6 +11,14 @@ from apps.cases.models import CaseStatus
 from tests.backends.conftest import wait_for_terminal, wait_until
 
 pytestmark = pytest.mark.django_db
+
+
+def _kill(case):
+    """Stop a case's process group whatever the test's outcome (idempotent)."""
+    try:
+        os.killpg(int(case.remote_id.split(":", 1)[1]), signal.SIGKILL)
+    except (ProcessLookupError, ValueError, IndexError, PermissionError):
+        pass
 
 
 def with_input(case, name, data: bytes):
@@ -56,12 +67,13 @@ def test_exit_status_on_disk_survives_a_worker_restart(make_case):
     assert state.status == "succeeded"
 
 
-def test_progress_marker_is_synced_into_live_and_read_while_running(make_case):
+def test_progress_marker_is_synced_into_live_and_read_while_running(make_case, request):
     case = services.launch_case(
         make_case(
             command="echo 0.25 > .gridgate/progress; echo partial > run.log; sleep 30", observability_globs=["*.log"]
         )
     )
+    request.addfinalizer(lambda: _kill(case))  # an assertion failing below must not leave it running
     rdir = run_dir(workspace.case_dir(case.id))
     wait_until((rdir / "work" / "run.log").exists, what="the command's first output")
     passes.poll_pass(case_ids=[case.id])
@@ -83,3 +95,26 @@ def test_symlinks_out_of_the_working_directory_never_come_back(make_case, tmp_pa
     results = workspace.case_dir(case.id) / "results"
     assert case.status == CaseStatus.DONE
     assert (results / "real").exists() and not (results / "leak").exists()
+
+
+def test_case_command_never_sees_the_worker_environment(make_case, monkeypatch):
+    """R-BACK-1: the worker's environment (tokens, SECRET_KEY…) is not the command's."""
+    monkeypatch.setenv("QARNOT_TOKEN", "worker-secret-token-4711")
+    monkeypatch.setenv("DATABASE_URL", "postgres://gridgate:db-password-4711@db/gridgate")
+    case = wait_for_terminal(services.launch_case(make_case(command="env")))
+    assert case.status == CaseStatus.DONE, case.last_error
+    stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert "4711" not in stdout
+    assert f"GRIDGATE_CASE_ID={case.id}" in stdout and "PATH=" in stdout
+
+
+def test_output_written_just_before_exit_is_never_lost(make_case):
+    """R-CASE-5: the status is decided before the output is read, and a finished command's
+    output is drained whole (more than one bounded read)."""
+    case = services.launch_case(make_case(command="head -c 5000000 /dev/zero | tr '\\\\0' x; echo; echo last"))
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until((rdir / "exit_status").exists, what="the exit status file")
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert len(stdout) == 5_000_000 + len("\nlast\n") and stdout.endswith("\nlast\n")

@@ -11,7 +11,7 @@ from apps.backends.base import AlreadyFinished, BackendError, BackendStatus
 from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_until
+from tests.backends.conftest import wait_for_terminal, wait_until
 from tests.doubles.qarnot_server import QarnotDouble
 
 pytestmark = pytest.mark.django_db
@@ -111,14 +111,19 @@ def test_cancel_of_a_task_that_already_finished_answers_409_with_the_real_state(
     double.wait_state(case.remote_id, ("Success",))
     response = api(owner).post(f"/api/v1/cases/{case.id}/cancel/")
     assert response.status_code == 409, response.content
+    # No pass in the request (R-CASE-2): the 409 carries the recorded status and says the
+    # results are being fetched; the enqueued poll (here: the next pass) records the real end.
     case.refresh_from_db()
-    assert case.status == CaseStatus.DONE and response.json()["status"] == "done"
+    assert response.json()["status"] == case.status and "being fetched" in response.json()["detail"]
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE
     with pytest.raises(AlreadyFinished):
         qb.QarnotBackend().cancel(passes.job_ref(case))
 
 
-def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double):
+def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double, request):
     case = launch(make_case, q_pool, "sleep 30")
+    request.addfinalizer(double.reap)  # the sleep must not outlive the test
     double.wait_state(case.remote_id, ("FullyExecuting",))
     case = services.cancel_case(case)
     assert case.status == CaseStatus.CANCELLED
@@ -192,6 +197,8 @@ def test_campaign_shared_inputs_are_uploaded_once_and_never_come_back(q_pool, ma
         results = workspace.case_dir(case.id) / "results"
         assert (results / "used.txt").read_text() == "mesh\n"
         assert not (results / "shared").exists()
+        assert not (results / ".gridgate-complete").exists()  # the shared-inputs marker either
+        assert ".gridgate-complete" not in double.keys(qb.bucket_names(str(case.id))[1])
 
 
 def test_submit_whose_answer_times_out_adopts_the_task_instead_of_submitting_twice(q_pool, make_case, double):
@@ -201,6 +208,34 @@ def test_submit_whose_answer_times_out_adopts_the_task_instead_of_submitting_twi
     case = launch(make_case, q_pool, "true")
     assert case.status == CaseStatus.PENDING, case.last_error
     assert len(double.tasks) == count + 1 and case.remote_id in double.tasks
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_5xx_on_submit_after_the_task_was_created_adopts_it_and_never_creates_a_second(
+    q_pool, make_case, double, status
+):
+    """R-CASE-1: the SDK retried a POST /tasks that answered 5xx, creating a second task; and
+    the 5xx failed a case whose task was running."""
+    double.fault("/tasks$", method="POST", status=status, after=True)
+    count = len(double.tasks)
+    case = launch(make_case, q_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert len(double.tasks) == count + 1 and case.remote_id in double.tasks
+    assert [c for c in double.calls if c == ("POST", "/tasks")] == [("POST", "/tasks")]
+
+
+def test_5xx_on_submit_before_any_task_exists_keeps_the_case_prepared_for_a_retry(q_pool, make_case, double):
+    """A 5xx with no task created is uncertain, not a failure: the retry submits (once)."""
+    double.fault("/tasks$", method="POST", status=503)
+    count = len(double.tasks)
+    case = launch(make_case, q_pool, "true")
+    assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
+    assert len(double.tasks) == count
+    case.lease_until = None
+    case.save(update_fields=["lease_until"])
+    passes.submit_pass()
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and len(double.tasks) == count + 1
 
 
 def test_failed_polls_on_5xx_or_timeout_change_nothing_and_recover(q_pool, make_case, double):

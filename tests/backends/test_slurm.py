@@ -77,6 +77,62 @@ def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
     assert case.cores == 1 and case.execution_time is not None
 
 
+def test_slurm_job_never_sees_the_worker_environment(slurm_pool, make_case, monkeypatch):
+    """R-BACK-1: neither sbatch nor the job inherits the worker's environment (--export=NONE)."""
+    monkeypatch.setenv("FIRECREST_CLIENT_SECRET", "worker-secret-value-4711")
+    case = make_case(resource_class=slurm_pool.classes.get(), command="env")
+    case = services.launch_case(case)
+    text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
+    assert "#SBATCH --export=NONE" in text and "4711" not in text
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert "4711" not in stdout and f"GRIDGATE_CASE_ID={case.id}" in stdout
+
+
+def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tmp_path):
+    """R-CASE-1: sbatch may have queued the job before its answer timed out."""
+    from apps.backends import slurm
+    from apps.backends.base import SubmitUncertain
+
+    def hung(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], slurm.TIMEOUT)
+
+    monkeypatch.setattr(slurm.subprocess, "run", hung)
+    with pytest.raises(SubmitUncertain):
+        slurm.run(["sbatch", "--parsable", "job.sh"], timeout_error=SubmitUncertain)
+    spec = SubmitSpec(
+        case_id=str(uuid.uuid4()),
+        command="true",
+        workspace=tmp_path,
+        pool_remote={},
+        resources={},
+        batch_directives=[],
+        environment={},
+        launch_options={},
+        observability_globs=[],
+    )
+    with pytest.raises(SubmitUncertain):
+        SlurmBackend().submit(spec)
+
+
+def test_sacct_lookups_look_back_past_midnight(monkeypatch):
+    """A job submitted yesterday is still found by name (no second submission) and polled."""
+    from apps.backends import slurm
+
+    seen = []
+
+    def fake_run(args, **kwargs):
+        seen.append(args)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+    SlurmBackend().find(SubmitSpec("c", "true", Path("/tmp"), {}, {}, [], {}, {}, []))  # noqa: S108
+    SlurmBackend()._sacct(["12"])
+    sacct = [args for args in seen if args[0] == "sacct"]
+    assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
+
+
 def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="echo 'bad mesh' >&2; exit 4")
     case = wait_for_terminal(services.launch_case(case), timeout=90)
@@ -85,8 +141,9 @@ def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     assert "bad mesh" in (workspace.case_dir(case.id) / "stderr.log").read_text()
 
 
-def test_scancel_ends_cancelled(slurm_pool, make_case):
+def test_scancel_ends_cancelled(slurm_pool, make_case, request):
     case = services.launch_case(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
+    request.addfinalizer(lambda: subprocess.run(["scancel", case.remote_id], capture_output=True, check=False))
     deadline = time.monotonic() + 60
     while case.status != CaseStatus.RUNNING and time.monotonic() < deadline:
         passes.poll_pass(case_ids=[case.id])

@@ -46,3 +46,27 @@ def test_cancel_action_uses_the_cancel_service(admin_client, make_case):
     assert "Cancelled 1 case(s)." in text and "already ended: done" in text
     assert Case.objects.get(pk=running.pk).status == CaseStatus.CANCELLED
     assert Case.objects.get(pk=finished.pk).status == CaseStatus.DONE
+
+
+def test_campaign_with_unfinished_cases_cannot_be_deleted_from_the_admin(admin_client, make_case, owner):
+    from apps.cases.models import Campaign
+
+    campaign = services.create_campaign(owner=owner, name="sweep")
+    make_case(campaign=campaign)
+    assert admin_client.get(f"/admin/cases/campaign/{campaign.pk}/delete/").status_code == 403
+    assert admin_client.post(f"/admin/cases/campaign/{campaign.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Campaign.objects.filter(pk=campaign.pk).exists()
+    changelist = admin_client.get("/admin/cases/campaign/").content.decode()
+    assert "delete_selected" not in changelist
+
+
+def test_campaign_whose_cases_ended_is_deleted_from_the_admin(admin_client, make_case, owner):
+    from apps.cases.models import Campaign
+
+    campaign = services.create_campaign(owner=owner, name="sweep")
+    case = services.cancel_case(make_case(campaign=campaign))
+    response = admin_client.post(f"/admin/cases/campaign/{campaign.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not Campaign.objects.filter(pk=campaign.pk).exists()
+    case.refresh_from_db()
+    assert case.campaign_id is None

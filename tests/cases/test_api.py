@@ -100,6 +100,18 @@ def test_staff_see_every_case(api, owner, staff, local_pool):
     assert api(staff).get("/api/v1/cases/").json()["count"] == 1
 
 
+def test_staff_cannot_launch_or_upload_into_another_users_case(api, owner, staff, local_pool):
+    """SPEC §7: launch and inputs are owner-only (staff may cancel or refresh, not act as owner)."""
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    client = api(staff)
+    upload = {"inputs": [SimpleUploadedFile("m.txt", b"1")]}
+    assert client.post(f"/api/v1/cases/{case_id}/inputs/", upload, format="multipart").status_code == 403
+    assert client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").status_code == 403
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+    assert list((workspace.case_dir(case_id) / "inputs").iterdir()) == []
+
+
 def test_launch_run_and_fetch_result_through_the_api(api, owner, local_pool):
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
@@ -145,7 +157,10 @@ def test_r_case_7_path_traversal_is_refused(api, owner, local_pool):
     case_id = create(client, local_pool.classes.get()).json()["id"]
     for path in ["../../../../etc/passwd", "..%2F..%2F..%2Fetc%2Fpasswd", "inputs/../../x", "%2Fetc%2Fpasswd"]:
         response = client.get(f"/api/v1/cases/{case_id}/files/{path}")
-        assert response.status_code in (400, 404), path
+        # Every one of these matches the download route: refused by the confinement check, 400
+        # (a 404 would also pass for a route that never reached the check at all).
+        assert response.status_code == 400, path
+        assert "R-CASE-7" in response.json()["path"][0], path
         assert b"root:" not in b"".join(getattr(response, "streaming_content", [response.content]))
 
 
@@ -212,18 +227,21 @@ def test_inputs_only_while_prepared(api, owner, local_pool):
     assert late.status_code == 409 and late.json()["status"] == "pending"
 
 
-def test_refresh_is_throttled_per_case(api, owner, local_pool, settings):
+def test_refresh_is_throttled_per_case_and_never_polls_in_the_request(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-2: a refresh enqueues the passes for a worker and answers the recorded state."""
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
+    sent = []
+    monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append([str(i) for i in ids]))
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
-    polls = FakeBackend.calls.get("poll", 0)
     first = client.post(f"/api/v1/cases/{case_id}/refresh/")
-    assert first.status_code == 200
-    assert FakeBackend.calls["poll"] == polls + 1
+    assert first.status_code == 200 and first.json()["status"] == "pending"
+    assert "poll" not in FakeBackend.calls and "sync" not in FakeBackend.calls
+    assert sent == [[case_id]]
     second = client.post(f"/api/v1/cases/{case_id}/refresh/")
     assert second.status_code == 429
-    assert FakeBackend.calls["poll"] == polls + 1
+    assert sent == [[case_id]]
 
 
 def test_failed_submit_through_the_api_reports_failed(api, owner, local_pool):
@@ -292,6 +310,20 @@ def test_r_back_2_healthy_launch_options_are_cached(api, member, local_pool):
     assert first == second and first["degraded"] is False and first["backend"] == "fake"
     assert first["options"][0]["key"] == "outcome"
     assert len(calls) == 1
+
+
+def test_r_back_1_a_secret_in_a_launch_options_error_is_not_returned(api, member, local_pool, monkeypatch):
+    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
+    local_pool.remote = {"token_env": "GG_TEST_TOKEN"}
+    local_pool.save(update_fields=["remote"])
+
+    def leaky(self, pool):
+        raise ConnectionError("refused: Authorization s3cr3t-token-value")
+
+    monkeypatch.setattr(FakeBackend, "launch_options", leaky)
+    response = api(member).get(f"/api/v1/resource-classes/{local_pool.classes.get().pk}/launch-options/")
+    assert response.status_code == 200 and response.json()["degraded"] is True
+    assert b"s3cr3t-token-value" not in response.content and "***" in response.json()["message"]
 
 
 def test_r_back_2_degraded_launch_options_are_not_cached(api, member, local_pool, monkeypatch):

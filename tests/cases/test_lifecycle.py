@@ -3,8 +3,10 @@
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.utils import timezone
 
+from apps.backends.base import SubmitUncertain
 from apps.backends.fake import FakeBackend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
@@ -146,9 +148,13 @@ def test_r_case_6_cancel_racing_completion_answers_409_with_the_real_final_statu
     case = services.launch_case(make_case())
     drive(case, max_passes=2, until=CaseStatus.RUNNING)
     fake.complete(case.remote_id)
+    polls = FakeBackend.calls["poll"]
     with pytest.raises(Conflict) as refused:
         services.cancel_case(case)
-    assert refused.value.extra["status"] == CaseStatus.DONE
+    # No pass in the request (R-CASE-2): the answer is the recorded state, a poll is due now.
+    assert refused.value.extra["status"] == CaseStatus.RUNNING
+    assert FakeBackend.calls["poll"] == polls
+    passes.poll_pass()
     case.refresh_from_db()
     assert case.status == CaseStatus.DONE and case.results_fetched
 
@@ -204,10 +210,31 @@ def test_r_case_5_progress_is_never_read_from_a_stale_synced_marker(make_case, f
     case = drive(case)
     assert case.status == CaseStatus.DONE and case.progress == 1.0
     # The stale copy is still in live/: later passes and refreshes never bring it back.
+    assert (workspace.case_dir(case.id) / "live" / ".gridgate" / "progress").read_text() == "0.4"
     passes.sync_pass(case_ids=[case.id])
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.progress == 1.0
+
+
+def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progress(make_case, fake, monkeypatch):
+    """The sync pass read the marker (0.4) of a running case while a poll finalized it: the
+    write-back must not replace the final progress (1) with the stale marker."""
+    case = services.launch_case(make_case())
+    drive(case, max_passes=2, until=CaseStatus.RUNNING)
+    fake.set_progress_marker(case.remote_id, "0.4")
+    original = FakeBackend.sync
+
+    def sync_while_the_poll_finalizes(self, job_ref, globs):
+        original(self, job_ref, globs)
+        Case.objects.filter(pk=case.pk).update(status=CaseStatus.DONE, progress=1.0, results_fetched=True)
+
+    monkeypatch.setattr(FakeBackend, "sync", sync_while_the_poll_finalizes)
+    report = passes.sync_pass(case_ids=[case.id])
+    assert report.claimed == 1 and report.skipped == 1
+    assert (workspace.case_dir(case.id) / "live" / ".gridgate" / "progress").read_text() == "0.4"
+    case.refresh_from_db()
+    assert case.status == CaseStatus.DONE and case.progress == 1.0
 
 
 def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
@@ -242,3 +269,105 @@ def test_poll_pass_query_count_does_not_grow_with_cases(make_case):
 
     small, large = queries_for(3), queries_for(30)
     assert small == large
+
+
+def test_r_case_1_a_slow_submit_renews_its_lease_so_no_other_worker_submits_again(make_case, settings, monkeypatch):
+    """The launch lease (120 s) used to expire during a long upload; the submit pass of another
+    worker then took the launch over and submitted a second job."""
+    settings.GRIDGATE_CASE_LEASE_SECONDS = 120
+    case = make_case()
+    start = timezone.now()
+    original = FakeBackend.submit
+    takeovers = []
+
+    def slow_submit(self, spec):
+        with time_machine.travel(start + timedelta(seconds=100), tick=False):
+            spec.heartbeat()  # between two uploads
+        with time_machine.travel(start + timedelta(seconds=200), tick=False):
+            takeovers.append(passes.submit_pass())  # past the first lease: another worker looks
+        return original(self, spec)
+
+    monkeypatch.setattr(FakeBackend, "submit", slow_submit)
+    with time_machine.travel(start, tick=False):
+        case = services.launch_case(case)
+    assert [report.claimed for report in takeovers] == [0]
+    assert FakeBackend.calls["submit"] == 1 and len(FakeBackend.jobs) == 1
+    assert case.status == CaseStatus.PENDING and case.lease_owner == ""
+
+
+def test_r_case_1_a_submit_whose_lease_was_taken_over_stops_before_submitting(make_case, monkeypatch):
+    case = make_case()
+    original = FakeBackend.submit
+
+    def submit_after_takeover(self, spec):
+        Case.objects.filter(pk=case.pk).update(lease_owner="other-worker")  # our lease expired, taken
+        spec.heartbeat()
+        return original(self, spec)
+
+    monkeypatch.setattr(FakeBackend, "submit", submit_after_takeover)
+    case = services.launch_case(case)
+    assert FakeBackend.jobs == {} and FakeBackend.calls.get("submit", 0) == 0
+    assert case.status == CaseStatus.PREPARED and case.lease_owner == "other-worker"
+
+
+def test_r_case_2_a_poll_pass_that_lost_its_lease_appends_no_log_delta(make_case, monkeypatch):
+    """Two workers must never append the same output delta: a pass whose lease was taken over
+    during the provider call leaves the case (and its delta) to the new holder."""
+    case = services.launch_case(make_case())
+    original = FakeBackend.poll_many
+
+    def slow_poll(self, jobs):
+        answers = original(self, jobs)
+        Case.objects.filter(pk=case.pk).update(lease_owner="other-worker")
+        return answers
+
+    monkeypatch.setattr(FakeBackend, "poll_many", slow_poll)
+    report = passes.poll_pass(case_ids=[case.id])
+    assert report.recorded == 0
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == ""
+
+
+def test_r_case_6_cancel_in_the_uncertain_submit_back_off_stops_the_provider_job(make_case, monkeypatch):
+    """The submission timed out but reached the provider; the user cancels during the back-off:
+    the job must not keep running unseen."""
+    case = make_case()
+    original = FakeBackend.submit
+
+    def submit_then_time_out(self, spec):
+        original(self, spec)
+        raise SubmitUncertain("fake: no answer within 30 s")
+
+    monkeypatch.setattr(FakeBackend, "submit", submit_then_time_out)
+    case = services.launch_case(case)
+    monkeypatch.setattr(FakeBackend, "submit", original)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is not None
+    ((_remote_id, job),) = FakeBackend.jobs.items()
+    case = services.cancel_case(case)
+    assert case.status == CaseStatus.CANCELLED
+    assert job.cancelled and FakeBackend.calls["cancel"] == 1
+
+
+def test_r_case_2_refresh_enqueues_the_passes_and_answers_from_the_database(make_case, monkeypatch):
+    case = services.launch_case(make_case())
+    sent = []
+    monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append(list(ids)))
+    polls = FakeBackend.calls.get("poll", 0)
+    refreshed = services.refresh_case(case)
+    assert refreshed.status == CaseStatus.PENDING
+    assert FakeBackend.calls.get("poll", 0) == polls and FakeBackend.calls.get("sync", 0) == 0
+    assert sent == [[case.id]]
+
+
+def test_r_back_1_a_secret_in_a_submission_error_never_reaches_last_error(make_case, monkeypatch, local_pool):
+    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
+    local_pool.remote = {"token_env": "GG_TEST_TOKEN"}
+    local_pool.save(update_fields=["remote"])
+
+    def leaky_submit(self, spec):
+        raise RuntimeError("401 for token s3cr3t-token-value")
+
+    monkeypatch.setattr(FakeBackend, "submit", leaky_submit)
+    case = services.launch_case(make_case())
+    assert case.status == CaseStatus.FAILED
+    assert "s3cr3t-token-value" not in case.last_error and "***" in case.last_error
+    assert not case.events.filter(message__contains="s3cr3t-token-value").exists()

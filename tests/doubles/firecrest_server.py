@@ -100,6 +100,15 @@ class FirecrestDouble:
         self._thread.start()
         return self
 
+    def reap(self):
+        """Kill every job process still running (a test's finalizer: nothing outlives its test)."""
+        for job in list(self.jobs.values()):
+            if job.proc is not None and job.proc.poll() is None:
+                try:
+                    os.killpg(job.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def stop(self):
         for job in self.jobs.values():
             if job.proc is not None and job.proc.poll() is None:

@@ -101,6 +101,15 @@ class QarnotDouble:
         self._thread.start()
         return self
 
+    def reap(self):
+        """Kill every task process still running (a test's finalizer: nothing outlives its test)."""
+        for task in list(self.tasks.values()):
+            if task.proc is not None and task.proc.poll() is None:
+                try:
+                    os.killpg(task.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def stop(self):
         for task in self.tasks.values():
             if task.proc is not None and task.proc.poll() is None:

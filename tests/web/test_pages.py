@@ -422,12 +422,22 @@ def test_cancel_a_prepared_case(web, cases_root, owner, local_pool):
     assert case.status == CaseStatus.CANCELLED and "Case cancelled" in response.content.decode()
 
 
+def test_staff_cannot_launch_another_users_case_from_the_page(web, cases_root, owner, staff, local_pool):
+    """SPEC §7: launch is the owner's alone; staff see the case but get 403."""
+    case = _case(owner, local_pool)
+    client = web(staff)
+    assert client.get(reverse("web:case-launch", args=[case.pk])).status_code == 403
+    assert client.post(reverse("web:case-launch", args=[case.pk])).status_code == 403
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+
+
 def test_refresh_is_throttled_in_words(web, settings, cases_root, owner, local_pool):
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
     case = _case(owner, local_pool)
     case_services.launch_case(case)
     client = web(owner)
-    assert "Case refreshed" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
+    assert "Refresh requested" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
     assert (
         "Refresh refused (429)"
         in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from apps.backends import registry
 from apps.backends.api.serializers import BackendSerializer, LaunchOptionsSerializer
 from apps.backends.base import LaunchOptions
+from apps.backends.remote_common import scrub_for_pool
 from apps.resources.selectors import visible_classes
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ def launch_options_for(resource_class) -> dict:
     try:
         answer = registry.get_backend(name).launch_options(pool)
     except Exception as exc:  # whatever the provider raised, the form still opens with defaults
-        logger.warning("launch options of the %s backend: %s", name, exc)
-        answer = LaunchOptions(degraded=True, message=f"the {name} backend could not be asked: {exc}")
+        text = scrub_for_pool(pool, exc)  # R-BACK-1: an SDK may echo a credential back
+        logger.warning("launch options of the %s backend: %s", name, text)
+        answer = LaunchOptions(degraded=True, message=f"the {name} backend could not be asked: {text}")
+    answer.message = scrub_for_pool(pool, answer.message)
     body = {"backend": name, **answer.as_dict()}
     if not answer.degraded:
         cache.set(key, body, settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS)

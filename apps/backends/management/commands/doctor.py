@@ -9,6 +9,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.backends import registry
+from apps.backends.remote_common import scrub_for_pool
 from apps.resources.models import ResourcePool
 
 
@@ -50,8 +51,10 @@ class Command(BaseCommand):
             try:
                 checks = registry.get_backend(name).doctor(target_pool)
             except Exception as exc:  # a doctor must report, not crash
-                checks = [registry.Check("doctor", False, f"the check itself failed: {type(exc).__name__}: {exc}")]
+                text = scrub_for_pool(target_pool, f"{type(exc).__name__}: {exc}")  # R-BACK-1
+                checks = [registry.Check("doctor", False, f"the check itself failed: {text}")]
             for check in checks:
+                check.message = scrub_for_pool(target_pool, check.message)
                 total += 1
                 if check.ok:
                     self.stdout.write(f"OK    [{label}] {check.name}: {check.message}")
