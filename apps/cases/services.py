@@ -316,9 +316,10 @@ def cancel_case(case: Case) -> Case:
     try:
         get_backend(case.backend).cancel(passes.job_ref(case))  # no transaction open
     except AlreadyFinished:
-        # The provider finished it between our last poll and this request. Finding out how it
-        # ended is a worker's job (R-CASE-2: no pass in request handling): poll it soon, and
-        # answer with what the database knows now.
+        # The provider finished it between our last poll and this request. R-CASE-6: answer with
+        # its real final state, asked with one status call (like the cancel call itself; no pass,
+        # no download: R-CASE-2). Recording it, and fetching results before "done" (R-CASE-4),
+        # is the worker's job: poll it now.
         from apps.cases.tasks import enqueue_poll
 
         Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).update(next_poll_at=timezone.now())
@@ -326,8 +327,12 @@ def cancel_case(case: Case) -> Case:
         case.refresh_from_db()
         if case.status in TERMINAL:
             raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
+        final = _provider_final_status(case)
         raise Conflict(
-            "The case finished on the provider's side; its results are being fetched.", status=case.status
+            f"The case already ended on the provider's side ({final or 'final state unknown'}); "
+            "its results are being brought back.",
+            status=final or case.status,
+            recorded_status=case.status,
         ) from None
     except BackendError as exc:
         text = scrub_for(case.resource_class.pool, str(exc))
@@ -362,6 +367,19 @@ def _cancel_orphan(case: Case) -> None:
             case.id,
             scrub_for(case.resource_class.pool, f"{type(exc).__name__}: {exc}"),
         )
+
+
+_FINAL = {"succeeded": CaseStatus.DONE, "failed": CaseStatus.FAILED, "cancelled": CaseStatus.CANCELLED}
+
+
+def _provider_final_status(case: Case) -> str | None:
+    """How the provider says the case ended (done/failed/cancelled), or None if it cannot tell."""
+    try:
+        state = get_backend(case.backend).poll(passes.job_ref(case))
+    except Exception as exc:  # a failed status call only makes the answer less precise
+        logger.info("case %s: final state unknown: %s", case.id, scrub_for(case.resource_class.pool, str(exc)))
+        return None
+    return _FINAL.get(state.status)
 
 
 # -- refresh (R-CASE-2: an immediate, throttled pull of one case) ----------------------------------

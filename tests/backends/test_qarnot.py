@@ -111,10 +111,9 @@ def test_cancel_of_a_task_that_already_finished_answers_409_with_the_real_state(
     double.wait_state(case.remote_id, ("Success",))
     response = api(owner).post(f"/api/v1/cases/{case.id}/cancel/")
     assert response.status_code == 409, response.content
-    # No pass in the request (R-CASE-2): the 409 carries the recorded status and says the
-    # results are being fetched; the enqueued poll (here: the next pass) records the real end.
-    case.refresh_from_db()
-    assert response.json()["status"] == case.status and "being fetched" in response.json()["detail"]
+    # The 409 carries the real final state (one status call); the enqueued poll (here: the next
+    # pass) fetches the results and records it (R-CASE-2/4).
+    assert response.json()["status"] == "done" and "being brought back" in response.json()["detail"]
     case = wait_for_terminal(case)
     assert case.status == CaseStatus.DONE
     with pytest.raises(AlreadyFinished):

@@ -151,9 +151,13 @@ def test_r_case_6_cancel_racing_completion_answers_409_with_the_real_final_statu
     polls = FakeBackend.calls["poll"]
     with pytest.raises(Conflict) as refused:
         services.cancel_case(case)
-    # No pass in the request (R-CASE-2): the answer is the recorded state, a poll is due now.
-    assert refused.value.extra["status"] == CaseStatus.RUNNING
-    assert FakeBackend.calls["poll"] == polls
+    # The answer is the real final state, from one status call; recording it (after the results
+    # are fetched, R-CASE-4) is left to the worker's pass (R-CASE-2), which is due now.
+    assert refused.value.extra["status"] == CaseStatus.DONE
+    assert refused.value.extra["recorded_status"] == CaseStatus.RUNNING
+    assert FakeBackend.calls["poll"] == polls + 1
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING and not case.results_fetched
     passes.poll_pass()
     case.refresh_from_db()
     assert case.status == CaseStatus.DONE and case.results_fetched
