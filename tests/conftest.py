@@ -105,3 +105,23 @@ def service_principal(db):
     user = User.objects.create_user("spank", password="pw")
     user.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
     return User.objects.get(pk=user.pk)  # fresh instance: permission cache
+
+
+@pytest.fixture
+def admin_client(client, staff):
+    """The Django test client logged in as a superuser (shadows pytest-django's own)."""
+    staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
+def open_session():
+    """``open_session(pool, user, slots=1, **kwargs)`` → a session admitted on the pool's default class."""
+    from apps.sessions import services as session_services
+
+    def make(pool, user, slots=1, **kwargs):
+        return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
+
+    return make

@@ -9,14 +9,6 @@ from tests.cases.conftest import drive
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def admin_client(client, staff):
-    staff.is_superuser = True
-    staff.save()
-    client.force_login(staff)
-    return client
-
-
 def test_changelist_filters_by_status(admin_client, make_case):
     make_case(name="alpha")
     response = admin_client.get("/admin/cases/case/?status__exact=prepared")

@@ -8,14 +8,6 @@ from tests.conftest import FIRECREST_REMOTE
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def admin_client(client, staff):
-    staff.is_superuser = True
-    staff.save()
-    client.force_login(staff)
-    return client
-
-
 def inline_data(classes, initial=0, prefix="classes"):
     data = {
         f"{prefix}-TOTAL_FORMS": str(len(classes)),

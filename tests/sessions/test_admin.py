@@ -8,14 +8,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def admin_client(client, staff):
-    staff.is_superuser = True
-    staff.save()
-    client.force_login(staff)
-    return client
-
-
-@pytest.fixture
 def session(owner):
     pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=10)
     klass = ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)

@@ -7,7 +7,6 @@ from django.test import Client
 from apps.backends.fake import FakeBackend
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Device
-from apps.sessions import services as session_services
 
 
 @pytest.fixture
@@ -53,11 +52,3 @@ def fake_device(qpu_pool):
     return Device.objects.create(
         pool=qpu_pool, name="fake1", driver="fake", config={"script": ["running", "completed"]}
     )
-
-
-@pytest.fixture
-def open_session():
-    def make(pool, user, slots=1, **kwargs):
-        return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
-
-    return make
