@@ -10,6 +10,8 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from apps.core.exceptions import ServiceError
+
 
 class Conflict(APIException):
     """409 with a ``detail`` and optional extra fields (e.g. ``slots_available``)."""
@@ -35,6 +37,8 @@ def validation_error_dict(exc: DjangoValidationError) -> dict:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, ServiceError):
+        return Response({"detail": exc.detail, **exc.extra}, status=exc.status)
     if isinstance(exc, DjangoValidationError):
         return Response(validation_error_dict(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, (ProtectedError, RestrictedError)):
