@@ -77,8 +77,8 @@ ETC_ENTRIES = (
     "host.conf",
 )
 #: top-level system directories, bound read-only (or recreated as the symlinks they are on
-#: merged-/usr systems).
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt")
+#: merged-/usr systems). Not /opt, /srv or /home: deployments live there.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 
 
 def run_dir(workspace: Path) -> Path:
