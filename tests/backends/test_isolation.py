@@ -29,7 +29,7 @@ ATTACK = (
     "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
     "cat ../../../*/inputs/* > loot.txt; cat {root}/*/inputs/* {root}/*/.run/work/* >> loot.txt; "
     "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > procs.txt; "
-    "tr '\\0' '\\n' < /proc/1/environ >> env.txt; env >> env.txt; id -u > uid.txt; true"
+    "tr '\\0' '\\n' < /proc/1/environ >> env.txt; env >> env.txt; id -u > uid.txt; ls -a {root} > cases.txt; true"
 )
 
 
@@ -110,6 +110,7 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
         assert value not in env
     assert "SECRET_KEY" not in env and "DATABASE_URL" not in env
     assert "0815" not in download(client, attacker, "results/loot.txt")
+    assert download(client, attacker, "results/cases.txt").split() == [".", "..", attacker]  # only its own
     procs = [line for line in download(client, attacker, "results/procs.txt").splitlines() if line.strip()]
     # Only the sandbox's own processes: not the worker (this pytest process), not the victim's.
     assert procs and not any("bin/pytest" in line or "sleep 20" in line for line in procs)
