@@ -3,8 +3,8 @@
 from collections import defaultdict
 
 from django.db import connection
-from django.db.models import Count, F, Q, Window
-from django.db.models.functions import RowNumber
+from django.db.models import F, Func, OuterRef, Q, Subquery, Window
+from django.db.models.functions import Coalesce, RowNumber
 
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
@@ -15,12 +15,25 @@ NOT_ACCESSIBLE = "pool not accessible"
 TURN = "waiting for its turn"
 
 
+def _count(jobs):
+    """``COUNT(*)`` of ``jobs`` as a scalar subquery (0 when none)."""
+    return Coalesce(Subquery(jobs.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")[:1]), 0)
+
+
 def devices_with_load(queryset=None):
+    """Devices annotated with ``running_jobs`` and ``pending_jobs``.
+
+    Each is a count over unfinished jobs only, probing the partial indexes (running jobs by
+    device, pending jobs by pool): the cost never grows with the finished jobs a device ran.
+    ``pending_jobs`` counts every pending job the device could take: those naming it and those
+    naming no device in its pool.
+    """
     queryset = Device.objects.all() if queryset is None else queryset
-    return queryset.annotate(
-        running_jobs=Count("jobs", filter=Q(jobs__status=JobStatus.RUNNING), distinct=True),
-        pending_jobs=Count("targeted_jobs", filter=Q(targeted_jobs__status=JobStatus.PENDING), distinct=True),
+    running = Job.objects.filter(device_id=OuterRef("pk"), status=JobStatus.RUNNING)
+    pending = Job.objects.filter(pool_id=OuterRef("pool_id"), status=JobStatus.PENDING).filter(
+        Q(target_device__isnull=True) | Q(target_device_id=OuterRef("pk"))
     )
+    return queryset.annotate(running_jobs=_count(running), pending_jobs=_count(pending))
 
 
 def queue_info(jobs) -> dict[int, tuple[str, int]]:
@@ -57,7 +70,7 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
     if fair_pools:
         for row in (
             Session.objects.filter(pool_id__in=fair_pools, status=SessionStatus.ACTIVE)
-            .annotate(pending=Count("jobs", filter=Q(jobs__status=JobStatus.PENDING)))
+            .annotate(pending=_count(Job.objects.filter(session_id=OuterRef("pk"), status=JobStatus.PENDING)))
             .filter(pending__gt=0)
             .values("id", "pool_id", "vruntime", "slots", "created_at", "pending")
         ):
