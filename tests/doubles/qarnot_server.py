@@ -72,6 +72,8 @@ class Task:
     ended: float | None = None
     completed: list = field(default_factory=list)
     previous_state: str | None = None
+    history: list = field(default_factory=lambda: ["Submitted"])
+    runner: threading.Thread | None = None
 
 
 class QarnotDouble:
@@ -196,6 +198,7 @@ class QarnotDouble:
             if task.state in ("PendingCancel", "Cancelled"):
                 return False
             task.previous_state, task.state = task.state, state
+            task.history.append(state)
         while state in self.hold and task.state == state:
             time.sleep(0.02)
         return task.state == state
@@ -203,6 +206,7 @@ class QarnotDouble:
     def _cancelled(self, task: Task) -> None:
         with self._lock:
             task.previous_state, task.state = task.state, "Cancelled"
+            task.history.append("Cancelled")
             task.ended = time.time()
 
     def _run(self, task: Task):
@@ -263,6 +267,7 @@ class QarnotDouble:
             else:
                 task.completed = [instance]
                 task.previous_state, task.state = task.state, instance["state"]
+            task.history.append(task.state)
             task.ended = time.time()
 
     def _pump(self, task: Task, stream, name: str):
@@ -389,7 +394,8 @@ class QarnotDouble:
                 return jsonify({"message": "Maximum number of tasks reached"}), 403
             task = Task(uuid=str(uuidlib.uuid4()), body=body)
             double.tasks[task.uuid] = task
-            threading.Thread(target=double._run, args=(task,), daemon=True).start()
+            task.runner = threading.Thread(target=double._run, args=(task,), daemon=True)
+            task.runner.start()
             return jsonify({"uuid": task.uuid}), 201
 
         @app.post("/tasks/paginate")
@@ -443,6 +449,7 @@ class QarnotDouble:
                 if task.state in ("Success", "Failure", "Cancelled", "PendingCancel"):
                     return jsonify({"message": "Invalid operation on non-running task"}), 403
                 task.previous_state, task.state = task.state, "PendingCancel"
+                task.history.append("PendingCancel")
             if task.proc is not None and task.proc.poll() is None:
                 os.killpg(task.proc.pid, signal.SIGTERM)
             return "", 200
