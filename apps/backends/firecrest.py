@@ -661,6 +661,22 @@ class FirecrestBackend(ExecutionBackend):
             raise AlreadyFinished(f"Slurm job {job_id} already ended")
         raise refused
 
+    def purge(self, job: JobRef) -> None:
+        """``<working_root>/<case id>`` goes (SPEC §8, ``manage.py cleanup``). Idempotent: when
+        the removal is refused, a stat that answers 404 means it was already gone."""
+        session = Session(job.pool_remote)
+        session.system = split_remote_id(job.remote_id, session.system)[1]
+        rdir = session.run_dir(job.case_id)
+        try:
+            session.call(f"removal of {rdir}", "rm", session.system, rdir)
+        except ProviderError as exc:
+            try:
+                session.call(f"stat of {rdir}", "stat", session.system, rdir)
+            except ProviderError as gone:
+                if gone.status == 404:
+                    return
+            raise exc from None
+
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:
         time_option = LaunchOption(

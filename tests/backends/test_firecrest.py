@@ -462,3 +462,29 @@ def test_dropped_connection_with_the_job_not_listed_yet_keeps_the_case_prepared(
     assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
     error = fc.provider_error(httpx.RemoteProtocolError("Server disconnected"), "x", [])
     assert error.dropped and error.maybe_done and not error.permanent
+
+
+def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_pool, make_case, double):
+    """SPEC §8: ``manage.py cleanup`` removes ``<working_root>/<case id>`` of cases finished
+    before the retention, idempotently, and ``--dry-run`` only counts."""
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    old = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
+    recent = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
+    Case.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    root = Path(fc_pool.remote["working_root"])
+    out = StringIO()
+    call_command("cleanup", "--days", "30", "--dry-run", stdout=out)
+    assert "would purge the remote side of 1 finished case(s)" in out.getvalue()
+    assert (root / str(old.id)).is_dir()
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert not (root / str(old.id)).exists() and (root / str(recent.id)).is_dir()
+    assert Case.objects.get(pk=old.pk).remote_purged_at is not None
+    out = StringIO()
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 0 finished case(s)" in out.getvalue()
+    fc.FirecrestBackend().purge(passes.job_ref(old))  # already gone: no error

@@ -389,3 +389,26 @@ def test_large_unchanged_input_with_a_multipart_etag_is_not_a_result(q_pool, mak
     assert "-" in etag  # the double returned it with a multipart ETag, as Qarnot's storage does
     results = workspace.case_dir(case.id) / "results"
     assert (results / "out.txt").read_text() == "made\n" and not (results / "big.bin").exists()
+
+
+def test_cleanup_purges_the_buckets_and_task_of_cases_past_the_retention(q_pool, make_case, double):
+    """SPEC §8: ``manage.py cleanup`` deletes a finished case's buckets and task once it is past
+    the retention; a second purge finds nothing to do and raises nothing."""
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from apps.cases.models import Case
+
+    case = poll_until(launch(make_case, q_pool, "echo x > out.txt"), lambda c: c.is_terminal)
+    assert case.status == CaseStatus.DONE, case.last_error
+    Case.objects.filter(pk=case.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    names = set(qb.bucket_names(str(case.id)))
+    assert names <= set(double.buckets())
+    out = StringIO()
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 1 finished case(s)" in out.getvalue()
+    assert not names & set(double.buckets()) and case.remote_id not in double.tasks
+    qb.QarnotBackend().purge(passes.job_ref(case))  # already gone: no error

@@ -437,7 +437,9 @@ class FirecrestDouble:
         @app.get("/filesystem/<system>/ops/stat")
         def stat(system):
             double._system(system)
-            path = double._existing(request.args.get("path"))
+            path = double._path(request.args.get("path"))
+            if not path.exists():
+                raise _Error(404, f"stat: cannot statx '{path}': No such file or directory")
             st = path.stat()
             return jsonify({"output": {"size": st.st_size, "mtime": int(st.st_mtime), "mode": st.st_mode}})
 
