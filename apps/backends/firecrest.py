@@ -225,6 +225,9 @@ class Session:
                 error = provider_error(exc, f"FirecREST {what} failed", self.secrets)
                 if error.status == 401 and not error.permanent and attempt == 1:
                     _forget_token(client)
+                    for arg in args:  # an in-memory upload is sent again from its start
+                        if hasattr(arg, "seek"):
+                            arg.seek(0)
                     continue
                 raise error from None
         raise AssertionError("unreachable")  # pragma: no cover

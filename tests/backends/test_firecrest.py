@@ -488,3 +488,20 @@ def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_po
     call_command("cleanup", "--days", "30", stdout=out)
     assert "purged the remote side of 0 finished case(s)" in out.getvalue()
     fc.FirecrestBackend().purge(passes.job_ref(old))  # already gone: no error
+
+
+def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_pool, make_case, double, request):
+    """R-CASE-1: the last uncertain attempt fails the case; a job the provider created late is
+    found by name once more and cancelled, never left running unrecorded."""
+    from apps.cases.services import MAX_UNCERTAIN_SUBMITS
+
+    request.addfinalizer(double.reap)
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
+    double.hide_new_jobs = fc.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
+    case = make_case(resource_class=fc_pool.classes.get(), command="sleep 30")
+    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+    Case.objects.filter(pk=case.pk).update(poll_failures=MAX_UNCERTAIN_SUBMITS - 1)  # the last attempt
+    case = services.launch_case(case)
+    assert case.status == CaseStatus.FAILED, case.last_error
+    (job,) = double.user_jobs()
+    assert job.cancelled
