@@ -484,9 +484,10 @@ def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_po
     call_command("cleanup", "--days", "30", stdout=out)
     assert not (root / str(old.id)).exists() and (root / str(recent.id)).is_dir()
     assert Case.objects.get(pk=old.pk).remote_purged_at is not None
-    out = StringIO()
+    out, before = StringIO(), len(double.calls)
     call_command("cleanup", "--days", "30", stdout=out)
     assert "purged the remote side of 0 finished case(s)" in out.getvalue()
+    assert not [path for _method, path in double.calls[before:] if "/ops/rm" in path]  # purged once
     fc.FirecrestBackend().purge(passes.job_ref(old))  # already gone: no error
 
 

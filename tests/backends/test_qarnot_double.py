@@ -70,10 +70,11 @@ def test_double_abort_passes_through_pending_cancel_and_is_never_undone(double, 
     uuid = uuid_of(submit(double))
     double.wait_state(uuid, (window,))
     assert post(double, f"/tasks/{uuid}/abort").status_code == 200
-    assert double.tasks[uuid].state == "PendingCancel"
     double.hold = set()
     double.tasks[uuid].runner.join(10)  # the runner is done: nothing can flip the state back
-    assert double.tasks[uuid].state == "Cancelled" and "Success" not in double.tasks[uuid].history
+    history = double.tasks[uuid].history
+    assert double.tasks[uuid].state == "Cancelled" and "Success" not in history
+    assert history[history.index(window) + 1 :] == ["PendingCancel", "Cancelled"]
 
 
 def test_double_abort_of_a_finished_task_answers_403_non_running(double):
@@ -81,6 +82,12 @@ def test_double_abort_of_a_finished_task_answers_403_non_running(double):
     double.wait_state(uuid, ("Success",))
     answer = post(double, f"/tasks/{uuid}/abort")
     assert answer.status_code == 403 and "non-running" in answer.json()["message"]
+    cancelled = uuid_of(submit(double, "sleep 30"))
+    double.wait_state(cancelled, ("FullyExecuting",))
+    post(double, f"/tasks/{cancelled}/abort")
+    double.wait_state(cancelled, ("Cancelled",))
+    assert post(double, f"/tasks/{cancelled}/abort").status_code == 403
+    assert double.tasks[cancelled].state == "Cancelled"
 
 
 def test_double_reports_failures_per_instance_not_in_errors(double):

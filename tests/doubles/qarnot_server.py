@@ -193,7 +193,8 @@ class QarnotDouble:
 
     # -- the task runner ------------------------------------------------------------------------
     def _enter(self, task: Task, state: str) -> bool:
-        """Move to ``state`` unless an abort came first (never undone); wait while it is held."""
+        """Move to ``state`` unless an abort came first (never undone); wait while it is held.
+        An abort during the wait is the caller's to honour (as an abort during an upload is)."""
         with self._lock:
             if task.state in ("PendingCancel", "Cancelled"):
                 return False
@@ -201,7 +202,7 @@ class QarnotDouble:
             task.history.append(state)
         while state in self.hold and task.state == state:
             time.sleep(0.02)
-        return task.state == state
+        return True
 
     def _cancelled(self, task: Task) -> None:
         with self._lock:
