@@ -166,6 +166,13 @@ class SubmitUncertain(BackendError):
     one (R-CASE-1)."""
 
 
+class SubmitDeferred(SubmitUncertain):
+    """The provider refused the submission for now and created nothing (Qarnot's 403 "maximum
+    number of tasks reached"): a temporary refusal, not a failure. The core keeps the case
+    prepared and retries later exactly as for an uncertain submission (its ``find`` finds
+    nothing, then it submits)."""
+
+
 class LeaseLost(BackendError):
     """The launch lease was taken over (it expired, or the case was cancelled) while this worker
     was preparing the submission: it must stop without submitting."""
@@ -224,6 +231,14 @@ class ExecutionBackend(ABC):
     @abstractmethod
     def cancel(self, job: JobRef) -> None:
         """Stop the job. Raise AlreadyFinished when it had already ended."""
+
+    def purge(self, job: JobRef) -> None:
+        """Remove what a finished case left on the provider's side (buckets, run directories),
+        called by ``manage.py cleanup`` once the case is past the retention (SPEC §8). Must be
+        idempotent: purging twice, or a case whose submission never reached the provider, is no
+        error. ``job.remote_id`` may be empty (a launch that failed after uploading). The default:
+        nothing kept remotely."""
+        return None
 
     def launch_options(self, pool) -> LaunchOptions:
         return LaunchOptions()

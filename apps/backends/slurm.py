@@ -328,6 +328,15 @@ class SlurmBackend(ExecutionBackend):
             raise AlreadyFinished(f"Slurm job {job.remote_id} already ended")
         run(["scancel", job.remote_id])
 
+    def purge(self, job: JobRef) -> None:
+        """The run directory goes (SPEC §8, ``manage.py cleanup``); already gone is fine."""
+        try:
+            shutil.rmtree(run_dir_for(job.case_id, job.workspace, job.pool_remote))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
+
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:
         time_option = LaunchOption(

@@ -276,6 +276,10 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
                 message=f"submitted as {remote_id}" if remote_id else f"submission failed: {error}",
                 at=now,
             )
+    if updated and uncertain:
+        # The last uncertain attempt failed the case, yet the provider may have created the job
+        # late: look once more and cancel it rather than leave it running unrecorded (R-CASE-1).
+        _cancel_orphan(case)
     if not updated:
         current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
         if remote_id and current == CaseStatus.CANCELLED:

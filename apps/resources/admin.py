@@ -105,6 +105,11 @@ class ResourceClassAdmin(admin.ModelAdmin):
     search_fields = ["name", "pool__name"]
     readonly_fields = ["kind", "launch_specification", "created_at", "updated_at"]
 
+    def get_readonly_fields(self, request, obj=None):
+        # A class stays in its pool (ResourceClass.clean says why): shown, not editable.
+        fields = super().get_readonly_fields(request, obj)
+        return [*fields, "pool"] if obj is not None else fields
+
     @admin.display(description="kind (from the pool)")
     def kind(self, obj):
         return obj.pool.kind

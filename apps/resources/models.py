@@ -375,6 +375,12 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
                 )
             super().save(*args, **kwargs)
 
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        instance = super().from_db(db, field_names, values)
+        instance._loaded_pool_id = instance.__dict__.get("pool_id")
+        return instance
+
     @property
     def kind(self) -> str:
         return self.pool.kind
@@ -402,6 +408,14 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
             and self.default_storage > self.max_storage
         ):
             errors.setdefault("default_storage", []).append("default_storage cannot exceed max_storage.")
+        # A class never moves to another pool: its active sessions carry its pool (admission
+        # sums them per pool), the old pool would lose a class (maybe its default) and the new
+        # one's default would be demoted. Create the class in the other pool instead.
+        loaded = getattr(self, "_loaded_pool_id", None)
+        if loaded is not None and self.pool_id != loaded:
+            errors.setdefault("pool", []).append(
+                "A class cannot move to another pool: create a class in that pool instead."
+            )
         pool = self._state.fields_cache.get("pool") or (self.pool if self.pool_id else None)
         if pool is not None:
             self._clean_against_pool(pool, errors)
