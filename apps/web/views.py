@@ -25,6 +25,7 @@ from apps.backends.api.views import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
+from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
@@ -63,7 +64,7 @@ def _flatten(detail) -> str:
 
 
 def _refused(request, exc: Exception, what: str) -> None:
-    status = getattr(exc, "status_code", 400)
+    status = getattr(exc, "status_code", getattr(exc, "status", 400))
     messages.error(request, f"{what} refused ({status}): {error_text(exc)}")
 
 
@@ -337,13 +338,11 @@ def case_launch(request, pk):
     }
     try:
         case = case_services.launch_case(case, launch_options=chosen or None)
-    except (APIException, DjangoValidationError) as exc:
+    except (APIException, DjangoValidationError, ServiceError) as exc:
         _refused(request, exc, "Launch")
     else:
-        if case.status == "failed":
-            messages.error(request, f"The backend refused the case: {case.last_error}")
-        else:
-            messages.success(request, f"Case launched on the {case.backend} backend ({case.remote_id}).")
+        # R-CASE-1: a worker uploads and submits it; this page follows it from "submitting".
+        messages.success(request, f"Launch requested on the {case.backend} backend: the case is being submitted.")
     return redirect("web:case-detail", pk=case.pk)
 
 

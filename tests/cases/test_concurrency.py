@@ -11,8 +11,9 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.backends.fake import FakeBackend
-from apps.cases import passes, services
+from apps.cases import passes
 from apps.cases.models import Case, CaseEvent, CaseStatus
+from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -33,7 +34,7 @@ def in_threads(function, workers: int, rounds: int):
 
 def test_r_case_2_two_workers_polling_at_once_never_double_finalize(make_case):
     FakeBackend.script = ("succeeded",)  # every job is finished at the provider: all finalize now
-    cases = [services.launch_case(make_case(name=f"c{i}")) for i in range(40)]
+    cases = [launched(make_case(name=f"c{i}")) for i in range(40)]
     Case.objects.update(next_poll_at=timezone.now() - timedelta(seconds=1))
 
     reports = in_threads(lambda: passes.poll_pass(batch=7), workers=2, rounds=8)
@@ -55,7 +56,7 @@ def test_r_case_1_concurrent_launches_and_submit_passes_never_double_submit(make
     def launch_all():
         for case in cases:
             try:
-                services.launch_case(case)
+                launched(case)
                 result = "launched"
             except Exception as exc:
                 result = type(exc).__name__
@@ -75,7 +76,7 @@ def test_r_case_1_concurrent_launches_and_submit_passes_never_double_submit(make
 def test_r_case_2_a_killed_workers_cases_are_resumed_after_its_lease_expires(make_case, settings):
     settings.GRIDGATE_CASE_LEASE_SECONDS = 120
     FakeBackend.script = ("succeeded",)
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     start = timezone.now()
     with time_machine.travel(start, tick=False):
         # A worker claims the case, then dies before recording anything.
@@ -93,7 +94,7 @@ def test_r_case_2_a_killed_workers_cases_are_resumed_after_its_lease_expires(mak
 
 def test_r_case_2_late_write_back_of_a_worker_that_lost_its_lease_is_dropped(make_case, monkeypatch):
     """A slow worker whose lease expired and was taken over must not overwrite the new owner."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     original = FakeBackend.poll_many
 
     def slow_poll(self, jobs):

@@ -19,7 +19,7 @@ from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
-from tests.cases.conftest import drive
+from tests.cases.conftest import drive, launched
 
 pytestmark = pytest.mark.django_db
 
@@ -349,7 +349,7 @@ def test_staff_see_every_case_with_an_admin_link(web, cases_root, owner, staff, 
 
 def test_case_page_never_asks_the_provider(web, cases_root, owner, local_pool, monkeypatch):
     case = _case(owner, local_pool)
-    case_services.launch_case(case)
+    launched(case)
 
     def boom(*args, **kwargs):
         raise AssertionError("a provider was called while rendering")
@@ -435,7 +435,7 @@ def test_staff_cannot_launch_another_users_case_from_the_page(web, cases_root, o
 def test_refresh_is_throttled_in_words(web, settings, cases_root, owner, local_pool):
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
     case = _case(owner, local_pool)
-    case_services.launch_case(case)
+    launched(case)
     client = web(owner)
     assert "Refresh requested" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
     assert (
