@@ -236,3 +236,19 @@ def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
     assert map_state("COMPLETING") == "running"
     assert map_state("SOME_NEW_STATE") == "pending"
     assert parse_elapsed("1-02:03:04") == 93784 and parse_elapsed("5:07") == 307
+
+
+def test_a_held_jobs_reason_from_squeue_reaches_the_case(slurm_pool, make_case, request):
+    """The pending reason (squeue %r; sacct says None) reaches the case and its history."""
+    case = make_case(resource_class=slurm_pool.classes.get(), command="true")
+    spec = passes.build_spec(case)
+    spec.batch_directives = [*spec.batch_directives, "--hold"]  # held at submission: JobHeldUser
+    job_id = SlurmBackend().submit(spec)
+    request.addfinalizer(lambda: subprocess.run(["scancel", job_id], capture_output=True, check=False))
+    Case.objects.filter(pk=case.pk).update(
+        status=CaseStatus.PENDING, backend="slurm", remote_id=job_id, next_poll_at=timezone.now()
+    )
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.status_message == "Slurm: JobHeldUser"
+    assert case.events.filter(kind="note", message="Slurm: JobHeldUser").exists()
