@@ -39,6 +39,7 @@ from apps.backends.base import (
     JobRef,
     LeaseLost,
     SubmitSpec,
+    SubmitUncertain,
 )
 from apps.backends.registry import get_backend
 from apps.backends.remote_common import scrub_for_pool
@@ -518,6 +519,8 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
         # Transient (a busy controller, a token in its refusal window) or uncertain (the answer
         # was lost): retried with back-off. Anything else refuses the case for good.
         error, transient = scrub_for_pool(pool, str(exc)), exc.transient
+        if isinstance(exc, SubmitUncertain):
+            error = f"submission uncertain: {error}"
     except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
         error = scrub_for_pool(pool, f"{type(exc).__name__}: {exc}")
         logger.error("case %s: submission raised %s", case.id, error)
