@@ -84,6 +84,8 @@ class Case(models.Model):
         help_text=_("The provider's word on a waiting or running case, e.g. Slurm's pending reason (JobHeldAdmin)."),
     )
     results_fetched = models.BooleanField(default=False)
+    #: set by ``manage.py cleanup`` once the provider side (buckets, run directory) is purged
+    remote_purged_at = models.DateTimeField(null=True, blank=True)
     # -- pass bookkeeping (R-CASE-2) --
     next_poll_at = models.DateTimeField(null=True, blank=True)
     next_sync_at = models.DateTimeField(null=True, blank=True)

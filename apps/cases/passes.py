@@ -41,11 +41,13 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
-from apps.backends.registry import get_backend
+from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
+from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
+from apps.resources.selectors import run_as_for
 
 logger = logging.getLogger(__name__)
 
@@ -445,6 +447,19 @@ class LaunchLease:
             raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
 
 
+def run_as(case: Case):
+    """R-CASE-8: the account the case's command runs as, for backends that run it on this site's
+    accounts (local, Slurm); None for the others. Raises Forbidden/Unavailable (see
+    :func:`apps.resources.selectors.run_as_for`)."""
+    try:
+        backend = get_backend(case.backend or backend_name_for_kind(case.resource_class.pool.kind))
+    except NoBackend:
+        return None
+    if not backend.runs_as_user:
+        return None
+    return run_as_for(case.owner, case.resource_class.pool)
+
+
 def build_spec(case: Case) -> SubmitSpec:
     resource_class = case.resource_class
     spec = launch_spec(resource_class)
@@ -459,6 +474,7 @@ def build_spec(case: Case) -> SubmitSpec:
         launch_options=dict(case.launch_options or {}),
         observability_globs=list(case.observability_globs or []),
         shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
+        run_as=run_as(case),
     )
 
 
@@ -501,11 +517,11 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
     except LeaseLost:
         logger.info("case %s: launch lease lost before submitting; left to its new holder", case.id)
         return False
-    spec = build_spec(case)
-    spec.keepalive = lease.renew
     pool = case.resource_class.pool
-    backend, remote_id, error, transient = None, None, "", False
+    backend, remote_id, error, transient, spec = None, None, "", False, None
     try:
+        spec = build_spec(case)
+        spec.keepalive = lease.renew
         backend = get_backend(case.backend)
         # Look the job up by name first: a retried launch adopts it (R-CASE-1).
         remote_id = backend.find(spec)
@@ -515,6 +531,8 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
     except LeaseLost:
         logger.info("case %s: launch lease lost while submitting; nothing was submitted", case.id)
         return False
+    except ServiceError as exc:  # no account to run as (R-CASE-8): the case fails saying why
+        error = exc.detail
     except BackendError as exc:
         # Transient (a busy controller, a token in its refusal window) or uncertain (the answer
         # was lost): retried with back-off. Anything else refuses the case for good.
@@ -558,7 +576,7 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
         from apps.cases.tasks import enqueue_poll  # tasks imports passes: imported at call time
 
         enqueue_poll([case.id])
-    elif transient and backend is not None:
+    elif transient and backend is not None and spec is not None:
         # The last attempt was uncertain too: the provider may have queued a job after all.
         # Look once more and cancel it, rather than leave it running (and billing) unrecorded.
         _cancel_orphan(backend, case, spec, None)

@@ -128,6 +128,9 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     the worker adopts a job already submitted under the case's name instead of a second one."""
     if launch_options is not None and not isinstance(launch_options, dict):
         raise Invalid("launch_options must be a JSON object.", launch_options=["Must be a JSON object."])
+    # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
+    # account this pool may run the command as; checked again when the worker builds the submission.
+    passes.run_as(case)
     now = timezone.now()
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)

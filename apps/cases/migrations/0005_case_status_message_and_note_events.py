@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cases", "0003_shared_tick"),
+        ("cases", "0004_case_remote_purged_at"),
     ]
 
     operations = [
