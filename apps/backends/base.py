@@ -156,14 +156,34 @@ class JobRef:
 
 
 class BackendError(Exception):
-    """A provider call failed. The message is shown to users: never put a credential in it."""
+    """A provider call failed. The message is shown to users: never put a credential in it.
+
+    The facts the core acts on are attributes set where the provider's error is caught (never
+    read back from the text, STYLE example 6): ``timeout`` (the provider did not answer in time)
+    and ``transient`` (retrying later may work: a busy controller, a dropped connection). A
+    submission that fails with a transient error is retried with back-off instead of failing the
+    case (R-CASE-1); any other error is permanent."""
+
+    transient = False
+    timeout = False
+
+    def __init__(self, *args, transient: bool | None = None, timeout: bool | None = None):
+        super().__init__(*args)
+        if timeout is not None:
+            self.timeout = timeout
+        if transient is not None:
+            self.transient = transient
+        elif self.timeout:
+            self.transient = True  # a timeout is always worth another try
 
 
 class SubmitUncertain(BackendError):
-    """The submission may or may not have reached the provider (its answer timed out and the job
-    is not listed yet). The core keeps the case prepared and retries the launch later; the retry
-    looks the job up by name first (``find``), so it adopts the job instead of creating a second
-    one (R-CASE-1)."""
+    """The submission may or may not have reached the provider (its answer timed out, or the
+    provider said it lost the answer, and the job is not listed yet). The core keeps the case
+    prepared and retries the launch later; the retry looks the job up by name first (``find``),
+    so it adopts the job instead of creating a second one (R-CASE-1)."""
+
+    transient = True
 
 
 class SubmitDeferred(SubmitUncertain):

@@ -44,6 +44,7 @@ class CaseAdmin(admin.ModelAdmin):
         "last_synced_at",
         "poll_failures",
         "last_error",
+        "status_message",
         "results_fetched",
         "next_poll_at",
         "next_sync_at",
@@ -53,7 +54,10 @@ class CaseAdmin(admin.ModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["id", "name", "owner", "campaign", "resource_class", "command"]}),
-        ("Launch", {"fields": ["launch_options", "observability_globs", "backend", "remote_id", "status"]}),
+        (
+            "Launch",
+            {"fields": ["launch_options", "observability_globs", "backend", "remote_id", "status", "status_message"]},
+        ),
         ("Progress", {"fields": ["progress", "execution_time", "cores", "results_fetched", "workspace_files"]}),
         (
             "Timeline",

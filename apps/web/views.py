@@ -338,10 +338,8 @@ def case_launch(request, pk):
     except (APIException, DjangoValidationError, ServiceError) as exc:
         _refused(request, exc, "Launch")
     else:
-        if case.status == "failed":
-            messages.error(request, f"The backend refused the case: {case.last_error}")
-        else:
-            messages.success(request, f"Case launched on the {case.backend} backend ({case.remote_id}).")
+        # R-CASE-1: a worker uploads and submits it; this page follows it from "submitting".
+        messages.success(request, f"Launch requested on the {case.backend} backend: the case is being submitted.")
     return redirect("web:case-detail", pk=case.pk)
 
 

@@ -15,6 +15,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +61,7 @@ def launch(make_case, pool, command, *, inputs=None, **kwargs):
     for name, data in (inputs or {"in.txt": "input\n"}).items():
         path = workspace.case_dir(case.id) / "inputs" / name
         path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
-    return services.launch_case(case)
+    return launched(case)
 
 
 def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool, make_case, double):

@@ -12,6 +12,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.cases.conftest import launched
 from tests.doubles.qarnot_server import QarnotDouble
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +63,7 @@ def launch(make_case, pool, command, *, inputs=None, **kwargs):
     case = make_case(resource_class=pool.classes.get(), command=command, **kwargs)
     for name, text in (inputs or {"in.txt": "input\n"}).items():
         (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
-    return services.launch_case(case)
+    return launched(case)
 
 
 def poll_until(case, predicate, timeout=20.0):
@@ -133,7 +134,7 @@ def test_unknown_scheduling_type_fails_the_launch_naming_the_choices_before_any_
     """R-BACK-3: an unknown scheduling value fails the launch and names Flex, OnDemand, Reserved."""
     before = double.buckets()
     case = make_case(resource_class=q_pool.classes.get(), command="true", launch_options={"scheduling": "cheap"})
-    case = services.launch_case(case)
+    case = launched(case)
     assert case.status == CaseStatus.FAILED
     assert all(word in case.last_error for word in ("Flex", "OnDemand", "Reserved"))
     assert double.buckets() == before

@@ -22,6 +22,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal
+from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
@@ -81,7 +82,7 @@ def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
     rc = slurm_pool.classes.get()
     case = make_case(resource_class=rc, command="cat in.txt > out.txt; echo computed")
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    case = services.launch_case(case, launch_options={"time": "00:10:00"})
+    case = launched(case, launch_options={"time": "00:10:00"})
     assert case.status == CaseStatus.PENDING and case.backend == "slurm" and case.remote_id.isdigit()
     text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
     assert f"#SBATCH --job-name={case.id}" in text and "#SBATCH --partition=debug" in text
@@ -99,7 +100,7 @@ def test_slurm_job_never_sees_the_worker_environment(slurm_pool, make_case, monk
     """R-BACK-1: neither sbatch nor the job inherits the worker's environment (--export=NONE)."""
     monkeypatch.setenv("FIRECREST_CLIENT_SECRET", "worker-secret-value-4711")
     case = make_case(resource_class=slurm_pool.classes.get(), command="env")
-    case = services.launch_case(case)
+    case = launched(case)
     text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
     assert "#SBATCH --export=NONE" in text and "4711" not in text
     case = wait_for_terminal(case, timeout=90)
@@ -217,14 +218,14 @@ def test_sacct_lookups_look_back_past_midnight(monkeypatch):
 
 def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="echo 'bad mesh' >&2; exit 4")
-    case = wait_for_terminal(services.launch_case(case), timeout=90)
+    case = wait_for_terminal(launched(case), timeout=90)
     assert case.status == CaseStatus.FAILED
     assert "FAILED" in case.last_error and "4" in case.last_error
     assert "bad mesh" in (workspace.case_dir(case.id) / "stderr.log").read_text()
 
 
 def test_scancel_ends_cancelled(slurm_pool, make_case, request):
-    case = services.launch_case(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
+    case = launched(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
     request.addfinalizer(lambda: subprocess.run(["scancel", case.remote_id], capture_output=True, check=False))
     deadline = time.monotonic() + 60
     while case.status != CaseStatus.RUNNING and time.monotonic() < deadline:
@@ -245,7 +246,7 @@ def test_scancel_ends_cancelled(slurm_pool, make_case, request):
 
 def test_retried_launch_adopts_the_slurm_job_by_name(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="sleep 1")
-    job_id = SlurmBackend().submit(services.build_spec(case))  # reached Slurm, then the launcher died
+    job_id = SlurmBackend().submit(passes.build_spec(case))  # reached Slurm, then the launcher died
     Case.objects.filter(pk=case.pk).update(
         launch_requested_at=timezone.now() - timedelta(minutes=5),
         lease_owner="dead",
@@ -317,3 +318,19 @@ def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
     assert map_state("COMPLETING") == "running"
     assert map_state("SOME_NEW_STATE") == "pending"
     assert parse_elapsed("1-02:03:04") == 93784 and parse_elapsed("5:07") == 307
+
+
+def test_a_held_jobs_reason_from_squeue_reaches_the_case(slurm_pool, make_case, request):
+    """The pending reason (squeue %r; sacct says None) reaches the case and its history."""
+    case = make_case(resource_class=slurm_pool.classes.get(), command="true")
+    spec = passes.build_spec(case)
+    spec.batch_directives = [*spec.batch_directives, "--hold"]  # held at submission: JobHeldUser
+    job_id = SlurmBackend().submit(spec)
+    request.addfinalizer(lambda: subprocess.run(["scancel", job_id], capture_output=True, check=False))
+    Case.objects.filter(pk=case.pk).update(
+        status=CaseStatus.PENDING, backend="slurm", remote_id=job_id, next_poll_at=timezone.now()
+    )
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.status_message == "Slurm: JobHeldUser"
+    assert case.events.filter(kind="note", message="Slurm: JobHeldUser").exists()
