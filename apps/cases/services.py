@@ -17,6 +17,7 @@ from rest_framework.exceptions import ValidationError as DRFValidationError
 from apps.backends.base import AlreadyFinished, BackendError, JobRef, LeaseLost, SubmitSpec, SubmitUncertain
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
+from apps.backends.services import check_launch_options
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
@@ -81,12 +82,14 @@ def create_case(
     """A prepared case with its workspace (and its input files, all or nothing)."""
     if not can_use_pool(owner, resource_class.pool):
         raise DRFValidationError({"resource_class": ["You may not use this class's pool."]})
+    # R-BACK-6: refused at creation already (400 naming the allowed values), not at launch only.
+    launch_options = check_launch_options(resource_class, launch_options or {})
     case = Case(
         owner=owner,
         resource_class=resource_class,
         name=name,
         command=command,
-        launch_options=launch_options or {},
+        launch_options=launch_options,
         observability_globs=observability_globs or [],
         campaign=campaign,
     )
@@ -167,6 +170,10 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     under the case's name instead of creating a second one."""
     if launch_options is not None and not isinstance(launch_options, dict):
         raise DRFValidationError({"launch_options": ["Must be a JSON object."]})
+    # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
+    # among what the backend declares now. Checked before the row lock: it may ask the provider.
+    chosen = launch_options if launch_options is not None else case.launch_options
+    launch_options = check_launch_options(case.resource_class, chosen or {})
     now = timezone.now()
     owner = passes.worker_id()
     with transaction.atomic():
@@ -179,8 +186,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
         except NoBackend as exc:
             raise DRFValidationError({"resource_class": [str(exc)]}) from None
-        if launch_options is not None:
-            locked.launch_options = launch_options
+        locked.launch_options = launch_options
         locked.launch_requested_at = now
         locked.lease_owner = owner
         locked.lease_until = now + timedelta(seconds=passes.lease_seconds())

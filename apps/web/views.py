@@ -21,10 +21,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import APIException
 
-from apps.backends.api.views import launch_options_for
+from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
+from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
@@ -63,7 +64,7 @@ def _flatten(detail) -> str:
 
 
 def _refused(request, exc: Exception, what: str) -> None:
-    status = getattr(exc, "status_code", 400)
+    status = getattr(exc, "status_code", None) or getattr(exc, "status", 400)
     messages.error(request, f"{what} refused ({status}): {error_text(exc)}")
 
 
@@ -337,7 +338,7 @@ def case_launch(request, pk):
     }
     try:
         case = case_services.launch_case(case, launch_options=chosen or None)
-    except (APIException, DjangoValidationError) as exc:
+    except (APIException, DjangoValidationError, ServiceError) as exc:  # R-BACK-6's 400 included
         _refused(request, exc, "Launch")
     else:
         if case.status == "failed":

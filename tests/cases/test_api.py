@@ -394,3 +394,36 @@ def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
     again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
     assert first.status_code == 200 and first.json() == again.json()
     assert Case.objects.get(pk=case_id).events.filter(to_status="pending").count() == 1
+
+
+# -- R-BACK-6: launch options are an allow-list -----------------------------------------------------
+def test_r_back_6_a_value_outside_the_declared_choices_is_400_at_creation_naming_them(api, owner, local_pool):
+    response = create(api(owner), local_pool.classes.get(), launch_options={"outcome": "explode"})
+    assert response.status_code == 400
+    body = response.json()
+    assert "one of succeed, fail" in body["detail"] and "outcome" in body["launch_options"]
+    assert not Case.objects.exists()
+
+
+def test_r_back_6_an_undeclared_option_at_launch_is_400_and_nothing_is_submitted(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    response = client.post(
+        f"/api/v1/cases/{case_id}/launch/",
+        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "declared options: outcome" in response.json()["detail"]
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None and not case.remote_id
+    assert FakeBackend.calls.get("submit", 0) == 0
+
+
+def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    response = client.post(
+        f"/api/v1/cases/{case_id}/launch/", {"launch_options": {"outcome": "succeed\ntouch pwned"}}, format="json"
+    )
+    assert response.status_code == 400 and "control characters" in response.json()["detail"]
