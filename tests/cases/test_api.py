@@ -427,3 +427,16 @@ def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
         f"/api/v1/cases/{case_id}/launch/", {"launch_options": {"outcome": "succeed\ntouch pwned"}}, format="json"
     )
     assert response.status_code == 400 and "control characters" in response.json()["detail"]
+
+
+def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
+    (and spooled to disk); the per-file check behind it never even runs."""
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    reached = []
+    monkeypatch.setattr(workspace, "save_uploads", lambda *args, **kwargs: reached.append(args) or [])
+    big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
+    response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [big]}, format="multipart")
+    assert response.status_code == 413 and reached == []
