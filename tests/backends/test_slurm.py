@@ -290,12 +290,12 @@ def test_r_back_6_the_issue_example_is_400_on_slurm_naming_the_partitions_and_ti
 
 
 def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
-    slurm_cluster, tmp_path, make_case, api, owner
+    slurm_cluster, working_root, owner_account, make_case, api, owner
 ):
     """sinfo's default partition is debug; the class says normal: the form offers normal only, a
     launch with every default the form shows submits to normal, and debug is refused."""
     pool = ResourcePool.objects.create(
-        name="hpc-override", kind="slurm", public=True, remote={"working_root": str(tmp_path / "scratch")}
+        name="hpc-override", kind="slurm", public=True, remote={"working_root": str(working_root / "scratch")}
     )
     rc = ResourceClass.objects.create(
         pool=pool, name="long", cpu=1, memory=1, default=True, remote={"partition": "normal"}
@@ -309,7 +309,7 @@ def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
     case = make_case(resource_class=rc, command="true")
     response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
     assert response.status_code == 200 and response.json()["status"] == "pending", response.content
-    script = (tmp_path / "scratch" / str(case.id) / "job.sh").read_text()
+    script = (working_root / "scratch" / str(case.id) / "job.sh").read_text()
     assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=normal"]
 
     other = make_case(resource_class=rc, command="true")
