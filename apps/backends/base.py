@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.core.exceptions import Invalid
+from apps.core.text import has_control_characters
+
 
 class BackendStatus:
     """What every provider state is mapped to. An unknown provider state maps to PENDING."""
@@ -54,10 +57,27 @@ class Choice:
 
 @dataclass
 class LaunchOption:
+    """One declared option (R-BACK-6): either a list of ``choices`` or, when ``minimum`` and
+    ``maximum`` are set, a whole number in that range. Nothing undeclared is ever accepted."""
+
     key: str
     label: str
     choices: list[Choice]
     default: str | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return self.minimum is not None and self.maximum is not None
+
+    def allowed(self) -> str:
+        """The allowed values in words, for the 400 that refuses another one."""
+        if self.is_range:
+            return f"a whole number from {self.minimum} to {self.maximum}"
+        if not self.choices:
+            return "no value (none can be offered right now)"
+        return "one of " + ", ".join(choice.value for choice in self.choices)
 
 
 @dataclass
@@ -71,6 +91,85 @@ class LaunchOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchOptions:
+        options = [
+            LaunchOption(**{**option, "choices": [Choice(**choice) for choice in option["choices"]]})
+            for option in data.get("options", [])
+        ]
+        return cls(options=options, degraded=data.get("degraded", False), message=data.get("message", ""))
+
+    def pin(self, key: str, value: str) -> None:
+        """Fix option ``key`` to ``value`` (a class override wins over any backend default or
+        choice, R-BACK-6): the form shows it, and any other value is refused."""
+        for option in self.options:
+            if option.key == key:
+                option.choices, option.default = [Choice(value, value)], value
+                return
+        self.options.append(LaunchOption(key, key.capitalize(), [Choice(value, value)], value))
+
+
+def validate_launch_options(declared: LaunchOptions, chosen) -> dict[str, Any]:
+    """R-BACK-6: the user's launch options, checked against what the backend declared; the one
+    place this rule lives (case creation and launch call it through ``apps.cases.services``).
+
+    Undeclared keys, values outside the declared choices or range, and any text with control
+    characters are refused with :class:`~apps.core.exceptions.Invalid` (400) naming the allowed
+    values. An empty value means "the default" and is dropped. When the provider could not be
+    asked (``degraded``), ``declared`` holds only the defaults and static choices, so only those
+    pass. Range values may come as digit strings (HTML forms post text) and are returned as ints.
+    """
+    if not isinstance(chosen, dict):
+        raise Invalid("Launch options must be a JSON object.", launch_options=["Must be a JSON object."])
+    options = {option.key: option for option in declared.options}
+    clean: dict[str, Any] = {}
+    problems: dict[str, list[str]] = {}
+    for key, value in chosen.items():
+        option = options.get(key)
+        if option is None:
+            allowed = ", ".join(options) or "none"
+            problems[str(key)[:64]] = [
+                f"{_shown(key)} is not a launch option of this backend; declared options: {allowed}."
+            ]
+            continue
+        if value is None or value == "":
+            continue
+        if isinstance(value, str) and has_control_characters(value):
+            problems[key] = [f"'{key}' contains control characters (newlines included); allowed: {option.allowed()}."]
+            continue
+        if option.is_range:
+            number = _whole_number(value)
+            if number is None or not option.minimum <= number <= option.maximum:
+                problems[key] = [f"{_shown(value)} is not allowed for '{key}'; allowed: {option.allowed()}."]
+                continue
+            clean[key] = number
+        elif isinstance(value, str) and value in {choice.value for choice in option.choices}:
+            clean[key] = value
+        else:
+            problems[key] = [f"{_shown(value)} is not allowed for '{key}'; allowed: {option.allowed()}."]
+    if problems:
+        detail = " ".join(message for messages in problems.values() for message in messages)
+        if declared.degraded:
+            detail += " (The provider could not be asked just now: only the defaults and fixed choices are offered.)"
+        raise Invalid(detail, launch_options=problems)
+    return clean
+
+
+def _shown(value) -> str:
+    """A refused value as the error shows it: quoted, escaped, never long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _whole_number(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+        return int(value)
+    return None
 
 
 @dataclass
@@ -261,7 +360,13 @@ class ExecutionBackend(ABC):
         return None
 
     def launch_options(self, pool) -> LaunchOptions:
+        """What a user may choose on ``pool`` (R-BACK-2). Nothing declared: nothing accepted."""
         return LaunchOptions()
+
+    def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
+        """``answer`` (the pool's options, possibly cached) with what ``resource_class`` fixes.
+        Slurm-like backends pin the class's partition (R-BACK-6); others have no overrides."""
+        return answer
 
     def doctor(self, pool=None) -> list[Check]:
         return []

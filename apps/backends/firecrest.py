@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from apps.backends import files
+from apps.backends import files, sbatch
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
@@ -60,7 +60,7 @@ from apps.backends.remote_common import (
     glob_matches,
     scrub,
 )
-from apps.backends.slurm import SAFE_VALUE, STATES, TIME_CHOICES, parse_elapsed
+from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
 from apps.resources.remote import with_defaults
 
 logger = logging.getLogger(__name__)
@@ -339,29 +339,18 @@ class FirecrestBackend(ExecutionBackend):
         return f"{max(ids, key=int)}@{session.system}" if ids else None
 
     def job_script(self, spec: SubmitSpec, rdir: str) -> str:
-        directives = list(spec.batch_directives)
-        for key, flag in (("partition", "--partition"), ("time", "--time")):
-            value = spec.launch_options.get(key)
-            if value in (None, ""):
-                continue
-            if not isinstance(value, str) or not SAFE_VALUE.match(value):
-                raise BackendError(f"launch option '{key}' has an invalid value {value!r}")
-            directives = [d for d in directives if not d.startswith(f"{flag}=")]
-            directives.append(f"{flag}={value}")
-        lines = [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={spec.case_id}",
-            f"#SBATCH --output={rdir}/stdout",
-            f"#SBATCH --error={rdir}/stderr",
-            f"#SBATCH --chdir={rdir}/work",
-        ]
-        lines += [f"#SBATCH {directive}" for directive in directives]
-        lines.append(f"export GRIDGATE_CASE_ID={spec.case_id}")
-        for name, value in sorted(spec.environment.items()):
-            lines.append(f"export {name}={_shell_quote(value)}")
-        lines.append("mkdir -p .gridgate")
-        lines.append(spec.command)
-        return "\n".join(lines) + "\n"
+        """R-BACK-4: ``#SBATCH`` lines from the launch specification and the (already allowed)
+        launch options, through the renderer the Slurm backend uses too."""
+        return sbatch.render(
+            job_name=spec.case_id,
+            run_dir=rdir,
+            batch_directives=spec.batch_directives,
+            launch_options=spec.launch_options,
+            environment={**spec.environment, "GRIDGATE_CASE_ID": spec.case_id},
+            command=spec.command,
+            export_none=False,
+            make_progress_dir=True,
+        )
 
     def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat=None) -> dict[str, list]:
         """Upload every regular file under ``local_root``; returns {rel: [size, sha256]}."""
@@ -702,6 +691,9 @@ class FirecrestBackend(ExecutionBackend):
             options=[LaunchOption("partition", "Partition", [Choice(n, n) for n in names], default), time_option]
         )
 
+    def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
+        return sbatch.pin_class_partition(answer, resource_class)
+
     def doctor(self, pool=None) -> list[Check]:
         checks = []
         try:
@@ -843,7 +835,3 @@ def _save_state(workspace: Path, name: str, data: dict) -> None:
     tmp = path.with_name(f".{name}.part")
     tmp.write_text(json.dumps(data, sort_keys=True))
     tmp.replace(path)
-
-
-def _shell_quote(value: str) -> str:
-    return "'" + str(value).replace("'", "'\"'\"'") + "'"

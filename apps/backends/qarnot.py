@@ -111,6 +111,9 @@ STATES = {
     "Deleted": BackendStatus.CANCELLED,
 }
 SCHEDULING = {"flex": "Flex", "ondemand": "OnDemand", "reserved": "Reserved"}
+#: launch-option ranges for the synthesised core constraint (ranks × threads, R-BACK-3)
+MAX_RANKS = 1024
+MAX_THREADS = 256
 
 _connections: dict[tuple, object] = {}
 _connections_lock = threading.Lock()
@@ -623,18 +626,23 @@ class QarnotBackend(ExecutionBackend):
         scheduling = LaunchOption(
             "scheduling", "Scheduling", [Choice(v, v) for v in SCHEDULING.values()], default="Flex"
         )
+        # R-BACK-3: ranks × threads size the core constraint; declared as ranges (R-BACK-6).
+        ranks = LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS)
+        threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
         try:
             session = Session(pool.remote if pool is not None else {})
             hw = _sdk().hardware_constraint
             catalogue = self._catalogue(session)
         except Exception as exc:
             return LaunchOptions(
-                options=[scheduling, LaunchOption("node_type", "Node type", [], None)],
+                options=[scheduling, LaunchOption("node_type", "Node type", [], None), ranks, threads],
                 degraded=True,
                 message=str(exc) if isinstance(exc, BackendError) else f"Qarnot could not be asked: {describe(exc)}",
             )
         keys = [c._specification_key for c in catalogue if isinstance(c, hw.SpecificHardware)]
-        return LaunchOptions(options=[scheduling, LaunchOption("node_type", "Node type", [Choice(k, k) for k in keys])])
+        return LaunchOptions(
+            options=[scheduling, LaunchOption("node_type", "Node type", [Choice(k, k) for k in keys]), ranks, threads]
+        )
 
     def doctor(self, pool=None) -> list[Check]:
         checks = []

@@ -38,7 +38,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from apps.backends import files
+from apps.backends import files, sbatch
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
@@ -91,7 +91,6 @@ SACCT_START = "now-30days"
 SLURM_CLIENT_ENVIRONMENT = ("SLURM_CONF",)
 
 TIME_CHOICES = [("00:10:00", "10 minutes"), ("01:00:00", "1 hour"), ("04:00:00", "4 hours"), ("1-00:00:00", "1 day")]
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,=+-]{1,64}$")
 
 
 def map_state(raw: str) -> str:
@@ -207,36 +206,24 @@ class SlurmBackend(ExecutionBackend):
         ids = [i for i in ids if i.isdigit()]
         return max(ids, key=int) if ids else None
 
-    def _directives(self, spec: SubmitSpec) -> list[str]:
-        directives = list(spec.batch_directives)
-        for key, flag in (("partition", "--partition"), ("time", "--time")):
-            value = spec.launch_options.get(key)
-            if value in (None, ""):
-                continue
-            if not isinstance(value, str) or not SAFE_VALUE.match(value):
-                raise BackendError(f"launch option '{key}' has an invalid value {value!r}")
-            directives = [d for d in directives if not d.startswith(f"{flag}=")]
-            directives.append(f"{flag}={value}")
-        return directives
-
     def job_script(self, spec: SubmitSpec, rdir: Path) -> str:
-        lines = [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={spec.case_id}",
-            f"#SBATCH --output={rdir}/stdout",
-            f"#SBATCH --error={rdir}/stderr",
-            f"#SBATCH --chdir={rdir}/work",
-            # R-BACK-1: the job gets none of the submitter's environment, only what is exported
-            # below (the harmless basics, the launch specification's environment, the case id).
-            "#SBATCH --export=NONE",
-        ]
-        lines += [f"#SBATCH {directive}" for directive in self._directives(spec)]
-        for name, value in sorted(files.case_environment(spec).items()):
-            if name == "TMPDIR":
-                continue  # the worker's scratch directory means nothing on a compute node
-            lines.append(f"export {name}={_shell_quote(value)}")
-        lines.append(spec.command)
-        return "\n".join(lines) + "\n"
+        # R-BACK-1: ``--export=NONE``: the job gets none of the submitter's environment, only what
+        # is exported here (the harmless basics, the launch specification's environment, the id).
+        environment = {
+            name: value
+            for name, value in files.case_environment(spec).items()
+            if name != "TMPDIR"  # the worker's scratch directory means nothing on a compute node
+        }
+        return sbatch.render(
+            job_name=spec.case_id,
+            run_dir=str(rdir),
+            batch_directives=spec.batch_directives,
+            launch_options=spec.launch_options,
+            environment=environment,
+            command=spec.command,
+            export_none=True,
+            make_progress_dir=False,
+        )
 
     def submit(self, spec: SubmitSpec) -> str:
         """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
@@ -261,7 +248,7 @@ class SlurmBackend(ExecutionBackend):
                 if run_as:
                     os.chown(rdir / name, run_as.uid, run_as.gid)
             script = rdir / "job.sh"
-            script.write_text(self.job_script(spec, rdir))
+            script.write_text(self.job_script(spec, rdir))  # ScriptError (unsafe value): nothing submitted
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
         identity = [f"--uid={run_as.uid}", f"--gid={run_as.gid}"] if run_as else []
@@ -409,6 +396,9 @@ class SlurmBackend(ExecutionBackend):
                 partitions.append(Choice(name, name))
         return LaunchOptions(options=[LaunchOption("partition", "Partition", partitions, default), time_option])
 
+    def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
+        return sbatch.pin_class_partition(answer, resource_class)
+
     def doctor(self, pool=None) -> list[Check]:
         checks = []
         for command in ("sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"):
@@ -468,7 +458,3 @@ class SlurmBackend(ExecutionBackend):
                 )
             )
         return checks
-
-
-def _shell_quote(value: str) -> str:
-    return "'" + str(value).replace("'", "'\"'\"'") + "'"

@@ -16,6 +16,7 @@ from rest_framework.exceptions import ValidationError as DRFValidationError
 from apps.backends.base import AlreadyFinished, BackendError
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
+from apps.backends.services import check_launch_options
 from apps.cases import passes, tasks, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
@@ -78,12 +79,14 @@ def create_case(
     """A prepared case with its workspace (and its input files, all or nothing)."""
     if not can_use_pool(owner, resource_class.pool):
         raise DRFValidationError({"resource_class": ["You may not use this class's pool."]})
+    # R-BACK-6: refused at creation already (400 naming the allowed values), not at launch only.
+    launch_options = check_launch_options(resource_class, launch_options or {})
     case = Case(
         owner=owner,
         resource_class=resource_class,
         name=name,
         command=command,
-        launch_options=launch_options or {},
+        launch_options=launch_options,
         observability_globs=observability_globs or [],
         campaign=campaign,
     )
@@ -131,6 +134,10 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
     # account this pool may run the command as; checked again when the worker builds the submission.
     passes.run_as(case)
+    # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
+    # among what the backend declares now. Checked before the row lock: it may ask the provider.
+    chosen = launch_options if launch_options is not None else case.launch_options
+    launch_options = check_launch_options(case.resource_class, chosen or {})
     now = timezone.now()
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
@@ -144,8 +151,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
         except NoBackend as exc:
             raise Invalid(str(exc), resource_class=[str(exc)]) from None
-        if launch_options is not None:
-            locked.launch_options = launch_options
+        locked.launch_options = launch_options
         locked.launch_requested_at = now
         locked.poll_failures = 0  # counts submission attempts while prepared
         locked.last_error = ""

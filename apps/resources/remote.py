@@ -13,7 +13,12 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from apps.core.text import has_control_characters
+
+# Matched with fullmatch: ``$`` would also accept a trailing newline.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+SAFE_PATH = re.compile(r"/[A-Za-z0-9_.,+=@%/-]*")
 SECRET_WORDS = ("token", "secret", "password", "key")
 SECRET_ALLOWED = {"token_uri"}
 
@@ -22,9 +27,18 @@ class RemoteError(Exception):
     """One message about the ``remote`` field."""
 
 
+def _no_control_characters(value: str) -> str:
+    """R-BACK-6: remote values reach job scripts, #SBATCH lines and SDK calls: a newline there
+    would start a new directive or command, so it is refused here, at write time."""
+    if has_control_characters(value):
+        raise RemoteError("must not contain control characters (newlines, tabs…)")
+    return value
+
+
 def _https_url(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise RemoteError("must be a URL")
+    _no_control_characters(value)
     parsed = urlparse(value)
     allowed = {"https", "http"} if settings.GRIDGATE_ALLOW_INSECURE_REMOTES else {"https"}
     if parsed.scheme not in allowed or not parsed.netloc:
@@ -37,11 +51,20 @@ def _https_url(value: Any) -> str:
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > 255:
         raise RemoteError("must be a non-empty string of at most 255 characters")
+    return _no_control_characters(value)
+
+
+def _slurm_name(value: Any) -> str:
+    """A partition or account: it becomes an ``#SBATCH`` value, which sbatch reads without any
+    shell quoting, so only the characters Slurm names use are accepted (R-BACK-6)."""
+    value = _text(value)
+    if not SLURM_NAME.fullmatch(value):
+        raise RemoteError("must be a Slurm name: letters, digits and . _ + - only (at most 64)")
     return value
 
 
 def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or not ENV_NAME.match(value):
+    if not isinstance(value, str) or not ENV_NAME.fullmatch(value):
         raise RemoteError("must be an environment variable name (letters, digits, underscores)")
     return value
 
@@ -50,6 +73,9 @@ def _abs_path(value: Any) -> str:
     value = _text(value)
     if not value.startswith("/"):
         raise RemoteError("must be an absolute path")
+    if not SAFE_PATH.fullmatch(value):
+        # It is written into #SBATCH --output/--chdir lines, which no shell quoting protects.
+        raise RemoteError("must be a path of letters, digits and / . _ , + = @ % - only (no spaces or quotes)")
     return value
 
 
@@ -77,16 +103,16 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
     "firecrest": {
         "api_url": Key(_https_url, required=True),
         "system_name": Key(_text, required=True),
-        "partition": Key(_text),
+        "partition": Key(_slurm_name),
         "token_uri": Key(_https_url, required=True),
-        "account": Key(_text),
+        "account": Key(_slurm_name),
         "working_root": Key(_abs_path),
         "client_id_env": Key(_env_name, default="FIRECREST_CLIENT_ID"),
         "client_secret_env": Key(_env_name, default="FIRECREST_CLIENT_SECRET"),
     },
     "slurm": {
-        "partition": Key(_text),
-        "account": Key(_text),
+        "partition": Key(_slurm_name),
+        "account": Key(_slurm_name),
         "working_root": Key(_abs_path),
     },
     "runai": {
@@ -105,7 +131,7 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
 
 CLASS_REMOTE_KEYS: dict[str, Key] = {
     "system_name": Key(_text),
-    "partition": Key(_text),
+    "partition": Key(_slurm_name),
     "forward_resource_values": Key(_bool, default=False),
 }
 

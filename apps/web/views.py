@@ -21,7 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import APIException
 
-from apps.backends.api.views import launch_options_for
+from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace

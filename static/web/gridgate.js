@@ -18,10 +18,11 @@
 
   // The launch dialog's summary follows the choices before the Launch button is pressed.
   document.addEventListener("change", function (event) {
-    var select = event.target;
-    if (!select.matches || !select.matches("select[data-summary]")) return;
-    var output = document.getElementById(select.dataset.summary);
-    if (output) output.textContent = select.options[select.selectedIndex].text;
+    var field = event.target;
+    if (!field.matches || !field.matches("[data-summary]")) return;
+    var output = document.getElementById(field.dataset.summary);
+    if (!output) return;
+    output.textContent = field.tagName === "SELECT" ? field.options[field.selectedIndex].text : field.value || "backend default";
   });
 
   // A fragment that could not be fetched says so instead of leaving a stale "loading" text.

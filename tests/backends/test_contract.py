@@ -32,7 +32,9 @@ def test_launch_options_serialize_to_the_spec_shape():
     body = FakeBackend().launch_options(None).as_dict()
     assert body["degraded"] is False
     option = body["options"][0]
-    assert set(option) == {"key", "label", "choices", "default"}
+    # minimum/maximum: set only on range options (R-BACK-6), null on choice options
+    assert set(option) == {"key", "label", "choices", "default", "minimum", "maximum"}
+    assert option["minimum"] is None and option["maximum"] is None
     assert option["choices"][0] == {"value": "succeed", "label": "Succeed"}
     assert LaunchOptions(degraded=True).as_dict()["options"] == []
 

@@ -295,6 +295,81 @@ def test_launch_options_list_partitions_and_degrade_when_unreachable(fc_pool, do
     assert options.degraded and options.options[0].default == "debug"
 
 
+def test_r_back_6_options_outside_the_allow_list_are_400_on_firecrest(fc_pool, make_case, double, api, owner):
+    case = make_case(resource_class=fc_pool.classes.get(), command="true")
+    response = api(owner).post(
+        f"/api/v1/cases/{case.id}/launch/",
+        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "one of debug" in response.json()["detail"] and "365-00:00:00" in response.json()["detail"]
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and double.user_jobs() == []
+
+
+def test_r_back_6_unreachable_firecrest_allows_only_the_configured_partition(fc_pool, make_case, double, api, owner):
+    """Degraded (R-BACK-2): the provider's list is unknown, so only the pool's partition passes."""
+    from django.core.cache import cache
+
+    cache.clear()
+    double.partitions = ["debug", "normal"]
+    double.fault("/partitions", status=503, times=5)
+    case = make_case(resource_class=fc_pool.classes.get(), command="true")
+    response = api(owner).post(
+        f"/api/v1/cases/{case.id}/launch/", {"launch_options": {"partition": "normal"}}, format="json"
+    )
+    assert response.status_code == 400 and "could not be asked" in response.json()["detail"]
+
+
+def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_case, api, owner):
+    """Issue 11: FirecREST's first partition ("normal") was the form's default and silently
+    replaced the class's "debug". Now the class's partition is the only choice, healthy or not."""
+    from django.core.cache import cache
+
+    cache.clear()
+    double.partitions = ["normal", "debug"]
+    pool = ResourcePool.objects.create(
+        name="alps-override",
+        kind="firecrest",
+        public=True,
+        remote={
+            "api_url": double.url,
+            "token_uri": double.token_uri,
+            "system_name": double.system,
+            "working_root": str(double.fs_root / "scratch"),
+            "client_id_env": "GG_FC_ID",
+            "client_secret_env": "GG_FC_SECRET",
+        },
+    )
+    rc = ResourceClass.objects.create(
+        pool=pool, name="dbg", cpu=1, memory=1, default=True, remote={"partition": "debug"}
+    )
+    client = api(owner)
+    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
+    assert not body["degraded"]
+    partition = next(o for o in body["options"] if o["key"] == "partition")
+    assert partition["default"] == "debug" and [c["value"] for c in partition["choices"]] == ["debug"]
+    defaults = {o["key"]: o["default"] for o in body["options"] if o["default"]}
+
+    case = make_case(resource_class=rc, command="true")
+    response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
+    assert response.status_code == 200 and response.json()["status"] == "pending", response.content
+    script = next((Path(pool.remote["working_root"]) / str(case.id)).glob("job-*.sh")).read_text()
+    assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=debug"]
+
+    other = make_case(resource_class=rc, command="true")
+    response = client.post(
+        f"/api/v1/cases/{other.id}/launch/", {"launch_options": {"partition": "normal"}}, format="json"
+    )
+    assert response.status_code == 400 and "one of debug" in response.json()["detail"]
+    cache.clear()
+    double.fault("/partitions", status=503, times=5)
+    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
+    assert body["degraded"] and next(o for o in body["options"] if o["key"] == "partition")["default"] == "debug"
+    wait_for_terminal(case, timeout=30)
+
+
 def test_secret_in_a_pool_remote_is_refused(fc_pool):
     """R-POOL-7 at the backend's door: a secret in remote is refused, naming the *_env key."""
     from django.core.exceptions import ValidationError

@@ -10,6 +10,7 @@ from apps.backends import qarnot as qb
 from apps.backends.base import AlreadyFinished, BackendError, BackendStatus
 from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, CaseStatus
+from apps.core.exceptions import Invalid
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal, wait_until
 from tests.cases.conftest import launched
@@ -130,14 +131,31 @@ def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double, request):
     double.wait_state(case.remote_id, ("Cancelled",))  # through PendingCancel, as Qarnot does
 
 
-def test_unknown_scheduling_type_fails_the_launch_naming_the_choices_before_any_upload(q_pool, make_case, double):
-    """R-BACK-3: an unknown scheduling value fails the launch and names Flex, OnDemand, Reserved."""
+def test_unknown_scheduling_type_is_refused_naming_the_choices_before_any_upload(q_pool, make_case, double):
+    """R-BACK-3 and R-BACK-6: an unknown scheduling value is refused (400) naming Flex, OnDemand,
+    Reserved, before anything is uploaded."""
     before = double.buckets()
-    case = make_case(resource_class=q_pool.classes.get(), command="true", launch_options={"scheduling": "cheap"})
-    case = launched(case)
-    assert case.status == CaseStatus.FAILED
-    assert all(word in case.last_error for word in ("Flex", "OnDemand", "Reserved"))
-    assert double.buckets() == before
+    case = make_case(resource_class=q_pool.classes.get(), command="true")
+    with pytest.raises(Invalid) as info:
+        services.launch_case(case, launch_options={"scheduling": "cheap"})
+    assert all(word in info.value.detail for word in ("Flex", "OnDemand", "Reserved"))
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and double.buckets() == before
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"node_type": "128c-1tb-gpu"}, "one of 8c-32g-amd-rome, 16c-64g-intel"),
+        ({"ranks": 5000}, "from 1 to 1024"),
+        ({"threads": 0}, "from 1 to 256"),
+        ({"docker_image": "attacker/image"}, "declared options: scheduling, node_type, ranks, threads"),
+    ],
+)
+def test_r_back_6_qarnot_options_outside_the_allow_list_are_400(q_pool, double, api, owner, options, named):
+    body = {"name": "x", "resource_class": q_pool.classes.get().pk, "command": "true", "launch_options": options}
+    response = api(owner).post("/api/v1/cases/", body, format="json")
+    assert response.status_code == 400 and named in response.json()["detail"]
 
 
 def test_scheduling_and_node_type_travel_with_the_task(q_pool, make_case, double):

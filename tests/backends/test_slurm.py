@@ -274,6 +274,53 @@ def test_doctor_checks_pass_on_the_local_cluster(slurm_pool):
     assert checks and all(check.ok for check in checks), [(c.name, c.message) for c in checks if not c.ok]
 
 
+def test_r_back_6_the_issue_example_is_400_on_slurm_naming_the_partitions_and_times(slurm_pool, make_case, api, owner):
+    """Issue 11: {"partition": "gpu-premium", "time": "365-00:00:00"} went straight into #SBATCH."""
+    case = make_case(resource_class=slurm_pool.classes.get(), command="true")
+    response = api(owner).post(
+        f"/api/v1/cases/{case.id}/launch/",
+        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
+        format="json",
+    )
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert "debug" in detail and "normal" in detail and "1-00:00:00" in detail
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED
+    assert not (Path(slurm_pool.remote["working_root"]) / str(case.id)).exists()  # no script, no job
+
+
+def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
+    slurm_cluster, working_root, owner_account, make_case, api, owner
+):
+    """sinfo's default partition is debug; the class says normal: the form offers normal only, a
+    launch with every default the form shows submits to normal, and debug is refused."""
+    pool = ResourcePool.objects.create(
+        name="hpc-override", kind="slurm", public=True, remote={"working_root": str(working_root / "scratch")}
+    )
+    rc = ResourceClass.objects.create(
+        pool=pool, name="long", cpu=1, memory=1, default=True, remote={"partition": "normal"}
+    )
+    client = api(owner)
+    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
+    partition = next(o for o in body["options"] if o["key"] == "partition")
+    assert partition["default"] == "normal" and [c["value"] for c in partition["choices"]] == ["normal"]
+    defaults = {o["key"]: o["default"] for o in body["options"] if o["default"]}
+
+    case = make_case(resource_class=rc, command="true")
+    response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
+    assert response.status_code == 200 and response.json()["status"] == "pending", response.content
+    script = (working_root / "scratch" / str(case.id) / "job.sh").read_text()
+    assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=normal"]
+
+    other = make_case(resource_class=rc, command="true")
+    response = client.post(
+        f"/api/v1/cases/{other.id}/launch/", {"launch_options": {"partition": "debug"}}, format="json"
+    )
+    assert response.status_code == 400 and "one of normal" in response.json()["detail"]
+    wait_for_terminal(case, timeout=90)
+
+
 def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, make_case, slurm_pool):
     """Runs last in the module: the job was submitted when the module started."""
     root, case_id, job_id, remote = aged_job

@@ -419,6 +419,39 @@ def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
     assert FakeBackend.calls["submit"] == 1
 
 
+# -- R-BACK-6: launch options are an allow-list -----------------------------------------------------
+def test_r_back_6_a_value_outside_the_declared_choices_is_400_at_creation_naming_them(api, owner, local_pool):
+    response = create(api(owner), local_pool.classes.get(), launch_options={"outcome": "explode"})
+    assert response.status_code == 400
+    body = response.json()
+    assert "one of succeed, fail" in body["detail"] and "outcome" in body["launch_options"]
+    assert not Case.objects.exists()
+
+
+def test_r_back_6_an_undeclared_option_at_launch_is_400_and_nothing_is_submitted(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    response = client.post(
+        f"/api/v1/cases/{case_id}/launch/",
+        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "declared options: outcome" in response.json()["detail"]
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None and not case.remote_id
+    assert FakeBackend.calls.get("submit", 0) == 0
+
+
+def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    response = client.post(
+        f"/api/v1/cases/{case_id}/launch/", {"launch_options": {"outcome": "succeed\ntouch pwned"}}, format="json"
+    )
+    assert response.status_code == 400 and "control characters" in response.json()["detail"]
+
+
 def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
     """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
     (and spooled to disk); the per-file check behind it never even runs."""

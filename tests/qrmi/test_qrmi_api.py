@@ -276,7 +276,7 @@ def test_r_qrmi_1_logs_are_a_string_with_the_error(qpu, qrmi, alice, open_qrmi_s
 
 
 # -- specs and slots -----------------------------------------------------------------------------
-def test_r_qrmi_1_specs_are_the_emulated_pulser_device_as_a_json_string(qpu, qrmi):
+def test_r_qrmi_1_specs_are_the_emulated_pulser_device_as_a_json_string(qpu, qrmi, alice):
     body = qrmi(USER_UID).get(f"{BASE}/qpu/specs").json()
     assert isinstance(body["specs"], str)
     assert json.loads(body["specs"])["name"] == "AnalogDevice"
@@ -284,7 +284,7 @@ def test_r_qrmi_1_specs_are_the_emulated_pulser_device_as_a_json_string(qpu, qrm
     assert json.loads(qrmi(USER_UID).get(f"{BASE}/qpu/specs").json()["specs"])["name"] == "DigitalAnalogDevice"
 
 
-def test_r_qrmi_1_specs_without_a_device_is_404(qpu, qrmi):
+def test_r_qrmi_1_specs_without_a_device_is_404(qpu, qrmi, alice):
     Device.objects.filter(pool=qpu).delete()
     assert qrmi(USER_UID).get(f"{BASE}/qpu/specs").status_code == 404
 
@@ -342,3 +342,66 @@ def test_r_qrmi_3_qrmi_jobs_are_fairly_scheduled_with_api_jobs(qpu, qrmi, alice,
     order = [str(dispatch_once(qpu.pk).session_id) for _ in range(4)]
     both = {str(qrmi_session.pk), api_session["id"]}
     assert set(order[:2]) == both and set(order[2:]) == both
+
+
+# -- pool access on every route (R-POOL-8, issue 11 item 8) --------------------------------------
+@pytest.fixture
+def private_qpu(qpu, bob):
+    """The QPU pool made private and granted to bob's group only (alice may not use it)."""
+    group = Group.objects.create(name="fresnel-users")
+    bob.groups.add(group)
+    qpu.public = False
+    qpu.save()
+    qpu.groups.add(group)
+    return qpu
+
+
+@pytest.mark.parametrize("route", ["qpu-slots", "qpu/specs"])
+def test_r_pool_8_a_private_pools_slots_and_specs_are_404_to_a_user_who_may_not_use_it(private_qpu, qrmi, alice, route):
+    """Like GET /resource-pools/{id}/slots/: the same 404 as a pool that does not exist."""
+    response = qrmi(USER_UID).get(f"{BASE}/{route}")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "No pool 'fresnel'."}
+    assert qrmi(USER_UID).get(f"/qrmi/no-such-pool/{route}").json() == {"detail": "No pool 'no-such-pool'."}
+
+
+@pytest.mark.parametrize("route", ["qpu-slots", "qpu/specs"])
+def test_r_pool_8_a_granted_user_and_the_service_uid_see_a_private_pools_slots_and_specs(
+    private_qpu, qrmi, alice, bob, route
+):
+    assert qrmi(1001).get(f"{BASE}/{route}").status_code == 200
+    assert qrmi(ROOT).get(f"{BASE}/{route}").status_code == 200
+
+
+@pytest.mark.parametrize("route", ["qpu-slots", "qpu/specs"])
+def test_r_qrmi_2_an_unlinked_uid_gets_403_on_slots_and_specs(qpu, qrmi, route):
+    response = qrmi(USER_UID).get(f"{BASE}/{route}")
+    assert response.status_code == 403
+    assert f"Unix uid {USER_UID} is not linked" in response.json()["detail"]
+
+
+@pytest.fixture
+def other_qpu(db):
+    from apps.resources.models import ResourceClass, ResourcePool
+
+    pool = ResourcePool.objects.create(name="orion", kind="local", public=True, slots_total=4)
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="emu2", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    return pool
+
+
+def test_r_qrmi_1_a_session_is_found_only_under_its_own_pool(qpu, other_qpu, qrmi, alice, open_qrmi_session):
+    """Issue 11, "tests that can fail": the session lookup not filtered by pool would let a
+    session of pool fresnel submit to and be released through /qrmi/orion/."""
+    session = open_qrmi_session()
+    response = qrmi(USER_UID).post(
+        "/qrmi/orion/jobs",
+        {"sequence": layout_sequence(), "shots": 10},
+        format="json",
+        HTTP_X_WARDEN_SESSION=str(session.pk),
+    )
+    assert response.status_code == 404
+    assert qrmi(ROOT).delete(f"/qrmi/orion/sessions/{session.pk}").status_code == 404
+    assert qrmi(ROOT).delete("/qrmi/orion/sessions", HTTP_X_WARDEN_SESSION=str(session.pk)).status_code == 404
+    session.refresh_from_db()
+    assert session.status == SessionStatus.ACTIVE and not Job.objects.filter(session=session).exists()

@@ -227,6 +227,42 @@ def test_pool_remote_is_validated_per_kind(api, staff, kind, remote, fragment):
     assert fragment in " ".join(errors["remote"])
 
 
+# -- R-BACK-6: no control characters (nor shell or #SBATCH metacharacters) in a remote value --------
+@pytest.mark.parametrize(
+    "kind, remote, fragment",
+    [
+        ("slurm", {"partition": "debug\n#SBATCH --uid=0"}, "control characters"),
+        ("slurm", {"account": "proj1 --uid=0"}, "Slurm name"),
+        ("slurm", {"partition": "debug\n"}, "control characters"),
+        ("slurm", {"partition": "$(id)"}, "Slurm name"),
+        ("slurm", {"working_root": "/scratch/a b"}, "no spaces"),
+        ("slurm", {"working_root": "/scratch/x\n#SBATCH --uid=0"}, "control characters"),
+        ("firecrest", dict(FIRECREST_REMOTE, system_name="daint\r\nHost: evil"), "control characters"),
+        ("firecrest", dict(FIRECREST_REMOTE, api_url="https://fc.example.org/v2\n"), "control characters"),
+        ("firecrest", dict(FIRECREST_REMOTE, client_id_env="FC_ID\n"), "environment variable name"),
+        ("qarnot", {"profile": "docker-batch\x00"}, "control characters"),
+        ("runai", {"base_url": "https://r.example.org", "project": "p\tq"}, "control characters"),
+    ],
+)
+def test_r_back_6_control_characters_in_a_pool_remote_are_refused(api, staff, kind, remote, fragment):
+    errors = clean_errors(ResourcePool(name="r", kind=kind, remote=remote))
+    response = api(staff).post("/api/v1/resource-pools/", pool_body(name="r", kind=kind, remote=remote), format="json")
+    assert_same_rule(errors, "remote", response)
+    assert fragment in " ".join(errors["remote"])
+
+
+@pytest.mark.parametrize("partition", ["debug\n#SBATCH --uid=0", "$(id)", "a b", "debug\x1b"])
+def test_r_back_6_a_class_partition_override_must_be_a_slurm_name(api, staff, partition):
+    pool = ResourcePool.objects.create(name="s", kind="slurm", remote={"partition": "debug"})
+    rc = ResourceClass.objects.create(pool=pool, name="n", cpu=1, memory=1, default=True)
+    response = api(staff).patch(
+        f"/api/v1/resource-classes/{rc.pk}/", {"remote": {"partition": partition}}, format="json"
+    )
+    assert response.status_code == 400 and "remote" in response.json()
+    rc.refresh_from_db()
+    assert rc.remote in (None, {})
+
+
 def test_insecure_remote_url_allowed_for_local_test_doubles(settings):
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
     ResourcePool(

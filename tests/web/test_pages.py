@@ -396,6 +396,21 @@ def test_templates_name_no_provider_and_no_option_key():
             assert spelling not in text, spelling
 
 
+def test_r_back_6_a_launch_with_an_option_outside_the_allow_list_says_why_and_launches_nothing(
+    web, cases_root, owner, local_pool
+):
+    case = _case(owner, local_pool)
+    response = web(owner).post(
+        reverse("web:case-launch", args=[case.pk]),
+        {"launch_option:outcome": "explode", "launch_option:partition": "gpu-premium"},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "Launch refused (400)" in page and "one of succeed, fail" in page and "partition" in page
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+
+
 def test_launch_with_a_chosen_option_then_the_case_reaches_done(web, cases_root, owner, local_pool):
     case = _case(owner, local_pool)
     client = web(owner)

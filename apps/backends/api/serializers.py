@@ -14,8 +14,10 @@ class ChoiceSerializer(serializers.Serializer):
 class LaunchOptionSerializer(serializers.Serializer):
     key = serializers.CharField()
     label = serializers.CharField()
-    choices = ChoiceSerializer(many=True)
+    choices = ChoiceSerializer(many=True, help_text="The allowed values (empty for a range option).")
     default = serializers.CharField(allow_null=True)
+    minimum = serializers.IntegerField(allow_null=True, help_text="Range options: the smallest whole number allowed.")
+    maximum = serializers.IntegerField(allow_null=True, help_text="Range options: the largest whole number allowed.")
 
 
 class LaunchOptionsSerializer(serializers.Serializer):

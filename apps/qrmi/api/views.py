@@ -9,7 +9,6 @@ integer job ids, string user ids, Warden's status names, results as a JSON strin
 import json
 import uuid
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
@@ -59,7 +58,9 @@ class QrmiView(APIView):
     @property
     def pool(self) -> ResourcePool:
         if not hasattr(self, "_pool"):
-            self._pool = get_object_or_404(ResourcePool, name=self.kwargs["pool"])
+            self._pool = ResourcePool.objects.filter(name=self.kwargs["pool"]).first()
+            if self._pool is None:
+                raise NotFound(f"No pool '{self.kwargs['pool']}'.")
         return self._pool
 
     @property
@@ -95,6 +96,17 @@ class QrmiView(APIView):
         if session is None:
             raise NotFound(f"No session '{raw}' on pool '{self.pool.name}'.")
         return session
+
+    def usable_pool(self) -> ResourcePool:
+        """The pool, if the caller may use it, like ``GET /resource-pools/{id}/slots/`` (R-POOL-8,
+        §10 "QRMI routes included"): service uids see every pool (the SPANK plugin acts for
+        everyone); an unlinked uid is 403 (it can use no pool); a user who may not use the pool
+        gets the same 404 as an unknown pool, so a private pool's existence is not disclosed."""
+        if self.is_service():
+            return self.pool
+        if not can_use_pool(self.caller(), self.pool):
+            raise NotFound(f"No pool '{self.kwargs['pool']}'.")
+        return self.pool
 
     def own_job(self, job_id: int) -> Job:
         """Other users' jobs are 404, like everywhere in Gridgate."""
@@ -226,7 +238,7 @@ class SpecsView(QrmiView):
     ``pulser_device``), as a JSON string; its name is what sequences must target."""
 
     def get(self, request, pool):
-        device = self.pool.devices.order_by("-online", "id").first()
+        device = self.usable_pool().devices.order_by("-online", "id").first()
         if device is None:
             raise NotFound(f"Pool '{self.pool.name}' has no device.")
         return Response({"specs": json.dumps(get_driver(device.driver).specs(device))})
@@ -236,9 +248,10 @@ class SlotsView(QrmiView):
     """``GET qpu-slots``: R-SESS-6 usage with Warden's names; 404 when slots are not managed."""
 
     def get(self, request, pool):
-        if self.pool.slots_total is None:
-            raise NotFound(f"Pool '{self.pool.name}' has no slot capacity (slots_total is not set).")
-        usage = sessions.slots_usage(self.pool)
+        pool = self.usable_pool()
+        if pool.slots_total is None:
+            raise NotFound(f"Pool '{pool.name}' has no slot capacity (slots_total is not set).")
+        usage = sessions.slots_usage(pool)
         return Response(
             {
                 "qpu_slots_total": usage["slots_total"],

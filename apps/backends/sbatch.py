@@ -1,0 +1,124 @@
+"""The one ``#SBATCH`` job-script renderer for the Slurm and FirecREST backends (R-BACK-6, R-BACK-4).
+
+Both backends write the same kind of script: ``#SBATCH`` directives (the launch specification's,
+then the user's launch options), ``export`` lines, then the case's command. The differences are
+named parameters of :func:`render`, not a second copy:
+
+- ``export_none``: the local Slurm backend adds ``--export=NONE`` so the job inherits nothing of
+  the submitting process (R-BACK-1); FirecREST submits from its own server, whose environment is
+  not the worker's.
+- ``make_progress_dir``: FirecREST cannot create ``.gridgate/`` beforehand (the work directory is
+  remote), so the script does it.
+
+No value reaches the script unquoted or unchecked. ``#SBATCH`` lines are parsed by ``sbatch``,
+not by a shell, so quoting cannot make them safe: their values must match :data:`SAFE_VALUE` (or
+:data:`SAFE_PATH` for paths), which excludes whitespace, quotes, ``$``, backticks and control
+characters. ``export`` values go through :func:`quote` (``shlex.quote``, single quotes) after
+control characters are refused. The case's command is the user's own script and is written as is.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+
+from apps.backends.base import BackendError, LaunchOptions
+from apps.core.text import has_control_characters
+
+# Always matched with ``fullmatch``: ``re.match`` with ``$`` would accept a trailing newline.
+#: a directive value (partition, account, time, memory…): what Slurm's own names and durations use
+SAFE_VALUE = re.compile(r"[A-Za-z0-9_.:,=+-]{1,64}")
+#: an absolute path in a directive (``--output``, ``--chdir``): no whitespace, quotes or ``$``
+SAFE_PATH = re.compile(r"/[A-Za-z0-9_.,+=@%/-]{0,4000}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+#: launch options that become directives, and their flags. Which keys a backend accepts at all is
+#: what it declares in ``launch_options`` (checked before anything is rendered).
+OPTION_FLAGS = {"partition": "--partition", "time": "--time"}
+PATH_FLAGS = ("--output", "--error", "--chdir")
+
+
+class ScriptError(BackendError):
+    """A value cannot be written into a job script safely: the launch fails, nothing is sent."""
+
+
+def quote(value) -> str:
+    """``value`` as one shell word. Control characters are refused rather than quoted: a newline
+    inside quotes is harmless to the shell but not to every reader of the script (R-BACK-6)."""
+    text = str(value)
+    if has_control_characters(text):
+        raise ScriptError(f"the value {text[:40]!r}… contains control characters and cannot go into a job script")
+    return shlex.quote(text)
+
+
+def directive(flag: str, value) -> str:
+    """One ``#SBATCH`` line; ``value`` must be a safe word (paths: a safe absolute path)."""
+    text = str(value)
+    pattern = SAFE_PATH if flag in PATH_FLAGS else SAFE_VALUE
+    if not pattern.fullmatch(text):
+        raise ScriptError(f"{flag} has an invalid value {text[:80]!r} for a job script")
+    return f"#SBATCH {flag}={text}"
+
+
+def merged_directives(batch_directives: list[str], launch_options: Mapping) -> list[tuple[str, str]]:
+    """The launch specification's directives, each user option replacing the directive of the same
+    flag. The options were checked against the backend's declaration (and a class override pins
+    its partition there), so an option replacing a directive is one the user was offered."""
+    pairs: list[tuple[str, str]] = []
+    for text in batch_directives:
+        flag, sep, value = text.partition("=")
+        if not sep:
+            raise ScriptError(f"malformed batch directive {text[:80]!r}")
+        pairs.append((flag, value))
+    for key, flag in OPTION_FLAGS.items():
+        value = launch_options.get(key)
+        if value in (None, ""):
+            continue
+        if not isinstance(value, str):
+            raise ScriptError(f"launch option '{key}' has an invalid value {value!r}")
+        pairs = [(f, v) for f, v in pairs if f != flag] + [(flag, value)]
+    return pairs
+
+
+def render(
+    *,
+    job_name: str,
+    run_dir: str,
+    batch_directives: list[str],
+    launch_options: Mapping,
+    environment: Mapping[str, str],
+    command: str,
+    export_none: bool,
+    make_progress_dir: bool,
+) -> str:
+    """The job script. Raises :class:`ScriptError` before anything is written or sent when a
+    value is unsafe. ``run_dir`` holds ``stdout``/``stderr``; ``run_dir/work`` is the job's
+    working directory."""
+    lines = [
+        "#!/bin/bash",
+        directive("--job-name", job_name),
+        directive("--output", f"{run_dir}/stdout"),
+        directive("--error", f"{run_dir}/stderr"),
+        directive("--chdir", f"{run_dir}/work"),
+    ]
+    if export_none:
+        lines.append(directive("--export", "NONE"))
+    lines += [directive(flag, value) for flag, value in merged_directives(batch_directives, launch_options)]
+    for name, value in sorted(environment.items()):
+        if not ENV_NAME.fullmatch(str(name)):
+            raise ScriptError(f"{str(name)[:80]!r} is not a valid environment variable name")
+        lines.append(f"export {name}={quote(value)}")
+    if make_progress_dir:
+        lines.append("mkdir -p .gridgate")
+    lines.append(command)
+    return "\n".join(lines) + "\n"
+
+
+def pin_class_partition(answer: LaunchOptions, resource_class) -> LaunchOptions:
+    """R-BACK-6: a class's partition override wins over any default or choice the provider
+    offers (FirecREST's first listed partition, ``sinfo``'s default): it becomes the only choice."""
+    partition = resource_class.remote_value("partition")
+    if partition:
+        answer.pin("partition", partition)
+    return answer
