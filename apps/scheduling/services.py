@@ -156,9 +156,9 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
     submission waits and then cancels the new job (lock order: session → job).
     """
     if session.user_id != user.pk:
-        raise Forbidden("Only the session's owner submits jobs in it.")
+        raise Forbidden(f"Session {session.pk} belongs to another user: only its owner submits jobs in it.")
     if session.status != SessionStatus.ACTIVE:
-        raise Forbidden(f"Session {session.pk} is {session.status} ({session.revocation_reason}).")
+        raise Forbidden(f"Session {session.pk} has ended ({session.status}, {session.revocation_reason}).")
     pool = session.pool
     validate_job(pool, payload, shots, target_device)
     wake = _queue_awaits_work(pool)
@@ -190,7 +190,7 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
 
     if not retry_aborted(insert):  # ended since the caller read it (expired, released, revoked)
         status = Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
-        raise Forbidden(f"Session {session.pk} is {status or 'gone'}.", status=status)
+        raise Forbidden(f"Session {session.pk} has ended ({status or 'gone'}).", status=status)
     session.last_activity_at, session.idle_expires_at = now, now + timedelta(seconds=pool.idle_timeout)
     job.session = session
     if wake:

@@ -30,6 +30,8 @@ def test_owner_submits_a_job_in_an_active_session(api, owner, qpu_pool, fake_dev
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["status"] == "pending" and body["session"] == str(session.pk)
+    assert body["pending_reason"] is None and body["queue_position"] is None  # not computed on submission
+    body = api(owner).get(f"/api/v1/jobs/{body['id']}/").json()
     assert body["pending_reason"] == "waiting for its turn" and body["queue_position"] == 1
 
 

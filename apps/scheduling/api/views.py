@@ -124,8 +124,9 @@ class SessionJobsView(APIView):
             )
         except DriverError as exc:  # InvalidPayload, or a driver that cannot judge the payload
             raise ValidationError({"payload": [str(exc)]}) from None
-        job.pool = session.pool
-        data = JobSerializer(job, context={"queue_info": selectors.queue_info([job])}).data
+        # pending_reason and queue_position stay null here: computing them reads the pool's queue,
+        # which would double the statements of a submission (at most 4, issue 12); GET the job.
+        data = JobSerializer(job, context={"queue_info": {}}).data
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=JobSerializer(many=True))
