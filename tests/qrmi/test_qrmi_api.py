@@ -355,3 +355,16 @@ def test_r_qrmi_3_qrmi_jobs_are_fairly_scheduled_with_api_jobs(qpu, qrmi, alice,
     order = [str(dispatch_once(qpu.pk).session_id) for _ in range(4)]
     both = {str(qrmi_session.pk), api_session["id"]}
     assert set(order[:2]) == both and set(order[2:]) == both
+
+
+def test_r_dev_1_task_start_with_an_unmeasured_or_parametrized_sequence_is_400(qpu, qrmi, alice, open_qrmi_session):
+    from tests.scheduling.pulser_sequences import custom_sequence
+
+    session = open_qrmi_session()
+    unmeasured = submit(qrmi, session, sequence=custom_sequence(measured=False))
+    assert unmeasured.status_code == 400 and "no measurement" in unmeasured.content.decode()
+    parametrized = submit(qrmi, session, sequence=custom_sequence(parametrized=True))
+    assert parametrized.status_code == 400 and "parametrized" in parametrized.content.decode()
+    too_many_shots = submit(qrmi, session, shots=5000)
+    assert too_many_shots.status_code == 400 and "at most 2000" in too_many_shots.content.decode()
+    assert not Job.objects.exists()
