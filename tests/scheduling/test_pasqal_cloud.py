@@ -40,7 +40,7 @@ def run_to_the_end(pool, rounds=5):
 
 
 def submit(session, shots=50):
-    return services.submit_job(session=session, payload={"sequence": analog_sequence()}, shots=shots)
+    return services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=shots)
 
 
 def test_pasqal_cloud_job_runs_as_one_batch_of_one_job_with_counts_equal_to_shots(

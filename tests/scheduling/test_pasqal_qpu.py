@@ -43,7 +43,9 @@ def run_to_the_end(pool, rounds=5):
 
 
 def submit(session, shots=100, atoms=2):
-    return services.submit_job(session=session, payload={"sequence": analog_sequence(atoms=atoms)}, shots=shots)
+    return services.submit_job(
+        user=session.user, session=session, payload={"sequence": analog_sequence(atoms=atoms)}, shots=shots
+    )
 
 
 def test_pasqal_qpu_job_runs_to_done_with_counts_equal_to_shots(qpu_pool, qpu, qpu_double, open_session, owner):

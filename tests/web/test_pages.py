@@ -227,7 +227,7 @@ def _submit(session, n=1):
 
     # R-DEV-1 refuses jobs on a pool without any device: an offline one lets them wait.
     Device.objects.get_or_create(pool=session.pool, name="parked", defaults={"driver": "fake", "online": False})
-    return [submit_job(session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
+    return [submit_job(user=session.user, session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
 
 
 def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner, qpu_pool, open_session):
