@@ -160,6 +160,8 @@ GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
+# How often the worker asks a real QPU's provider (pasqal_qpu, pasqal_cloud) whether it is up.
+GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15, minimum=1)
 
 # Cases and execution backends (SPEC §6; cadences in docs/operations.md).
 # Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).

@@ -1,8 +1,9 @@
 from django.contrib import admin, messages
 
 from apps.core.api.exceptions import Conflict
+from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
-from apps.scheduling import selectors, services
+from apps.scheduling import device_status, selectors, services
 from apps.scheduling.models import Device, Job, JobStatus
 
 
@@ -44,11 +45,22 @@ admin.site.register(ResourcePool, PoolAdminWithDevices)
 
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
-    list_display = ["name", "pool", "driver", "online", "max_concurrent_jobs", "running_jobs"]
-    list_filter = ["driver", "online", "pool"]
+    list_display = [
+        "name",
+        "pool",
+        "driver",
+        "online",
+        "provider_status",
+        "provider_checked_at",
+        "max_concurrent_jobs",
+        "running_jobs",
+    ]
+    list_filter = ["driver", "online", "provider_status", "pool"]
     list_select_related = ["pool"]
     search_fields = ["name", "pool__name"]
-    actions = ["bring_online", "take_offline"]
+    # Written by the worker's status pass (real QPUs), never by hand.
+    readonly_fields = ["provider_status", "provider_message", "provider_checked_at", "provider_specs"]
+    actions = ["bring_online", "take_offline", "check_provider_status"]
 
     def get_queryset(self, request):
         return selectors.devices_with_load(super().get_queryset(request))
@@ -82,6 +94,13 @@ class DeviceAdmin(admin.ModelAdmin):
         for device in queryset:
             services.set_device_online(device, False)
         self.message_user(request, f"{queryset.count()} device(s) offline.", messages.SUCCESS)
+
+    @admin.action(description="Ask the provider for the status of selected devices now (worker)")
+    def check_provider_status(self, request, queryset):
+        ids = list(queryset.filter(driver__in=device_status.PROVIDER_DRIVERS).values_list("id", flat=True))
+        for device_id in ids:
+            enqueue("apps.scheduling.tasks.check_device_status", device_id)
+        self.message_user(request, f"Status check queued for {len(ids)} device(s).", messages.SUCCESS)
 
 
 @admin.register(Job)

@@ -10,10 +10,16 @@ class SchedulingConfig(AppConfig):
         from django.conf import settings
 
         from apps.core import ticker
-        from apps.scheduling import services
+        from apps.scheduling import device_status, services
         from apps.sessions import hooks
 
         # R-SCHED-5 safety net: poll and dispatch every pool with unfinished jobs every second.
         ticker.register("scheduling.sweep", services.sweep, every=lambda: settings.GRIDGATE_DISPATCH_TICK)
+        # Real QPUs: ask each provider whether its device is operational (a task per device).
+        ticker.register(
+            "scheduling.device_status",
+            device_status.enqueue_checks,
+            every=lambda: settings.GRIDGATE_DEVICE_STATUS_INTERVAL,
+        )
         hooks.register_busy_condition(services.busy_condition)
         hooks.sessions_revoked.connect(services.on_sessions_revoked, dispatch_uid="scheduling.cancel_jobs")

@@ -13,6 +13,15 @@ from apps.sessions.models import Session
 class DriverName(models.TextChoices):
     FAKE = "fake", "Fake (scripted, for tests)"
     EMULATOR = "emulator", "Pulser emulator (QutipEmulator)"
+    PASQAL_QPU = "pasqal_qpu", "Pasqal QPU (on-premise QPU API)"
+    PASQAL_CLOUD = "pasqal_cloud", "Pasqal Cloud (pasqal-cloud SDK)"
+
+
+class ProviderStatus(models.TextChoices):
+    UNKNOWN = "", "Not checked yet"
+    UP = "up", "Up"
+    DOWN = "down", "Down"
+    UNREACHABLE = "unreachable", "Unreachable"
 
 
 class Device(models.Model):
@@ -24,6 +33,13 @@ class Device(models.Model):
     config = models.JSONField(default=dict, blank=True, help_text="Driver settings (no secrets).")
     online = models.BooleanField(default=True)
     max_concurrent_jobs = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    # Written by the worker's status pass for drivers with a provider (pasqal_qpu, pasqal_cloud):
+    # the device is online only while its provider reports it up, and its specs are the
+    # provider's (SPEC §5). Never asked during a request.
+    provider_status = models.CharField(max_length=16, choices=ProviderStatus.choices, blank=True, default="")
+    provider_message = models.CharField(max_length=500, blank=True, default="")
+    provider_checked_at = models.DateTimeField(null=True, blank=True)
+    provider_specs = models.JSONField(null=True, blank=True, help_text="The provider's Pulser device, as last read.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -32,6 +48,12 @@ class Device(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["pool", "name"], name="scheduling_device_unique_name"),
             models.CheckConstraint(condition=Q(max_concurrent_jobs__gte=1), name="scheduling_device_capacity"),
+            # A Pasqal QPU runs one job at a time: submitting a second drops the running one.
+            models.CheckConstraint(
+                condition=~Q(driver="pasqal_qpu") | Q(max_concurrent_jobs=1),
+                name="scheduling_device_qpu_one_job",
+                violation_error_message="A pasqal_qpu device runs one job at a time (max_concurrent_jobs = 1).",
+            ),
         ]
 
     def __str__(self):
@@ -44,9 +66,19 @@ class Device(models.Model):
             self.config = {}
         if not isinstance(self.config, dict):
             raise ValidationError({"config": "Must be a JSON object."})
-        problems = get_driver(self.driver).validate_config(self.config)
+        driver = get_driver(self.driver)
+        problems = driver.validate_config(self.config)
         if problems:
             raise ValidationError({"config": problems})
+        if driver.max_concurrency and (self.max_concurrent_jobs or 0) > driver.max_concurrency:
+            raise ValidationError(
+                {
+                    "max_concurrent_jobs": (
+                        f"A {self.driver} device runs at most {driver.max_concurrency} job at a time: a new job "
+                        "would drop the running one."
+                    )
+                }
+            )
 
 
 class JobStatus(models.TextChoices):
@@ -143,9 +175,16 @@ class Job(models.Model):
 
 class DriverRun(models.Model):
     """State of one execution on a built-in driver (fake, emulator): what a real QPU's own
-    queue would hold. The core learns about it only through ``driver.poll``."""
+    queue would hold. The core learns about it only through ``driver.poll``.
+
+    For provider drivers (pasqal_qpu, pasqal_cloud) it is the submission's intent, written
+    before the request is sent (``remote_id`` = Gridgate's stable run id, ``status``
+    ``submitting``), then the provider's id once its answer arrives (``external_id``): a
+    submission whose answer was lost is recognised on the next try and never sent blindly again.
+    """
 
     remote_id = models.CharField(max_length=128, primary_key=True)
+    external_id = models.CharField(max_length=128, blank=True, default="", help_text="The provider's id of the run.")
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="runs")
     payload = models.JSONField()
     shots = models.PositiveIntegerField()

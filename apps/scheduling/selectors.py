@@ -10,6 +10,7 @@ from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
 
 NO_DEVICE = "no device online"
+DEVICE_DOWN = "device down"  # its provider (a real QPU) reports it down or cannot be reached
 BUSY = "devices busy"
 NOT_ACCESSIBLE = "pool not accessible"
 TURN = "waiting for its turn"
@@ -56,6 +57,12 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
     for device in online:
         devices[device.pool_id].append(device)
     pools = {j.pool_id: j.pool for j in pending}
+    down_pools = set(
+        Device.objects.filter(pool_id__in=pool_ids - set(devices), provider_status__in=["down", "unreachable"])
+        .order_by()
+        .values_list("pool_id", flat=True)
+        .distinct()
+    )
     listed = defaultdict(set)
     for job in pending:
         listed[job.pool_id].add(job.pk)
@@ -68,7 +75,7 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
         if not pool.is_accessible:
             reason = NOT_ACCESSIBLE
         elif not usable:
-            reason = NO_DEVICE
+            reason = DEVICE_DOWN if job.pool_id in down_pools else NO_DEVICE
         elif all(d.running_jobs >= d.max_concurrent_jobs for d in usable):
             reason = BUSY
         else:

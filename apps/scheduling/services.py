@@ -91,13 +91,13 @@ def _queue_awaits_work(pool) -> bool:
 
 # -- submission and cancellation -------------------------------------------------------------
 def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device | None) -> None:
-    """R-JOB-1: the target driver validates the payload at submission (InvalidPayload → 400)."""
+    """R-JOB-1, R-DEV-1: the payload is checked by every device that may take the job (the one it
+    names, else every device of the pool, since the dispatcher gives it to any free one);
+    InvalidPayload → 400. A pool without any device would keep the job pending forever: 400 too."""
     devices = [target_device] if target_device else list(pool.devices.all())
-    seen = set()
+    if not devices:
+        raise InvalidPayload(f"Pool '{pool.name}' has no device to run jobs: ask an administrator to add one.")
     for device in devices:
-        if device.driver in seen:
-            continue
-        seen.add(device.driver)
         get_driver(device.driver).validate_payload(device, payload, shots)
 
 

@@ -3,9 +3,9 @@
 from django.db import transaction
 from django.utils import timezone
 
-from apps.scheduling import services
+from apps.scheduling import device_status, services
 from apps.scheduling.drivers import emulator
-from apps.scheduling.models import DriverRun, Job, JobStatus
+from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 
 
 def run_pool(pool_id: int) -> dict:
@@ -15,6 +15,12 @@ def run_pool(pool_id: int) -> dict:
 
 def sweep() -> dict:
     return services.sweep()
+
+
+def check_device_status(device_id: int) -> str:
+    """Ask one device's provider whether it is operational (enqueued by the status pass)."""
+    device = Device.objects.filter(pk=device_id).first()
+    return device_status.check_device(device) if device else "gone"
 
 
 def run_emulation(remote_id: str) -> str:

@@ -168,8 +168,8 @@ def test_r_qrmi_1_release_with_the_session_header(qpu, qrmi, alice, open_qrmi_se
     assert Session.objects.get(pk=session.pk).status == SessionStatus.REVOKED
 
 
-def test_r_qrmi_1_release_without_header_is_400_and_unknown_session_404(qpu, qrmi, alice):
-    assert qrmi(ROOT).delete(f"{BASE}/sessions").status_code == 400
+def test_r_qrmi_1_release_without_header_is_403_as_in_warden_and_unknown_session_404(qpu, qrmi, alice):
+    assert qrmi(ROOT).delete(f"{BASE}/sessions").status_code == 403
     assert qrmi(ROOT).delete(f"{BASE}/sessions/not-a-uuid").status_code == 404
     assert qrmi(ROOT).delete(f"{BASE}/sessions/00000000-0000-0000-0000-000000000000").status_code == 404
 
@@ -197,15 +197,28 @@ def test_r_qrmi_1_task_start_validates_the_sequence_like_the_api(qpu, qrmi, alic
     session = open_qrmi_session()
     wrong_device = submit(qrmi, session, sequence=analog_sequence(device_name="DigitalAnalogDevice"))
     assert wrong_device.status_code == 400
-    assert "emulates 'AnalogDevice'" in wrong_device.content.decode()
+    assert "runs 'AnalogDevice'" in wrong_device.content.decode()
     assert submit(qrmi, session, sequence="{not json").status_code == 400
     assert not Job.objects.exists()
 
 
-def test_r_qrmi_1_task_start_without_session_header_is_400(qpu, qrmi, alice):
+def test_r_qrmi_1_task_start_without_session_header_is_403_as_in_warden(qpu, qrmi, alice):
     response = qrmi(USER_UID).post(f"{BASE}/jobs", {"sequence": "{}", "shots": 1}, format="json")
-    assert response.status_code == 400
+    assert response.status_code == 403
     assert "X-Warden-Session" in response.content.decode()
+
+
+def test_r_qrmi_1_get_jobs_lists_the_callers_jobs_on_the_pool(qpu, qrmi, alice, bob, open_qrmi_session):
+    from apps.sessions import services as session_services
+
+    mine = [submit(qrmi, open_qrmi_session()).json()["id"] for _ in range(2)]
+    theirs = session_services.admit(user=bob, resource_class=qpu.classes.get(), slots=1).session
+    submit(qrmi, theirs, uid=1001)
+    response = qrmi(USER_UID).get(f"{BASE}/jobs")
+    assert response.status_code == 200
+    assert [job["id"] for job in response.json()] == mine
+    assert all(job["user_id"] == str(USER_UID) and job["status"] == "PENDING" for job in response.json())
+    assert [job["user_id"] for job in qrmi(1001).get(f"{BASE}/jobs").json()] == ["1001"]
 
 
 def test_r_qrmi_2_task_in_another_users_session_is_403(qpu, qrmi, alice, bob, open_qrmi_session):
@@ -405,3 +418,16 @@ def test_r_qrmi_1_a_session_is_found_only_under_its_own_pool(qpu, other_qpu, qrm
     assert qrmi(ROOT).delete("/qrmi/orion/sessions", HTTP_X_WARDEN_SESSION=str(session.pk)).status_code == 404
     session.refresh_from_db()
     assert session.status == SessionStatus.ACTIVE and not Job.objects.filter(session=session).exists()
+
+
+def test_r_dev_1_task_start_with_an_unmeasured_or_parametrized_sequence_is_400(qpu, qrmi, alice, open_qrmi_session):
+    from tests.scheduling.pulser_sequences import custom_sequence
+
+    session = open_qrmi_session()
+    unmeasured = submit(qrmi, session, sequence=custom_sequence(measured=False))
+    assert unmeasured.status_code == 400 and "no measurement" in unmeasured.content.decode()
+    parametrized = submit(qrmi, session, sequence=custom_sequence(parametrized=True))
+    assert parametrized.status_code == 400 and "parametrized" in parametrized.content.decode()
+    too_many_shots = submit(qrmi, session, shots=5000)
+    assert too_many_shots.status_code == 400 and "at most 2000" in too_many_shots.content.decode()
+    assert not Job.objects.exists()

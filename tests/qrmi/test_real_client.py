@@ -22,9 +22,11 @@ from django.db import connection
 
 from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling import device_status
 from apps.scheduling import services as scheduling
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import RevocationReason, Session, SessionStatus
+from tests.doubles.pasqal_qpu_server import QpuDouble
 from tests.qrmi.conftest import USER_UID, need
 
 pytestmark = [pytest.mark.munge, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -140,3 +142,33 @@ def test_r_qrmi_real_client_reports_an_inaccessible_pool(live_qpu):
     pool.is_accessible, pool.accessibility_message = False, "Calibration in progress."
     pool.save()
     assert client("accessible", url) == {"accessible": False}
+
+
+@pytest.fixture
+def live_real_qpu(live_qpu):
+    """The same pool with a real-QPU device instead of the emulator: the pasqal_qpu driver in
+    front of the local double of the QPU API, its specs and status read by the status pass."""
+    pool, user, url = live_qpu
+    double = QpuDouble().start()
+    pool.devices.all().delete()
+    device = Device.objects.create(pool=pool, name="qpu", driver="pasqal_qpu", config={"url": double.url, "backoff": 0})
+    assert device_status.check_device(device) == "up"
+    yield pool, user, url, double
+    double.stop()
+
+
+def test_r_qrmi_warden_parity_real_client_runs_pulser_on_a_pasqal_qpu_pool(live_real_qpu):
+    pool, user, url, double = live_real_qpu
+
+    token = client("acquire", url)["token"]
+    outcome = client("run", url, uid=USER_UID, token=token, RUNS="60")
+    client("release", url, token=token)
+
+    assert sum(outcome["counts"].values()) == 60 and all(len(bits) == 2 for bits in outcome["counts"])
+    assert outcome["devices"] == ["AnalogDevice"]  # target(): the QPU's own specs (GET /system)
+    (qpu_job,) = double.jobs.values()
+    assert qpu_job["nb_run"] == 60 and qpu_job["status"] == "DONE" and double.posts() == 1
+    job = Job.objects.get(session_id=token)
+    assert job.status == JobStatus.COMPLETED and job.remote_id == str(qpu_job["uid"])
+    assert qpu_job["context"]["pasqman_job_id"] == f"gridgate-job-{job.pk}"
+    assert outcome["logs"] == [f"QPU job {qpu_job['uid']}: DONE\n"]

@@ -19,6 +19,13 @@ def fake_device(qpu_pool):
     )
 
 
+@pytest.fixture
+def parked_device(qpu_pool):
+    """An offline device: the pool can run jobs (R-DEV-1 refuses jobs on a pool without any
+    device), but nothing is dispatched until a test brings a device online."""
+    return Device.objects.create(pool=qpu_pool, name="parked", driver="fake", online=False)
+
+
 def complete(job, runtime=1.0):
     """Finish a dispatched job as a device would (frees the device)."""
     from apps.scheduling.drivers import DriverState

@@ -101,7 +101,7 @@ def test_transient_poll_errors_keep_the_job_running(qpu_pool, open_session, owne
     assert job.status == JobStatus.RUNNING and "poll" in job.error
 
 
-def test_cancel_pending_is_immediate(qpu_pool, open_session, owner):
+def test_cancel_pending_is_immediate(qpu_pool, parked_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
     assert services.cancel_job(job).status == JobStatus.CANCELLED
 
@@ -118,7 +118,7 @@ def test_cancel_running_is_requested_then_done_by_the_worker(qpu_pool, fake_devi
 
 
 @pytest.mark.parametrize("final", [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED])
-def test_cancel_of_a_finished_job_is_409(qpu_pool, open_session, owner, final):
+def test_cancel_of_a_finished_job_is_409(qpu_pool, parked_device, open_session, owner, final):
     from apps.core.api.exceptions import Conflict
 
     (job,) = submit(open_session(qpu_pool, owner))
@@ -148,7 +148,7 @@ def test_revoking_a_session_cancels_pending_and_stops_running_jobs(qpu_pool, fak
     assert running.status == JobStatus.RUNNING and running.cancel_requested_at
 
 
-def test_session_with_unfinished_jobs_is_not_idle_expired(qpu_pool, open_session, owner):
+def test_session_with_unfinished_jobs_is_not_idle_expired(qpu_pool, parked_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     submit(session)
     later = timezone.now() + timedelta(seconds=qpu_pool.idle_timeout + 10)
@@ -159,7 +159,7 @@ def test_session_with_unfinished_jobs_is_not_idle_expired(qpu_pool, open_session
     assert Session.objects.get(pk=session.pk).revocation_reason == "idle_timeout"
 
 
-def test_submitting_renews_the_idle_deadline(qpu_pool, open_session, owner):
+def test_submitting_renews_the_idle_deadline(qpu_pool, parked_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     before = session.idle_expires_at
     submit(session)
@@ -167,7 +167,7 @@ def test_submitting_renews_the_idle_deadline(qpu_pool, open_session, owner):
     assert session.idle_expires_at > before
 
 
-def test_pending_reasons(qpu_pool, open_session, owner):
+def test_pending_reasons(qpu_pool, parked_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
     job = Job.objects.select_related("pool").get(pk=job.pk)
     assert selectors.queue_info([job])[job.pk] == (selectors.NO_DEVICE, 1)
@@ -189,7 +189,7 @@ def test_inaccessible_pool_dispatches_nothing(qpu_pool, fake_device, open_sessio
     assert services.dispatch_once(qpu_pool.pk) is None
 
 
-def test_queue_positions_follow_the_weighted_order(qpu_pool, open_session, owner, member):
+def test_queue_positions_follow_the_weighted_order(qpu_pool, parked_device, open_session, owner, member):
     heavy, light = open_session(qpu_pool, owner, slots=2), open_session(qpu_pool, member, slots=1)
     h = submit(heavy, 4)
     l_ = submit(light, 2)
@@ -242,7 +242,7 @@ def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, 
     assert run.started_at <= run.finished_at
 
 
-def test_queue_position_counts_jobs_not_in_the_listing(qpu_pool, open_session, owner, member):
+def test_queue_position_counts_jobs_not_in_the_listing(qpu_pool, parked_device, open_session, owner, member):
     """R-JOB-4: a job's position counts every pending job ahead of it, not only listed ones."""
     qpu_pool.strategy = "fifo"
     qpu_pool.save()

@@ -63,7 +63,7 @@ def test_invalid_pulser_sequence_is_refused_with_400(api, owner, qpu_pool, emula
 def test_sequence_for_another_device_is_refused(api, owner, qpu_pool, emulator, open_session):
     session = open_session(qpu_pool, owner)
     response = post_job(api(owner), session, payload={"sequence": analog_sequence(device_name="MockDevice")})
-    assert response.status_code == 400 and "emulates 'AnalogDevice'" in response.json()["payload"][0]
+    assert response.status_code == 400 and "runs 'AnalogDevice'" in response.json()["payload"][0]
 
 
 def test_valid_sequence_as_object_or_string_is_accepted(api, owner, qpu_pool, emulator, open_session):

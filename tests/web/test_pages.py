@@ -223,13 +223,16 @@ def test_job_in_a_released_session_is_refused_with_403_in_words(web, owner, qpu_
 
 
 def _submit(session, n=1):
+    from apps.scheduling.models import Device
     from apps.scheduling.services import submit_job
 
+    # R-DEV-1 refuses jobs on a pool without any device: an offline one lets them wait.
+    Device.objects.get_or_create(pool=session.pool, name="parked", defaults={"driver": "fake", "online": False})
     return [submit_job(user=session.user, session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
 
 
 def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner, qpu_pool, open_session):
-    session = open_session(qpu_pool, owner)  # no device: jobs wait
+    session = open_session(qpu_pool, owner)  # no device online: jobs wait
     _submit(session, 2)
     page = web(owner).get(reverse("web:job-list"), **HX).content.decode()
     assert "<html" not in page  # htmx gets the table alone

@@ -83,7 +83,8 @@ class QrmiView(APIView):
     def session_from_header(self, queryset=None) -> Session:
         raw = self.request.headers.get(SESSION_HEADER, "").strip()
         if not raw:
-            raise ValidationError({SESSION_HEADER: ["This header is required (the session id acquire returned)."]})
+            # 403 as in Warden (an authorization failure there, not a malformed request).
+            raise PermissionDenied(f"Missing '{SESSION_HEADER}' header (the session id acquire returned).")
         return self.session(raw, queryset)
 
     def session(self, raw: str, queryset=None) -> Session:
@@ -189,7 +190,15 @@ def release(view: QrmiView, session: Session) -> Response:
 
 
 class JobsView(QrmiView):
-    """``POST jobs`` with ``X-Warden-Session``: a job in the caller's own active session."""
+    """``POST jobs`` with ``X-Warden-Session``: a job in the caller's own active session;
+    ``GET jobs``: the caller's jobs on this pool, as Warden lists a uid's jobs."""
+
+    LIST_LIMIT = 1000
+
+    def get(self, request, pool):
+        """The caller's jobs on the pool, oldest first (the newest ``LIST_LIMIT``)."""
+        jobs = Job.objects.filter(pool=self.pool, user=self.caller()).order_by("-created_at", "-id")
+        return Response([job_body(job, self.uid) for job in list(jobs[: self.LIST_LIMIT])[::-1]])
 
     def post(self, request, pool):
         """R-QRMI-2/3: the uid must be the session owner's; then R-JOB-1 submission and fair

@@ -22,9 +22,14 @@ class DeviceSerializer(ValidatedModelSerializer):
             "config",
             "online",
             "max_concurrent_jobs",
+            "provider_status",
+            "provider_message",
+            "provider_checked_at",
             "running_jobs",
             "pending_jobs",
         ]
+        # Written by the worker's status pass for real QPUs (pasqal_qpu, pasqal_cloud).
+        read_only_fields = ["provider_status", "provider_message", "provider_checked_at"]
         validators = []  # (pool, name) uniqueness: the model's full_clean reports it
 
     def to_representation(self, instance):

@@ -35,8 +35,23 @@ class DriverState:
     started: bool = False
 
 
+@dataclass
+class ProviderStatus:
+    """What a real device's provider says about it (the worker's status pass, never a request):
+    ``status`` is ``up``, ``down`` or ``unreachable``; ``specs`` its Pulser device when known."""
+
+    status: str
+    message: str = ""
+    specs: dict | None = None
+
+
 class DeviceDriver:
     name = ""
+    # A device of a driver with a provider is online only while the provider says it is up, and
+    # its specs come from the provider (SPEC §5); the worker asks it through ``check_status``.
+    has_provider = False
+    # The most jobs the device may run at once, whatever its ``max_concurrent_jobs`` (None: no cap).
+    max_concurrency: int | None = None
 
     def validate_config(self, config: dict) -> list[str]:
         return []
@@ -58,12 +73,23 @@ class DeviceDriver:
     def specs(self, device) -> dict:
         return {"driver": self.name}
 
+    def check_status(self, device) -> ProviderStatus | None:
+        """Ask the provider whether the device is operational (worker only; may be slow)."""
+        return None
+
 
 def get_driver(name: str) -> DeviceDriver:
     from apps.scheduling.drivers.emulator import EmulatorDriver
     from apps.scheduling.drivers.fake import FakeDriver
+    from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver
+    from apps.scheduling.drivers.pasqal_qpu import PasqalQpuDriver
 
-    registry = {"fake": FakeDriver(), "emulator": EmulatorDriver()}
+    registry = {
+        "fake": FakeDriver(),
+        "emulator": EmulatorDriver(),
+        "pasqal_qpu": PasqalQpuDriver(),
+        "pasqal_cloud": PasqalCloudDriver(),
+    }
     try:
         return registry[name]
     except KeyError:

@@ -18,7 +18,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from apps.scheduling.drivers import DeviceDriver, DriverState, InvalidPayload, PermanentDriverError
+from apps.scheduling.drivers import DeviceDriver, DriverState, PermanentDriverError
+from apps.scheduling.drivers.sequences import load_sequence, validate_sequence
 from apps.scheduling.models import DriverRun
 
 log = logging.getLogger(__name__)
@@ -49,21 +50,6 @@ def available_devices() -> list[str]:
     )
 
 
-def load_sequence(payload):
-    """The Pulser sequence of ``payload["sequence"]`` (object or JSON string)."""
-    from pulser import Sequence
-
-    if not isinstance(payload, dict) or "sequence" not in payload:
-        raise InvalidPayload('The payload must be {"sequence": <Pulser abstract representation>}.')
-    raw = payload["sequence"]
-    text = raw if isinstance(raw, str) else json.dumps(raw)
-    try:
-        return Sequence.from_abstract_repr(text)
-    except Exception as exc:  # pulser raises jsonschema, ValueError, TypeError, …
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidPayload(f"Not a valid Pulser sequence: {first[:300]}") from None
-
-
 class EmulatorDriver(DeviceDriver):
     name = "emulator"
 
@@ -78,21 +64,16 @@ class EmulatorDriver(DeviceDriver):
         return problems
 
     def validate_payload(self, device, payload, shots):
-        sequence = load_sequence(payload)
+        """R-DEV-1 against the emulated Pulser device, plus the emulator's own ``max_atoms``."""
         config = device.config or {}
-        expected = config.get("pulser_device", DEFAULT_DEVICE)
-        if sequence.device.name != expected:
-            raise InvalidPayload(
-                f"The sequence targets device '{sequence.device.name}'; device '{device.name}' emulates "
-                f"'{expected}'. Build the sequence for {expected} (GET /api/v1/devices/{device.pk}/specs/)."
-            )
-        atoms = len(sequence.register.qubit_ids)
-        if atoms > config.get("max_atoms", 10):
-            raise InvalidPayload(
-                f"The register has {atoms} atoms; this emulator takes at most {config.get('max_atoms', 10)}."
-            )
-        if not sequence.get_measurement_basis():
-            raise InvalidPayload("The sequence has no measurement basis.")
+        emulated = pulser_device(config.get("pulser_device", DEFAULT_DEVICE))
+        validate_sequence(
+            payload,
+            shots,
+            emulated,
+            where=f"device '{device.name}' (emulator)",
+            max_atoms=config.get("max_atoms", 10),
+        )
 
     def submit(self, device, job):
         from apps.core.tasks import enqueue

@@ -1,0 +1,357 @@
+"""The ``pasqal_qpu`` driver: a Pasqal QPU through its on-premise QPU API (what Warden drives).
+
+Facts (``shared/reference/PROVIDERS.md``, Warden's client and mock): base ``<url>/api/v1``,
+every answer a JSend envelope ``{"code", "message", "data"}``; ``GET /system`` → the QPU's
+Pulser device; ``GET /system/operational`` → ``UP``/``DOWN``; ``POST /jobs`` → a job
+``{uid, status, result, ...}``; ``GET /jobs/{uid}``; ``PUT /jobs/{uid}/cancel``, whose 400 with a
+code containing 3003 means "already finished". The QPU runs one job at a time (a new job drops
+the running one), so a device of this driver has ``max_concurrent_jobs`` = 1.
+
+Device ``config``: ``url`` (the QPU API's base, without ``/api/v1``), optional ``auth_header``
+(e.g. ``Authorization``) and ``auth_env`` (the name of the environment variable holding its
+value: secrets never go in the database), ``timeout`` (seconds per request, default 10),
+``retries`` (extra attempts on 5xx and connection errors, default 3), ``backoff`` (first pause
+between attempts in seconds, doubled each time, default 1).
+
+Lost answers. ``POST /jobs`` is not idempotent and the API has no list endpoint, so the driver
+writes its intent (a ``DriverRun`` keyed by Gridgate's stable run id, also sent as
+``context.pasqman_job_id``) before sending. If the answer is lost after the request left (a
+dropped connection, a read timeout), the next attempt does not resend: it walks the QPU's job
+uids forward from the highest uid this device has seen and adopts the job whose
+``pasqman_job_id`` is ours. It resends only when the QPU shows it never created the job (the walk
+reaches a uid the QPU does not have without finding ours); when it cannot tell (no uid known yet
+for this device, a job without its context, the walk too long), the job fails with a message
+saying so rather than risk running it twice.
+"""
+
+import json
+import logging
+import os
+import time
+from datetime import datetime
+from urllib.parse import urlparse
+
+import httpx
+
+from apps.core.exceptions import Unavailable
+from apps.resources.remote import ENV_NAME
+from apps.scheduling.drivers import (
+    DeviceDriver,
+    DriverState,
+    PermanentDriverError,
+    ProviderStatus,
+    TransientDriverError,
+)
+from apps.scheduling.drivers.sequences import device_from_specs, validate_sequence
+from apps.scheduling.models import DriverRun
+
+log = logging.getLogger(__name__)
+
+KNOWN = {"url", "auth_header", "auth_env", "timeout", "retries", "backoff"}
+HEADER_NAME = ENV_NAME  # letters, digits, underscores; dashes allowed below
+CANNOT_CANCEL = "3003"  # the QPU's code for "this job can no longer be cancelled"
+UID_WALK = 50  # how far past the last known uid a lost submission is looked for
+
+STATES = {"PENDING": "running", "RUNNING": "running", "DONE": "completed", "ERROR": "failed", "CANCELED": "cancelled"}
+
+
+class QpuError(Exception):
+    """A QPU API call that failed after its retries. ``sent``: the request may have reached the
+    QPU (its answer was lost); ``status``/``body``: the QPU's own error answer, when it gave one."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: dict | None = None, sent: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.body = body or {}
+        self.sent = sent
+
+    @property
+    def transient(self) -> bool:
+        return self.status is None or self.status >= 500 or self.status == 429
+
+
+class QpuClient:
+    """Small synchronous client of the QPU API: timeouts on every call, retries with back-off
+    on 5xx and connection errors (``POST`` only while the request surely did not leave)."""
+
+    def __init__(self, config: dict):
+        self.base = config["url"].rstrip("/") + "/api/v1"
+        self.timeout = float(config.get("timeout", 10))
+        self.retries = int(config.get("retries", 3))
+        self.backoff = float(config.get("backoff", 1))
+        self.headers = {}
+        if config.get("auth_header"):
+            value = os.environ.get(config.get("auth_env", ""), "")
+            if not value:
+                # The variable's name is configuration, not a secret: say which one is missing.
+                raise QpuError(f"environment variable {config.get('auth_env')} (the QPU API credential) is not set")
+            self.headers[config["auth_header"]] = value
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        """The ``data`` of the envelope; raises QpuError."""
+        resend = method != "POST"
+        attempt = 0
+        while True:
+            try:
+                with httpx.Client(timeout=self.timeout, headers=self.headers) as client:
+                    response = client.request(method, self.base + path, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the QPU
+                error = QpuError(f"cannot reach the QPU API: {type(exc).__name__}")
+            except httpx.TransportError as exc:  # the request left; its answer did not come back
+                error = QpuError(f"the QPU API's answer was lost: {type(exc).__name__}", sent=True)
+                if not resend:
+                    raise error from None
+            else:
+                envelope = _json(response)
+                if response.status_code < 400 and _code(envelope) < 400:
+                    data = envelope.get("data")
+                    return data if isinstance(data, dict) else {}
+                status = response.status_code if response.status_code >= 400 else _code(envelope)
+                error = QpuError(
+                    f"QPU API {method} {path}: {status} {str(envelope.get('message', ''))[:200]}".strip(),
+                    status=status,
+                    body=envelope,
+                )
+                if not error.transient:
+                    raise error
+            if attempt >= self.retries:
+                raise error
+            time.sleep(self.backoff * 2**attempt)
+            attempt += 1
+
+
+def _json(response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _code(envelope: dict) -> int:
+    try:
+        return int(envelope.get("code", 200))
+    except (TypeError, ValueError):
+        return 200
+
+
+def cannot_cancel(error: QpuError) -> bool:
+    """The QPU's "already finished" answer to a cancel: 400 whose code (top level, or inside
+    ``data`` as Warden's mock puts it) contains 3003."""
+    if error.status != 400:
+        return False
+    data = error.body.get("data")
+    codes = [error.body.get("code"), data.get("code") if isinstance(data, dict) else None]
+    return any(CANNOT_CANCEL in str(code) for code in codes if code is not None)
+
+
+def counts_from(result) -> dict[str, int]:
+    """Bitstring counts from a DONE job's ``result``: a JSON string ``{"counter": {...}}`` (or
+    the counts themselves)."""
+    data = json.loads(result) if isinstance(result, str) else result
+    if isinstance(data, dict) and isinstance(data.get("counter"), dict):
+        data = data["counter"]
+    if not isinstance(data, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        raise ValueError("the QPU's result holds no bitstring counter")
+    return {str(k): int(v) for k, v in sorted(data.items())}
+
+
+def runtime(job: dict) -> float | None:
+    try:
+        started = datetime.fromisoformat(str(job["start_datetime"]))
+        ended = datetime.fromisoformat(str(job["end_datetime"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return max((ended - started).total_seconds(), 0.0)
+
+
+def run_id(job) -> str:
+    """Gridgate's stable id of a job's run, sent as ``context.pasqman_job_id``."""
+    return f"gridgate-job-{job.pk}"
+
+
+class PasqalQpuDriver(DeviceDriver):
+    name = "pasqal_qpu"
+    has_provider = True
+    max_concurrency = 1
+
+    def validate_config(self, config):
+        problems = [f"unknown key '{k}' for the pasqal_qpu driver" for k in config if k not in KNOWN]
+        url = config.get("url")
+        parsed = urlparse(url) if isinstance(url, str) else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+            problems.append("'url' must be the QPU API's http(s) URL, e.g. http://qpu.example.org:8000")
+        header, env = config.get("auth_header"), config.get("auth_env")
+        if (header is None) != (env is None):
+            problems.append("'auth_header' and 'auth_env' go together (the header and the variable holding its value)")
+        if header is not None and (not isinstance(header, str) or not HEADER_NAME.match(header.replace("-", "_"))):
+            problems.append("'auth_header' must be an HTTP header name")
+        if env is not None and (not isinstance(env, str) or not ENV_NAME.match(env)):
+            problems.append("'auth_env' must be an environment variable name (letters, digits, underscores)")
+        for key, low, high in (("timeout", 0.1, 300), ("retries", 0, 10), ("backoff", 0, 60)):
+            value = config.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
+            ):
+                problems.append(f"'{key}' must be a number from {low} to {high}")
+        return problems
+
+    # -- specs and status (the worker's status pass) ---------------------------------------
+    def pulser_device(self, device):
+        if not device.provider_specs:
+            raise Unavailable(
+                f"The specs of QPU device '{device.name}' are not known yet: the worker reads them from the QPU "
+                "(GET /system) on its status pass. Try again shortly."
+            )
+        return device_from_specs(device.provider_specs)
+
+    def specs(self, device):
+        self.pulser_device(device)  # 503 until the worker has read them
+        return device.provider_specs
+
+    def validate_payload(self, device, payload, shots):
+        """R-DEV-1 against the QPU's own Pulser device (``GET /system``, as last read)."""
+        validate_sequence(payload, shots, self.pulser_device(device), where=f"QPU device '{device.name}'")
+
+    def check_status(self, device):
+        try:
+            client = QpuClient(device.config)
+            operational = str(client.call("GET", "/system/operational").get("operational_status", "")).upper()
+            specs = client.call("GET", "/system").get("specs")
+        except QpuError as exc:
+            return ProviderStatus("unreachable", message=str(exc))
+        if isinstance(specs, str):
+            try:
+                specs = json.loads(specs)
+            except ValueError:
+                specs = None
+        if not isinstance(specs, dict):
+            specs = None
+        status = "up" if operational == "UP" else "down"
+        return ProviderStatus(status, message=f"QPU operational status: {operational or 'missing'}", specs=specs)
+
+    # -- jobs ------------------------------------------------------------------------------
+    def submit(self, device, job):
+        stable = run_id(job)
+        # The intent, committed before anything is sent: "prepared" until the POST leaves,
+        # "submitting" while its answer is awaited, "unsent" when it surely never left.
+        run, created = DriverRun.objects.get_or_create(
+            remote_id=stable,
+            defaults={"device": device, "payload": job.payload, "shots": job.shots, "status": "prepared"},
+        )
+        if run.external_id:  # answered before; the worker died before the job recorded it
+            return run.external_id
+        try:
+            client = QpuClient(device.config)
+            if run.status == "submitting":  # an earlier POST left and its answer never came back
+                adopted = self._find_lost(client, device, stable)
+                if adopted:
+                    return self._record(run, adopted)
+            self._require_up(client, device)
+        except QpuError as exc:
+            raise TransientDriverError(str(exc)) from None
+        sequence = job.payload["sequence"]
+        body = {
+            "nb_run": job.shots,
+            "pulser_sequence": sequence if isinstance(sequence, str) else json.dumps(sequence),
+            "context": {"batch_id": f"gridgate-session-{job.session_id}", "pasqman_job_id": stable},
+        }
+        DriverRun.objects.filter(pk=stable).update(status="submitting")
+        try:
+            answer = client.call("POST", "/jobs", body)
+        except QpuError as exc:
+            if not exc.sent:  # the QPU answered with an error, or was never reached: no job there
+                DriverRun.objects.filter(pk=stable, external_id="").update(status="unsent")
+            if exc.transient:
+                raise TransientDriverError(str(exc)) from None
+            raise PermanentDriverError(f"The QPU refused the job: {exc}") from None
+        if "uid" not in answer:
+            raise PermanentDriverError("The QPU accepted the job but its answer carries no uid.")
+        return self._record(run, answer)
+
+    def _record(self, run, answer: dict) -> str:
+        uid = str(answer["uid"])
+        DriverRun.objects.filter(pk=run.pk).update(external_id=uid, status="submitted")
+        return uid
+
+    def _require_up(self, client, device):
+        operational = str(client.call("GET", "/system/operational").get("operational_status", "")).upper()
+        if operational != "UP":
+            from apps.scheduling.device_status import record_status
+
+            record_status(device, ProviderStatus("down", message=f"QPU operational status: {operational or 'missing'}"))
+            raise TransientDriverError("The QPU is down; the job waits until it is up again.")
+
+    def _find_lost(self, client, device, stable: str) -> dict | None:
+        """The job a lost submission created, if the QPU has it; None when the QPU shows it never
+        created it; PermanentDriverError when it cannot tell (see the module docstring)."""
+        known = [
+            int(x) for x in DriverRun.objects.filter(device=device).values_list("external_id", flat=True) if x.isdigit()
+        ]
+        undecided = PermanentDriverError(
+            "The QPU's answer to this job's submission was lost and the QPU API cannot list its jobs: the job was "
+            "not submitted again, so that it never runs twice. Submit it again if the QPU did not run it."
+        )
+        if not known:
+            raise undecided
+        for uid in range(max(known) + 1, max(known) + 1 + UID_WALK):
+            try:
+                job = client.call("GET", f"/jobs/{uid}")
+            except QpuError as exc:
+                if exc.status in (400, 404):
+                    log.info("lost submission %s: the QPU has no job %s, so it never created it", stable, uid)
+                    return None
+                raise
+            context = job.get("context")
+            if not isinstance(context, dict):
+                raise undecided
+            if context.get("pasqman_job_id") == stable:
+                log.warning("lost submission %s found on the QPU as job %s: adopted", stable, uid)
+                return job
+        raise undecided
+
+    def poll(self, device, remote_id):
+        try:
+            job = QpuClient(device.config).call("GET", f"/jobs/{remote_id}")
+        except QpuError as exc:
+            if exc.transient:
+                raise TransientDriverError(str(exc)) from None
+            raise PermanentDriverError(f"The QPU has no job {remote_id}: {exc}") from None
+        status = str(job.get("status", "")).upper()
+        state = STATES.get(status)
+        if state is None:
+            raise TransientDriverError(f"The QPU reported an unknown status '{status[:40]}' for job {remote_id}.")
+        if state == "running":
+            return DriverState("running", started=status == "RUNNING")
+        logs = f"QPU job {remote_id}: {status}\n"
+        if state == "completed":
+            try:
+                counts = counts_from(job.get("result"))
+            except (ValueError, TypeError) as exc:
+                return DriverState(
+                    "failed", error=f"The QPU's result could not be read: {exc}", logs=logs, started=True
+                )
+            return DriverState(
+                "completed", result={"counts": counts}, runtime_seconds=runtime(job), logs=logs, started=True
+            )
+        if state == "failed":
+            message = job.get("error") or job.get("message") or "the QPU reported an error"
+            return DriverState(
+                "failed", error=f"QPU job {remote_id} failed: {str(message)[:1000]}", logs=logs, started=True
+            )
+        return DriverState(
+            "cancelled", error="Cancelled on the QPU.", logs=logs, runtime_seconds=runtime(job), started=True
+        )
+
+    def cancel(self, device, remote_id):
+        """``PUT /jobs/{uid}/cancel``; "already finished" (3003) is not an error: the poll that
+        follows reads the job's real final state (R-JOB-2)."""
+        try:
+            QpuClient(device.config).call("PUT", f"/jobs/{remote_id}/cancel")
+        except QpuError as exc:
+            if cannot_cancel(exc):
+                log.info("QPU job %s had already finished when cancelled", remote_id)
+                return
+            if exc.transient:
+                raise TransientDriverError(str(exc)) from None
+            raise PermanentDriverError(f"The QPU refused to cancel job {remote_id}: {exc}") from None

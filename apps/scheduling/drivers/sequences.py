@@ -1,0 +1,85 @@
+"""R-DEV-1: one check of a Pulser sequence against the device that will run it, for every driver.
+
+The emulator, the on-premise QPU and Pasqal Cloud all take the same payload (``{"sequence":
+<abstract representation>}``) and all refuse the same things with a 400 that says why: not a
+sequence, built for another device, parametrized but not built, not measured, larger than the
+device (atoms, duration, register geometry), or more shots than the device's ``max_runs``.
+Nothing a client sends reaches ``get_measurement_basis()`` or the device unchecked, so nothing
+becomes a 500 or a job that fails on the device later.
+"""
+
+import json
+import warnings
+
+from apps.scheduling.drivers import InvalidPayload
+
+
+def load_sequence(payload):
+    """The Pulser sequence of ``payload["sequence"]`` (object or JSON string)."""
+    from pulser import Sequence
+
+    if not isinstance(payload, dict) or "sequence" not in payload:
+        raise InvalidPayload('The payload must be {"sequence": <Pulser abstract representation>}.')
+    raw = payload["sequence"]
+    text = raw if isinstance(raw, str) else json.dumps(raw)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return Sequence.from_abstract_repr(text)
+    except Exception as exc:  # pulser raises jsonschema, ValueError, TypeError, …
+        raise InvalidPayload(f"Not a valid Pulser sequence: {first_line(exc)}") from None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def device_from_specs(specs):
+    """A Pulser device from its abstract representation (what a QPU's ``GET /system`` gives)."""
+    from pulser.json.abstract_repr.deserializer import deserialize_device
+
+    text = specs if isinstance(specs, str) else json.dumps(specs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return deserialize_device(text)
+
+
+def validate_sequence(payload, shots: int, device, *, where: str, max_atoms: int | None = None):
+    """Check ``payload`` against the Pulser ``device`` (R-DEV-1); return the sequence as built
+    for it. ``where`` names the Gridgate device in messages; ``max_atoms`` is an extra limit of
+    the driver (the emulator's state space)."""
+    sequence = load_sequence(payload)
+    if sequence.device.name != device.name:
+        raise InvalidPayload(
+            f"The sequence targets device '{sequence.device.name}'; {where} runs '{device.name}'. "
+            f"Build the sequence for {device.name} (its specs: GET /api/v1/devices/<id>/specs/)."
+        )
+    if sequence.is_parametrized():
+        names = ", ".join(sorted(sequence.declared_variables)) or "?"
+        raise InvalidPayload(
+            f"The sequence is parametrized (variables: {names}) and not built: "
+            "call sequence.build(<values>) and send the built sequence."
+        )
+    if not sequence.is_measured():
+        raise InvalidPayload("The sequence has no measurement: end it with sequence.measure(<basis>).")
+    atoms = len(sequence.register.qubit_ids)
+    limits = [n for n in (device.max_atom_num, max_atoms) if n]
+    if limits and atoms > min(limits):
+        raise InvalidPayload(f"The register has {atoms} atoms; {where} takes at most {min(limits)}.")
+    duration = sequence.get_duration()
+    if device.max_sequence_duration and duration > device.max_sequence_duration:
+        raise InvalidPayload(
+            f"The sequence lasts {duration} ns; {where} runs sequences of at most {device.max_sequence_duration} ns."
+        )
+    if device.max_runs and shots > device.max_runs:
+        raise InvalidPayload(f"{shots} shots requested; {where} runs at most {device.max_runs} per job.")
+    # The abstract representation carries its own copy of the device: a client can send a
+    # sequence "for AnalogDevice" whose embedded specs allow anything. Rebuilding it on our
+    # device re-checks the register geometry and every channel against the real limits.
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return sequence.switch_device(device, strict=True)
+    except Exception as exc:
+        raise InvalidPayload(f"The sequence does not fit {where}: {first_line(exc)}") from None

@@ -1,0 +1,180 @@
+"""The pasqal_cloud driver through the real pasqal-cloud SDK, against a local double of the
+cloud API (SPEC §5, R-DEV-1, R-JOB-2/3, R-SCHED-3). A live test runs only with real credentials."""
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.scheduling import device_status, services
+from apps.scheduling.drivers import PermanentDriverError, TransientDriverError
+from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver, mapped
+from apps.scheduling.models import Device, Job, JobStatus
+from tests.doubles.pasqal_cloud_server import CloudDouble
+from tests.scheduling.pulser_sequences import analog_sequence
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cloud(monkeypatch):
+    double = CloudDouble().start()
+    monkeypatch.setenv("GG_CLOUD_USER", double.username)
+    monkeypatch.setenv("GG_CLOUD_PASSWORD", double.password)
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def cloud_device(qpu_pool, cloud):
+    device = Device.objects.create(pool=qpu_pool, name="fresnel-cloud", driver="pasqal_cloud", config=cloud.config())
+    assert device_status.check_device(device) == "up"
+    return device
+
+
+def run_to_the_end(pool, rounds=5):
+    for _ in range(rounds):
+        Job.objects.update(next_poll_at=None)
+        services.run_pool(pool.pk)
+
+
+def submit(session, shots=50):
+    return services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=shots)
+
+
+def test_pasqal_cloud_job_runs_as_one_batch_of_one_job_with_counts_equal_to_shots(
+    qpu_pool, cloud_device, cloud, open_session, owner
+):
+    job = submit(open_session(qpu_pool, owner), shots=50)
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and sum(job.result["counts"].values()) == 50
+    (batch,) = cloud.batches.values()
+    (remote,) = cloud.jobs.values()
+    assert remote["runs"] == 50 and batch["tags"] == [f"gridgate-job-{job.pk}"] and batch["device_type"] == "FRESNEL"
+    assert job.remote_id == remote["id"] and job.runtime_seconds is not None
+
+
+def test_pasqal_cloud_error_fails_the_job_with_its_errors(qpu_pool, cloud_device, cloud, open_session, owner):
+    cloud.fail_next = 1
+    job = submit(open_session(qpu_pool, owner))
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "Calibration drift" in job.error
+
+
+def test_r_job_2_pasqal_cloud_cancel_and_cancel_racing_completion(qpu_pool, cloud_device, cloud, open_session, owner):
+    cloud.hold = True
+    session = open_session(qpu_pool, owner)
+    cancelled = submit(session)
+    run_to_the_end(qpu_pool, rounds=2)
+    services.cancel_job(cancelled)
+    run_to_the_end(qpu_pool, rounds=1)
+    cancelled.refresh_from_db()
+    assert cancelled.status == JobStatus.CANCELLED
+
+    raced = submit(session, shots=30)
+    run_to_the_end(qpu_pool, rounds=2)
+    services.cancel_job(raced)
+    raced.refresh_from_db()
+    cloud.finish(raced.remote_id, "DONE")  # finished before the cancel arrives: the API refuses it
+    run_to_the_end(qpu_pool, rounds=1)
+    raced.refresh_from_db()
+    assert raced.status == JobStatus.COMPLETED and sum(raced.result["counts"].values()) == 30
+
+
+def test_r_sched_3_pasqal_cloud_lost_answer_is_adopted_by_tag_not_resubmitted(
+    qpu_pool, cloud_device, cloud, open_session, owner
+):
+    job = submit(open_session(qpu_pool, owner))
+    cloud.drop("/api/v1/batches", method="POST")  # the batch is created; the answer never arrives
+    services.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING and job.attempts == 1
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert cloud.creations() == 1 and len(cloud.batches) == 1
+
+
+def test_r_sched_3_pasqal_cloud_worker_restart_polls_and_never_submits_twice(
+    qpu_pool, cloud_device, cloud, open_session, owner
+):
+    job = submit(open_session(qpu_pool, owner))
+    services.run_pool(qpu_pool.pk)
+    Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and cloud.creations() == 1
+
+
+def test_pasqal_cloud_device_down_when_the_device_type_is_not_offered(qpu_pool, cloud_device, cloud):
+    del cloud.specs["FRESNEL"]
+    assert device_status.check_device(cloud_device) == "down"
+    cloud_device.refresh_from_db()
+    assert cloud_device.online is False and "does not offer FRESNEL" in cloud_device.provider_message
+
+
+def test_pasqal_cloud_wrong_password_leaves_the_device_unreachable_and_no_secret_shows(qpu_pool, cloud, monkeypatch):
+    monkeypatch.setenv("GG_CLOUD_PASSWORD", "wrong-PASSWORD-xyz")
+    device = Device.objects.create(pool=qpu_pool, name="c", driver="pasqal_cloud", config=cloud.config())
+    assert device_status.check_device(device) == "unreachable"
+    assert "wrong-PASSWORD" not in device.provider_message and cloud.password not in device.provider_message
+
+
+def test_r_dev_1_pasqal_cloud_sequences_are_checked_against_the_published_specs(
+    qpu_pool, cloud_device, api, owner, open_session
+):
+    session = open_session(qpu_pool, owner)
+    response = api(owner).post(
+        f"/api/v1/sessions/{session.pk}/jobs/",
+        {"payload": {"sequence": analog_sequence()}, "shots": 5000},
+        format="json",
+    )
+    assert response.status_code == 400 and "at most 2000" in str(response.json())
+
+
+def test_sdk_errors_map_to_transient_or_permanent():
+    import requests
+    from pasqal_cloud.errors import BatchCreationError
+
+    def http_error(status):
+        response = requests.Response()
+        response.status_code, response._content = status, b'{"code": 0, "message": "x", "data": {}}'
+        return requests.HTTPError(response=response)
+
+    for status, kind in ((503, TransientDriverError), (429, TransientDriverError), (400, PermanentDriverError)):
+        error = http_error(status)
+        try:
+            raise BatchCreationError(error) from error
+        except BatchCreationError as exc:
+            assert isinstance(mapped(exc, "submitting"), kind)
+    assert isinstance(mapped(requests.ConnectionError("refused"), "x"), TransientDriverError)
+
+
+def test_pasqal_cloud_config_is_validated():
+    problems = " ".join(
+        PasqalCloudDriver().validate_config({"device_type": "NOPE", "username_env": "U", "password": "x"})
+    )
+    assert "project_id" in problems and "device_type" in problems and "unknown key 'password'" in problems
+    assert "password_env" in problems
+    assert PasqalCloudDriver().validate_config({"project_id": "p", "device_type": "EMU_MPS", "token_env": "T"}) == []
+
+
+@pytest.mark.live
+def test_live_pasqal_cloud_specs_with_real_credentials(qpu_pool):
+    """Runs only with GRIDGATE_LIVE_PASQAL_PROJECT_ID and GRIDGATE_LIVE_PASQAL_TOKEN (or _USERNAME/_PASSWORD)."""
+    project = os.environ.get("GRIDGATE_LIVE_PASQAL_PROJECT_ID")
+    if not project:
+        pytest.skip("set GRIDGATE_LIVE_PASQAL_PROJECT_ID and GRIDGATE_LIVE_PASQAL_TOKEN to run against Pasqal Cloud")
+    config = {"project_id": project, "device_type": os.environ.get("GRIDGATE_LIVE_PASQAL_DEVICE", "FRESNEL")}
+    if os.environ.get("GRIDGATE_LIVE_PASQAL_TOKEN"):
+        config["token_env"] = "GRIDGATE_LIVE_PASQAL_TOKEN"
+    else:
+        config |= {"username_env": "GRIDGATE_LIVE_PASQAL_USERNAME", "password_env": "GRIDGATE_LIVE_PASQAL_PASSWORD"}
+    device = Device.objects.create(pool=qpu_pool, name="live", driver="pasqal_cloud", config=config)
+    assert device_status.check_device(device) in ("up", "down")
+    device.refresh_from_db()
+    assert device.provider_status != "unreachable", device.provider_message
