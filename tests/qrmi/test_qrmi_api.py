@@ -342,3 +342,19 @@ def test_r_qrmi_3_qrmi_jobs_are_fairly_scheduled_with_api_jobs(qpu, qrmi, alice,
     order = [str(dispatch_once(qpu.pk).session_id) for _ in range(4)]
     both = {str(qrmi_session.pk), api_session["id"]}
     assert set(order[:2]) == both and set(order[2:]) == both
+
+
+# -- user_id parsing (issue 16, item 8) ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "user_id", ["\u0666\u0665\u0665\u0663\u0664", "65534\n", " 65534", "65534 ", "+1", "-1", "1e3", ""]
+)
+def test_r_qrmi_1_user_id_must_be_ascii_digits_without_whitespace(qpu, qrmi, alice, user_id):
+    response = qrmi(ROOT).post(f"{BASE}/sessions", {"user_id": user_id}, format="json")
+    assert response.status_code == 400, response.content
+    assert "user_id" in response.json()
+    assert not Session.objects.exists()
+
+
+def test_r_qrmi_1_user_id_beyond_the_uid_range_is_400(qpu, qrmi, alice):
+    response = qrmi(ROOT).post(f"{BASE}/sessions", {"user_id": "9999999999"}, format="json")
+    assert response.status_code == 400 and "user_id" in response.json()
