@@ -48,6 +48,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Early, so it also sees the error pages of the middleware below (issue 16: never HTML on API paths).
+    "apps.core.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -106,6 +108,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON with a nesting limit (a deep body is a 400, not a RecursionError 500); forms and uploads.
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.core.api.parsers.DepthLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.StablePageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -152,6 +160,9 @@ if _redis_url:
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
+# Largest non-file request body (a JSON job payload: a big Pulser sequence); over it: 413 JSON.
+# Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
 # manage.py cleanup: how long ended sessions, finished jobs and case events are kept.
 GRIDGATE_RETENTION_DAYS = env_int("GRIDGATE_RETENTION_DAYS", 90, minimum=1)

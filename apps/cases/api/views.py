@@ -6,7 +6,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -24,9 +24,10 @@ from apps.cases.api.serializers import (
     UploadResultSerializer,
 )
 from apps.cases.models import Campaign, Case, CaseStatus
+from apps.core.api.parsers import DepthLimitedJSONParser
 from apps.core.idempotency import idempotent
 
-UPLOAD_PARSERS = [JSONParser, MultiPartParser, FormParser]
+UPLOAD_PARSERS = [DepthLimitedJSONParser, MultiPartParser, FormParser]
 CONFLICT = OpenApiResponse(description="Conflict with the case's current state; the body carries `status`.")
 TOO_LARGE = OpenApiResponse(description="Upload over GRIDGATE_MAX_UPLOAD_MB (R-CASE-7); nothing was written.")
 
