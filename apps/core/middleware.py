@@ -56,6 +56,3 @@ class ApiErrorMiddleware:
         for name, value in headers.items():
             response[name] = value
         return response
-
-
-
