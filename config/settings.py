@@ -164,6 +164,9 @@ GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 # Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+# Idempotency-Key on endpoints whose work commits on its own (a case launch): how long a repeat waits
+# before it takes over the key of a request that died mid-way (docs/api.md).
+GRIDGATE_IDEMPOTENCY_LEASE_SECONDS = env_int("GRIDGATE_IDEMPOTENCY_LEASE_SECONDS", 120, minimum=1)
 # manage.py cleanup: how long ended sessions, finished jobs and case events are kept.
 GRIDGATE_RETENTION_DAYS = env_int("GRIDGATE_RETENTION_DAYS", 90, minimum=1)
 # Run enqueued tasks inline instead of through the broker (tests only).

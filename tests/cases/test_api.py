@@ -394,3 +394,31 @@ def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
     again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
     assert first.status_code == 200 and first.json() == again.json()
     assert Case.objects.get(pk=case_id).events.filter(to_status="pending").count() == 1
+
+
+def test_launch_key_of_a_request_that_died_is_taken_over_after_its_lease(api, owner, local_pool, monkeypatch, settings):
+    """Issue 16, item 2: a launch is idempotent under a lease: a retry within it is told to wait,
+    a retry after it launches instead of answering 409 for 24 hours."""
+    import time_machine
+    from django.utils import timezone
+
+    from apps.core.models import IdempotencyKey
+
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    url = f"/api/v1/cases/{case_id}/launch/"
+    client = api(owner)
+    # The first attempt dies inside its work and never cleans its key (a killed process).
+    monkeypatch.setattr(IdempotencyKey, "delete", lambda self: None)
+    monkeypatch.setattr(
+        "apps.cases.services.launch_case", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed"))
+    )
+    assert client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead").status_code == 500
+    monkeypatch.undo()
+    waiting = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert waiting.status_code == 409 and "still being processed" in waiting.json()["detail"]
+    later = timezone.now() + timezone.timedelta(seconds=settings.GRIDGATE_IDEMPOTENCY_LEASE_SECONDS + 1)
+    with time_machine.travel(later):
+        launched = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert launched.status_code == 200, launched.content
+    assert launched.json()["status"] == "pending"
+    assert IdempotencyKey.objects.get(key="launch-dead").response_status == 200

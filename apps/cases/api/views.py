@@ -96,7 +96,8 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["post"])
     def launch(self, request, pk=None):
         """R-CASE-1: submit the case; 200 with ``pending`` (submitted) or ``failed`` (refused)."""
-        return idempotent(request, lambda: self._launch(request))
+        # launch_case commits its own claim before calling the backend: the key goes under a lease.
+        return idempotent(request, lambda: self._launch(request), atomic=False)
 
     def _launch(self, request):
         case = owned(self.get_object(), request.user, "launch it")
