@@ -112,7 +112,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.api.parsers.DepthLimitedJSONParser",
         "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "apps.core.api.parsers.NamedFilesMultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.StablePageNumberPagination",
     "PAGE_SIZE": 50,

@@ -8,18 +8,16 @@ import threading
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
-from rest_framework import status as http_status
-from rest_framework.exceptions import APIException, NotFound, Throttled
-from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from apps.backends.base import AlreadyFinished, BackendError, JobRef, LeaseLost, SubmitSpec, SubmitUncertain
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
-from apps.core.api.exceptions import Conflict
+from apps.core.exceptions import Conflict, NotFound, ServiceError, TooManyRequests
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import can_use_pool
 
@@ -29,12 +27,11 @@ logger = logging.getLogger(__name__)
 MAX_UNCERTAIN_SUBMITS = 5
 
 
-class BackendUnavailable(APIException):
-    """The provider could not be reached to carry out the request (the case is unchanged)."""
+class BackendUnavailable(ServiceError):
+    """502: the provider could not be reached to carry out the request (the case is unchanged)."""
 
-    status_code = http_status.HTTP_502_BAD_GATEWAY
+    status = 502
     default_detail = "The execution backend could not be reached."
-    default_code = "backend_unavailable"
 
 
 def _event(case, *, kind=CaseEvent.Kind.TRANSITION, from_status="", to_status="", message="", options=None, at=None):
@@ -80,7 +77,7 @@ def create_case(
 ) -> Case:
     """A prepared case with its workspace (and its input files, all or nothing)."""
     if not can_use_pool(owner, resource_class.pool):
-        raise DRFValidationError({"resource_class": ["You may not use this class's pool."]})
+        raise DjangoValidationError({"resource_class": ["You may not use this class's pool."]})
     case = Case(
         owner=owner,
         resource_class=resource_class,
@@ -166,7 +163,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     the outcome in a short transaction. Idempotent: the backend adopts a job already submitted
     under the case's name instead of creating a second one."""
     if launch_options is not None and not isinstance(launch_options, dict):
-        raise DRFValidationError({"launch_options": ["Must be a JSON object."]})
+        raise DjangoValidationError({"launch_options": ["Must be a JSON object."]})
     now = timezone.now()
     owner = passes.worker_id()
     with transaction.atomic():
@@ -178,7 +175,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
         try:
             locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
         except NoBackend as exc:
-            raise DRFValidationError({"resource_class": [str(exc)]}) from None
+            raise DjangoValidationError({"resource_class": [str(exc)]}) from None
         if launch_options is not None:
             locked.launch_options = launch_options
         locked.launch_requested_at = now
@@ -392,7 +389,8 @@ def refresh_case(case: Case) -> Case:
         last = Case.objects.filter(pk=case.pk).values_list("last_refresh_at", flat=True).first()
         if last is None:
             raise NotFound()
-        raise Throttled(wait=max(1, int((last + minimum - now).total_seconds()) + 1))
+        wait = max(1, int((last + minimum - now).total_seconds()) + 1)
+        raise TooManyRequests(f"This case was refreshed moments ago: retry in {wait} s.", retry_after=wait)
     # R-CASE-2: passes never run in request handling. The case is made due now and a worker
     # polls (and syncs) it within the broker's poll interval; the answer is the current state.
     Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).exclude(remote_id="").update(

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from apps.core.api.exceptions import Conflict
+from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling.drivers import (

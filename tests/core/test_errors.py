@@ -92,3 +92,19 @@ def test_transient_database_failure_is_503_json_with_retry_after(api, owner, mon
     response = api(owner).get("/api/v1/resource-pools/")
     assert "retry" in assert_json_error(response, 503)["detail"]
     assert response["Retry-After"] == "1"
+
+
+def test_services_raise_the_projects_exceptions_and_import_nothing_from_drf():
+    """STYLE.md examples 1-2: services, selectors and passes know nothing of the API layer; the
+    API and the web pages each map ``apps.core.exceptions`` once."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "apps"
+    layers = [*root.glob("*/services.py"), *root.glob("*/selectors.py"), *root.glob("*/passes.py")]
+    layers.append(root / "cases" / "workspace.py")
+    offenders = [
+        str(path.relative_to(root))
+        for path in layers
+        if "rest_framework" in path.read_text() or "apps.core.api" in path.read_text()
+    ]
+    assert len(layers) > 8 and not offenders
