@@ -122,20 +122,14 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = get_object_or_404(_sessions(request.user), pk=pk)
-    if session.user_id != request.user.pk:
-        messages.error(request, "Job refused (403): only the session's owner submits jobs in it.")
-        return redirect("web:session-detail", pk=session.pk)
-    if session.status != SessionStatus.ACTIVE:
-        messages.error(request, f"Job refused (403): the session is {session.status} ({session.revocation_reason}).")
-        return redirect("web:session-detail", pk=session.pk)
+    session = get_object_or_404(job_services.session_for_submission().visible_to(request.user), pk=pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         messages.error(request, f"Job refused: {error_text(DjangoValidationError(form.errors))}")
         return redirect("web:session-detail", pk=session.pk)
     try:
-        job = job_services.submit_job(
-            session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
+        job = job_services.submit_job(  # R-JOB-1 owner and status checks: the service's
+            user=request.user, session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
         )
     except DriverError as exc:  # InvalidPayload included: the driver's own words
         messages.error(request, f"Job refused (400): {exc}")

@@ -466,3 +466,16 @@ def test_upload_never_overwrites_an_earlier_input_silently(api, owner, local_poo
     files = client.get(f"/api/v1/cases/{case_id}/files/").json()
     assert {"path": "inputs/m.txt", "size": 5} in files  # the first content, untouched
     assert not any(entry["path"] == "inputs/n.txt" for entry in files)  # all or nothing
+
+
+def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
+    (and spooled to disk); the per-file check behind it never even runs."""
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    reached = []
+    monkeypatch.setattr(workspace, "save_uploads", lambda *args, **kwargs: reached.append(args) or [])
+    big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
+    response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [big]}, format="multipart")
+    assert response.status_code == 413 and reached == []

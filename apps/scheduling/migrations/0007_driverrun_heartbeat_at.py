@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0005_job_jobs_created"),
+        ("scheduling", "0006_pool_vtime_wakeup_and_backoff_index"),
     ]
 
     operations = [
