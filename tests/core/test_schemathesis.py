@@ -36,7 +36,7 @@ def world(owner, staff):
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
     Device.objects.create(pool=pool, name="fake1", driver="fake", config={"script": ["running", "completed"]})
     session = session_services.admit(user=owner, resource_class=klass).session
-    job_services.submit_job(session=session, payload={"sequence": "{}"}, shots=1)
+    job_services.submit_job(user=owner, session=session, payload={"sequence": "{}"}, shots=1)
     return {"owner": Token.objects.create(user=owner).key, "staff": Token.objects.create(user=staff).key}
 
 
