@@ -48,6 +48,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Early, so it also sees the error pages of the middleware below (issue 16: never HTML on API paths).
+    "apps.core.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -106,10 +108,16 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON with a nesting limit (a deep body is a 400, not a RecursionError 500); forms and uploads.
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.core.api.parsers.DepthLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "apps.core.api.parsers.NamedFilesMultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.StablePageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.core.api.schema.GridgateAutoSchema",
     "EXCEPTION_HANDLER": "apps.core.api.exceptions.exception_handler",
     "COERCE_DECIMAL_TO_STRING": False,
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
@@ -152,7 +160,13 @@ if _redis_url:
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
+# Largest non-file request body (a JSON job payload: a big Pulser sequence); over it: 413 JSON.
+# Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024
 GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+# Idempotency-Key on endpoints whose work commits on its own (a case launch): how long a repeat waits
+# before it takes over the key of a request that died mid-way (docs/api.md).
+GRIDGATE_IDEMPOTENCY_LEASE_SECONDS = env_int("GRIDGATE_IDEMPOTENCY_LEASE_SECONDS", 120, minimum=1)
 # manage.py cleanup: how long ended sessions, finished jobs and case events are kept.
 GRIDGATE_RETENTION_DAYS = env_int("GRIDGATE_RETENTION_DAYS", 90, minimum=1)
 # Run enqueued tasks inline instead of through the broker (tests only).

@@ -7,11 +7,9 @@ import shutil
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
-from rest_framework import status as http_status
-from rest_framework.exceptions import APIException, NotFound, Throttled
-from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from apps.backends.base import AlreadyFinished, BackendError
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
@@ -19,20 +17,17 @@ from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
 from apps.cases import passes, tasks, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
-from apps.core.api.exceptions import Conflict
-from apps.core.exceptions import Conflict as ServiceConflict
-from apps.core.exceptions import Invalid
+from apps.core.exceptions import Conflict, Invalid, NotFound, ServiceError, TooManyRequests
 from apps.resources.selectors import can_use_pool
 
 logger = logging.getLogger(__name__)
 
 
-class BackendUnavailable(APIException):
-    """The provider could not be reached to carry out the request (the case is unchanged)."""
+class BackendUnavailable(ServiceError):
+    """502: the provider could not be reached to carry out the request (the case is unchanged)."""
 
-    status_code = http_status.HTTP_502_BAD_GATEWAY
+    status = 502
     default_detail = "The execution backend could not be reached."
-    default_code = "backend_unavailable"
 
 
 def _event(case, *, kind=CaseEvent.Kind.TRANSITION, from_status="", to_status="", message="", options=None, at=None):
@@ -78,7 +73,7 @@ def create_case(
 ) -> Case:
     """A prepared case with its workspace (and its input files, all or nothing)."""
     if not can_use_pool(owner, resource_class.pool):
-        raise DRFValidationError({"resource_class": ["You may not use this class's pool."]})
+        raise DjangoValidationError({"resource_class": ["You may not use this class's pool."]})
     # R-BACK-6: refused at creation already (400 naming the allowed values), not at launch only.
     launch_options = check_launch_options(resource_class, launch_options or {})
     case = Case(
@@ -142,11 +137,9 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
-            raise ServiceConflict(
-                f"The case is already {locked.status}; it cannot be launched again.", status=locked.status
-            )
+            raise Conflict(f"The case is already {locked.status}; it cannot be launched again.", status=locked.status)
         if locked.launch_requested_at is not None:
-            raise ServiceConflict("The case is being launched already.", status=locked.status)
+            raise Conflict("The case is being launched already.", status=locked.status)
         try:
             locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
         except NoBackend as exc:
@@ -250,7 +243,8 @@ def refresh_case(case: Case) -> Case:
         last = Case.objects.filter(pk=case.pk).values_list("last_refresh_at", flat=True).first()
         if last is None:
             raise NotFound()
-        raise Throttled(wait=max(1, int((last + minimum - now).total_seconds()) + 1))
+        wait = max(1, int((last + minimum - now).total_seconds()) + 1)
+        raise TooManyRequests(f"This case was refreshed moments ago: retry in {wait} s.", retry_after=wait)
     # R-CASE-2: passes never run in request handling. The case is made due now and a worker
     # polls (and syncs) it within the broker's poll interval; the answer is the current state.
     Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).exclude(remote_id="").update(

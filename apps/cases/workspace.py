@@ -14,19 +14,13 @@ import uuid
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
-from rest_framework import status
-from rest_framework.exceptions import APIException, ValidationError
+from django.core.exceptions import ValidationError
 
 from apps.backends import files
+from apps.core.exceptions import Conflict, PayloadTooLarge
 
 LAYOUT_DIRS = ("inputs", "live", "results")
 LOGS = {"stdout": "stdout.log", "stderr": "stderr.log"}
-
-
-class PayloadTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The upload is too large."
-    default_code = "payload_too_large"
 
 
 def cases_root() -> Path:
@@ -112,7 +106,7 @@ def check_content_length(request) -> None:
 
 
 def save_uploads(dest: Path, uploads) -> list[str]:
-    """Write uploaded files into ``dest`` all or nothing (R-CASE-7).
+    """Write uploaded files into ``dest`` all or nothing (R-CASE-7); an existing name is a 409.
 
     Files are first written to a staging directory beside ``dest`` and moved into place only
     once every one is complete, so an oversized or failing upload leaves nothing half-written.
@@ -146,8 +140,21 @@ def save_uploads(dest: Path, uploads) -> list[str]:
                             f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB)."
                         )
                     handle.write(chunk)
-        for name in names:
-            os.replace(staging / name, dest / name)
+        # Never overwrite an earlier input silently (issue 16, item 7): link, which fails on an
+        # existing name even when two uploads race, and undo this call's links on a refusal.
+        placed = []
+        try:
+            for name in names:
+                os.link(staging / name, dest / name)
+                placed.append(name)
+        except FileExistsError:
+            for name in placed:
+                (dest / name).unlink(missing_ok=True)
+            clash = next(name for name in names if name not in placed)
+            raise Conflict(
+                f"An input named {clash!r} already exists; inputs are never overwritten: upload it under another name.",
+                file=clash,
+            ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return names

@@ -5,6 +5,21 @@ Services raise these and import nothing from DRF; they are mapped once for the A
 human ``detail`` and optional extra fields that reach the JSON body (e.g. ``slots_available``).
 """
 
+from django.core.exceptions import NON_FIELD_ERRORS
+
+# The key of errors that belong to no one field (DRF's default NON_FIELD_ERRORS_KEY).
+NON_FIELD_KEY = "non_field_errors"
+
+
+def field_errors(exc) -> dict:
+    """A Django ``ValidationError`` keyed by field, the way the API reports serializer errors."""
+    if hasattr(exc, "error_dict"):
+        out = {}
+        for field, errors in exc.message_dict.items():
+            out.setdefault(NON_FIELD_KEY if field == NON_FIELD_ERRORS else field, []).extend(errors)
+        return out
+    return {NON_FIELD_KEY: list(exc.messages)}
+
 
 class ServiceError(Exception):
     """Base class: ``status`` is the HTTP status the API answers with."""
@@ -44,6 +59,33 @@ class Conflict(ServiceError):
 
     status = 409
     default_detail = "The request conflicts with the current state."
+
+
+class InvalidFields(Invalid):
+    """400 with messages keyed by field (``{"field": ["…"]}``, nested for inline lists), the shape
+    of a validation error, for rules a service checks across several objects."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        super().__init__("; ".join(f"{key}: {value}" for key, value in errors.items()))
+
+
+class PayloadTooLarge(ServiceError):
+    """413: the body or upload is larger than the configured limit (the message names it)."""
+
+    status = 413
+    default_detail = "The upload is too large."
+
+
+class TooManyRequests(ServiceError):
+    """429: asked again too soon; ``retry_after`` seconds until it may be asked again."""
+
+    status = 429
+    default_detail = "Too many requests; retry later."
+
+    def __init__(self, detail: str | None = None, *, retry_after: int, **extra):
+        self.retry_after = retry_after
+        super().__init__(detail or f"Asked too soon: retry in {retry_after} s.", **extra)
 
 
 class Unavailable(ServiceError):

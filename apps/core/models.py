@@ -17,11 +17,12 @@ class WorkerHeartbeat(models.Model):
 
 
 class IdempotencyKey(models.Model):
-    """A POST answered once per (user, Idempotency-Key) (SPEC §7).
+    """A POST answered once per (user, Idempotency-Key) (SPEC §7, ``apps.core.idempotency``).
 
-    The row is inserted before the request is processed (``response_status`` null while in
-    flight), so a concurrent repeat sees it and gets 409 instead of running twice. Only
-    successful (2xx) responses are kept; a failed attempt deletes its row so the client may retry.
+    Usually inserted in the same transaction as the work and its stored response, so it is never
+    seen in flight. Endpoints whose work commits on its own (a case launch) commit the row first with
+    ``locked_until``: ``response_status`` null and ``locked_until`` past means its request died, and
+    the next retry takes the key over. Only successful (2xx) responses are kept.
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -29,6 +30,9 @@ class IdempotencyKey(models.Model):
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body.")
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    locked_until = models.DateTimeField(
+        null=True, blank=True, help_text="While in flight (leased keys only): until when a repeat must wait."
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

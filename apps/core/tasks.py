@@ -79,16 +79,20 @@ def run_ticker(name: str, step: Callable[[], object], *, interval: float, durati
     if not acquire_lease(name, owner, ttl):
         return 0
     try:
-        while time.monotonic() < deadline:
+        # At least one step once the lease is held, whatever the time the lease took to get (a
+        # short ``duration`` used to run none on a slow database); no sleep past the deadline.
+        while True:
             started = time.monotonic()
             try:
                 step()
             except Exception:  # one bad step must not end the loop: log and go on
                 log.exception("ticker %s: step failed", name)
             steps += 1
+            if time.monotonic() >= deadline:
+                break
             if not acquire_lease(name, owner, ttl):
                 break  # lost the lease (we stalled past its expiry): another loop runs now
-            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+            time.sleep(max(0.0, min(interval - (time.monotonic() - started), deadline - time.monotonic())))
     finally:
         release_lease(name, owner)
     return steps

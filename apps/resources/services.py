@@ -3,9 +3,9 @@
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from rest_framework.exceptions import ValidationError as ApiValidationError
 
-from apps.core.api.exceptions import Conflict, validation_error_dict
+from apps.core.exceptions import Conflict, InvalidFields
+from apps.core.exceptions import field_errors as validation_error_dict
 from apps.resources.models import ResourceClass, ResourcePool, default_class_message
 
 QUOTA_FIELDS = {"quota_cpu": "quota", "quota_memory": "quota", "quota_gpu": "quota"}
@@ -40,7 +40,7 @@ def save_pool(
         try:
             pool.full_clean()
         except DjangoValidationError as exc:
-            raise ApiValidationError(_api_errors(exc)) from None
+            raise InvalidFields(_api_errors(exc)) from None
         pool.save()
         if users is not None:
             pool.users.set(users)
@@ -76,7 +76,7 @@ def save_pool(
                 item.save()
                 class_errors.append({})
             if failed:
-                raise ApiValidationError({"classes": class_errors})
+                raise InvalidFields({"classes": class_errors})
 
         final = list(pool.classes.all())
         errors = {}
@@ -88,7 +88,7 @@ def save_pool(
             for key, messages in _api_errors(exc).items():
                 errors.setdefault(key, []).extend(messages)
         if errors:
-            raise ApiValidationError(errors)
+            raise InvalidFields(errors)
     return pool
 
 

@@ -1,10 +1,12 @@
 from django.contrib import admin, messages
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
-from apps.core.api.exceptions import Conflict
+from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, selectors, services
-from apps.scheduling.models import Device, Job, JobStatus
+from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 
 
 class DeviceInline(admin.TabularInline):
@@ -128,3 +130,44 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(
             request, f"Cancelled or asked to stop {done} job(s); {refused} already ending.", messages.SUCCESS
         )
+
+
+@admin.register(PoolQueue)
+class PoolQueueAdmin(admin.ModelAdmin):
+    """Read-only: one row per pool whose lock serializes its dispatch; operators read when the pool
+    last dispatched and how much waits, to spot a stuck queue (issue 16)."""
+
+    list_display = ["pool", "last_dispatch_at", "pending", "running"]
+    list_select_related = ["pool"]
+    list_filter = ["pool__kind"]
+    search_fields = ["pool__name"]
+
+    def get_queryset(self, request):
+        # Counted in the list's one query (no N+1); a correlated count per status touches only the
+        # pool's unfinished jobs (partial indexes), never its finished history.
+        def count(status):
+            jobs = Job.objects.filter(pool=OuterRef("pool_id"), status=status).order_by()
+            return Coalesce(Subquery(jobs.values("pool").annotate(n=Count("id")).values("n")[:1]), 0)
+
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(n_pending=count(JobStatus.PENDING), n_running=count(JobStatus.RUNNING))
+        )
+
+    @admin.display(ordering="n_pending")
+    def pending(self, obj):
+        return obj.n_pending
+
+    @admin.display(ordering="n_running")
+    def running(self, obj):
+        return obj.n_running
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -197,6 +197,9 @@ class DriverRun(models.Model):
     cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True, help_text="When the device began the run.")
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Last sign of life of the worker running it (emulator)."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -14,8 +14,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from apps.core.api.exceptions import Conflict
-from apps.core.exceptions import Forbidden
+from apps.core.exceptions import Conflict, Forbidden
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling.drivers import (

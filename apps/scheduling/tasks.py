@@ -30,8 +30,10 @@ def run_emulation(remote_id: str) -> str:
         if run is None or run.status != "queued":
             return "skipped"  # already executed (task retried) or cancelled before it started
         run.status, run.started_at = "running", timezone.now()
-        run.save(update_fields=["status", "started_at"])
-    emulator.execute(run)  # minutes of CPU at most; no transaction held
+        run.heartbeat_at = run.started_at
+        run.save(update_fields=["status", "started_at", "heartbeat_at"])
+    with emulator.Heartbeat(run.pk):  # a killed worker stops beating: its run is failed soon after
+        emulator.execute(run)  # minutes of CPU at most; no transaction held
     with transaction.atomic():
         cancelled = DriverRun.objects.select_for_update().values_list("cancel_requested", flat=True).get(pk=run.pk)
         if cancelled:

@@ -10,8 +10,7 @@ from django.db.models.functions import Coalesce
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
-from apps.core.api.exceptions import Conflict
-from apps.core.exceptions import Unavailable
+from apps.core.exceptions import Conflict, Unavailable
 from apps.core.sql import CompiledQuery
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt
@@ -22,11 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class CapacityExceeded(Conflict):
-    default_code = "capacity_exceeded"
+    """409: the pool has no room; ``extra["slots_available"]`` says how much it has (R-SESS-1)."""
 
 
 class SessionConflict(Conflict):
-    default_code = "session_conflict"
+    """409: the external id names an active session with other parameters (R-SESS-2)."""
 
 
 @dataclass(frozen=True)

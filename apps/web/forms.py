@@ -4,12 +4,18 @@ import json
 
 from django import forms
 
+from apps.core import jsonlimits
 from apps.resources.selectors import visible_classes
+
+# The database's integer range: a larger number typed in a form is a form error, not a 500
+# ("integer out of range", issue 16 item 3).
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
 
 
 class OpenSessionForm(forms.Form):
-    resource_class = forms.IntegerField(widget=forms.HiddenInput)
-    slots = forms.IntegerField(min_value=1, initial=1)
+    resource_class = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=MAX_BIGINT)
+    slots = forms.IntegerField(min_value=1, max_value=MAX_INT, initial=1)
     external_id = forms.CharField(max_length=128, required=False, label="External id (optional)")
 
 
@@ -30,7 +36,7 @@ class JobSubmitForm(forms.Form):
         upload, example = data.get("sequence_file"), data.get("example")
         if upload:
             try:
-                document = json.loads(upload.read().decode("utf-8"))
+                document = jsonlimits.loads(upload.read().decode("utf-8"))  # too deep: a ValueError
             except (UnicodeDecodeError, ValueError) as exc:
                 raise forms.ValidationError({"sequence_file": f"Not a JSON file: {exc}"}) from None
         elif example:

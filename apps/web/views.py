@@ -19,13 +19,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
-from rest_framework.exceptions import APIException
 
 from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
-from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
@@ -35,6 +33,7 @@ from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
 from apps.web import charts
+from apps.web.errors import REFUSALS, error_text, refuse
 from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm
 from apps.web.selectors import bundled_examples, pool_gauges
 
@@ -42,30 +41,6 @@ LIVE_EVERY = "every 2s"  # htmx polling period of live fragments
 LIST_LIMIT = 100
 LOG_TAIL_LINES = 40
 LAUNCH_OPTION_PREFIX = "launch_option:"
-
-
-def error_text(exc: Exception) -> str:
-    """An API or validation error in words, as the API would have said it."""
-    if isinstance(exc, DjangoValidationError):
-        return " ".join(exc.messages)
-    detail = getattr(exc, "detail", str(exc))
-    return _flatten(detail)
-
-
-def _flatten(detail) -> str:
-    if isinstance(detail, dict):
-        return " ".join(
-            f"{key}: {_flatten(value)}" if key != "non_field_errors" else _flatten(value)
-            for key, value in detail.items()
-        )
-    if isinstance(detail, (list, tuple)):
-        return " ".join(_flatten(item) for item in detail)
-    return str(detail)
-
-
-def _refused(request, exc: Exception, what: str) -> None:
-    status = getattr(exc, "status_code", getattr(exc, "status", 400))
-    messages.error(request, f"{what} refused ({status}): {error_text(exc)}")
 
 
 # -- home -----------------------------------------------------------------------------------------
@@ -109,8 +84,8 @@ def session_open(request):
             slots=form.cleaned_data["slots"],
             external_id=form.cleaned_data["external_id"],
         )
-    except APIException as exc:
-        _refused(request, exc, "Session")
+    except REFUSALS as exc:
+        refuse(request, exc, "Session")
         return redirect("web:home")
     session = admission.session
     if admission.created:
@@ -159,11 +134,8 @@ def job_submit(request, pk):
     except DriverError as exc:  # InvalidPayload included: the driver's own words
         messages.error(request, f"Job refused (400): {exc}")
         return redirect("web:session-detail", pk=session.pk)
-    except ServiceError as exc:
-        messages.error(request, f"Job refused ({exc.status}): {exc.detail}")
-        return redirect("web:session-detail", pk=session.pk)
-    except APIException as exc:
-        _refused(request, exc, "Job")
+    except REFUSALS as exc:
+        refuse(request, exc, "Job")
         return redirect("web:session-detail", pk=session.pk)
     messages.success(request, f"Job {job.pk} submitted with {job.shots} shots.")
     return redirect("web:session-detail", pk=session.pk)
@@ -231,8 +203,8 @@ def job_cancel(request, pk):
     job = get_object_or_404(_jobs(request.user), pk=pk)
     try:
         job = job_services.cancel_job(job)
-    except APIException as exc:
-        _refused(request, exc, "Cancellation")
+    except REFUSALS as exc:
+        refuse(request, exc, "Cancellation")
     else:
         messages.success(
             request, f"Job {job.pk}: {'cancelled' if job.status == 'cancelled' else 'cancellation requested'}."
@@ -250,8 +222,8 @@ def case_list(request):
     if request.method == "POST":
         try:
             workspace.check_content_length(request)  # R-CASE-7: refused before the body is parsed
-        except APIException as exc:
-            _refused(request, exc, "Upload")
+        except REFUSALS as exc:
+            refuse(request, exc, "Upload")
             return redirect("web:case-list")
         form = CaseCreateForm(request.POST, request.FILES, user=request.user)
         if form.is_valid():
@@ -265,7 +237,7 @@ def case_list(request):
                     observability_globs=data["observability_globs"],
                     uploads=data["inputs"],
                 )
-            except (APIException, DjangoValidationError) as exc:
+            except REFUSALS as exc:
                 form.add_error(None, error_text(exc))
             else:
                 messages.success(request, f"Case '{case.name}' created. Launch it when you are ready.")
@@ -335,8 +307,8 @@ def case_launch(request, pk):
     }
     try:
         case = case_services.launch_case(case, launch_options=chosen or None)
-    except (APIException, DjangoValidationError, ServiceError) as exc:
-        _refused(request, exc, "Launch")
+    except REFUSALS as exc:
+        refuse(request, exc, "Launch")
     else:
         # R-CASE-1: a worker uploads and submits it; this page follows it from "submitting".
         messages.success(request, f"Launch requested on the {case.backend} backend: the case is being submitted.")
@@ -349,8 +321,8 @@ def case_cancel(request, pk):
     case = _case(request, pk)
     try:
         case_services.cancel_case(case)
-    except APIException as exc:
-        _refused(request, exc, "Cancellation")
+    except REFUSALS as exc:
+        refuse(request, exc, "Cancellation")
     else:
         messages.success(request, "Case cancelled.")
     return redirect("web:case-detail", pk=case.pk)
@@ -362,8 +334,8 @@ def case_refresh(request, pk):
     case = _case(request, pk)
     try:
         case_services.refresh_case(case)
-    except APIException as exc:
-        _refused(request, exc, "Refresh")
+    except REFUSALS as exc:
+        refuse(request, exc, "Refresh")
     else:
         messages.info(request, "Refresh requested: a worker is asking the backend now.")
     return redirect("web:case-detail", pk=case.pk)

@@ -71,3 +71,19 @@ def test_accounting_is_staff_only_and_validates_its_parameters(api, owner, staff
         api(staff).get("/api/v1/accounting/?since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z").status_code == 400
     )
     assert api(staff).get("/api/v1/accounting/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"until": "0001-01-01"},
+        {"since": "0001-01-01"},
+        {"until": "9999-12-31T23:59:59"},
+        {"since": "0001-01-01T00:00:00+05:00"},
+        {"until": "9999-12-31T23:59:59-05:00"},
+    ],
+)
+def test_accounting_dates_outside_the_supported_range_are_400(api, staff, query):
+    response = api(staff).get("/api/v1/accounting/", query)
+    assert response.status_code == 400, response.content
+    assert set(response.json()) <= {"since", "until"}

@@ -452,6 +452,78 @@ def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
     assert response.status_code == 400 and "control characters" in response.json()["detail"]
 
 
+def test_launch_key_of_a_request_that_died_is_taken_over_after_its_lease(api, owner, local_pool, monkeypatch, settings):
+    """Issue 16, item 2: a launch is idempotent under a lease: a retry within it is told to wait,
+    a retry after it launches instead of answering 409 for 24 hours."""
+    import time_machine
+    from django.utils import timezone
+
+    from apps.core.models import IdempotencyKey
+
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    url = f"/api/v1/cases/{case_id}/launch/"
+    client = api(owner)
+    # The first attempt dies inside its work and never cleans its key (a killed process).
+    monkeypatch.setattr(IdempotencyKey, "delete", lambda self: None)
+    monkeypatch.setattr(
+        "apps.cases.services.launch_case", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed"))
+    )
+    assert client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead").status_code == 500
+    monkeypatch.undo()
+    waiting = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert waiting.status_code == 409 and "still being processed" in waiting.json()["detail"]
+    later = timezone.now() + timezone.timedelta(seconds=settings.GRIDGATE_IDEMPOTENCY_LEASE_SECONDS + 1)
+    with time_machine.travel(later):
+        launched = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert launched.status_code == 200, launched.content
+    assert launched.json()["status"] == "pending"
+    assert IdempotencyKey.objects.get(key="launch-dead").response_status == 200
+
+
+def raw_multipart(files: dict[str, bytes], **fields) -> tuple[bytes, str]:
+    """A multipart body with file names exactly as given (test clients cut them to base names)."""
+    boundary = "gridgate-boundary"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode()
+        for key, value in fields.items()
+    ]
+    for name, content in files.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="inputs"; filename="{name}"\r\n'
+        parts.append(head.encode() + b"Content-Type: application/octet-stream\r\n\r\n" + content + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.parametrize("name", ["../evil.txt", "sub/a.txt", "..\\\\evil.txt", "/etc/passwd", ".."])
+def test_upload_name_with_a_directory_part_is_refused_naming_the_file(api, owner, local_pool, name):
+    """Issue 16, item 7 (R-CASE-7): no silent cut to the base name."""
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    body, content_type = raw_multipart({name: b"x"})
+    response = client.generic("POST", f"/api/v1/cases/{case_id}/inputs/", body, content_type=content_type)
+    assert response.status_code == 400, response.content
+    assert "not a plain file name" in response.json()["detail"]
+    assert not any(
+        entry["path"].startswith("inputs/") for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()
+    )
+
+
+def test_upload_never_overwrites_an_earlier_input_silently(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    url = f"/api/v1/cases/{case_id}/inputs/"
+    first = client.post(url, {"inputs": [SimpleUploadedFile("m.txt", b"first")]}, format="multipart")
+    assert first.status_code == 201
+    again = client.post(
+        url,
+        {"inputs": [SimpleUploadedFile("n.txt", b"new"), SimpleUploadedFile("m.txt", b"second")]},
+        format="multipart",
+    )
+    assert again.status_code == 409 and again.json()["file"] == "m.txt" and "m.txt" in again.json()["detail"]
+    files = client.get(f"/api/v1/cases/{case_id}/files/").json()
+    assert {"path": "inputs/m.txt", "size": 5} in files  # the first content, untouched
+    assert not any(entry["path"] == "inputs/n.txt" for entry in files)  # all or nothing
+
+
 def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
     """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
     (and spooled to disk); the per-file check behind it never even runs."""

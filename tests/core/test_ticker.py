@@ -55,3 +55,9 @@ def test_tick_schedule_replaces_the_per_app_loops(db):
     names = set(Schedule.objects.values_list("name", flat=True))
     assert "gridgate.tick" in names
     assert not names & {"gridgate.scheduling_tick", "gridgate.cases.ticker"}
+
+
+def test_loop_holding_the_lease_runs_one_step_even_with_no_time_left(db):
+    """Issue 16, item 10: the step count does not depend on how long the lease took to get."""
+    steps = []
+    assert run_ticker("loop", lambda: steps.append(1), interval=5, duration=0) == 1 == len(steps)

@@ -431,3 +431,19 @@ def test_r_dev_1_task_start_with_an_unmeasured_or_parametrized_sequence_is_400(q
     too_many_shots = submit(qrmi, session, shots=5000)
     assert too_many_shots.status_code == 400 and "at most 2000" in too_many_shots.content.decode()
     assert not Job.objects.exists()
+
+
+# -- user_id parsing (issue 16, item 8) ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "user_id", ["\u0666\u0665\u0665\u0663\u0664", "65534\n", " 65534", "65534 ", "+1", "-1", "1e3", ""]
+)
+def test_r_qrmi_1_user_id_must_be_ascii_digits_without_whitespace(qpu, qrmi, alice, user_id):
+    response = qrmi(ROOT).post(f"{BASE}/sessions", {"user_id": user_id}, format="json")
+    assert response.status_code == 400, response.content
+    assert "user_id" in response.json()
+    assert not Session.objects.exists()
+
+
+def test_r_qrmi_1_user_id_beyond_the_uid_range_is_400(qpu, qrmi, alice):
+    response = qrmi(ROOT).post(f"{BASE}/sessions", {"user_id": "9999999999"}, format="json")
+    assert response.status_code == 400 and "user_id" in response.json()

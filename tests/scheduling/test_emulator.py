@@ -48,3 +48,66 @@ def test_emulator_failure_is_recorded_on_the_job(
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "Pulser" in job.error
     assert DriverRun.objects.get(remote_id=job.remote_id).status == "failed"
+
+
+# -- a worker killed mid-emulation (issue 16, item 9) ---------------------------------------------
+def running_run(qpu_pool, *, started_ago: float, beat_ago: float | None):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.scheduling.models import DriverRun
+
+    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
+    now = timezone.now()
+    return device, DriverRun.objects.create(
+        remote_id="emu-1",
+        device=device,
+        payload={"sequence": "{}"},
+        shots=1,
+        status="running",
+        started_at=now - timedelta(seconds=started_ago),
+        heartbeat_at=None if beat_ago is None else now - timedelta(seconds=beat_ago),
+    )
+
+
+def test_run_whose_worker_stopped_beating_is_failed_within_dead_after(qpu_pool):
+    from apps.scheduling.drivers import emulator
+
+    device, run = running_run(qpu_pool, started_ago=40, beat_ago=emulator.DEAD_AFTER.total_seconds() + 1)
+    state = emulator.EmulatorDriver().poll(device, run.remote_id)
+    assert state.status == "failed" and "worker stopped" in state.error
+    run.refresh_from_db()
+    assert run.status == "failed" and run.finished_at is not None
+
+
+def test_long_run_with_a_live_heartbeat_keeps_running(qpu_pool):
+    from apps.scheduling.drivers import emulator
+
+    device, run = running_run(qpu_pool, started_ago=3600, beat_ago=1)
+    assert emulator.EmulatorDriver().poll(device, run.remote_id).status == "running"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_is_stamped_while_the_simulation_runs(qpu_pool, monkeypatch):
+    """The beat comes from its own thread and connection while the worker's thread is busy."""
+    import time
+
+    from django.db import connection
+
+    from apps.scheduling.drivers import emulator
+    from apps.scheduling.models import DriverRun
+
+    device, run = running_run(qpu_pool, started_ago=0, beat_ago=0)
+    first = run.heartbeat_at
+    monkeypatch.setattr(emulator, "HEARTBEAT_SECONDS", 0.05)
+    seen = []
+    with emulator.Heartbeat(run.pk):
+        for _ in range(400):  # bounded wait (a loaded machine): stop at the first new beat
+            seen = list(DriverRun.objects.filter(pk=run.pk, heartbeat_at__gt=first).values_list("heartbeat_at"))
+            if seen:
+                break
+            time.sleep(0.05)
+    connection.close()
+    assert seen, "no heartbeat was written"

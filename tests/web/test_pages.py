@@ -506,3 +506,24 @@ def test_case_page_shows_the_providers_note_on_a_waiting_case(web, cases_root, o
     page = web(owner).get(reverse("web:case-detail", args=[case.pk])).content.decode()
     assert "The provider says: Slurm: JobHeldAdmin" in page
     assert "Slurm: JobHeldAdmin" in web(owner).get(reverse("web:case-list")).content.decode()
+
+
+# -- bad input in forms (issue 16) ---------------------------------------------------------------
+@pytest.mark.parametrize("field", ["slots", "resource_class"])
+def test_session_form_number_beyond_the_database_range_is_refused_in_words(web, owner, qpu_pool, field):
+    data = {"resource_class": qpu_pool.classes.get().pk, "slots": 1, field: "99999999999999999999"}
+    response = web(owner).post(reverse("web:session-open"), data, follow=True)
+    assert response.status_code == 200
+    assert "Session not opened" in response.content.decode()
+    assert not Session.objects.exists()
+
+
+def test_deeply_nested_sequence_file_is_refused_in_words(web, owner, qpu_pool, fake_device, open_session):
+    session = open_session(qpu_pool, owner)
+    upload = SimpleUploadedFile("seq.json", b"[" * 5000 + b"]" * 5000, content_type="application/json")
+    response = web(owner).post(
+        reverse("web:job-submit", args=[session.pk]), {"sequence_file": upload, "shots": 7}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Not a JSON file" in response.content.decode() and "nested deeper than" in response.content.decode()
+    assert not Job.objects.exists()

@@ -1,4 +1,4 @@
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -32,6 +32,12 @@ class AccountingSerializer(serializers.Serializer):
     rows = UsageRowSerializer(many=True)
 
 
+# Accepted period bounds: outside them ``until - 30 days`` and the SQL interval arithmetic overflow
+# (``?until=0001-01-01`` was a 500, issue 16 item 4). A client's date out of range is a 400.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _moment(request, name, default):
     raw = request.query_params.get(name)
     if raw in (None, ""):
@@ -42,7 +48,14 @@ def _moment(request, name, default):
         value = None
     if value is None:
         raise ValidationError({name: ["Use an ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z."]})
-    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+    try:
+        value = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+        in_range = EARLIEST <= value <= LATEST
+    except OverflowError:  # an offset that pushes the moment past datetime's range
+        in_range = False
+    if not in_range:
+        raise ValidationError({name: [f"Must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}."]})
+    return value
 
 
 class AccountingView(APIView):

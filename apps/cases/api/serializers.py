@@ -2,7 +2,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.cases.models import Campaign, Case, CaseEvent
+from apps.cases.models import Campaign, Case, CaseEvent, CaseStatus
 from apps.resources.models import ResourceClass
 from apps.resources.selectors import visible_classes
 
@@ -87,6 +87,10 @@ class LaunchSerializer(serializers.Serializer):
 
 
 class CaseEventSerializer(serializers.ModelSerializer):
+    # "" for events that are not transitions: declared so the schema's enum includes it (issue 16).
+    from_status = serializers.ChoiceField(choices=CaseStatus.choices, allow_blank=True, read_only=True)
+    to_status = serializers.ChoiceField(choices=CaseStatus.choices, allow_blank=True, read_only=True)
+
     class Meta:
         model = CaseEvent
         fields = ["id", "at", "kind", "from_status", "to_status", "message", "options"]

@@ -6,7 +6,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
@@ -24,9 +24,10 @@ from apps.cases.api.serializers import (
     UploadResultSerializer,
 )
 from apps.cases.models import Campaign, Case, CaseStatus
+from apps.core.api.parsers import DepthLimitedJSONParser, NamedFilesMultiPartParser
 from apps.core.idempotency import idempotent
 
-UPLOAD_PARSERS = [JSONParser, MultiPartParser, FormParser]
+UPLOAD_PARSERS = [DepthLimitedJSONParser, NamedFilesMultiPartParser, FormParser]
 CONFLICT = OpenApiResponse(description="Conflict with the case's current state; the body carries `status`.")
 TOO_LARGE = OpenApiResponse(description="Upload over GRIDGATE_MAX_UPLOAD_MB (R-CASE-7); nothing was written.")
 
@@ -80,7 +81,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return Response(CaseSerializer(case).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=InputsSerializer, responses={201: UploadResultSerializer, 409: CONFLICT, 413: TOO_LARGE})
-    @action(detail=True, methods=["post"], parser_classes=[MultiPartParser, FormParser])
+    @action(detail=True, methods=["post"], parser_classes=[NamedFilesMultiPartParser, FormParser])
     def inputs(self, request, pk=None):
         """R-CASE-7: add input files (multipart ``inputs``) while the case is prepared (owner only)."""
         case = owned(self.get_object(), request.user, "upload its inputs")
@@ -194,7 +195,7 @@ class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveMo
         return Response(CampaignSerializer(campaign).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=InputsSerializer, responses={201: UploadResultSerializer, 409: CONFLICT, 413: TOO_LARGE})
-    @action(detail=True, methods=["post"], parser_classes=[MultiPartParser, FormParser])
+    @action(detail=True, methods=["post"], parser_classes=[NamedFilesMultiPartParser, FormParser])
     def inputs(self, request, pk=None):
         campaign = self.get_object()
         body = InputsSerializer(data=request.data)

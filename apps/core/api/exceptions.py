@@ -1,44 +1,69 @@
 """One error shape for the whole API: bad input is a 4xx with a JSON body, never a 500."""
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.conf import settings
+from django.core.exceptions import (
+    BadRequest,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, OperationalError
 from django.db.models import ProtectedError, RestrictedError
 from rest_framework import status
-from rest_framework.exceptions import APIException
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
-from apps.core.exceptions import ServiceError
+from apps.core.exceptions import Conflict, InvalidFields, ServiceError, TooManyRequests, field_errors
 
-
-class Conflict(APIException):
-    """409 with a ``detail`` and optional extra fields (e.g. ``slots_available``)."""
-
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the current state."
-    default_code = "conflict"
-
-    def __init__(self, detail=None, **extra):
-        super().__init__(detail)
-        self.extra = extra
+# Services raise ``apps.core.exceptions``; this name stays for callers that still import it here.
+__all__ = ["Conflict", "exception_handler", "request_error", "validation_error_dict"]
 
 
-def validation_error_dict(exc: DjangoValidationError) -> dict:
-    """Key a Django ValidationError by field, the way DRF reports serializer errors."""
-    if hasattr(exc, "error_dict"):
-        out = {}
-        for field, errors in exc.message_dict.items():
-            key = api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS else field
-            out.setdefault(key, []).extend(errors)
-        return out
-    return {api_settings.NON_FIELD_ERRORS_KEY: list(exc.messages)}
+validation_error_dict = field_errors  # the one definition lives with the service exceptions
+
+
+# A transient database failure is worth one retry a moment later.
+RETRY_AFTER_SECONDS = 1
+
+
+def request_error(exc) -> tuple[dict, int, dict] | None:
+    """``(body, status, headers)`` for errors raised below the view (Django's request parsing, the
+    database) that must reach an API client as JSON: shared by the DRF handler and
+    ``apps.core.middleware.ApiErrorMiddleware`` so both answer alike; None for anything else."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        detail = f"The request body is larger than the {limit}-byte limit (GRIDGATE_MAX_BODY_MB)."
+        return {"detail": detail, "limit_bytes": limit}, 413, {}
+    if isinstance(exc, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return {"detail": f"Too many form fields: at most {limit}.", "limit": limit}, 400, {}
+    if isinstance(exc, TooManyFilesSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+        return {"detail": f"Too many files: at most {limit} per request.", "limit": limit}, 400, {}
+    if isinstance(exc, (SuspiciousOperation, BadRequest)):
+        return {"detail": "The request is malformed."}, 400, {}
+    if isinstance(exc, OperationalError):
+        # Deadlock, serialization failure, lost connection: the request may well succeed when
+        # retried, so 503 + Retry-After rather than a 500 (PATTERNS.md §2, lock order).
+        detail = "The database is temporarily unavailable or the request lost a lock race; retry shortly."
+        return {"detail": detail}, 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return None
 
 
 def exception_handler(exc, context):
+    mapped = request_error(exc)
+    if mapped is not None:
+        set_rollback()
+        body, code, headers = mapped
+        return Response(body, status=code, headers=headers)
+    if isinstance(exc, InvalidFields):
+        return Response(exc.errors, status=exc.status)
     if isinstance(exc, ServiceError):
-        return Response({"detail": exc.detail, **exc.extra}, status=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooManyRequests) else {}
+        return Response({"detail": exc.detail, **exc.extra}, status=exc.status, headers=headers)
     if isinstance(exc, DjangoValidationError):
         return Response(validation_error_dict(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, (ProtectedError, RestrictedError)):
@@ -60,7 +85,4 @@ def exception_handler(exc, context):
             {"detail": "The request conflicts with existing data (a uniqueness or integrity rule)."},
             status=status.HTTP_409_CONFLICT,
         )
-    response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(exc, Conflict):
-        response.data.update(exc.extra)
-    return response
+    return drf_exception_handler(exc, context)

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from apps.core.models import WorkerHeartbeat
@@ -15,6 +16,9 @@ from apps.core.models import WorkerHeartbeat
 
 class TokenView(ObtainAuthToken):
     """``POST {"username", "password"}`` → ``{"token"}``; send it as ``Authorization: Token <key>``."""
+
+    # ObtainAuthToken pins DRF's plain parsers; this public endpoint needs the depth limit most.
+    parser_classes = api_settings.DEFAULT_PARSER_CLASSES
 
     @extend_schema(
         request=inline_serializer(

@@ -5,10 +5,22 @@ class AcquireSerializer(serializers.Serializer):
     """``POST sessions``: qrmi 0.26.4 sends ``user_id`` and ``slurm_job_id``; newer clients send
     ``scheduler_job_id`` and ``qpu_slots`` (R-QRMI-1)."""
 
-    user_id = serializers.RegexField(r"^\d{1,10}$", help_text="The Unix uid of the job's user, as a string.")
+    # ASCII digits only, whole string: ``\d`` would take Arabic-Indic digits and ``$`` a trailing
+    # newline, and CharField would trim it (issue 16, item 8). Bounded like ``UnixAccount.unix_uid``.
+    user_id = serializers.RegexField(
+        r"\A[0-9]{1,10}\Z",
+        trim_whitespace=False,
+        help_text="The Unix uid of the job's user, as a string of ASCII digits.",
+        error_messages={"invalid": 'A Unix uid: ASCII digits only, e.g. "1000".'},
+    )
     slurm_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
     scheduler_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
     qpu_slots = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1)
+
+    def validate_user_id(self, value):
+        if int(value) > 2**31 - 1:
+            raise serializers.ValidationError("A Unix uid: at most 2147483647.")
+        return value
 
     def validate(self, attrs):
         given = {(attrs.get(name) or "").strip() for name in ("slurm_job_id", "scheduler_job_id")} - {""}

@@ -1,4 +1,3 @@
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -69,11 +68,12 @@ class JobSerializer(serializers.ModelSerializer):
     def _info(self, obj):
         return (self.context.get("queue_info") or {}).get(obj.pk, (None, None))
 
-    @extend_schema_field(OpenApiTypes.STR)
+    # Null once the job left the queue (issue 16: the schema said non-nullable).
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_pending_reason(self, obj) -> str | None:
         return self._info(obj)[0]
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_queue_position(self, obj) -> int | None:
         return self._info(obj)[1]
 
