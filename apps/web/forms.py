@@ -4,12 +4,12 @@ import json
 
 from django import forms
 
-from apps.resources.selectors import visible_classes
+from apps.web.selectors import case_classes
 
 
 class OpenSessionForm(forms.Form):
-    resource_class = forms.IntegerField(widget=forms.HiddenInput)
-    slots = forms.IntegerField(min_value=1, initial=1)
+    resource_class = forms.IntegerField(widget=forms.HiddenInput, min_value=1, max_value=2**31 - 1)
+    slots = forms.IntegerField(min_value=1, max_value=1_000_000, initial=1)
     external_id = forms.CharField(max_length=128, required=False, label="External id (optional)")
 
 
@@ -23,6 +23,7 @@ class JobSubmitForm(forms.Form):
     def __init__(self, *args, examples: dict, **kwargs):
         super().__init__(*args, **kwargs)
         self.examples = examples
+        self.detail = ""  # the parser's own words, shown to experts only
         self.fields["example"].choices = [("", "—")] + [(name, name) for name in examples]
 
     def clean(self):
@@ -30,9 +31,22 @@ class JobSubmitForm(forms.Form):
         upload, example = data.get("sequence_file"), data.get("example")
         if upload:
             try:
-                document = json.loads(upload.read().decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise forms.ValidationError({"sequence_file": f"Not a JSON file: {exc}"}) from None
+                text = upload.read().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self.detail = str(exc)
+                raise forms.ValidationError(
+                    {"sequence_file": "The file is not a text file. Upload the sequence saved as JSON."}
+                ) from None
+            try:
+                document = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                self.detail = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+                raise forms.ValidationError(
+                    {
+                        "sequence_file": "The file is not valid JSON. Save the sequence as JSON (for example with "
+                        "Pulser's sequence.to_abstract_repr()) and upload it again."
+                    }
+                ) from None
         elif example:
             document = self.examples[example]
         else:
@@ -82,7 +96,7 @@ class CaseCreateForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["resource_class"].queryset = visible_classes(user).order_by("pool__name", "name", "id")
+        self.fields["resource_class"].queryset = case_classes(user)
 
     def clean_observability_globs(self):
         raw = self.cleaned_data.get("observability_globs") or ""
