@@ -91,7 +91,7 @@
   });
 
   // A refusal shown with the page (e.g. a session that did not fit) is scrolled to and read out.
-  document.addEventListener("DOMContentLoaded", function () {
+  window.addEventListener("load", function () {
     var target = document.querySelector("[data-focus-on-load]");
     if (target) {
       target.scrollIntoView({block: "center"});
