@@ -11,7 +11,14 @@
 #   fixed ~60 s cycle, so "aged out" still takes up to a minute after the job ends.
 # - No accounting daemon: finished jobs are recorded by jobcomp/filetxt, which `sacct -c` reads.
 # Env: SLURM_LOCAL_CPUS (default nproc; more than nproc oversubscribes via config_overrides),
-#      SLURM_LOCAL_REST_PORT (default 0 = no slurmrestd; e.g. 6820 for REST-based backends).
+#      SLURM_LOCAL_REST_PORT (default 0 = no slurmrestd; e.g. 6820 for REST-based backends),
+#      SLURM_LOCAL_ACCOUNTING=1: a SECOND, independent cluster "gridgate-acct" as sites with
+#      accounting run it: slurmdbd + MariaDB (local socket, root with an empty password creates
+#      a socket-authenticated `slurm` database user), JobCompType=jobcomp/none (so `sacct -c`
+#      is refused and finished jobs are only in plain `sacct`). It has its own configuration
+#      (/etc/slurm-acct, select it with SLURM_CONF=/etc/slurm-acct/slurm.conf), ports
+#      (6827 slurmctld, 6828 slurmd, 6829 slurmdbd), state, logs and node name, so it runs
+#      beside the default cluster without touching it.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 NODE=$(hostname -s)
@@ -19,11 +26,35 @@ NPROC=$(nproc)
 CPUS=${SLURM_LOCAL_CPUS:-$NPROC}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-5}
 PORT=${SLURM_LOCAL_REST_PORT:-0}
-RUN=/run/slurm
-LOG=/var/log/slurm
-STATE=/var/spool/slurmctld
+ACCOUNTING=${SLURM_LOCAL_ACCOUNTING:-0}
+if [ "$ACCOUNTING" = 1 ]; then
+  PORT=0 # no slurmrestd on the accounting cluster
+  CLUSTER=gridgate-acct
+  NODENAME=acct-$NODE
+  ETC=/etc/slurm-acct
+  RUN=/run/slurm-acct
+  LOG=/var/log/slurm-acct
+  STATE=/var/spool/slurmctld-acct
+  SPOOL=/var/spool/slurmd-acct
+  DB=gridgate_slurm_acct
+  NODEHOST=" NodeHostname=$NODE"
+  ACCT=$'SlurmctldPort=6827\nSlurmdPort=6828\nAccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\nAccountingStoragePort=6829\nJobCompType=jobcomp/none'
+else
+  CLUSTER=gridgate-ci
+  NODENAME=$NODE
+  ETC=/etc/slurm
+  RUN=/run/slurm
+  LOG=/var/log/slurm
+  STATE=/var/spool/slurmctld
+  SPOOL=/var/spool/slurmd
+  NODEHOST=""
+  ACCT="AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$LOG/jobcomp.log"
+fi
 KEY=$STATE/jwt_hs256.key
-CONF=/etc/slurm/slurm.conf
+CONF=$ETC/slurm.conf
+export SLURM_CONF=$CONF # every client and daemon below talks to this cluster
 
 # In containers PID 1 may reap late: a dead daemon lingers as a zombie, so `kill -0` is not
 # enough to call it alive. Check the state letter and the command name too.
@@ -54,6 +85,10 @@ install_packages() {
     pkgs="$pkgs slurmrestd slurm-wlm-jwt-plugin curl"
     dpkg -s slurm-wlm-jwt-plugin >/dev/null 2>&1 || need=1
   fi
+  if [ "$ACCOUNTING" = 1 ]; then
+    pkgs="$pkgs slurmdbd mariadb-server mariadb-client"
+    [ -x /usr/sbin/slurmdbd ] && command -v mysql >/dev/null || need=1
+  fi
   if [ -n "$need" ]; then
     echo "installing $pkgs"
     export DEBIAN_FRONTEND=noninteractive
@@ -83,18 +118,18 @@ write_conf() { # exit status 0 when slurm.conf changed
   local mem overrides="" tmp
   mem=$(( $(awk '/^MemTotal:/{print int($2/1024)}' /proc/meminfo) - 1024 ))
   if [ "$CPUS" -gt "$NPROC" ]; then overrides="SlurmdParameters=config_overrides"; fi
-  mkdir -p /etc/slurm "$STATE" /var/spool/slurmd "$LOG" "$RUN"
+  mkdir -p "$ETC" "$STATE" "$SPOOL" "$LOG" "$RUN"
   chown slurm:slurm "$STATE" "$LOG" "$RUN"
   tmp=$(mktemp)
   cat >"$tmp" <<CONF
-ClusterName=gridgate-ci
+ClusterName=$CLUSTER
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=slurm
 AuthType=auth/munge
 CredType=cred/munge
 $( [ "$PORT" != 0 ] && printf 'AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key=%s\n' "$KEY" )
 StateSaveLocation=$STATE
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=$SPOOL
 SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
@@ -107,16 +142,14 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=256
 EnforcePartLimits=ALL
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$LOG/jobcomp.log
+$ACCT
 MailProg=/bin/true
 ReturnToService=2
 MinJobAge=$MIN_JOB_AGE
 KillWait=2
 SchedulerParameters=sched_interval=2
 $overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
+NodeName=$NODENAME$NODEHOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=normal Nodes=ALL MaxTime=INFINITE State=UP
 CONF
@@ -125,21 +158,60 @@ CONF
   rm -f "$tmp"
 }
 
+start_mariadb() {
+  mysql -uroot -e 'SELECT 1' >/dev/null 2>&1 && return 0
+  echo "MariaDB is not answering: starting it"
+  service mariadb start >/dev/null 2>&1 || (setsid mysqld_safe </dev/null >/dev/null 2>&1 &)
+  for _ in $(seq 60); do mysql -uroot -e 'SELECT 1' >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "MariaDB does not answer on its socket" >&2
+  return 1
+}
+
+start_slurmdbd() { # the accounting daemon, its database user (socket auth: no password anywhere)
+  start_mariadb
+  mysql -uroot -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED VIA unix_socket;
+    GRANT ALL ON \`$DB\`.* TO 'slurm'@'localhost';"
+  local tmp
+  tmp=$(mktemp)
+  cat >"$tmp" <<DBD
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=6829
+SlurmUser=slurm
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StorageLoc=$DB
+DBD
+  if ! cmp -s "$tmp" "$ETC/slurmdbd.conf"; then
+    install -m 0600 -o slurm -g slurm "$tmp" "$ETC/slurmdbd.conf"
+    stop_daemon slurmdbd
+  fi
+  rm -f "$tmp"
+  alive "$RUN/slurmdbd.pid" slurmdbd || /usr/sbin/slurmdbd # daemonizes
+  for _ in $(seq 80); do sacctmgr -n -P list cluster >/dev/null 2>&1 && break; sleep 0.25; done
+  sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER" ||
+    sacctmgr -i add cluster "$CLUSTER" >/dev/null
+}
+
 start_slurm() {
   alive "$RUN/slurmctld.pid" slurmctld || /usr/sbin/slurmctld # daemonizes
   for _ in $(seq 80); do scontrol ping 2>/dev/null | grep -q 'is UP' && break; sleep 0.25; done
   scontrol ping 2>/dev/null | grep -q 'is UP' || { echo "slurmctld is down, see $LOG/slurmctld.log" >&2; return 1; }
-  alive "$RUN/slurmd.pid" slurmd || /usr/sbin/slurmd
+  alive "$RUN/slurmd.pid" slurmd || /usr/sbin/slurmd -N "$NODENAME"
   local st=""
   for _ in $(seq 120); do
-    st=$(sinfo -h -n "$NODE" -o %T 2>/dev/null | head -1 || true)
+    st=$(sinfo -h -n "$NODENAME" -o %T 2>/dev/null | head -1 || true)
     case "$st" in
       idle* | mixed* | alloc* | compl*) return 0 ;;
-      down* | drain*) scontrol update NodeName="$NODE" State=RESUME 2>/dev/null || true ;;
+      down* | drain*) scontrol update NodeName="$NODENAME" State=RESUME 2>/dev/null || true ;;
     esac
     sleep 0.25
   done
-  echo "node $NODE is not ready (state '$st'), see $LOG/slurmd.log" >&2
+  echo "node $NODENAME is not ready (state '$st'), see $LOG/slurmd.log" >&2
   return 1
 }
 
@@ -175,6 +247,7 @@ case "${1:-start}" in
     if write_conf && alive "$RUN/slurmctld.pid" slurmctld; then # config changed: restart
       stop_daemon slurmrestd; stop_daemon slurmd; stop_daemon slurmctld
     fi
+    [ "$ACCOUNTING" = 1 ] && start_slurmdbd
     start_slurm
     start_rest
     sinfo
@@ -185,12 +258,15 @@ case "${1:-start}" in
       scancel $(squeue -h -o %i) 2>/dev/null || true
       sleep 1
     fi
-    for d in slurmrestd slurmd slurmctld munged; do stop_daemon "$d"; done
+    # munged is shared by both clusters (and the QRMI tests): only the default cluster stops it.
+    if [ "$ACCOUNTING" = 1 ]; then daemons="slurmd slurmctld slurmdbd"; else daemons="slurmrestd slurmd slurmctld munged"; fi
+    for d in $daemons; do stop_daemon "$d"; done
     rm -f "$RUN/rest.env"
     ;;
   status)
     rc=0
-    for d in munged slurmctld slurmd slurmrestd; do
+    if [ "$ACCOUNTING" = 1 ]; then daemons="munged slurmdbd slurmctld slurmd"; else daemons="munged slurmctld slurmd slurmrestd"; fi
+    for d in $daemons; do
       if alive "$(pidfile "$d")" "$d"; then echo "$d running $(cat "$(pidfile "$d")")"
       else echo "$d stopped"; [ "$d" = slurmrestd ] || rc=1; fi
     done

@@ -9,7 +9,9 @@ Launch options (read here only; the core passes them through): ``outcome`` = ``s
 ``fail`` picks the script's last state.
 
 Injectable failures (tests): ``FakeBackend.faults.fail_polls = N`` fails the next N polls,
-``fail_fetch_final = N`` the next N downloads, ``fail_submit = N`` the next N submissions.
+``fail_fetch_final = N`` the next N downloads, ``fail_submit = N`` the next N submissions (for
+good), ``transient_submit = N`` the next N submissions with a transient error (nothing queued),
+``uncertain_submit = N`` the next N with a lost answer (the job IS queued, the caller is not told).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from apps.backends.base import (
     LaunchOption,
     LaunchOptions,
     SubmitSpec,
+    SubmitUncertain,
 )
 
 DEFAULT_SCRIPT = (
@@ -47,6 +50,8 @@ class Faults:
     fail_polls: int = 0
     fail_fetch_final: int = 0
     fail_submit: int = 0
+    transient_submit: int = 0
+    uncertain_submit: int = 0
 
 
 @dataclass
@@ -111,6 +116,8 @@ class FakeBackend(ExecutionBackend):
         self._count("submit")
         if self._take("fail_submit"):
             raise BackendError("fake: submission refused (injected failure)")
+        if self._take("transient_submit"):
+            raise BackendError("fake: provider busy, try later (injected failure)", transient=True)
         script = list(self.script)
         if spec.launch_options.get("outcome") == "fail":
             script[-1] = BackendStatus.FAILED
@@ -121,6 +128,8 @@ class FakeBackend(ExecutionBackend):
         with self._lock:
             remote_id = f"fake-{next(self._ids)}"
             self.jobs[remote_id] = FakeJob(case_id=spec.case_id, script=script, files=outputs)
+        if self._take("uncertain_submit"):
+            raise SubmitUncertain("fake: the answer was lost (injected failure)", timeout=True)
         return remote_id
 
     def _job(self, remote_id: str) -> FakeJob:

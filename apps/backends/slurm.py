@@ -3,13 +3,22 @@
 Quirks this module absorbs so the core never sees them:
 
 - **Job name = case id.** Before every submission the backend looks the name up (``squeue
-  --name``, then ``sacct -c --name``) and adopts an existing job, so a retried launch never
+  --name``, then ``sacct --name``) and adopts an existing job, so a retried launch never
   creates a second one (R-CASE-1).
 - **Jobs age out of slurmctld.** ``squeue`` forgets a finished job ``MinJobAge`` seconds after it
-  ends (plus slurmctld's purge cycle). The backend then asks ``sacct -c`` (the job-completion
-  record, which works without slurmdbd); with slurmdbd, ``sacct`` plain would serve the same
-  purpose. A job neither knows is a failed poll, never a failure (R-CASE-3): right after
-  ``sbatch`` a busy controller may not list it yet.
+  ends (plus slurmctld's purge cycle). The backend then reads the job's permanent record: plain
+  ``sacct -j ID`` where the site runs slurmdbd (a job line plus ``ID.batch``/``ID.extern`` step
+  lines, of which only the job line is read), else ``sacct -c`` (the job-completion log of a
+  site without slurmdbd; with slurmdbd and ``JobCompType=jobcomp/none`` it exits 1). A job
+  neither knows is a failed poll, never a failure (R-CASE-3): right after ``sbatch`` sacct shows
+  nothing for about a second, then for ~3 s an allocation record ``ID|allocation|PENDING``;
+  both mean "not yet known", and never move a case's state back.
+- **Live jobs are read with squeue**, whose ``%r`` carries the reason a job waits
+  (``JobHeldAdmin``, ``Resources``, ``Priority``): it reaches the case as its status message
+  (sacct always says ``None``).
+- **sbatch errors that lose the answer** ("Socket timed out", "Unable to contact slurm
+  controller") may or may not have queued the job: :class:`SubmitUncertain`, retried by the core
+  after a lookup by name, never a failure.
 - ``squeue -j`` with a single unknown id exits 1 ("Invalid job id specified"); with several ids
   it prints only the known ones. Both mean "not in slurmctld".
 - State names map here; ``COMPLETING`` is still running (epilog, output flush). An unknown state
@@ -23,6 +32,7 @@ itself is used, which suits a single-node cluster.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -120,7 +130,22 @@ def client_environment() -> dict[str, str]:
     return files.base_environment(files.INHERITED_ENVIRONMENT + SLURM_CLIENT_ENVIRONMENT)
 
 
+#: what a Slurm client prints when its conversation with slurmctld broke off: the request may or
+#: may not have been carried out (for sbatch: the job may be queued), and trying later may work.
+LOST_ANSWER = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "transport endpoint is not connected",
+    "zero bytes were transmitted",
+    "slurm temporarily unable",
+    "connection refused",
+)
+
+
 def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> subprocess.CompletedProcess:
+    """Run a Slurm client command. A command that does not answer, or that says its controller
+    did not, raises ``timeout_error`` with ``timeout=True`` (for sbatch :class:`SubmitUncertain`:
+    the job may be queued); the facts are set here, where the error is caught (STYLE 6)."""
     try:
         proc = subprocess.run(
             args, capture_output=True, text=True, timeout=TIMEOUT, check=False, env=client_environment()
@@ -128,11 +153,36 @@ def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> s
     except FileNotFoundError:
         raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
-        raise timeout_error(f"{args[0]} did not answer within {TIMEOUT} s") from None
+        raise timeout_error(f"{args[0]} did not answer within {TIMEOUT} s", timeout=True) from None
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise BackendError(f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}")
+        text = f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}"
+        if any(marker in (proc.stderr or "").lower() for marker in LOST_ANSWER):
+            raise timeout_error(text, timeout=True)
+        raise BackendError(text)
     return proc
+
+
+def sacct(args: list[str]) -> subprocess.CompletedProcess:
+    """``sacct`` on whichever permanent record the site keeps: accounting (slurmdbd) first, else
+    the job-completion log (``-c``). Each refuses when its source is off (exit 1), so the first
+    that answers is the site's."""
+    proc = run(["sacct", *args], check=False)
+    if proc.returncode != 0:
+        proc = run(["sacct", "-c", *args], check=False)
+    return proc
+
+
+def accounting_source() -> tuple[str | None, str]:
+    """(``"accounting"``, ``"completion log"`` or None, the refusal text) for doctor."""
+    probe = ["-n", "-P", "-o", "jobid", "-S", "now"]
+    plain = run(["sacct", *probe], check=False)
+    if plain.returncode == 0:
+        return "accounting", ""
+    log = run(["sacct", "-c", *probe], check=False)
+    if log.returncode == 0:
+        return "completion log", ""
+    return None, (plain.stderr or log.stderr).strip()
 
 
 def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
@@ -143,16 +193,16 @@ def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
 class SlurmBackend(ExecutionBackend):
     name = "slurm"
     kinds = ("slurm",)
+    runs_as_user = True
 
     # -- submission --------------------------------------------------------------------------
     def find(self, spec: SubmitSpec) -> str | None:
         live = run(["squeue", "-h", "-t", "all", f"--name={spec.case_id}", "-o", "%i|%j"]).stdout
         ids = [line.split("|")[0] for line in live.splitlines() if line.endswith(f"|{spec.case_id}")]
         if not ids:
-            done = run(
-                ["sacct", "-c", "-S", SACCT_START, f"--name={spec.case_id}", "-n", "-P", "-o", "jobid,jobname"],
-                check=False,
-            )
+            # A job slurmctld has forgotten (past MinJobAge) is only in the permanent record. Its
+            # name lookup misses a job for its first ~3.5 s, but such a job is still in squeue.
+            done = sacct(["-S", SACCT_START, f"--name={spec.case_id}", "-n", "-P", "-o", "jobid,jobname"])
             ids = [line.split("|")[0] for line in done.stdout.splitlines() if line.endswith(f"|{spec.case_id}")]
         ids = [i for i in ids if i.isdigit()]
         return max(ids, key=int) if ids else None
@@ -189,59 +239,63 @@ class SlurmBackend(ExecutionBackend):
         return "\n".join(lines) + "\n"
 
     def submit(self, spec: SubmitSpec) -> str:
+        """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
+        so squeue/sacct show the user and file permissions apply; its working directory is
+        that account's (0700) and the run directory is the service's (0711: the job reaches its
+        own ``work/``, cannot replace ``job.sh`` or the control files). ``run_as`` None or
+        trusted: submitted as the service's own account."""
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
+        run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
         try:
             rdir.mkdir(parents=True, exist_ok=True)
+            os.chmod(rdir, 0o711)  # noqa: S103 - traverse only: the job reaches its own work/
+            files.prepare_run_dir(
+                rdir, spec.inputs_dir, spec.shared_dir, run_as=run_as, shared="copy" if run_as else "link"
+            )
             for name in ("stdout", "stderr"):
+                # Written by slurmstepd as the job's user: created here, owned by it.
                 (rdir / name).unlink(missing_ok=True)
-            files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir)
+                os.close(os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                if run_as:
+                    os.chown(rdir / name, run_as.uid, run_as.gid)
             script = rdir / "job.sh"
             script.write_text(self.job_script(spec, rdir))
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
+        identity = [f"--uid={run_as.uid}", f"--gid={run_as.gid}"] if run_as else []
         # A timed-out sbatch may have queued the job: uncertain, never a failure (the retry
         # looks the job up by name first, R-CASE-1).
-        out = run(["sbatch", "--parsable", str(script)], timeout_error=SubmitUncertain).stdout.strip()
+        # So is an sbatch that says it lost its controller ("Socket timed out"): see ``run``.
+        out = run(["sbatch", "--parsable", *identity, str(script)], timeout_error=SubmitUncertain).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out!r} instead of a job id")
         return job_id
 
     # -- observation -----------------------------------------------------------------------
-    def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None]]:
-        proc = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T|%M|%C"], check=False)
+    def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
+        proc = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T|%M|%C|%r"], check=False)
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             detail = proc.stderr.strip().splitlines()
-            raise BackendError(f"squeue failed: {detail[-1] if detail else proc.returncode}")
+            raise BackendError(f"squeue failed: {detail[-1] if detail else proc.returncode}", transient=True)
         out = {}
         for line in proc.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) == 5:
-                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[3]), _int(parts[4]))
+            parts = line.split("|", 5)
+            if len(parts) == 6:
+                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[3]), _int(parts[4]), parts[5].strip())
         return out
 
     def _sacct(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
-        proc = run(
-            [
-                "sacct",
-                "-c",
-                "-S",
-                SACCT_START,
-                "-j",
-                ",".join(ids),
-                "-n",
-                "-P",
-                "-o",
-                "jobid,jobname,state,exitcode,elapsed,ncpus",
-            ],
-            check=False,
+        proc = sacct(
+            ["-S", SACCT_START, "-j", ",".join(ids), "-n", "-P", "-o", "jobid,jobname,state,exitcode,elapsed,ncpus"]
         )
         out = {}
         for line in proc.stdout.splitlines():
             parts = line.split("|")
-            if len(parts) == 6:
+            # Only the job line: its steps (``ID.batch``, ``ID.extern``) are not the job.
+            if len(parts) == 6 and parts[0] in ids:
                 out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[4]), _int(parts[5]), parts[3])
         return out
 
@@ -270,16 +324,22 @@ class SlurmBackend(ExecutionBackend):
         out: dict[str, BackendState | Exception] = {}
         for job in jobs:
             rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+            reason = ""
             if job.remote_id in live and live[job.remote_id][0] == job.case_id:
-                _name, raw, elapsed, cores = live[job.remote_id]
+                _name, raw, elapsed, cores, reason = live[job.remote_id]
                 exit_code = ""
             elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
                 _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
             else:
-                out[job.remote_id] = BackendError(f"Slurm does not know job {job.remote_id} (yet)")
+                # Not listed yet, or sacct's first-seconds allocation record (``ID|allocation|
+                # PENDING``, named "allocation", not the case): "not yet known", a failed poll
+                # that changes no state (R-CASE-3), never a step back to pending.
+                out[job.remote_id] = BackendError(f"Slurm does not know job {job.remote_id} (yet)", transient=True)
                 continue
             status = map_state(raw)
             message = ""
+            if status == BackendStatus.PENDING and reason and reason != "None":
+                message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
             # A finished job writes nothing more: drain its output (it is finalized on this answer).
             limit = None if status in BackendStatus.TERMINAL else 4 << 20
             if status == BackendStatus.FAILED and not exit_code:
@@ -311,6 +371,15 @@ class SlurmBackend(ExecutionBackend):
         if isinstance(state, BackendState) and state.status in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Slurm job {job.remote_id} already ended")
         run(["scancel", job.remote_id])
+
+    def purge(self, job: JobRef) -> None:
+        """The run directory goes (SPEC §8, ``manage.py cleanup``); already gone is fine."""
+        try:
+            shutil.rmtree(run_dir_for(job.case_id, job.workspace, job.pool_remote))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:
@@ -384,17 +453,18 @@ class SlurmBackend(ExecutionBackend):
                 checks.append(Check("working_root", True, f"{root} is writable"))
             except OSError as exc:
                 checks.append(Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root"))
-        proc = (
-            run(["sacct", "-c", "-n", "-P", "-o", "jobid", "-S", "now"], check=False) if shutil.which("sacct") else None
-        )
-        if proc is not None:
+        if shutil.which("sacct"):
+            source, refusal = accounting_source()
             checks.append(
                 Check(
-                    "job completion records",
-                    proc.returncode == 0,
-                    "sacct -c answers (finished jobs resolve after MinJobAge)"
-                    if proc.returncode == 0
-                    else "sacct -c fails: set JobCompType=jobcomp/filetxt (or run slurmdbd) so finished jobs resolve",
+                    "finished-job records",
+                    source is not None,
+                    f"sacct answers from the {source} (finished jobs resolve after MinJobAge)"
+                    if source
+                    else "sacct answers from neither accounting nor a job completion log"
+                    + (f" ({refusal})" if refusal else "")
+                    + ": run slurmdbd (AccountingStorageType=accounting_storage/slurmdbd) or set"
+                    " JobCompType=jobcomp/filetxt, so jobs finished past MinJobAge still resolve",
                 )
             )
         return checks

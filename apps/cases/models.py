@@ -77,7 +77,15 @@ class Case(models.Model):
     last_refresh_at = models.DateTimeField(null=True, blank=True)
     poll_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    status_message = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text=_("The provider's word on a waiting or running case, e.g. Slurm's pending reason (JobHeldAdmin)."),
+    )
     results_fetched = models.BooleanField(default=False)
+    #: set by ``manage.py cleanup`` once the provider side (buckets, run directory) is purged
+    remote_purged_at = models.DateTimeField(null=True, blank=True)
     # -- pass bookkeeping (R-CASE-2) --
     next_poll_at = models.DateTimeField(null=True, blank=True)
     next_sync_at = models.DateTimeField(null=True, blank=True)
@@ -120,6 +128,16 @@ class Case(models.Model):
         return f"{self.name} ({self.status})"
 
     @property
+    def is_submitting(self) -> bool:
+        """Launch requested, not yet submitted: a worker uploads and submits it (R-CASE-1)."""
+        return self.status == CaseStatus.PREPARED and self.launch_requested_at is not None
+
+    @property
+    def display_status(self) -> str:
+        """What the user pages show: "submitting" between the launch and the submission."""
+        return "submitting" if self.is_submitting else self.status
+
+    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
@@ -152,6 +170,7 @@ class CaseEvent(models.Model):
         LAUNCH = "launch", "Launch"
         CANCEL = "cancel", "Cancel request"
         ERROR = "error", "Error"
+        NOTE = "note", "Provider note"
 
     case = models.ForeignKey(Case, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField()

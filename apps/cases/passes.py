@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -30,10 +31,23 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.backends import files
-from apps.backends.base import BackendState, BackendStatus, JobRef
-from apps.backends.registry import get_backend
+from apps.backends.base import (
+    AlreadyFinished,
+    BackendError,
+    BackendState,
+    BackendStatus,
+    JobRef,
+    LeaseLost,
+    SubmitSpec,
+    SubmitUncertain,
+)
+from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
+from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
+from apps.core.exceptions import ServiceError
+from apps.resources.launch import launch_spec
+from apps.resources.selectors import run_as_for
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +61,7 @@ POLL_FIELDS = [
     "last_polled_at",
     "poll_failures",
     "last_error",
+    "status_message",
     "results_fetched",
     "next_poll_at",
     "next_sync_at",
@@ -128,28 +143,55 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None) ->
 
 
 class Leases:
-    """The leases a pass holds, renewed while it works through a long batch (a slow provider, big
-    downloads): a lease that expired mid-pass lets another worker take the case and do the same
-    work twice (two appends of one log delta, two downloads). Renewal is throttled to a quarter of
-    the lease; :attr:`held` is what is still ours."""
+    """The leases a pass holds, renewed while it works: between cases of a long batch, and by a
+    heartbeat thread (:meth:`kept_alive`) during one long provider call (a big ``fetch_final``,
+    a slow sync). A lease that expired mid-pass lets another worker take the case and do the
+    same work twice (two appends of one log delta, two downloads). Renewal between cases is
+    throttled to a quarter of the lease; :attr:`held` is what is still ours."""
 
     def __init__(self, ids, owner: str, now: datetime):
         self.owner = owner
         self.now = now
         self.started = self.renewed = time.monotonic()
         self.held = set(ids)
+        self._lock = threading.Lock()  # the heartbeat thread and the pass renew the same rows
 
     def renew(self, *, force: bool = False) -> set:
-        clock = time.monotonic()
-        if not self.held or (not force and clock - self.renewed < lease_seconds() / 4):
-            return self.held
-        until = self.now + timedelta(seconds=clock - self.started + lease_seconds())
-        with transaction.atomic():
-            mine = Case.objects.filter(id__in=list(self.held), lease_owner=self.owner)
-            mine.update(lease_until=until)
-            self.held = set(mine.values_list("id", flat=True))
-        self.renewed = clock
-        return self.held
+        with self._lock:
+            clock = time.monotonic()
+            if not self.held or (not force and clock - self.renewed < lease_seconds() / 4):
+                return set(self.held)
+            until = self.now + timedelta(seconds=clock - self.started + lease_seconds())
+            with transaction.atomic():
+                mine = Case.objects.filter(id__in=list(self.held), lease_owner=self.owner)
+                mine.update(lease_until=until)
+                self.held = set(mine.values_list("id", flat=True))
+            self.renewed = clock
+            return set(self.held)
+
+    @contextmanager
+    def kept_alive(self):
+        """Renew every quarter of the lease from a heartbeat thread while the block runs (R-CASE-2:
+        one download can outlast the whole lease; past it a second worker would take the case)."""
+        stop = threading.Event()
+
+        def beat():
+            try:
+                while not stop.wait(lease_seconds() / 4):
+                    try:
+                        self.renew(force=True)
+                    except Exception:  # the database is away: the lease may lapse, the write-back checks it
+                        logger.warning("lease heartbeat of %s failed", self.owner, exc_info=True)
+            finally:
+                connection.close()  # the thread's own connection
+
+        thread = threading.Thread(target=beat, name=f"lease-heartbeat-{self.owner}", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
 
 def _load(ids, owner) -> list[Case]:
@@ -248,11 +290,18 @@ def apply_state(case: Case, result, backend, now: datetime, events: list[CaseEve
         case.cores = state.cores
     if state.progress is not None and state.status not in BackendStatus.TERMINAL:
         case.progress = state.progress
+    # The provider's word on a waiting or running job (Slurm's pending reason: JobHeldAdmin,
+    # Resources) reaches the case, and each new one its history; a finished job has none.
+    note = "" if state.status in BackendStatus.TERMINAL else (state.message or "")[:500]
+    if note != case.status_message:
+        case.status_message = note
+        if note:
+            events.append(CaseEvent(case_id=case.id, at=now, kind=CaseEvent.Kind.NOTE, message=note))
 
     if state.status == BackendStatus.RUNNING and case.status == CaseStatus.PENDING:
         case.started_at = case.started_at or now
         case.next_sync_at = now
-        _transition(case, CaseStatus.RUNNING, now, state.message or "started", events)
+        _transition(case, CaseStatus.RUNNING, now, "started", events)
     elif state.status == BackendStatus.SUCCEEDED:
         finalize(case, backend, now, events)
     elif state.status == BackendStatus.FAILED:
@@ -314,21 +363,22 @@ def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
             for case in group:
                 apply_state(case, exc, None, now, events)
             continue
-        answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
-        leases.renew(force=True)
-        for case in group:
-            if case.id not in leases.renew():
-                # Our lease expired during the provider call and another worker took the case:
-                # it appends this delta itself. Appending it here too would write it twice.
-                continue
-            result = answers.get(case.remote_id)
-            if result is None:
-                result = RuntimeError(f"the {name} backend gave no answer for {case.remote_id}")
-            try:
-                apply_state(case, result, backend, now, events)
-            except Exception as exc:  # a local disk error must not lose the other cases' outcomes
-                logger.exception("case %s: applying the poll result failed", case.id)
-                apply_state(case, exc, backend, now, events)
+        with leases.kept_alive():
+            answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
+            leases.renew(force=True)
+            for case in group:
+                if case.id not in leases.renew():
+                    # Our lease expired during the provider call and another worker took the case:
+                    # it appends this delta itself. Appending it here too would write it twice.
+                    continue
+                result = answers.get(case.remote_id)
+                if result is None:
+                    result = RuntimeError(f"the {name} backend gave no answer for {case.remote_id}")
+                try:
+                    apply_state(case, result, backend, now, events)  # may fetch_final: long
+                except Exception as exc:  # a local disk error must not lose the other cases' outcomes
+                    logger.exception("case %s: applying the poll result failed", case.id)
+                    apply_state(case, exc, backend, now, events)
     _record(cases, original, owner, POLL_FIELDS, events, report)
     return report
 
@@ -353,7 +403,8 @@ def sync_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
             continue  # taken over by another worker: it syncs the case (the write-back skips it)
         try:
             backend = get_backend(case.backend)
-            backend.sync(job_ref(case), list(case.observability_globs or []))
+            with leases.kept_alive():  # one sync of big files can outlast the lease
+                backend.sync(job_ref(case), list(case.observability_globs or []))
         except Exception as exc:
             case.last_error = f"sync failed: {exc}"[:2000]
             continue
@@ -367,16 +418,82 @@ def sync_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
     return report
 
 
-# -- submit (launch and its recovery) ------------------------------------------------------------
-def submit_pass(*, now: datetime | None = None, owner: str | None = None, batch: int = 20):
-    """Resume launches whose submitting process died (R-CASE-1): the backend looks the job up by
-    name first, so a job that did reach the provider is adopted, never submitted twice."""
-    from apps.cases.services import submit_claimed
+# -- submit (the worker half of a launch, R-CASE-1) -------------------------------------------------
+#: submission attempts that end transient or uncertain before the case is failed
+MAX_SUBMIT_ATTEMPTS = 5
+#: lease owner of a launch waiting out its back-off: no worker holds it, the lease is the timer
+SUBMIT_RETRY = "submit-retry"
 
+
+class LaunchLease:
+    """Renews a launch lease while its holder submits (uploads can outlast the lease): without it
+    the submit pass of another worker takes an expired lease over and submits a second job.
+    Each renewal is one UPDATE (backends call it between upload steps, which take far longer);
+    only the submitting thread renews (a transfer thread has no business with the database)."""
+
+    def __init__(self, case_id, owner: str):
+        self.case_id = case_id
+        self.owner = owner
+        self.thread = threading.get_ident()
+
+    def renew(self) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        now = timezone.now()
+        held = Case.objects.filter(pk=self.case_id, lease_owner=self.owner, status=CaseStatus.PREPARED).update(
+            lease_until=now + timedelta(seconds=lease_seconds())
+        )
+        if not held:
+            raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
+
+
+def run_as(case: Case):
+    """R-CASE-8: the account the case's command runs as, for backends that run it on this site's
+    accounts (local, Slurm); None for the others. Raises Forbidden/Unavailable (see
+    :func:`apps.resources.selectors.run_as_for`)."""
+    try:
+        backend = get_backend(case.backend or backend_name_for_kind(case.resource_class.pool.kind))
+    except NoBackend:
+        return None
+    if not backend.runs_as_user:
+        return None
+    return run_as_for(case.owner, case.resource_class.pool)
+
+
+def build_spec(case: Case) -> SubmitSpec:
+    resource_class = case.resource_class
+    spec = launch_spec(resource_class)
+    return SubmitSpec(
+        case_id=str(case.id),
+        command=case.command,
+        workspace=workspace.case_dir(case.id),
+        pool_remote=resource_class.pool.remote_config(),
+        resources=spec["resources"],
+        batch_directives=spec["batch_directives"],
+        environment=spec["environment"],
+        launch_options=dict(case.launch_options or {}),
+        observability_globs=list(case.observability_globs or []),
+        shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
+        run_as=run_as(case),
+    )
+
+
+def _event(case_id, now, *, kind=CaseEvent.Kind.TRANSITION, from_status="", to_status="", message=""):
+    CaseEvent.objects.create(
+        case_id=case_id, at=now, kind=kind, from_status=from_status, to_status=to_status, message=message[:2000]
+    )
+
+
+def submit_pass(*, now: datetime | None = None, owner: str | None = None, batch: int = 20, case_ids=None):
+    """Submit the cases whose launch was requested (R-CASE-1): the upload and the provider call
+    happen here, in a worker, never in the request that asked for the launch. Also resumes a
+    launch whose worker died (its lease expired) and retries a transient or uncertain one once
+    its back-off (the lease) has passed; the backend looks the job up by name first, so a job
+    that did reach the provider is adopted, never submitted twice."""
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("submit", now=now, owner=owner, batch=batch)
+    ids = claim("submit", now=now, owner=owner, batch=batch, case_ids=case_ids)
     report.claimed = len(ids)
     for case in _load(ids, owner):
         if submit_claimed(case, owner=owner):
@@ -384,3 +501,129 @@ def submit_pass(*, now: datetime | None = None, owner: str | None = None, batch:
         else:
             report.skipped += 1
     return report
+
+
+def submit_claimed(case: Case, *, owner: str) -> bool:
+    """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded.
+
+    Claim, call, record: the lease is renewed first (a case late in a batch may have waited out
+    its lease) and while the backend prepares the submission (``spec.keepalive``); a lease lost
+    meanwhile stops the attempt before anything is submitted. The outcome is written only while
+    the case is still ours and prepared; a cancel that landed meanwhile wins, and the job the
+    submission created is cancelled rather than left running unrecorded (R-CASE-1, R-CASE-6)."""
+    lease = LaunchLease(case.pk, owner)
+    try:
+        lease.renew()
+    except LeaseLost:
+        logger.info("case %s: launch lease lost before submitting; left to its new holder", case.id)
+        return False
+    pool = case.resource_class.pool
+    backend, remote_id, error, transient, spec = None, None, "", False, None
+    try:
+        spec = build_spec(case)
+        spec.keepalive = lease.renew
+        backend = get_backend(case.backend)
+        # Look the job up by name first: a retried launch adopts it (R-CASE-1).
+        remote_id = backend.find(spec)
+        if not remote_id:
+            spec.heartbeat()
+            remote_id = backend.submit(spec)
+    except LeaseLost:
+        logger.info("case %s: launch lease lost while submitting; nothing was submitted", case.id)
+        return False
+    except ServiceError as exc:  # no account to run as (R-CASE-8): the case fails saying why
+        error = exc.detail
+    except BackendError as exc:
+        # Transient (a busy controller, a token in its refusal window) or uncertain (the answer
+        # was lost): retried with back-off. Anything else refuses the case for good.
+        error, transient = scrub_for_pool(pool, str(exc)), exc.transient
+        if isinstance(exc, SubmitUncertain):
+            error = f"submission uncertain: {error}"
+    except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
+        error = scrub_for_pool(pool, f"{type(exc).__name__}: {exc}")
+        logger.error("case %s: submission raised %s", case.id, error)
+    now = timezone.now()
+    attempts = case.poll_failures + 1  # unused while prepared: counts the submission attempts
+    if not remote_id and transient and attempts < MAX_SUBMIT_ATTEMPTS:
+        return _retry_submit(case, owner=owner, error=error, attempts=attempts, now=now)
+    with transaction.atomic():
+        fields = {"lease_owner": "", "lease_until": None}
+        if remote_id:
+            fields.update(
+                status=CaseStatus.PENDING,
+                remote_id=str(remote_id),
+                submitted_at=now,
+                next_poll_at=now,
+                poll_failures=0,
+                last_error="",
+            )
+            message = f"submitted as {remote_id}"
+        else:
+            if transient:
+                error = f"submission failed {attempts} times, last: {error}"
+            fields.update(status=CaseStatus.FAILED, last_error=error[:2000], finished_at=now)
+            message = f"submission failed: {error}"
+        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(**fields)
+        if updated:
+            _event(case.pk, now, from_status=CaseStatus.PREPARED, to_status=fields["status"], message=message)
+    if not updated:
+        current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
+        if remote_id and current == CaseStatus.CANCELLED:
+            # Cancelled while the submission was in flight: do not leave an orphan job running.
+            _cancel_orphan(backend, case, spec, remote_id)
+        return False
+    if remote_id:
+        from apps.cases.tasks import enqueue_poll  # tasks imports passes: imported at call time
+
+        enqueue_poll([case.id])
+    elif transient and backend is not None and spec is not None:
+        # The last attempt was uncertain too: the provider may have queued a job after all.
+        # Look once more and cancel it, rather than leave it running (and billing) unrecorded.
+        _cancel_orphan(backend, case, spec, None)
+    return True
+
+
+def _retry_submit(case: Case, *, owner: str, error: str, attempts: int, now: datetime) -> bool:
+    """Stay prepared, keep the launch request, and let the submit pass retry once the back-off
+    (the lease, held by no worker) expires. The retry calls ``find`` first, so a job that did
+    reach the provider is adopted, never submitted twice (R-CASE-1)."""
+    with transaction.atomic():
+        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(
+            poll_failures=attempts,
+            last_error=f"submission attempt {attempts} of {MAX_SUBMIT_ATTEMPTS} failed, will retry: {error}"[:2000],
+            lease_owner=SUBMIT_RETRY,
+            lease_until=now + backoff(attempts),
+        )
+        if updated:
+            _event(case.pk, now, kind=CaseEvent.Kind.ERROR, message=f"submission failed, will retry: {error}")
+    return bool(updated)
+
+
+def cancel_orphan(case: Case) -> None:
+    """A case cancelled after its launch was requested: the provider may hold a job for it (an
+    uncertain submission, a submission in flight). Look it up by name and stop it (R-CASE-6)."""
+    try:
+        _cancel_orphan(get_backend(case.backend), case, build_spec(case), None)
+    except Exception as exc:
+        logger.warning("case %s: a job left by its launch may still run: %s", case.id, type(exc).__name__)
+
+
+def _cancel_orphan(backend, case: Case, spec: SubmitSpec, remote_id: str | None) -> None:
+    pool = case.resource_class.pool
+    try:
+        remote_id = remote_id or backend.find(spec)
+        if not remote_id:
+            return
+        backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
+    except AlreadyFinished:
+        return
+    except Exception as exc:
+        logger.warning(
+            "case %s: orphan job %s not cancelled: %s",
+            case.id,
+            remote_id,
+            scrub_for_pool(pool, f"{type(exc).__name__}: {exc}"),
+        )
+        return
+    logger.info("case %s: cancelled the orphan job %s its launch left", case.id, remote_id)
+    _event(case.pk, timezone.now(), kind=CaseEvent.Kind.CANCEL, message=f"cancelled the orphan job {remote_id}")

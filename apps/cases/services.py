@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 from datetime import timedelta
 
 from django.conf import settings
@@ -14,19 +13,17 @@ from rest_framework import status as http_status
 from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.exceptions import ValidationError as DRFValidationError
 
-from apps.backends.base import AlreadyFinished, BackendError, JobRef, LeaseLost, SubmitSpec, SubmitUncertain
+from apps.backends.base import AlreadyFinished, BackendError
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
-from apps.cases import passes, workspace
+from apps.cases import passes, tasks, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
-from apps.resources.launch import launch_spec
+from apps.core.exceptions import Conflict as ServiceConflict
+from apps.core.exceptions import Invalid
 from apps.resources.selectors import can_use_pool
 
 logger = logging.getLogger(__name__)
-
-#: launches retried after an uncertain submission (timeout) before the case is failed
-MAX_UNCERTAIN_SUBMITS = 5
 
 
 class BackendUnavailable(APIException):
@@ -122,69 +119,37 @@ def scrub_for(pool, text: str) -> str:
 
 
 # -- launch (R-CASE-1) -----------------------------------------------------------------------------
-class LaunchLease:
-    """Renews a launch lease while its holder submits (uploads can outlast the lease): without it
-    the submit pass of another worker takes an expired lease over and submits a second job.
-    Each renewal is one UPDATE (backends call it between upload steps, which take far longer);
-    only the submitting thread renews (a transfer thread has no business with the database)."""
-
-    def __init__(self, case_id, owner: str):
-        self.case_id = case_id
-        self.owner = owner
-        self.thread = threading.get_ident()
-
-    def renew(self) -> None:
-        if threading.get_ident() != self.thread:
-            return
-        now = timezone.now()
-        held = Case.objects.filter(pk=self.case_id, lease_owner=self.owner, status=CaseStatus.PREPARED).update(
-            lease_until=now + timedelta(seconds=passes.lease_seconds())
-        )
-        if not held:
-            raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
-
-
-def build_spec(case: Case) -> SubmitSpec:
-    resource_class = case.resource_class
-    spec = launch_spec(resource_class)
-    return SubmitSpec(
-        case_id=str(case.id),
-        command=case.command,
-        workspace=workspace.case_dir(case.id),
-        pool_remote=resource_class.pool.remote_config(),
-        resources=spec["resources"],
-        batch_directives=spec["batch_directives"],
-        environment=spec["environment"],
-        launch_options=dict(case.launch_options or {}),
-        observability_globs=list(case.observability_globs or []),
-        shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
-    )
-
-
 def launch_case(case: Case, *, launch_options=None) -> Case:
-    """R-CASE-1: record the launch request under a lease, submit with no transaction open, record
-    the outcome in a short transaction. Idempotent: the backend adopts a job already submitted
-    under the case's name instead of creating a second one."""
+    """R-CASE-1, the request half: validate and record the launch, nothing more. The upload and
+    the submission take minutes on a remote provider (a 512 MB input, a token refresh, a retry),
+    so they happen in a worker (``passes.submit_pass``, enqueued here once this commits); the
+    case stays ``prepared`` with ``launch_requested_at`` set ("submitting") until the worker
+    records ``pending`` or ``failed``. Idempotent: a second launch of the same case is a 409, and
+    the worker adopts a job already submitted under the case's name instead of a second one."""
     if launch_options is not None and not isinstance(launch_options, dict):
-        raise DRFValidationError({"launch_options": ["Must be a JSON object."]})
+        raise Invalid("launch_options must be a JSON object.", launch_options=["Must be a JSON object."])
+    # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
+    # account this pool may run the command as; checked again when the worker builds the submission.
+    passes.run_as(case)
     now = timezone.now()
-    owner = passes.worker_id()
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
-            raise Conflict(f"The case is already {locked.status}; it cannot be launched again.", status=locked.status)
-        if locked.lease_until is not None and locked.lease_until > now:
-            raise Conflict("The case is being launched right now.", status=locked.status)
+            raise ServiceConflict(
+                f"The case is already {locked.status}; it cannot be launched again.", status=locked.status
+            )
+        if locked.launch_requested_at is not None:
+            raise ServiceConflict("The case is being launched already.", status=locked.status)
         try:
             locked.backend = backend_name_for_kind(locked.resource_class.pool.kind)
         except NoBackend as exc:
-            raise DRFValidationError({"resource_class": [str(exc)]}) from None
+            raise Invalid(str(exc), resource_class=[str(exc)]) from None
         if launch_options is not None:
             locked.launch_options = launch_options
         locked.launch_requested_at = now
-        locked.lease_owner = owner
-        locked.lease_until = now + timedelta(seconds=passes.lease_seconds())
-        locked.save(update_fields=["backend", "launch_options", "launch_requested_at", "lease_owner", "lease_until"])
+        locked.poll_failures = 0  # counts submission attempts while prepared
+        locked.last_error = ""
+        locked.save(update_fields=["backend", "launch_options", "launch_requested_at", "poll_failures", "last_error"])
         _event(
             locked,
             kind=CaseEvent.Kind.LAUNCH,
@@ -192,101 +157,8 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             options=locked.launch_options,
             at=now,
         )
-    submit_claimed(locked, owner=owner)
-    locked.refresh_from_db()
+        tasks.enqueue_submit([locked.pk])  # sent once this commits: the worker must see the request
     return locked
-
-
-def submit_claimed(case: Case, *, owner: str) -> bool:
-    """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded.
-
-    The lease is renewed first (a case late in a submit pass's batch may have waited out its
-    lease) and while the backend prepares the submission (``spec.keepalive``); a lease lost
-    meanwhile stops the attempt before anything is submitted (R-CASE-1)."""
-    lease = LaunchLease(case.pk, owner)
-    try:
-        lease.renew()
-    except LeaseLost:
-        logger.info("case %s: launch lease lost before submitting; left to its new holder", case.id)
-        return False
-    spec = build_spec(case)
-    spec.keepalive = lease.renew
-    pool = case.resource_class.pool
-    remote_id, error, uncertain = None, "", False
-    try:
-        backend = get_backend(case.backend)
-        # Look the job up by name first: a retried launch adopts it (R-CASE-1).
-        remote_id = backend.find(spec)
-        if not remote_id:
-            spec.heartbeat()
-            remote_id = backend.submit(spec)
-    except LeaseLost:
-        logger.info("case %s: launch lease lost while submitting; nothing was submitted", case.id)
-        return False
-    except SubmitUncertain as exc:
-        error, uncertain = scrub_for(pool, str(exc)), True
-    except BackendError as exc:
-        error = scrub_for(pool, str(exc))
-    except Exception as exc:  # an SDK's own exception type: still a failed submission, never stuck
-        error = scrub_for(pool, f"{type(exc).__name__}: {exc}")
-        logger.error("case %s: submission raised %s", case.id, error)
-    now = timezone.now()
-    if uncertain and case.poll_failures + 1 < MAX_UNCERTAIN_SUBMITS:
-        return _retry_uncertain_submit(case, owner=owner, error=error, now=now)
-    with transaction.atomic():
-        fields = {"lease_owner": "", "lease_until": None}
-        if remote_id:
-            fields.update(
-                status=CaseStatus.PENDING,
-                remote_id=str(remote_id),
-                submitted_at=now,
-                next_poll_at=now,
-                poll_failures=0,
-                last_error="",
-            )
-        else:
-            fields.update(status=CaseStatus.FAILED, last_error=error[:2000], finished_at=now)
-        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(**fields)
-        if updated:
-            _event(
-                case,
-                from_status=CaseStatus.PREPARED,
-                to_status=fields["status"],
-                message=f"submitted as {remote_id}" if remote_id else f"submission failed: {error}",
-                at=now,
-            )
-    if not updated:
-        current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
-        if remote_id and current == CaseStatus.CANCELLED:
-            # Cancelled while the submission was in flight: do not leave an orphan job running.
-            try:
-                backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
-            except Exception as exc:
-                logger.warning("case %s: orphan job %s not cancelled: %s", case.id, remote_id, exc)
-        return False
-    if remote_id:
-        from apps.cases.tasks import enqueue_poll
-
-        enqueue_poll([case.id])
-    return True
-
-
-def _retry_uncertain_submit(case: Case, *, owner: str, error: str, now) -> bool:
-    """The provider may hold a job for this case: stay prepared, keep the launch request, and let
-    the submit pass retry once the back-off lease expires. The retry calls ``find`` first, so a
-    job that did reach the provider is adopted, never submitted twice (R-CASE-1). The attempt
-    count lives in ``poll_failures`` (unused while prepared); the last attempt fails the case."""
-    attempts = case.poll_failures + 1
-    with transaction.atomic():
-        updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(
-            poll_failures=attempts,
-            last_error=f"submission uncertain (attempt {attempts}): {error}"[:2000],
-            lease_owner="submit-retry",
-            lease_until=now + passes.backoff(attempts),
-        )
-        if updated:
-            _event(case, kind=CaseEvent.Kind.ERROR, message=f"submission uncertain, will retry: {error}", at=now)
-    return bool(updated)
 
 
 # -- cancel (R-CASE-6) -----------------------------------------------------------------------------
@@ -308,7 +180,7 @@ def cancel_case(case: Case) -> Case:
             # A launch was requested (e.g. an uncertain submission waiting for its retry): the
             # provider may hold a job for this case. Look it up, with no transaction open, and
             # stop it so nothing runs (or bills) for a cancelled case (R-CASE-6).
-            _cancel_orphan(case)
+            passes.cancel_orphan(case)
         return case
     case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
     if case.status in TERMINAL:
@@ -320,10 +192,8 @@ def cancel_case(case: Case) -> Case:
         # its real final state, asked with one status call (like the cancel call itself; no pass,
         # no download: R-CASE-2). Recording it, and fetching results before "done" (R-CASE-4),
         # is the worker's job: poll it now.
-        from apps.cases.tasks import enqueue_poll
-
         Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).update(next_poll_at=timezone.now())
-        enqueue_poll([case.id])
+        tasks.enqueue_poll([case.id])
         case.refresh_from_db()
         if case.status in TERMINAL:
             raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
@@ -349,24 +219,6 @@ def cancel_case(case: Case) -> Case:
     if not updated:
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
     return case
-
-
-def _cancel_orphan(case: Case) -> None:
-    try:
-        backend = get_backend(case.backend)
-        spec = build_spec(case)
-        remote_id = backend.find(spec)
-        if remote_id:
-            backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
-            logger.info("case %s: cancelled the job %s its uncertain submission left", case.id, remote_id)
-    except AlreadyFinished:
-        pass
-    except Exception as exc:
-        logger.warning(
-            "case %s: a job left by its launch may still run: %s",
-            case.id,
-            scrub_for(case.resource_class.pool, f"{type(exc).__name__}: {exc}"),
-        )
 
 
 _FINAL = {"succeeded": CaseStatus.DONE, "failed": CaseStatus.FAILED, "cancelled": CaseStatus.CANCELLED}
@@ -400,9 +252,7 @@ def refresh_case(case: Case) -> Case:
     )
     case.refresh_from_db()
     if case.status in ACTIVE and case.remote_id:
-        from apps.cases.tasks import enqueue_refresh
-
-        enqueue_refresh([case.id])
+        tasks.enqueue_refresh([case.id])
     return case
 
 

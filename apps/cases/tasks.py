@@ -1,12 +1,15 @@
 """django-q2 entry points for case passes (thin: the work lives in ``apps.cases.passes``).
 
-Cadence design (docs/operations.md, "Case passes"): django-q2 schedules fire at most once a
-minute, so
+The route from schedule to work is one way: ``tasks`` → ``passes`` → backends; ``passes`` never
+imports ``services``. Cadence design (docs/operations.md, "Case passes"): django-q2 schedules
+fire at most once a minute, so
 
-- events enqueue work at once: a launch enqueues a poll of that case (``enqueue_poll``), which
-  starts within the broker's poll interval;
+- events enqueue work at once through the one enqueue helper (``apps.core.tasks.enqueue``, sent
+  once the transaction commits): a launch enqueues the submit step of that case
+  (``enqueue_submit``), a submission its first poll (``enqueue_poll``);
 - the shared ``gridgate.tick`` loop (``apps.core.ticker``, one per site through a lease) runs
-  :func:`run_passes` every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds; the passes themselves are
+  :func:`run_passes` every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: the safety net for a lost
+  broker message, a dead worker's leases, and submissions waiting out a back-off. The passes are
   safe to run anywhere at any time (claims with leases).
 """
 
@@ -14,35 +17,31 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
-
 from apps.cases import passes
+from apps.core.tasks import enqueue
 
 logger = logging.getLogger(__name__)
 
 
-def _enqueue(func: str, case_ids, what: str) -> None:
-    ids = [str(case_id) for case_id in case_ids]
-
-    def send():
-        try:
-            from django_q.tasks import async_task
-
-            async_task(f"apps.cases.tasks.{func}", ids, task_name=f"gridgate.cases.{func}")
-        except Exception:  # the ticker is the safety net: a broker hiccup only delays the poll
-            logger.warning("could not enqueue the %s of %s; the ticker will take them", what, ids, exc_info=True)
-
-    transaction.on_commit(send)
+def enqueue_submit(case_ids) -> None:
+    """Submit these cases soon, in a worker: the upload and the provider call never run in the
+    request that launched them (R-CASE-1)."""
+    enqueue("apps.cases.tasks.submit_cases", [str(case_id) for case_id in case_ids])
 
 
 def enqueue_poll(case_ids) -> None:
     """Poll these cases soon, in a worker (never in the request: R-CASE-2)."""
-    _enqueue("poll_cases", case_ids, "poll")
+    enqueue("apps.cases.tasks.poll_cases", [str(case_id) for case_id in case_ids])
 
 
 def enqueue_refresh(case_ids) -> None:
     """A user asked to refresh these cases: poll and sync them soon, in a worker (R-CASE-2)."""
-    _enqueue("refresh_cases", case_ids, "refresh")
+    enqueue("apps.cases.tasks.refresh_cases", [str(case_id) for case_id in case_ids])
+
+
+def submit_cases(case_ids) -> str:
+    """Event-triggered by a launch: submit these cases now (if no other worker holds them)."""
+    return str(passes.submit_pass(case_ids=case_ids))
 
 
 def poll_cases(case_ids) -> str:

@@ -33,10 +33,13 @@ def enqueue(func: str, *args, **kwargs) -> None:
         if settings.GRIDGATE_TASKS_EAGER:
             module, name = func.rsplit(".", 1)
             getattr(__import__(module, fromlist=[name]), name)(*args, **kwargs)
-        else:
+            return
+        try:
             from django_q.tasks import async_task
 
             async_task(func, *args, **kwargs)
+        except Exception:  # the tick loop is the safety net: a broker hiccup only delays the work
+            log.warning("could not enqueue %s%r; the tick loop will take it", func, args, exc_info=True)
 
     transaction.on_commit(send)
 

@@ -177,17 +177,7 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = get_object_or_404(_sessions(request.user), pk=pk)
-    if session.user_id != request.user.pk:
-        messages.error(request, "The job was not submitted: only the session's owner submits jobs in it.")
-        return redirect("web:session-detail", pk=session.pk)
-    if session.status != SessionStatus.ACTIVE:
-        messages.error(
-            request,
-            f"The job was not submitted: this session has ended ({session_end_words(session, request.user)}). "
-            "Open a new session to submit jobs.",
-        )
-        return redirect("web:session-detail", pk=session.pk)
+    session = get_object_or_404(job_services.session_for_submission().visible_to(request.user), pk=pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         text = "The job was not submitted: " + " ".join(
@@ -196,11 +186,19 @@ def job_submit(request, pk):
         messages.error(request, Refusal(text, form.detail).as_message())
         return redirect("web:session-detail", pk=session.pk)
     try:
-        job = job_services.submit_job(
-            session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
+        job = job_services.submit_job(  # R-JOB-1 owner and status checks: the service's
+            user=request.user, session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
         )
     except REFUSALS as exc:  # a driver's InvalidPayload included: its words go to the details
-        _refused(request, exc, "The job")
+        session.refresh_from_db()
+        if not session.is_active:  # the service refused it for that (R-JOB-1): say it as the page does
+            text = (
+                f"The job was not submitted: this session has ended ({session_end_words(session, request.user)}). "
+                "Open a new session to submit jobs."
+            )
+            messages.error(request, Refusal(text, error_text(exc)).as_message())
+        else:
+            _refused(request, exc, "The job")
         return redirect("web:session-detail", pk=session.pk)
     messages.success(request, f"Job {job.pk} submitted with {job.shots} shots.")
     return redirect("web:session-detail", pk=session.pk)
@@ -382,17 +380,8 @@ def case_launch(request, pk):
     except REFUSALS as exc:
         _refused(request, exc, "The launch")
     else:
-        if case.status == "failed":
-            messages.error(
-                request,
-                Refusal(
-                    "The computing provider refused the case. Check the command and the launch options, "
-                    "or ask an administrator if it keeps happening.",
-                    case.last_error,
-                ).as_message(),
-            )
-        else:
-            messages.success(request, f"Case launched on the {case.backend} backend ({case.remote_id}).")
+        # R-CASE-1: a worker uploads and submits it; this page follows it from "submitting".
+        messages.success(request, f"Launch requested on the {case.backend} backend: the case is being submitted.")
     return redirect("web:case-detail", pk=case.pk)
 
 

@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from apps.cases import passes, services, workspace
+from apps.cases import passes, workspace
 from apps.cases.models import CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
+from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 
@@ -42,7 +43,7 @@ def require(flag: str, names: list[str]) -> dict:
 def round_trip(pool, make_case):
     case = make_case(resource_class=pool.classes.get(), command=COMMAND, observability_globs=["out/*.txt"])
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("live input\n")
-    case = services.launch_case(case)
+    case = launched(case)
     assert case.status == CaseStatus.PENDING, case.last_error
     live = workspace.case_dir(case.id) / "live" / "out" / "progress.txt"
     deadline = time.monotonic() + 1800

@@ -9,8 +9,15 @@ from apps.backends.local import LocalBackend, run_dir
 from apps.cases import passes, services, workspace
 from apps.cases.models import CaseStatus
 from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.cases.conftest import launched
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
+
+
+@pytest.fixture(autouse=True)
+def owner_linked(link_account, owner):
+    """R-CASE-8: the local pool runs each case as its owner's account."""
+    return link_account(owner)
 
 
 def _kill(case):
@@ -32,7 +39,7 @@ def test_real_command_writes_a_result_that_comes_back_into_results(make_case):
     )
     with_input(case, "mesh.txt", b"mesh\n")
     with_input(case, "untouched.txt", b"same\n")
-    case = services.launch_case(case)
+    case = launched(case)
     assert case.status == CaseStatus.PENDING and case.remote_id.startswith("local:")
     case = wait_for_terminal(case)
 
@@ -49,7 +56,7 @@ def test_real_command_writes_a_result_that_comes_back_into_results(make_case):
 
 
 def test_failing_command_ends_failed_with_stderr_kept(make_case):
-    case = services.launch_case(make_case(command="echo 'solver diverged' >&2; exit 3"))
+    case = launched(make_case(command="echo 'solver diverged' >&2; exit 3"))
     case = wait_for_terminal(case)
     assert case.status == CaseStatus.FAILED
     assert "exited with status 3" in case.last_error
@@ -59,7 +66,7 @@ def test_failing_command_ends_failed_with_stderr_kept(make_case):
 def test_exit_status_on_disk_survives_a_worker_restart(make_case):
     """The outcome is read from .run/exit_status: a new backend instance (a restarted worker)
     that never saw the process still resolves the case."""
-    case = services.launch_case(make_case(command="echo done > marker"))
+    case = launched(make_case(command="echo done > marker"))
     rdir = run_dir(workspace.case_dir(case.id))
     wait_until((rdir / "exit_status").exists, what="the exit status file")
     assert (rdir / "exit_status").read_text().strip() == "0"
@@ -68,7 +75,7 @@ def test_exit_status_on_disk_survives_a_worker_restart(make_case):
 
 
 def test_progress_marker_is_synced_into_live_and_read_while_running(make_case, request):
-    case = services.launch_case(
+    case = launched(
         make_case(
             command="echo 0.25 > .gridgate/progress; echo partial > run.log; sleep 30", observability_globs=["*.log"]
         )
@@ -90,7 +97,7 @@ def test_progress_marker_is_synced_into_live_and_read_while_running(make_case, r
 def test_symlinks_out_of_the_working_directory_never_come_back(make_case, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s3cret")
-    case = services.launch_case(make_case(command=f"ln -s {secret} leak; echo ok > real"))
+    case = launched(make_case(command=f"ln -s {secret} leak; echo ok > real"))
     case = wait_for_terminal(case)
     results = workspace.case_dir(case.id) / "results"
     assert case.status == CaseStatus.DONE
@@ -101,7 +108,7 @@ def test_case_command_never_sees_the_worker_environment(make_case, monkeypatch):
     """R-BACK-1: the worker's environment (tokens, SECRET_KEY…) is not the command's."""
     monkeypatch.setenv("QARNOT_TOKEN", "worker-secret-token-4711")
     monkeypatch.setenv("DATABASE_URL", "postgres://gridgate:db-password-4711@db/gridgate")
-    case = wait_for_terminal(services.launch_case(make_case(command="env")))
+    case = wait_for_terminal(launched(make_case(command="env")))
     assert case.status == CaseStatus.DONE, case.last_error
     stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
     assert "4711" not in stdout
@@ -111,7 +118,7 @@ def test_case_command_never_sees_the_worker_environment(make_case, monkeypatch):
 def test_output_written_just_before_exit_is_never_lost(make_case):
     """R-CASE-5: the status is decided before the output is read, and a finished command's
     output is drained whole (more than one bounded read)."""
-    case = services.launch_case(make_case(command="head -c 5000000 /dev/zero | tr '\\\\0' x; echo; echo last"))
+    case = launched(make_case(command="head -c 5000000 /dev/zero | tr '\\\\0' x; echo; echo last"))
     rdir = run_dir(workspace.case_dir(case.id))
     wait_until((rdir / "exit_status").exists, what="the exit status file")
     case = wait_for_terminal(case)

@@ -4,7 +4,10 @@ Skipped with the reason when no cluster answers, except under CI=true (or GRIDGA
 where a missing cluster fails the tests. Tests wait for real jobs with bounded polling loops.
 """
 
+import os
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from datetime import timedelta
@@ -19,17 +22,33 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal
+from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
 
 @pytest.fixture
-def slurm_pool(slurm_cluster, tmp_path):
+def working_root(request):
+    """A working root the jobs' accounts can traverse (0711): pytest's own tmp_path is 0700 root."""
+    root = tempfile.mkdtemp(prefix="gridgate-slurm-")
+    os.chmod(root, 0o711)  # noqa: S103 - traverse only, like a cluster's scratch root
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    return Path(root)
+
+
+@pytest.fixture
+def owner_account(link_account, owner):
+    """R-CASE-8: Slurm jobs are submitted as the case owner's linked account."""
+    return link_account(owner)
+
+
+@pytest.fixture
+def slurm_pool(slurm_cluster, working_root, owner_account):
     pool = ResourcePool.objects.create(
         name="hpc",
         kind="slurm",
         public=True,
-        remote={"partition": "debug", "working_root": str(tmp_path / "scratch")},
+        remote={"partition": "debug", "working_root": str(working_root / "scratch")},
     )
     ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
     return pool
@@ -63,7 +82,7 @@ def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
     rc = slurm_pool.classes.get()
     case = make_case(resource_class=rc, command="cat in.txt > out.txt; echo computed")
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    case = services.launch_case(case, launch_options={"time": "00:10:00"})
+    case = launched(case, launch_options={"time": "00:10:00"})
     assert case.status == CaseStatus.PENDING and case.backend == "slurm" and case.remote_id.isdigit()
     text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
     assert f"#SBATCH --job-name={case.id}" in text and "#SBATCH --partition=debug" in text
@@ -81,13 +100,77 @@ def test_slurm_job_never_sees_the_worker_environment(slurm_pool, make_case, monk
     """R-BACK-1: neither sbatch nor the job inherits the worker's environment (--export=NONE)."""
     monkeypatch.setenv("FIRECREST_CLIENT_SECRET", "worker-secret-value-4711")
     case = make_case(resource_class=slurm_pool.classes.get(), command="env")
-    case = services.launch_case(case)
+    case = launched(case)
     text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
     assert "#SBATCH --export=NONE" in text and "4711" not in text
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
     stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
     assert "4711" not in stdout and f"GRIDGATE_CASE_ID={case.id}" in stdout
+
+
+def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users_files(
+    slurm_pool, api, owner, member, link_account, owner_account, monkeypatch, cases_root, working_root
+):
+    """R-CASE-8 on Slurm: the job is the owner's (squeue/scontrol say so, the account owns its
+    files), it sees none of the worker's variables and none of another user's inputs."""
+    secrets = {
+        "SECRET_KEY": "django-secret-4711",
+        "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
+        "QARNOT_TOKEN": "qarnot-token-4711",
+        "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    victim_account = link_account(member, "gridgate-test2")
+    rc = slurm_pool.classes.get()
+    victim = make_slurm_case(api(member), rc, "cat victim.txt > copy.txt; sleep 20", b"victim-private-data-0815")
+    assert api(member).post(f"/api/v1/cases/{victim}/launch/", {}, format="json").status_code == 200
+    victim_job = Case.objects.get(pk=victim).remote_id
+    attack = (
+        "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
+        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done >> env.txt 2>/dev/null; env >> env.txt; "
+        f"cat ../../../*/inputs/* ../../*/work/* {cases_root}/*/inputs/* > loot.txt 2>/dev/null; "
+        "id -u > uid.txt; true"
+    )
+    attacker = make_slurm_case(api(owner), rc, attack)
+    response = api(owner).post(f"/api/v1/cases/{attacker}/launch/", {}, format="json")
+    assert response.status_code == 200, response.content
+    job_id = Case.objects.get(pk=attacker).remote_id
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert f"UserId={owner_account.pw_name}(" in shown
+    case = wait_for_terminal(Case.objects.get(pk=attacker), timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    results = workspace.case_dir(attacker) / "results"
+    env = (results / "env.txt").read_text()
+    assert not any(value in env for value in secrets.values())
+    assert "0815" not in (results / "loot.txt").read_text()
+    assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
+    work = working_root / "scratch" / attacker / "work"
+    assert work.stat().st_uid == owner_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
+    assert (work / "env.txt").stat().st_uid == owner_account.pw_uid
+    assert (working_root / "scratch" / victim / "work").stat().st_uid == victim_account.pw_uid
+    subprocess.run(["scancel", victim_job], capture_output=True, check=False)
+
+
+def test_slurm_launch_without_a_linked_account_is_refused(slurm_cluster, working_root, api, member, db):
+    pool = ResourcePool.objects.create(name="hpc2", kind="slurm", public=True, remote={"partition": "debug"})
+    rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    case_id = make_slurm_case(api(member), rc, "true")
+    response = api(member).post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    assert response.status_code == 403 and "operator" in response.json()["detail"]
+    assert Case.objects.get(pk=case_id).status == CaseStatus.PREPARED
+
+
+def make_slurm_case(client, rc, command, data=None):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    body = {"name": "c", "resource_class": rc.pk, "command": command}
+    if data is not None:
+        body["inputs"] = [SimpleUploadedFile("victim.txt", data)]
+    response = client.post("/api/v1/cases/", body, format="multipart" if data is not None else "json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
 
 
 def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tmp_path):
@@ -135,14 +218,14 @@ def test_sacct_lookups_look_back_past_midnight(monkeypatch):
 
 def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="echo 'bad mesh' >&2; exit 4")
-    case = wait_for_terminal(services.launch_case(case), timeout=90)
+    case = wait_for_terminal(launched(case), timeout=90)
     assert case.status == CaseStatus.FAILED
     assert "FAILED" in case.last_error and "4" in case.last_error
     assert "bad mesh" in (workspace.case_dir(case.id) / "stderr.log").read_text()
 
 
 def test_scancel_ends_cancelled(slurm_pool, make_case, request):
-    case = services.launch_case(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
+    case = launched(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
     request.addfinalizer(lambda: subprocess.run(["scancel", case.remote_id], capture_output=True, check=False))
     deadline = time.monotonic() + 60
     while case.status != CaseStatus.RUNNING and time.monotonic() < deadline:
@@ -163,7 +246,7 @@ def test_scancel_ends_cancelled(slurm_pool, make_case, request):
 
 def test_retried_launch_adopts_the_slurm_job_by_name(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="sleep 1")
-    job_id = SlurmBackend().submit(services.build_spec(case))  # reached Slurm, then the launcher died
+    job_id = SlurmBackend().submit(passes.build_spec(case))  # reached Slurm, then the launcher died
     Case.objects.filter(pk=case.pk).update(
         launch_requested_at=timezone.now() - timedelta(minutes=5),
         lease_owner="dead",
@@ -235,3 +318,19 @@ def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
     assert map_state("COMPLETING") == "running"
     assert map_state("SOME_NEW_STATE") == "pending"
     assert parse_elapsed("1-02:03:04") == 93784 and parse_elapsed("5:07") == 307
+
+
+def test_a_held_jobs_reason_from_squeue_reaches_the_case(slurm_pool, make_case, request):
+    """The pending reason (squeue %r; sacct says None) reaches the case and its history."""
+    case = make_case(resource_class=slurm_pool.classes.get(), command="true")
+    spec = passes.build_spec(case)
+    spec.batch_directives = [*spec.batch_directives, "--hold"]  # held at submission: JobHeldUser
+    job_id = SlurmBackend().submit(spec)
+    request.addfinalizer(lambda: subprocess.run(["scancel", job_id], capture_output=True, check=False))
+    Case.objects.filter(pk=case.pk).update(
+        status=CaseStatus.PENDING, backend="slurm", remote_id=job_id, next_poll_at=timezone.now()
+    )
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.status_message == "Slurm: JobHeldUser"
+    assert case.events.filter(kind="note", message="Slurm: JobHeldUser").exists()

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.backends.conftest import link_account, sandbox_host  # noqa: F401 - cases run as real accounts (R-CASE-8)
+
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make around
 # it are still synchronous and safe.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

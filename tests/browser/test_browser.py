@@ -70,8 +70,9 @@ def test_log_in_open_a_session_and_see_a_pulser_job_complete_with_a_chart(
 
 
 def test_create_and_launch_a_case_on_the_local_backend_then_download_its_result(
-    page, site, worker, alice, pools, screenshots_dir, tmp_path
+    page, site, worker, alice, pools, screenshots_dir, tmp_path, link_account
 ):
+    link_account(alice)  # R-CASE-8: the case runs as alice's own Unix account
     log_in(page, site.url, "alice", "alice-pw")
     page.get_by_role("link", name="Cases").click()
     page.get_by_label("Name").fill("uppercase")
@@ -110,8 +111,10 @@ def test_create_and_launch_a_case_on_the_local_backend_then_download_its_result(
 
 
 def test_launch_dialog_still_opens_when_the_backend_options_are_degraded(
-    page, site, worker, alice, pools, screenshots_dir, monkeypatch
+    page, site, worker, alice, pools, screenshots_dir, monkeypatch, link_account
 ):
+    link_account(alice)
+
     def unreachable(self, pool):
         raise BackendError("the provider did not answer (connection refused)")
 

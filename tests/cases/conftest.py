@@ -33,6 +33,15 @@ def make_case(owner, local_pool):
     return make
 
 
+def launched(case, **kwargs):
+    """Launch ``case`` (the request half: records it) and run the worker's submit step for it now
+    (R-CASE-1); returns the case as the worker left it (pending, failed, or prepared on retry)."""
+    services.launch_case(case, **kwargs)
+    passes.submit_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    return case
+
+
 def drive(case, *, max_passes=10, until=None):
     """Run poll passes on one case until it reaches ``until`` (default: any terminal status)."""
     for _ in range(max_passes):

@@ -6,7 +6,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from apps.backends.fake import FakeBackend
-from apps.cases import workspace
+from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from tests.cases.conftest import drive
 
@@ -26,6 +26,8 @@ CASE_FIELDS = {
     "progress",
     "execution_time",
     "cores",
+    "launch_requested_at",
+    "status_message",
     "submitted_at",
     "started_at",
     "finished_at",
@@ -33,6 +35,11 @@ CASE_FIELDS = {
     "last_error",
     "results_fetched",
 }
+
+
+def submit_now(case_id):
+    """The worker's half of a launch (R-CASE-1), run here instead of through the broker."""
+    passes.submit_pass(case_ids=[case_id])
 
 
 def create(client, rc, **extra):
@@ -118,7 +125,9 @@ def test_launch_run_and_fetch_result_through_the_api(api, owner, local_pool):
     response = client.post(
         f"/api/v1/cases/{case_id}/launch/", {"launch_options": {"outcome": "succeed"}}, format="json"
     )
-    assert response.status_code == 200 and response.json()["status"] == "pending"
+    assert response.status_code == 202 and response.json()["status"] == "prepared"
+    submit_now(case_id)
+    assert client.get(f"/api/v1/cases/{case_id}/").json()["status"] == "pending"
     drive(Case.objects.get(pk=case_id))
     body = client.get(f"/api/v1/cases/{case_id}/").json()
     assert body["status"] == "done" and body["results_fetched"] is True and body["progress"] == 1.0
@@ -147,6 +156,7 @@ def test_cancel_after_completion_is_409_with_status(api, owner, local_pool):
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    submit_now(case_id)
     drive(Case.objects.get(pk=case_id))
     response = client.post(f"/api/v1/cases/{case_id}/cancel/")
     assert response.status_code == 409 and response.json()["status"] == "done"
@@ -221,6 +231,11 @@ def test_inputs_only_while_prepared(api, owner, local_pool):
     )
     assert ok.status_code == 201 and ok.json() == {"uploaded": ["m.txt"]}
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    submitting = client.post(
+        f"/api/v1/cases/{case_id}/inputs/", {"inputs": [SimpleUploadedFile("n.txt", b"2")]}, format="multipart"
+    )
+    assert submitting.status_code == 409 and submitting.json()["status"] == "prepared"  # the worker uploads them
+    submit_now(case_id)
     late = client.post(
         f"/api/v1/cases/{case_id}/inputs/", {"inputs": [SimpleUploadedFile("n.txt", b"2")]}, format="multipart"
     )
@@ -235,6 +250,7 @@ def test_refresh_is_throttled_per_case_and_never_polls_in_the_request(api, owner
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    submit_now(case_id)
     first = client.post(f"/api/v1/cases/{case_id}/refresh/")
     assert first.status_code == 200 and first.json()["status"] == "pending"
     assert "poll" not in FakeBackend.calls and "sync" not in FakeBackend.calls
@@ -248,7 +264,9 @@ def test_failed_submit_through_the_api_reports_failed(api, owner, local_pool):
     FakeBackend.faults.fail_submit = 1
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
-    body = client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").json()
+    assert client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").status_code == 202
+    submit_now(case_id)
+    body = client.get(f"/api/v1/cases/{case_id}/").json()
     assert body["status"] == "failed" and "submission refused" in body["last_error"]
 
 
@@ -392,5 +410,23 @@ def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
     url = f"/api/v1/cases/{case_id}/launch/"
     first = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
     again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
-    assert first.status_code == 200 and first.json() == again.json()
+    assert first.status_code == 202 and first.json() == again.json()
+    submit_now(case_id)
+    again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
+    assert again.status_code == 202 and again["Idempotent-Replayed"] == "true"
+    assert Case.objects.get(pk=case_id).events.filter(kind="launch").count() == 1
     assert Case.objects.get(pk=case_id).events.filter(to_status="pending").count() == 1
+    assert FakeBackend.calls["submit"] == 1
+
+
+def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
+    (and spooled to disk); the per-file check behind it never even runs."""
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    reached = []
+    monkeypatch.setattr(workspace, "save_uploads", lambda *args, **kwargs: reached.append(args) or [])
+    big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
+    response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [big]}, format="multipart")
+    assert response.status_code == 413 and reached == []

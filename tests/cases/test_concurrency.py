@@ -1,18 +1,20 @@
 """Several workers running passes at once on PostgreSQL (R-CASE-1, R-CASE-2, SPEC §8 scale-out)."""
 
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.backends.fake import FakeBackend
-from apps.cases import passes, services
+from apps.cases import passes
 from apps.cases.models import Case, CaseEvent, CaseStatus
+from tests.cases.conftest import drive, launched
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -33,7 +35,7 @@ def in_threads(function, workers: int, rounds: int):
 
 def test_r_case_2_two_workers_polling_at_once_never_double_finalize(make_case):
     FakeBackend.script = ("succeeded",)  # every job is finished at the provider: all finalize now
-    cases = [services.launch_case(make_case(name=f"c{i}")) for i in range(40)]
+    cases = [launched(make_case(name=f"c{i}")) for i in range(40)]
     Case.objects.update(next_poll_at=timezone.now() - timedelta(seconds=1))
 
     reports = in_threads(lambda: passes.poll_pass(batch=7), workers=2, rounds=8)
@@ -55,7 +57,7 @@ def test_r_case_1_concurrent_launches_and_submit_passes_never_double_submit(make
     def launch_all():
         for case in cases:
             try:
-                services.launch_case(case)
+                launched(case)
                 result = "launched"
             except Exception as exc:
                 result = type(exc).__name__
@@ -75,7 +77,7 @@ def test_r_case_1_concurrent_launches_and_submit_passes_never_double_submit(make
 def test_r_case_2_a_killed_workers_cases_are_resumed_after_its_lease_expires(make_case, settings):
     settings.GRIDGATE_CASE_LEASE_SECONDS = 120
     FakeBackend.script = ("succeeded",)
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     start = timezone.now()
     with time_machine.travel(start, tick=False):
         # A worker claims the case, then dies before recording anything.
@@ -93,7 +95,7 @@ def test_r_case_2_a_killed_workers_cases_are_resumed_after_its_lease_expires(mak
 
 def test_r_case_2_late_write_back_of_a_worker_that_lost_its_lease_is_dropped(make_case, monkeypatch):
     """A slow worker whose lease expired and was taken over must not overwrite the new owner."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     original = FakeBackend.poll_many
 
     def slow_poll(self, jobs):
@@ -107,3 +109,121 @@ def test_r_case_2_late_write_back_of_a_worker_that_lost_its_lease_is_dropped(mak
     assert report.skipped == 1 and report.recorded == 0
     case.refresh_from_db()
     assert case.lease_owner == "other-worker" and case.last_polled_at is None
+
+
+def test_r_case_2_a_claim_skips_the_rows_another_worker_is_claiming_instead_of_sharing_them(make_case):
+    """Worker A is inside its claim (rows locked, lease written, not committed yet) when worker B
+    claims: B must take the other cases at once, never the ones A is taking (no double claim)
+    and never wait for A (skip_locked)."""
+    cases = [launched(make_case(name=f"c{i}")) for i in range(4)]
+    Case.objects.update(next_poll_at=timezone.now() - timedelta(seconds=1))
+    a_claimed, a_holds, release = [], threading.Event(), threading.Event()
+
+    def worker_a():
+        try:
+            with transaction.atomic():  # A's claim transaction stays open until released
+                a_claimed.extend(passes.claim("poll", now=timezone.now(), owner="worker-a", batch=2))
+                a_holds.set()
+                release.wait(timeout=60)
+        finally:
+            connection.close()
+
+    b_claimed = []
+
+    def worker_b():
+        try:
+            b_claimed.extend(passes.claim("poll", now=timezone.now(), owner="worker-b", batch=10))
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=worker_a)
+    a.start()
+    assert a_holds.wait(timeout=30)
+    b = threading.Thread(target=worker_b)
+    b.start()
+    b.join(timeout=30)
+    b_finished_while_a_held = not b.is_alive()
+    release.set()
+    a.join()
+    b.join()
+    assert len(a_claimed) == 2
+    assert b_finished_while_a_held, "worker B waited for worker A's claim instead of skipping its rows"
+    assert set(a_claimed).isdisjoint(b_claimed), "a case was claimed by two workers"
+    assert set(a_claimed) | set(b_claimed) == {case.id for case in cases}
+    owners = dict(Case.objects.values_list("id", "lease_owner"))
+    assert all(owners[i] == "worker-a" for i in a_claimed) and all(owners[i] == "worker-b" for i in b_claimed)
+
+
+def test_r_case_2_a_pass_outliving_its_lease_keeps_it_and_is_not_duplicated(make_case, settings, monkeypatch):
+    """One fetch_final longer than the whole lease: the pass's heartbeat renews the lease, so a
+    second worker polling meanwhile does not take the case and fetch (and finalize) it again."""
+    settings.GRIDGATE_CASE_LEASE_SECONDS = 2  # renewed every 0.5 s by the heartbeat
+    FakeBackend.script = ("succeeded",)
+    case = launched(make_case())
+    Case.objects.filter(pk=case.pk).update(next_poll_at=timezone.now() - timedelta(seconds=1))
+    inside, finish = threading.Event(), threading.Event()
+    original = FakeBackend.fetch_final
+
+    def long_fetch(self, job_ref):
+        inside.set()
+        finish.wait(timeout=60)  # a big download
+        return original(self, job_ref)
+
+    monkeypatch.setattr(FakeBackend, "fetch_final", long_fetch)
+    reports = []
+
+    def worker_a():
+        try:
+            reports.append(passes.poll_pass(owner="worker-a"))
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=worker_a)
+    a.start()
+    try:
+        assert inside.wait(timeout=30)
+        time.sleep(3 * settings.GRIDGATE_CASE_LEASE_SECONDS)  # well past the lease A took
+        second = passes.poll_pass(owner="worker-b")  # another worker's pass meanwhile
+    finally:
+        finish.set()
+        a.join()
+    case.refresh_from_db()
+    assert second.claimed == 0
+    assert reports[0].recorded == 1 and case.status == CaseStatus.DONE
+    assert FakeBackend.calls["fetch_final"] == 1
+    assert case.events.filter(to_status=CaseStatus.DONE).count() == 1
+
+
+def test_r_case_2_a_sync_outliving_its_lease_keeps_it(make_case, settings, monkeypatch):
+    settings.GRIDGATE_CASE_LEASE_SECONDS = 2
+    FakeBackend.script = ("running",)
+    case = drive(launched(make_case()), until=CaseStatus.RUNNING)
+    Case.objects.filter(pk=case.pk).update(next_sync_at=timezone.now() - timedelta(seconds=1))
+    inside, finish = threading.Event(), threading.Event()
+    original = FakeBackend.sync
+
+    def long_sync(self, job_ref, globs):
+        inside.set()
+        finish.wait(timeout=60)
+        return original(self, job_ref, globs)
+
+    monkeypatch.setattr(FakeBackend, "sync", long_sync)
+
+    def worker_a():
+        try:
+            passes.sync_pass(owner="worker-a")
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=worker_a)
+    a.start()
+    try:
+        assert inside.wait(timeout=30)
+        time.sleep(3 * settings.GRIDGATE_CASE_LEASE_SECONDS)
+        second = passes.sync_pass(owner="worker-b", case_ids=[case.id])
+    finally:
+        finish.set()
+        a.join()
+    assert second.claimed == 0 and FakeBackend.calls["sync"] == 1
+    case.refresh_from_db()
+    assert case.last_synced_at is not None and case.lease_owner == ""

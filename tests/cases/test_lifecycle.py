@@ -10,8 +10,9 @@ from apps.backends.base import SubmitUncertain
 from apps.backends.fake import FakeBackend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.core import exceptions as service_errors
 from apps.core.api.exceptions import Conflict
-from tests.cases.conftest import drive, statuses
+from tests.cases.conftest import drive, launched, statuses
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 def test_fake_case_goes_prepared_pending_running_done_with_results_on_disk(make_case):
     case = make_case()
     assert case.status == CaseStatus.PREPARED and case.backend == "fake"
-    case = services.launch_case(case, launch_options={"outcome": "succeed"})
+    case = launched(case, launch_options={"outcome": "succeed"})
     assert case.status == CaseStatus.PENDING and case.remote_id and case.submitted_at
 
     passes.poll_pass(case_ids=[case.id])  # scripted: pending
@@ -45,7 +46,7 @@ def test_fake_case_goes_prepared_pending_running_done_with_results_on_disk(make_
 
 def test_r_case_4_done_only_after_results_are_in_results_dir(make_case):
     """R-CASE-4: a failing fetch_final keeps the case running; a later pass finishes it."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     FakeBackend.faults.fail_fetch_final = 2
     case = drive(case, max_passes=4, until=CaseStatus.DONE)
     assert case.status == CaseStatus.RUNNING
@@ -60,7 +61,7 @@ def test_r_case_4_done_only_after_results_are_in_results_dir(make_case):
 
 
 def test_r_case_3_failed_polls_change_nothing_but_counters_and_back_off(make_case):
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     drive(case, max_passes=2, until=CaseStatus.RUNNING)
     case.refresh_from_db()
     assert case.status == CaseStatus.RUNNING
@@ -94,7 +95,7 @@ def test_r_case_3_back_off_is_capped(make_case, settings):
 
 def test_r_case_1_failed_submit_marks_the_case_failed_with_the_error(make_case):
     FakeBackend.faults.fail_submit = 1
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     assert case.status == CaseStatus.FAILED
     assert "submission refused" in case.last_error
     assert case.remote_id == "" and case.finished_at
@@ -104,7 +105,7 @@ def test_r_case_1_failed_submit_marks_the_case_failed_with_the_error(make_case):
 def test_r_case_1_retried_launch_adopts_the_job_instead_of_submitting_again(make_case, fake):
     """The web process died after the provider accepted the job but before recording it."""
     case = make_case()
-    spec = services.build_spec(case)
+    spec = passes.build_spec(case)
     remote_id = fake.submit(spec)  # the job reached the provider…
     Case.objects.filter(pk=case.pk).update(  # …and the launcher died holding its lease
         launch_requested_at=timezone.now() - timedelta(minutes=5),
@@ -118,7 +119,7 @@ def test_r_case_1_retried_launch_adopts_the_job_instead_of_submitting_again(make
     assert FakeBackend.calls["submit"] == 1
 
     # A second launch request on the submitted case is refused, never a second job.
-    with pytest.raises(Conflict) as refused:
+    with pytest.raises(service_errors.Conflict) as refused:
         services.launch_case(case)
     assert refused.value.extra["status"] == CaseStatus.PENDING
     assert FakeBackend.calls["submit"] == 1 and len(FakeBackend.jobs) == 1
@@ -129,13 +130,13 @@ def test_r_case_1_launch_while_another_launch_holds_the_lease_is_refused(make_ca
     Case.objects.filter(pk=case.pk).update(
         launch_requested_at=timezone.now(), lease_owner="other", lease_until=timezone.now() + timedelta(minutes=1)
     )
-    with pytest.raises(Conflict):
+    with pytest.raises(service_errors.Conflict):
         services.launch_case(case)
     assert FakeBackend.calls.get("submit", 0) == 0
 
 
 def test_remote_failure_ends_failed_with_its_logs(make_case):
-    case = services.launch_case(make_case(), launch_options={"outcome": "fail"})
+    case = launched(make_case(), launch_options={"outcome": "fail"})
     case = drive(case)
     assert case.status == CaseStatus.FAILED
     assert "scripted failure" in case.last_error
@@ -145,7 +146,7 @@ def test_remote_failure_ends_failed_with_its_logs(make_case):
 
 def test_r_case_6_cancel_racing_completion_answers_409_with_the_real_final_status(make_case, fake):
     """The provider finished the job after our last poll: it refuses the abort."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     drive(case, max_passes=2, until=CaseStatus.RUNNING)
     fake.complete(case.remote_id)
     polls = FakeBackend.calls["poll"]
@@ -164,14 +165,14 @@ def test_r_case_6_cancel_racing_completion_answers_409_with_the_real_final_statu
 
 
 def test_r_case_6_cancel_of_a_case_already_recorded_done_is_409(make_case):
-    case = drive(services.launch_case(make_case()))
+    case = drive(launched(make_case()))
     with pytest.raises(Conflict) as refused:
         services.cancel_case(case)
     assert refused.value.extra["status"] == CaseStatus.DONE
 
 
 def test_r_case_6_cancel_running_case_then_cancel_again(make_case):
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     case = services.cancel_case(case)
     assert case.status == CaseStatus.CANCELLED and case.finished_at
     assert FakeBackend.jobs[case.remote_id].cancelled
@@ -187,7 +188,7 @@ def test_r_case_6_cancel_prepared_case_just_marks_it(make_case):
 
 
 def test_pass_skips_write_back_when_the_case_was_cancelled_meanwhile(make_case, monkeypatch):
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     original_poll = FakeBackend.poll_many
 
     def poll_then_user_cancels(self, jobs):
@@ -203,7 +204,7 @@ def test_pass_skips_write_back_when_the_case_was_cancelled_meanwhile(make_case, 
 
 
 def test_r_case_5_progress_is_never_read_from_a_stale_synced_marker(make_case, fake):
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     drive(case, max_passes=2, until=CaseStatus.RUNNING)
     fake.set_progress_marker(case.remote_id, "0.4")
     passes.sync_pass(case_ids=[case.id])
@@ -224,7 +225,7 @@ def test_r_case_5_progress_is_never_read_from_a_stale_synced_marker(make_case, f
 def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progress(make_case, fake, monkeypatch):
     """The sync pass read the marker (0.4) of a running case while a poll finalized it: the
     write-back must not replace the final progress (1) with the stale marker."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     drive(case, max_passes=2, until=CaseStatus.RUNNING)
     fake.set_progress_marker(case.remote_id, "0.4")
     original = FakeBackend.sync
@@ -242,8 +243,6 @@ def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progre
 
 
 def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
-    from rest_framework.exceptions import ValidationError
-
     from apps.resources.models import ResourceClass, ResourcePool
 
     pool = ResourcePool.objects.create(
@@ -251,9 +250,9 @@ def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
     )
     rc = ResourceClass.objects.create(pool=pool, name="a100", cpu=8, memory=64, gpu=1, default=True)
     case = services.create_case(owner=owner, resource_class=rc, name="train", command="python train.py")
-    with pytest.raises(ValidationError) as refused:
+    with pytest.raises(service_errors.Invalid) as refused:
         services.launch_case(case)
-    assert "runai" in str(refused.value.detail) and "no case backend" in str(refused.value.detail)
+    assert "runai" in refused.value.detail and "no case backend" in refused.value.detail
     case.refresh_from_db()
     assert case.status == CaseStatus.PREPARED
 
@@ -263,7 +262,7 @@ def test_poll_pass_query_count_does_not_grow_with_cases(make_case):
     from django.test.utils import CaptureQueriesContext
 
     def queries_for(n):
-        cases = [services.launch_case(make_case(name=f"c{i}")) for i in range(n)]
+        cases = [launched(make_case(name=f"c{i}")) for i in range(n)]
         Case.objects.filter(pk__in=[c.pk for c in cases]).update(next_poll_at=timezone.now() - timedelta(seconds=1))
         with CaptureQueriesContext(connection) as ctx:
             report = passes.poll_pass()
@@ -293,7 +292,7 @@ def test_r_case_1_a_slow_submit_renews_its_lease_so_no_other_worker_submits_agai
 
     monkeypatch.setattr(FakeBackend, "submit", slow_submit)
     with time_machine.travel(start, tick=False):
-        case = services.launch_case(case)
+        case = launched(case)
     assert [report.claimed for report in takeovers] == [0]
     assert FakeBackend.calls["submit"] == 1 and len(FakeBackend.jobs) == 1
     assert case.status == CaseStatus.PENDING and case.lease_owner == ""
@@ -309,7 +308,7 @@ def test_r_case_1_a_submit_whose_lease_was_taken_over_stops_before_submitting(ma
         return original(self, spec)
 
     monkeypatch.setattr(FakeBackend, "submit", submit_after_takeover)
-    case = services.launch_case(case)
+    case = launched(case)
     assert FakeBackend.jobs == {} and FakeBackend.calls.get("submit", 0) == 0
     assert case.status == CaseStatus.PREPARED and case.lease_owner == "other-worker"
 
@@ -317,7 +316,7 @@ def test_r_case_1_a_submit_whose_lease_was_taken_over_stops_before_submitting(ma
 def test_r_case_2_a_poll_pass_that_lost_its_lease_appends_no_log_delta(make_case, monkeypatch):
     """Two workers must never append the same output delta: a pass whose lease was taken over
     during the provider call leaves the case (and its delta) to the new holder."""
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     original = FakeBackend.poll_many
 
     def slow_poll(self, jobs):
@@ -342,7 +341,7 @@ def test_r_case_6_cancel_in_the_uncertain_submit_back_off_stops_the_provider_job
         raise SubmitUncertain("fake: no answer within 30 s")
 
     monkeypatch.setattr(FakeBackend, "submit", submit_then_time_out)
-    case = services.launch_case(case)
+    case = launched(case)
     monkeypatch.setattr(FakeBackend, "submit", original)
     assert case.status == CaseStatus.PREPARED and case.launch_requested_at is not None
     ((_remote_id, job),) = FakeBackend.jobs.items()
@@ -352,7 +351,7 @@ def test_r_case_6_cancel_in_the_uncertain_submit_back_off_stops_the_provider_job
 
 
 def test_r_case_2_refresh_enqueues_the_passes_and_answers_from_the_database(make_case, monkeypatch):
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     sent = []
     monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append(list(ids)))
     polls = FakeBackend.calls.get("poll", 0)
@@ -371,7 +370,7 @@ def test_r_back_1_a_secret_in_a_submission_error_never_reaches_last_error(make_c
         raise RuntimeError("401 for token s3cr3t-token-value")
 
     monkeypatch.setattr(FakeBackend, "submit", leaky_submit)
-    case = services.launch_case(make_case())
+    case = launched(make_case())
     assert case.status == CaseStatus.FAILED
     assert "s3cr3t-token-value" not in case.last_error and "***" in case.last_error
     assert not case.events.filter(message__contains="s3cr3t-token-value").exists()

@@ -14,12 +14,13 @@ from django.urls import reverse
 
 from apps.backends.base import BackendError
 from apps.backends.fake import FakeBackend
+from apps.cases import passes
 from apps.cases import services as case_services
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
-from tests.cases.conftest import drive
+from tests.cases.conftest import drive, launched
 
 pytestmark = pytest.mark.django_db
 
@@ -259,7 +260,7 @@ def test_job_in_a_released_session_is_refused_with_403_in_words(web, owner, qpu_
 def _submit(session, n=1):
     from apps.scheduling.services import submit_job
 
-    return [submit_job(session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
+    return [submit_job(user=session.user, session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
 
 
 def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner, qpu_pool, open_session):
@@ -386,7 +387,7 @@ def test_staff_see_every_case_with_an_admin_link(web, cases_root, owner, staff, 
 
 def test_case_page_never_asks_the_provider(web, cases_root, owner, local_pool, monkeypatch):
     case = _case(owner, local_pool)
-    case_services.launch_case(case)
+    launched(case)
 
     def boom(*args, **kwargs):
         raise AssertionError("a provider was called while rendering")
@@ -439,9 +440,10 @@ def test_launch_with_a_chosen_option_then_the_case_reaches_done(web, cases_root,
         reverse("web:case-launch", args=[case.pk]), {"launch_option:outcome": "succeed"}, follow=True
     )
     case.refresh_from_db()
-    assert case.status == CaseStatus.PENDING and case.launch_options == {"outcome": "succeed"}
-    assert "Case launched" in response.content.decode()
+    assert case.is_submitting and case.launch_options == {"outcome": "succeed"}
+    assert "Launch requested" in response.content.decode()
     assert 'hx-trigger="every 2s"' in client.get(reverse("web:case-detail", args=[case.pk]), **HX).content.decode()
+    passes.submit_pass(case_ids=[case.id])  # the worker's half (R-CASE-1)
     drive(case)
     case.refresh_from_db()
     assert case.status == CaseStatus.DONE
@@ -474,7 +476,7 @@ def test_staff_cannot_launch_another_users_case_from_the_page(web, cases_root, o
 def test_refresh_is_throttled_in_words(web, settings, cases_root, owner, local_pool):
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
     case = _case(owner, local_pool)
-    case_services.launch_case(case)
+    launched(case)
     client = web(owner)
     assert "Refresh requested" in client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
     page = client.post(reverse("web:case-refresh", args=[case.pk]), follow=True).content.decode()
@@ -503,3 +505,24 @@ def test_launch_dialog_asks_once_while_healthy_and_again_after_a_degraded_answer
     for _ in range(2):
         assert "Scripted outcome" in client.get(url, **HX).content.decode()
     assert len(calls) == 2  # the degraded answer was not cached; the healthy one was
+
+
+def test_case_page_shows_submitting_with_progress_until_the_worker_submits(web, cases_root, owner, local_pool):
+    """R-CASE-1: between the launch (202) and the worker's submission the page says so."""
+    case = _case(owner, local_pool)
+    case_services.launch_case(case)
+    client = web(owner)
+    page = client.get(reverse("web:case-detail", args=[case.pk])).content.decode()
+    assert 'id="case-status">Submitting<' in page and 'id="case-submitting"' in page
+    assert 'id="launch-button"' not in page  # not launchable twice
+    passes.submit_pass(case_ids=[case.id])
+    page = client.get(reverse("web:case-detail", args=[case.pk])).content.decode()
+    assert 'id="case-submitting"' not in page and 'id="case-status">Pending<' in page
+
+
+def test_case_page_shows_the_providers_note_on_a_waiting_case(web, cases_root, owner, local_pool):
+    case = launched(_case(owner, local_pool))
+    Case.objects.filter(pk=case.pk).update(status_message="Slurm: JobHeldAdmin")
+    page = web(owner).get(reverse("web:case-detail", args=[case.pk])).content.decode()
+    assert "The provider says: Slurm: JobHeldAdmin" in page
+    assert "Slurm: JobHeldAdmin" in web(owner).get(reverse("web:case-list")).content.decode()

@@ -28,6 +28,8 @@ class CaseSerializer(serializers.ModelSerializer):
             "progress",
             "execution_time",
             "cores",
+            "launch_requested_at",
+            "status_message",
             "submitted_at",
             "started_at",
             "finished_at",

@@ -91,10 +91,12 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         names = services.add_inputs(case, body.validated_data["inputs"])
         return Response({"uploaded": names}, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=LaunchSerializer, responses={200: CaseSerializer, 409: CONFLICT})
+    @extend_schema(request=LaunchSerializer, responses={202: CaseSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def launch(self, request, pk=None):
-        """R-CASE-1: submit the case; 200 with ``pending`` (submitted) or ``failed`` (refused)."""
+        """R-CASE-1: record the launch and answer 202 with the case still ``prepared`` and
+        ``launch_requested_at`` set; a worker uploads and submits it, then the case reads
+        ``pending`` (submitted) or ``failed`` (refused, with ``last_error``)."""
         return idempotent(request, lambda: self._launch(request))
 
     def _launch(self, request):
@@ -102,7 +104,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         body = LaunchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         case = services.launch_case(case, launch_options=body.validated_data.get("launch_options"))
-        return Response(CaseSerializer(case).data)
+        return Response(CaseSerializer(case).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: CaseSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
@@ -164,10 +166,11 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         relative = target.relative_to(root.resolve())
         if relative.parts and relative.parts[0].startswith("."):
             raise NotFound("No such file.")
-        if not target.is_file():
+        handle = workspace.open_file(target)  # a regular file, never through a symlink (R-CASE-8)
+        if handle is None:
             raise NotFound("No such file.")
         content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        return FileResponse(target.open("rb"), as_attachment=True, filename=target.name, content_type=content_type)
+        return FileResponse(handle, as_attachment=True, filename=target.name, content_type=content_type)
 
 
 class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

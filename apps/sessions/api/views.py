@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from apps.core.api.permissions import IsStaff
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
-from apps.resources.selectors import can_use_pool, visible_classes
+from apps.resources.selectors import visible_classes
 from apps.sessions import services
 from apps.sessions.api.filters import SessionFilter
 from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer, SlotsSerializer
@@ -60,11 +60,14 @@ class SessionViewSet(
             target = get_user_model().objects.filter(username=data["user"]).first()
             if target is None:
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
-        resource_class = visible_classes(caller).filter(pk=data["resource_class"]).first()
+        # The class must be usable by the session's user: a service principal opens sessions for
+        # granted users on pools it need not see itself (docs/architecture.md, "Who may do what").
+        resource_class = visible_classes(target).filter(pk=data["resource_class"]).first()
         if resource_class is None:
+            seen = visible_classes(caller).filter(pk=data["resource_class"]).first() if target != caller else None
+            if seen is not None:  # the principal sees it, the user may not use it
+                raise PermissionDenied(f"User '{target.username}' may not use pool '{seen.pool.name}'.")
             raise ValidationError({"resource_class": [f"No class {data['resource_class']} that you can use."]})
-        if target != caller and not can_use_pool(target, resource_class.pool):
-            raise PermissionDenied(f"User '{target.username}' may not use pool '{resource_class.pool.name}'.")
         admission = services.admit(
             user=target, resource_class=resource_class, slots=data["slots"], external_id=data["external_id"]
         )
