@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
@@ -105,9 +106,21 @@ class DeviceAdmin(admin.ModelAdmin):
         self.message_user(request, f"Status check queued for {len(ids)} device(s).", messages.SUCCESS)
 
 
+class JobChangeList(ChangeList):
+    """Computes why each pending job of the page waits, for the whole page at once (constant
+    queries: ``selectors.queue_info``), and leaves the answer on the row objects."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        info = selectors.queue_info(list(self.result_list))
+        for job in self.result_list:
+            job.queue_info = info.get(job.pk)
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "user", "pool", "session", "device", "status", "shots", "created_at", "finished_at"]
+    # Narrow enough for 1440 px: the session's UUID is searchable and on the job's page, not a column.
+    list_display = ["id", "user", "pool", "device", "status", "waiting_because", "shots", "created_at", "finished_at"]
     list_filter = ["status", "pool", ("device", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["user", "pool", "device", "device__pool", "session", "session__user", "session__pool"]
     search_fields = ["=id", "user__username", "remote_id", "=session__id"]
@@ -117,6 +130,17 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # jobs are submitted in sessions (admission, fair scheduling), not by form
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
+    @admin.display(description="waiting because")
+    def waiting_because(self, obj):
+        info = getattr(obj, "queue_info", None)
+        if not info:
+            return "—"
+        reason, position = info
+        return f"{reason} (#{position})" if position else reason
 
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):

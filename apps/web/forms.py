@@ -5,7 +5,7 @@ import json
 from django import forms
 
 from apps.core import jsonlimits
-from apps.resources.selectors import visible_classes
+from apps.web.selectors import case_classes
 
 # The database's integer range: a larger number typed in a form is a form error, not a 500
 # ("integer out of range", issue 16 item 3).
@@ -29,6 +29,7 @@ class JobSubmitForm(forms.Form):
     def __init__(self, *args, examples: dict, **kwargs):
         super().__init__(*args, **kwargs)
         self.examples = examples
+        self.detail = ""  # the parser's own words, shown to experts only
         self.fields["example"].choices = [("", "—")] + [(name, name) for name in examples]
 
     def clean(self):
@@ -36,9 +37,22 @@ class JobSubmitForm(forms.Form):
         upload, example = data.get("sequence_file"), data.get("example")
         if upload:
             try:
-                document = jsonlimits.loads(upload.read().decode("utf-8"))  # too deep: a ValueError
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise forms.ValidationError({"sequence_file": f"Not a JSON file: {exc}"}) from None
+                text = upload.read().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self.detail = str(exc)
+                raise forms.ValidationError(
+                    {"sequence_file": "The file is not a text file. Upload the sequence saved as JSON."}
+                ) from None
+            try:
+                document = jsonlimits.loads(text)  # too deep: a ValueError
+            except (ValueError, RecursionError) as exc:
+                self.detail = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+                raise forms.ValidationError(
+                    {
+                        "sequence_file": "The file is not valid JSON. Save the sequence as JSON (for example with "
+                        "Pulser's sequence.to_abstract_repr()) and upload it again."
+                    }
+                ) from None
         elif example:
             document = self.examples[example]
         else:
@@ -88,7 +102,7 @@ class CaseCreateForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["resource_class"].queryset = visible_classes(user).order_by("pool__name", "name", "id")
+        self.fields["resource_class"].queryset = case_classes(user)
 
     def clean_observability_globs(self):
         raw = self.cleaned_data.get("observability_globs") or ""

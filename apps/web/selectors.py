@@ -86,3 +86,61 @@ def bundled_examples() -> dict[str, dict]:
         except (OSError, ValueError):
             continue
     return out
+
+
+@dataclass
+class PoolUse:
+    """What a pool takes, in the words of the home page (issue 18, item 3)."""
+
+    takes_jobs: bool
+    devices: int
+    devices_online: int
+    takes_cases: bool
+    cases_ready: bool
+    cases_message: str
+
+    @property
+    def tag(self) -> str:
+        return "QPU" if self.takes_jobs else ""
+
+
+def pool_uses(pools: list[ResourcePool]) -> dict[int, PoolUse]:
+    """Jobs and/or cases per pool, in one query whatever the number of pools.
+
+    A pool with devices takes jobs (its classes are access to a QPU or its emulator); a pool without
+    devices whose kind has a case backend takes cases, when that backend is set up on this host
+    (``apps.backends.readiness``: no provider call).
+    """
+    from django.db.models import Count, Q
+
+    from apps.backends.readiness import case_readiness
+    from apps.scheduling.models import Device
+
+    rows = (
+        Device.objects.filter(pool_id__in=[pool.pk for pool in pools])
+        .order_by()
+        .values("pool_id")
+        .annotate(total=Count("id"), online=Count("id", filter=Q(online=True)))
+    )
+    counts = {row["pool_id"]: row for row in rows}
+    out = {}
+    for pool in pools:
+        row = counts.get(pool.pk, {})
+        devices = row.get("total", 0)
+        if devices:
+            out[pool.pk] = PoolUse(True, devices, row.get("online", 0), False, False, "")
+            continue
+        readiness = case_readiness(pool)
+        out[pool.pk] = PoolUse(False, 0, 0, readiness.runs_cases, readiness.ready, readiness.message)
+    return out
+
+
+def case_classes(user):
+    """Classes the case form offers: visible, of pools without devices whose case backend is ready."""
+    from apps.backends.readiness import case_readiness
+    from apps.resources.selectors import visible_classes
+
+    classes = visible_classes(user).filter(pool__devices__isnull=True)
+    pools = ResourcePool.objects.filter(pk__in=classes.values("pool_id"))
+    ready = [pool.pk for pool in pools if case_readiness(pool).ready]
+    return classes.filter(pool_id__in=ready).order_by("pool__name", "name", "id")

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.backends.readiness import case_readiness
 from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
@@ -28,30 +29,42 @@ from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
 from apps.scheduling import services as job_services
-from apps.scheduling.drivers import DriverError
 from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
 from apps.web import charts
-from apps.web.errors import REFUSALS, error_text, refuse
+from apps.web.errors import REFUSALS, Refusal, error_text, refusal, refuse
 from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm
-from apps.web.selectors import bundled_examples, pool_gauges
+from apps.web.selectors import bundled_examples, pool_gauges, pool_uses
 
 LIVE_EVERY = "every 2s"  # htmx polling period of live fragments
 LIST_LIMIT = 100
 LOG_TAIL_LINES = 40
 LAUNCH_OPTION_PREFIX = "launch_option:"
+#: htmx stops polling a fragment answered with 286 (the fragment is still swapped in): a finished
+#: object's fragment stops asking even though morphing keeps the polling element in place.
+STOP_POLLING = 286
+
+
+def _live_status(live: bool) -> int:
+    return 200 if live else STOP_POLLING
 
 
 # -- home -----------------------------------------------------------------------------------------
+def _home(request, refused: dict | None = None, status: int = 200):
+    pools = list(visible_pools(request.user))
+    gauges = pool_gauges(pools)
+    uses = pool_uses(pools)
+    rows = [{"pool": pool, "gauge": gauges[pool.pk], "use": uses[pool.pk]} for pool in pools]
+    active = Session.objects.filter(user=request.user, status=SessionStatus.ACTIVE).count()
+    context = {"rows": rows, "active_sessions": active, "refused": refused or {}}
+    return render(request, "web/home.html", context, status=status)
+
+
 @login_required
 @require_GET
 def home(request):
-    pools = list(visible_pools(request.user))
-    gauges = pool_gauges(pools)
-    rows = [{"pool": pool, "gauge": gauges[pool.pk]} for pool in pools]
-    active = Session.objects.filter(user=request.user, status=SessionStatus.ACTIVE).count()
-    return render(request, "web/home.html", {"rows": rows, "active_sessions": active})
+    return _home(request)
 
 
 # -- sessions -------------------------------------------------------------------------------------
@@ -70,13 +83,30 @@ def session_list(request):
 @require_POST
 def session_open(request):
     form = OpenSessionForm(request.POST)
+
+    def again(answer: Refusal, status: int, at_class: bool = True):
+        """The home page again, the refused class's form keeping what was typed, its message beside it
+        (focused, so it is scrolled to and read out)."""
+        typed = {
+            "class_id": str(request.POST.get("resource_class", "")) if at_class else "",
+            "slots": request.POST.get("slots", ""),
+            "external_id": request.POST.get("external_id", ""),
+            "text": answer.text,
+            "detail": answer.detail if answer.detail != answer.text else "",
+        }
+        return _home(request, refused=typed, status=status)
+
     if not form.is_valid():
-        messages.error(request, f"Session not opened: {error_text(DjangoValidationError(form.errors))}")
-        return redirect("web:home")
+        slots_errors = form.errors.get("slots")
+        text = "The session was not opened: " + (
+            "the number of slots must be a whole number of at least 1 (and within the pool's size)."
+            if slots_errors
+            else "the form was incomplete; reload the page and try again."
+        )
+        return again(Refusal(text, error_text(DjangoValidationError(form.errors))), 400)
     resource_class = visible_classes(request.user).filter(pk=form.cleaned_data["resource_class"]).first()
     if resource_class is None:
-        messages.error(request, "Session not opened: no such class that you can use.")
-        return redirect("web:home")
+        return again(Refusal("The session was not opened: that class is not one you can use."), 404, at_class=False)
     try:
         admission = session_services.admit(
             user=request.user,
@@ -85,8 +115,8 @@ def session_open(request):
             external_id=form.cleaned_data["external_id"],
         )
     except REFUSALS as exc:
-        refuse(request, exc, "Session")
-        return redirect("web:home")
+        status = getattr(exc, "status_code", None) or getattr(exc, "status", None) or 400
+        return again(refusal(exc, "The session"), status)
     session = admission.session
     if admission.created:
         messages.success(request, f"Session opened on {resource_class} with {session.slots} slot(s).")
@@ -100,11 +130,21 @@ def session_open(request):
 def session_detail(request, pk):
     session = get_object_or_404(_sessions(request.user), pk=pk)
     examples = bundled_examples()
-    form = JobSubmitForm(examples=examples, initial={"example": next(iter(examples), "")})
+    first = next(iter(examples), "")
+    initial = {"example": first}
+    if first and isinstance(examples[first].get("shots"), int):
+        initial["shots"] = examples[first]["shots"]
+    form = JobSubmitForm(examples=examples, initial=initial)
+    example_shots = {name: doc.get("shots") for name, doc in examples.items() if isinstance(doc.get("shots"), int)}
     return render(
         request,
         "web/session_detail.html",
-        {"session": session, "form": form, "can_submit": session.is_active and session.user_id == request.user.pk},
+        {
+            "session": session,
+            "form": form,
+            "example_shots": example_shots,
+            "can_submit": session.is_active and session.user_id == request.user.pk,
+        },
     )
 
 
@@ -115,7 +155,8 @@ def session_release(request, pk):
     if session_services.release(session):
         messages.success(request, "Session released: its slots are free again.")
     else:
-        messages.info(request, f"The session had already ended ({session.get_revocation_reason_display()}).")
+        session.refresh_from_db()
+        messages.info(request, f"The session had already ended ({session_end_words(session, request.user)}).")
     return redirect("web:session-detail", pk=session.pk)
 
 
@@ -125,17 +166,25 @@ def job_submit(request, pk):
     session = get_object_or_404(job_services.session_for_submission().visible_to(request.user), pk=pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
-        messages.error(request, f"Job refused: {error_text(DjangoValidationError(form.errors))}")
+        text = "The job was not submitted: " + " ".join(
+            message for errors in form.errors.values() for message in errors
+        )
+        messages.error(request, Refusal(text, form.detail).as_message())
         return redirect("web:session-detail", pk=session.pk)
     try:
         job = job_services.submit_job(  # R-JOB-1 owner and status checks: the service's
             user=request.user, session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
         )
-    except DriverError as exc:  # InvalidPayload included: the driver's own words
-        messages.error(request, f"Job refused (400): {exc}")
-        return redirect("web:session-detail", pk=session.pk)
-    except REFUSALS as exc:
-        refuse(request, exc, "Job")
+    except REFUSALS as exc:  # a driver's InvalidPayload included: its words go to the details
+        session.refresh_from_db()
+        if not session.is_active:  # the service refused it for that (R-JOB-1): say it as the page does
+            text = (
+                f"The job was not submitted: this session has ended ({session_end_words(session, request.user)}). "
+                "Open a new session to submit jobs."
+            )
+            messages.error(request, Refusal(text, error_text(exc)).as_message())
+        else:
+            refuse(request, exc, "The job")
         return redirect("web:session-detail", pk=session.pk)
     messages.success(request, f"Job {job.pk} submitted with {job.shots} shots.")
     return redirect("web:session-detail", pk=session.pk)
@@ -177,7 +226,7 @@ def job_list(request):
         "show_session": not session_id,
     }
     if request.htmx:
-        return render(request, "web/_job_table.html", context)
+        return render(request, "web/_job_table.html", context, status=_live_status(context["live"]))
     return render(request, "web/job_list.html", context)
 
 
@@ -193,8 +242,9 @@ def job_detail(request, pk):
         "chart": charts.counts_chart((job.result or {}).get("counts")) if job.result else None,
         "live": job.status in UNFINISHED,
     }
-    template = "web/_job_live.html" if request.htmx else "web/job_detail.html"
-    return render(request, template, context)
+    if request.htmx:
+        return render(request, "web/_job_live.html", context, status=_live_status(context["live"]))
+    return render(request, "web/job_detail.html", context)
 
 
 @login_required
@@ -204,7 +254,7 @@ def job_cancel(request, pk):
     try:
         job = job_services.cancel_job(job)
     except REFUSALS as exc:
-        refuse(request, exc, "Cancellation")
+        refuse(request, exc, f"Cancelling job {job.pk}")
     else:
         messages.success(
             request, f"Job {job.pk}: {'cancelled' if job.status == 'cancelled' else 'cancellation requested'}."
@@ -223,7 +273,7 @@ def case_list(request):
         try:
             workspace.check_content_length(request)  # R-CASE-7: refused before the body is parsed
         except REFUSALS as exc:
-            refuse(request, exc, "Upload")
+            refuse(request, exc, "The upload")
             return redirect("web:case-list")
         form = CaseCreateForm(request.POST, request.FILES, user=request.user)
         if form.is_valid():
@@ -238,7 +288,7 @@ def case_list(request):
                     uploads=data["inputs"],
                 )
             except REFUSALS as exc:
-                form.add_error(None, error_text(exc))
+                form.add_error(None, refusal(exc, "The case").text)
             else:
                 messages.success(request, f"Case '{case.name}' created. Launch it when you are ready.")
                 return redirect("web:case-detail", pk=case.pk)
@@ -279,8 +329,9 @@ def _case_live_context(case) -> dict:
 def case_detail(request, pk):
     case = _case(request, pk)
     context = _case_live_context(case)
-    template = "web/_case_live.html" if request.htmx else "web/case_detail.html"
-    return render(request, template, context)
+    if request.htmx:
+        return render(request, "web/_case_live.html", context, status=_live_status(context["live"]))
+    return render(request, "web/case_detail.html", context)
 
 
 @login_required
@@ -290,16 +341,21 @@ def case_launch(request, pk):
     case = _case(request, pk)
     if case.owner_id != request.user.pk:
         raise PermissionDenied("Only the case's owner may launch it.")
+    readiness = case_readiness(case.resource_class.pool)
     if request.method == "GET":
         spec = launch_spec(case.resource_class)
-        body = launch_options_for(case.resource_class)
+        # A pool whose backend is not set up is not asked at all: it cannot be launched on.
+        body = launch_options_for(case.resource_class) if readiness.ready else {}
         return render(
             request,
             "web/_launch_dialog.html",
-            {"case": case, "spec": spec, "answer": body, "prefix": LAUNCH_OPTION_PREFIX},
+            {"case": case, "spec": spec, "answer": body, "readiness": readiness, "prefix": LAUNCH_OPTION_PREFIX},
         )
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
+    if not readiness.ready:
+        messages.error(request, f"The case was not launched. {readiness.message}")
+        return redirect("web:case-detail", pk=case.pk)
     chosen = {
         key[len(LAUNCH_OPTION_PREFIX) :]: value
         for key, value in request.POST.items()
@@ -308,7 +364,7 @@ def case_launch(request, pk):
     try:
         case = case_services.launch_case(case, launch_options=chosen or None)
     except REFUSALS as exc:
-        refuse(request, exc, "Launch")
+        refuse(request, exc, "The launch")
     else:
         # R-CASE-1: a worker uploads and submits it; this page follows it from "submitting".
         messages.success(request, f"Launch requested on the {case.backend} backend: the case is being submitted.")
@@ -322,7 +378,7 @@ def case_cancel(request, pk):
     try:
         case_services.cancel_case(case)
     except REFUSALS as exc:
-        refuse(request, exc, "Cancellation")
+        refuse(request, exc, "Cancelling the case")
     else:
         messages.success(request, "Case cancelled.")
     return redirect("web:case-detail", pk=case.pk)
@@ -335,7 +391,21 @@ def case_refresh(request, pk):
     try:
         case_services.refresh_case(case)
     except REFUSALS as exc:
-        refuse(request, exc, "Refresh")
+        refuse(request, exc, "The refresh")
     else:
         messages.info(request, "Refresh requested: a worker is asking the backend now.")
     return redirect("web:case-detail", pk=case.pk)
+
+
+def session_end_words(session, viewer) -> str:
+    """How a session ended, from the viewer's side: "released by you", "revoked by an administrator"…"""
+    reason = session.revocation_reason
+    if reason == "released":
+        return "released by you" if session.user_id == viewer.pk else f"released by {session.user.username}"
+    if reason == "manual":
+        return "revoked by an administrator"
+    if reason == "idle_timeout":
+        return "ended after being idle too long"
+    if reason == "max_lifetime":
+        return "ended at its maximum lifetime"
+    return "ended"

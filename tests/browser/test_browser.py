@@ -48,7 +48,7 @@ def test_log_in_open_a_session_and_see_a_pulser_job_complete_with_a_chart(
     expect(page.get_by_text("Emulated AnalogDevice, open to all")).to_be_visible()
     page.screenshot(path=screenshots_dir / "home.png", full_page=True)
 
-    page.get_by_role("button", name="Open a session on qpu/access").click()
+    page.get_by_role("button", name="Open session on qpu/access").click()
     expect(page.get_by_role("heading", name="Launch specification")).to_be_visible()
     expect(page.locator("#session-status")).to_have_text("Active")
 

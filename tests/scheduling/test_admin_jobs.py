@@ -1,0 +1,42 @@
+"""The admin's job list tells operators why a job waits (issue 18, item 9), in constant queries."""
+
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from apps.scheduling.services import submit_job
+
+pytestmark = pytest.mark.django_db
+
+EXAMPLE = json.loads((Path(settings.BASE_DIR) / "examples" / "bell-like-analog.json").read_text())
+
+
+def _changelist(admin_client) -> tuple[str, int]:
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse("admin:scheduling_job_changelist"))
+    assert response.status_code == 200
+    return response.content.decode(), len(ctx.captured_queries)
+
+
+def test_admin_job_list_shows_why_a_pending_job_waits(admin_client, owner, qpu_pool, open_session):
+    session = open_session(qpu_pool, owner)
+    submit_job(session=session, payload=EXAMPLE["payload"], shots=10)
+    page, _ = _changelist(admin_client)
+    assert "Waiting because" in page
+    assert 'class="field-waiting_because">no device online (#1)<' in page  # the pool has no device
+
+
+def test_admin_job_list_queries_do_not_grow_with_jobs(admin_client, owner, member, qpu_pool, open_session):
+    session = open_session(qpu_pool, owner)
+    submit_job(session=session, payload=EXAMPLE["payload"], shots=10)
+    _, few = _changelist(admin_client)
+    other = open_session(qpu_pool, member)
+    for target in (session, other) * 5:
+        submit_job(session=target, payload=EXAMPLE["payload"], shots=10)
+    _, many = _changelist(admin_client)
+    assert many <= few + 1  # +1: a second session's row in the ranking query at most
