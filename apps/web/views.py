@@ -25,6 +25,7 @@ from apps.backends.api.views import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
+from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
@@ -63,7 +64,7 @@ def _flatten(detail) -> str:
 
 
 def _refused(request, exc: Exception, what: str) -> None:
-    status = getattr(exc, "status_code", 400)
+    status = getattr(exc, "status_code", None) or getattr(exc, "status", 400)  # DRF or service error
     messages.error(request, f"{what} refused ({status}): {error_text(exc)}")
 
 
@@ -108,7 +109,7 @@ def session_open(request):
             slots=form.cleaned_data["slots"],
             external_id=form.cleaned_data["external_id"],
         )
-    except APIException as exc:
+    except (APIException, ServiceError) as exc:
         _refused(request, exc, "Session")
         return redirect("web:home")
     session = admission.session

@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from apps.core.api.permissions import IsStaff
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
-from apps.resources.selectors import can_use_pool, visible_classes
+from apps.resources.selectors import visible_classes
 from apps.sessions import services
 from apps.sessions.api.filters import SessionFilter
 from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer, SlotsSerializer
@@ -60,14 +60,22 @@ class SessionViewSet(
             target = get_user_model().objects.filter(username=data["user"]).first()
             if target is None:
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
-        resource_class = visible_classes(caller).filter(pk=data["resource_class"]).first()
-        if resource_class is None:
-            raise ValidationError({"resource_class": [f"No class {data['resource_class']} that you can use."]})
-        if target != caller and not can_use_pool(target, resource_class.pool):
-            raise PermissionDenied(f"User '{target.username}' may not use pool '{resource_class.pool.name}'.")
-        admission = services.admit(
-            user=target, resource_class=resource_class, slots=data["slots"], external_id=data["external_id"]
-        )
+        # The class lookup, the access checks and the pool lock are one statement (issue 15's
+        # budget): admit() locks the pool through this queryset.
+        classes = visible_classes(caller).filter(pk=data["resource_class"])
+        if target != caller:
+            classes = classes.filter(pool__in=ResourcePool.objects.visible_to(target))
+        try:
+            admission = services.admit(
+                user=target, resource_class=classes, slots=data["slots"], external_id=data["external_id"]
+            )
+        except services.NoSuchClass:
+            visible = visible_classes(caller).filter(pk=data["resource_class"]).first()
+            if visible is None:
+                raise ValidationError(
+                    {"resource_class": [f"No class {data['resource_class']} that you can use."]}
+                ) from None
+            raise PermissionDenied(f"User '{target.username}' may not use pool '{visible.pool.name}'.") from None
         return Response(
             SessionSerializer(admission.session).data,
             status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
@@ -75,7 +83,12 @@ class SessionViewSet(
 
     def destroy(self, request, *args, **kwargs):
         """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
-        services.release(self.get_object())
+        # The owner's common path costs one lookup: the principal check (two permission queries
+        # for a non-staff user) only runs for somebody else's session.
+        session = get_object_or_404(Session.objects.select_related("pool"), pk=kwargs["pk"])
+        if session.user_id != request.user.pk and not is_service_principal(request.user):
+            raise NotFound()  # other users' sessions do not exist for the caller
+        services.release(session)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses=SessionSerializer)
