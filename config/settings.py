@@ -109,6 +109,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("GRIDGATE_STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns at every start while it is missing
 # The user pages' stylesheet, script and the vendored htmx (served from here: no CDN, works offline).
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Compressed copies (gzip, brotli when installed) made by collectstatic. Not the manifest
@@ -205,9 +206,9 @@ GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on
-# acquire/release (the SPANK plugin runs as root); the unmunge binary; munged's socket ("" = default).
+# acquire/release (the SPANK plugin runs as root); libmunge; munged's socket ("" = default).
 GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
-GRIDGATE_MUNGE_UNMUNGE = env_str("GRIDGATE_MUNGE_UNMUNGE", "unmunge")
+GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
 
 LOGGING = {
