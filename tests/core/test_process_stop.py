@@ -131,6 +131,7 @@ def test_make_run_stops_web_and_worker_on_ctrl_c_and_sigterm(signum, tmp_path):
         GRIDGATE_VAR_DIR=str(tmp_path),
     )
     run = subprocess.Popen(["scripts/run.sh"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    started: set[int] = set()
     try:
         assert wait_until(lambda: answers(port), 180), "the web server never answered"
         assert wait_until(lambda: any("qcluster" in _cmdline(p) for p in descendants(run.pid)), 180)
@@ -142,6 +143,9 @@ def test_make_run_stops_web_and_worker_on_ctrl_c_and_sigterm(signum, tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
+        for pid in started | descendants(run.pid):  # a failed stop must not leak processes
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _cmdline(pid: int) -> str:
