@@ -14,7 +14,8 @@ timed window):
 Each figure is printed with its ratio to the same-run floor (the target is >= 0.50 for acquire
 and submission), with p50/p95/p99, errors, and the SQL statements of one such request counted
 in-process through the same code. Environment: BENCH_HTTP_SECONDS (default 10), BENCH_HTTP_CLIENTS
-(default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production).
+(default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production),
+BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads.
 """
 
 import http.client
@@ -36,6 +37,7 @@ SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "10"))
 CLIENTS = [int(n) for n in os.environ.get("BENCH_HTTP_CLIENTS", "8,32").split(",")]
 UID = 65534  # "nobody": exists everywhere, so munge accepts credentials made for it (as root)
 POOL = "bench-http"
+SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; "granian" to compare
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
 
@@ -247,8 +249,16 @@ def main() -> int:
 
     port = free_port()
     env = dict(os.environ, PORT=str(port), HOST="127.0.0.1", GRIDGATE_LOG_LEVEL="WARNING")
+    workers, threads = env.get("GRIDGATE_WEB_WORKERS", "2"), env.get("GRIDGATE_WEB_THREADS", "8")
+    if SERVER == "granian":  # the alternative measured for docs/deployment.md, same processes x threads
+        command = [
+            *(sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port)),
+            *("--workers", workers, "--blocking-threads", threads, "--backlog", "2048", "config.wsgi:application"),
+        ]
+    else:
+        command = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"],
+        command,
         cwd=ROOT,
         env=env,
         start_new_session=True,
@@ -261,9 +271,8 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.3)
-        workers, threads = env.get("GRIDGATE_WEB_WORKERS", "2"), env.get("GRIDGATE_WEB_THREADS", "8")
         print(
-            f"http_load: gunicorn gthread {workers} processes x {threads} threads, PostgreSQL, "
+            f"http_load: {SERVER} {workers} processes x {threads} threads, PostgreSQL, "
             f"{SECONDS:g} s per scenario, keep-alive clients (processes)"
         )
         # Warm-up, untimed: every server thread opens its database connection and imports what

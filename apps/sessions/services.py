@@ -75,7 +75,7 @@ def admit(*, user, resource_class: ResourceClass | QuerySet, slots: int = 1, ext
             if external_id and (locked.due_expiry or locked.same_job):
                 same = _existing(user, external_id)
                 if same is not None:
-                    return Admission(_same_or_conflict(same, locked, slots), False)
+                    return Admission(_same_or_conflict(same, locked.pk, slots), False)
             _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
             session = Session.objects.create(
                 user=user,
@@ -96,17 +96,14 @@ def admit(*, user, resource_class: ResourceClass | QuerySet, slots: int = 1, ext
         same = _existing(user, external_id) if external_id else None
         if same is None:
             raise
-        return Admission(_same_or_conflict(same, same.resource_class, slots, requested=classes), False)
+        return Admission(_same_or_conflict(same, classes.values_list("pk", flat=True).first(), slots), False)
 
 
 def _existing(user, external_id: str) -> Session | None:
     return Session.objects.active().filter(user=user, external_id=external_id).first()
 
 
-def _same_or_conflict(same: Session, resource_class: ResourceClass, slots: int, requested=None) -> Session:
-    class_id = resource_class.pk
-    if requested is not None:  # after an IntegrityError the requested class is known by its queryset only
-        class_id = requested.values_list("pk", flat=True).first()
+def _same_or_conflict(same: Session, class_id: int | None, slots: int) -> Session:
     if same.slots != slots or same.resource_class_id != class_id:
         raise SessionConflict(
             f"An active session ({same.id}) already exists for external id '{same.external_id}' with "
