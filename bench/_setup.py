@@ -7,8 +7,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def django_on_bench_database(name: str = "gridgate_bench") -> str | None:
-    """Point Django at ``<server>/<name>`` (created if missing) and migrate it.
+def django_on_bench_database(name: str | None = None) -> str | None:
+    """Point Django at ``<server>/<name>`` (created if missing) and migrate it; the name is
+    ``GRIDGATE_BENCH_DB`` (default ``gridgate_bench``), so parallel runs need not share one.
 
     Returns the psycopg conninfo, or None when no PostgreSQL is configured (the caller skips).
     """
@@ -18,6 +19,7 @@ def django_on_bench_database(name: str = "gridgate_bench") -> str | None:
         return None
     import psycopg
 
+    name = name or os.environ.get("GRIDGATE_BENCH_DB", "gridgate_bench")
     server = url.rsplit("/", 1)[0]
     with psycopg.connect(server + "/postgres", autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():

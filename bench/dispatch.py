@@ -1,6 +1,11 @@
-"""Per-dispatch cost against queue depth (SPEC §9): 1 000 vs 100 000 pending jobs in 1 000
-sessions, weighted_fair and fifo. The dispatch queries are index-backed, so the time per
-dispatch must not grow with the backlog (ratio ≤ 1.5) and the query count is constant."""
+"""Per-dispatch cost against queue depth and against history (SPEC §9).
+
+1. 1 000 vs 100 000 pending jobs in 1 000 sessions, weighted_fair and fifo: the dispatch
+   queries are index-backed, so the time per dispatch must not grow with the backlog.
+2. The same 1 000 pending jobs with no finished job vs 200 000 finished jobs on the device
+   (issue 12): dispatch, ``GET /devices/`` and ``devices_with_load`` must cost the same
+   (ratio ≤ 1.5), with a constant query count.
+"""
 
 import statistics
 import sys
@@ -11,6 +16,8 @@ from bench._setup import django_on_bench_database  # noqa: E402
 
 SESSIONS = 1000
 DISPATCHES = 200
+HISTORY = 200_000
+REQUESTS = 15
 
 
 def populate(pool, klass, user, per_session):
@@ -42,6 +49,64 @@ def populate(pool, klass, user, per_session):
                 Job.objects.bulk_create(batch)
                 batch = []
     Job.objects.bulk_create(batch)
+
+
+def add_history(pool, klass, user, device, rows):
+    """``rows`` finished jobs that ran on ``device``, in one ended session."""
+    from django.utils import timezone
+
+    from apps.scheduling.models import Job, JobStatus
+    from apps.sessions.models import Session
+
+    now = timezone.now()
+    old = Session.objects.create(
+        user=user,
+        resource_class=klass,
+        pool=pool,
+        status="revoked",
+        revoked_at=now,
+        created_at=now,
+        last_activity_at=now,
+        expires_at=now,
+        idle_expires_at=now,
+    )
+    for start in range(0, rows, 20000):
+        Job.objects.bulk_create(
+            Job(
+                session=old,
+                pool=pool,
+                user=user,
+                payload={},
+                shots=1,
+                created_at=now,
+                finished_at=now,
+                status=JobStatus.COMPLETED,
+                device=device,
+            )
+            for _ in range(min(20000, rows - start))
+        )
+
+
+def measure_reads(client):
+    """``GET /devices/`` through the full stack and ``devices_with_load`` alone."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.scheduling import selectors
+
+    api_times, load_times, queries = [], [], set()
+    for _ in range(REQUESTS):
+        connection.queries_log.clear()
+        with CaptureQueriesContext(connection) as ctx:
+            start = time.perf_counter()
+            response = client.get("/api/v1/devices/")
+            api_times.append(time.perf_counter() - start)
+        assert response.status_code == 200, response.content[:300]
+        queries.add(len(ctx))
+        start = time.perf_counter()
+        list(selectors.devices_with_load())
+        load_times.append(time.perf_counter() - start)
+    return statistics.median(api_times), statistics.median(load_times), sorted(queries)
 
 
 def measure(pool_id):
@@ -77,7 +142,8 @@ def main() -> int:
 
     user, _ = get_user_model().objects.get_or_create(username="bench")
     print(f"dispatch: {SESSIONS} sessions, median of {DISPATCHES} dispatches (dispatch_once, no driver call)")
-    for strategy in ("weighted_fair", "fifo"):
+    # ``--history``: only part 2 (the backlog part populates 200 000 rows twice).
+    for strategy in () if "--history" in sys.argv else ("weighted_fair", "fifo"):
         results = {}
         for per_session in (1, 100):
             Job.objects.all().delete()
@@ -96,10 +162,74 @@ def main() -> int:
             f"{SESSIONS * 100:>7,} pending {big_t * 1000:6.2f} ms/dispatch; ratio {big_t / small_t:.2f} "
             f"(target <= 1.5); queries/dispatch {sorted(set(small_q))} vs {sorted(set(big_q))}"
         )
+    history(user)
     Job.objects.all().delete()
     Session.objects.all().delete()
     ResourcePool.objects.filter(name__startswith="bench-").delete()
     return 0
+
+
+def history(user) -> None:
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from rest_framework.test import APIClient
+
+    from apps.resources.models import ResourceClass, ResourcePool
+    from apps.scheduling.models import Device, Job
+    from apps.sessions.models import Session
+
+    staff, _ = get_user_model().objects.get_or_create(username="bench-staff", defaults={"is_staff": True})
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    client = APIClient()
+    client.force_authenticate(staff)
+    results = {}
+    for rows in (0, HISTORY):
+        Job.objects.all().delete()
+        Session.objects.all().delete()
+        ResourcePool.objects.filter(name__startswith="bench-").delete()
+        pool = ResourcePool.objects.create(name="bench-history", kind="local", strategy="weighted_fair")
+        klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+        device = Device.objects.create(pool=pool, name="d", driver="fake", max_concurrent_jobs=1)
+        add_history(pool, klass, user, device, rows)
+        populate(pool, klass, user, 1)
+        targeted = Session.objects.filter(pool=pool, status="active").first()
+        Job.objects.bulk_create(  # the issue's 50 targeted pending jobs
+            Job(
+                session=targeted,
+                pool=pool,
+                user=user,
+                payload={},
+                shots=1,
+                created_at=targeted.created_at,
+                target_device=device,
+            )
+            for _ in range(50)
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE scheduling_job; ANALYZE compute_sessions_session")
+        reads = measure_reads(client)
+        results[rows] = (measure(pool.pk), reads)
+    ((none_t, none_q), (none_api, none_load, none_rq)), ((hist_t, hist_q), (hist_api, hist_load, hist_rq)) = (
+        results[0],
+        results[HISTORY],
+    )
+    print(
+        f"history: {SESSIONS:,} pending jobs (50 naming the device), no finished job vs {HISTORY:,} "
+        "finished jobs on the device"
+    )
+    print(
+        f"  dispatch_once     : {none_t * 1000:7.2f} ms vs {hist_t * 1000:7.2f} ms; ratio {hist_t / none_t:.2f} "
+        f"(target <= 1.5); queries {sorted(set(none_q))} vs {sorted(set(hist_q))}"
+    )
+    print(
+        f"  GET /devices/     : {none_api * 1000:7.2f} ms vs {hist_api * 1000:7.2f} ms; "
+        f"ratio {hist_api / none_api:.2f} (target <= 1.5); queries {none_rq} vs {hist_rq}"
+    )
+    print(
+        f"  devices_with_load : {none_load * 1000:7.2f} ms vs {hist_load * 1000:7.2f} ms; "
+        f"ratio {hist_load / none_load:.2f} (target <= 1.5)"
+    )
 
 
 if __name__ == "__main__":

@@ -203,6 +203,10 @@ GRIDGATE_CASE_LEASE_SECONDS = env_int("GRIDGATE_CASE_LEASE_SECONDS", 120, minimu
 GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
 GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
 GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
+# R-CASE-8: the unprivileged account unlinked users' cases run as on pools that allow it, and how
+# long a cancelled local case gets between SIGTERM and SIGKILL (docs/operations.md).
+GRIDGATE_SANDBOX_USER = env_str("GRIDGATE_SANDBOX_USER", "gridgate-sandbox")
+GRIDGATE_CASE_CANCEL_GRACE_SECONDS = env_int("GRIDGATE_CASE_CANCEL_GRACE_SECONDS", 10, minimum=0)
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on

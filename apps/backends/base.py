@@ -82,6 +82,31 @@ class Check:
     message: str
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """The Unix account a case's command runs as (R-CASE-8), resolved by the core at launch.
+
+    ``owner``: the case owner's linked account; ``sandbox``: the pool's unprivileged sandbox
+    account (unlinked users, where the pool allows it); ``trusted``: the service's own account,
+    no switch (a non-public demo pool only). ``uid``/``gid`` are None only for ``trusted``.
+    """
+
+    OWNER = "owner"
+    SANDBOX = "sandbox"
+    TRUSTED = "trusted"
+
+    mode: str
+    uid: int | None = None
+    gid: int | None = None
+    name: str = ""
+    home: str = ""
+    network: bool = True
+
+    @property
+    def switches(self) -> bool:
+        return self.mode != self.TRUSTED
+
+
 @dataclass
 class SubmitSpec:
     """Everything a backend needs to start a case. Built by the core from the case and its class.
@@ -101,6 +126,9 @@ class SubmitSpec:
     launch_options: dict[str, Any]
     observability_globs: list[str]
     shared_dir: Path | None = None
+    #: who the command runs as (R-CASE-8); None for backends that run nothing on this host's
+    #: accounts (FirecREST, Qarnot: the provider's own account runs it).
+    run_as: RunAs | None = None
     #: set by the core: renews the launch lease. A backend whose submission takes long (uploads)
     #: calls :meth:`heartbeat` between steps, so no other worker takes the launch over and
     #: submits a second job (R-CASE-1). Raises :class:`LeaseLost` when the launch is no longer
@@ -138,6 +166,13 @@ class SubmitUncertain(BackendError):
     one (R-CASE-1)."""
 
 
+class SubmitDeferred(SubmitUncertain):
+    """The provider refused the submission for now and created nothing (Qarnot's 403 "maximum
+    number of tasks reached"): a temporary refusal, not a failure. The core keeps the case
+    prepared and retries later exactly as for an uncertain submission (its ``find`` finds
+    nothing, then it submits)."""
+
+
 class LeaseLost(BackendError):
     """The launch lease was taken over (it expired, or the case was cancelled) while this worker
     was preparing the submission: it must stop without submitting."""
@@ -153,6 +188,9 @@ class ExecutionBackend(ABC):
     call site with :func:`apps.backends.registry.get_backend`."""
 
     name: str = ""
+    #: True for backends that run the command under a Unix account of this site (local, Slurm):
+    #: the core resolves a :class:`RunAs` for them and refuses the launch without one (R-CASE-8).
+    runs_as_user: bool = False
     #: pool kinds this backend can serve (the registry decides which one actually does).
     kinds: tuple[str, ...] = ()
 
@@ -193,6 +231,14 @@ class ExecutionBackend(ABC):
     @abstractmethod
     def cancel(self, job: JobRef) -> None:
         """Stop the job. Raise AlreadyFinished when it had already ended."""
+
+    def purge(self, job: JobRef) -> None:
+        """Remove what a finished case left on the provider's side (buckets, run directories),
+        called by ``manage.py cleanup`` once the case is past the retention (SPEC §8). Must be
+        idempotent: purging twice, or a case whose submission never reached the provider, is no
+        error. ``job.remote_id`` may be empty (a launch that failed after uploading). The default:
+        nothing kept remotely."""
+        return None
 
     def launch_options(self, pool) -> LaunchOptions:
         return LaunchOptions()

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from apps.backends.base import BackendError
@@ -54,9 +55,103 @@ def walk_files(root: Path, *, skip_top: tuple[str, ...] = ()):
             yield rel, path
 
 
-def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None) -> Path:
+# -- reading a tree the command owns (R-CASE-8) ------------------------------------------------------
+# The command's working directory belongs to its account, which may swap any file or directory
+# for a symlink at any moment (e.g. between a check and an open). Everything read from it goes
+# through directory file descriptors (``os.fwalk``) and ``O_NOFOLLOW`` opens, so no path is ever
+# resolved twice and no symlink is followed, whoever the service runs as.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path, *, dir_fd: int | None = None) -> int | None:
+    """An fd on ``path`` if it is a regular file reached without following a symlink, else None
+    (a symlink, a FIFO, a device, a directory, or nothing there)."""
+    try:
+        fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError:  # ELOOP: a symlink; ENOENT; ENXIO: a socket…
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_for_write(path: Path, flags: int = _WRITE_FLAGS) -> int:
+    """Open a file the service writes in a workspace; never through a symlink planted there."""
+    return os.open(path, flags, 0o600)
+
+
+def _untrusted_files(root: Path, skip_top: tuple[str, ...] = ()):
+    """(relative path, directory fd, name) of the regular-looking entries under ``root``, walked
+    through directory fds without following any symlink (``root`` itself included)."""
+    try:
+        top = os.lstat(root)
+    except OSError:
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        return  # missing, or replaced by a symlink
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
+        rel_dir = Path(dirpath).relative_to(root)
+        if rel_dir == Path("."):
+            dirnames[:] = [d for d in dirnames if d not in skip_top]
+            filenames = [f for f in filenames if f not in skip_top]
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield (rel_dir / name).as_posix(), dir_fd, name
+
+
+def _hash_fd(fd: int) -> str:
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy_fd_to(fd: int, target: Path) -> None:
+    """Write the content of ``fd`` to ``target`` through a temporary name and a rename, so a
+    failure midway leaves complete files only (the caller's retry rewrites the rest)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.part")
+    os.lseek(fd, 0, os.SEEK_SET)
+    out = open_for_write(tmp)
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            os.write(out, chunk)
+    finally:
+        os.close(out)
+    os.replace(tmp, target)
+
+
+def _inside(root: Path, target: Path) -> bool:
+    """``target``'s directory resolves inside ``root`` (nothing planted in the service's own
+    workspace can redirect a write out of it)."""
+    return target.parent.resolve().is_relative_to(root.resolve())
+
+
+def give_to(path: Path, run_as) -> None:
+    """R-CASE-8: hand a freshly built tree (no symlinks but ours) to the account that runs the
+    command, mode 0700 at the top: the command owns its working directory and nobody else reads it."""
+    if run_as is None or not run_as.switches:
+        return
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
+    os.lchown(path, run_as.uid, run_as.gid)
+    os.chmod(path, 0o700)
+
+
+def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run_as=None, shared="link") -> Path:
     """Copy the inputs into ``run_dir/work`` (a scratch copy: the case's ``inputs/`` stay as
-    uploaded) and record their hashes. Returns the working directory."""
+    uploaded) and record their hashes. Returns the working directory.
+
+    ``shared``: how the campaign's shared inputs appear as ``work/shared``: ``"link"`` (a symlink,
+    for a command that can reach the cases root), ``"copy"`` (a command running as a user account
+    cannot, R-CASE-8) or ``"mount"`` (the backend binds it there itself). ``run_as``: the account
+    the work directory is handed to.
+    """
     work = run_dir / "work"
     if work.exists():
         shutil.rmtree(work)
@@ -68,20 +163,23 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None) -> Pat
         shutil.copy2(path, target)
         manifest[rel] = _hash(target)
     if shared_dir is not None and shared_dir.is_dir():
-        (work / "shared").symlink_to(shared_dir.resolve(), target_is_directory=True)
+        if shared == "link":
+            (work / "shared").symlink_to(shared_dir.resolve(), target_is_directory=True)
+        elif shared == "copy":
+            shutil.copytree(shared_dir, work / "shared", symlinks=False)
+        else:
+            (work / "shared").mkdir()
     (work / ".gridgate").mkdir(exist_ok=True)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    give_to(work, run_as)
     return work
 
 
 def copy_results(run_dir: Path, results: Path) -> list[str]:
-    """Copy every file the command created or changed into ``results/``; idempotent on retry.
-
-    Each file is written to a temporary name and renamed, so a failure midway leaves complete
-    files only, and the caller's retry rewrites the rest.
-    """
+    """Copy every regular file the command created or changed into ``results/``; idempotent on
+    retry. The working directory is the command's: nothing in it is followed (R-CASE-8)."""
     work = run_dir / "work"
-    if not work.is_dir():
+    if not os.path.isdir(work) or os.path.islink(work):
         raise BackendError(f"the working directory {work} is gone: results cannot be fetched")
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -89,31 +187,43 @@ def copy_results(run_dir: Path, results: Path) -> list[str]:
         raise BackendError(f"cannot read the inputs manifest of {run_dir}: {exc}") from None
     results.mkdir(parents=True, exist_ok=True)
     copied = []
-    for rel, path in walk_files(work, skip_top=NOT_RESULTS):
-        if manifest.get(rel) == _hash(path):
+    for rel, dir_fd, name in _untrusted_files(work, NOT_RESULTS):
+        fd = open_regular(name, dir_fd=dir_fd)
+        if fd is None:
             continue
-        target = results / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, target)
+        try:
+            if manifest.get(rel) == _hash_fd(fd):
+                continue
+            target = results / rel
+            if not _inside(results, target):
+                continue
+            _copy_fd_to(fd, target)
+        finally:
+            os.close(fd)
         copied.append(rel)
     return copied
 
 
 def sync_live(work: Path, live: Path, globs: list[str]) -> list[str]:
     """Copy the files matching ``globs`` (relative to the working directory) and the progress
-    marker into ``live/``."""
+    marker into ``live/``, following no symlink of the command's (R-CASE-8)."""
     patterns = list(globs or []) + [PROGRESS_FILE]
     copied = []
-    for rel, path in walk_files(work, skip_top=("shared",)):
+    for rel, dir_fd, name in _untrusted_files(work, ("shared",)):
         if not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
             continue
         target = live / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, target)
+        live.mkdir(parents=True, exist_ok=True)
+        fd = open_regular(name, dir_fd=dir_fd)
+        if fd is None:
+            continue
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not _inside(live, target):
+                continue
+            _copy_fd_to(fd, target)
+        finally:
+            os.close(fd)
         copied.append(rel)
     return copied
 
@@ -126,9 +236,10 @@ def base_environment(names=INHERITED_ENVIRONMENT) -> dict[str, str]:
 
 
 def case_environment(spec) -> dict[str, str]:
-    """A case command's whole environment: :func:`base_environment`, the launch specification's
-    environment and ``GRIDGATE_CASE_ID``; nothing else from the worker."""
-    env = base_environment()
+    """A case command's whole environment: a minimal PATH, the launch specification's
+    environment and ``GRIDGATE_CASE_ID``; nothing from the worker, not even its PATH or HOME
+    (R-BACK-1, R-CASE-8)."""
+    env = {"PATH": DEFAULT_PATH}
     env.update({str(name): str(value) for name, value in (spec.environment or {}).items()})
     env["GRIDGATE_CASE_ID"] = spec.case_id
     return env
@@ -141,23 +252,28 @@ def read_delta(source: Path, already: Path, *, limit: int | None = 4 << 20) -> s
     last one stopped. ``surrogateescape`` round-trips bytes that are not UTF-8 (and a character
     cut at the boundary) unchanged. ``limit`` bounds one read (a chatty job is caught up over
     several polls); ``None`` drains everything, for the last poll of a finished job (R-CASE-5).
+    Neither file is read through a symlink (R-CASE-8): a planted link reads as nothing.
     """
     try:
-        offset = already.stat().st_size
+        offset = os.lstat(already).st_size if not os.path.islink(already) else 0
     except FileNotFoundError:
         offset = 0
-    try:
-        with source.open("rb") as handle:
-            handle.seek(offset)
-            data = handle.read() if limit is None else handle.read(limit)
-    except FileNotFoundError:
+    fd = open_regular(source)
+    if fd is None:
         return ""
+    with os.fdopen(fd, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read() if limit is None else handle.read(limit)
     return data.decode("utf-8", "surrogateescape")
 
 
 def read_progress(path: Path) -> float | None:
+    fd = open_regular(path)
+    if fd is None:
+        return None
     try:
-        value = float(path.read_text().strip().split()[0])
+        with os.fdopen(fd, "rb") as handle:
+            value = float(handle.read(64).decode("ascii", "replace").strip().split()[0])
     except (OSError, ValueError, IndexError):
         return None
     if value != value or value < 0:  # NaN or negative: ignore a garbled marker

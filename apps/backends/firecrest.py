@@ -77,10 +77,41 @@ _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
 
 
+#: pyfirecrest reuses a token until this many seconds before it expires. The real server refuses
+#: a token with less than 30 s left (401 "expires too soon"); the SDK's default of 10 s made a
+#: call fail in every token cycle. 60 s leaves room for the request itself.
+MIN_TOKEN_VALIDITY = 60
+
+
 class ProviderError(BackendError):
-    def __init__(self, message: str, status: int | None = None):
+    """A FirecREST call failed. The facts a caller decides on are attributes set where the SDK's
+    exception is caught (never read back from the message):
+
+    - ``status``: the HTTP status, or None when no answer came;
+    - ``timeout``: no answer within ``TIMEOUT``: the request may have been carried out;
+    - ``dropped``: the connection was lost after the request was sent: it may have been carried out;
+    - ``permanent``: retrying the same call will not help (a 4xx refusal).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        *,
+        timeout: bool = False,
+        dropped: bool = False,
+        permanent: bool = False,
+    ):
         super().__init__(message)
         self.status = status
+        self.timeout = timeout
+        self.dropped = dropped
+        self.permanent = permanent
+
+    @property
+    def maybe_done(self) -> bool:
+        """The request may have reached the server and been carried out (R-CASE-1)."""
+        return self.timeout or self.dropped or self.status in (502, 503, 504)
 
 
 def _sdk():
@@ -167,7 +198,9 @@ class Session:
             with _clients_lock:
                 client = _clients.get(key)
                 if client is None:
-                    auth = firecrest.ClientCredentialsAuth(client_id, secret, self.remote.get("token_uri"))
+                    auth = firecrest.ClientCredentialsAuth(
+                        client_id, secret, self.remote.get("token_uri"), min_token_validity=MIN_TOKEN_VALIDITY
+                    )
                     auth.timeout = TIMEOUT
                     client = Firecrest(firecrest_url=self.api_url, authorization=auth)
                     client.timeout = TIMEOUT
@@ -177,15 +210,27 @@ class Session:
         return self._client
 
     def call(self, what: str, method: str, *args, **kwargs):
-        """Call the SDK; every failure becomes a ProviderError whose message is safe to show."""
+        """Call the SDK; every failure becomes a ProviderError whose message is safe to show.
+
+        A 401 from the API (not from the token endpoint) is retried once with a fresh token: the
+        real server refuses a token with less than 30 s left ("expires too soon"), a refusal
+        that happens before anything is done, so the retry is safe even for a submission."""
         client = self.client
-        try:
-            return getattr(client, method)(*args, **kwargs)
-        except BackendError:
-            raise
-        except Exception as exc:
-            status, detail = describe(exc)
-            raise ProviderError(scrub(f"FirecREST {what} failed: {detail}", self.secrets), status) from None
+        for attempt in (1, 2):
+            try:
+                return getattr(client, method)(*args, **kwargs)
+            except BackendError:
+                raise
+            except Exception as exc:
+                error = provider_error(exc, f"FirecREST {what} failed", self.secrets)
+                if error.status == 401 and not error.permanent and attempt == 1:
+                    _forget_token(client)
+                    for arg in args:  # an in-memory upload is sent again from its start
+                        if hasattr(arg, "seek"):
+                            arg.seek(0)
+                    continue
+                raise error from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @property
     def working_root(self) -> str:
@@ -198,36 +243,64 @@ class Session:
         return posixpath.join(self.working_root, case_id)
 
 
-def describe(exc: Exception) -> tuple[int | None, str]:
-    """(HTTP status, message) for an SDK or transport exception, without request headers."""
+def provider_error(exc: Exception, prefix: str, secrets: list[str]) -> ProviderError:
+    """The ProviderError for an SDK or transport exception: the facts as attributes, a message
+    without request headers or credential values (R-BACK-1)."""
     import httpx
     import requests
 
     firecrest, _ = _sdk()
+    status, facts = None, {}
     if isinstance(exc, firecrest.ClientsCredentialsException):
         status = exc.responses[-1].status_code if exc.responses else None
-        return status, f"the token endpoint refused the client credentials (HTTP {status}): check them"
-    if isinstance(exc, firecrest.FirecrestException):
+        detail = f"the token endpoint refused the client credentials (HTTP {status}): check them"
+        facts["permanent"] = status is not None and 400 <= status < 500
+        status = None  # the token endpoint's status is not the API's: never retried as a 401
+    elif isinstance(exc, firecrest.FirecrestException):
         response = exc.responses[-1] if exc.responses else None
         if response is None:
-            return None, type(exc).__name__
-        try:
-            body = response.json()
-            detail = body.get("message") or body.get("description") or json.dumps(body)[:300]
-        except ValueError:
-            detail = response.text[:300]
-        return response.status_code, f"HTTP {response.status_code}: {detail}"
-    if isinstance(exc, httpx.TimeoutException | requests.Timeout):
-        return None, f"no answer within {TIMEOUT:g} s (timeout)"
-    if isinstance(exc, httpx.TransportError | requests.ConnectionError):
-        return None, f"cannot connect ({type(exc).__name__})"
-    if isinstance(exc, firecrest.NotImplementedOnAPIversion):
-        return None, f"not supported by this FirecREST version: {exc}"
-    return None, f"{type(exc).__name__}: {exc}"
+            detail = type(exc).__name__
+        else:
+            status = response.status_code
+            try:
+                body = response.json()
+                text = body.get("message") or body.get("description") or json.dumps(body)[:300]
+            except ValueError:
+                text = response.text[:300]
+            detail = f"HTTP {status}: {text}"
+            facts["permanent"] = 400 <= status < 500 and status not in (401, 404, 408, 429)
+    elif isinstance(exc, httpx.ConnectTimeout | requests.ConnectTimeout):
+        detail = f"cannot connect within {TIMEOUT:g} s (timeout)"  # nothing was sent
+    elif isinstance(exc, httpx.TimeoutException | requests.Timeout):
+        detail = f"no answer within {TIMEOUT:g} s (timeout)"
+        facts["timeout"] = True
+    elif isinstance(exc, httpx.ConnectError | requests.ConnectionError):
+        detail = f"cannot connect ({type(exc).__name__})"  # refused before anything was sent
+    elif isinstance(exc, httpx.TransportError):
+        # RemoteProtocolError/ReadError/WriteError: the connection was lost with the request
+        # (partly) sent; the server may have carried it out.
+        detail = f"the connection was lost before the answer ({type(exc).__name__})"
+        facts["dropped"] = True
+    elif isinstance(exc, firecrest.NotImplementedOnAPIversion):
+        detail = f"not supported by this FirecREST version: {exc}"
+        facts["permanent"] = True
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    return ProviderError(scrub(f"{prefix}: {detail}", secrets), status, **facts)
 
 
-def _is_timeout(exc: ProviderError) -> bool:
-    return exc.status is None and "timeout" in str(exc)
+def describe(exc: Exception) -> tuple[int | None, str]:
+    """(HTTP status, message) for an SDK or transport exception, without request headers."""
+    error = provider_error(exc, "FirecREST", [])
+    return error.status, str(error).removeprefix("FirecREST: ")
+
+
+def _forget_token(client) -> None:
+    """Make pyfirecrest ask the token endpoint again at the next call."""
+    auth = getattr(client, "_authorization", None)
+    if auth is not None and hasattr(auth, "_token_expiration_ts"):
+        auth._access_token = None
+        auth._token_expiration_ts = None
 
 
 class FirecrestBackend(ExecutionBackend):
@@ -253,10 +326,14 @@ class FirecrestBackend(ExecutionBackend):
         except BackendError:
             raise
         except Exception as exc:
-            status, detail = describe(exc)
-            if status == 404:
+            error = provider_error(exc, "FirecREST job lookup failed", session.secrets)
+            if error.status == 404:
                 return None
-            raise ProviderError(scrub(f"FirecREST job lookup failed: {detail}", session.secrets), status) from None
+            if error.status == 401 and not error.permanent:  # "expires too soon": once more, fresh
+                _forget_token(session.client)
+                jobs = session.call("job lookup", "job_info", session.system, name=case_id)
+            else:
+                raise error from None
         ids = [str(job.get("jobId")) for job in jobs or [] if job.get("name") == case_id and job.get("jobId")]
         ids = [i for i in ids if i.isdigit()]
         return f"{max(ids, key=int)}@{session.system}" if ids else None
@@ -352,7 +429,7 @@ class FirecrestBackend(ExecutionBackend):
         try:
             answer = session.call("job submission", "submit", session.system, working_dir=work, script_str=script)
         except ProviderError as exc:
-            if not _is_timeout(exc) and exc.status not in (502, 503, 504):
+            if not exc.maybe_done:
                 raise
             # The request may have reached Slurm: adopt the job if it is there (R-CASE-1).
             for attempt in range(FIND_AFTER_TIMEOUT_ATTEMPTS):
@@ -390,25 +467,28 @@ class FirecrestBackend(ExecutionBackend):
             out.update(self._poll_group(session, group))
         return out
 
-    def _poll_group(self, session: Session, group: list[JobRef]) -> dict[str, BackendState | Exception]:
+    def _poll_group(self, session: Session, group: list[JobRef], *, output: bool = True):
         try:
             listing = session.call("job listing", "job_info", session.system)  # the one status call
         except BackendError as exc:
             return {job.remote_id: exc for job in group}
-        known = {str(entry.get("jobId")): entry for entry in listing or []}
         out: dict[str, BackendState | Exception] = {}
         for job in group:
-            job_id, _system = split_remote_id(job.remote_id, session.system)
             try:
-                entry = known.get(job_id)
-                if entry is None or entry.get("name") != job.case_id:
+                entry = _entry_for(listing, job, session.system)
+                if entry is None:
                     entry = self._lookup_one(session, job)
-                out[job.remote_id] = self._state(session, job, entry)
+                if entry is ALLOCATION:
+                    # Only the allocation record is visible: nothing new, not a failed poll. The
+                    # core never moves a running case back to pending, so no state regresses.
+                    out[job.remote_id] = BackendState(status=BackendStatus.PENDING)
+                else:
+                    out[job.remote_id] = self._state(session, job, entry, output=output)
             except Exception as exc:  # one bad job must not fail the others' polls
                 out[job.remote_id] = exc
         return out
 
-    def _lookup_one(self, session: Session, job: JobRef) -> dict:
+    def _lookup_one(self, session: Session, job: JobRef):
         job_id, _system = split_remote_id(job.remote_id, session.system)
         try:
             entries = session.call(f"lookup of job {job_id}", "job_info", session.system, job_id)
@@ -417,12 +497,14 @@ class FirecrestBackend(ExecutionBackend):
                 # Right after submit FirecREST may not know the job yet: a failed poll (R-CASE-3).
                 raise BackendError(f"FirecREST does not know job {job_id} (yet)") from None
             raise
-        for entry in entries or []:
-            if str(entry.get("jobId")) == job_id and entry.get("name") in (job.case_id, None):
-                return entry
-        raise BackendError(f"FirecREST does not list job {job_id} for case {job.case_id}")
+        entry = _entry_for(entries, job, session.system)
+        if entry is None:
+            # A job that has just finished can be missing for ~3 s (slurmctld has let it go and
+            # accounting has not caught up): a failed poll, never a state (R-CASE-3).
+            raise BackendError(f"FirecREST does not list job {job_id} for case {job.case_id} (yet)")
+        return entry
 
-    def _state(self, session: Session, job: JobRef, entry: dict) -> BackendState:
+    def _state(self, session: Session, job: JobRef, entry: dict, *, output: bool = True) -> BackendState:
         status_info = entry.get("status") or {}
         raw = status_info.get("state")
         exit_code = status_info.get("exitCode")
@@ -431,11 +513,12 @@ class FirecrestBackend(ExecutionBackend):
         if isinstance(elapsed, str):
             elapsed = parse_elapsed(elapsed)
         stdout = stderr = ""
-        if status != BackendStatus.PENDING:
+        if status != BackendStatus.PENDING and output:
             rdir = session.run_dir(job.case_id)
+            final = status in BackendStatus.TERMINAL
             try:
-                stdout = self._delta(session, posixpath.join(rdir, "stdout"), job.workspace / "stdout.log")
-                stderr = self._delta(session, posixpath.join(rdir, "stderr"), job.workspace / "stderr.log")
+                stdout = self._delta(session, posixpath.join(rdir, "stdout"), job.workspace / "stdout.log", final)
+                stderr = self._delta(session, posixpath.join(rdir, "stderr"), job.workspace / "stderr.log", final)
             except BackendError:
                 if status in BackendStatus.TERMINAL:
                     raise  # the last output must be caught up before the case ends
@@ -457,14 +540,21 @@ class FirecrestBackend(ExecutionBackend):
             message=message,
         )
 
-    def _delta(self, session: Session, remote_path: str, local_log: Path) -> str:
+    def _delta(self, session: Session, remote_path: str, local_log: Path, final: bool = False) -> str:
+        """The remote file past the bytes the workspace log already has (R-CASE-5).
+
+        The server runs ``tail --bytes=+N``: a 1-based start (``+1`` is the whole file) and
+        ``bytes=0`` drops the option (the last 10 lines). So the 0-based offset ``k`` is asked
+        as ``k + 1``. The content comes back as text: a multi-byte character cut at the end of
+        the file (still being written) arrives as U+FFFD; it is left for the next poll, which
+        starts at its first byte, except in the last poll of a finished job."""
         try:
             offset = local_log.stat().st_size
         except FileNotFoundError:
             offset = 0
         try:
             text = session.call(
-                "output tail", "tail", session.system, remote_path, num_bytes=offset, exclude_beginning=True
+                "output tail", "tail", session.system, remote_path, num_bytes=offset + 1, exclude_beginning=True
             )
         except ProviderError as exc:
             if exc.status == 404:
@@ -472,7 +562,10 @@ class FirecrestBackend(ExecutionBackend):
             raise
         if isinstance(text, dict):  # some API versions wrap the content
             text = text.get("content", "")
-        return str(text or "")[:MAX_DELTA_CHARS]
+        text = str(text or "")[:MAX_DELTA_CHARS]
+        if not final or len(text) == MAX_DELTA_CHARS:
+            text = text.rstrip("\ufffd")
+        return text
 
     # -- files --------------------------------------------------------------------------------
     def _walk(self, session: Session, root: str, skip_top: tuple[str, ...]):
@@ -506,15 +599,21 @@ class FirecrestBackend(ExecutionBackend):
         for rel, entry in self._walk(session, work, ("shared",)):
             if not glob_matches(rel, globs):
                 continue
-            size = int(entry.get("size") or 0)
+            size = _size(entry)
             stamp = [size, str(entry.get("lastModified") or "")]
             target = confined_target(live, rel)
             if target is None or size > LIVE_MAX_BYTES:
                 continue
-            if seen.get(rel) == stamp and target.exists():
-                continue  # unchanged since the last sync: not downloaded again
-            self._download(session, posixpath.join(work, rel), target)
-            seen[rel] = stamp
+            source = posixpath.join(work, rel)
+            known = seen.get(rel)
+            if known and known[:2] == stamp and target.exists():
+                # Sizes and one-second mtimes miss a same-size rewrite within a second: the
+                # remote checksum decides (one call, no download when unchanged).
+                answer = session.call(f"checksum of {rel}", "checksum", session.system, source)
+                if isinstance(answer, dict) and answer.get("checksum") == (known[2:] or [None])[0]:
+                    continue
+            self._download(session, source, target)
+            seen[rel] = [*stamp, files._hash(target)]
         _save_state(job.workspace, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
@@ -525,7 +624,7 @@ class FirecrestBackend(ExecutionBackend):
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
         for rel, entry in self._walk(session, work, files.NOT_RESULTS):
-            size = int(entry.get("size") or 0)
+            size = _size(entry)
             known = manifest.get(rel)
             if known and known[0] == size:
                 answer = session.call(f"checksum of {rel}", "checksum", session.system, posixpath.join(work, rel))
@@ -547,18 +646,39 @@ class FirecrestBackend(ExecutionBackend):
 
     # -- cancel --------------------------------------------------------------------------------
     def cancel(self, job: JobRef) -> None:
+        """Cancel straight away (one call). The real server answers a finished or unknown job
+        with 500 and scancel's message ("Job/step already completing or complete", "Invalid job
+        id specified"), older ones with 404: the job's state then decides whether it had already
+        ended (R-CASE-6); its output is not read here, so the next poll still brings all of it."""
         session = Session(job.pool_remote)
         job_id, session.system = split_remote_id(job.remote_id, session.system)
-        state = self._poll_group(session, [job])[job.remote_id]
-        if isinstance(state, BackendState) and state.status in BackendStatus.TERMINAL:
-            raise AlreadyFinished(f"Slurm job {job_id} already ended")
         try:
             session.call(f"cancel of job {job_id}", "cancel_job", session.system, job_id)
+            return
         except ProviderError as exc:
-            if exc.status == 404:
-                # FirecREST answers 404 for a job Slurm no longer holds: it has finished.
-                raise AlreadyFinished(f"Slurm job {job_id} already ended") from None
-            raise
+            if exc.status not in (404, 500):
+                raise
+            refused = exc
+        state = self._poll_group(session, [job], output=False)[job.remote_id]
+        if isinstance(state, BackendState) and state.status in BackendStatus.TERMINAL:
+            raise AlreadyFinished(f"Slurm job {job_id} already ended")
+        raise refused
+
+    def purge(self, job: JobRef) -> None:
+        """``<working_root>/<case id>`` goes (SPEC §8, ``manage.py cleanup``). Idempotent: when
+        the removal is refused, a stat that answers 404 means it was already gone."""
+        session = Session(job.pool_remote)
+        session.system = split_remote_id(job.remote_id, session.system)[1]
+        rdir = session.run_dir(job.case_id)
+        try:
+            session.call(f"removal of {rdir}", "rm", session.system, rdir)
+        except ProviderError as exc:
+            try:
+                session.call(f"stat of {rdir}", "stat", session.system, rdir)
+            except ProviderError as gone:
+                if gone.status == 404:
+                    return
+            raise exc from None
 
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:
@@ -630,11 +750,19 @@ class FirecrestBackend(ExecutionBackend):
                 )
             )
             return checks
-        health = (system.get("servicesHealth") or [{}])[0] if isinstance(system.get("servicesHealth"), list) else {}
-        healthy = health.get("healthy", True) is not False
-        checks.append(
-            Check("system", healthy, f"system {session.system} " + ("is up" if healthy else "reports unhealthy"))
-        )
+        # servicesHealth is a list (scheduler, ssh, filesystem…): any entry may be the sick one.
+        health = system.get("servicesHealth")
+        entries = [h for h in health if isinstance(h, dict)] if isinstance(health, list) else []
+        sick = [h for h in entries if h.get("healthy") is False]
+        if sick:
+            detail = "; ".join(
+                f"{h.get('serviceType') or 'service'}" + (f" ({h['message']})" if h.get("message") else "")
+                for h in sick
+            )
+            message = scrub(f"system {session.system} reports unhealthy: {detail}", session.secrets)
+        else:
+            message = f"system {session.system} is up ({len(entries)} service(s) healthy)"
+        checks.append(Check("system", not sick, message))
         partition = session.remote.get("partition")
         if partition:
             try:
@@ -662,6 +790,34 @@ class FirecrestBackend(ExecutionBackend):
             except BackendError as exc:
                 checks.append(Check("working_root", False, f"{exc}: fix remote.working_root"))
         return checks
+
+
+#: the allocation record FirecREST/sacct shows for a running job (name "allocation", PENDING)
+ALLOCATION = object()
+
+
+def _entry_for(entries, job: JobRef, system: str):
+    """The record of ``job`` in a job listing, matched by id (names are not unique and the
+    allocation record has none of ours): the entry, ``ALLOCATION`` when only the allocation
+    record is there, or None."""
+    job_id, _system = split_remote_id(job.remote_id, system)
+    mine = [e for e in entries or [] if isinstance(e, dict) and str(e.get("jobId")) == job_id]
+    for entry in mine:
+        if entry.get("name") in (job.case_id, None):
+            return entry
+    if any(entry.get("name") == "allocation" for entry in mine):
+        return ALLOCATION
+    if mine:
+        raise BackendError(f"FirecREST job {job_id} is not case {job.case_id}'s job (its name differs)")
+    return None
+
+
+def _size(entry: dict) -> int:
+    """A listing's size: the real server sends a string ("12")."""
+    try:
+        return int(str(entry.get("size") or 0).strip())
+    except ValueError:
+        return 0
 
 
 def _bytes_io(data: bytes):

@@ -25,12 +25,24 @@ Quirks this module absorbs so the core never sees them (each was met on a real a
   ``get_all_files`` does not sanitise keys, so objects are listed and fetched here, only new or
   changed whitelisted ones while running, confined to the workspace.
 - **Abort of a finished task** raises ``UnauthorizedException("Invalid operation on non-running
-  task")``: that is "already finished" (R-CASE-6), never a 500.
+  task")``: the task's state then says whether it had ended: "already finished" (R-CASE-6),
+  never a 500 (the state decides, not the message).
+- **One-shot output.** ``fresh_stdout``/``fresh_stderr`` return only what is new and consume it,
+  so every read goes to a spool in the workspace first; the delta is the spool past what the
+  workspace log holds. Output read by a caller that does not record it (the cancel's final-state
+  check) still lands in the log at the next poll (R-CASE-5).
+- **Failures** are reported per instance (``completedInstances[*].error``), which the SDK does
+  not parse: the failure message is built from the task's JSON.
+- **Task quota.** 403 "maximum number of tasks reached" (``MaxTaskException``) is temporary: the
+  launch is retried later (``SubmitDeferred``), never failed.
+- **Multipart ETags** (boto3 uploads over 8 MB in parts) are not MD5s: an unchanged large input
+  is recognised by recomputing its multipart ETag locally, so it never comes back as a result.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import logging
@@ -53,6 +65,7 @@ from apps.backends.base import (
     JobRef,
     LaunchOption,
     LaunchOptions,
+    SubmitDeferred,
     SubmitSpec,
     SubmitUncertain,
 )
@@ -77,6 +90,9 @@ RETRY_WAIT = 0.5
 STATE_DIR = ".qarnot"
 SHARED_MARKER = ".gridgate-complete"
 MB = 1024 * 1024
+#: part sizes S3 uploaders use (boto3 and the AWS CLI: 8 MiB): a multipart ETag is checked
+#: against the local file with each size that gives its number of parts
+PART_SIZES_MB = (8, 5, 16, 15, 32, 64, 100, 128, 256, 512)
 
 STATES = {
     "UnSubmitted": BackendStatus.PENDING,
@@ -421,6 +437,9 @@ class QarnotBackend(ExecutionBackend):
         except Exception as exc:
             status = answered[0] if answered else None
             error = scrub(f"Qarnot task submission failed: {describe(exc)}", session.secrets)
+            if isinstance(exc, _sdk().exceptions.MaxTaskException):
+                # 403 "maximum number of tasks reached": nothing was created; temporary.
+                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
             # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
             # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
             if status is not None and 400 <= status < 500 and status != 429:
@@ -455,15 +474,18 @@ class QarnotBackend(ExecutionBackend):
         session = Session(job.pool_remote)
         task = self._task(session, job.remote_id)
         status = map_state(task.state)
-        stdout = stderr = ""
+        fresh_out = fresh_err = ""
         if status != BackendStatus.PENDING:
             with session.guard("output fetch"):
-                # fresh_* are POSTs answering what was written since the previous call.
-                stdout = task.fresh_stdout() or ""
-                stderr = task.fresh_stderr() or ""
+                # fresh_* are POSTs answering what was written since the previous call: spooled
+                # at once, so whoever reads them, the output reaches the log (R-CASE-5).
+                fresh_out = task.fresh_stdout() or ""
+                fresh_err = task.fresh_stderr() or ""
+        stdout = _spooled_delta(job.workspace, "stdout", fresh_out)
+        stderr = _spooled_delta(job.workspace, "stderr", fresh_err)
         message = ""
         if status == BackendStatus.FAILED:
-            errors = "; ".join(e.message for e in (task.errors or []) if getattr(e, "message", None))
+            errors = self._failure_details(session, job.remote_id)
             message = f"Qarnot task {job.remote_id} failed" + (f": {errors}" if errors else "")
         cores = task.running_core_count if isinstance(task.running_core_count, int) else None
         return BackendState(
@@ -474,6 +496,29 @@ class QarnotBackend(ExecutionBackend):
             cores=cores or None,
             message=message,
         )
+
+    def _failure_details(self, session: Session, uuid: str) -> str:
+        """Why a task failed: Qarnot reports it per instance in ``completedInstances[*].error``
+        (the SDK drops that field) plus task-level ``errors``. One more GET, once per failed task."""
+        qarnot = _sdk()
+        try:
+            with session.guard(f"lookup of task {uuid}"):
+                response = session.conn._get(qarnot.get_url("task update", uuid=uuid))
+                qarnot.raise_on_error(response)
+                body = response.json()
+        except BackendError as exc:
+            logger.info("task %s: failure details unavailable: %s", uuid, exc)
+            return ""
+        details = []
+        for instance in body.get("completedInstances") or []:
+            error = instance.get("error") or {}
+            if instance.get("state") != "Failure" and not error:
+                continue
+            text = error.get("message") or f"ended {instance.get('state')}"
+            code = f" [{error['code']}]" if error.get("code") else ""
+            details.append(f"instance {instance.get('instanceId')}: {text}{code}")
+        details += [str(e.get("message")) for e in body.get("errors") or [] if e.get("message")]
+        return scrub("; ".join(details), session.secrets)[:1000]
 
     def _objects(self, session: Session, bucket: str):
         with session.guard(f"listing of bucket {bucket}"):
@@ -519,29 +564,57 @@ class QarnotBackend(ExecutionBackend):
             key = safe_relative(item.get("Key", ""))
             if key is None or key.split("/", 1)[0] in files.NOT_RESULTS or key == SHARED_MARKER:
                 continue
-            if manifest.get(key) and manifest[key] == str(item.get("ETag", "")).strip('"'):
+            if key in manifest and _unchanged_input(job.workspace / "inputs" / key, manifest[key], item):
                 continue  # an input returned unchanged is not a result
             target = confined_target(results, key)
             if target is not None:
                 self._get(session, out_name, key, target)
 
     def cancel(self, job: JobRef) -> None:
+        """Abort straight away. Qarnot refuses the abort of a task that is no longer running (403
+        "Invalid operation on non-running task", ``UnauthorizedException``): the task's state,
+        read again, says whether it had ended (R-CASE-6); the message is never parsed."""
         qarnot = _sdk()
         session = Session(job.pool_remote)
         task = self._task(session, job.remote_id)
-        if map_state(task.state) in BackendStatus.TERMINAL:
-            raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
         try:
             task.abort()
-        except qarnot.exceptions.UnauthorizedException as exc:
-            if "non-running" in str(exc).lower() or "non running" in str(exc).lower():
-                # Finished between our lookup and the abort.
-                raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended") from None
-            raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+            return
         except qarnot.exceptions.MissingTaskException:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} no longer exists") from None
+        except qarnot.exceptions.UnauthorizedException as exc:
+            refused = BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets))
         except Exception as exc:
             raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+        if map_state(self._task(session, job.remote_id).state) in BackendStatus.TERMINAL:
+            raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
+        raise refused
+
+    def purge(self, job: JobRef) -> None:
+        """The case's buckets (inputs, results) and its task record; a campaign's shared bucket
+        serves other cases and stays. Idempotent: what is already gone is skipped."""
+        qarnot = _sdk()
+        session = Session(job.pool_remote)
+        for name in bucket_names(job.case_id):
+            if not self._bucket_exists(session, name):
+                continue
+            with session.guard(f"deletion of bucket {name}"):
+                keys = [{"Key": item["Key"]} for item in self._objects(session, name) if item.get("Key")]
+                for start in range(0, len(keys), 1000):  # S3 deletes at most 1000 keys per call
+                    session.s3.delete_objects(Bucket=name, Delete={"Objects": keys[start : start + 1000]})
+                session.s3.delete_bucket(Bucket=name)
+        if job.remote_id:
+            try:
+                with session.guard(f"deletion of task {job.remote_id}"):
+                    session.conn.retrieve_task(job.remote_id).delete()
+            except BackendError:
+                try:
+                    session.conn.retrieve_task(job.remote_id)
+                except qarnot.exceptions.MissingTaskException:
+                    return  # already deleted
+                except Exception:  # noqa: S110 - the original error below says it better
+                    pass
+                raise
 
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:
@@ -642,6 +715,61 @@ class QarnotBackend(ExecutionBackend):
         except BackendError as exc:
             checks.append(Check("buckets", False, str(exc)))
         return checks
+
+
+def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:
+    """Append ``fresh`` (consumed from Qarnot) to the stream's spool and return what the
+    workspace log does not hold yet. ``<stream>.base`` is the log's size when the spool was last
+    trimmed; what the log gained since then was delivered and is dropped from the spool. A
+    caller that discards its answer leaves the spool as is: the next poll returns it again."""
+    folder = workspace / STATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    log = workspace / f"{stream}.log"
+    base_file = folder / f"{stream}.base"
+    with open(folder / f"{stream}.spool", "a+b") as spool:
+        fcntl.flock(spool, fcntl.LOCK_EX)  # a poll pass and a cancel request may read at once
+        try:
+            log_size = log.stat().st_size
+        except FileNotFoundError:
+            log_size = 0
+        try:
+            base = int(base_file.read_text())
+        except (OSError, ValueError):
+            base = log_size  # first use: everything before was delivered
+        spool.seek(0)
+        data = spool.read() + fresh.encode("utf-8", "surrogateescape")
+        rest = data[max(0, log_size - base) :]
+        if rest != data or fresh:
+            spool.seek(0)
+            spool.truncate()
+            spool.write(rest)
+        base_file.write_text(str(log_size))
+    return rest.decode("utf-8", "surrogateescape")
+
+
+def _unchanged_input(path: Path, md5: str, item: dict) -> bool:
+    """Whether the results object ``item`` is the input at ``path`` (uploaded with MD5 ``md5``),
+    unchanged. A multipart ETag is ``md5(part md5s)-N``: recomputed here from the local file."""
+    etag = str(item.get("ETag", "")).strip('"')
+    if etag == md5:
+        return True
+    digest, dash, count = etag.partition("-")
+    if not dash or not count.isdigit() or not path.is_file():
+        return False
+    size = path.stat().st_size
+    if int(item.get("Size") or -1) != size:
+        return False
+    for part_mb in PART_SIZES_MB:
+        part = part_mb * MB
+        if math.ceil(size / part) != int(count):
+            continue
+        parts = hashlib.md5(usedforsecurity=False)
+        with path.open("rb") as handle:
+            while chunk := handle.read(part):
+                parts.update(hashlib.md5(chunk, usedforsecurity=False).digest())
+        if parts.hexdigest() == digest:
+            return True
+    return False
 
 
 def _load_state(workspace: Path, name: str) -> dict:

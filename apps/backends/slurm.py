@@ -23,6 +23,7 @@ itself is used, which suits a single-node cluster.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -143,6 +144,7 @@ def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
 class SlurmBackend(ExecutionBackend):
     name = "slurm"
     kinds = ("slurm",)
+    runs_as_user = True
 
     # -- submission --------------------------------------------------------------------------
     def find(self, spec: SubmitSpec) -> str | None:
@@ -189,21 +191,35 @@ class SlurmBackend(ExecutionBackend):
         return "\n".join(lines) + "\n"
 
     def submit(self, spec: SubmitSpec) -> str:
+        """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
+        so squeue/sacct show the user and file permissions apply; its working directory is
+        that account's (0700) and the run directory is the service's (0711: the job reaches its
+        own ``work/``, cannot replace ``job.sh`` or the control files). ``run_as`` None or
+        trusted: submitted as the service's own account."""
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
+        run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
         try:
             rdir.mkdir(parents=True, exist_ok=True)
+            os.chmod(rdir, 0o711)  # noqa: S103 - traverse only: the job reaches its own work/
+            files.prepare_run_dir(
+                rdir, spec.inputs_dir, spec.shared_dir, run_as=run_as, shared="copy" if run_as else "link"
+            )
             for name in ("stdout", "stderr"):
+                # Written by slurmstepd as the job's user: created here, owned by it.
                 (rdir / name).unlink(missing_ok=True)
-            files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir)
+                os.close(os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                if run_as:
+                    os.chown(rdir / name, run_as.uid, run_as.gid)
             script = rdir / "job.sh"
             script.write_text(self.job_script(spec, rdir))
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
+        identity = [f"--uid={run_as.uid}", f"--gid={run_as.gid}"] if run_as else []
         # A timed-out sbatch may have queued the job: uncertain, never a failure (the retry
         # looks the job up by name first, R-CASE-1).
-        out = run(["sbatch", "--parsable", str(script)], timeout_error=SubmitUncertain).stdout.strip()
+        out = run(["sbatch", "--parsable", *identity, str(script)], timeout_error=SubmitUncertain).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out!r} instead of a job id")
@@ -311,6 +327,15 @@ class SlurmBackend(ExecutionBackend):
         if isinstance(state, BackendState) and state.status in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Slurm job {job.remote_id} already ended")
         run(["scancel", job.remote_id])
+
+    def purge(self, job: JobRef) -> None:
+        """The run directory goes (SPEC §8, ``manage.py cleanup``); already gone is fine."""
+        try:
+            shutil.rmtree(run_dir_for(job.case_id, job.workspace, job.pool_remote))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool) -> LaunchOptions:

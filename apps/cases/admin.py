@@ -77,6 +77,16 @@ class CaseAdmin(admin.ModelAdmin):
         ),
     ]
 
+    #: what a launched case ran with: its account (R-CASE-8), class and command are history, and
+    #: editing them would make the record lie about what ran (and as whom).
+    LAUNCHED_READONLY = ["owner", "resource_class", "command", "launch_options", "campaign"]
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is not None and (obj.launch_requested_at is not None or obj.status != "prepared"):
+            fields += [name for name in self.LAUNCHED_READONLY if name not in fields]
+        return fields
+
     @admin.display(description="files")
     def workspace_files(self, obj):
         if not obj.pk:

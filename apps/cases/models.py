@@ -78,6 +78,8 @@ class Case(models.Model):
     poll_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     results_fetched = models.BooleanField(default=False)
+    #: set by ``manage.py cleanup`` once the provider side (buckets, run directory) is purged
+    remote_purged_at = models.DateTimeField(null=True, blank=True)
     # -- pass bookkeeping (R-CASE-2) --
     next_poll_at = models.DateTimeField(null=True, blank=True)
     next_sync_at = models.DateTimeField(null=True, blank=True)

@@ -20,8 +20,9 @@ from apps.backends.remote_common import scrub_for_pool
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.api.exceptions import Conflict
+from apps.core.exceptions import ServiceError
 from apps.resources.launch import launch_spec
-from apps.resources.selectors import can_use_pool
+from apps.resources.selectors import can_use_pool, run_as_for
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,19 @@ class LaunchLease:
             raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
 
 
+def run_as(case: Case):
+    """R-CASE-8: the account the case's command runs as, for backends that run it on this site's
+    accounts (local, Slurm); None for the others. Raises Forbidden/Unavailable (see
+    :func:`apps.resources.selectors.run_as_for`)."""
+    try:
+        backend = get_backend(case.backend or backend_name_for_kind(case.resource_class.pool.kind))
+    except NoBackend:
+        return None
+    if not backend.runs_as_user:
+        return None
+    return run_as_for(case.owner, case.resource_class.pool)
+
+
 def build_spec(case: Case) -> SubmitSpec:
     resource_class = case.resource_class
     spec = launch_spec(resource_class)
@@ -158,6 +172,7 @@ def build_spec(case: Case) -> SubmitSpec:
         launch_options=dict(case.launch_options or {}),
         observability_globs=list(case.observability_globs or []),
         shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
+        run_as=run_as(case),
     )
 
 
@@ -167,6 +182,9 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     under the case's name instead of creating a second one."""
     if launch_options is not None and not isinstance(launch_options, dict):
         raise DRFValidationError({"launch_options": ["Must be a JSON object."]})
+    # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
+    # account this pool may run the command as; checked again when the submission is built.
+    run_as(case)
     now = timezone.now()
     owner = passes.worker_id()
     with transaction.atomic():
@@ -209,11 +227,12 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
     except LeaseLost:
         logger.info("case %s: launch lease lost before submitting; left to its new holder", case.id)
         return False
-    spec = build_spec(case)
-    spec.keepalive = lease.renew
     pool = case.resource_class.pool
     remote_id, error, uncertain = None, "", False
+    spec = None
     try:
+        spec = build_spec(case)
+        spec.keepalive = lease.renew
         backend = get_backend(case.backend)
         # Look the job up by name first: a retried launch adopts it (R-CASE-1).
         remote_id = backend.find(spec)
@@ -223,6 +242,8 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
     except LeaseLost:
         logger.info("case %s: launch lease lost while submitting; nothing was submitted", case.id)
         return False
+    except ServiceError as exc:  # no account to run as (R-CASE-8): the case fails saying why
+        error = exc.detail
     except SubmitUncertain as exc:
         error, uncertain = scrub_for(pool, str(exc)), True
     except BackendError as exc:
@@ -255,6 +276,10 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
                 message=f"submitted as {remote_id}" if remote_id else f"submission failed: {error}",
                 at=now,
             )
+    if updated and uncertain:
+        # The last uncertain attempt failed the case, yet the provider may have created the job
+        # late: look once more and cancel it rather than leave it running unrecorded (R-CASE-1).
+        _cancel_orphan(case)
     if not updated:
         current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
         if remote_id and current == CaseStatus.CANCELLED:

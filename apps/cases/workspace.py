@@ -17,6 +17,8 @@ from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 
+from apps.backends import files
+
 LAYOUT_DIRS = ("inputs", "live", "results")
 LOGS = {"stdout": "stdout.log", "stderr": "stderr.log"}
 
@@ -40,11 +42,18 @@ def campaign_shared_dir(campaign_id) -> Path:
 
 
 def create_case_dir(case_id) -> Path:
+    """R-CASE-8: the workspace is the service's: nobody else lists or reads it. The case
+    directory itself is only traversable (0711) so a Slurm job running as its owner can reach its
+    own run directory (``.run/``) when the pool has no ``working_root``."""
+    base = cases_root()
+    if not base.exists():
+        base.mkdir(parents=True, mode=0o711)
     root = case_dir(case_id)
+    root.mkdir(mode=0o711, exist_ok=True)
     for name in LAYOUT_DIRS:
-        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name).mkdir(mode=0o700, exist_ok=True)
     for name in LOGS.values():
-        (root / name).touch(exist_ok=True)
+        os.close(files.open_for_write(root / name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW))
     return root
 
 
@@ -145,21 +154,33 @@ def save_uploads(dest: Path, uploads) -> list[str]:
 
 
 def append_logs(root: Path, stdout: str, stderr: str) -> None:
-    """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly)."""
+    """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly).
+
+    R-CASE-8: never through a symlink: a log replaced by a link makes the poll fail (ELOOP)
+    instead of writing into whatever the link names."""
     for name, text in (("stdout.log", stdout), ("stderr.log", stderr)):
         if text:
-            with (root / name).open("ab") as handle:
+            fd = files.open_for_write(root / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+            with os.fdopen(fd, "ab") as handle:
                 handle.write(text.encode("utf-8", "surrogateescape"))
 
 
+def open_file(path: Path):
+    """A binary file object on ``path`` if it is a regular file reached without following a
+    symlink at its last component (R-CASE-7, R-CASE-8), else None."""
+    fd = files.open_regular(path)
+    return os.fdopen(fd, "rb") if fd is not None else None
+
+
 def tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of a log, reading at most a bounded block from the end."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+    """The last ``lines`` lines of a log, reading at most a bounded block from the end. A log
+    that is not a regular file (a planted symlink, R-CASE-8) reads as empty."""
+    handle = open_file(path)
+    if handle is None:
         return ""
-    block = min(size, max(64 * 1024, lines * 512))
-    with path.open("rb") as handle:
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        block = min(size, max(64 * 1024, lines * 512))
         handle.seek(size - block)
         data = handle.read()
     text = data.decode("utf-8", "replace")

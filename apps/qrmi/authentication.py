@@ -12,8 +12,8 @@ from rest_framework import status
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import APIException, AuthenticationFailed
 
-from apps.qrmi.models import UnixAccount
 from apps.qrmi.munge import CredentialRejected, MungeIdentity, MungeUnavailable, decode
+from apps.qrmi.selectors import user_for_uid
 
 HEADER = "X-Munge-Cred"
 _OUTCOME = "_gridgate_munge_outcome"
@@ -48,12 +48,6 @@ def verified_identity(request) -> MungeIdentity | None:
     if isinstance(outcome, MungeUnavailable):
         raise MungeServiceUnavailable()
     return outcome
-
-
-def user_for_uid(uid: int):
-    """The active user linked to Unix ``uid``, or None."""
-    account = UnixAccount.objects.select_related("user").filter(unix_uid=uid, user__is_active=True).first()
-    return account.user if account else None
 
 
 class MungeAuthentication(BaseAuthentication):

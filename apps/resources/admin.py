@@ -52,9 +52,10 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         "slots_total",
         "strategy",
         "is_accessible",
+        "trusted",
         "class_count",
     ]
-    list_filter = ["kind", "public", "default", "strategy", "is_accessible"]
+    list_filter = ["kind", "public", "default", "strategy", "is_accessible", "trusted"]
     search_fields = ["name", "accessibility_message"]
     filter_horizontal = ["users", "groups"]
     readonly_fields = ["created_at", "updated_at"]
@@ -63,6 +64,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         (None, {"fields": ["name", "kind", "public", "default", "remote"]}),
         ("Capacity", {"fields": ["quota_cpu", "quota_memory", "quota_gpu", "slots_total"]}),
         ("Sessions and scheduling", {"fields": ["strategy", "idle_timeout", "max_lifetime"]}),
+        ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
         ("Accessibility", {"fields": ["is_accessible", "accessibility_message"]}),
         ("Access (private pools)", {"fields": ["users", "groups"]}),
         ("History", {"fields": ["created_at", "updated_at"]}),
@@ -102,6 +104,11 @@ class ResourceClassAdmin(admin.ModelAdmin):
     list_select_related = ["pool"]
     search_fields = ["name", "pool__name"]
     readonly_fields = ["kind", "launch_specification", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A class stays in its pool (ResourceClass.clean says why): shown, not editable.
+        fields = super().get_readonly_fields(request, obj)
+        return [*fields, "pool"] if obj is not None else fields
 
     @admin.display(description="kind (from the pool)")
     def kind(self, obj):

@@ -108,6 +108,27 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     )
     is_accessible = models.BooleanField(default=True)
     accessibility_message = models.CharField(max_length=500, blank=True, default="")
+    # -- how cases run (R-CASE-8) --
+    sandbox_unlinked = models.BooleanField(
+        "run unlinked users in the sandbox account",
+        default=False,
+        help_text=_(
+            "Local and Slurm cases of users without a linked Unix account run as the dedicated "
+            "unprivileged sandbox account (GRIDGATE_SANDBOX_USER) instead of being refused."
+        ),
+    )
+    trusted = models.BooleanField(
+        "trusted single-user pool",
+        default=False,
+        help_text=_(
+            "Demo/laptop mode: cases run as the service's own account, with no switch to the user's "
+            "account. Never on a public pool: only for a pool granted to the people who own the host."
+        ),
+    )
+    network = models.BooleanField(
+        default=True,
+        help_text=_("Local cases may use the network (off: the sandbox has no network interface but loopback)."),
+    )
     users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="granted_pools")
     groups = models.ManyToManyField(Group, blank=True, related_name="granted_pools")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -120,6 +141,7 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             "resources_pool_single_default",
             "resources_pool_default_is_public_local",
             "resources_pool_quota_valid",
+            "resources_pool_trusted_not_public",
         }
     )
 
@@ -147,6 +169,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             models.CheckConstraint(
                 condition=Q(slots_total__isnull=True) | Q(slots_total__gte=1),
                 name="resources_pool_slots_total_positive",
+            ),
+            # R-CASE-8: a trusted pool runs commands as the service account: never for everyone.
+            models.CheckConstraint(
+                condition=Q(trusted=False) | Q(public=False),
+                name="resources_pool_trusted_not_public",
+                violation_error_message="A trusted pool cannot be public (R-CASE-8).",
             ),
         ]
 
@@ -211,6 +239,13 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             if self.quota_memory is None or self.quota_memory <= 0:
                 errors.setdefault("quota_memory", []).append("A quota needs a memory value (GB) greater than 0.")
 
+        # R-CASE-8: cases of a trusted pool run as the service's own account, so only the people
+        # the pool is granted to (the host's owners) may use it.
+        if self.trusted and self.public:
+            errors.setdefault("trusted", []).append(
+                "A trusted pool runs cases as the service's own account: it cannot be public (R-CASE-8). "
+                "Grant it to its users instead."
+            )
         # R-POOL-1: one default pool, and it is usable by everyone without limits.
         if self.default:
             other = ResourcePool.objects.filter(default=True).exclude(pk=self.pk).first()
@@ -340,6 +375,12 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
                 )
             super().save(*args, **kwargs)
 
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        instance = super().from_db(db, field_names, values)
+        instance._loaded_pool_id = instance.__dict__.get("pool_id")
+        return instance
+
     @property
     def kind(self) -> str:
         return self.pool.kind
@@ -367,6 +408,14 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
             and self.default_storage > self.max_storage
         ):
             errors.setdefault("default_storage", []).append("default_storage cannot exceed max_storage.")
+        # A class never moves to another pool: its active sessions carry its pool (admission
+        # sums them per pool), the old pool would lose a class (maybe its default) and the new
+        # one's default would be demoted. Create the class in the other pool instead.
+        loaded = getattr(self, "_loaded_pool_id", None)
+        if loaded is not None and self.pool_id != loaded:
+            errors.setdefault("pool", []).append(
+                "A class cannot move to another pool: create a class in that pool instead."
+            )
         pool = self._state.fields_cache.get("pool") or (self.pool if self.pool_id else None)
         if pool is not None:
             self._clean_against_pool(pool, errors)

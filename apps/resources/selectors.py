@@ -1,7 +1,13 @@
 """Read queries shared by the API, the admin and later apps."""
 
+import pwd
+
+from django.conf import settings
 from django.db.models import Prefetch
 
+from apps.backends.base import RunAs
+from apps.core.exceptions import Forbidden, Unavailable
+from apps.qrmi.selectors import unix_uid_for
 from apps.resources.models import ResourceClass, ResourcePool
 
 
@@ -24,3 +30,44 @@ def visible_classes(user):
 
 def can_use_pool(user, pool: ResourcePool) -> bool:
     return ResourcePool.objects.visible_to(user).filter(pk=pool.pk).exists()
+
+
+def run_as_for(user, pool: ResourcePool) -> RunAs:
+    """R-CASE-8: the Unix account ``user``'s local or Slurm cases on ``pool`` run as.
+
+    The user's own linked account (the QRMI link, ``apps.qrmi.selectors``); else, where the pool
+    allows it, the unprivileged sandbox account; a trusted (never public) pool runs as the
+    service itself. Raises :class:`Forbidden` saying what to ask an operator, or
+    :class:`Unavailable` when the host lacks the account the link names.
+    """
+    if pool.trusted:
+        return RunAs(RunAs.TRUSTED, network=pool.network)
+    uid = unix_uid_for(user)
+    if uid is not None:
+        if uid == 0:
+            raise Forbidden("Cases never run as root: ask an operator to link your Gridgate account to your own uid.")
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            raise Unavailable(
+                f"Your linked Unix uid {uid} has no account on this host: ask an operator to create it "
+                "or to correct the link (admin → Users → Unix account)."
+            ) from None
+        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network)
+    if pool.sandbox_unlinked:
+        name = settings.GRIDGATE_SANDBOX_USER
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise Unavailable(
+                f"Pool '{pool.name}' runs unlinked users as the sandbox account '{name}', which does not exist "
+                "on this host: ask an operator to create it (docs/operations.md)."
+            ) from None
+        if entry.pw_uid == 0:
+            raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
+        return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)
+    raise Forbidden(
+        f"Pool '{pool.name}' runs each case as its owner's Unix account and yours is not linked: ask an "
+        "operator to link your Gridgate account to your Unix uid (admin → Users → Unix account).",
+        code="unix_account_required",
+    )

@@ -19,7 +19,7 @@ class DeviceInline(admin.TabularInline):
     def running_jobs(self, obj):
         return getattr(obj, "running_jobs", 0)
 
-    @admin.display(description="pending (targeted)")
+    @admin.display(description="pending (it could take)")
     def pending_jobs(self, obj):
         return getattr(obj, "pending_jobs", 0)
 

@@ -116,6 +116,13 @@ class Job(models.Model):
             models.Index(fields=["device"], condition=Q(status="running"), name="jobs_running_device"),
             # Poll pass: running jobs of a pool due for a poll.
             models.Index(fields=["pool", "next_poll_at"], condition=Q(status="running"), name="jobs_running_poll"),
+            # R-SCHED-3 FIFO within a session: "is this session's queue in back-off?" (a transient
+            # driver error put its head job there). Tiny: only pending jobs in back-off.
+            models.Index(
+                fields=["session", "not_before"],
+                condition=Q(status="pending", not_before__isnull=False),
+                name="jobs_backoff_session",
+            ),
             # Idle-expiry busy check: unfinished jobs of a session.
             models.Index(
                 fields=["session"], condition=Q(status__in=["pending", "running"]), name="jobs_unfinished_session"
@@ -161,12 +168,21 @@ class DriverRun(models.Model):
 
 
 class PoolQueue(models.Model):
-    """One row per pool: its lock serializes dispatch (and submission's catch-up) for that
-    pool, separately from the pool row that admission locks, so admissions never delay
-    dispatch."""
+    """One row per pool: its lock serializes dispatch for that pool, separately from the pool
+    row that admission locks, so admissions never delay dispatch. Submission never locks it."""
 
     pool = models.OneToOneField(ResourcePool, on_delete=models.CASCADE, primary_key=True, related_name="queue")
     last_dispatch_at = models.DateTimeField(null=True, blank=True)
+    # R-SCHED-2: the pool's virtual time V, never decreasing: at each dispatch V = max(V, the
+    # served session's vruntime before its charge). A session that becomes runnable starts at
+    # max(its vruntime, V), so an arrival into an empty queue takes no burst of turns.
+    vtime = models.FloatField(default=0.0, help_text="Virtual time of the fair strategies (R-SCHED-2).")
+    # Coalesced wake-up (R-SCHED-5): True when the last dispatch pass left a device free with
+    # nothing to run. Only then does a submission wake the dispatcher (once: it clears the flag
+    # with a compare-and-set); while devices are busy, the job-finished event dispatches.
+    awaiting_work = models.BooleanField(
+        default=True, help_text="A device was left free with nothing to run: the next submission wakes the dispatcher."
+    )
 
     class Meta:
         ordering = ["pool_id"]

@@ -9,11 +9,13 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import OperationalError, connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.api.exceptions import Conflict
+from apps.core.exceptions import Forbidden
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling.drivers import (
@@ -24,9 +26,9 @@ from apps.scheduling.drivers import (
     get_driver,
 )
 from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, PoolQueue
-from apps.scheduling.strategies import catch_up, strategy_for
+from apps.scheduling.strategies import caught_up_vruntime, strategy_for
 from apps.sessions.models import Session, SessionStatus
-from apps.sessions.services import touch
+from apps.sessions.services import is_retryable, retry_aborted
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,47 @@ def _lock_queue(pool_id: int) -> PoolQueue:
     return PoolQueue.objects.select_for_update().get(pool_id=pool_id)
 
 
+# -- dispatcher wake-up ----------------------------------------------------------------------
+def _enqueue_run_pool(pool_id: int) -> None:
+    """Enqueue a pass for the pool, once the transaction commits. A broker failure never turns
+    a committed request into a 500: it is logged and the sweep (every GRIDGATE_DISPATCH_TICK s)
+    catches up."""
+
+    def send():
+        try:
+            enqueue("apps.scheduling.tasks.run_pool", pool_id)  # no transaction open: sends now
+        except Exception:
+            log.exception("pool %s: could not enqueue a dispatch pass; the sweep will catch up", pool_id)
+
+    transaction.on_commit(send)
+
+
+def _wake_if_waiting(pool_id: int) -> None:
+    """R-SCHED-5 on submission, coalesced: wake the dispatcher only when its last pass left a
+    device free with nothing to run, and only once (compare-and-set on the flag: of many
+    submissions arriving together, one enqueues). While every device is busy no task is sent:
+    the job-finished event dispatches. Called after the submission committed, so it never takes
+    the queue row while holding the session (lock order: pool queue → session → job)."""
+
+    def wake():
+        try:
+            if PoolQueue.objects.filter(pool_id=pool_id, awaiting_work=True).update(awaiting_work=False):
+                enqueue("apps.scheduling.tasks.run_pool", pool_id)
+        except Exception:
+            log.exception("pool %s: could not wake the dispatcher; the sweep will catch up", pool_id)
+
+    transaction.on_commit(wake)
+
+
+def _queue_awaits_work(pool) -> bool:
+    """The flag as read with the session (the callers' lookup joins ``pool__queue``)."""
+    try:
+        return pool.queue.awaiting_work
+    except PoolQueue.DoesNotExist:  # a pool that never had a job: create its queue row
+        PoolQueue.objects.get_or_create(pool_id=pool.pk)
+        return True
+
+
 # -- submission and cancellation -------------------------------------------------------------
 def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device | None) -> None:
     """R-JOB-1: the target driver validates the payload at submission (InvalidPayload → 400)."""
@@ -58,28 +101,100 @@ def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device 
         get_driver(device.driver).validate_payload(device, payload, shots)
 
 
-def submit_job(*, session: Session, payload, shots: int, target_device: Device | None = None) -> Job:
-    """Queue a job in an active session (R-JOB-1) and renew the session's idle deadline."""
-    validate_job(session.pool, payload, shots, target_device)
-    with transaction.atomic():
-        _lock_queue(session.pool_id)
-        locked = Session.objects.select_for_update().get(pk=session.pk)
-        if locked.status != SessionStatus.ACTIVE:
-            raise Conflict(f"Session {session.pk} is {locked.status}.", status=locked.status)
-        if not Job.objects.filter(session_id=locked.pk, status=JobStatus.PENDING).exists():
-            catch_up(locked)  # R-SCHED-2
-        now = timezone.now()
-        job = Job.objects.create(
-            session=locked,
-            pool_id=locked.pool_id,
-            user_id=locked.user_id,
-            payload=payload,
-            shots=shots,
-            target_device=target_device,
-            created_at=now,
-        )
-        touch(locked, now)
-        enqueue("apps.scheduling.tasks.run_pool", locked.pool_id)  # R-SCHED-5: event-driven
+def session_for_submission():
+    """The session lookup submission callers use: the pool and its queue's wake-up flag come in
+    the same query (one statement of the four of the common path)."""
+    return Session.objects.select_related("pool", "pool__queue")
+
+
+def _update_and_insert(sessions, values: dict, job: Job) -> bool:
+    """One statement for "renew the session if it is still the caller's and active, and only
+    then insert the job" (PostgreSQL):
+
+        WITH s AS (UPDATE session SET … WHERE id = … AND user_id = … AND status = 'active'
+                   RETURNING id)
+        INSERT INTO scheduling_job (…) SELECT … FROM s RETURNING id
+
+    Both halves are compiled by the ORM from the same queryset and instance ``update()`` and
+    ``save()`` would use (every field, defaults included), then joined: one round trip, atomic
+    without BEGIN/COMMIT, holding the session's row lock until it ends, so a revocation racing it
+    waits and then cancels the new job. Returns False when the session did not match (no job).
+    """
+    from django.db.models.sql import InsertQuery, UpdateQuery
+
+    update = sessions.query.chain(UpdateQuery)
+    update.add_update_values(values)
+    update_sql, update_params = update.get_compiler(connection.alias).as_sql()
+    insert = InsertQuery(Job)
+    insert.insert_values([f for f in Job._meta.concrete_fields if f is not Job._meta.pk], [job])
+    compiler = insert.get_compiler(connection.alias)
+    compiler.returning_fields = [Job._meta.pk]
+    ((insert_sql, insert_params),) = compiler.as_sql()
+    head, values_sql = insert_sql.split(" VALUES (", 1)
+    row, returning = values_sql.rsplit(") RETURNING ", 1)
+    session_pk = connection.ops.quote_name(Session._meta.pk.column)
+    # Only ORM-compiled SQL and a quoted column name are joined; every value stays a parameter.
+    sql = f"WITH s AS ({update_sql} RETURNING {session_pk}) {head} SELECT {row} FROM s RETURNING {returning}"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (*update_params, *insert_params))
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return False
+    job.pk = inserted[0]
+    job._state.adding, job._state.db = False, connection.alias
+    return True
+
+
+def submit_job(*, user, session: Session, payload, shots: int, target_device: Device | None = None) -> Job:
+    """Queue a job in ``user``'s active session (R-JOB-1) and renew its idle deadline.
+
+    No pool-wide lock: the common path is the caller's session lookup, the drivers' payload
+    check (one query for the pool's devices), one UPDATE of the session and the INSERT.
+    The UPDATE checks owner and status (R-JOB-1: else 403), renews the idle deadline
+    (R-SESS-3), and applies catch-up (R-SCHED-2: max(vruntime, pool V) when the session had
+    nothing pending). It row-locks the session until commit, so a revocation racing the
+    submission waits and then cancels the new job (lock order: session → job).
+    """
+    if session.user_id != user.pk:
+        raise Forbidden("Only the session's owner submits jobs in it.")
+    if session.status != SessionStatus.ACTIVE:
+        raise Forbidden(f"Session {session.pk} is {session.status} ({session.revocation_reason}).")
+    pool = session.pool
+    validate_job(pool, payload, shots, target_device)
+    wake = _queue_awaits_work(pool)
+    now = timezone.now()
+    renew = {
+        "last_activity_at": now,
+        "idle_expires_at": now + timedelta(seconds=pool.idle_timeout),
+        "vruntime": caught_up_vruntime(),
+    }
+    checked = Session.objects.filter(pk=session.pk, user_id=user.pk, status=SessionStatus.ACTIVE)
+    job = Job(
+        session_id=session.pk,
+        pool_id=session.pool_id,
+        user_id=session.user_id,
+        payload=payload,
+        shots=shots,
+        target_device=target_device,
+        created_at=now,
+    )
+
+    def insert() -> bool:
+        if connection.vendor == "postgresql":
+            return _update_and_insert(checked, renew, job)
+        with transaction.atomic():  # SQLite: no data-modifying CTE; two statements, one transaction
+            if not checked.update(**renew):
+                return False
+            job.save(force_insert=True)
+            return True
+
+    if not retry_aborted(insert):  # ended since the caller read it (expired, released, revoked)
+        status = Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
+        raise Forbidden(f"Session {session.pk} is {status or 'gone'}.", status=status)
+    session.last_activity_at, session.idle_expires_at = now, now + timedelta(seconds=pool.idle_timeout)
+    job.session = session
+    if wake:
+        _wake_if_waiting(session.pool_id)
     return job
 
 
@@ -119,11 +234,16 @@ def on_sessions_revoked(sender, session_ids, reason, **kwargs):
 
 
 # -- dispatch --------------------------------------------------------------------------------
+def running_count():
+    """Running jobs of the outer device, counted on ``jobs_running_device`` (only running rows):
+    the cost does not grow with the jobs the device ever ran."""
+    running = Job.objects.filter(device_id=OuterRef("pk"), status=JobStatus.RUNNING)
+    return Coalesce(Subquery(running.order_by().values("device_id").annotate(n=Count("pk")).values("n")[:1]), 0)
+
+
 def free_devices(pool_id: int) -> list[Device]:
-    """Online devices of the pool below ``max_concurrent_jobs`` (running counted by index)."""
-    devices = Device.objects.filter(pool_id=pool_id, online=True).annotate(
-        running=Count("jobs", filter=Q(jobs__status=JobStatus.RUNNING))
-    )
+    """Online devices of the pool below ``max_concurrent_jobs``."""
+    devices = Device.objects.filter(pool_id=pool_id, online=True).annotate(running=running_count())
     return [d for d in devices if d.running < d.max_concurrent_jobs]
 
 
@@ -131,8 +251,11 @@ def dispatch_once(pool_id: int) -> Job | None:
     """Claim the next job of the pool for a free device (R-SCHED-1/3/4), or None.
 
     The pool's queue row is locked for the duration (dispatch is serialized per pool, which
-    keeps the weighted order exact); several workers dispatch different pools in parallel. The
-    claim is a compare-and-set, so a job cancelled meanwhile is never dispatched.
+    keeps the weighted order exact); several workers dispatch different pools in parallel.
+    Lock order pool queue → session → job, as everywhere: the candidate is read without a
+    lock, then its session row is locked (its slots and vruntime are read there for the charge
+    and for V), then the job is claimed by a compare-and-set, so a job cancelled meanwhile is
+    never dispatched.
     """
     with transaction.atomic():
         queue = _lock_queue(pool_id)
@@ -141,13 +264,18 @@ def dispatch_once(pool_id: int) -> Job | None:
             return None
         free = free_devices(pool_id)
         if not free:
+            _set_awaiting(queue, False)  # the job-finished event will dispatch
             return None
         strategy = strategy_for(pool.strategy)
         now = timezone.now()
         for _ in range(3):  # a candidate cancelled under our feet: take the next one
             job = strategy.next_job(pool_id, [d.pk for d in free], now)
             if job is None:
+                _set_awaiting(queue, True)  # a device is free: the next submission wakes us
                 return None
+            slots, vruntime = (
+                Session.objects.select_for_update().values_list("slots", "vruntime").get(pk=job.session_id)
+            )
             if job.target_device_id:
                 device = next(d for d in free if d.pk == job.target_device_id)
             else:  # least loaded first, then by id: spreads jobs across devices
@@ -164,16 +292,24 @@ def dispatch_once(pool_id: int) -> Job | None:
                 break
         else:
             return None
-        slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
         charge = strategy.dispatch_charge(job, slots)
         if charge:
             strategy.charge(job, charge)
+        # R-SCHED-2: V = max(V, vruntime of the session served, before its charge).
+        queue.vtime = max(queue.vtime, vruntime)
         queue.last_dispatch_at = now
-        queue.save(update_fields=["last_dispatch_at"])
+        queue.awaiting_work = False
+        queue.save(update_fields=["vtime", "last_dispatch_at", "awaiting_work"])
     job.refresh_from_db()
     job.device = device
     job._dispatch_charge = charge
     return job
+
+
+def _set_awaiting(queue: PoolQueue, value: bool) -> None:
+    if queue.awaiting_work != value:
+        PoolQueue.objects.filter(pk=queue.pk).update(awaiting_work=value)
+        queue.awaiting_work = value
 
 
 def submit_claimed(job: Job) -> None:
@@ -192,7 +328,12 @@ def submit_claimed(job: Job) -> None:
 
 
 def _requeue(job: Job, exc: Exception) -> None:
-    """R-JOB-3: a transient failure returns the job to the queue and refunds the session."""
+    """R-JOB-3: a transient failure returns the job to the queue and refunds the session.
+
+    The job keeps its place: it stays the session's oldest pending job, and its back-off
+    (``not_before``) holds the whole session's queue (``strategies.in_backoff``), so the
+    session's next job does not overtake it (R-SCHED-3 FIFO within a session).
+    """
     attempts = job.attempts + 1
     if attempts >= MAX_TRANSIENT_ATTEMPTS:
         _finish(
@@ -200,7 +341,14 @@ def _requeue(job: Job, exc: Exception) -> None:
         )
         return
     now = timezone.now()
+    charge = getattr(job, "_dispatch_charge", None)
+    if charge is None:  # a recovered claim: recompute what its dispatch charged
+        pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
+        slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
+        charge = strategy_for(pool.strategy).dispatch_charge(job, slots)
     with transaction.atomic():
+        # Lock order session → job (as revocation): lock the session before touching the job.
+        Session.objects.select_for_update().filter(pk=job.session_id).values_list("pk").first()
         requeued = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
             status=JobStatus.PENDING,
             device=None,
@@ -210,11 +358,6 @@ def _requeue(job: Job, exc: Exception) -> None:
             not_before=now + timedelta(seconds=min(2**attempts, 60)),
             error=f"transient: {exc}"[:2000],
         )
-        charge = getattr(job, "_dispatch_charge", None)
-        if charge is None:  # a recovered claim: recompute what its dispatch charged
-            pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
-            slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
-            charge = strategy_for(pool.strategy).dispatch_charge(job, slots)
         if requeued and charge:
             Session.objects.filter(pk=job.session_id).update(vruntime=F("vruntime") - charge)
     log.warning("job %s: transient driver error, back in the queue (attempt %s): %s", job.pk, attempts, exc)
@@ -239,15 +382,15 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str) -> bool:
         )
     if updated and state.runtime_seconds:
         # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
-        # job ran too). In its own transaction, after the job row's: revocation locks the session
-        # then the jobs, so taking the job then the session here could deadlock.
+        # job ran too). In its own transaction, after the job row's, taking the session first:
+        # lock order session → job, as revocation and dispatch.
         pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
         strategy = strategy_for(pool.strategy)
         if strategy.charge_at_completion:
             with transaction.atomic():
+                slots = Session.objects.select_for_update().values_list("slots", flat=True).get(pk=job.session_id)
                 if Job.objects.filter(pk=job.pk, charged=False).update(charged=True):
                     job.runtime_seconds = state.runtime_seconds
-                    slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
                     strategy.charge(job, strategy.completion_charge(job, slots))
     return bool(updated)
 
@@ -281,13 +424,20 @@ def poll_running(pool_id: int) -> int:
             if job.cancel_requested_at:
                 driver.cancel(job.device, job.remote_id)
             state = driver.poll(job.device, job.remote_id)
-        except TransientDriverError as exc:
-            Job.objects.filter(pk=job.pk, remote_id=job.remote_id).update(
-                lease_until=None, next_poll_at=timezone.now() + interval * 2, error=f"poll: {exc}"[:2000]
-            )
+        except PermanentDriverError as exc:
+            _finish(job, DriverState("failed", error=str(exc)), expect_remote_id=job.remote_id)
             continue
         except Exception as exc:
-            _finish(job, DriverState("failed", error=f"{type(exc).__name__}: {exc}"), expect_remote_id=job.remote_id)
+            # Transient, like on submit: a driver bug or a dropped connection while polling says
+            # nothing about the job itself, which may well still be running on the device. Poll
+            # again later (R-JOB-3); only the driver's PermanentDriverError fails the job.
+            if not isinstance(exc, TransientDriverError):
+                log.exception("job %s: unexpected error while polling; polling again later", job.pk)
+            Job.objects.filter(pk=job.pk, remote_id=job.remote_id).update(
+                lease_until=None,
+                next_poll_at=timezone.now() + interval * 2,
+                error=f"poll: {type(exc).__name__}: {exc}"[:2000],
+            )
             continue
         if state.status == "running":
             update = {"lease_until": None, "next_poll_at": timezone.now() + interval}
@@ -306,7 +456,14 @@ def run_pool(pool_id: int) -> dict:
     polled = poll_running(pool_id)
     dispatched = 0
     while dispatched < DISPATCH_BATCH:
-        job = dispatch_once(pool_id)
+        try:
+            job = dispatch_once(pool_id)
+        except OperationalError as exc:
+            if not is_retryable(exc):
+                raise
+            # Aborted (deadlock victim): nothing was claimed; the next event or sweep goes on.
+            log.warning("pool %s: dispatch aborted by the database (%s)", pool_id, exc.__cause__.sqlstate)
+            break
         if job is None:
             break
         submit_claimed(job)

@@ -5,17 +5,26 @@ and what the session is charged, at dispatch (``weighted_fair``) or at completio
 (``usage_fair``). ``fifo`` charges nothing.
 """
 
-from django.db.models import Exists, F, Min, OuterRef, Q
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce, Greatest
 
-from apps.scheduling.models import Job, JobStatus
+from apps.scheduling.models import Job, JobStatus, PoolQueue
 from apps.sessions.models import Session, SessionStatus
+
+
+def in_backoff(now):
+    """R-SCHED-3: a session whose queue is in back-off after a transient driver error. Its head
+    job waits, and so do the jobs behind it: FIFO within a session survives the error
+    (served by ``jobs_backoff_session``, which holds only jobs in back-off)."""
+    return Exists(Job.objects.filter(session_id=OuterRef("session_id"), status=JobStatus.PENDING, not_before__gt=now))
 
 
 def eligible_jobs(pool_id: int, free_device_ids: list[int], now):
     """Pending jobs of the pool that a free device may take now."""
-    return Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING).filter(
-        Q(target_device__isnull=True) | Q(target_device_id__in=free_device_ids),
-        Q(not_before__isnull=True) | Q(not_before__lte=now),
+    return (
+        Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING)
+        .filter(Q(target_device__isnull=True) | Q(target_device_id__in=free_device_ids))
+        .exclude(in_backoff(now))
     )
 
 
@@ -97,17 +106,14 @@ def strategy_for(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def catch_up(session: Session) -> None:
-    """R-SCHED-2: a session that becomes runnable starts at the smallest vruntime among the pool's
-    other runnable sessions, so a new or returning session never takes a burst of turns.
-    Called under the pool's queue lock, before its new job is inserted."""
-    others = Exists(Job.objects.filter(session_id=OuterRef("pk"), status=JobStatus.PENDING))
-    floor = (
-        Session.objects.filter(pool_id=session.pool_id, status=SessionStatus.ACTIVE)
-        .exclude(pk=session.pk)
-        .filter(others)
-        .aggregate(v=Min("vruntime"))["v"]
-    )
-    if floor is not None and session.vruntime < floor:
-        Session.objects.filter(pk=session.pk).update(vruntime=floor)
-        session.vruntime = floor
+def caught_up_vruntime():
+    """R-SCHED-2, as an expression for the session UPDATE of a submission: a session that
+    becomes runnable (no pending job before this one) starts at max(its vruntime, the pool's
+    virtual time V); a session that already had work pending keeps its vruntime.
+
+    V is read without locking the pool's queue row: a dispatch committing meanwhile only moves
+    V by the vruntime of a session it served, which the next arrival then sees.
+    """
+    pending = Exists(Job.objects.filter(session_id=OuterRef("pk"), status=JobStatus.PENDING))
+    vtime = Coalesce(Subquery(PoolQueue.objects.filter(pool_id=OuterRef("pool_id")).values("vtime")[:1]), Value(0.0))
+    return Case(When(pending, then=F("vruntime")), default=Greatest(F("vruntime"), vtime))

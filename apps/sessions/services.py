@@ -4,11 +4,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from apps.core.exceptions import Conflict, NotFound
+from apps.core.exceptions import Conflict, NotFound, Unavailable
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt
 from apps.sessions.hooks import busy_q, sessions_revoked
@@ -157,6 +157,33 @@ def touch(session: Session, now: datetime | None = None) -> None:
     session.last_activity_at, session.idle_expires_at = now, now + idle
 
 
+# PostgreSQL's "deadlock detected" and "could not serialize access": the transaction was
+# aborted as a whole and may simply be run again.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and getattr(exc.__cause__, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+def retry_aborted(func, *, attempts: int = 3):
+    """Run ``func`` (one whole transaction); if the database aborts it as a deadlock victim or a
+    serialization failure, run it again, and past ``attempts`` answer 503 (never a 500).
+
+    Every path takes its locks in one order (pool queue → session → job, PATTERNS §2), so this
+    is a backstop. Inside a caller's transaction the aborted work cannot be re-run alone: 503.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return func()
+        except OperationalError as exc:
+            if not is_retryable(exc):
+                raise
+            if attempt == attempts or connection.in_atomic_block:
+                log.warning("transaction aborted (%s) after %d attempt(s)", exc.__cause__.sqlstate, attempt)
+                raise Unavailable("The database aborted a conflicting transaction; try again.") from exc
+
+
 def _revoke(queryset, reason: str, now: datetime) -> list:
     """Revoke the active sessions of ``queryset`` (expiry sweeps); return the ids this call revoked.
 
@@ -203,12 +230,12 @@ def _revoke_one(session: Session, reason: str) -> bool:
 
 def release(session: Session) -> bool:
     """R-SESS-4: release by owner or service principal. Idempotent: False if already ended."""
-    return _revoke_one(session, RevocationReason.RELEASED)
+    return bool(retry_aborted(lambda: _revoke_one(session, RevocationReason.RELEASED)))
 
 
 def revoke(session: Session, reason: str = RevocationReason.MANUAL) -> bool:
     """R-SESS-4: staff revocation; frees the slots at once."""
-    return _revoke_one(session, reason)
+    return bool(retry_aborted(lambda: _revoke_one(session, reason)))
 
 
 def expire_due_sessions(*, now: datetime | None = None, pool_id: int | None = None) -> dict:

@@ -64,7 +64,7 @@ def _flatten(detail) -> str:
 
 
 def _refused(request, exc: Exception, what: str) -> None:
-    status = getattr(exc, "status_code", None) or getattr(exc, "status", 400)  # DRF or service error
+    status = getattr(exc, "status_code", getattr(exc, "status", 400))
     messages.error(request, f"{what} refused ({status}): {error_text(exc)}")
 
 
@@ -147,23 +147,20 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = get_object_or_404(_sessions(request.user), pk=pk)
-    if session.user_id != request.user.pk:
-        messages.error(request, "Job refused (403): only the session's owner submits jobs in it.")
-        return redirect("web:session-detail", pk=session.pk)
-    if session.status != SessionStatus.ACTIVE:
-        messages.error(request, f"Job refused (403): the session is {session.status} ({session.revocation_reason}).")
-        return redirect("web:session-detail", pk=session.pk)
+    session = get_object_or_404(job_services.session_for_submission().visible_to(request.user), pk=pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         messages.error(request, f"Job refused: {error_text(DjangoValidationError(form.errors))}")
         return redirect("web:session-detail", pk=session.pk)
     try:
-        job = job_services.submit_job(
-            session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
+        job = job_services.submit_job(  # R-JOB-1 owner and status checks: the service's
+            user=request.user, session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
         )
     except DriverError as exc:  # InvalidPayload included: the driver's own words
         messages.error(request, f"Job refused (400): {exc}")
+        return redirect("web:session-detail", pk=session.pk)
+    except ServiceError as exc:
+        messages.error(request, f"Job refused ({exc.status}): {exc.detail}")
         return redirect("web:session-detail", pk=session.pk)
     except APIException as exc:
         _refused(request, exc, "Job")
@@ -338,7 +335,7 @@ def case_launch(request, pk):
     }
     try:
         case = case_services.launch_case(case, launch_options=chosen or None)
-    except (APIException, DjangoValidationError) as exc:
+    except (APIException, DjangoValidationError, ServiceError) as exc:
         _refused(request, exc, "Launch")
     else:
         if case.status == "failed":

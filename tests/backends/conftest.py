@@ -2,6 +2,7 @@
 FirecREST and Qarnot pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
 
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -60,3 +61,44 @@ def slurm_cluster():
             pytest.fail(f"Slurm tests are required here (CI/GRIDGATE_SLURM_TESTS) but {reason}")
         pytest.skip(f"Slurm not available: {reason}")
     return True
+
+
+#: Unix accounts the isolation tests run cases as (R-CASE-8); .ci/run creates them too.
+TEST_ACCOUNTS = ("gridgate-test1", "gridgate-test2", "gridgate-sandbox")
+
+
+def _required_or_skip(reason: str):
+    if os.environ.get("CI", "").lower() == "true" or os.environ.get("GRIDGATE_SANDBOX_TESTS") == "1":
+        pytest.fail(f"sandbox tests are required here (CI/GRIDGATE_SANDBOX_TESTS) but {reason}")
+    pytest.skip(f"sandbox not available: {reason}")
+
+
+@pytest.fixture(scope="session")
+def sandbox_host():
+    """Root, bubblewrap and the test accounts: cases really run as their owners' accounts.
+    Skipped with the reason outside CI; under CI=true a missing piece fails the tests."""
+    if shutil.which("bwrap") is None:
+        _required_or_skip("bubblewrap is not installed (apt install bubblewrap)")
+    if os.geteuid() != 0:
+        _required_or_skip("running cases as other accounts needs root")
+    for name in TEST_ACCOUNTS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+            )
+    return {name: pwd.getpwnam(name) for name in TEST_ACCOUNTS}
+
+
+@pytest.fixture
+def link_account(sandbox_host):
+    """``link_account(user, "gridgate-test1")``: the user's Unix account link (the QRMI one)."""
+    from apps.qrmi.models import UnixAccount
+
+    def link(user, name="gridgate-test1"):
+        entry = sandbox_host[name]
+        UnixAccount.objects.update_or_create(user=user, defaults={"unix_uid": entry.pw_uid})
+        return entry
+
+    return link

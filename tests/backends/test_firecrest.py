@@ -2,8 +2,11 @@
 with the real pyfirecrest client over HTTP (R-BACK-1, R-BACK-4, R-CASE-1 … 6)."""
 
 import logging
+import os
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from apps.backends import firecrest as fc
@@ -189,7 +192,8 @@ def test_uncertain_submit_keeps_the_case_prepared_and_the_retry_adopts_the_job(f
 
 
 def test_cancel_of_a_finished_job_answers_409_with_the_real_state(fc_pool, make_case, double, api, owner):
-    """R-CASE-6: FirecREST answers 404 for a job that ended; the API answers 409, never 500."""
+    """R-CASE-6: the real FirecREST answers 500 (scancel's "already completing or complete") for a
+    job that ended; the job's state says so and the API answers 409, never 500."""
     case = launch(make_case, fc_pool, "true")
     job = double.user_jobs()[0]
     wait_until(lambda: job.proc.poll() is not None, what="the job to end")
@@ -302,3 +306,203 @@ def test_secret_in_a_pool_remote_is_refused(fc_pool):
         fc.Session(
             {"client_id_env": "GG_FC_ID", "client_secret_env": "GG_UNSET", "client_secret": SECRET}
         ).credentials()
+
+
+# -- provider facts of the real FirecREST v2 server (issue 14; PROVIDERS.md "observed") ----------
+
+
+def running(make_case, pool, double, command="while [ ! -e go ]; do sleep 0.1; done", **kwargs):
+    case = launch(make_case, pool, command, **kwargs)
+    assert case.status == CaseStatus.PENDING, case.last_error
+    work = Path(pool.remote["working_root"]) / str(case.id)
+    job = double.user_jobs()[-1]
+    return case, work, job
+
+
+def _utf8_output() -> bytes:
+    lines = [f"line {i}: é€😀 {'x' * (i % 7)}\n" for i in range(120)]
+    return "".join(lines).encode()
+
+
+@pytest.mark.parametrize("polls", [1, 2, 50])
+def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_case, double, request, polls):
+    """R-CASE-5 on the real server's tail (``tail --bytes=+N``, 1-based; 0 = the last 10 lines):
+    the workspace log equals the remote stdout byte for byte after 1, 2 or 50 polls of a growing
+    file, multi-byte characters cut across polls included."""
+    case, rdir, job = running(make_case, fc_pool, double)
+    request.addfinalizer(double.reap)
+    data = _utf8_output()
+    # Cut at byte positions that split the 2-, 3- and 4-byte characters somewhere.
+    cuts = [len(data) * (i + 1) // polls - (i % 3) for i in range(polls - 1)] + [len(data)]
+    log = workspace.case_dir(case.id) / "stdout.log"
+    start = 0
+    for cut in cuts:
+        with (rdir / "stdout").open("ab") as handle:
+            handle.write(data[start:cut])
+        start = cut
+        passes.poll_pass(case_ids=[case.id])
+        local = log.read_bytes() if log.exists() else b""
+        assert data.startswith(local) and cut - len(local) < 4  # at most one cut character waits
+    assert log.read_bytes() == data
+    (rdir / "work" / "go").write_text("")
+    case = wait_for_terminal(case, timeout=30)
+    assert case.status == CaseStatus.DONE and log.read_bytes() == (rdir / "stdout").read_bytes() == data
+
+
+def test_a_launch_inside_the_token_window_refreshes_the_token_first(fc_pool, make_case, double):
+    """The real server refuses a token with < 30 s left; pyfirecrest's default reuses it until
+    10 s before expiry. The backend asks for a fresh one earlier: no call is refused."""
+    first = launch(make_case, fc_pool, "true")
+    assert first.status == CaseStatus.PENDING, first.last_error
+    (client,) = fc._clients.values()
+    client._authorization._token_expiration_ts = time.time() + 20  # 20 s left, on both sides
+    double.expire_tokens_in(20)
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert double.refusals(401) == []
+
+
+def test_a_401_expires_too_soon_is_retried_with_a_fresh_token_never_a_failure(fc_pool, make_case, double):
+    double.fault(
+        f"/compute/{double.system}/jobs$",
+        method="POST",
+        status=401,
+        body={"message": "Access token expires too soon (less than 30s remaining)"},
+    )
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert len(double.user_jobs()) == 1 and double.refusals(401)
+
+
+def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresses(fc_pool, make_case, double, request):
+    """A running job looked up by id (or listed) as its allocation record ("allocation",
+    PENDING): matched by id, nothing new, no failed poll; a running case stays running."""
+    double.allocation_records = 2
+    case, rdir, job = running(make_case, fc_pool, double)
+    request.addfinalizer(double.reap)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 0, case.last_error
+    wait_until(lambda: passes.poll_pass(case_ids=[case.id]) and Case.objects.get(pk=case.pk).status == "running")
+    job.allocation_lookups = 3
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
+    (rdir / "work" / "go").write_text("")
+    assert wait_for_terminal(case, timeout=30).status == CaseStatus.DONE
+
+
+def test_just_finished_job_missing_from_the_list_is_a_failed_poll_then_done(fc_pool, make_case, double):
+    double.missing_after_end = 2  # missing from the listing and from the lookup by id
+    case = launch(make_case, fc_pool, "echo bye")
+    job = double.user_jobs()[0]
+    wait_until(lambda: job.proc.poll() is not None, what="the job to end")
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
+    case = wait_for_terminal(case, timeout=30)
+    assert case.status == CaseStatus.DONE
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "bye\n"
+
+
+def test_cancel_racing_completion_keeps_the_output(fc_pool, make_case, double, api, owner):
+    """R-CASE-6 + R-CASE-5: the job ends between the user's last look and Stop; the real server
+    answers the cancel 500; the case ends done with every byte of its output, once."""
+    case, rdir, job = running(
+        make_case, fc_pool, double, "echo first; while [ ! -e go ]; do sleep 0.1; done; echo last"
+    )
+    passes.poll_pass(case_ids=[case.id])
+    (rdir / "work" / "go").write_text("")
+    wait_until(lambda: job.proc.poll() is not None, what="the job to end")
+    response = api(owner).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert response.status_code == 409, response.content
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "first\nlast\n"
+
+
+def test_doctor_reports_every_unhealthy_service(fc_pool, double):
+    double.unhealthy = {"ssh": "ssh timeout", "filesystem": "/scratch not mounted"}
+    checks = {check.name: check for check in fc.FirecrestBackend().doctor(fc_pool)}
+    assert not checks["system"].ok
+    assert "ssh (ssh timeout)" in checks["system"].message and "filesystem" in checks["system"].message
+
+
+def test_live_sync_sees_a_same_size_rewrite_within_the_same_second(fc_pool, make_case, double, request):
+    """Listing sizes are strings and mtimes have one-second resolution: a same-size rewrite with
+    the same stamp is still brought into live/ (the remote checksum decides)."""
+    case, rdir, job = running(make_case, fc_pool, double, observability_globs=["out.txt"])
+    request.addfinalizer(double.reap)
+    target = rdir / "work" / "out.txt"
+    target.write_text("AAAA")
+    stamp = target.stat().st_mtime
+    wait_until(lambda: passes.poll_pass(case_ids=[case.id]) and Case.objects.get(pk=case.pk).status == "running")
+    passes.sync_pass(case_ids=[case.id])
+    live = workspace.case_dir(case.id) / "live" / "out.txt"
+    assert live.read_text() == "AAAA"
+    target.write_text("BBBB")
+    os.utime(target, (stamp, stamp))
+    passes.sync_pass(case_ids=[case.id])
+    assert live.read_text() == "BBBB"
+
+
+def test_dropped_connection_after_submit_adopts_the_job(fc_pool, make_case, double):
+    """R-CASE-1: the connection dropped after the submission was sent: uncertain, not a failure;
+    the job is found by name and adopted, never submitted twice."""
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert len(double.user_jobs()) == 1 and case.remote_id.startswith(f"{double.user_jobs()[0].job_id}@")
+
+
+def test_dropped_connection_with_the_job_not_listed_yet_keeps_the_case_prepared(fc_pool, make_case, double):
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
+    double.hide_new_jobs = 5
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
+    error = fc.provider_error(httpx.RemoteProtocolError("Server disconnected"), "x", [])
+    assert error.dropped and error.maybe_done and not error.permanent
+
+
+def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_pool, make_case, double):
+    """SPEC §8: ``manage.py cleanup`` removes ``<working_root>/<case id>`` of cases finished
+    before the retention, idempotently, and ``--dry-run`` only counts."""
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    old = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
+    recent = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
+    Case.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    root = Path(fc_pool.remote["working_root"])
+    out = StringIO()
+    call_command("cleanup", "--days", "30", "--dry-run", stdout=out)
+    assert "would purge the remote side of 1 finished case(s)" in out.getvalue()
+    assert (root / str(old.id)).is_dir()
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert not (root / str(old.id)).exists() and (root / str(recent.id)).is_dir()
+    assert Case.objects.get(pk=old.pk).remote_purged_at is not None
+    out, before = StringIO(), len(double.calls)
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 0 finished case(s)" in out.getvalue()
+    assert not [path for _method, path in double.calls[before:] if "/ops/rm" in path]  # purged once
+    fc.FirecrestBackend().purge(passes.job_ref(old))  # already gone: no error
+
+
+def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_pool, make_case, double, request):
+    """R-CASE-1: the last uncertain attempt fails the case; a job the provider created late is
+    found by name once more and cancelled, never left running unrecorded."""
+    from apps.cases.services import MAX_UNCERTAIN_SUBMITS
+
+    request.addfinalizer(double.reap)
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
+    double.hide_new_jobs = fc.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
+    case = make_case(resource_class=fc_pool.classes.get(), command="sleep 30")
+    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+    Case.objects.filter(pk=case.pk).update(poll_failures=MAX_UNCERTAIN_SUBMITS - 1)  # the last attempt
+    case = services.launch_case(case)
+    assert case.status == CaseStatus.FAILED, case.last_error
+    (job,) = double.user_jobs()
+    assert job.cancelled

@@ -10,7 +10,13 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import CaseStatus
 from tests.backends.conftest import wait_for_terminal, wait_until
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
+
+
+@pytest.fixture(autouse=True)
+def owner_linked(link_account, owner):
+    """R-CASE-8: the local pool runs each case as its owner's account."""
+    return link_account(owner)
 
 
 def _kill(case):

@@ -126,7 +126,7 @@ def test_cancel_of_a_running_task_aborts_it(q_pool, make_case, double, request):
     double.wait_state(case.remote_id, ("FullyExecuting",))
     case = services.cancel_case(case)
     assert case.status == CaseStatus.CANCELLED
-    assert double.tasks[case.remote_id].state == "Cancelled"
+    double.wait_state(case.remote_id, ("Cancelled",))  # through PendingCancel, as Qarnot does
 
 
 def test_unknown_scheduling_type_fails_the_launch_naming_the_choices_before_any_upload(q_pool, make_case, double):
@@ -259,9 +259,11 @@ def test_unknown_provider_state_maps_to_pending():
 
 
 def test_failing_task_ends_failed_with_partial_results(q_pool, make_case, double):
+    """The failure message is built from the per-instance errors Qarnot reports in
+    ``completedInstances`` (the SDK drops them; there is no exit code in ``errors``)."""
     case = launch(make_case, q_pool, "echo half > half.txt; exit 3")
     case = poll_until(case, lambda c: c.is_terminal)
-    assert case.status == CaseStatus.FAILED and "exit code 3" in case.last_error
+    assert case.status == CaseStatus.FAILED and "instance 0: The process exited with code 3" in case.last_error
     assert (workspace.case_dir(case.id) / "results" / "half.txt").read_text() == "half\n"
 
 
@@ -322,3 +324,91 @@ def test_doctor_checks_each_prerequisite_without_printing_the_token(q_pool, doub
         call_command("doctor", "--pool", str(q_pool.id))
     assert exit_info.value.code == 1
     assert "FAIL  [qarnot pool=qarnot] storage" in capsys.readouterr().out
+
+
+# -- Qarnot as its SDK describes it (issue 14) -------------------------------------------------
+def test_cancel_racing_completion_keeps_the_output(q_pool, make_case, double, api, owner):
+    """R-CASE-6 + R-CASE-5: the task ends before Stop; the cancel's final-state check reads the
+    SDK's one-shot ``fresh_stdout``; the output still lands in the log, once."""
+    case = launch(make_case, q_pool, "echo first; echo last")
+    double.wait_state(case.remote_id, ("Success",))  # finished, its output never read
+    response = api(owner).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert response.status_code == 409, response.content
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "first\nlast\n"
+
+
+def test_abort_refused_as_non_running_is_already_finished_by_the_tasks_state(q_pool, make_case, double):
+    """The abort reaches a task that finished after the lookup: Qarnot answers 403 'non-running';
+    the task's state (not the message) makes it AlreadyFinished (R-CASE-6)."""
+    case = launch(make_case, q_pool, "echo quick")
+    double.wait_state(case.remote_id, ("Success",))
+    double.fault(f"/tasks/{case.remote_id}/abort", status=403, body={"message": "Forbidden"})
+    with pytest.raises(AlreadyFinished):
+        qb.QarnotBackend().cancel(passes.job_ref(case))
+
+
+def test_maximum_number_of_tasks_keeps_the_case_prepared_and_the_retry_submits(q_pool, make_case, double):
+    """403 "maximum number of tasks reached" is temporary: retried later, never a failure."""
+    double.max_tasks = 0
+    count = len(double.tasks)
+    try:
+        case = launch(make_case, q_pool, "true")
+        assert case.status == CaseStatus.PREPARED and "task slot" in case.last_error
+        assert len(double.tasks) == count
+    finally:
+        double.max_tasks = None
+    case.lease_until = None
+    case.save(update_fields=["lease_until"])
+    passes.submit_pass()
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and len(double.tasks) == count + 1
+
+
+def test_missing_credits_fail_the_launch_with_the_reason(q_pool, make_case, double):
+    double.credits = False
+    try:
+        case = launch(make_case, q_pool, "true")
+    finally:
+        double.credits = True
+    assert case.status == CaseStatus.FAILED and "credits" in case.last_error
+
+
+def test_large_unchanged_input_with_a_multipart_etag_is_not_a_result(q_pool, make_case, double):
+    """boto3 uploads files over 8 MB in parts: their ETag is not an MD5, yet an input the task
+    did not change must not come back with the results."""
+    q_pool.remote = {**q_pool.remote, "max_upload_mb": 64}
+    q_pool.save()
+    big = "0123456789abcdef" * (600 * 1024)  # 9.4 MiB
+    case = launch(make_case, q_pool, "echo made > out.txt", inputs={"big.bin": big})
+    case = poll_until(case, lambda c: c.is_terminal, timeout=60)
+    assert case.status == CaseStatus.DONE, case.last_error
+    out_bucket = qb.bucket_names(str(case.id))[1]
+    etag = double.s3.head_object(Bucket=out_bucket, Key="big.bin")["ETag"]
+    assert "-" in etag  # the double returned it with a multipart ETag, as Qarnot's storage does
+    results = workspace.case_dir(case.id) / "results"
+    assert (results / "out.txt").read_text() == "made\n" and not (results / "big.bin").exists()
+
+
+def test_cleanup_purges_the_buckets_and_task_of_cases_past_the_retention(q_pool, make_case, double):
+    """SPEC §8: ``manage.py cleanup`` deletes a finished case's buckets and task once it is past
+    the retention; a second purge finds nothing to do and raises nothing."""
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from apps.cases.models import Case
+
+    case = poll_until(launch(make_case, q_pool, "echo x > out.txt"), lambda c: c.is_terminal)
+    assert case.status == CaseStatus.DONE, case.last_error
+    Case.objects.filter(pk=case.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    names = set(qb.bucket_names(str(case.id)))
+    assert names <= set(double.buckets())
+    out = StringIO()
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 1 finished case(s)" in out.getvalue()
+    assert not names & set(double.buckets()) and case.remote_id not in double.tasks
+    qb.QarnotBackend().purge(passes.job_ref(case))  # already gone: no error

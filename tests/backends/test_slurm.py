@@ -4,7 +4,10 @@ Skipped with the reason when no cluster answers, except under CI=true (or GRIDGA
 where a missing cluster fails the tests. Tests wait for real jobs with bounded polling loops.
 """
 
+import os
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from datetime import timedelta
@@ -24,12 +27,27 @@ pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 
 
 @pytest.fixture
-def slurm_pool(slurm_cluster, tmp_path):
+def working_root(request):
+    """A working root the jobs' accounts can traverse (0711): pytest's own tmp_path is 0700 root."""
+    root = tempfile.mkdtemp(prefix="gridgate-slurm-")
+    os.chmod(root, 0o711)  # noqa: S103 - traverse only, like a cluster's scratch root
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    return Path(root)
+
+
+@pytest.fixture
+def owner_account(link_account, owner):
+    """R-CASE-8: Slurm jobs are submitted as the case owner's linked account."""
+    return link_account(owner)
+
+
+@pytest.fixture
+def slurm_pool(slurm_cluster, working_root, owner_account):
     pool = ResourcePool.objects.create(
         name="hpc",
         kind="slurm",
         public=True,
-        remote={"partition": "debug", "working_root": str(tmp_path / "scratch")},
+        remote={"partition": "debug", "working_root": str(working_root / "scratch")},
     )
     ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
     return pool
@@ -88,6 +106,70 @@ def test_slurm_job_never_sees_the_worker_environment(slurm_pool, make_case, monk
     assert case.status == CaseStatus.DONE, case.last_error
     stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
     assert "4711" not in stdout and f"GRIDGATE_CASE_ID={case.id}" in stdout
+
+
+def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users_files(
+    slurm_pool, api, owner, member, link_account, owner_account, monkeypatch, cases_root, working_root
+):
+    """R-CASE-8 on Slurm: the job is the owner's (squeue/scontrol say so, the account owns its
+    files), it sees none of the worker's variables and none of another user's inputs."""
+    secrets = {
+        "SECRET_KEY": "django-secret-4711",
+        "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
+        "QARNOT_TOKEN": "qarnot-token-4711",
+        "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    victim_account = link_account(member, "gridgate-test2")
+    rc = slurm_pool.classes.get()
+    victim = make_slurm_case(api(member), rc, "cat victim.txt > copy.txt; sleep 20", b"victim-private-data-0815")
+    assert api(member).post(f"/api/v1/cases/{victim}/launch/", {}, format="json").status_code == 200
+    victim_job = Case.objects.get(pk=victim).remote_id
+    attack = (
+        "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
+        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done >> env.txt 2>/dev/null; env >> env.txt; "
+        f"cat ../../../*/inputs/* ../../*/work/* {cases_root}/*/inputs/* > loot.txt 2>/dev/null; "
+        "id -u > uid.txt; true"
+    )
+    attacker = make_slurm_case(api(owner), rc, attack)
+    response = api(owner).post(f"/api/v1/cases/{attacker}/launch/", {}, format="json")
+    assert response.status_code == 200, response.content
+    job_id = Case.objects.get(pk=attacker).remote_id
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert f"UserId={owner_account.pw_name}(" in shown
+    case = wait_for_terminal(Case.objects.get(pk=attacker), timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    results = workspace.case_dir(attacker) / "results"
+    env = (results / "env.txt").read_text()
+    assert not any(value in env for value in secrets.values())
+    assert "0815" not in (results / "loot.txt").read_text()
+    assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
+    work = working_root / "scratch" / attacker / "work"
+    assert work.stat().st_uid == owner_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
+    assert (work / "env.txt").stat().st_uid == owner_account.pw_uid
+    assert (working_root / "scratch" / victim / "work").stat().st_uid == victim_account.pw_uid
+    subprocess.run(["scancel", victim_job], capture_output=True, check=False)
+
+
+def test_slurm_launch_without_a_linked_account_is_refused(slurm_cluster, working_root, api, member, db):
+    pool = ResourcePool.objects.create(name="hpc2", kind="slurm", public=True, remote={"partition": "debug"})
+    rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    case_id = make_slurm_case(api(member), rc, "true")
+    response = api(member).post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    assert response.status_code == 403 and "operator" in response.json()["detail"]
+    assert Case.objects.get(pk=case_id).status == CaseStatus.PREPARED
+
+
+def make_slurm_case(client, rc, command, data=None):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    body = {"name": "c", "resource_class": rc.pk, "command": command}
+    if data is not None:
+        body["inputs"] = [SimpleUploadedFile("victim.txt", data)]
+    response = client.post("/api/v1/cases/", body, format="multipart" if data is not None else "json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
 
 
 def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tmp_path):

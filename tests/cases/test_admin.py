@@ -62,3 +62,39 @@ def test_campaign_whose_cases_ended_is_deleted_from_the_admin(admin_client, make
     assert not Campaign.objects.filter(pk=campaign.pk).exists()
     case.refresh_from_db()
     assert case.campaign_id is None
+
+
+def test_launched_case_owner_class_command_and_options_are_read_only(admin_client, make_case, member):
+    """R-CASE-8: the admin cannot rewrite what a launched case ran, or as whom."""
+    case = services.launch_case(make_case(command="run-solver", launch_options={"time": "01:00:00"}))
+    page = admin_client.get(f"/admin/cases/case/{case.pk}/change/").content.decode()
+    for name in ("owner", "resource_class", "command", "launch_options"):
+        assert f'name="{name}"' not in page, name
+    response = admin_client.post(
+        f"/admin/cases/case/{case.pk}/change/",
+        {
+            "name": "renamed",
+            "owner": member.pk,
+            "resource_class": case.resource_class_id,
+            "command": "cat /etc/shadow",
+            "launch_options": '{"time": "365-00:00:00"}',
+            "observability_globs": "[]",
+            "events-TOTAL_FORMS": "0",
+            "events-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 302
+    case.refresh_from_db()
+    assert case.name == "renamed"  # the editable part still saves
+    assert (case.owner_id, case.command, case.launch_options) != (
+        member.pk,
+        "cat /etc/shadow",
+        {"time": "365-00:00:00"},
+    )
+    assert case.command == "run-solver" and case.launch_options == {"time": "01:00:00"}
+
+
+def test_prepared_case_stays_editable_in_the_admin(admin_client, make_case):
+    case = make_case()
+    page = admin_client.get(f"/admin/cases/case/{case.pk}/change/").content.decode()
+    assert 'name="command"' in page and 'name="owner"' in page

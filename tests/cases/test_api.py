@@ -394,3 +394,16 @@ def test_idempotency_key_on_launch_never_launches_twice(api, owner, local_pool):
     again = client.post(url, {"launch_options": {}}, format="json", HTTP_IDEMPOTENCY_KEY="launch-1")
     assert first.status_code == 200 and first.json() == again.json()
     assert Case.objects.get(pk=case_id).events.filter(to_status="pending").count() == 1
+
+
+def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, owner, local_pool, settings, monkeypatch):
+    """R-CASE-7: the Content-Length pre-check answers 413 before the multipart body is parsed
+    (and spooled to disk); the per-file check behind it never even runs."""
+    settings.GRIDGATE_MAX_UPLOAD_MB = 1
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    reached = []
+    monkeypatch.setattr(workspace, "save_uploads", lambda *args, **kwargs: reached.append(args) or [])
+    big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
+    response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [big]}, format="multipart")
+    assert response.status_code == 413 and reached == []

@@ -8,9 +8,25 @@ tests) or on the local Slurm cluster through ``sbatch`` (``runner="slurm"``: a r
 Faults (all counted per request): ``fault(path_part, status=…, times=…, delay=…, after=…)``
 answers ``status`` (5xx, 429, 404…) or sleeps ``delay`` seconds before answering (a client
 timeout); with ``after=True`` the request is carried out first and the answer is delayed (a
-submission that reached Slurm but whose answer timed out). ``hide_new_jobs = N`` hides each new
-job from the next N lookups (FirecREST's transient 404 right after submit). ``force_state(id,
-state, exit_code)`` overrides what a job reports (OUT_OF_MEMORY, NODE_FAIL…).
+submission that reached Slurm but whose answer timed out); with ``drop=True`` (and ``after=True``)
+the request is carried out and the connection is closed without an answer. ``hide_new_jobs = N``
+hides each new job from the next N lookups (FirecREST's transient 404 right after submit).
+``force_state(id, state, exit_code)`` overrides what a job reports (OUT_OF_MEMORY, NODE_FAIL…).
+
+What the real FirecREST v2 server does (PROVIDERS.md, "observed") and this double reproduces,
+each pinned by a test in ``tests/backends/test_firecrest_double.py``:
+
+- ``ops/tail`` is ``tail --bytes=+N``: 1-based start; ``bytes=0`` means no option (last 10 lines);
+- tokens live ``token_ttl`` seconds and are refused with less than 30 s left (401 "expires too
+  soon"); ``expire_tokens_in(s)`` ages the tokens already issued;
+- ``allocation_records = N``: a running job shows as its allocation record (name "allocation",
+  PENDING) in the next N lookups; ``missing_after_end = N``: a finished job is missing from the
+  next N listings and lookups;
+- cancel of a finished or unknown job answers 500 with scancel's message;
+- listings carry sizes as strings and one-second ``lastModified``; ``jobId`` is a string and
+  ``exitCode`` is 0 while running;
+- ``servicesHealth`` is a list (scheduler, ssh, filesystem); ``unhealthy[name] = message``;
+- files over 1 MiB go through the staging endpoints; ``staging = False`` answers them 500.
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -44,6 +61,7 @@ class Fault:
     delay: float
     after: bool
     body: dict | None = None
+    drop: bool = False
 
 
 @dataclass
@@ -61,6 +79,8 @@ class Job:
     forced: tuple[str, int] | None = None
     transfer: bool = False
     log: str = ""
+    allocation_lookups: int = 0
+    missing_lookups: int = 0
 
 
 class FirecrestDouble:
@@ -81,7 +101,13 @@ class FirecrestDouble:
         self.partitions = list(partitions)
         self.client_id = client_id
         self.client_secret = client_secret
-        self.tokens: set[str] = set()
+        self.tokens: dict[str, float] = {}  # token → expiry (epoch seconds)
+        self.token_ttl = 300
+        self.allocation_records = 0
+        self.missing_after_end = 0
+        self.unhealthy: dict[str, str] = {}
+        self.staging = True
+        self.answered: list[tuple[str, str, int]] = []
         self.jobs: dict[int, Job] = {}
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str]] = []
@@ -128,8 +154,16 @@ class FirecrestDouble:
         return f"{self.url}/auth/token"
 
     # -- test controls ------------------------------------------------------------------------
-    def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, body=None):
-        self.faults.append(Fault(path_part, method, status, times, delay, after, body))
+    def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, body=None, drop=False):
+        self.faults.append(Fault(path_part, method, status, times, delay, after, body, drop))
+
+    def expire_tokens_in(self, seconds: float) -> None:
+        """Age every token issued so far: each has ``seconds`` left (the client does not know)."""
+        for token in self.tokens:
+            self.tokens[token] = time.time() + seconds
+
+    def refusals(self, status: int = 401) -> list[tuple[str, str]]:
+        return [(method, path) for method, path, code in self.answered if code == status]
 
     def status_calls(self) -> list[str]:
         """Job-status requests (listing or one job) as they reached the double."""
@@ -159,6 +193,12 @@ class FirecrestDouble:
             fault.times -= 1
             if fault.delay:
                 time.sleep(fault.delay)
+            if fault.drop:
+                # The request was carried out; the answer never leaves: close the connection.
+                sock = request.environ.get("werkzeug.socket")
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+                return jsonify({}), 500
             if fault.status:
                 headers = {"Retry-After": "0"} if fault.status == 429 else {}
                 body = fault.body or {"message": f"injected fault {fault.status}"}
@@ -204,13 +244,27 @@ class FirecrestDouble:
             return live, 0 if live == "COMPLETED" else 1
         return "PENDING", None
 
+    def _visible_json(self, job: Job) -> dict | None:
+        """The record a lookup sees: None while a just-finished job is missing, the allocation
+        record while it shows, else the job."""
+        state, _code = self._job_state(job)
+        if job.ended is not None and job.missing_lookups > 0:
+            job.missing_lookups -= 1
+            return None
+        if job.ended is None and job.allocation_lookups > 0 and state == "RUNNING":
+            job.allocation_lookups -= 1
+            record = self._job_json(job)
+            record.update(name="allocation", status={"state": "PENDING", "stateReason": "None", "exitCode": 0})
+            return record
+        return self._job_json(job)
+
     def _job_json(self, job: Job) -> dict:
         state, code = self._job_state(job)
         end = job.ended or time.time()
         return {
-            "jobId": job.job_id,
+            "jobId": str(job.job_id),
             "name": job.name,
-            "status": {"state": state, "stateReason": "None", "exitCode": code},
+            "status": {"state": state, "stateReason": "None", "exitCode": code or 0},
             "time": {"elapsed": int(end - job.started), "start": int(job.started), "end": None, "limit": 3600},
             "workingDirectory": job.workdir,
             "account": job.account,
@@ -222,6 +276,8 @@ class FirecrestDouble:
         name = (re.search(r"^#SBATCH --job-name=(\S+)", script, re.M) or [None, "job"])[1]
         job = Job(job_id=next(self._ids), name=name, workdir=workdir, account=body.get("account"))
         job.hidden_lookups = self.hide_new_jobs
+        job.allocation_lookups = self.allocation_records
+        job.missing_lookups = self.missing_after_end
         script_path = Path(workdir).parent / f"job-{job.job_id}.sh"
         script_path.write_text(script)
         if self.runner == "slurm":
@@ -274,12 +330,17 @@ class FirecrestDouble:
             if request.path == "/auth/token" or request.path.startswith("/_stage/"):
                 return None
             header = request.headers.get("Authorization", "")
-            if not header.startswith("Bearer ") or header[7:] not in double.tokens:
+            expiry = double.tokens.get(header[7:]) if header.startswith("Bearer ") else None
+            if expiry is None or expiry <= time.time():
                 return jsonify({"message": "Invalid token"}), 401
+            if expiry - time.time() < 30:
+                return jsonify({"message": "Access token expires too soon (less than 30s remaining)"}), 401
             return None
 
         @app.after_request
         def after(response):
+            with double._lock:
+                double.answered.append((request.method, request.path, response.status_code))
             delayed = double._fault(after=True)
             if delayed is not None:
                 return app.make_response(delayed)
@@ -295,12 +356,21 @@ class FirecrestDouble:
             ):
                 return jsonify({"error": "invalid_client", "error_description": "Invalid client credentials"}), 401
             value = secrets.token_urlsafe(16)
-            double.tokens.add(value)
-            return jsonify({"access_token": value, "expires_in": 300, "token_type": "Bearer"})
+            double.tokens[value] = time.time() + double.token_ttl
+            return jsonify({"access_token": value, "expires_in": double.token_ttl, "token_type": "Bearer"})
 
         @app.get("/status/systems")
         def systems():
-            return jsonify({"systems": [{"name": double.system, "servicesHealth": [{"healthy": True}]}]})
+            health = [
+                {
+                    "serviceType": name,
+                    "healthy": name not in double.unhealthy,
+                    "message": double.unhealthy.get(name),
+                    "lastChecked": "2026-11-30T17:46:01",
+                }
+                for name in ("scheduler", "ssh", "filesystem")
+            ]
+            return jsonify({"systems": [{"name": double.system, "servicesHealth": health}]})
 
         @app.get("/status/<system>/partitions")
         def partitions(system):
@@ -323,8 +393,9 @@ class FirecrestDouble:
                         "name": child.name,
                         "type": kind,
                         "linkTarget": os.readlink(child) if kind == "l" else None,
-                        "size": st.st_size,
-                        "lastModified": f"{st.st_mtime_ns}",
+                        "size": str(st.st_size),  # a string, as the real server sends it
+                        # one-second resolution, as the real server sends it
+                        "lastModified": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(st.st_mtime)),
                         "permissions": "rw-r--r--",
                     }
                 )
@@ -366,7 +437,9 @@ class FirecrestDouble:
         @app.get("/filesystem/<system>/ops/stat")
         def stat(system):
             double._system(system)
-            path = double._existing(request.args.get("path"))
+            path = double._path(request.args.get("path"))
+            if not path.exists():
+                raise _Error(404, f"stat: cannot statx '{path}': No such file or directory")
             st = path.stat()
             return jsonify({"output": {"size": st.st_size, "mtime": int(st.st_mtime), "mode": st.st_mode}})
 
@@ -387,16 +460,33 @@ class FirecrestDouble:
             double._system(system)
             data = double._existing(request.args.get("path")).read_bytes()
             count = int(request.args.get("bytes") or 0)
-            if request.args.get("skipHeading") in ("true", "True"):
-                data = data[count:]  # pyfirecrest: "the whole file, without the first NUM bytes"
-            elif count:
+            if not count:
+                # bytes=0 drops the option: plain `tail`, the last 10 lines
+                data = b"".join(data.splitlines(keepends=True)[-10:])
+            elif request.args.get("skipHeading") in ("true", "True"):
+                data = data[count - 1 :]  # `tail --bytes=+N`: starts at the N-th byte (1-based)
+            else:
                 data = data[-count:]
             return jsonify({"output": data.decode("utf-8", "replace")})
+
+        @app.delete("/filesystem/<system>/ops/rm")
+        def rm(system):
+            double._system(system)
+            path = double._path(request.args.get("path"))
+            if not path.exists() and not path.is_symlink():
+                raise _Error(404, f"rm: cannot remove '{path}': No such file or directory")
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            return Response(status=204)
 
         # -- transfers (files over MAX_DIRECT_UPLOAD_SIZE) ----------------------------------------
         @app.post("/filesystem/<system>/transfer/upload")
         def transfer_upload(system):
             double._system(system)
+            if not double.staging:
+                raise _Error(500, "S3 staging is not configured on this server")
             body = request.get_json()
             target = double._path(body.get("path"))
             size = int((body.get("transfer_directives") or {}).get("file_size") or 0)
@@ -454,7 +544,7 @@ class FirecrestDouble:
             job = double._start_job(body)
             with double._lock:
                 double.jobs[job.job_id] = job
-            return jsonify({"jobId": job.job_id}), 201
+            return jsonify({"jobId": str(job.job_id)}), 201
 
         @app.get("/compute/<system>/jobs")
         def jobs(system):
@@ -467,7 +557,9 @@ class FirecrestDouble:
                 if job.hidden_lookups > 0:
                     job.hidden_lookups -= 1
                     continue
-                out.append(double._job_json(job))
+                record = double._visible_json(job)
+                if record is not None:
+                    out.append(record)
             return jsonify({"jobs": out})
 
         @app.get("/compute/<system>/jobs/<int:job_id>")
@@ -479,18 +571,21 @@ class FirecrestDouble:
             if found.hidden_lookups > 0:
                 found.hidden_lookups -= 1
                 raise _Error(404, "Job not found")
-            return jsonify({"jobs": [double._job_json(found)]})
+            record = double._visible_json(found)
+            return jsonify({"jobs": [record] if record is not None else []})
 
         @app.delete("/compute/<system>/jobs/<int:job_id>")
         def cancel(system, job_id):
             double._system(system)
             found = double.jobs.get(job_id)
             if found is None:
-                raise _Error(404, "Job not found")
+                # The real server passes scancel's refusal on as a 500, not a 404.
+                raise _Error(500, f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
             state, _code = double._job_state(found)
             if state.split(" ")[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
-                # Slurm has forgotten it: FirecREST answers 404 for a finished job.
-                raise _Error(404, "Job not found")
+                raise _Error(
+                    500, f"scancel: error: Kill job error on job id {job_id}: Job/step already completing or complete"
+                )
             found.cancelled = True
             if found.proc is not None:
                 os.killpg(found.proc.pid, signal.SIGTERM)

@@ -4,18 +4,32 @@ Both listen on 127.0.0.1 at ports chosen at runtime. A submitted task really run
 buckets are copied into a scratch directory, ``DOCKER_CMD`` runs there as a local process with
 the constants as environment, files matching the periodic snapshot whitelist are pushed to the
 results bucket while it runs, and everything it created or changed (minus the results blacklist)
-is uploaded when it ends. States follow Qarnot's: Submitted → FullyExecuting → UploadingResults
-→ Success/Failure, Cancelled on abort.
+is uploaded when it ends (the whole working directory minus the results blacklist, unchanged
+inputs included, with boto3's multipart uploads above 8 MB).
 
 Faults: ``fault(path_part, status=…, times=…, delay=…, after=…)`` as in the FirecREST double
 (5xx, 429, timeouts, a submission carried out whose answer is delayed); ``user`` holds what
-``/info`` reports (bucket count limit, storage quota) for quota tests; ``abort`` of a finished
-task answers 403 "Invalid operation on non-running task" as the real API does.
+``/info`` reports (bucket count limit, storage quota) for quota tests.
+
+What Qarnot does (PROVIDERS.md, "Qarnot as the SDK … describe it") and this double reproduces,
+each pinned by a test in ``tests/backends/test_qarnot_double.py``:
+
+- states Submitted → PartiallyDispatched → FullyDispatched → PartiallyExecuting → FullyExecuting
+  → UploadingResults → Success | Failure; an abort goes through PendingCancel to Cancelled and is
+  never undone (an abort while Submitted or UploadingResults ends Cancelled, not Success);
+  ``hold`` is a set of states the runner waits in (for tests of those windows);
+- failures are per instance in ``completedInstances[*].state/error``: no invented ``errors``;
+- ``abort`` of a finished task answers 403 "Invalid operation on non-running task";
+- tag filters are exact (``Equal`` on ``Tags``), task pages are truncated at ``page_size`` with
+  ``isTruncated``/``nextToken``;
+- the storage quota (``user["quotaBytesBucket"]``) is enforced by the S3 storage itself: an upload
+  past it answers ``QuotaExceeded`` in the middle of the upload;
+- ``max_tasks``: a submission past it answers 403 "Maximum number of tasks reached";
+  ``credits = False``: 402 "not enough credits".
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import re
@@ -33,8 +47,10 @@ from pathlib import Path
 
 import boto3
 from flask import Flask, jsonify, request
-from moto.server import ThreadedMotoServer
+from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
+from werkzeug.wrappers import Request as WsgiRequest
+from werkzeug.wrappers import Response as WsgiResponse
 
 from tests.doubles.firecrest_server import Fault, _matches
 
@@ -54,7 +70,10 @@ class Task:
     created: datetime = field(default_factory=lambda: datetime.now(UTC))
     started: float | None = None
     ended: float | None = None
-    errors: list = field(default_factory=list)
+    completed: list = field(default_factory=list)
+    previous_state: str | None = None
+    history: list = field(default_factory=lambda: ["Submitted"])
+    runner: threading.Thread | None = None
 
 
 class QarnotDouble:
@@ -76,9 +95,12 @@ class QarnotDouble:
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str]] = []
         self.snapshot_tick = 0.2
+        self.hold: set[str] = set()
+        self.page_size = 2
+        self.max_tasks: int | None = None
+        self.credits = True
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self.s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.app = self._build_app()
         self._server = None
         self._thread = None
@@ -86,9 +108,10 @@ class QarnotDouble:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self):
-        self.s3_server.start()
-        host, port = self.s3_server.get_host_and_port()
-        self.storage_url = f"http://{host}:{port}"
+        self._s3_server = make_server("127.0.0.1", 0, self._storage_app(), threaded=True)
+        self._s3_thread = threading.Thread(target=self._s3_server.serve_forever, daemon=True)
+        self._s3_thread.start()
+        self.storage_url = f"http://127.0.0.1:{self._s3_server.server_port}"
         self.s3 = boto3.client(
             "s3",
             endpoint_url=self.storage_url,
@@ -116,7 +139,8 @@ class QarnotDouble:
                 os.killpg(task.proc.pid, signal.SIGKILL)
         self._server.shutdown()
         self._thread.join(5)
-        self.s3_server.stop()
+        self._s3_server.shutdown()
+        self._s3_thread.join(5)
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     @property
@@ -128,6 +152,33 @@ class QarnotDouble:
 
     def buckets(self) -> list[str]:
         return sorted(b["Name"] for b in self.s3.list_buckets().get("Buckets", []))
+
+    def _storage_app(self):
+        """moto's S3, behind the account's storage quota as Qarnot's storage enforces it: an
+        object (or part) that would pass ``user["quotaBytesBucket"]`` is refused mid-upload."""
+        moto = DomainDispatcherApplication(create_backend_app)
+        double = self
+
+        def app(environ, start_response):
+            request = WsgiRequest(environ)
+            quota = double.user.get("quotaBytesBucket")
+            is_object = request.method == "PUT" and len(request.path.strip("/").split("/")) > 1
+            if is_object and quota is not None and quota >= 0:
+                used = double.used_bytes()
+                if used + (request.content_length or 0) > quota:
+                    body = (
+                        "<?xml version='1.0' encoding='UTF-8'?><Error><Code>QuotaExceeded</Code>"
+                        "<Message>Storage quota exceeded</Message></Error>"
+                    )
+                    return WsgiResponse(body, status=403, mimetype="application/xml")(environ, start_response)
+            return moto(environ, start_response)
+
+        return app
+
+    def used_bytes(self) -> int:
+        return sum(
+            o["Size"] for name in self.buckets() for o in self.s3.list_objects_v2(Bucket=name).get("Contents", [])
+        )
 
     def keys(self, bucket: str) -> list[str]:
         return sorted(o["Key"] for o in self.s3.list_objects_v2(Bucket=bucket).get("Contents", []))
@@ -141,21 +192,44 @@ class QarnotDouble:
         raise AssertionError(f"task {uuid} still {self.tasks[uuid].state}")
 
     # -- the task runner ------------------------------------------------------------------------
+    def _enter(self, task: Task, state: str) -> bool:
+        """Move to ``state`` unless an abort came first (never undone); wait while it is held.
+        An abort during the wait is the caller's to honour (as an abort during an upload is)."""
+        with self._lock:
+            if task.state in ("PendingCancel", "Cancelled"):
+                return False
+            task.previous_state, task.state = task.state, state
+            task.history.append(state)
+        while state in self.hold and task.state == state:
+            time.sleep(0.02)
+        return True
+
+    def _cancelled(self, task: Task) -> None:
+        with self._lock:
+            task.previous_state, task.state = task.state, "Cancelled"
+            task.history.append("Cancelled")
+            task.ended = time.time()
+
     def _run(self, task: Task):
         body = task.body
         work = self._scratch / task.uuid
         work.mkdir(parents=True)
+        while "Submitted" in self.hold and task.state == "Submitted":
+            time.sleep(0.02)
+        for state in ("PartiallyDispatched", "FullyDispatched"):
+            if not self._enter(task, state):
+                return self._cancelled(task)
         for resource in body.get("advancedResourceBuckets") or []:
             name = resource["bucketName"]
             for key in self.keys(name):
                 target = work / key
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.s3.download_file(name, key, str(target))
-        inputs = {p.relative_to(work).as_posix(): _md5(p) for p in work.rglob("*") if p.is_file()}
         constants = {c["key"]: c["value"] for c in body.get("constants") or []}
         env = {**os.environ, **{k: v for k, v in constants.items() if not k.startswith("DOCKER_")}}
+        if not self._enter(task, "PartiallyExecuting"):
+            return self._cancelled(task)
         task.started = time.time()
-        task.state = "FullyExecuting"
         task.proc = subprocess.Popen(
             shlex.split(constants.get("DOCKER_CMD", "true")),
             cwd=work,
@@ -170,30 +244,39 @@ class QarnotDouble:
         ]
         for reader in readers:
             reader.start()
+        self._enter(task, "FullyExecuting")
         while task.proc.poll() is None:
-            if task.snapshot_interval and task.snapshot_whitelist:
-                self._upload(task, work, inputs, whitelist=task.snapshot_whitelist)
+            if task.snapshot_interval and task.snapshot_whitelist and task.state == "FullyExecuting":
+                self._upload(task, work, whitelist=task.snapshot_whitelist)
             time.sleep(self.snapshot_tick)
         for reader in readers:
             reader.join(5)
-        if task.state == "Cancelled":
+        if not self._enter(task, "UploadingResults"):
+            return self._cancelled(task)
+        self._upload(task, work, blacklist=body.get("resultsBlacklist"))
+        code = task.proc.returncode
+        instance = {"instanceId": 0, "state": "Success" if code == 0 else "Failure", "wallTimeSec": 1.0}
+        if code != 0:
+            instance["error"] = {
+                "code": "FT000",
+                "message": f"The process exited with code {code}",
+                "debug": "docker run failed",
+            }
+        with self._lock:
+            if task.state != "UploadingResults":  # aborted during the upload: stays cancelled
+                task.previous_state, task.state = task.state, "Cancelled"
+            else:
+                task.completed = [instance]
+                task.previous_state, task.state = task.state, instance["state"]
+            task.history.append(task.state)
             task.ended = time.time()
-            return
-        task.state = "UploadingResults"
-        self._upload(task, work, inputs, blacklist=body.get("resultsBlacklist"))
-        task.ended = time.time()
-        if task.proc.returncode == 0:
-            task.state = "Success"
-        else:
-            task.errors = [{"code": "TaskFailed", "message": f"exit code {task.proc.returncode}"}]
-            task.state = "Failure"
 
     def _pump(self, task: Task, stream, name: str):
         for line in iter(stream.readline, b""):
             with self._lock:
                 setattr(task, name, getattr(task, name) + line.decode("utf-8", "replace"))
 
-    def _upload(self, task: Task, work: Path, inputs: dict, whitelist=None, blacklist=None):
+    def _upload(self, task: Task, work: Path, whitelist=None, blacklist=None):
         bucket = task.body.get("resultBucket")
         if not bucket:
             return
@@ -205,8 +288,8 @@ class QarnotDouble:
                 continue
             if blacklist and re.search(blacklist, rel):
                 continue
-            if inputs.get(rel) == _md5(path):
-                continue  # Qarnot sends back what the task created or changed
+            # The whole working directory, unchanged inputs included; boto3 uploads files over
+            # 8 MB in parts, so their ETags are not MD5s.
             self.s3.upload_file(str(path), bucket, rel)
 
     # -- the application ------------------------------------------------------------------------
@@ -219,7 +302,10 @@ class QarnotDouble:
             "uuid": task.uuid,
             "state": task.state,
             "creationDate": task.created.strftime("%Y-%m-%dT%H:%M:%SZ"),  # the SDK needs this format
-            "errors": task.errors,
+            "errors": [],  # task-level errors only: an instance's failure is in completedInstances
+            "completedInstances": task.completed,
+            "previousState": task.previous_state,
+            "status": {"executionTime": f"00:00:{elapsed:02d}"},
             "runningCoreCount": 4 if task.state == "FullyExecuting" else 0,
             "executionTime": f"00:00:{elapsed:02d}",
             "snapshotInterval": task.snapshot_interval,
@@ -302,16 +388,35 @@ class QarnotDouble:
             ]:
                 if name and name not in double.buckets():
                     return jsonify({"message": f"bucket {name} not found"}), 404
+            if not double.credits:
+                return jsonify({"message": "Not enough credits to run the task"}), 402
+            active = [t for t in double.tasks.values() if t.state not in ("Success", "Failure", "Cancelled")]
+            if double.max_tasks is not None and len(active) >= double.max_tasks:
+                return jsonify({"message": "Maximum number of tasks reached"}), 403
             task = Task(uuid=str(uuidlib.uuid4()), body=body)
             double.tasks[task.uuid] = task
-            threading.Thread(target=double._run, args=(task,), daemon=True).start()
+            task.runner = threading.Thread(target=double._run, args=(task,), daemon=True)
+            task.runner.start()
             return jsonify({"uuid": task.uuid}), 201
 
         @app.post("/tasks/paginate")
         def paginate():
-            text = str(request.get_json().get("filter"))
-            data = [double._task_json(t) for t in double.tasks.values() if any(tag in text for tag in t.body["tags"])]
-            return jsonify({"data": data, "isTruncated": False, "nextToken": None})
+            query = request.get_json() or {}
+            wanted = _tags_of(query.get("filter"))
+            matching = [t for t in double.tasks.values() if wanted is None or wanted & set(t.body.get("tags") or [])]
+            start = int(query.get("token") or 0)
+            size = int(query.get("maximumResults") or double.page_size)
+            size = min(size, double.page_size)
+            page = matching[start : start + size]
+            more = start + size < len(matching)
+            return jsonify(
+                {
+                    "data": [double._task_json(t) for t in page],
+                    "isTruncated": more,
+                    "nextToken": str(start + size) if more else None,
+                    "token": query.get("token"),
+                }
+            )
 
         @app.get("/tasks/<uuid>")
         def retrieve(uuid):
@@ -341,9 +446,11 @@ class QarnotDouble:
             task, missing = task_or_404(uuid)
             if missing:
                 return missing
-            if task.state in ("Success", "Failure", "Cancelled"):
-                return jsonify({"message": "Invalid operation on non-running task"}), 403
-            task.state = "Cancelled"
+            with double._lock:
+                if task.state in ("Success", "Failure", "Cancelled", "PendingCancel"):
+                    return jsonify({"message": "Invalid operation on non-running task"}), 403
+                task.previous_state, task.state = task.state, "PendingCancel"
+                task.history.append("PendingCancel")
             if task.proc is not None and task.proc.poll() is None:
                 os.killpg(task.proc.pid, signal.SIGTERM)
             return "", 200
@@ -361,5 +468,16 @@ class QarnotDouble:
         return app
 
 
-def _md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+def _tags_of(filter_) -> set[str] | None:
+    """The tags an advanced filter asks for: exact ``Equal`` on ``Tags``, possibly under ``Or``
+    (None: no filter). Anything else matches nothing, as an unknown filter would."""
+    if not filter_:
+        return None
+    if filter_.get("operator") == "Equal" and filter_.get("field") == "Tags":
+        return {str(filter_.get("value"))}
+    if filter_.get("operator") == "Or":
+        out = set()
+        for sub in filter_.get("filters") or []:
+            out |= _tags_of(sub) or set()
+        return out
+    return set()

@@ -30,7 +30,7 @@ def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member,
         for user, slots in ((owner, 1), (member, 3), (owner, 2))
     ]
     for i in range(60):
-        services.submit_job(session=sessions[i % 3], payload={"i": i}, shots=1)
+        services.submit_job(user=sessions[i % 3].user, session=sessions[i % 3], payload={"i": i}, shots=1)
 
     submissions: list[int] = []
     overfills: list[str] = []

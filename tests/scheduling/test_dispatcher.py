@@ -19,7 +19,7 @@ def make_polls_due():
 
 
 def submit(session, n=1):
-    return [services.submit_job(session=session, payload={"i": i}, shots=5) for i in range(n)]
+    return [services.submit_job(user=session.user, session=session, payload={"i": i}, shots=5) for i in range(n)]
 
 
 def test_a_pass_runs_a_job_to_completion(qpu_pool, fake_device, open_session, owner):
@@ -230,7 +230,8 @@ def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, 
     from tests.scheduling.pulser_sequences import analog_sequence
 
     first, second = (
-        services.submit_job(session=session, payload={"sequence": analog_sequence()}, shots=20) for _ in range(2)
+        services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=20)
+        for _ in range(2)
     )
     services.run_pool(qpu_pool.pk)  # dispatches the first (its run task is not executed here)
     Job.objects.filter(pk=first.pk).update(next_poll_at=timezone.now() + timedelta(minutes=5))
@@ -281,7 +282,9 @@ def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_sessio
 
     device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     (job,) = [
-        services.submit_job(session=open_session(qpu_pool, owner), payload={"sequence": analog_sequence()}, shots=5)
+        services.submit_job(
+            user=owner, session=open_session(qpu_pool, owner), payload={"sequence": analog_sequence()}, shots=5
+        )
     ]
     services.run_pool(qpu_pool.pk)
     DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(

@@ -38,7 +38,7 @@ def test_emulator_failure_is_recorded_on_the_job(
     settings.GRIDGATE_TASKS_EAGER = True
     Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     session = open_session(qpu_pool, owner)
-    job = services.submit_job(session=session, payload={"sequence": analog_sequence()}, shots=10)
+    job = services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=10)
     # The sequence is corrupted on the device side after submission (validated, then broken).
     Job.objects.filter(pk=job.pk).update(payload={"sequence": "{}"})
     job.refresh_from_db()

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(session, n=1, shots=10):
-    return [services.submit_job(session=session, payload={"n": i}, shots=shots) for i in range(n)]
+    return [services.submit_job(user=session.user, session=session, payload={"n": i}, shots=shots) for i in range(n)]
 
 
 def dispatch_and_finish(pool, runtime=1.0):
@@ -92,7 +92,8 @@ def test_new_session_catches_up_and_takes_no_burst(qpu_pool, fake_device, open_s
     newcomer = open_session(qpu_pool, member, external_id="new")
     submit(newcomer, 50)
     newcomer.refresh_from_db()
-    assert newcomer.vruntime == pytest.approx(old.vruntime)  # raised to the others' minimum
+    # R-SCHED-2: raised to the pool's virtual time (the vruntime old was served at last).
+    assert newcomer.vruntime == pytest.approx(old.vruntime - 1) == pytest.approx(49)
     first_ten = [dispatch_and_finish(qpu_pool).session_id for _ in range(10)]
     assert first_ten.count(newcomer.pk) <= 6  # its share (5 of 10) + 1
 
@@ -104,9 +105,9 @@ def test_returning_session_does_not_cash_in_idle_time(qpu_pool, fake_device, ope
     submit(b, 60)
     for _ in range(40):
         dispatch_and_finish(qpu_pool)
-    submit(a, 20)  # a returns with a low vruntime: catch-up raises it
+    submit(a, 20)  # a returns with a low vruntime: catch-up raises it to the pool's V
     a.refresh_from_db(), b.refresh_from_db()
-    assert a.vruntime == pytest.approx(b.vruntime)
+    assert a.vruntime == pytest.approx(b.vruntime - 1)  # b was last served at 39
     nxt = [dispatch_and_finish(qpu_pool).session_id for _ in range(10)]
     assert nxt.count(a.pk) <= 6
 

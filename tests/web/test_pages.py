@@ -224,7 +224,7 @@ def test_job_in_a_released_session_is_refused_with_403_in_words(web, owner, qpu_
 def _submit(session, n=1):
     from apps.scheduling.services import submit_job
 
-    return [submit_job(session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
+    return [submit_job(user=session.user, session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
 
 
 def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner, qpu_pool, open_session):

@@ -164,10 +164,11 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         relative = target.relative_to(root.resolve())
         if relative.parts and relative.parts[0].startswith("."):
             raise NotFound("No such file.")
-        if not target.is_file():
+        handle = workspace.open_file(target)  # a regular file, never through a symlink (R-CASE-8)
+        if handle is None:
             raise NotFound("No such file.")
         content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        return FileResponse(target.open("rb"), as_attachment=True, filename=target.name, content_type=content_type)
+        return FileResponse(handle, as_attachment=True, filename=target.name, content_type=content_type)
 
 
 class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -26,7 +26,7 @@ from apps.scheduling import services as scheduling
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions import services as sessions
-from apps.sessions.models import Session, SessionStatus, is_service_principal
+from apps.sessions.models import Session, is_service_principal
 
 SESSION_HEADER = "X-Warden-Session"
 
@@ -79,19 +79,20 @@ class QrmiView(APIView):
             )
         return self.request.user
 
-    def session_from_header(self) -> Session:
+    def session_from_header(self, queryset=None) -> Session:
         raw = self.request.headers.get(SESSION_HEADER, "").strip()
         if not raw:
             raise ValidationError({SESSION_HEADER: ["This header is required (the session id acquire returned)."]})
-        return self.session(raw)
+        return self.session(raw, queryset)
 
-    def session(self, raw: str) -> Session:
+    def session(self, raw: str, queryset=None) -> Session:
         try:
             session_id = uuid.UUID(raw)
         except ValueError:
             raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.") from None
         # By the pool's name, not self.pool: one statement instead of two on every release and job.
-        session = Session.objects.select_related("pool").filter(pk=session_id, pool__name=self.kwargs["pool"]).first()
+        queryset = Session.objects.select_related("pool") if queryset is None else queryset
+        session = queryset.filter(pk=session_id, pool__name=self.kwargs["pool"]).first()
         if session is None:
             raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.")
         return session
@@ -188,17 +189,12 @@ class JobsView(QrmiView):
         """R-QRMI-2/3: the uid must be the session owner's; then R-JOB-1 submission and fair
         scheduling like any job."""
         user = self.caller()
-        session = self.session_from_header()
-        if session.user_id != user.pk:
-            raise PermissionDenied(f"Session {session.pk} belongs to another user than uid {self.uid}.")
-        if session.status != SessionStatus.ACTIVE:
-            raise PermissionDenied(
-                f"Session {session.pk} has ended ({session.get_revocation_reason_display() or session.status})."
-            )
+        session = self.session_from_header(queryset=scheduling.session_for_submission())
         body = TaskSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            job = scheduling.submit_job(
+            job = scheduling.submit_job(  # R-JOB-1 owner and status checks: the service's (403)
+                user=user,
                 session=session,
                 payload={"sequence": body.validated_data["sequence"]},
                 shots=body.validated_data["shots"],

@@ -3,7 +3,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,7 +15,7 @@ from apps.scheduling.api.filters import DeviceFilter, JobFilter
 from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer, JobSerializer, JobSubmitSerializer
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
-from apps.sessions.models import Session, SessionStatus
+from apps.sessions.models import Session
 
 
 class DeviceViewSet(viewsets.ModelViewSet):
@@ -95,6 +95,10 @@ class SessionJobsView(APIView):
         queryset = Session.objects.visible_to(request.user).select_related("pool")
         return get_object_or_404(queryset, pk=pk)
 
+    def _session_for_submission(self, request, pk) -> Session:
+        # Other users' sessions are 404 (visible_to); owner and status are the service's (R-JOB-1).
+        return get_object_or_404(services.session_for_submission().visible_to(request.user), pk=pk)
+
     @extend_schema(
         request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}
     )
@@ -102,11 +106,7 @@ class SessionJobsView(APIView):
         return idempotent(request, lambda: self._submit(request, pk))
 
     def _submit(self, request, pk):
-        session = self._session(request, pk)
-        if session.user_id != request.user.pk:
-            raise PermissionDenied("Only the session's owner submits jobs in it.")
-        if session.status != SessionStatus.ACTIVE:
-            raise PermissionDenied(f"Session {session.pk} is {session.status} ({session.revocation_reason}).")
+        session = self._session_for_submission(request, pk)
         body = JobSubmitSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         target = None
@@ -116,6 +116,7 @@ class SessionJobsView(APIView):
                 raise ValidationError({"device": ["Not a device of this session's pool."]})
         try:
             job = services.submit_job(
+                user=request.user,
                 session=session,
                 payload=body.validated_data["payload"],
                 shots=body.validated_data["shots"],

@@ -60,22 +60,22 @@ class SessionViewSet(
             target = get_user_model().objects.filter(username=data["user"]).first()
             if target is None:
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
-        # The class lookup, the access checks and the pool lock are one statement (issue 15's
-        # budget): admit() locks the pool through this queryset.
-        classes = visible_classes(caller).filter(pk=data["resource_class"])
-        if target != caller:
-            classes = classes.filter(pool__in=ResourcePool.objects.visible_to(target))
+        # The class must be usable by the session's user: a service principal opens sessions for
+        # granted users on pools it need not see itself (docs/architecture.md, "Who may do what").
+        # The lookup, that access check and the pool lock are one statement (issue 15's budget):
+        # admit() locks the pool through this queryset; the reasons for a miss are looked up after.
+        classes = visible_classes(target).filter(pk=data["resource_class"])
         try:
             admission = services.admit(
                 user=target, resource_class=classes, slots=data["slots"], external_id=data["external_id"]
             )
         except services.NoSuchClass:
-            visible = visible_classes(caller).filter(pk=data["resource_class"]).first()
-            if visible is None:
-                raise ValidationError(
-                    {"resource_class": [f"No class {data['resource_class']} that you can use."]}
-                ) from None
-            raise PermissionDenied(f"User '{target.username}' may not use pool '{visible.pool.name}'.") from None
+            seen = visible_classes(caller).filter(pk=data["resource_class"]).first() if target != caller else None
+            if seen is not None:  # the principal sees it, the user may not use it
+                raise PermissionDenied(f"User '{target.username}' may not use pool '{seen.pool.name}'.") from None
+            raise ValidationError(
+                {"resource_class": [f"No class {data['resource_class']} that you can use."]}
+            ) from None
         return Response(
             SessionSerializer(admission.session).data,
             status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,

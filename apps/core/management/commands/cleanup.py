@@ -1,5 +1,6 @@
 """``manage.py cleanup``: prune what has served its purpose (SPEC §8). Safe to re-run."""
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,11 +11,14 @@ from django.utils import timezone
 from apps.core.idempotency import IDEMPOTENCY_RETENTION
 from apps.core.models import IdempotencyKey
 
+logger = logging.getLogger(__name__)
+
 
 class Command(BaseCommand):
     help = (
         "Delete ended sessions, finished jobs and case events older than the retention, and "
-        "idempotency keys older than 24 h. Active work is never touched."
+        "idempotency keys older than 24 h; purge the provider side (Qarnot buckets, FirecREST and "
+        "Slurm run directories) of cases finished before the retention. Active work is never touched."
     )
 
     def add_arguments(self, parser):
@@ -62,3 +66,44 @@ class Command(BaseCommand):
             with transaction.atomic():
                 deleted, _ = queryset.delete()
             self.stdout.write(f"deleted {deleted} row(s): {label}")
+        self.purge_remote(cutoff, dry_run)
+
+    def purge_remote(self, cutoff, dry_run: bool) -> None:
+        """SPEC §8: what finished cases left at the provider goes once they are past the
+        retention. Each case is purged once (``remote_purged_at``); a provider error leaves it
+        for the next run, and the other cases go on. The local workspace stays (results)."""
+        from apps.backends.registry import get_backend
+        from apps.backends.remote_common import scrub_for_pool
+        from apps.cases.models import TERMINAL as CASE_TERMINAL
+        from apps.cases.models import Case
+        from apps.cases.passes import job_ref
+
+        due = (
+            Case.objects.filter(
+                status__in=CASE_TERMINAL,
+                finished_at__lt=cutoff,
+                remote_purged_at__isnull=True,
+                launch_requested_at__isnull=False,  # never launched: nothing was sent anywhere
+            )
+            .exclude(backend="")
+            .select_related("resource_class__pool")
+            .order_by("finished_at", "id")
+        )
+        if dry_run:
+            self.stdout.write(f"would purge the remote side of {due.count()} finished case(s)")
+            return
+        purged = failed = 0
+        for case in due.iterator(chunk_size=200):
+            try:
+                get_backend(case.backend).purge(job_ref(case))  # no transaction open
+            except Exception as exc:  # one provider's refusal must not stop the others
+                failed += 1
+                text = scrub_for_pool(case.resource_class.pool, f"{type(exc).__name__}: {exc}")
+                logger.warning("case %s: remote side not purged: %s", case.id, text)
+                self.stderr.write(f"case {case.id}: remote side not purged (retried next run): {text}")
+                continue
+            purged += Case.objects.filter(pk=case.pk, remote_purged_at__isnull=True).update(
+                remote_purged_at=timezone.now()
+            )
+        tail = f", {failed} failed" if failed else ""
+        self.stdout.write(f"purged the remote side of {purged} finished case(s){tail}")

@@ -17,7 +17,19 @@ DEMO_USERS = [
 
 DEMO_POOLS = [
     {
-        "pool": {"name": "local", "kind": "local", "public": True, "default": True, "remote": {}},
+        # R-CASE-8: a trusted single-user pool, so `make run` works for a developer who is not
+        # root (cases run as the developer's own account); never public, granted to the demo
+        # users. A real deployment links users to Unix accounts instead (docs/operations.md).
+        "pool": {
+            "name": "local",
+            "kind": "local",
+            "public": False,
+            "default": False,
+            "trusted": True,
+            "remote": {},
+            "accessibility_message": "Trusted single-user demo pool: cases run as the service's own account.",
+        },
+        "users": ["admin", "alice", "bob"],
         "classes": [
             {"name": "small", "cpu": 1, "memory": 2, "default": True},
             {"name": "medium", "cpu": 2, "memory": 4},
@@ -133,6 +145,8 @@ class Command(BaseCommand):
             pool.save()
             if spec.get("groups"):
                 pool.groups.set(Group.objects.filter(name__in=spec["groups"]))
+            if spec.get("users"):
+                pool.users.set([users[name] for name in spec["users"]])
             for class_fields in spec["classes"]:
                 class_fields = dict(class_fields)
                 cname = class_fields.pop("name")

@@ -1,0 +1,54 @@
+"""R-CASE-7/R-CASE-8: paths from a provider's listing, and files of a command's tree, never lead
+out of the workspace (no ``..``, no absolute path, no symlink followed)."""
+
+import os
+
+from apps.backends import files
+from apps.backends.remote_common import confined_target, safe_relative
+
+
+def test_provider_keys_with_dotdot_or_absolute_paths_are_refused(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for key in ("../escape", "a/../../escape", "/etc/passwd", "a//b", "", "a\\..\\b", "nul\x00"):
+        assert safe_relative(key) is None, key
+        assert confined_target(results, key) is None, key
+    assert confined_target(results, "out/x.txt") == (results / "out" / "x.txt").resolve()
+
+
+def test_provider_key_through_a_symlink_in_the_workspace_is_refused(tmp_path):
+    """The confinement check for paths from a provider's listing: a key that is fine as text
+    but lands through a symlink already in results/ (planted, or an earlier bug) is refused."""
+    results = tmp_path / "results"
+    outside = tmp_path / "outside"
+    results.mkdir()
+    outside.mkdir()
+    (results / "x").symlink_to(outside, target_is_directory=True)
+    assert confined_target(results, "x/owned.txt") is None
+
+
+def test_copy_results_never_follows_links_and_sync_never_reads_a_linked_progress(tmp_path):
+    rdir = tmp_path / "run"
+    work = rdir / "work"
+    (work / ".gridgate").mkdir(parents=True)
+    (rdir / "manifest.json").write_text("{}")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("0.5")
+    (work / "leak").symlink_to(secret)
+    (work / "dir").symlink_to(tmp_path, target_is_directory=True)
+    (work / ".gridgate" / "progress").symlink_to(secret)
+    os.mkfifo(work / "fifo")  # a FIFO would block a naive reader forever
+    (work / "real.txt").write_text("ok")
+    results, live = tmp_path / "results", tmp_path / "live"
+    assert files.copy_results(rdir, results) == ["real.txt"]
+    assert files.sync_live(work, live, ["*"]) == ["real.txt"]
+    assert not (live / ".gridgate" / "progress").exists()
+
+
+def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("root:x:0:0\n")
+    link = tmp_path / "stdout"
+    link.symlink_to(secret)
+    assert files.read_delta(link, tmp_path / "stdout.log") == ""
+    assert files.read_progress(link) is None

@@ -1,0 +1,154 @@
+"""The FirecREST double behaves like the real FirecREST v2 server (PROVIDERS.md, "The real
+FirecREST v2 server, observed"): one short test per behaviour, so the double cannot drift back to
+a friendlier server than the one sites run."""
+
+import time
+
+import pytest
+import requests
+
+from tests.doubles.firecrest_server import FirecrestDouble
+
+SECRET = "s3cr3t-client-VALUE-42"
+
+
+@pytest.fixture
+def double(tmp_path):
+    server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
+    yield server
+    server.reap()
+    server.stop()
+
+
+def token(double) -> str:
+    answer = requests.post(
+        double.token_uri,
+        data={"grant_type": "client_credentials", "client_id": double.client_id, "client_secret": SECRET},
+        timeout=5,
+    )
+    return answer.json()["access_token"]
+
+
+def get(double, endpoint, **params):
+    return requests.get(
+        f"{double.url}{endpoint}", params=params, headers={"Authorization": f"Bearer {token(double)}"}, timeout=5
+    )
+
+
+def test_double_tail_is_tail_bytes_plus_n_one_based(double):
+    path = double.fs_root / "out"
+    path.write_bytes(b"abcdefghij")
+    answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=1, skipHeading="true")
+    assert answer.json()["output"] == "abcdefghij"  # +1 is the whole file
+    answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=6, skipHeading="true")
+    assert answer.json()["output"] == "fghij"  # +6 starts at the 6th byte
+
+
+def test_double_tail_with_zero_bytes_returns_the_last_ten_lines(double):
+    path = double.fs_root / "out"
+    path.write_text("".join(f"line {i}\n" for i in range(30)))
+    answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=0, skipHeading="true")
+    assert answer.json()["output"] == "".join(f"line {i}\n" for i in range(20, 30))
+
+
+def test_double_refuses_a_token_with_less_than_30_seconds_left(double):
+    value = token(double)
+    double.expire_tokens_in(20)
+    answer = requests.get(f"{double.url}/status/systems", headers={"Authorization": f"Bearer {value}"}, timeout=5)
+    assert answer.status_code == 401 and "expires too soon" in answer.json()["message"]
+
+
+def test_double_issues_tokens_with_the_configured_lifetime(double):
+    double.token_ttl = 45
+    answer = requests.post(
+        double.token_uri,
+        data={"grant_type": "client_credentials", "client_id": double.client_id, "client_secret": SECRET},
+        timeout=5,
+    )
+    assert answer.json()["expires_in"] == 45
+
+
+def submit(double, script="#!/bin/bash\n#SBATCH --job-name=case\nsleep 30\n"):
+    work = double.fs_root / "w"
+    work.mkdir(exist_ok=True)
+    answer = requests.post(
+        f"{double.url}/compute/cluster/jobs",
+        json={"job": {"working_directory": str(work), "script": script}},
+        headers={"Authorization": f"Bearer {token(double)}"},
+        timeout=5,
+    )
+    assert answer.status_code == 201
+    return answer.json()["jobId"]
+
+
+def test_double_shows_a_running_job_as_its_allocation_record(double):
+    double.allocation_records = 1
+    job_id = submit(double)
+    record = get(double, f"/compute/cluster/jobs/{job_id}").json()["jobs"][0]
+    assert record["name"] == "allocation" and record["status"]["state"] == "PENDING"
+    record = get(double, f"/compute/cluster/jobs/{job_id}").json()["jobs"][0]
+    assert record["name"] == "case" and record["status"]["state"] == "RUNNING"
+
+
+def test_double_hides_a_just_finished_job_from_the_listing(double):
+    double.missing_after_end = 1
+    job_id = submit(double, "#!/bin/bash\n#SBATCH --job-name=case\ntrue\n")
+    job = double.jobs[int(job_id)]
+    job.proc.wait(10)
+    assert get(double, "/compute/cluster/jobs").json()["jobs"] == []
+    assert [j["jobId"] for j in get(double, "/compute/cluster/jobs").json()["jobs"]] == [job_id]
+
+
+def test_double_job_ids_are_strings_and_exit_code_is_zero_while_running(double):
+    job_id = submit(double)
+    record = get(double, f"/compute/cluster/jobs/{job_id}").json()["jobs"][0]
+    assert isinstance(record["jobId"], str) and record["status"]["exitCode"] == 0
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_double_cancel_of_a_finished_or_unknown_job_answers_500_with_scancels_message(double, finished):
+    if finished:
+        job_id = submit(double, "#!/bin/bash\n#SBATCH --job-name=case\ntrue\n")
+        double.jobs[int(job_id)].proc.wait(10)
+    else:
+        job_id = "99999"
+    answer = requests.delete(
+        f"{double.url}/compute/cluster/jobs/{job_id}", headers={"Authorization": f"Bearer {token(double)}"}, timeout=5
+    )
+    assert answer.status_code == 500
+    assert ("already completing or complete" if finished else "Invalid job id") in answer.json()["message"]
+
+
+def test_double_listing_sizes_are_strings_with_one_second_mtimes(double):
+    (double.fs_root / "f").write_text("12 bytes ok\n")
+    entry = get(double, "/filesystem/cluster/ops/ls", path=str(double.fs_root)).json()["output"][0]
+    assert entry["size"] == "12"
+    time.strptime(entry["lastModified"], "%Y-%m-%dT%H:%M:%S")
+
+
+def test_double_services_health_is_a_list_with_each_service(double):
+    double.unhealthy = {"ssh": "connection refused"}
+    health = get(double, "/status/systems").json()["systems"][0]["servicesHealth"]
+    assert [(h["serviceType"], h["healthy"]) for h in health] == [
+        ("scheduler", True),
+        ("ssh", False),
+        ("filesystem", True),
+    ]
+
+
+def test_double_without_staging_answers_500_to_uploads_over_one_mib(double):
+    double.staging = False
+    answer = requests.post(
+        f"{double.url}/filesystem/cluster/transfer/upload",
+        json={"path": str(double.fs_root / "big"), "transfer_directives": {"file_size": 2 << 20}},
+        headers={"Authorization": f"Bearer {token(double)}"},
+        timeout=5,
+    )
+    assert answer.status_code == 500
+
+
+def test_double_drop_fault_carries_the_request_out_and_closes_the_connection(double):
+    double.fault("/compute/cluster/jobs$", method="POST", after=True, drop=True)
+    with pytest.raises(requests.ConnectionError):
+        submit(double)
+    assert len(double.user_jobs()) == 1

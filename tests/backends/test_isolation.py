@@ -1,0 +1,260 @@
+"""R-CASE-8 on the local backend, through the API: a user's command reaches nothing but its own
+workspace. The cases really run, in bubblewrap, as the test accounts (root and bwrap needed;
+required under CI)."""
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from apps.backends.local import _group_alive, run_dir
+from apps.cases import passes, workspace
+from apps.cases.models import Case, CaseStatus
+from apps.resources.models import ResourceClass, ResourcePool
+from tests.backends.conftest import wait_for_terminal, wait_until
+
+pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
+
+SECRETS = {
+    "SECRET_KEY": "django-secret-4711",
+    "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
+    "QARNOT_TOKEN": "qarnot-token-4711",
+    "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
+}
+#: the attack from issue 11, plus what a command could try with the absolute cases root
+ATTACK = (
+    "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
+    "cat ../../../*/inputs/* > loot.txt; cat {root}/*/inputs/* {root}/*/.run/work/* >> loot.txt; "
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > procs.txt; "
+    "tr '\\0' '\\n' < /proc/1/environ >> env.txt; env >> env.txt; id -u > uid.txt; ls -a {root} > cases.txt; true"
+)
+
+
+def launch(client, case_id):
+    return client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+
+
+def create(client, rc, command, inputs=()):
+    body = {"name": "c", "resource_class": rc.pk, "command": command}
+    if inputs:
+        body["inputs"] = [SimpleUploadedFile(name, data) for name, data in inputs]
+        response = client.post("/api/v1/cases/", body, format="multipart")
+    else:
+        response = client.post("/api/v1/cases/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def download(client, case_id, path):
+    response = client.get(f"/api/v1/cases/{case_id}/files/{path}")
+    assert response.status_code == 200, (path, response.status_code)
+    return b"".join(response.streaming_content).decode()
+
+
+def marker_processes(marker: str) -> list[int]:
+    """Host pids whose command line carries ``marker`` (alive, not zombies)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def zombie_children() -> list[int]:
+    me = str(os.getpid())
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me and fields[0] == "Z":
+            out.append(int(entry))
+    return out
+
+
+@pytest.fixture
+def linked(link_account, owner, member):
+    return {"owner": link_account(owner, "gridgate-test1"), "member": link_account(member, "gridgate-test2")}
+
+
+def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_processes(
+    api, owner, member, local_pool, linked, monkeypatch, cases_root
+):
+    """R-CASE-8: the issue's attack, as a real case: the service's variables (set in this worker
+    process) and another user's inputs stay out of reach, /proc shows only the case's own
+    processes, and the case's account owns its files."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    rc = local_pool.classes.get()
+    victim = create(api(member), rc, "sleep 20", inputs=[("victim.txt", b"victim-private-data-0815")])
+    assert launch(api(member), victim).status_code == 200
+    attacker = create(api(owner), rc, ATTACK.replace("{root}", str(cases_root)))
+    assert launch(api(owner), attacker).status_code == 200
+    case = wait_for_terminal(Case.objects.get(pk=attacker))
+    assert case.status == CaseStatus.DONE, case.last_error
+    client = api(owner)
+
+    env = download(client, attacker, "results/env.txt")
+    for value in SECRETS.values():
+        assert value not in env
+    assert "SECRET_KEY" not in env and "DATABASE_URL" not in env
+    assert "0815" not in download(client, attacker, "results/loot.txt")
+    assert download(client, attacker, "results/cases.txt").split() == [".", "..", attacker]  # only its own
+    procs = [line for line in download(client, attacker, "results/procs.txt").splitlines() if line.strip()]
+    # Only the sandbox's own processes: not the worker (this pytest process), not the victim's.
+    assert procs and not any("bin/pytest" in line or "sleep 20" in line for line in procs)
+    assert len(procs) < 10  # bwrap's init, the shell and the few commands of the pipeline
+    assert int(download(client, attacker, "results/uid.txt")) == linked["owner"].pw_uid
+    work = run_dir(workspace.case_dir(attacker)) / "work"
+    assert work.stat().st_uid == linked["owner"].pw_uid and (work.stat().st_mode & 0o777) == 0o700
+    assert (work / "env.txt").stat().st_uid == linked["owner"].pw_uid
+    assert api(member).post(f"/api/v1/cases/{victim}/cancel/").status_code == 200
+
+
+def test_launch_without_a_linked_account_is_refused_saying_whom_to_ask(api, owner, local_pool):
+    """R-CASE-8: 403 with a JSON message; nothing runs, the case stays prepared."""
+    case_id = create(api(owner), local_pool.classes.get(), "true")
+    response = launch(api(owner), case_id)
+    assert response.status_code == 403
+    body = response.json()
+    assert "operator" in body["detail"] and "Unix" in body["detail"]
+    assert body["code"] == "unix_account_required"
+    assert Case.objects.get(pk=case_id).status == CaseStatus.PREPARED
+
+
+def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api, outsider, sandbox_host, db):
+    pool = ResourcePool.objects.create(name="open", kind="local", public=True, sandbox_unlinked=True)
+    rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
+    case_id = create(api(outsider), rc, "id -u > uid.txt")
+    assert launch(api(outsider), case_id).status_code == 200
+    case = wait_for_terminal(Case.objects.get(pk=case_id))
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert int(download(api(outsider), case_id, "results/uid.txt")) == sandbox_host["gridgate-sandbox"].pw_uid
+
+
+def test_pool_without_network_gives_the_case_only_loopback(api, owner, linked, db):
+    pool = ResourcePool.objects.create(name="offline", kind="local", public=True, network=False)
+    rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
+    case_id = create(api(owner), rc, "awk -F: 'NR>2{print $1}' /proc/net/dev > ifaces.txt")
+    assert launch(api(owner), case_id).status_code == 200
+    case = wait_for_terminal(Case.objects.get(pk=case_id))
+    assert case.status == CaseStatus.DONE, (workspace.case_dir(case_id) / "stderr.log").read_text()
+    assert download(api(owner), case_id, "results/ifaces.txt").split() == ["lo"]
+
+
+def test_trusted_pool_cannot_be_public(api, staff):
+    response = api(staff).post(
+        "/api/v1/resource-pools/",
+        {"name": "laptop", "kind": "local", "public": True, "trusted": True, "classes": []},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "trusted" in response.json()
+
+
+# -- symlinks planted in a workspace are never followed (R-CASE-8, R-CASE-7) -------------------------
+def test_symlinks_planted_by_the_command_never_come_back_or_set_progress(api, owner, local_pool, linked, tmp_path):
+    outside = tmp_path / "outside-progress"
+    outside.write_text("0.5\n")
+    command = (
+        f"mkdir -p results; ln -s /etc/passwd results/x; ln -s /etc/passwd stdout.log; "
+        f"rm -f .gridgate/progress; ln -s {outside} .gridgate/progress; ln -s /etc obj; "
+        "echo real > real.txt; sleep 2"
+    )
+    case_id = create(
+        api(owner),
+        local_pool.classes.get(),
+        command,
+    )
+    assert launch(api(owner), case_id).status_code == 200
+    case = Case.objects.get(pk=case_id)
+    work = run_dir(workspace.case_dir(case_id)) / "work"
+    wait_until(lambda: (work / "real.txt").exists(), what="the command's links")
+    passes.poll_pass(case_ids=[case.id])
+    passes.sync_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.progress is None  # the symlinked marker was not read
+    assert not (workspace.case_dir(case_id) / "live" / ".gridgate" / "progress").exists()
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    listed = {entry["path"] for entry in api(owner).get(f"/api/v1/cases/{case_id}/files/").json()}
+    assert "results/real.txt" in listed
+    assert not any(path.startswith(("results/results", "results/stdout.log", "results/obj")) for path in listed)
+    assert "root:" not in api(owner).get(f"/api/v1/cases/{case_id}/logs/").content.decode()
+
+
+def test_symlinks_planted_in_the_workspace_are_never_followed_by_endpoints_or_the_poll(
+    api, owner, local_pool, linked, tmp_path
+):
+    """Whoever planted them (a command of an older version, an operator mistake): the log and file
+    endpoints serve nothing through them and the poll writes nothing through them."""
+    target = tmp_path / "outside.log"
+    target.write_text("outside-content\n")
+    case_id = create(api(owner), local_pool.classes.get(), "echo from-the-command")
+    root = workspace.case_dir(case_id)
+    (root / "stdout.log").unlink()
+    (root / "stdout.log").symlink_to(target)
+    (root / "results" / "x").symlink_to("/etc/passwd")
+    client = api(owner)
+    assert "outside-content" not in client.get(f"/api/v1/cases/{case_id}/logs/").content.decode()
+    assert client.get(f"/api/v1/cases/{case_id}/files/results/x").status_code in (400, 404)
+    assert client.get(f"/api/v1/cases/{case_id}/files/stdout.log").status_code in (400, 404)
+
+    assert launch(client, case_id).status_code == 200
+    rdir = run_dir(root)
+    wait_until(lambda: (rdir / "exit_status").exists(), what="the command's end")
+    passes.poll_pass(case_ids=[case_id])
+    assert target.read_text() == "outside-content\n"  # the poll did not append through the link
+    case = Case.objects.get(pk=case_id)
+    assert case.poll_failures == 1 and case.status != CaseStatus.DONE
+
+
+# -- cancel stops the whole tree (R-CASE-8, R-CASE-6) ----------------------------------------------------
+def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, owner, local_pool, linked, settings):
+    settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
+    marker = f"mark-{uuid.uuid4().hex[:8]}"
+    command = (
+        f": {marker}; setsid sh -c 'trap \"\" TERM; : {marker}; while :; do sleep 1; done' & "
+        f"trap '' TERM; echo started; while :; do sleep 1; done"
+    )
+    case_id = create(api(owner), local_pool.classes.get(), command)
+    assert launch(api(owner), case_id).status_code == 200
+    case = Case.objects.get(pk=case_id)
+    pgid = int(case.remote_id.split(":")[1])
+    wait_until(lambda: len(marker_processes(marker)) >= 2, what="the command and its escaped child")
+    response = api(owner).post(f"/api/v1/cases/{case_id}/cancel/")
+    assert response.status_code == 200 and response.json()["status"] == CaseStatus.CANCELLED
+    assert marker_processes(marker) == []
+    assert not _group_alive(pgid)
+    assert zombie_children() == []
+
+
+def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, local_pool, linked, settings):
+    settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
+    marker = f"mark-{uuid.uuid4().hex[:8]}"
+    case_id = create(api(owner), local_pool.classes.get(), f": {marker}; sleep 30")
+    assert launch(api(owner), case_id).status_code == 200
+    wait_until(lambda: marker_processes(marker), what="the command")
+    shutil.rmtree(run_dir(workspace.case_dir(case_id)))
+    response = api(owner).post(f"/api/v1/cases/{case_id}/cancel/")
+    assert response.status_code in (200, 409), response.content
+    assert marker_processes(marker) == []
+
+
+def test_launching_leaves_no_child_and_no_zombie_in_the_launching_process(api, owner, local_pool, linked):
+    case_id = create(api(owner), local_pool.classes.get(), "echo quick")
+    assert launch(api(owner), case_id).status_code == 200
+    case = wait_for_terminal(Case.objects.get(pk=case_id))
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert zombie_children() == []

@@ -1,0 +1,24 @@
+"""The ``purge`` verb of the backend contract (SPEC §8, ``manage.py cleanup``) for the backends
+with no HTTP double: idempotent, and a no-op where nothing is kept remotely. FirecREST and Qarnot
+are covered against their doubles in their own modules."""
+
+from apps.backends.base import JobRef
+from apps.backends.local import LocalBackend
+from apps.backends.slurm import SlurmBackend
+
+
+def test_slurm_purge_removes_the_run_directory_under_working_root_idempotently(tmp_path):
+    root = tmp_path / "scratch"
+    run_dir = root / "c0ffee" / "work"
+    run_dir.mkdir(parents=True)
+    (run_dir / "out.txt").write_text("x")
+    job = JobRef("c0ffee", "4242", tmp_path / "workspace", {"working_root": str(root)})
+    SlurmBackend().purge(job)
+    assert not (root / "c0ffee").exists() and root.is_dir()
+    SlurmBackend().purge(job)  # already gone: no error
+
+
+def test_default_purge_is_a_no_op(tmp_path):
+    (tmp_path / "keep").write_text("x")
+    LocalBackend().purge(JobRef("c0ffee", "", tmp_path, {}))
+    assert (tmp_path / "keep").exists()

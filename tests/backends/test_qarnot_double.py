@@ -1,0 +1,140 @@
+"""The Qarnot double behaves like Qarnot as its SDK, tests and C# SDK describe it (PROVIDERS.md,
+"Qarnot as the SDK … describe it"): one short test per behaviour, so the double cannot drift back
+to a friendlier API than the real one."""
+
+import boto3
+import botocore.exceptions
+import pytest
+import qarnot
+import requests
+
+from tests.doubles.qarnot_server import QarnotDouble
+
+TOKEN = "qarnot-TOKEN-value-9f8e7d"
+
+
+@pytest.fixture(scope="module")
+def double():
+    server = QarnotDouble(token=TOKEN).start()
+    yield server
+    server.reap()
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.hold = set()
+    double.max_tasks = None
+    double.credits = True
+    double.user = {"email": "gridgate@example.org", "maxBucket": 50, "quotaBytesBucket": 10 << 30}
+
+
+def post(double, path, body=None):
+    return requests.post(f"{double.url}{path}", json=body or {}, headers={"Authorization": TOKEN}, timeout=5)
+
+
+def submit(double, command="true", tags=("t",)):
+    body = {
+        "name": "task",
+        "profile": "docker-batch",
+        "instanceCount": 1,
+        "tags": list(tags),
+        "constants": [{"key": "DOCKER_CMD", "value": command}],
+    }
+    answer = post(double, "/tasks", body)
+    return answer
+
+
+def uuid_of(answer):
+    assert answer.status_code == 201, answer.text
+    return answer.json()["uuid"]
+
+
+def test_double_goes_through_the_dispatch_and_execution_states(double):
+    uuid = uuid_of(submit(double))
+    double.wait_state(uuid, ("Success",))
+    assert double.tasks[uuid].history == [
+        "Submitted",
+        "PartiallyDispatched",
+        "FullyDispatched",
+        "PartiallyExecuting",
+        "FullyExecuting",
+        "UploadingResults",
+        "Success",
+    ]
+
+
+@pytest.mark.parametrize("window", ["Submitted", "UploadingResults"])
+def test_double_abort_passes_through_pending_cancel_and_is_never_undone(double, window):
+    double.hold = {window}
+    uuid = uuid_of(submit(double))
+    double.wait_state(uuid, (window,))
+    assert post(double, f"/tasks/{uuid}/abort").status_code == 200
+    double.hold = set()
+    double.tasks[uuid].runner.join(10)  # the runner is done: nothing can flip the state back
+    history = double.tasks[uuid].history
+    assert double.tasks[uuid].state == "Cancelled" and "Success" not in history
+    assert history[history.index(window) + 1 :] == ["PendingCancel", "Cancelled"]
+
+
+def test_double_abort_of_a_finished_task_answers_403_non_running(double):
+    uuid = uuid_of(submit(double))
+    double.wait_state(uuid, ("Success",))
+    answer = post(double, f"/tasks/{uuid}/abort")
+    assert answer.status_code == 403 and "non-running" in answer.json()["message"]
+    cancelled = uuid_of(submit(double, "sleep 30"))
+    double.wait_state(cancelled, ("FullyExecuting",))
+    post(double, f"/tasks/{cancelled}/abort")
+    double.wait_state(cancelled, ("Cancelled",))
+    assert post(double, f"/tasks/{cancelled}/abort").status_code == 403
+    assert double.tasks[cancelled].state == "Cancelled"
+
+
+def test_double_reports_failures_per_instance_not_in_errors(double):
+    uuid = uuid_of(submit(double, "sh -c 'exit 3'"))
+    double.wait_state(uuid, ("Failure",))
+    body = requests.get(f"{double.url}/tasks/{uuid}", headers={"Authorization": TOKEN}, timeout=5).json()
+    assert body["errors"] == []
+    (instance,) = body["completedInstances"]
+    assert instance["state"] == "Failure" and "code 3" in instance["error"]["message"]
+
+
+def test_double_tag_filters_are_exact(double):
+    one = uuid_of(submit(double, tags=["case-1"]))
+    uuid_of(submit(double, tags=["case-10"]))
+    conn = qarnot.connection.Connection(client_token=TOKEN, cluster_url=double.url)
+    assert [task.uuid for task in conn.all_tasks(summary=False, tags=["case-1"])] == [one]
+
+
+def test_double_truncates_task_pages_with_a_next_token(double):
+    for _ in range(3):
+        uuid_of(submit(double, tags=["paged"]))
+    first = post(double, "/tasks/paginate", {"filter": {"operator": "Equal", "field": "Tags", "value": "paged"}}).json()
+    assert first["isTruncated"] is True and first["nextToken"] and len(first["data"]) == double.page_size
+    conn = qarnot.connection.Connection(client_token=TOKEN, cluster_url=double.url)
+    assert len(list(conn.all_tasks(summary=False, tags=["paged"]))) == 3
+
+
+def test_double_storage_enforces_the_quota_mid_upload(double):
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=double.storage_url,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",  # noqa: S106 - moto accepts anything
+        region_name="us-east-1",
+    )
+    s3.create_bucket(Bucket="quota-test")
+    double.user["quotaBytesBucket"] = double.used_bytes() + 10
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        s3.put_object(Bucket="quota-test", Key="big", Body=b"x" * 100)
+    assert info.value.response["Error"]["Code"] == "QuotaExceeded"
+    s3.put_object(Bucket="quota-test", Key="small", Body=b"x")
+
+
+def test_double_answers_max_tasks_with_403_and_missing_credits_with_402(double):
+    double.max_tasks = 0
+    answer = submit(double)
+    assert answer.status_code == 403 and "Maximum number of tasks reached" in answer.json()["message"]
+    double.max_tasks = None
+    double.credits = False
+    assert submit(double).status_code == 402

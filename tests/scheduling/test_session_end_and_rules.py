@@ -1,0 +1,114 @@
+"""Rules at the edge of sessions and scheduling that a one-line change used to break silently
+(issue 12, item 7): the idempotent 409 on a class mismatch, the GPU quota, the max_lifetime
+expiry of a busy session, and who may open a session for whom (item 6)."""
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling import services
+from apps.scheduling.models import Device, JobStatus
+from apps.sessions import services as session_services
+from apps.sessions.models import Session
+
+pytestmark = pytest.mark.django_db
+
+
+def test_same_external_id_same_slots_but_another_class_is_409(api, owner):
+    pool = ResourcePool.objects.create(name="lab", kind="local", public=True)
+    small = ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=1, default=True)
+    big = ResourceClass.objects.create(pool=pool, name="big", cpu=2, memory=2)
+    client = api(owner)
+    first = client.post(
+        "/api/v1/sessions/", {"resource_class": small.pk, "slots": 1, "external_id": "77"}, format="json"
+    )
+    assert first.status_code == 201
+    second = client.post(
+        "/api/v1/sessions/", {"resource_class": big.pk, "slots": 1, "external_id": "77"}, format="json"
+    )
+    assert second.status_code == 409 and second.json()["session"] == first.json()["id"]
+    assert Session.objects.count() == 1
+
+
+def test_gpu_quota_refuses_a_session_whose_gpus_do_not_fit(owner, member):
+    pool = ResourcePool.objects.create(
+        name="gpu", kind="local", public=True, quota_cpu=64, quota_memory=64, quota_gpu=1
+    )
+    klass = ResourceClass.objects.create(pool=pool, name="one-gpu", cpu=1, memory=1, gpu=1, default=True)
+    session_services.admit(user=owner, resource_class=klass)
+    with pytest.raises(session_services.CapacityExceeded) as refused:
+        session_services.admit(user=member, resource_class=klass)
+    assert any(entry.startswith("gpu") for entry in refused.value.extra["quota_exceeded"])
+
+
+def test_class_with_more_gpus_than_the_quota_is_refused():
+    from django.core.exceptions import ValidationError
+
+    pool = ResourcePool.objects.create(name="gpu", kind="local", public=True, quota_cpu=8, quota_memory=8, quota_gpu=1)
+    with pytest.raises(ValidationError) as refused:
+        ResourceClass(pool=pool, name="two-gpus", cpu=1, memory=1, gpu=2, default=True).full_clean()
+    assert "gpu" in refused.value.message_dict
+
+
+def test_max_lifetime_expiry_cancels_the_sessions_jobs(qpu_pool, fake_device, open_session, owner):
+    """A busy session is not idle-expired, but its absolute lifetime ends it and its work."""
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = open_session(qpu_pool, owner)
+        running, pending = (services.submit_job(user=owner, session=session, payload={}, shots=1) for _ in range(2))
+        services.run_pool(qpu_pool.pk)
+    with time_machine.travel(start + timedelta(seconds=qpu_pool.max_lifetime + 1), tick=False):
+        session_services.expire_due_sessions()
+    session.refresh_from_db()
+    running.refresh_from_db(), pending.refresh_from_db()
+    assert session.revocation_reason == "max_lifetime"
+    assert pending.status == JobStatus.CANCELLED
+    assert running.status == JobStatus.RUNNING and running.cancel_requested_at is not None
+
+
+def test_pending_jobs_counts_every_job_the_device_could_take(api, qpu_pool, open_session, owner, staff):
+    """R-JOB-4 / item 6: untargeted jobs count for every online device of the pool; jobs that
+    name another device do not."""
+    one = Device.objects.create(pool=qpu_pool, name="one", driver="fake", online=False)
+    two = Device.objects.create(pool=qpu_pool, name="two", driver="fake", online=False)
+    session = open_session(qpu_pool, owner)
+    for target in (None, None, one, two, two):
+        services.submit_job(user=owner, session=session, payload={}, shots=1, target_device=target)
+    rows = {d["name"]: d for d in api(staff).get("/api/v1/devices/").json()["results"]}
+    assert (rows["one"]["pending_jobs"], rows["two"]["pending_jobs"]) == (3, 4)
+    assert rows["one"]["running_jobs"] == rows["two"]["running_jobs"] == 0
+
+
+def test_service_principal_opens_a_session_on_a_class_it_cannot_see_itself(api, member, private_pool):
+    """docs/architecture.md "Who may do what": a principal (act_on_behalf) opens sessions for
+    granted users; it need not be granted the pool itself."""
+    from django.contrib.auth import get_user_model
+
+    principal = get_user_model().objects.create_user("slurmctld", password="pw")
+    principal.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
+    principal = get_user_model().objects.get(pk=principal.pk)
+    klass = private_pool.classes.get()
+    response = api(principal).post(
+        "/api/v1/sessions/", {"resource_class": klass.pk, "slots": 1, "user": "member"}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert Session.objects.get().user == member
+
+
+def test_service_principal_cannot_open_a_hidden_class_for_a_user_without_access(api, outsider, private_pool):
+    from django.contrib.auth import get_user_model
+
+    principal = get_user_model().objects.create_user("slurmctld", password="pw")
+    principal.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
+    principal = get_user_model().objects.get(pk=principal.pk)
+    response = api(principal).post(
+        "/api/v1/sessions/",
+        {"resource_class": private_pool.classes.get().pk, "slots": 1, "user": "outsider"},
+        format="json",
+    )
+    assert response.status_code == 400  # neither may use it: the class is not revealed
+    assert not Session.objects.exists()

@@ -1,0 +1,149 @@
+"""R-JOB-1 submission: the owner and status checks live in ``submit_job``; no pool-wide lock;
+a constant, small number of SQL statements; a coalesced dispatcher wake-up (R-SCHED-5)."""
+
+import pytest
+
+from apps.core.exceptions import Forbidden
+from apps.scheduling import services
+from apps.scheduling.models import Job, PoolQueue
+from apps.sessions.services import release
+
+
+def test_submit_job_refuses_a_session_of_another_user(qpu_pool, fake_device, open_session, owner, member):
+    session = open_session(qpu_pool, owner)
+    with pytest.raises(Forbidden):
+        services.submit_job(user=member, session=session, payload={}, shots=1)
+    assert not Job.objects.exists()
+
+
+def test_submit_job_refuses_an_ended_session(qpu_pool, fake_device, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    release(session)
+    session.refresh_from_db()
+    with pytest.raises(Forbidden, match="revoked"):
+        services.submit_job(user=owner, session=session, payload={}, shots=1)
+    assert not Job.objects.exists()
+
+
+def test_submit_job_refuses_a_session_that_ended_after_the_caller_read_it(qpu_pool, fake_device, open_session, owner):
+    """The caller's copy says active; the database says revoked: the UPDATE's own check wins."""
+    session = open_session(qpu_pool, owner)
+    stale = services.session_for_submission().get(pk=session.pk)
+    release(session)
+    with pytest.raises(Forbidden, match="revoked"):
+        services.submit_job(user=owner, session=stale, payload={}, shots=1)
+    assert not Job.objects.exists()
+
+
+def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    before = session.idle_expires_at
+    services.submit_job(user=owner, session=session, payload={}, shots=1)
+    session.refresh_from_db()
+    assert session.idle_expires_at > before
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_submit_job_costs_at_most_four_statements_with_the_lookup(
+    qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
+):
+    """The common path: session lookup (pool and wake-up flag joined), the pool's devices for
+    the payload check, and one statement that updates the session (checks, idle renewal,
+    catch-up) and inserts the job (no BEGIN/COMMIT round trips). The dispatcher is already
+    awake (a device is busy), so no wake-up is sent."""
+    settings.GRIDGATE_TASKS_EAGER = False
+    session = open_session(qpu_pool, owner)
+    PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
+    with django_assert_max_num_queries(4):
+        fresh = services.session_for_submission().get(pk=session.pk)
+        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    with django_assert_max_num_queries(4):  # a second job (no catch-up) costs the same
+        fresh = services.session_for_submission().get(pk=session.pk)
+        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_rest_submission_costs_at_most_four_statements(
+    api, qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
+):
+    settings.GRIDGATE_TASKS_EAGER = False
+    session = open_session(qpu_pool, owner)
+    PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
+    client = api(owner)
+    for _ in range(2):
+        with django_assert_max_num_queries(4):
+            response = client.post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
+        assert response.status_code == 201, response.content
+
+
+def test_submission_takes_no_lock_on_the_pool_queue(qpu_pool, fake_device, open_session, owner):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    session = open_session(qpu_pool, owner)
+    with CaptureQueriesContext(connection) as ctx:
+        services.submit_job(user=owner, session=session, payload={}, shots=1)
+    assert not [q["sql"] for q in ctx.captured_queries if "FOR UPDATE" in q["sql"]]
+
+
+def test_submissions_wake_an_idle_dispatcher_once(
+    qpu_pool, fake_device, open_session, owner, monkeypatch, django_capture_on_commit_callbacks
+):
+    """R-SCHED-5, coalesced: the first submission into a pool whose device waits for work
+    enqueues one pass; the ones after it (the pass not run yet) enqueue nothing."""
+    sent = []
+    monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
+    session = open_session(qpu_pool, owner)
+    for _ in range(5):
+        with django_capture_on_commit_callbacks(execute=True):
+            fresh = services.session_for_submission().get(pk=session.pk)
+            services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    assert sent == [("apps.scheduling.tasks.run_pool", (qpu_pool.pk,))]
+    assert not PoolQueue.objects.get(pool=qpu_pool).awaiting_work
+
+
+def test_no_wake_up_while_every_device_is_busy(
+    qpu_pool, fake_device, open_session, owner, monkeypatch, django_capture_on_commit_callbacks
+):
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session=session, payload={}, shots=1)
+    services.run_pool(qpu_pool.pk)  # the device takes the job: it is busy now
+    sent = []
+    monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
+    with django_capture_on_commit_callbacks(execute=True):
+        fresh = services.session_for_submission().get(pk=session.pk)
+        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    assert sent == []  # the job-finished event will dispatch it
+
+
+def test_dispatcher_left_idle_is_woken_again_by_the_next_submission(
+    qpu_pool, fake_device, open_session, owner, monkeypatch, django_capture_on_commit_callbacks
+):
+    session = open_session(qpu_pool, owner)
+    PoolQueue.objects.create(pool=qpu_pool, awaiting_work=False)
+    services.run_pool(qpu_pool.pk)  # nothing to run, the device is free: awaiting work
+    assert PoolQueue.objects.get(pool=qpu_pool).awaiting_work
+    sent = []
+    monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
+    with django_capture_on_commit_callbacks(execute=True):
+        fresh = services.session_for_submission().get(pk=session.pk)
+        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    assert len(sent) == 1
+
+
+def test_a_broker_failure_never_fails_a_committed_submission(
+    api, qpu_pool, fake_device, open_session, owner, monkeypatch, django_capture_on_commit_callbacks
+):
+    def broken(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(services, "enqueue", broken)
+    session = open_session(qpu_pool, owner)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
+    assert callbacks  # the wake-up ran, and failed
+    assert response.status_code == 201
+    assert Job.objects.filter(session=session).count() == 1
