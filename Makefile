@@ -20,6 +20,7 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 
 run: $(VENV)/.installed
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py demo
 	DEBUG=$${DEBUG:-true} HOST=$(HOST) PORT=$(PORT) scripts/run.sh
 

@@ -19,7 +19,22 @@ VAR_DIR = Path(env_str("GRIDGATE_VAR_DIR", str(BASE_DIR / "var")))
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY") or embedded_secret_key(VAR_DIR / "secret_key")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+# Origins (scheme://host[:port]) of the site as browsers see it behind a proxy, for CSRF.
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS (docs/deployment.md). GRIDGATE_HTTPS=true when users reach the site over TLS (directly or
+# through a TLS-terminating proxy): secure cookies, redirect to https, HSTS. Off by default so that
+# `make run` and the tests work over plain http; `manage.py check --deploy` reports it while off.
+GRIDGATE_HTTPS = env_bool("GRIDGATE_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = GRIDGATE_HTTPS
+SECURE_SSL_REDIRECT = GRIDGATE_HTTPS
+SECURE_HSTS_SECONDS = env_int("GRIDGATE_HSTS_SECONDS", 31_536_000 if GRIDGATE_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("GRIDGATE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("GRIDGATE_HSTS_PRELOAD", False)
+# Only behind a proxy that always sets (and never passes on a client's) X-Forwarded-Proto:
+# otherwise any client could claim https. Without it, the https redirect loops behind such a proxy.
+if env_bool("GRIDGATE_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -48,6 +63,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the web process itself (collected into STATIC_ROOT), before anything
+    # that would touch the session or the database.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Early, so it also sees the error pages of the middleware below (issue 16: never HTML on API paths).
     "apps.core.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -93,8 +111,17 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("GRIDGATE_STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns at every start while it is missing
 # The user pages' stylesheet, script and the vendored htmx (served from here: no CDN, works offline).
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Compressed copies (gzip, brotli when installed) made by collectstatic. Not the manifest
+# variant: it refuses to render a page whose files were never collected (tests, a fresh clone).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# DEBUG serves straight from the app directories, so an edited file shows without collectstatic.
+WHITENOISE_USE_FINDERS = DEBUG
 
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:home"
@@ -157,6 +184,9 @@ if _redis_url:
     Q_CLUSTER["redis"] = _redis_url
 
 # Gridgate's own settings.
+# Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
+# graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
+GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
@@ -196,9 +226,9 @@ GRIDGATE_CASE_CANCEL_GRACE_SECONDS = env_int("GRIDGATE_CASE_CANCEL_GRACE_SECONDS
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on
-# acquire/release (the SPANK plugin runs as root); the unmunge binary; munged's socket ("" = default).
+# acquire/release (the SPANK plugin runs as root); libmunge; munged's socket ("" = default).
 GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
-GRIDGATE_MUNGE_UNMUNGE = env_str("GRIDGATE_MUNGE_UNMUNGE", "unmunge")
+GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
 
 LOGGING = {

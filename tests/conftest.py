@@ -125,3 +125,26 @@ def open_session():
         return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
 
     return make
+
+
+_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
+
+
+@pytest.fixture
+def statement_budget(django_assert_max_num_queries):
+    """``with statement_budget(4): …`` fails if the block runs more than 4 SQL statements of work.
+
+    Issue 15's budgets count statements that read or write rows; Django 5.2 also logs a
+    transaction's BEGIN and COMMIT as queries, so the outer limit leaves room for one transaction
+    and the inner check counts the rest.
+    """
+    from contextlib import contextmanager
+
+    @contextmanager
+    def budget(statements: int):
+        with django_assert_max_num_queries(statements + 2) as context:
+            yield context
+        work = [q["sql"] for q in context.captured_queries if not q["sql"].startswith(_TRANSACTION_CONTROL)]
+        assert len(work) <= statements, f"{len(work)} statements > {statements}:\n" + "\n".join(work)
+
+    return budget

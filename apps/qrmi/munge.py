@@ -1,15 +1,17 @@
-"""Verify MUNGE credentials with the local munged, through the ``unmunge`` binary (R-QRMI-2).
+"""Verify MUNGE credentials with the local munged, through libmunge (R-QRMI-2).
 
-``unmunge`` is the interface every MUNGE installation ships; the Python bindings on PyPI
-(``pymunge``) have not been released since 2018. One decode costs one short subprocess.
+libmunge (Debian ``libmunge2``, installed with ``munge``) is called through ctypes: one
+``munge_decode`` is a round trip on munged's Unix socket. The ``unmunge`` binary costs a fork and
+exec per request (~7 ms, most of a QRMI request); the Python bindings on PyPI (``pymunge``) have
+not been released since 2018.
 
 munged remembers every credential it decoded until the credential expires: a second decode of the
-same credential is refused as a replay (exit 17). Callers must therefore decode a credential once
-per request and keep the result (see ``authentication.MungeAuthentication``).
+same credential is refused as a replay (EMUNGE_CRED_REPLAYED). Callers must therefore decode a
+credential once per request and keep the result (see ``authentication.MungeAuthentication``).
 """
 
-import re
-import subprocess
+import ctypes
+import functools
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -17,7 +19,7 @@ from django.conf import settings
 PREFIX = "MUNGE:"
 MAX_LENGTH = 4096  # an empty-payload credential is ~130 characters; anything huge is not one
 
-# munge(7) error codes, as the exit status of unmunge.
+# munge(3) error codes (munge_err_t, also unmunge's exit statuses).
 EXPIRED = 15
 REWOUND = 16
 REPLAYED = 17
@@ -40,7 +42,7 @@ class CredentialRejected(Exception):
 
 
 class MungeUnavailable(Exception):
-    """munged could not be asked (not running, unmunge missing, timeout): a server fault (503)."""
+    """munged could not be asked (not running, libmunge missing): a server fault (503)."""
 
 
 @dataclass(frozen=True)
@@ -56,30 +58,60 @@ class MungeIdentity:
         return self.uid in settings.GRIDGATE_MUNGE_SERVICE_UIDS
 
 
-_METADATA = re.compile(r"^(UID|GID):\s+(\d+)\s*$", re.MULTILINE)
+MUNGE_OPT_SOCKET = 8  # munge.h (0.5.x): the socket option of munge_ctx_set
+
+
+@functools.cache
+def _libmunge():
+    """libmunge, loaded once per process, with the signatures of the calls used here."""
+    try:
+        lib = ctypes.CDLL(settings.GRIDGATE_MUNGE_LIBRARY, use_errno=True)
+    except OSError as exc:
+        raise MungeUnavailable(f"cannot load {settings.GRIDGATE_MUNGE_LIBRARY}: {exc}") from None
+    lib.munge_decode.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.POINTER(ctypes.c_uint32),
+    ]
+    lib.munge_decode.restype = ctypes.c_int
+    lib.munge_ctx_create.restype = ctypes.c_void_p
+    lib.munge_ctx_destroy.argtypes = [ctypes.c_void_p]
+    lib.munge_ctx_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p]
+    lib.munge_ctx_set.restype = ctypes.c_int
+    lib.munge_strerror.argtypes = [ctypes.c_int]
+    lib.munge_strerror.restype = ctypes.c_char_p
+    return lib
 
 
 def decode(credential: str) -> MungeIdentity:
     """Decode ``credential`` with munged. Each call consumes the credential (replay protection)."""
     credential = (credential or "").strip()
-    if not credential.startswith(PREFIX) or len(credential) > MAX_LENGTH or "\n" in credential:
+    if not credential.startswith(PREFIX) or len(credential) > MAX_LENGTH or "\n" in credential or "\0" in credential:
         raise CredentialRejected("not a MUNGE credential")
-    command = [settings.GRIDGATE_MUNGE_UNMUNGE, "--numeric", "--keys=UID,GID", "--output=/dev/null"]
+    lib = _libmunge()
+    ctx = None
     if settings.GRIDGATE_MUNGE_SOCKET:
-        command.append(f"--socket={settings.GRIDGATE_MUNGE_SOCKET}")
+        # A context per call: munge_decode writes the credential's own settings into it.
+        ctx = lib.munge_ctx_create()
+        if not ctx:
+            raise MungeUnavailable("munge_ctx_create failed (out of memory)")
+        lib.munge_ctx_set(ctx, MUNGE_OPT_SOCKET, settings.GRIDGATE_MUNGE_SOCKET.encode())
+    uid, gid = ctypes.c_uint32(), ctypes.c_uint32()
     try:
-        done = subprocess.run(command, input=credential, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise MungeUnavailable(f"cannot run unmunge: {exc}") from None
-    if done.returncode == 0:
-        values = dict(_METADATA.findall(done.stdout))
-        if "UID" not in values or "GID" not in values:
-            raise MungeUnavailable(f"unexpected unmunge output: {done.stdout[:200]!r}")
-        return MungeIdentity(uid=int(values["UID"]), gid=int(values["GID"]))
-    if done.returncode in REASONS:
-        raise CredentialRejected(REASONS[done.returncode], done.returncode)
-    if done.returncode in INVALID:
-        raise CredentialRejected("invalid", done.returncode)
+        # No payload is asked for (NULL buf/len): nothing is allocated that would need freeing.
+        raw = credential.encode("ascii", "replace")
+        code = lib.munge_decode(raw, ctx, None, None, ctypes.byref(uid), ctypes.byref(gid))
+    finally:
+        if ctx:
+            lib.munge_ctx_destroy(ctx)
+    if code == 0:
+        return MungeIdentity(uid=uid.value, gid=gid.value)
+    if code in REASONS:
+        raise CredentialRejected(REASONS[code], code)
+    if code in INVALID:
+        raise CredentialRejected("invalid", code)
     # 1 (snafu), 6 (socket), 7 (timeout), …: munged is down or broken, not the client's fault.
-    message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
-    raise MungeUnavailable(f"unmunge failed: {message}")
+    raise MungeUnavailable(f"munge_decode failed: {lib.munge_strerror(code).decode(errors='replace')}")

@@ -219,6 +219,8 @@ def cancel_job(job: Job) -> Job:
 
 def on_sessions_revoked(sender, session_ids, reason, **kwargs):
     """R-SESS-3/4: a revoked session's pending jobs are cancelled, running ones asked to stop."""
+    if not Job.objects.filter(session_id__in=session_ids, status__in=UNFINISHED).exists():
+        return  # the common release: nothing left to stop, one statement (issue 15's budget)
     now = timezone.now()
     Job.objects.filter(session_id__in=session_ids, status=JobStatus.PENDING).update(
         status=JobStatus.CANCELLED, finished_at=now, error=f"Session ended ({reason})."

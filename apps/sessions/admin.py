@@ -1,10 +1,11 @@
 from django.contrib import admin, messages
-from django.db.models import OuterRef, Subquery, Sum
+from django.contrib.admin.views.main import ChangeList
 
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.sessions import services
 from apps.sessions.models import Session, SessionStatus
+from apps.sessions.selectors import active_usage
 
 
 @admin.register(Session)
@@ -71,17 +72,26 @@ class PoolAdminWithSlots(ResourcePoolAdmin):
                 options["fields"] = [*options["fields"], "slots_used"]
         return [tuple(f) for f in fieldsets]
 
-    def get_queryset(self, request):
-        active = Session.objects.filter(pool=OuterRef("pk"), status=SessionStatus.ACTIVE).order_by().values("pool")
-        return super().get_queryset(request).annotate(_slots_used=Subquery(active.annotate(n=Sum("slots")).values("n")))
+    def get_changelist(self, request, **kwargs):
+        return _PoolUsageChangeList
 
     @admin.display(description="slots used / total")
     def slots_used(self, obj):
         used = getattr(obj, "_slots_used", None)
         if used is None and obj.pk:
-            used = services.slots_usage(obj)["slots_used"]
+            used = active_usage([obj.pk])[obj.pk].slots
         total = obj.slots_total if obj.slots_total is not None else "∞"
         return f"{used or 0} / {total}"
+
+
+class _PoolUsageChangeList(ChangeList):
+    """The pool list reads every listed pool's usage in one query (``active_usage``)."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        used = active_usage(pool.pk for pool in self.result_list)
+        for pool in self.result_list:
+            pool._slots_used = used[pool.pk].slots
 
 
 admin.site.unregister(ResourcePool)

@@ -2,30 +2,30 @@
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from django.db import IntegrityError, OperationalError, connection, router, transaction
-from django.db.models import Q, Sum
-from django.db.models.functions import Coalesce
-from django.db.models.sql import InsertQuery
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from apps.core.exceptions import Conflict, Unavailable
-from apps.core.sql import CompiledQuery
+from apps.core.exceptions import Conflict, NotFound, Unavailable
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt
-from apps.sessions.hooks import busy_q, busy_version, sessions_revoked
+from apps.sessions.hooks import busy_q, sessions_revoked
 from apps.sessions.models import RevocationReason, Session, SessionStatus
+from apps.sessions.selectors import Usage, active_usage, slots_usage
+
+__all__ = ["slots_usage"]  # re-exported: callers reach R-SESS-6 through the service module too
 
 log = logging.getLogger(__name__)
 
 
 class CapacityExceeded(Conflict):
-    """409: the pool has no room; ``extra["slots_available"]`` says how much it has (R-SESS-1)."""
+    """R-SESS-1: the request does not fit (``slots_available``, ``quota_exceeded``)."""
 
 
 class SessionConflict(Conflict):
-    """409: the external id names an active session with other parameters (R-SESS-2)."""
+    """R-SESS-2: the same scheduler job already holds a session with other parameters."""
 
 
 @dataclass(frozen=True)
@@ -34,98 +34,77 @@ class Admission:
     created: bool
 
 
-def slots_usage(pool: ResourcePool) -> dict:
-    """R-SESS-6: ``{"slots_total", "slots_used", "slots_available"}`` (total may be None)."""
-    used = Session.objects.active().filter(pool=pool).aggregate(n=Coalesce(Sum("slots"), 0))["n"]
-    total = pool.slots_total
-    return {
-        "slots_total": total,
-        "slots_used": used,
-        "slots_available": None if total is None else max(total - used, 0),
-    }
+class NoSuchClass(NotFound):
+    """The class to admit on does not exist or is outside the scope the caller passed."""
 
 
-_POOL_LIMIT_FIELDS = ("name", "slots_total", "quota_cpu", "quota_memory", "quota_gpu", "max_lifetime", "idle_timeout")
-
-
-def admit(*, user, resource_class: ResourceClass, slots: int = 1, external_id: str = "") -> Admission:
+def admit(*, user, resource_class: ResourceClass | QuerySet, slots: int = 1, external_id: str = "") -> Admission:
     """Open a session if it fits, or return the existing one for the same scheduler job.
 
-    R-SESS-1: admission is serialized per pool by a row lock on the pool (PostgreSQL); on SQLite
-    the IMMEDIATE transaction takes the database write lock up front. Under the lock, expired
-    sessions are revoked first so they never hold capacity (R-SESS-3), then slots and quota are
-    summed over the active sessions and the new one is inserted before the lock is released.
+    ``resource_class`` is a class, or a queryset that selects it within what the caller may use
+    (e.g. ``visible_classes(user).filter(pk=…)``): the lookup then costs no statement of its own,
+    and NoSuchClass says it selected nothing.
 
-    The time spent holding the lock bounds admission throughput, so everything that can be
-    prepared is prepared before taking it (launch spec, the new row, the compiled SQL of the lock
-    and of the usage aggregate); the common case holds the lock for four short statements: lock,
-    an index probe for due sessions, the usage aggregate, insert.
-    R-SESS-2: (user, external_id) identifies a session among active ones; the partial unique
-    constraint catches a concurrent duplicate admitted through another pool's lock.
+    R-SESS-1: admission is serialized per pool by a row lock on the pool (PostgreSQL); on SQLite
+    the IMMEDIATE transaction takes the database write lock up front. The common case is three
+    statements, plain ORM: (1) find the class and lock its pool row, probing for sessions due for
+    expiry (R-SESS-3) and for the active session of the same scheduler job (R-SESS-2); (2) sum the
+    pool's active usage; (3) insert. The sum must be its own statement, after the lock: in READ
+    COMMITTED one statement reads one snapshot, taken before it waited for the lock, so a sum in
+    the locking statement would miss the session the previous lock holder just committed.
+    The two probes in (1) may be that stale: a due session missed is revoked by the next sweep
+    and never admitted twice; a same-job session missed is caught by the partial unique
+    constraint (IntegrityError below); a same-job session found is re-read before being returned.
     """
     external_id = (external_id or "").strip()
-    pool = resource_class.pool
-    pool_id, with_quota = pool.pk, pool.has_quota
+    classes = resource_class
+    if not isinstance(classes, QuerySet):
+        classes = ResourceClass.objects.filter(pk=resource_class.pk)
     now = timezone.now()  # the request time: lifetimes count from here
-    session = Session(
-        user=user,
-        resource_class=resource_class,
-        pool_id=pool_id,
-        slots=slots,
-        external_id=external_id,
-        launch_spec=launch_spec(resource_class),
-        created_at=now,
-        last_activity_at=now,
-        expires_at=now + timedelta(seconds=pool.max_lifetime),
-        idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
-    )
+    probes = {"due_expiry": Exists(Session.objects.active().filter(_due_q(now), pool_id=OuterRef("pool_id")))}
+    if external_id:
+        probes["same_job"] = Exists(Session.objects.active().filter(user=user, external_id=external_id))
     try:
         with transaction.atomic():
-            # Compiled once per process, inside a transaction (FOR UPDATE requires one) but
-            # before the lock is taken: nothing reaches the database until the first execute.
-            _LOCK_SQL.compile()
-            _usage_sql(with_quota).compile()
-            due = _due_sql()
-            due.compile()
-            insert_sql = _compiled_insert(session)
-            with connection.cursor() as cursor:
-                cursor.execute(*_LOCK_SQL.sql_with_params(pool_id=pool_id))
-                row = cursor.fetchone()
-                if row is None:
-                    raise ResourcePool.DoesNotExist(f"Pool {pool_id} no longer exists.")
-                limits = dict(zip(_POOL_LIMIT_FIELDS, row, strict=True))
-                # Expire first: an expired session is never handed back as "the existing one".
-                cursor.execute(*due.sql_with_params(pool_id=pool_id, now=now))
-                if cursor.fetchone() is not None:
-                    expire_due_sessions(now=now, pool_id=pool_id)
-                if external_id:
-                    same = _existing(user, external_id)
-                    if same is not None:
-                        return Admission(_same_or_conflict(same, resource_class, slots), False)
-                has_quota = limits["quota_cpu"] is not None or limits["quota_memory"] is not None
-                cursor.execute(*_usage_sql(has_quota).sql_with_params(pool_id=pool_id))
-                row = cursor.fetchone() or ()
-                used = dict.fromkeys(_USAGE_COLUMNS, 0)
-                used.update({name: value or 0 for name, value in zip(_USAGE_COLUMNS, row, strict=False)})
-                _check_capacity(limits, resource_class, slots, used)
-                for statement, params in insert_sql:
-                    cursor.execute(statement, params)
-            session._state.adding, session._state.db = False, connection.alias
+            locked = classes.select_related("pool").select_for_update(of=("pool",)).annotate(**probes).first()
+            if locked is None:
+                raise NoSuchClass("No such class that you can use.")
+            pool = locked.pool
+            if locked.due_expiry:
+                expire_due_sessions(now=now, pool_id=pool.pk)
+            if external_id and (locked.due_expiry or locked.same_job):
+                same = _existing(user, external_id)
+                if same is not None:
+                    return Admission(_same_or_conflict(same, locked.pk, slots), False)
+            _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
+            session = Session.objects.create(
+                user=user,
+                resource_class=locked,
+                pool=pool,
+                slots=slots,
+                external_id=external_id,
+                launch_spec=launch_spec(locked),
+                created_at=now,
+                last_activity_at=now,
+                expires_at=now + timedelta(seconds=pool.max_lifetime),
+                idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
+            )
             return Admission(session, True)
     except IntegrityError:
-        # A concurrent request for the same (user, external_id) won through another pool's lock.
+        # A concurrent request for the same (user, external_id) won through another pool's lock,
+        # or committed while this one waited for the lock (the probe above read an older snapshot).
         same = _existing(user, external_id) if external_id else None
         if same is None:
             raise
-        return Admission(_same_or_conflict(same, resource_class, slots), False)
+        return Admission(_same_or_conflict(same, classes.values_list("pk", flat=True).first(), slots), False)
 
 
 def _existing(user, external_id: str) -> Session | None:
     return Session.objects.active().filter(user=user, external_id=external_id).first()
 
 
-def _same_or_conflict(same: Session, resource_class: ResourceClass, slots: int) -> Session:
-    if same.slots != slots or same.resource_class_id != resource_class.pk:
+def _same_or_conflict(same: Session, class_id: int | None, slots: int) -> Session:
+    if same.slots != slots or same.resource_class_id != class_id:
         raise SessionConflict(
             f"An active session ({same.id}) already exists for external id '{same.external_id}' with "
             f"different parameters (slots {same.slots}, class {same.resource_class_id}).",
@@ -143,91 +122,27 @@ def _due_q(now: datetime) -> Q:
     return Q(expires_at__lte=now) | idle
 
 
-def _compiled_insert(instance: Session) -> list[tuple[str, tuple]]:
-    """The INSERT of ``instance``, compiled before the pool lock is taken (see ``admit``).
-
-    Equivalent to ``instance.save(force_insert=True)``; Session has no save() override and no
-    signal receivers, which this relies on.
-    """
-    query = InsertQuery(Session)
-    query.insert_values(Session._meta.concrete_fields, [instance])
-    return query.get_compiler(using=router.db_for_write(Session)).as_sql()
-
-
-_POOL_ID = -987_654_321  # sentinels for CompiledQuery: values no real query carries
-_NOW = datetime(1901, 2, 3, 4, 5, 6, 789_012, tzinfo=UTC)
-_USAGE_COLUMNS = ("slots", "cpu", "memory", "gpu")
-
-_LOCK_SQL = CompiledQuery(
-    lambda pool_id: ResourcePool.objects.select_for_update().filter(pk=pool_id).values_list(*_POOL_LIMIT_FIELDS),
-    pool_id=_POOL_ID,
-)
-
-
-def _usage_queryset(pool_id: int, with_quota: bool):
-    """Slots used and, for quota pools, the class resources held by the pool's active sessions."""
-    aggregates = {"slots": Coalesce(Sum("slots"), 0)}
-    if with_quota:
-        aggregates.update(
-            cpu=Sum("resource_class__cpu"), memory=Sum("resource_class__memory"), gpu=Sum("resource_class__gpu")
-        )
-    return (
-        Session.objects.active()
-        .filter(pool_id=pool_id)
-        .order_by()
-        .values("pool_id")
-        .annotate(**aggregates)
-        .values_list(*aggregates)
-    )
-
-
-_USAGE_SQL = {
-    with_quota: CompiledQuery(lambda pool_id, q=with_quota: _usage_queryset(pool_id, q), pool_id=_POOL_ID)
-    for with_quota in (False, True)
-}
-
-
-def _usage_sql(with_quota: bool) -> CompiledQuery:
-    return _USAGE_SQL[with_quota]
-
-
-_DUE_SQL: dict[int, CompiledQuery] = {}
-
-
-def _due_sql() -> CompiledQuery:
-    """Is any active session of the pool due for expiry? (served by the per-pool deadline indexes)"""
-    version = busy_version()
-    if version not in _DUE_SQL:
-        _DUE_SQL.clear()
-        _DUE_SQL[version] = CompiledQuery(
-            lambda pool_id, now: Session.objects.active().filter(_due_q(now), pool_id=pool_id).values_list("pk")[:1],
-            pool_id=_POOL_ID,
-            now=_NOW,
-        )
-    return _DUE_SQL[version]
-
-
-def _check_capacity(limits: dict, resource_class: ResourceClass, slots: int, used: dict) -> None:
-    name, total = limits["name"], limits["slots_total"]
+def _check_capacity(pool: ResourcePool, resource_class: ResourceClass, slots: int, used: Usage) -> None:
+    name, total = pool.name, pool.slots_total
     if total is not None:
-        available = max(total - used["slots"], 0)
+        available = max(total - used.slots, 0)
         if slots > available:
             raise CapacityExceeded(
                 f"Pool '{name}' has {available} of {total} slots available; {slots} requested.",
                 slots_available=available,
             )
-    if limits["quota_cpu"] is not None or limits["quota_memory"] is not None:
+    if pool.has_quota:
         over = []
         for dim in ("cpu", "memory", "gpu"):
-            limit = limits[f"quota_{dim}"] or 0
+            limit = getattr(pool, f"quota_{dim}") or 0
             wanted = getattr(resource_class, dim)
-            if used[dim] + wanted > limit:
-                over.append(f"{dim} {fmt(used[dim])} used + {fmt(wanted)} > quota {fmt(limit)}")
+            if getattr(used, dim) + wanted > limit:
+                over.append(f"{dim} {fmt(getattr(used, dim))} used + {fmt(wanted)} > quota {fmt(limit)}")
         if over:
             # slots_available is always present on a refusal (null when the pool counts no slots).
             extra = {
                 "quota_exceeded": over,
-                "slots_available": None if total is None else max(total - used["slots"], 0),
+                "slots_available": None if total is None else max(total - used.slots, 0),
             }
             raise CapacityExceeded(f"Pool '{name}' quota would be exceeded: {'; '.join(over)}.", **extra)
 
@@ -269,18 +184,18 @@ def retry_aborted(func, *, attempts: int = 3):
                 raise Unavailable("The database aborted a conflicting transaction; try again.") from exc
 
 
-def _revoke(queryset, reason: str, now: datetime, *, skip_locked: bool = True) -> list:
-    """Revoke the active sessions of ``queryset``; return the ids this call revoked.
+def _revoke(queryset, reason: str, now: datetime) -> list:
+    """Revoke the active sessions of ``queryset`` (expiry sweeps); return the ids this call revoked.
 
     Compare-and-set on ``status`` so that two revokers never both "win", then announce the
     revocation (pending jobs are cancelled by the scheduling app's receiver). Sweeps skip rows
     another transaction holds (the next sweep gets them); an explicit release or revoke waits for
-    the row instead, or a session briefly locked by a job submission would silently stay active.
+    the row instead (``_revoke_one``).
     """
     with transaction.atomic(savepoint=False):
         ids = list(
             queryset.filter(status=SessionStatus.ACTIVE)
-            .select_for_update(skip_locked=skip_locked)
+            .select_for_update(skip_locked=True)
             .values_list("id", flat=True)
         )
         if not ids:
@@ -293,22 +208,34 @@ def _revoke(queryset, reason: str, now: datetime, *, skip_locked: bool = True) -
     return ids
 
 
+def _revoke_one(session: Session, reason: str) -> bool:
+    """Revoke one session; True if this call ended it.
+
+    One compare-and-set UPDATE: it waits for a row lock a job submission holds (so a session
+    briefly locked is never left active), and of two concurrent revokers only one matches
+    ``status=active``. The receivers then cancel its jobs in the same transaction.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        ended = Session.objects.filter(pk=session.pk, status=SessionStatus.ACTIVE).update(
+            status=SessionStatus.REVOKED, revoked_at=now, revocation_reason=reason
+        )
+        if ended:
+            sessions_revoked.send(sender=Session, session_ids=[session.pk], reason=reason)
+    if ended:
+        session.status, session.revoked_at, session.revocation_reason = SessionStatus.REVOKED, now, reason
+        log.info("revoked session %s: %s", session.pk, reason)
+    return bool(ended)
+
+
 def release(session: Session) -> bool:
     """R-SESS-4: release by owner or service principal. Idempotent: False if already ended."""
-    return bool(
-        retry_aborted(
-            lambda: _revoke(
-                Session.objects.filter(pk=session.pk), RevocationReason.RELEASED, timezone.now(), skip_locked=False
-            )
-        )
-    )
+    return bool(retry_aborted(lambda: _revoke_one(session, RevocationReason.RELEASED)))
 
 
 def revoke(session: Session, reason: str = RevocationReason.MANUAL) -> bool:
     """R-SESS-4: staff revocation; frees the slots at once."""
-    return bool(
-        retry_aborted(lambda: _revoke(Session.objects.filter(pk=session.pk), reason, timezone.now(), skip_locked=False))
-    )
+    return bool(retry_aborted(lambda: _revoke_one(session, reason)))
 
 
 def expire_due_sessions(*, now: datetime | None = None, pool_id: int | None = None) -> dict:

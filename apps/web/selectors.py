@@ -8,11 +8,9 @@ from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Sum
-from django.db.models.functions import Coalesce
 
 from apps.resources.models import ResourcePool, fmt
-from apps.sessions.models import Session
+from apps.sessions.selectors import active_usage
 
 EXAMPLES_DIR = Path(settings.BASE_DIR) / "examples"
 
@@ -47,31 +45,18 @@ class PoolGauge:
 def pool_gauges(pools: list[ResourcePool]) -> dict[int, PoolGauge]:
     """Slots used/total and quota used per pool, in one query whatever the number of pools.
 
-    The same sums as admission (R-SESS-1) and ``slots_usage`` (R-SESS-6): active sessions' slots,
-    and their classes' resources for pools with a quota.
+    The same sums as admission (R-SESS-1) and the slots endpoints (R-SESS-6): ``active_usage``.
     """
-    rows = (
-        Session.objects.active()
-        .filter(pool_id__in=[pool.pk for pool in pools])
-        .order_by()
-        .values("pool_id")
-        .annotate(
-            slots=Coalesce(Sum("slots"), 0),
-            cpu=Sum("resource_class__cpu"),
-            memory=Sum("resource_class__memory"),
-            gpu=Sum("resource_class__gpu"),
-        )
-    )
-    used = {row["pool_id"]: row for row in rows}
+    used = active_usage(pool.pk for pool in pools)
     gauges = {}
     for pool in pools:
-        row = used.get(pool.pk, {})
-        gauge = PoolGauge(slots=Meter("slots", row.get("slots") or 0, pool.slots_total))
+        usage = used[pool.pk]
+        gauge = PoolGauge(slots=Meter("slots", usage.slots, pool.slots_total))
         if pool.has_quota:
             gauge.quota = [
-                Meter("CPU", row.get("cpu") or 0, pool.quota_cpu),
-                Meter("memory (GB)", row.get("memory") or 0, pool.quota_memory),
-                Meter("GPU", row.get("gpu") or 0, pool.quota_gpu or 0),
+                Meter("CPU", usage.cpu, pool.quota_cpu),
+                Meter("memory (GB)", usage.memory, pool.quota_memory),
+                Meter("GPU", usage.gpu, pool.quota_gpu or 0),
             ]
         gauges[pool.pk] = gauge
     return gauges

@@ -42,3 +42,66 @@ def test_process_start_fails_with_the_variable_name(tmp_path):
     )
     assert result.returncode != 0
     assert "DATABASE_URL" in result.stderr
+
+
+def _run(args, **env):
+    full = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "ALLOWED_HOSTS"}}
+    full.update(env)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_web_app_refuses_to_start_with_debug_off_and_no_allowed_hosts(tmp_path):
+    """Issue 15: a start-up message instead of 400 to every request."""
+    result = _run(["-c", "import config.wsgi"], DEBUG="false", GRIDGATE_VAR_DIR=str(tmp_path))
+    assert result.returncode != 0
+    assert "ALLOWED_HOSTS is empty and DEBUG is off" in result.stderr
+
+
+def test_web_app_starts_with_allowed_hosts(tmp_path):
+    hosts = "gridgate.example.org"
+    result = _run(["-c", "import config.wsgi"], DEBUG="false", ALLOWED_HOSTS=hosts, GRIDGATE_VAR_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_deploy_is_clean_with_the_documented_variables(tmp_path):
+    """docs/deployment.md's production variables satisfy every `check --deploy` warning."""
+    result = _run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        DEBUG="false",
+        ALLOWED_HOSTS="gridgate.example.org",
+        CSRF_TRUSTED_ORIGINS="https://gridgate.example.org",
+        SECRET_KEY="x" * 20 + "-a-long-random-production-key-9f8e7d6c5b4a",
+        GRIDGATE_HTTPS="true",
+        GRIDGATE_TRUST_X_FORWARDED_PROTO="true",
+        GRIDGATE_HSTS_INCLUDE_SUBDOMAINS="true",
+        GRIDGATE_HSTS_PRELOAD="true",
+        GRIDGATE_VAR_DIR=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_https_settings_follow_gridgate_https(monkeypatch):
+    result = _run(
+        [
+            "-c",
+            "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings'); django.setup();"
+            "from django.conf import settings as s;"
+            "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS,"
+            " s.SECURE_PROXY_SSL_HEADER)",
+        ],
+        GRIDGATE_HTTPS="true",
+        GRIDGATE_TRUST_X_FORWARDED_PROTO="true",
+    )
+    assert result.stdout.split() == ["True", "True", "True", "31536000", "('HTTP_X_FORWARDED_PROTO',", "'https')"]
+
+
+def test_persistent_connections_come_from_the_environment(monkeypatch):
+    """Issue 15: CONN_MAX_AGE / CONN_HEALTH_CHECKS, persistent by default."""
+    monkeypatch.delenv("CONN_MAX_AGE", raising=False)
+    monkeypatch.delenv("CONN_HEALTH_CHECKS", raising=False)
+    config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
+    assert config["CONN_MAX_AGE"] == 600 and config["CONN_HEALTH_CHECKS"] is True
+    monkeypatch.setenv("CONN_MAX_AGE", "0")
+    monkeypatch.setenv("CONN_HEALTH_CHECKS", "false")
+    config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
+    assert config["CONN_MAX_AGE"] == 0 and config["CONN_HEALTH_CHECKS"] is False

@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -62,15 +62,20 @@ class SessionViewSet(
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
         # The class must be usable by the session's user: a service principal opens sessions for
         # granted users on pools it need not see itself (docs/architecture.md, "Who may do what").
-        resource_class = visible_classes(target).filter(pk=data["resource_class"]).first()
-        if resource_class is None:
+        # The lookup, that access check and the pool lock are one statement (issue 15's budget):
+        # admit() locks the pool through this queryset; the reasons for a miss are looked up after.
+        classes = visible_classes(target).filter(pk=data["resource_class"])
+        try:
+            admission = services.admit(
+                user=target, resource_class=classes, slots=data["slots"], external_id=data["external_id"]
+            )
+        except services.NoSuchClass:
             seen = visible_classes(caller).filter(pk=data["resource_class"]).first() if target != caller else None
             if seen is not None:  # the principal sees it, the user may not use it
-                raise PermissionDenied(f"User '{target.username}' may not use pool '{seen.pool.name}'.")
-            raise ValidationError({"resource_class": [f"No class {data['resource_class']} that you can use."]})
-        admission = services.admit(
-            user=target, resource_class=resource_class, slots=data["slots"], external_id=data["external_id"]
-        )
+                raise PermissionDenied(f"User '{target.username}' may not use pool '{seen.pool.name}'.") from None
+            raise ValidationError(
+                {"resource_class": [f"No class {data['resource_class']} that you can use."]}
+            ) from None
         return Response(
             SessionSerializer(admission.session).data,
             status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
@@ -78,7 +83,12 @@ class SessionViewSet(
 
     def destroy(self, request, *args, **kwargs):
         """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
-        services.release(self.get_object())
+        # The owner's common path costs one lookup: the principal check (two permission queries
+        # for a non-staff user) only runs for somebody else's session.
+        session = get_object_or_404(Session.objects.select_related("pool"), pk=kwargs["pk"])
+        if session.user_id != request.user.pk and not is_service_principal(request.user):
+            raise NotFound()  # other users' sessions do not exist for the caller
+        services.release(session)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses=SessionSerializer)

@@ -1,0 +1,331 @@
+"""HTTP throughput of the production server (SPEC §9, issue 15).
+
+Starts what `make run` starts (gunicorn with config/gunicorn.conf.py) on a PostgreSQL bench
+database, then drives 8 and 32 concurrent keep-alive clients (processes) for a fixed time per
+scenario, over REST (token) and QRMI (real MUNGE credentials, all made with `munge -n` before the
+timed window):
+
+- floor:   an authenticated request through the same stack that runs one SELECT
+           (REST: GET /api/v1/ with a token; QRMI: the same with X-Munge-Cred instead)
+- cycles:  acquire + release of a session (REST POST/DELETE /api/v1/sessions/,
+           QRMI POST sessions + DELETE sessions/<id> as the SPANK plugin's root uid)
+- submits: job submissions into the client's own session (Pulser sequence, emulator pool)
+
+Each figure is printed with its ratio to the same-run floor (the target is >= 0.50 for acquire
+and submission), with p50/p95/p99, errors, and the SQL statements of one such request counted
+in-process through the same code. Environment: BENCH_HTTP_SECONDS (default 10), BENCH_HTTP_CLIENTS
+(default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production),
+BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads.
+"""
+
+import http.client
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+from bench._setup import ROOT, django_on_bench_database, percentile  # noqa: E402
+
+SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "10"))
+CLIENTS = [int(n) for n in os.environ.get("BENCH_HTTP_CLIENTS", "8,32").split(",")]
+UID = 65534  # "nobody": exists everywhere, so munge accepts credentials made for it (as root)
+POOL = "bench-http"
+SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; "granian" to compare
+WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
+CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
+
+
+def munge_batch(uid: int, count: int) -> list[str]:
+    """``count`` fresh credentials of ``uid`` (each decodes once: munged refuses replays)."""
+    command = ["munge", "--no-input"]
+    if uid != os.getuid():
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+
+    def one(_):
+        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    def __init__(self, port):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def call(self, method, path, headers, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {**headers, **({"Content-Type": "application/json"} if data else {})}
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
+            payload = response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            return 599, b""
+        return response.status, payload
+
+
+def scenario_worker(args):
+    """One client: run its scenario until the deadline; return (latencies of successes, errors)."""
+    kind, proto, port, deadline, ctx = args
+    client = Client(port)
+    creds = iter(ctx.get("creds", []))
+    creds_user = iter(ctx.get("creds_user", []))
+    latencies, errors = [], 0
+
+    def munge(it):
+        return {"X-Munge-Cred": next(it)}
+
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        try:
+            if kind == "floor":
+                headers = ctx["auth"] if proto == "rest" else munge(creds_user)
+                ok = client.call("GET", "/api/v1/", headers)[0] == 200
+            elif kind == "cycles" and proto == "rest":
+                status, body = client.call(
+                    "POST", "/api/v1/sessions/", ctx["auth"], {"resource_class": ctx["class_id"], "slots": 1}
+                )
+                ok = status == 201
+                if ok:
+                    sid = json.loads(body)["id"]
+                    ok = client.call("DELETE", f"/api/v1/sessions/{sid}/", ctx["auth"])[0] == 204
+            elif kind == "cycles":
+                status, body = client.call(
+                    "POST", f"/qrmi/{POOL}/sessions", munge(creds), {"user_id": str(UID), "qpu_slots": 1}
+                )
+                ok = status == 201
+                if ok:
+                    sid = json.loads(body)["id"]
+                    ok = client.call("DELETE", f"/qrmi/{POOL}/sessions/{sid}", munge(creds))[0] == 200
+            elif proto == "rest":
+                body = {"payload": {"sequence": ctx["sequence"]}, "shots": 10}
+                ok = client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
+            else:
+                headers = {**munge(creds_user), "X-Warden-Session": ctx["session"]}
+                body = {"sequence": ctx["sequence"], "shots": 10}
+                ok = client.call("POST", f"/qrmi/{POOL}/jobs", headers, body)[0] == 200
+        except StopIteration:
+            break  # out of pre-made credentials: the window ends early for this client
+        if ok:
+            latencies.append(time.perf_counter() - t0)
+        else:
+            errors += 1
+    return latencies, errors, time.monotonic()
+
+
+def run_scenario(kind, proto, port, clients, contexts, seconds=SECONDS):
+    start = time.monotonic()
+    deadline = start + seconds
+    with multiprocessing.get_context("fork").Pool(clients) as pool:
+        results = pool.map(scenario_worker, [(kind, proto, port, deadline, ctx) for ctx in contexts], chunksize=1)
+    latencies = [value for lat, _, _ in results for value in lat]
+    errors = sum(err for _, err, _ in results)
+    elapsed = max(end for _, _, end in results) - start
+    return len(latencies) / elapsed, latencies, errors
+
+
+def statements_per_request(token_key, class_id, session_id, sequence, root_creds, user_creds):
+    """SQL statements of one request of each kind, counted in-process through the same code.
+    Returns {kind: (work statements, with BEGIN/COMMIT)}."""
+    from django.db import connection
+    from django.test import Client as DjangoClient
+    from django.test.utils import CaptureQueriesContext
+
+    client = DjangoClient(HTTP_AUTHORIZATION=f"Token {token_key}")
+    counts = {}
+
+    def count(label, call):
+        with CaptureQueriesContext(connection) as captured:
+            response = call()
+        sqls = [q["sql"] for q in captured.captured_queries]
+        work = [s for s in sqls if not s.startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE"))]
+        counts[label] = (len(work), len(sqls), response.status_code)
+        return response
+
+    count("floor (REST)", lambda: client.get("/api/v1/"))
+    created = count(
+        "acquire (REST)",
+        lambda: client.post("/api/v1/sessions/", {"resource_class": class_id}, content_type="application/json"),
+    )
+    sid = created.json()["id"]
+    count("release (REST)", lambda: client.delete(f"/api/v1/sessions/{sid}/"))
+    count(
+        "submit (REST)",
+        lambda: client.post(
+            f"/api/v1/sessions/{session_id}/jobs/",
+            {"payload": {"sequence": sequence}, "shots": 10},
+            content_type="application/json",
+        ),
+    )
+    q = DjangoClient()
+    creds, user = iter(root_creds), iter(user_creds)
+    count("floor (QRMI stack)", lambda: q.get("/api/v1/", HTTP_X_MUNGE_CRED=next(user)))
+    created = count(
+        "acquire (QRMI)",
+        lambda: q.post(
+            f"/qrmi/{POOL}/sessions",
+            {"user_id": str(UID)},
+            content_type="application/json",
+            HTTP_X_MUNGE_CRED=next(creds),
+        ),
+    )
+    qsid = created.json()["id"]
+    count("release (QRMI)", lambda: q.delete(f"/qrmi/{POOL}/sessions/{qsid}", HTTP_X_MUNGE_CRED=next(creds)))
+    count(
+        "submit (QRMI)",
+        lambda: q.post(
+            f"/qrmi/{POOL}/jobs",
+            {"sequence": sequence, "shots": 10},
+            content_type="application/json",
+            HTTP_X_MUNGE_CRED=next(user),
+            HTTP_X_WARDEN_SESSION=session_id,
+        ),
+    )
+    return counts
+
+
+def sequence_repr() -> str:
+    import pulser.devices
+    from pulser import Pulse, Register, Sequence
+
+    sequence = Sequence(Register.rectangle(1, 2, spacing=8, prefix="q"), pulser.devices.AnalogDevice)
+    sequence.declare_channel("rydberg", "rydberg_global")
+    sequence.add(Pulse.ConstantPulse(500, 2.0, 0.0, 0.0), "rydberg")
+    sequence.measure("ground-rydberg")
+    return sequence.to_abstract_repr()
+
+
+def main() -> int:
+    if subprocess.run(["sh", "-c", "command -v munge"], capture_output=True).returncode:
+        print("http_load: skipped (munge is not installed: scripts/munge-local.sh start)")
+        return 0
+    subprocess.run([str(ROOT / "scripts/munge-local.sh"), "start"], capture_output=True)
+    os.environ.update(DEBUG="false", ALLOWED_HOSTS="127.0.0.1,testserver")
+    if django_on_bench_database("gridgate_bench_http") is None:
+        print("http_load: skipped (needs PostgreSQL: set DATABASE_URL or start it on 127.0.0.1:5432)")
+        return 0
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from apps.qrmi.models import UnixAccount
+    from apps.resources.models import ResourceClass, ResourcePool
+    from apps.scheduling.models import Device, Job
+    from apps.sessions import services
+    from apps.sessions.models import Session
+
+    Job.objects.filter(pool__name=POOL).delete()
+    Session.objects.filter(pool__name=POOL).delete()
+    ResourcePool.objects.filter(name=POOL).delete()
+    pool = ResourcePool.objects.create(name=POOL, kind="local", public=True, slots_total=1_000_000)
+    klass = ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    user, _ = get_user_model().objects.get_or_create(username="bench-http")
+    UnixAccount.objects.update_or_create(user=user, defaults={"unix_uid": UID})
+    token, _ = Token.objects.get_or_create(user=user)
+    auth = {"Authorization": f"Token {token.key}"}
+    sequence = sequence_repr()
+    max_clients = max(CLIENTS)
+    sessions = [
+        str(services.admit(user=user, resource_class=klass, slots=1).session.pk) for _ in range(max_clients + 1)
+    ]
+    counts = statements_per_request(token.key, klass.pk, sessions[-1], sequence, munge_batch(0, 2), munge_batch(UID, 2))
+    from django.db import connections
+
+    connections.close_all()
+
+    port = free_port()
+    env = dict(os.environ, PORT=str(port), HOST="127.0.0.1", GRIDGATE_LOG_LEVEL="WARNING")
+    workers, threads = env.get("GRIDGATE_WEB_WORKERS", "2"), env.get("GRIDGATE_WEB_THREADS", "8")
+    if SERVER == "granian":  # the alternative measured for docs/deployment.md, same processes x threads
+        command = [
+            *(sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port)),
+            *("--workers", workers, "--blocking-threads", threads, "--backlog", "2048", "config.wsgi:application"),
+        ]
+    else:
+        command = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"]
+    server = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.3)
+        print(
+            f"http_load: {SERVER} {workers} processes x {threads} threads, PostgreSQL, "
+            f"{SECONDS:g} s per scenario, keep-alive clients (processes)"
+        )
+        # Warm-up, untimed: every server thread opens its database connection and imports what
+        # the first request of each kind imports (Pulser, the emulator driver).
+        warm = [
+            {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
+            for i in range(max_clients)
+        ]
+        for kind in ("floor", "cycles", "submits"):
+            run_scenario(kind, "rest", port, max_clients, warm, seconds=WARMUP)
+        print("  SQL statements per request (work statements; with BEGIN/COMMIT):")
+        for label, (work, total, status) in counts.items():
+            print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
+        for clients in CLIENTS:
+            figures = {}
+            for proto in ("rest", "qrmi"):
+                for kind in ("floor", "cycles", "submits"):
+                    need = int(CRED_RATE * SECONDS / clients * (2 if kind == "cycles" else 1)) + 10
+                    contexts = []
+                    for i in range(clients):
+                        ctx = {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
+                        if proto == "qrmi":
+                            if kind == "cycles":
+                                ctx["creds"] = munge_batch(0, need)
+                            else:
+                                ctx["creds_user"] = munge_batch(UID, need)
+                        contexts.append(ctx)
+                    figures[(proto, kind)] = run_scenario(kind, proto, port, clients, contexts)
+            print(f"  {clients} clients:")
+            for proto in ("rest", "qrmi"):
+                floor = figures[(proto, "floor")][0] or float("nan")
+                for kind, unit in (("floor", "req/s"), ("cycles", "cycles/s"), ("submits", "submissions/s")):
+                    rate, lat, errors = figures[(proto, kind)]
+                    ms = [percentile(lat, p) * 1000 for p in (50, 95, 99)]
+                    print(
+                        f"    {proto.upper():4s} {kind:8s} {rate:8.1f} {unit:14s} "
+                        f"p50 {ms[0]:6.1f} ms  p95 {ms[1]:6.1f} ms  p99 {ms[2]:6.1f} ms  "
+                        f"errors {errors:3d}  ratio to floor {rate / floor:.2f}"
+                        + ("  (a cycle is 2 requests)" if kind == "cycles" else "")
+                    )
+        print("  targets: acquire and submission >= 0.50 of the floor; >= 160 cycles/s and >= 350 submissions/s")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    Job.objects.filter(pool__name=POOL).delete()
+    Session.objects.filter(pool__name=POOL).delete()
+    ResourcePool.objects.filter(name=POOL).delete()
+    return 0
+
+
+if __name__ == "__main__":
+    Path(ROOT / "var").mkdir(exist_ok=True)
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Issue 15 / SPEC §9: QRMI acquire and release cost at most 4 SQL statements with real MUNGE
+credentials, and a job route looks the caller's Unix account up once."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.qrmi.models import UnixAccount
+from apps.sessions.models import Session, SessionStatus
+from tests.qrmi.conftest import USER_UID
+
+pytestmark = [pytest.mark.munge, pytest.mark.django_db(transaction=True)]
+
+BASE = "/qrmi/fresnel"
+BUDGET = 4
+
+
+def test_qrmi_acquire_runs_at_most_four_statements(qrmi, qpu, alice, statement_budget):
+    """The service uid's account is never looked up; the user's account, then the pool's default
+    class + access + pool lock, the usage sum (R-SESS-1) and the insert."""
+    client = qrmi(0)
+    with statement_budget(BUDGET):
+        response = client.post(f"{BASE}/sessions", {"user_id": str(USER_UID), "slurm_job_id": "99"}, format="json")
+    assert response.status_code == 201, response.content
+    assert Session.objects.get(pk=response.data["id"]).user == alice
+
+
+@pytest.mark.parametrize("route", ["path", "header"])
+def test_qrmi_release_runs_at_most_four_statements(qrmi, open_qrmi_session, route, statement_budget):
+    session = open_qrmi_session("100")
+    client = qrmi(0)
+    with statement_budget(BUDGET):
+        if route == "path":
+            response = client.delete(f"{BASE}/sessions/{session.pk}")
+        else:
+            response = client.delete(f"{BASE}/sessions", HTTP_X_WARDEN_SESSION=str(session.pk))
+    assert response.status_code == 200, response.content
+    session.refresh_from_db()
+    assert session.status == SessionStatus.REVOKED
+
+
+def test_qrmi_job_route_looks_the_uid_account_up_once(qrmi, open_qrmi_session):
+    """R-QRMI-2: the credential's uid is mapped to its user by one lookup per request."""
+    session = open_qrmi_session()
+    table = UnixAccount._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
+        response = qrmi(USER_UID).get(f"{BASE}/jobs/12345", HTTP_X_WARDEN_SESSION=str(session.pk))
+    assert response.status_code == 404
+    assert sum(table in q["sql"] for q in queries.captured_queries) == 1
