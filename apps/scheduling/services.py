@@ -314,6 +314,15 @@ def _set_awaiting(queue: PoolQueue, value: bool) -> None:
 def submit_claimed(job: Job) -> None:
     """Hand a claimed job to its device's driver (no transaction open), then record it."""
     device = job.device
+    # A cancel recorded between the claim and this hand-over wins (issue 18 item 7): the user saw
+    # the job pending and asked to cancel it; it must never reach the device. Compare-and-set on
+    # the claim's lease: a cancel landing after this line is a running job's cancel (R-JOB-2).
+    handed_over = Job.objects.filter(
+        pk=job.pk, status=JobStatus.RUNNING, remote_id="", cancel_requested_at=None
+    ).update(lease_until=timezone.now() + LEASE)
+    if not handed_over:
+        _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="")
+        return
     try:
         remote_id = get_driver(device.driver).submit(device, job)
     except PermanentDriverError as exc:

@@ -276,7 +276,7 @@ def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device
 
 
 def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_session, owner):
-    from apps.scheduling.drivers.emulator import STALE_RUN
+    from apps.scheduling.drivers.emulator import DEAD_AFTER
     from apps.scheduling.models import DriverRun
     from tests.scheduling.pulser_sequences import analog_sequence
 
@@ -288,7 +288,7 @@ def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_sessio
     ]
     services.run_pool(qpu_pool.pk)
     DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(
-        status="running", started_at=timezone.now() - STALE_RUN - timedelta(seconds=1)
+        status="running", started_at=timezone.now() - DEAD_AFTER - timedelta(seconds=1)
     )
     make_polls_due()
     services.run_pool(qpu_pool.pk)
