@@ -109,6 +109,11 @@ class ProviderError(BackendError):
         self.permanent = permanent
 
     @property
+    def transient(self) -> bool:
+        """Retrying later may work (R-CASE-1): anything but a refusal (4xx) is transient."""
+        return not self.permanent
+
+    @property
     def maybe_done(self) -> bool:
         """The request may have reached the server and been carried out (R-CASE-1)."""
         return self.timeout or self.dropped or self.status in (502, 503, 504)

@@ -220,7 +220,17 @@ class Session:
         except BackendError:
             raise
         except Exception as exc:
-            raise BackendError(scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets)) from None
+            raise BackendError(
+                scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets), transient=unreachable(exc)
+            ) from None
+
+
+def unreachable(exc: Exception) -> bool:
+    """No answer (timeout, connection, storage transport): retrying later may work (R-CASE-1)."""
+    import botocore.exceptions
+    import requests
+
+    return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
 
 
 def describe(exc: Exception) -> str:
