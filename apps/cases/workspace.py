@@ -122,6 +122,8 @@ def save_uploads(dest: Path, uploads) -> list[str]:
         name = os.path.basename(upload.name or "")
         if not name or name in {".", ".."} or name.startswith("."):
             raise ValidationError({"inputs": [f"Invalid file name {upload.name!r}."]})
+        if len(name.encode("utf-8", "surrogatepass")) > 255:  # the filesystem's limit is bytes, not characters
+            raise ValidationError({"inputs": [f"File name too long (over 255 bytes): {name[:40]!r}…"]})
         confined(dest, name)
         names.append(name)
     if len(set(names)) != len(names):

@@ -1,5 +1,6 @@
 """Read queries shared by the API, the admin and later apps."""
 
+import os
 import pwd
 
 from django.conf import settings
@@ -41,7 +42,12 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
     :class:`Unavailable` when the host lacks the account the link names.
     """
     if pool.trusted:
-        return RunAs(RunAs.TRUSTED, network=pool.network)
+        if os.geteuid() != 0:
+            return RunAs(RunAs.TRUSTED, network=pool.network)
+        # The service runs as root (it must, to switch to owners' accounts): a trusted pool's
+        # command must never run as root (bwrap started by root keeps every capability, and
+        # root's sbatch queues a root job), so it runs as the unprivileged sandbox account.
+        return _sandbox_account(pool, fallback="nobody")
     uid = unix_uid_for(user)
     if uid is not None:
         if uid == 0:
@@ -55,19 +61,27 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
             ) from None
         return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network)
     if pool.sandbox_unlinked:
-        name = settings.GRIDGATE_SANDBOX_USER
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            raise Unavailable(
-                f"Pool '{pool.name}' runs unlinked users as the sandbox account '{name}', which does not exist "
-                "on this host: ask an operator to create it (docs/operations.md)."
-            ) from None
-        if entry.pw_uid == 0:
-            raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
-        return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)
+        return _sandbox_account(pool)
     raise Forbidden(
         f"Pool '{pool.name}' runs each case as its owner's Unix account and yours is not linked: ask an "
         "operator to link your Gridgate account to your Unix uid (admin → Users → Unix account).",
         code="unix_account_required",
     )
+
+
+def _sandbox_account(pool: ResourcePool, fallback: str = "") -> RunAs:
+    """The unprivileged sandbox account (``GRIDGATE_SANDBOX_USER``; ``fallback`` when it does not
+    exist on this host); never root."""
+    name = settings.GRIDGATE_SANDBOX_USER
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        if not fallback:
+            raise Unavailable(
+                f"Pool '{pool.name}' runs unlinked users as the sandbox account '{name}', which does not exist "
+                "on this host: ask an operator to create it (docs/operations.md)."
+            ) from None
+        entry = pwd.getpwnam(fallback)
+    if entry.pw_uid == 0:
+        raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
+    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)

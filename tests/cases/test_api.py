@@ -535,3 +535,15 @@ def test_r_case_7_oversized_request_is_refused_before_its_body_is_parsed(api, ow
     big = SimpleUploadedFile("big.bin", b"x" * (1024 * 1024 + 1))
     response = client.post(f"/api/v1/cases/{case_id}/inputs/", {"inputs": [big]}, format="multipart")
     assert response.status_code == 413 and reached == []
+
+
+def test_upload_name_longer_than_the_filesystem_allows_is_400_not_500(api, owner, local_pool):
+    """255 characters fit Django's limit but 200 × 'é' is 400 bytes: a clear 400, nothing written."""
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    name = "é" * 200 + ".txt"
+    response = client.post(
+        f"/api/v1/cases/{case_id}/inputs/", {"inputs": [SimpleUploadedFile(name, b"x")]}, format="multipart"
+    )
+    assert response.status_code == 400, response.content
+    assert "too long" in str(response.json())

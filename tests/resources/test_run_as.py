@@ -68,10 +68,22 @@ def test_missing_sandbox_account_is_unavailable_naming_it(owner, local_pool, set
     assert "no-such-gridgate-account" in refused.value.detail
 
 
-def test_trusted_pool_runs_as_the_service_without_a_switch(owner):
+def test_trusted_pool_runs_as_the_service_without_a_switch(owner, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a developer's own account, not root
     pool = ResourcePool.objects.create(name="laptop", kind="local", public=False, trusted=True)
     run_as = run_as_for(owner, pool)
     assert run_as.mode == RunAs.TRUSTED and not run_as.switches and run_as.uid is None
+
+
+@pytest.mark.parametrize("sandbox_user", ["nobody", "no-such-account-here"])
+def test_trusted_pool_of_a_root_service_never_runs_the_command_as_root(owner, monkeypatch, settings, sandbox_user):
+    """A root service (it must be root to switch to owners' accounts) runs a trusted pool's
+    commands as the unprivileged sandbox account (else nobody), never as root."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    settings.GRIDGATE_SANDBOX_USER = sandbox_user
+    pool = ResourcePool.objects.create(name="laptop", kind="local", public=False, trusted=True)
+    run_as = run_as_for(owner, pool)
+    assert run_as.mode == RunAs.SANDBOX and run_as.switches and run_as.uid not in (None, 0)
 
 
 def test_trusted_pool_cannot_be_public():
@@ -88,7 +100,7 @@ def test_trusted_public_pool_is_refused_by_the_database_too(db):
         ResourcePool.objects.create(name="laptop", kind="local", public=True, trusted=True)
 
 
-def test_demo_local_pool_is_a_trusted_private_pool_granted_to_the_demo_users(settings, db):
+def test_demo_local_pool_is_a_trusted_private_pool_granted_to_the_demo_users(settings, db, monkeypatch):
     """R-CASE-8: `make run` works for a developer who is not root: the demo's local pool runs
     cases as the service's account, says so, and is not public."""
     from django.core.management import call_command
@@ -100,5 +112,6 @@ def test_demo_local_pool_is_a_trusted_private_pool_granted_to_the_demo_users(set
     pool = ResourcePool.objects.get(name="local")
     assert pool.trusted and not pool.public and not pool.default
     alice = pool.users.get(username="alice")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # a developer's own account
     assert run_as_for(alice, pool).mode == RunAs.TRUSTED
     assert pool in visible_pools(alice)
