@@ -66,7 +66,7 @@ def test_campaign_whose_cases_ended_is_deleted_from_the_admin(admin_client, make
 
 def test_launched_case_owner_class_command_and_options_are_read_only(admin_client, make_case, member):
     """R-CASE-8: the admin cannot rewrite what a launched case ran, or as whom."""
-    case = launched(make_case(command="run-solver", launch_options={"time": "01:00:00"}))
+    case = launched(make_case(command="run-solver", launch_options={"outcome": "succeed"}))
     page = admin_client.get(f"/admin/cases/case/{case.pk}/change/").content.decode()
     for name in ("owner", "resource_class", "command", "launch_options"):
         assert f'name="{name}"' not in page, name
@@ -77,7 +77,7 @@ def test_launched_case_owner_class_command_and_options_are_read_only(admin_clien
             "owner": member.pk,
             "resource_class": case.resource_class_id,
             "command": "cat /etc/shadow",
-            "launch_options": '{"time": "365-00:00:00"}',
+            "launch_options": '{"outcome": "fail"}',
             "observability_globs": "[]",
             "events-TOTAL_FORMS": "0",
             "events-INITIAL_FORMS": "0",
@@ -89,9 +89,9 @@ def test_launched_case_owner_class_command_and_options_are_read_only(admin_clien
     assert (case.owner_id, case.command, case.launch_options) != (
         member.pk,
         "cat /etc/shadow",
-        {"time": "365-00:00:00"},
+        {"outcome": "fail"},
     )
-    assert case.command == "run-solver" and case.launch_options == {"time": "01:00:00"}
+    assert case.command == "run-solver" and case.launch_options == {"outcome": "succeed"}
 
 
 def test_prepared_case_stays_editable_in_the_admin(admin_client, make_case):

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from apps.core.models import IdempotencyKey, Lease
 from apps.resources.models import ResourcePool
-from apps.scheduling.models import PoolQueue
+from apps.scheduling.models import Device, PoolQueue
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +53,7 @@ def test_pool_queue_admin_lists_queues_with_their_waiting_jobs(admin_client, own
 
     pool = ResourcePool.objects.create(name="qpu", public=True, slots_total=4)
     ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="parked", driver="fake", online=False)  # R-DEV-1: a pool that runs jobs
     services.submit_job(user=owner, session=open_session(pool, owner), payload={"sequence": "{}"}, shots=1)
     PoolQueue.objects.get_or_create(pool=pool)
     response = admin_client.get("/admin/scheduling/poolqueue/?q=qpu")
