@@ -354,7 +354,10 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
 
     case = make_case(resource_class=rc, command="true")
     response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
-    assert response.status_code == 200 and response.json()["status"] == "pending", response.content
+    assert response.status_code == 202, response.content
+    passes.submit_pass(case_ids=[case.id])  # the worker's submit step (R-CASE-1)
+    case.refresh_from_db()
+    assert case.status == "pending", case.last_error
     script = next((Path(pool.remote["working_root"]) / str(case.id)).glob("job-*.sh")).read_text()
     assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=debug"]
 

@@ -34,7 +34,11 @@ ATTACK = (
 
 
 def launch(client, case_id):
-    return client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    """The launch request (202: recorded) and the worker's submit step for it (R-CASE-1)."""
+    response = client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    if response.status_code == 202:
+        passes.submit_pass(case_ids=[case_id])
+    return response
 
 
 def create(client, rc, command, inputs=()):
@@ -98,9 +102,9 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
         monkeypatch.setenv(name, value)
     rc = local_pool.classes.get()
     victim = create(api(member), rc, "sleep 20", inputs=[("victim.txt", b"victim-private-data-0815")])
-    assert launch(api(member), victim).status_code == 200
+    assert launch(api(member), victim).status_code == 202
     attacker = create(api(owner), rc, ATTACK.replace("{root}", str(cases_root)))
-    assert launch(api(owner), attacker).status_code == 200
+    assert launch(api(owner), attacker).status_code == 202
     case = wait_for_terminal(Case.objects.get(pk=attacker))
     assert case.status == CaseStatus.DONE, case.last_error
     client = api(owner)
@@ -137,7 +141,7 @@ def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api,
     pool = ResourcePool.objects.create(name="open", kind="local", public=True, sandbox_unlinked=True)
     rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
     case_id = create(api(outsider), rc, "id -u > uid.txt")
-    assert launch(api(outsider), case_id).status_code == 200
+    assert launch(api(outsider), case_id).status_code == 202
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
     assert int(download(api(outsider), case_id, "results/uid.txt")) == sandbox_host["gridgate-sandbox"].pw_uid
@@ -147,7 +151,7 @@ def test_pool_without_network_gives_the_case_only_loopback(api, owner, linked, d
     pool = ResourcePool.objects.create(name="offline", kind="local", public=True, network=False)
     rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
     case_id = create(api(owner), rc, "awk -F: 'NR>2{print $1}' /proc/net/dev > ifaces.txt")
-    assert launch(api(owner), case_id).status_code == 200
+    assert launch(api(owner), case_id).status_code == 202
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, (workspace.case_dir(case_id) / "stderr.log").read_text()
     assert download(api(owner), case_id, "results/ifaces.txt").split() == ["lo"]
@@ -177,7 +181,7 @@ def test_symlinks_planted_by_the_command_never_come_back_or_set_progress(api, ow
         local_pool.classes.get(),
         command,
     )
-    assert launch(api(owner), case_id).status_code == 200
+    assert launch(api(owner), case_id).status_code == 202
     case = Case.objects.get(pk=case_id)
     work = run_dir(workspace.case_dir(case_id)) / "work"
     wait_until(lambda: (work / "real.txt").exists(), what="the command's links")
@@ -211,7 +215,7 @@ def test_symlinks_planted_in_the_workspace_are_never_followed_by_endpoints_or_th
     assert client.get(f"/api/v1/cases/{case_id}/files/results/x").status_code in (400, 404)
     assert client.get(f"/api/v1/cases/{case_id}/files/stdout.log").status_code in (400, 404)
 
-    assert launch(client, case_id).status_code == 200
+    assert launch(client, case_id).status_code == 202
     rdir = run_dir(root)
     wait_until(lambda: (rdir / "exit_status").exists(), what="the command's end")
     passes.poll_pass(case_ids=[case_id])
@@ -229,7 +233,7 @@ def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, 
         f"trap '' TERM; echo started; while :; do sleep 1; done"
     )
     case_id = create(api(owner), local_pool.classes.get(), command)
-    assert launch(api(owner), case_id).status_code == 200
+    assert launch(api(owner), case_id).status_code == 202
     case = Case.objects.get(pk=case_id)
     pgid = int(case.remote_id.split(":")[1])
     wait_until(lambda: len(marker_processes(marker)) >= 2, what="the command and its escaped child")
@@ -244,7 +248,7 @@ def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, loc
     settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
     marker = f"mark-{uuid.uuid4().hex[:8]}"
     case_id = create(api(owner), local_pool.classes.get(), f": {marker}; sleep 30")
-    assert launch(api(owner), case_id).status_code == 200
+    assert launch(api(owner), case_id).status_code == 202
     wait_until(lambda: marker_processes(marker), what="the command")
     shutil.rmtree(run_dir(workspace.case_dir(case_id)))
     response = api(owner).post(f"/api/v1/cases/{case_id}/cancel/")
@@ -254,7 +258,7 @@ def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, loc
 
 def test_launching_leaves_no_child_and_no_zombie_in_the_launching_process(api, owner, local_pool, linked):
     case_id = create(api(owner), local_pool.classes.get(), "echo quick")
-    assert launch(api(owner), case_id).status_code == 200
+    assert launch(api(owner), case_id).status_code == 202
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
     assert zombie_children() == []

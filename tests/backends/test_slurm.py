@@ -125,7 +125,8 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     victim_account = link_account(member, "gridgate-test2")
     rc = slurm_pool.classes.get()
     victim = make_slurm_case(api(member), rc, "cat victim.txt > copy.txt; sleep 20", b"victim-private-data-0815")
-    assert api(member).post(f"/api/v1/cases/{victim}/launch/", {}, format="json").status_code == 200
+    assert api(member).post(f"/api/v1/cases/{victim}/launch/", {}, format="json").status_code == 202
+    passes.submit_pass(case_ids=[victim])  # the worker's submit step (R-CASE-1)
     victim_job = Case.objects.get(pk=victim).remote_id
     attack = (
         "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
@@ -135,7 +136,8 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     )
     attacker = make_slurm_case(api(owner), rc, attack)
     response = api(owner).post(f"/api/v1/cases/{attacker}/launch/", {}, format="json")
-    assert response.status_code == 200, response.content
+    assert response.status_code == 202, response.content
+    passes.submit_pass(case_ids=[attacker])
     job_id = Case.objects.get(pk=attacker).remote_id
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert f"UserId={owner_account.pw_name}(" in shown
@@ -309,7 +311,10 @@ def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
 
     case = make_case(resource_class=rc, command="true")
     response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
-    assert response.status_code == 200 and response.json()["status"] == "pending", response.content
+    assert response.status_code == 202, response.content
+    passes.submit_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == "pending", case.last_error
     script = (working_root / "scratch" / str(case.id) / "job.sh").read_text()
     assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=normal"]
 
