@@ -573,15 +573,17 @@ def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_po
 def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_pool, make_case, double, request):
     """R-CASE-1: the last uncertain attempt fails the case; a job the provider created late is
     found by name once more and cancelled, never left running unrecorded."""
-    from apps.cases.services import MAX_UNCERTAIN_SUBMITS
+    from apps.cases.passes import MAX_SUBMIT_ATTEMPTS
 
     request.addfinalizer(double.reap)
     double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
     double.hide_new_jobs = fc.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
     case = make_case(resource_class=fc_pool.classes.get(), command="sleep 30")
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    Case.objects.filter(pk=case.pk).update(poll_failures=MAX_UNCERTAIN_SUBMITS - 1)  # the last attempt
-    case = services.launch_case(case)
+    services.launch_case(case)
+    Case.objects.filter(pk=case.pk).update(poll_failures=MAX_SUBMIT_ATTEMPTS - 1)  # the last attempt
+    passes.submit_pass(case_ids=[case.id])
+    case.refresh_from_db()
     assert case.status == CaseStatus.FAILED, case.last_error
     (job,) = double.user_jobs()
     assert job.cancelled
