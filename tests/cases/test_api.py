@@ -452,32 +452,26 @@ def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
     assert response.status_code == 400 and "control characters" in response.json()["detail"]
 
 
-def test_launch_key_of_a_request_that_died_is_taken_over_after_its_lease(api, owner, local_pool, monkeypatch, settings):
-    """Issue 16, item 2: a launch is idempotent under a lease: a retry within it is told to wait,
-    a retry after it launches instead of answering 409 for 24 hours."""
-    import time_machine
-    from django.utils import timezone
-
+def test_launch_key_of_a_request_that_died_is_free_again_at_once(api, owner, local_pool, monkeypatch):
+    """Issue 16, item 2: the launch records itself in one transaction with its Idempotency-Key
+    (a worker submits later), so a request killed inside its work leaves no key behind: the retry
+    with the same key launches at once instead of answering 409 for 24 hours."""
     from apps.core.models import IdempotencyKey
 
     case_id = create(api(owner), local_pool.classes.get()).json()["id"]
     url = f"/api/v1/cases/{case_id}/launch/"
     client = api(owner)
-    # The first attempt dies inside its work and never cleans its key (a killed process).
-    monkeypatch.setattr(IdempotencyKey, "delete", lambda self: None)
     monkeypatch.setattr(
         "apps.cases.services.launch_case", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed"))
     )
     assert client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead").status_code == 500
     monkeypatch.undo()
-    waiting = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
-    assert waiting.status_code == 409 and "still being processed" in waiting.json()["detail"]
-    later = timezone.now() + timezone.timedelta(seconds=settings.GRIDGATE_IDEMPOTENCY_LEASE_SECONDS + 1)
-    with time_machine.travel(later):
-        launched = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
-    assert launched.status_code == 200, launched.content
-    assert launched.json()["status"] == "pending"
-    assert IdempotencyKey.objects.get(key="launch-dead").response_status == 200
+    assert not IdempotencyKey.objects.filter(key="launch-dead").exists()
+    launched = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert launched.status_code == 202, launched.content
+    replay = client.post(url, {}, format="json", HTTP_IDEMPOTENCY_KEY="launch-dead")
+    assert replay.status_code == 202 and replay.json() == launched.json()
+    assert IdempotencyKey.objects.get(key="launch-dead").response_status == 202
 
 
 def raw_multipart(files: dict[str, bytes], **fields) -> tuple[bytes, str]:

@@ -129,7 +129,7 @@ def test_release_losing_to_a_deadlock_answers_503_json(api, owner, qpu_pool, ope
     def deadlocked(*args, **kwargs):
         raise aborted("40P01")
 
-    monkeypatch.setattr(session_services, "_revoke", deadlocked)
+    monkeypatch.setattr(session_services, "_revoke_one", deadlocked)
     response = api(owner).delete(f"/api/v1/sessions/{session.pk}/")
     assert response.status_code == 503
     assert response["Content-Type"].startswith("application/json") and "try again" in response.json()["detail"]
