@@ -103,7 +103,10 @@ def session_open(request):
             if slots_errors
             else "the form was incomplete; reload the page and try again."
         )
-        return again(Refusal(text, error_text(DjangoValidationError(form.errors))), 400)
+        # Beside the class's form when only the slots were wrong; at the top when the class itself was.
+        return again(
+            Refusal(text, error_text(DjangoValidationError(form.errors))), 400, "resource_class" not in form.errors
+        )
     resource_class = visible_classes(request.user).filter(pk=form.cleaned_data["resource_class"]).first()
     if resource_class is None:
         return again(Refusal("The session was not opened: that class is not one you can use."), 404, at_class=False)
