@@ -376,13 +376,15 @@ def test_a_held_jobs_reason_from_squeue_reaches_the_case(slurm_pool, make_case, 
     """The pending reason (squeue %r; sacct says None) reaches the case and its history."""
     case = make_case(resource_class=slurm_pool.classes.get(), command="true")
     spec = passes.build_spec(case)
-    spec.batch_directives = [*spec.batch_directives, "--hold"]  # held at submission: JobHeldUser
+    # Not startable for an hour, then held by the administrator (root): squeue says JobHeldAdmin.
+    spec.batch_directives = [*spec.batch_directives, "--begin=now+3600"]
     job_id = SlurmBackend().submit(spec)
     request.addfinalizer(lambda: subprocess.run(["scancel", job_id], capture_output=True, check=False))
+    subprocess.run(["scontrol", "hold", job_id], capture_output=True, check=True)
     Case.objects.filter(pk=case.pk).update(
         status=CaseStatus.PENDING, backend="slurm", remote_id=job_id, next_poll_at=timezone.now()
     )
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
-    assert case.status == CaseStatus.PENDING and case.status_message == "Slurm: JobHeldUser"
-    assert case.events.filter(kind="note", message="Slurm: JobHeldUser").exists()
+    assert case.status == CaseStatus.PENDING and case.status_message == "Slurm: JobHeldAdmin"
+    assert case.events.filter(kind="note", message="Slurm: JobHeldAdmin").exists()
