@@ -64,6 +64,11 @@ def test_submit_job_costs_at_most_four_statements_with_the_lookup(
     assert Job.objects.count() == 2
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 15 (open): REST submission costs 5 statements; the session lookup's visibility check "
+    "asks the principal permission. The service path meets 4 (test below); strict: passing means fixed.",
+)
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_rest_submission_costs_at_most_four_statements(
