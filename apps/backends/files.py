@@ -65,13 +65,16 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(o
 
 
 def open_regular(path, *, dir_fd: int | None = None) -> int | None:
-    """An fd on ``path`` if it is a regular file reached without following a symlink, else None
-    (a symlink, a FIFO, a device, a directory, or nothing there)."""
+    """An fd on ``path`` if it is a regular file with one name, reached without following a
+    symlink, else None (a symlink, a hard link, a FIFO, a device, a directory, or nothing there)."""
     try:
         fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
     except OSError:  # ELOOP: a symlink; ENOENT; ENXIO: a socket…
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    # A hard link is no symlink, but it can name a file the command could not read itself (a
+    # root-only file on the same filesystem where protected_hardlinks is off): never copy one back.
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
         return None
     os.set_blocking(fd, True)

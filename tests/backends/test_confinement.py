@@ -52,3 +52,19 @@ def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):
     link.symlink_to(secret)
     assert files.read_delta(link, tmp_path / "stdout.log") == ""
     assert files.read_progress(link) is None
+
+
+def test_a_hard_link_planted_in_the_workspace_is_never_read(tmp_path):
+    """R-CASE-8: a hard link can name a file its creator could not read (protected_hardlinks off)."""
+    from apps.backends.files import open_regular
+
+    secret = tmp_path / "root-only"
+    secret.write_text("secret")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.link(secret, work / "x")
+    assert open_regular(work / "x") is None
+    (work / "plain").write_text("ok")
+    fd = open_regular(work / "plain")
+    assert fd is not None
+    os.close(fd)
