@@ -1,5 +1,6 @@
 """Gridgate settings. Everything deployment-specific comes from environment variables."""
 
+import socket
 from pathlib import Path
 
 from config.env import (
@@ -186,6 +187,9 @@ if _redis_url:
 # Gridgate's own settings.
 # Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
 # graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
+# This worker's host identity (issue 17): heartbeats, leases and local-backend host affinity. Two
+# processes on one machine may claim distinct identities (the scale-out test does).
+GRIDGATE_WORKER_HOST = env_str("GRIDGATE_WORKER_HOST", socket.gethostname())[:60]
 GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -73,7 +72,7 @@ SYNC_FIELDS = ["progress", "last_synced_at", "next_sync_at", "last_error", "leas
 
 def worker_id() -> str:
     """Unique per pass: host, process, thread and a nonce (two passes never share a lease)."""
-    return f"{socket.gethostname()[:40]}:{os.getpid()}:{threading.get_ident() % 100000}:{uuid.uuid4().hex[:8]}"
+    return f"{settings.GRIDGATE_WORKER_HOST[:40]}:{os.getpid()}:{threading.get_ident() % 100000}:{uuid.uuid4().hex[:8]}"
 
 
 def lease_seconds() -> int:

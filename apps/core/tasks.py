@@ -2,7 +2,6 @@
 
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -20,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def heartbeat() -> str:
     """Record that a worker is alive; scheduled every minute (see the core data migration)."""
-    name = socket.gethostname()
+    name = settings.GRIDGATE_WORKER_HOST
     WorkerHeartbeat.objects.update_or_create(name=name, defaults={"seen_at": timezone.now()})
     return name
 
@@ -72,7 +71,7 @@ def run_ticker(name: str, step: Callable[[], object], *, interval: float, durati
     cluster, an overlapping minute) return at once; a killed loop's lease expires after
     ``interval * 3 + 10`` seconds and the next minute's task takes over. Returns the step count.
     """
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = f"{settings.GRIDGATE_WORKER_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     ttl = timedelta(seconds=interval * 3 + 10)
     steps = 0
     deadline = time.monotonic() + duration

@@ -45,7 +45,10 @@ def test_process_start_fails_with_the_variable_name(tmp_path):
 
 
 def _run(args, **env):
-    full = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "ALLOWED_HOSTS"}}
+    # The test process's own switches (DEBUG, the browser tests' DJANGO_ALLOW_ASYNC_UNSAFE) are
+    # not part of the documented production environment.
+    dropped = {"DEBUG", "ALLOWED_HOSTS", "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    full = {k: v for k, v in os.environ.items() if k not in dropped}
     full.update(env)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
 
