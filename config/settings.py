@@ -167,7 +167,8 @@ SPECTACULAR_SETTINGS = {
 # sites (GRIDGATE_REDIS_URL). ``retry`` must exceed ``timeout`` or tasks run twice.
 Q_CLUSTER = {
     "name": "gridgate",
-    # One worker is mostly asleep in the tick loop (apps.core.ticker); tasks are I/O-bound.
+    # Event tasks and emulations; the tick loop runs in its own process beside the cluster
+    # (manage.py worker starts both, apps.core.ticker).
     "workers": env_int("GRIDGATE_Q_WORKERS", 4, minimum=2),
     "timeout": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10),
     "retry": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10) + 60,

@@ -205,6 +205,9 @@ class DriverRun(models.Model):
     # run (a run found dead after MAX_ATTEMPTS starts is failed, not re-run), and when and how
     # often its task was last sent to the broker (a queued run nobody started is sent again).
     attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started the run (emulator).")
+    worker = models.CharField(
+        max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
+    )
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="Last time its task was sent (emulator).")
     enqueues = models.PositiveIntegerField(default=0, help_text="Sends of its task since it was last queued.")
 

@@ -1,5 +1,8 @@
 """django-q2 entry points for scheduling (thin; the work is in services)."""
 
+import os
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -39,7 +42,8 @@ def run_emulation(remote_id: str) -> str:
         run.status, run.started_at = "running", timezone.now()
         run.heartbeat_at = run.started_at
         run.attempts += 1
-        run.save(update_fields=["status", "started_at", "heartbeat_at", "attempts"])
+        run.worker = f"{settings.GRIDGATE_WORKER_HOST}:{os.getpid()}"[:100]
+        run.save(update_fields=["status", "started_at", "heartbeat_at", "attempts", "worker"])
     with emulator.Heartbeat(run.pk, run.attempts):  # a killed worker stops beating: recover_runs re-runs it
         emulator.execute(run)  # minutes of CPU at most; no transaction held
     with transaction.atomic():
