@@ -7,7 +7,8 @@ fire at most once a minute, so
 - events enqueue work at once through the one enqueue helper (``apps.core.tasks.enqueue``, sent
   once the transaction commits): a launch enqueues the submit step of that case
   (``enqueue_submit``), a submission its first poll (``enqueue_poll``);
-- the shared ``gridgate.tick`` loop (``apps.core.ticker``, one per site through a lease) runs
+- the shared tick loop (``apps.core.ticker``: each worker's ticker process, one holder per site
+  through a lease) runs
   :func:`run_passes` every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: the safety net for a lost
   broker message, a dead worker's leases, and submissions waiting out a back-off. The passes are
   safe to run anywhere at any time (claims with leases).

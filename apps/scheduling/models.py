@@ -201,9 +201,22 @@ class DriverRun(models.Model):
         null=True, blank=True, help_text="Last sign of life of the worker running it (emulator)."
     )
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Emulator recovery (emulator.recover_runs, issue 17): how many times a worker started the
+    # run (a run found dead after MAX_ATTEMPTS starts is failed, not re-run), and when and how
+    # often its task was last sent to the broker (a queued run nobody started is sent again).
+    attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started the run (emulator).")
+    worker = models.CharField(
+        max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
+    )
+    enqueued_at = models.DateTimeField(null=True, blank=True, help_text="Last time its task was sent (emulator).")
+    enqueues = models.PositiveIntegerField(default=0, help_text="Sends of its task since it was last queued.")
 
     class Meta:
         ordering = ["created_at", "remote_id"]
+        indexes = [
+            # emulator.recover_runs, every few seconds: the live runs only.
+            models.Index(fields=["status"], condition=Q(status__in=["queued", "running"]), name="driverruns_live"),
+        ]
 
     def __str__(self):
         return f"{self.remote_id} ({self.status})"

@@ -275,8 +275,11 @@ def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device
     assert session.vruntime == pytest.approx(4.0)  # 8 s / 2 slots, charged once
 
 
-def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_session, owner):
-    from apps.scheduling.drivers.emulator import DEAD_AFTER
+def test_emulator_run_whose_worker_died_too_often_fails_its_job_and_frees_the_device(
+    qpu_pool, open_session, owner, settings
+):
+    """Issue 17 poison pill: after GRIDGATE_EMULATOR_MAX_ATTEMPTS starts that all died."""
+    from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
     from tests.scheduling.pulser_sequences import analog_sequence
 
@@ -288,10 +291,13 @@ def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_sessio
     ]
     services.run_pool(qpu_pool.pk)
     DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(
-        status="running", started_at=timezone.now() - DEAD_AFTER - timedelta(seconds=1)
+        status="running",
+        attempts=settings.GRIDGATE_EMULATOR_MAX_ATTEMPTS,
+        heartbeat_at=timezone.now() - emulator.dead_after() - timedelta(seconds=1),
     )
+    assert emulator.recover_runs()["failed"] == 1
     make_polls_due()
     services.run_pool(qpu_pool.pk)
     job.refresh_from_db()
-    assert job.status == JobStatus.FAILED and "worker stopped" in job.error
+    assert job.status == JobStatus.FAILED and "died 3 times" in job.error
     assert not Job.objects.filter(device=device, status=JobStatus.RUNNING).exists()

@@ -1,5 +1,7 @@
-"""``manage.py worker``: the django-q2 cluster (``qcluster``) under a supervisor that guarantees
-a stop within ``GRIDGATE_STOP_GRACE`` seconds (see ``apps.core.supervise``)."""
+"""``manage.py worker``: the django-q2 cluster (``qcluster``) and this worker's ticker process
+(``manage.py ticker``, the tick loop and the worker heartbeat) under a supervisor that guarantees
+a stop within ``GRIDGATE_STOP_GRACE`` seconds and stops both when either dies
+(``apps.core.supervise``)."""
 
 import sys
 
@@ -10,7 +12,10 @@ from apps.core.supervise import supervise
 
 
 class Command(BaseCommand):
-    help = "Run the background worker (django-q2 qcluster); SIGTERM or Ctrl-C stops it within the grace period."
+    help = (
+        "Run the background worker (django-q2 qcluster and the ticker process); SIGTERM or Ctrl-C "
+        "stops it within the grace period."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -21,5 +26,5 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, grace, **options):
-        manage = settings.BASE_DIR / "manage.py"
-        sys.exit(supervise([sys.executable, str(manage), "qcluster"], grace))
+        manage = str(settings.BASE_DIR / "manage.py")
+        sys.exit(supervise([sys.executable, manage, "qcluster"], [sys.executable, manage, "ticker"], grace=grace))
