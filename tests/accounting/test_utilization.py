@@ -2,7 +2,7 @@
 time held, queue wait p50/p95 and jobs and cases per state, per pool and per bucket, from known
 data with exact answers, in a constant number of queries."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -10,89 +10,11 @@ from django.db import connection
 
 from apps.accounting import selectors
 from apps.accounting.selectors import MAX_PERIOD, buckets, percentile, utilization
-from apps.cases.models import Case, CaseStatus
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device, Job, JobStatus
-from apps.sessions.models import Session, SessionStatus
+from apps.resources.models import ResourcePool
+from apps.scheduling.models import Device, JobStatus
+from tests.accounting.conftest import DAY, T0, H, M, S, make_job, make_session
 
 pytestmark = pytest.mark.django_db
-
-T0 = datetime(2026, 11, 1, tzinfo=UTC)
-H = timedelta(hours=1)
-M = timedelta(minutes=1)
-S = timedelta(seconds=1)
-DAY = (T0, T0 + 24 * H)  # hourly buckets
-
-
-def _session(pool, user, slots, created, revoked=None):
-    return Session.objects.create(
-        user=user,
-        resource_class=pool.classes.get(),
-        pool=pool,
-        slots=slots,
-        created_at=created,
-        expires_at=created + 48 * H,
-        idle_expires_at=created + 48 * H,
-        status=SessionStatus.REVOKED if revoked else SessionStatus.ACTIVE,
-        revoked_at=revoked,
-        revocation_reason="released" if revoked else "",
-    )
-
-
-def _job(session, status, created, scheduled=None, finished=None, device=None):
-    return Job.objects.create(
-        session=session,
-        pool=session.pool,
-        user=session.user,
-        payload={},
-        shots=1,
-        status=status,
-        created_at=created,
-        scheduled_at=scheduled,
-        finished_at=finished,
-        device=device,
-    )
-
-
-@pytest.fixture
-def history(db):
-    """A day of a QPU pool (two devices) and a case pool, with every edge the sums must clip."""
-    user = get_user_model().objects.create_user("u")
-    qpu = ResourcePool.objects.create(name="qpu", public=True, slots_total=10)
-    ResourceClass.objects.create(pool=qpu, name="c", cpu=1, memory=1, default=True)
-    d1 = Device.objects.create(pool=qpu, name="d1", driver="fake")
-    d2 = Device.objects.create(pool=qpu, name="d2", driver="fake")
-    local = ResourcePool.objects.create(name="local", public=True)
-    local_class = ResourceClass.objects.create(pool=local, name="small", cpu=1, memory=1, default=True)
-    ResourcePool.objects.create(name="quiet", public=True)
-
-    s1 = _session(qpu, user, 2, T0 + 30 * M, revoked=T0 + 2 * H)  # 1.0 in hour 0, 2.0 in hour 1
-    _session(qpu, user, 3, T0 + H)  # still active: 3.0 from hour 1 to the end
-    _session(qpu, user, 1, T0 - 2 * H, revoked=T0 + 15 * M)  # 0.25 in hour 0
-    _session(qpu, user, 4, T0 - 5 * H, revoked=T0 - H)  # before the period: nothing
-
-    # Hour 2: twenty jobs dispatched after waiting 1..20 s, each holding d1 for a minute.
-    for wait in range(1, 21):
-        created = T0 + 2 * H
-        _job(s1, JobStatus.COMPLETED, created, created + wait * S, created + wait * S + M, d1)
-    # Across hours 4 and 5: ten minutes in each (waited 5 s).
-    _job(s1, JobStatus.COMPLETED, T0 + 4 * H + 50 * M - 5 * S, T0 + 4 * H + 50 * M, T0 + 5 * H + 10 * M, d1)
-    # Still running on d2 since 23:30 (waited 30 min); counts until now.
-    _job(s1, JobStatus.RUNNING, T0 + 23 * H, T0 + 23 * H + 30 * M, None, d2)
-    _job(s1, JobStatus.PENDING, T0 + 23 * H + 50 * M)
-    # Created and dispatched before the period, finished in it: ten minutes of hour 0, no wait,
-    # not among the period's jobs.
-    _job(s1, JobStatus.FAILED, T0 - H, T0 - 10 * M, T0 + 10 * M, d1)
-
-    for status, created in [
-        (CaseStatus.DONE, T0 + H),
-        (CaseStatus.DONE, T0 + 3 * H),
-        (CaseStatus.FAILED, T0 + 5 * H),
-        (CaseStatus.DONE, T0 - H),  # before the period
-    ]:
-        case = Case.objects.create(owner=user, resource_class=local_class, name="c", command="true")
-        Case.objects.filter(pk=case.pk).update(status=status, created_at=created, results_fetched=True)
-    return {"qpu": qpu, "local": local}
 
 
 def _pools(result):
@@ -178,9 +100,9 @@ def test_query_count_does_not_grow_with_jobs_sessions_or_pools(history, django_a
     with django_assert_num_queries(expected):
         utilization(*DAY, now=T0 + 24 * H)
     qpu, user = history["qpu"], get_user_model().objects.get(username="u")
-    session = _session(qpu, user, 1, T0 + 6 * H)
+    session = make_session(qpu, user, 1, T0 + 6 * H)
     for i in range(30):
-        _job(session, JobStatus.COMPLETED, T0 + 6 * H, T0 + 6 * H + i * S, T0 + 7 * H, qpu.devices.first())
+        make_job(session, JobStatus.COMPLETED, T0 + 6 * H, T0 + 6 * H + i * S, T0 + 7 * H, qpu.devices.first())
     more = ResourcePool.objects.create(name="more", public=True)
     Device.objects.create(pool=more, name="d3", driver="fake")
     with django_assert_num_queries(expected):
