@@ -192,14 +192,17 @@ def _frame(buckets, step, y_max: float, fmt: Callable[[float], str]):
     every = max(1, math.ceil(len(buckets) / X_LABELS))
     day_steps = step >= timedelta(days=1)
     x_ticks = []
+    # Time labels on whole buckets only: a partial first bucket starts at an odd minute.
+    first = 1 if len(buckets) > 1 and buckets[0].end - buckets[0].start < step else 0
     for i, bucket in enumerate(buckets):
-        if i % every:
+        if i < first or (i - first) % every:
             continue
-        new_day = i == 0 or bucket.start.date() != buckets[i - every].start.date()
+        new_day = i == first or bucket.start.date() != buckets[i - every].start.date()
         text = f"{bucket.start:%d %b}" if day_steps or (new_day and bucket.start.hour == 0) else f"{bucket.start:%H:%M}"
         if not day_steps and new_day and bucket.start.hour != 0:
             text = f"{bucket.start:%d %b %H:%M}"
-        x_ticks.append(Tick(x(bucket.start), text))
+        if x(bucket.start) <= TS_WIDTH - TS_RIGHT - 80:  # a label at the far right would be cut off
+            x_ticks.append(Tick(x(bucket.start), text))
     return x, y, y_ticks, x_ticks
 
 

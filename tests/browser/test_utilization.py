@@ -5,6 +5,7 @@ with their numbers readable; the page fits a phone. The screenshot goes to the R
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from playwright.sync_api import expect
 
 from tests.accounting.conftest import make_history
@@ -67,12 +68,23 @@ def test_the_utilization_page_draws_a_known_day_from_the_admins_link(page, site,
     row = qpu.locator(f"#pool-{qpu_id}-wait tr", has_text="2026-11-01 02:00–03:00")
     expect(row).to_contain_text("10 s")
     expect(row).to_contain_text("19 s")
-    qpu.get_by_text("Queue wait p50 and p95: the numbers").click()
-    page.screenshot(path=screenshots_dir / "utilization.png", full_page=True)
-
     page.set_viewport_size(PHONE)
     assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
     assert slots.bounding_box()["width"] <= PHONE["width"]
+
+
+def test_the_demo_week_is_drawn_for_the_readme(page, site, screenshots_dir):
+    """What ``make run`` shows: ``manage.py demo``'s six days of history, the last 7 days."""
+    call_command("demo", "--force")  # its staff account: admin/admin
+    log_in(page, site.url, "admin", "admin")
+    page.goto(f"{site.url}/utilization/?period=7d")
+    qpu = page.locator("section.pool-use", has=page.get_by_role("heading", name="qpu"))
+    expect(qpu.locator("svg.series").first).to_be_visible()
+    assert qpu.locator("svg.series").count() == 3
+    assert qpu.locator("svg.series rect.col").count() > 20
+    assert qpu.locator("svg.series circle.point-p95").count() > 10
+    expect(qpu.locator(".figures")).to_contain_text("Queue wait p95")
+    page.screenshot(path=screenshots_dir / "utilization.png", full_page=True)
 
 
 def test_a_reversed_period_says_so_in_the_browser(page, site, operator):

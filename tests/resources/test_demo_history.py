@@ -1,4 +1,4 @@
-"""``manage.py demo`` writes three days of finished activity once, so the utilization page shows
+"""``manage.py demo`` writes six days of finished activity once, so the utilization page shows
 something after ``make run`` and no worker has anything to do with it."""
 
 from datetime import timedelta

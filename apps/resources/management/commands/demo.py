@@ -1,4 +1,4 @@
-"""``manage.py demo``: demo users, pools and classes, and three days of past activity for the
+"""``manage.py demo``: demo users, pools and classes, and six days of past activity for the
 utilization charts. Safe to re-run (updates in place; the history is written once)."""
 
 import random
@@ -180,7 +180,7 @@ HISTORY_MARK = "demo-history-"  # external id prefix of the past sessions: writt
 
 
 def history(qpu, device, local, users) -> str:
-    """Three days of past sessions, jobs and cases (all finished), so ``/utilization/`` shows
+    """Six days of past sessions, jobs and cases (all finished), so ``/utilization/`` shows
     something after ``make run``. Jobs run one at a time on the emulator: each is dispatched when
     the device frees up, so bursts make real queue waits. Bulk inserts: a fraction of a second."""
     from apps.cases.models import Case, CaseStatus
@@ -191,12 +191,12 @@ def history(qpu, device, local, users) -> str:
         return "kept existing demo history"
     rng = random.Random(17)  # demo data, the same on every machine
     now = timezone.now().replace(microsecond=0)
-    start = now - timedelta(days=3)
+    start = now - timedelta(days=6)
     qpu_class = qpu.classes.get(default=True)
     people = [users["alice"], users["admin"]]
     sessions, jobs, free_at = [], [], start
     opened = start + timedelta(minutes=20)
-    for i in range(18):
+    for i in range(40):
         user = people[i % 2]
         length = timedelta(minutes=rng.randint(40, 200))
         session = Session(
@@ -255,8 +255,8 @@ def history(qpu, device, local, users) -> str:
 
     local_class = local.classes.get(default=True)
     cases = []
-    for i in range(14):
-        created = start + timedelta(hours=rng.uniform(1, 70))
+    for i in range(24):
+        created = start + timedelta(hours=rng.uniform(1, 140))
         status = rng.choices([CaseStatus.DONE, CaseStatus.FAILED, CaseStatus.CANCELLED], [10, 3, 1])[0]
         cases.append(
             Case(
