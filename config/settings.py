@@ -215,6 +215,10 @@ GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
+# How long a worker's claim on a job (its hand-over to the device, or one poll) lasts without
+# renewal: a worker that dies mid-call leaves the job to the others after this (issue 17). A live
+# worker renews it every quarter while a provider call runs, however long the call.
+GRIDGATE_JOB_LEASE_SECONDS = env_int("GRIDGATE_JOB_LEASE_SECONDS", 30, minimum=2)
 # How often the worker asks a real QPU's provider (pasqal_qpu, pasqal_cloud) whether it is up.
 GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15, minimum=1)
 # Emulator runs (apps.scheduling.drivers.emulator, docs/operations.md "Recovery"): a running
