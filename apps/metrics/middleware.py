@@ -15,10 +15,13 @@ the files of every process of this server, so a scrape answered by any worker se
 import time
 
 from django.conf import settings
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
+# No "_created" series: multiprocess mode has none, so a single-process server would export a
+# series the others lack.
+disable_created_metrics()
 # A private registry: /metrics adds it (or, in multiprocess mode, the files it writes) to the
 # state collector's output.
 REGISTRY = CollectorRegistry(auto_describe=True)
