@@ -61,6 +61,7 @@ def test_scrape_without_a_token_is_refused(client, with_token):
         f"Basic {TOKEN}",
         TOKEN,
         "Bearer ",
+        "Bearer t\u00f6ken-with-latin-1",  # non-ASCII: compared as bytes, never a TypeError
     ],
 )
 def test_scrape_with_a_wrong_token_is_refused(client, with_token, header):
@@ -127,8 +128,9 @@ def test_unreadable_database_answers_503_not_500(client, with_token, monkeypatch
 
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    authorization=st.text(max_size=80),
-    address=st.one_of(st.text(max_size=45), st.ip_addresses().map(str)),
+    authorization=st.one_of(st.text(max_size=80), st.text(max_size=60).map(lambda s: f"Bearer {s}")),
+    # Some from inside the allowed networks, so the token check is reached too.
+    address=st.one_of(st.text(max_size=45), st.ip_addresses().map(str), st.sampled_from(["10.1.2.3", "fd00::1"])),
     accept=st.text(max_size=60),
     method=st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE"]),
 )

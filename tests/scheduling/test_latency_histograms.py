@@ -47,6 +47,27 @@ def test_a_failed_hand_over_is_not_a_dispatch_latency(qpu_pool, fake_device, ope
     assert sum(n for n, _ in counts(qpu_pool, LatencyKind.QUEUE_WAIT).values()) == 1
 
 
+def test_a_hand_over_recorded_by_another_worker_is_counted_by_that_worker_only(
+    qpu_pool, fake_device, open_session, owner, monkeypatch
+):
+    """Two workers submitting one recovered claim: only the one whose compare-and-set records the
+    remote id observes the hand-over."""
+    from apps.scheduling.models import Job
+
+    original = FakeDriver.submit
+
+    def submit_and_lose_the_race(self, device, job):
+        remote_id = original(self, device, job)
+        Job.objects.filter(pk=job.pk).update(remote_id=remote_id)  # the other worker recorded it first
+        return remote_id
+
+    monkeypatch.setattr(FakeDriver, "submit", submit_and_lose_the_race)
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session=session, payload={}, shots=1)
+    services.submit_claimed(services.dispatch_once(qpu_pool.pk))
+    assert counts(qpu_pool, LatencyKind.DISPATCH) == {}
+
+
 def test_observations_accumulate_in_one_row_per_bucket(qpu_pool):
     for seconds in (0.2, 0.4, 0.5, 3, -1):  # a negative wait (two hosts' clocks) counts as 0
         latency.observe(qpu_pool.pk, LatencyKind.QUEUE_WAIT, seconds)
