@@ -11,6 +11,7 @@ from config.env import (
     env_int_list,
     env_list,
     env_mapping,
+    env_networks,
     env_str,
 )
 
@@ -60,9 +61,12 @@ INSTALLED_APPS = [
     "apps.cases",
     "apps.web",
     "apps.qrmi",
+    "apps.metrics",
 ]
 
 MIDDLEWARE = [
+    # Outermost: times every request, including redirects and errors of the middleware below.
+    "apps.metrics.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the web process itself (collected into STATIC_ROOT), before anything
     # that would touch the session or the database.
@@ -253,6 +257,15 @@ GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_S
 GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
 GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
+
+# /metrics (issue 17, docs/metrics.md): a bearer token and/or the client networks allowed to scrape.
+# With neither set the endpoint answers 404: it is never open by default. With both, both apply.
+GRIDGATE_METRICS_TOKEN = env_str("GRIDGATE_METRICS_TOKEN", "") or ""
+if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
+GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
 
 LOGGING = {
     "version": 1,

@@ -244,3 +244,35 @@ class PoolQueue(models.Model):
 
     def __str__(self):
         return f"queue of {self.pool_id}"
+
+
+class LatencyKind(models.TextChoices):
+    QUEUE_WAIT = "queue_wait", "Queue wait (submitted → dispatched)"
+    DISPATCH = "dispatch", "Dispatch (dispatched → accepted by the device)"
+
+
+class JobLatencyBucket(models.Model):
+    """One bucket of a per-pool latency histogram, counted when the event happens (issue 17).
+
+    Written by ``apps.scheduling.latency.observe`` and read by ``/metrics``. Counting at the
+    event, not from the job rows at scrape time, keeps the counts monotonic (Prometheus counters:
+    cleanup deleting old jobs, or a requeue clearing ``scheduled_at``, would make them go down)
+    and the scrape cost independent of history: a few rows per pool. ``count`` and ``sum`` hold
+    only this bucket's observations (the one with the smallest ``le`` ≥ the value, ``le`` = +Inf
+    last), so an observation updates exactly one row; the reader accumulates.
+    """
+
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=LatencyKind.choices)
+    le = models.FloatField(help_text="Upper bound in seconds (inclusive); +Inf for the last bucket.")
+    count = models.BigIntegerField(default=0)
+    sum = models.FloatField(default=0.0, help_text="Seconds, of this bucket's observations.")
+
+    class Meta:
+        ordering = ["pool_id", "kind", "le"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "kind", "le"], name="scheduling_latency_bucket_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.pool_id} {self.kind} le={self.le}: {self.count}"

@@ -19,6 +19,7 @@ from django.utils import timezone
 from apps.core.exceptions import Conflict, Forbidden
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
+from apps.scheduling import latency
 from apps.scheduling.drivers import (
     DriverState,
     InvalidPayload,
@@ -26,7 +27,7 @@ from apps.scheduling.drivers import (
     TransientDriverError,
     get_driver,
 )
-from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, PoolQueue
+from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
 from apps.scheduling.strategies import caught_up_vruntime, strategy_for
 from apps.sessions.models import Session, SessionStatus
 from apps.sessions.services import is_retryable, retry_aborted
@@ -328,6 +329,7 @@ def dispatch_once(pool_id: int) -> Job | None:
                 break
         else:
             return None
+        latency.observe(pool_id, LatencyKind.QUEUE_WAIT, (now - job.created_at).total_seconds())
         charge = strategy.dispatch_charge(job, slots)
         if charge:
             strategy.charge(job, charge)
@@ -369,7 +371,12 @@ def submit_claimed(job: Job) -> None:
     except Exception as exc:  # TransientDriverError, and anything unexpected: retry, bounded
         _requeue(job, exc)
         return
-    Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(remote_id=remote_id, lease_until=None)
+    with transaction.atomic():
+        accepted = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
+            remote_id=remote_id, lease_until=None
+        )
+        if accepted and job.scheduled_at:
+            latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
     job.remote_id = remote_id
 
 
