@@ -7,6 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# pytest's arguments for `make test`: two processes by default (pytest-xdist); PYTEST_ARGS="" runs
+# in one, PYTEST_ARGS="tests/cases -n 0" a part.
+PYTEST_ARGS ?= -n 2
 
 .PHONY: run test lint format bench screenshots clean
 
