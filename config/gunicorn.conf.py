@@ -21,6 +21,10 @@ keepalive = 5
 # Load the application once in the master: a configuration error (e.g. DEBUG off without
 # ALLOWED_HOSTS) stops the server at start with its message instead of looping worker boots.
 preload_app = True
+# gunicorn 27's control socket defaults to one path per user ($HOME/.gunicorn/gunicorn.ctl): two
+# servers of one account on a host (a second site, the scale-out test's two web processes) would
+# take each other's socket, and a stop could wait on the other's. Gridgate does not use gunicornc.
+control_socket_disable = True
 accesslog = os.environ.get("GRIDGATE_WEB_ACCESS_LOG") or None  # "-" for stdout
 errorlog = "-"
 loglevel = os.environ.get("GRIDGATE_LOG_LEVEL", "info").lower()

@@ -13,18 +13,19 @@ mkdir -p var
 # Each in its own session: a terminal's Ctrl-C reaches only this script, whose trap then sends
 # each exactly one SIGTERM (gunicorn's graceful stop; the worker supervisor's bounded stop).
 # A second signal in the middle of a stop is what wedges gunicorn's thread workers.
+# The traps come first: a stop asked while the two are starting still reaches whichever started.
+web= worker=
+stop() {
+  trap - INT TERM EXIT
+  kill -TERM $web $worker 2>/dev/null
+  wait $web $worker 2>/dev/null
+}
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 setsid "$PY" manage.py worker >>var/worker.log 2>&1 &
 worker=$!
 setsid "$PY" -m gunicorn -c config/gunicorn.conf.py config.wsgi:application &
 web=$!
-
-stop() {
-  trap - INT TERM EXIT
-  kill -TERM "$web" "$worker" 2>/dev/null
-  wait "$web" "$worker" 2>/dev/null
-}
-trap 'stop; exit 0' INT TERM
-trap stop EXIT
 
 cat <<MSG
 

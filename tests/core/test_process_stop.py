@@ -147,7 +147,15 @@ def test_make_run_stops_web_and_worker_on_ctrl_c_and_sigterm(signum, tmp_path):
         GRIDGATE_WEB_THREADS="2",
         GRIDGATE_VAR_DIR=str(tmp_path),
     )
-    run = subprocess.Popen(["scripts/run.sh"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    # As from a terminal: SIGINT at its default (a shell cannot trap a signal ignored on entry, and
+    # a test runner started in the background inherits SIGINT ignored).
+    run = subprocess.Popen(
+        ["scripts/run.sh"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - no threads touched
+    )
     started: set[int] = set()
     try:
         assert wait_until(lambda: answers(port), 180), "the web server never answered"
@@ -160,9 +168,15 @@ def test_make_run_stops_web_and_worker_on_ctrl_c_and_sigterm(signum, tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
-        for pid in started | descendants(run.pid):  # a failed stop must not leak processes
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        # A failed stop must not leak processes, including those a cluster forked after `started`
+        # was taken: each of web and worker leads its own process group (setsid in run.sh).
+        for pid in started | descendants(run.pid):
+            try:
+                group = os.getpgid(pid)
+                if group != os.getpgrp():  # never this test run's own group
+                    os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _cmdline(pid: int) -> str:
