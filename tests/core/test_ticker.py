@@ -61,3 +61,21 @@ def test_loop_holding_the_lease_runs_one_step_even_with_no_time_left(db):
     """Issue 16, item 10: the step count does not depend on how long the lease took to get."""
     steps = []
     assert run_ticker("loop", lambda: steps.append(1), interval=5, duration=0) == 1 == len(steps)
+
+
+def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(monkeypatch, settings):
+    """Issue 17: work only one host can do (its local processes, its heartbeat) runs in every
+    host's own loop, under a lease per host, whoever holds the shared loop."""
+    monkeypatch.setattr(ticker, "_REGISTRY", {})
+    shared, per_host = [], []
+    ticker.register("shared", lambda: shared.append(1), every=lambda: 3600)
+    ticker.register("mine", lambda: per_host.append(settings.GRIDGATE_WORKER_HOST), every=lambda: 3600, per_host=True)
+    assert acquire_lease(ticker.TICK_LEASE, "host-c:1", timedelta(seconds=30))  # the shared loop is elsewhere
+    for host in ("host-a", "host-b"):
+        settings.GRIDGATE_WORKER_HOST = host
+        assert ticker.tick(duration=0) == ticker.TAKEN
+        assert ticker.host_tick(duration=0) == "mine: 1"
+    assert per_host == ["host-a", "host-b"] and shared == []
+    assert acquire_lease("gridgate.tick@host-a", "other-worker-on-a", timedelta(seconds=30))
+    settings.GRIDGATE_WORKER_HOST = "host-a"
+    assert ticker.host_tick(duration=0) == ticker.TAKEN  # a second worker on host-a waits its turn
