@@ -1,5 +1,8 @@
 # Gridgate: `make run` (demo on the embedded SQLite database) and `make test` (the CI gate).
-PYTHON ?= python3
+# Debian's own Python where there is one: the isolation and QRMI tests run a user's part as
+# unprivileged accounts, which must be able to read the interpreter the venv points at (a Python
+# installed under root's home is not readable by them).
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1

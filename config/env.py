@@ -74,6 +74,20 @@ def env_int_list(name: str, default: list[int]) -> list[int]:
         raise ImproperlyConfigured(f"{name}={os.environ.get(name)!r} must be comma-separated whole numbers.") from None
 
 
+def env_networks(name: str) -> tuple:
+    """Comma-separated CIDRs (``10.0.0.0/8,::1``) → ``ip_network`` objects; a bare address is a /32
+    (/128). Host bits set (``10.0.0.1/8``) are refused: they usually mean a typo."""
+    import ipaddress
+
+    out = []
+    for item in env_list(name, []):
+        try:
+            out.append(ipaddress.ip_network(item))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a network in CIDR form ({exc}).") from None
+    return tuple(out)
+
+
 def env_database(name: str, default_sqlite: Path) -> dict:
     """Parse ``DATABASE_URL`` (postgres:// or sqlite:///), defaulting to an embedded SQLite file.
 

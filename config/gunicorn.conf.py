@@ -24,3 +24,41 @@ preload_app = True
 accesslog = os.environ.get("GRIDGATE_WEB_ACCESS_LOG") or None  # "-" for stdout
 errorlog = "-"
 loglevel = os.environ.get("GRIDGATE_LOG_LEVEL", "info").lower()
+
+# Request metrics of every worker process in one /metrics (apps/metrics/middleware.py):
+# prometheus-client's multiprocess mode keeps each process's values in files under
+# PROMETHEUS_MULTIPROC_DIR, which must be set before the application is imported (this file is
+# read first) and hold only this server's files. Unset: a fresh private directory per server,
+# removed when it exits, so two servers on one host never mix or wipe each other's files.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    import tempfile
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gridgate-metrics-")
+    os.environ["GRIDGATE_METRICS_DIR_CREATED"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def on_starting(server):
+    """A directory given by the operator may hold a previous run's files (pids of dead processes
+    whose counts would be added again): remove those files, and only those, before any worker
+    starts (runs once per server start, not on reload)."""
+    from pathlib import Path
+
+    directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink(missing_ok=True)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    """Remove the directory this file created (never one the operator gave)."""
+    created = os.environ.get("GRIDGATE_METRICS_DIR_CREATED")
+    if created and created == os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        import shutil
+
+        shutil.rmtree(created, ignore_errors=True)

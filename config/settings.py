@@ -11,6 +11,7 @@ from config.env import (
     env_int_list,
     env_list,
     env_mapping,
+    env_networks,
     env_str,
 )
 
@@ -60,9 +61,12 @@ INSTALLED_APPS = [
     "apps.cases",
     "apps.web",
     "apps.qrmi",
+    "apps.metrics",
 ]
 
 MIDDLEWARE = [
+    # Outermost: times every request, including redirects and errors of the middleware below.
+    "apps.metrics.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the web process itself (collected into STATIC_ROOT), before anything
     # that would touch the session or the database.
@@ -167,7 +171,8 @@ SPECTACULAR_SETTINGS = {
 # sites (GRIDGATE_REDIS_URL). ``retry`` must exceed ``timeout`` or tasks run twice.
 Q_CLUSTER = {
     "name": "gridgate",
-    # One worker is mostly asleep in the tick loop (apps.core.ticker); tasks are I/O-bound.
+    # Event tasks and emulations; the tick loop runs in its own process beside the cluster
+    # (manage.py worker starts both, apps.core.ticker).
     "workers": env_int("GRIDGATE_Q_WORKERS", 4, minimum=2),
     "timeout": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10),
     "retry": env_int("GRIDGATE_Q_TIMEOUT", 300, minimum=10) + 60,
@@ -197,7 +202,13 @@ GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 # Largest non-file request body (a JSON job payload: a big Pulser sequence); over it: 413 JSON.
 # Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024
-GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 180, minimum=10)
+# Each worker's ticker process (manage.py worker) stamps core.WorkerHeartbeat every
+# GRIDGATE_WORKER_HEARTBEAT_SECONDS; health reports a worker dead past GRIDGATE_WORKER_STALE_SECONDS.
+GRIDGATE_WORKER_HEARTBEAT_SECONDS = env_int("GRIDGATE_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+GRIDGATE_WORKER_STALE_SECONDS = env_int("GRIDGATE_WORKER_STALE_SECONDS", 30, minimum=3)
+# The tick loop (apps.core.ticker): one holder across clusters through a lease of this many
+# seconds, renewed every second; another cluster's ticker takes over within it after a death.
+GRIDGATE_TICK_LEASE_SECONDS = env_int("GRIDGATE_TICK_LEASE_SECONDS", 5, minimum=2)
 # Idempotency-Key on endpoints whose work commits on its own (a case launch): how long a repeat waits
 # before it takes over the key of a request that died mid-way (docs/api.md).
 GRIDGATE_IDEMPOTENCY_LEASE_SECONDS = env_int("GRIDGATE_IDEMPOTENCY_LEASE_SECONDS", 120, minimum=1)
@@ -208,8 +219,20 @@ GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
+# How long a worker's claim on a job (its hand-over to the device, or one poll) lasts without
+# renewal: a worker that dies mid-call leaves the job to the others after this (issue 17). A live
+# worker renews it every quarter while a provider call runs, however long the call.
+GRIDGATE_JOB_LEASE_SECONDS = env_int("GRIDGATE_JOB_LEASE_SECONDS", 30, minimum=2)
 # How often the worker asks a real QPU's provider (pasqal_qpu, pasqal_cloud) whether it is up.
 GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15, minimum=1)
+# Emulator runs (apps.scheduling.drivers.emulator, docs/operations.md "Recovery"): a running
+# simulation stamps its heartbeat every HEARTBEAT seconds; past DEAD_AFTER without one its worker is
+# dead and the run is re-run, at most MAX_ATTEMPTS starts in all (then failed: a poison pill). A
+# queued run no worker started within REQUEUE seconds (its task was lost) is enqueued again.
+GRIDGATE_EMULATOR_HEARTBEAT_SECONDS = env_int("GRIDGATE_EMULATOR_HEARTBEAT_SECONDS", 5, minimum=1)
+GRIDGATE_EMULATOR_DEAD_AFTER = env_int("GRIDGATE_EMULATOR_DEAD_AFTER", 30, minimum=2)
+GRIDGATE_EMULATOR_MAX_ATTEMPTS = env_int("GRIDGATE_EMULATOR_MAX_ATTEMPTS", 3, minimum=1)
+GRIDGATE_EMULATOR_REQUEUE_SECONDS = env_int("GRIDGATE_EMULATOR_REQUEUE_SECONDS", 10, minimum=1)
 
 # Cases and execution backends (SPEC §6; cadences in docs/operations.md).
 # Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).
@@ -234,6 +257,15 @@ GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_S
 GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
 GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
+
+# /metrics (issue 17, docs/metrics.md): a bearer token and/or the client networks allowed to scrape.
+# With neither set the endpoint answers 404: it is never open by default. With both, both apply.
+GRIDGATE_METRICS_TOKEN = env_str("GRIDGATE_METRICS_TOKEN", "") or ""
+if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
+GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
 
 LOGGING = {
     "version": 1,

@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.metrics.views import metrics
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -13,6 +15,7 @@ urlpatterns = [
     path("api/v1/", include("apps.accounting.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
+    path("metrics", metrics, name="metrics"),  # Prometheus (docs/metrics.md); not under /api/
     path("qrmi/<str:pool>/", include("apps.qrmi.api.urls")),  # R-QRMI-1: a Warden per pool
     # The user pages take the rest of the site (after /admin/ and /api/).
     path("", include("apps.web.urls")),

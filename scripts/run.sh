@@ -33,7 +33,7 @@ cat <<MSG
     API:        http://$HOST:$PORT/api/v1/
     API docs:   http://$HOST:$PORT/api/docs/
   Demo logins: admin/admin (staff), alice/alice (member of qpu-users), bob/bob
-  Worker (manage.py worker, django-q2 qcluster) log: var/worker.log   Stop with Ctrl-C.
+  Worker (manage.py worker: django-q2 qcluster + ticker) log: var/worker.log   Stop with Ctrl-C.
 
 MSG
 # Returns when either process ends (or a signal arrives: the trap then stops both).

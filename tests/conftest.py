@@ -148,3 +148,19 @@ def statement_budget(django_assert_max_num_queries):
         assert len(work) <= statements, f"{len(work)} statements > {statements}:\n" + "\n".join(work)
 
     return budget
+
+
+@pytest.fixture
+def broker_down(monkeypatch):
+    """django-q2's broker pointed at Redis on a closed loopback port (issue 17: a broker outage,
+    or GRIDGATE_REDIS_URL set wrong): every ``async_task`` fails to connect."""
+    import socket
+
+    from django_q.conf import Conf
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", f"redis://127.0.0.1:{port}/7")
+    return port

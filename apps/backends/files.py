@@ -146,6 +146,27 @@ def give_to(path: Path, run_as) -> None:
     os.chmod(path, 0o700)
 
 
+def service_run_dir(path: Path, mode: int) -> None:
+    """Create ``path`` as the service's own directory with ``mode``, or reuse it only if it already
+    is one (a submit retried). R-CASE-8: a run directory under a shared ``working_root`` may have
+    been planted by a user who knows their case id: a symlink (to another user's files, or
+    anywhere root may write) or a directory they own (whose ``job.sh`` they could swap) is refused,
+    never followed or adopted. ``working_root`` itself must be sticky (1777, as /scratch is) or the
+    service's, so nobody renames the checked directory away (docs/backends.md)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=mode)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # a symlink: OSError (ELOOP)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise BackendError(f"{path} exists and is not the service's: refusing to use it (R-CASE-8)")
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run_as=None, shared="link") -> Path:
     """Copy the inputs into ``run_dir/work`` (a scratch copy: the case's ``inputs/`` stay as
     uploaded) and record their hashes. Returns the working directory.

@@ -236,8 +236,7 @@ class SlurmBackend(ExecutionBackend):
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
         run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
         try:
-            rdir.mkdir(parents=True, exist_ok=True)
-            os.chmod(rdir, 0o711)  # noqa: S103 - traverse only: the job reaches its own work/
+            files.service_run_dir(rdir, 0o711)  # traverse only: the job reaches its own work/
             files.prepare_run_dir(
                 rdir, spec.inputs_dir, spec.shared_dir, run_as=run_as, shared="copy" if run_as else "link"
             )

@@ -1,9 +1,12 @@
+from django import forms
 from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent
+from apps.core.exceptions import ServiceError
 
 
 class CaseEventInline(admin.TabularInline):
@@ -18,8 +21,26 @@ class CaseEventInline(admin.TabularInline):
         return False
 
 
+class CaseAdminForm(forms.ModelForm):
+    class Meta:
+        model = Case
+        fields = "__all__"  # noqa: DJ007 - the admin's fieldsets and read-only fields choose
+
+    def clean(self):
+        """R-BACK-6 in the admin too: a prepared case's launch options (and its class) go through
+        the one allow-list the API uses, so an edit cannot store what a launch would refuse."""
+        data = super().clean()
+        if "launch_options" in self.fields and data.get("resource_class") is not None:
+            try:
+                data["launch_options"] = check_launch_options(data["resource_class"], data.get("launch_options") or {})
+            except ServiceError as exc:
+                self.add_error("launch_options", str(exc.detail))
+        return data
+
+
 @admin.register(Case)
 class CaseAdmin(admin.ModelAdmin):
+    form = CaseAdminForm
     list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
     list_filter = ["status", "backend", "results_fetched", "resource_class__pool", "run_host"]
     list_select_related = ["owner", "resource_class__pool"]

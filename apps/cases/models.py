@@ -119,6 +119,13 @@ class Case(models.Model):
                 condition=Q(status="prepared", launch_requested_at__isnull=False),
                 name="cases_case_launch_due",
             ),
+            # /metrics: unfinished cases per pool and state (apps.metrics.collector); the cost of a
+            # scrape follows the unfinished cases, never the finished history.
+            models.Index(
+                fields=["resource_class", "status"],
+                condition=Q(status__in=["prepared", "pending", "running"]),
+                name="cases_case_unfinished",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

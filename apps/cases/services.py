@@ -47,7 +47,7 @@ def create_campaign(*, owner, name: str, uploads=()) -> Campaign:
     campaign = Campaign(owner=owner, name=name)
     campaign.full_clean()
     campaign.save()
-    workspace.campaign_shared_dir(campaign.id).mkdir(parents=True, exist_ok=True)
+    workspace.create_campaign_dir(campaign.id)
     if uploads:
         add_campaign_inputs(campaign, uploads)
     return campaign

@@ -7,7 +7,8 @@ fire at most once a minute, so
 - events enqueue work at once through the one enqueue helper (``apps.core.tasks.enqueue``, sent
   once the transaction commits): a launch enqueues the submit step of that case
   (``enqueue_submit``), a submission its first poll (``enqueue_poll``);
-- the shared ``gridgate.tick`` loop (``apps.core.ticker``, one per site through a lease) runs
+- the shared tick loop (``apps.core.ticker``: each worker's ticker process, one holder per site
+  through a lease) runs
   :func:`run_passes` every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: the safety net for a lost
   broker message, a dead worker's leases, and submissions waiting out a back-off. The passes are
   safe to run anywhere at any time (claims with leases).
@@ -81,5 +82,5 @@ def run_passes(*, host_only: bool = False) -> str:
 
 def run_host_passes() -> str:
     """Issue 17: the passes over the cases pinned to this worker host (local processes), run by
-    every host's own loop (``apps.core.ticker.host_loop``) whichever host holds the shared one."""
+    every host's ticker (``per_host=True`` in ``apps.core.ticker``) whichever host holds the shared loop."""
     return run_passes(host_only=True)

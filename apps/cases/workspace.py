@@ -35,6 +35,22 @@ def campaign_shared_dir(campaign_id) -> Path:
     return cases_root() / "campaigns" / str(campaign_id) / "shared"
 
 
+def create_campaign_dir(campaign_id) -> Path:
+    """R-CASE-8: ``campaigns/`` and ``campaigns/<id>/`` are the service's alone (0700), so no
+    account on the host reaches another user's shared inputs by guessing a campaign id. Local
+    cases see ``shared/`` through the sandbox's read-only bind mount (which does not traverse
+    the parents), Slurm cases get a copy owned by their account, remote backends upload it."""
+    base = cases_root()
+    if not base.exists():
+        base.mkdir(parents=True, mode=0o711)
+    shared = campaign_shared_dir(campaign_id)
+    for directory in (shared.parent.parent, shared.parent):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)  # also a campaigns/ left 0755 by an earlier version
+    shared.mkdir(mode=0o755, exist_ok=True)
+    return shared
+
+
 def create_case_dir(case_id) -> Path:
     """R-CASE-8: the workspace is the service's: nobody else lists or reads it. The case
     directory itself is only traversable (0711) so a Slurm job running as its owner can reach its

@@ -4,7 +4,7 @@ with an action to release what is stuck."""
 from django.contrib import admin
 from django.utils import timezone
 
-from apps.core.models import IdempotencyKey, Lease
+from apps.core.models import IdempotencyKey, Lease, WorkerHeartbeat
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -31,6 +31,19 @@ class HeldFilter(admin.SimpleListFilter):
         if self.value() == "no":
             return queryset.filter(expires_at__lte=now)
         return queryset
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+    """One row per worker host. A host retired for good keeps its row, which /metrics reports as
+    an ever older heartbeat (the "worker dead" alert): delete the row here (issue 17)."""
+
+    list_display = ["name", "seen_at", "age"]
+    search_fields = ["name"]
+
+    @admin.display(description="seconds since")
+    def age(self, obj):
+        return int((timezone.now() - obj.seen_at).total_seconds())
 
 
 @admin.register(Lease)

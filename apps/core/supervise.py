@@ -3,10 +3,10 @@
 Why: django-q2's cluster can deadlock inside its own SIGTERM handler (upstream django-q2 issue
 #346: ``stop_event.set()`` and ``join()`` called from signal context) and then never exits, so
 neither ``systemctl stop`` nor Ctrl-C of ``make run`` would end the worker. The supervisor starts
-the command in its own process group (a terminal's Ctrl-C reaches only the supervisor), forwards
-the first SIGTERM/SIGINT to the command as SIGTERM (its own clean stop), and once the grace period
-has passed kills the whole group with SIGKILL. Worker tasks are idempotent and leased, so a task
-killed mid-way is retried, never lost (docs/operations.md).
+each command (the cluster, the ticker) in its own process group (a terminal's Ctrl-C reaches only
+the supervisor), forwards the first SIGTERM/SIGINT to each as SIGTERM (its own clean stop), and
+once the grace period has passed kills the groups with SIGKILL. Worker tasks are idempotent and
+leased, so a task killed mid-way is retried, never lost (docs/operations.md, "Recovery").
 """
 
 import os
@@ -23,36 +23,67 @@ def _kill_group(pgid: int, signum: int) -> None:
         pass
 
 
-def supervise(command: list[str], grace: float) -> int:
-    """Run ``command`` until it exits or a stop request's grace period ends; return its exit code
-    (0 after a requested stop that it honoured, 1 if it had to be killed)."""
-    child = subprocess.Popen(command, start_new_session=True)  # noqa: S603 - our own argv
-    stop_requested_at: list[float] = []
+def supervise(*commands: list[str], grace: float) -> int:
+    """Run ``commands`` side by side until one exits or a stop request's grace period ends.
 
-    def request_stop(signum, frame):
+    Each runs in its own process group. When one exits by itself (a crash), the others are
+    stopped too (SIGTERM, then SIGKILL after ``grace``) and its exit code is returned, so the
+    service manager restarts the worker whole: a ticker without its cluster, or the reverse,
+    would report a live worker that does not run tasks. Returns 0 after a requested stop that all
+    honoured, 1 if one had to be killed.
+    """
+    children = [subprocess.Popen(command, start_new_session=True) for command in commands]  # noqa: S603 - our argv
+    stop_requested_at: list[float] = []
+    crashed: list[int] = []
+
+    def stop_all():
         if not stop_requested_at:
             stop_requested_at.append(time.monotonic())
-            child.send_signal(signal.SIGTERM)  # a no-op if it already exited
+            for child in children:
+                child.send_signal(signal.SIGTERM)  # a no-op if it already exited
+
+    def request_stop(signum, frame):
+        stop_all()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    killed = False
     try:
-        while True:
-            try:
-                code = child.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                if stop_requested_at and time.monotonic() - stop_requested_at[0] >= grace:
+        while any(child.poll() is None for child in children):
+            if not stop_requested_at:
+                ended = [child for child in children if child.poll() is not None]
+                if ended:
+                    crashed.append(ended[0].returncode)
                     print(
-                        f"supervise: {command[-1]} did not stop within {grace:g} s; killing its process group",
+                        f"supervise: {ended[0].args[-1]} exited ({ended[0].returncode}); stopping the others",
                         file=sys.stderr,
                         flush=True,
                     )
-                    _kill_group(child.pid, signal.SIGKILL)
-                    child.wait()
-                    return 1
+                    stop_all()
+            elif time.monotonic() - stop_requested_at[0] >= grace:
+                for child in children:
+                    if child.poll() is None:
+                        print(
+                            f"supervise: {child.args[-1]} did not stop within {grace:g} s; killing its process group",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        _kill_group(child.pid, signal.SIGKILL)
+                        child.wait()
+                        killed = True
+                break
+            time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    # Whatever the command left behind (a cluster's worker processes) goes with it.
-    _kill_group(child.pid, signal.SIGKILL)
-    return 0 if stop_requested_at and code in (0, -signal.SIGTERM) else code
+    # Whatever a command left behind (a cluster's worker processes) goes with it.
+    for child in children:
+        _kill_group(child.pid, signal.SIGKILL)
+        child.wait()
+    if crashed:
+        return crashed[0] or 1
+    if killed:
+        return 1
+    codes = [child.returncode for child in children]
+    if stop_requested_at and all(code in (0, -signal.SIGTERM) for code in codes):
+        return 0
+    return next((code for code in codes if code), 0)

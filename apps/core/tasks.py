@@ -1,10 +1,6 @@
-"""django-q2 entry points of the core app, and helpers to enqueue and tick."""
+"""django-q2 entry points of the core app, and helpers to enqueue, lease and beat."""
 
 import logging
-import os
-import time
-import uuid
-from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,10 +14,10 @@ log = logging.getLogger(__name__)
 
 
 def heartbeat() -> str:
-    """Record that this worker host is alive: scheduled every minute (see the core data
-    migration) and run by each host's own loop (``apps.core.ticker.host_loop``). The host also
-    writes its marker under the cases root first, so ``manage.py doctor`` can tell whether every
-    live host shares that root (issue 17; a failed write is doctor's to report, not a crash)."""
+    """Record that this worker is alive: its ticker process calls it every
+    ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (apps.core.ticker). The host also writes its marker
+    under the cases root first, so ``manage.py doctor`` can tell whether every live host shares
+    that root (issue 17; a failed write is doctor's to report, not a crash)."""
     from apps.core import hosts
 
     name = settings.GRIDGATE_WORKER_HOST
@@ -73,40 +69,6 @@ def release_lease(name: str, owner: str) -> None:
     Lease.objects.filter(name=name, owner=owner).delete()
 
 
-def run_ticker(name: str, step: Callable[[], object], *, interval: float, duration: float) -> int:
-    """Call ``step`` every ``interval`` seconds for ``duration`` seconds, once across clusters.
-
-    django-q2 schedules fire at most once a minute; a minutely task running this loop gives the
-    sub-minute cadence (SPEC §8). The lease makes a second loop started meanwhile (another
-    cluster, an overlapping minute) return at once; a killed loop's lease expires after
-    ``interval * 3 + 10`` seconds and the next minute's task takes over. Returns the step count.
-    """
-    owner = f"{settings.GRIDGATE_WORKER_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    ttl = timedelta(seconds=interval * 3 + 10)
-    steps = 0
-    deadline = time.monotonic() + duration
-    if not acquire_lease(name, owner, ttl):
-        return 0
-    try:
-        # At least one step once the lease is held, whatever the time the lease took to get (a
-        # short ``duration`` used to run none on a slow database); no sleep past the deadline.
-        while True:
-            started = time.monotonic()
-            try:
-                step()
-            except Exception:  # one bad step must not end the loop: log and go on
-                log.exception("ticker %s: step failed", name)
-            steps += 1
-            if time.monotonic() >= deadline:
-                break
-            if not acquire_lease(name, owner, ttl):
-                break  # lost the lease (we stalled past its expiry): another loop runs now
-            time.sleep(max(0.0, min(interval - (time.monotonic() - started), deadline - time.monotonic())))
-    finally:
-        release_lease(name, owner)
-    return steps
-
-
 def cleanup() -> str:
     """Daily schedule: ``manage.py cleanup`` with the configured retention."""
     from io import StringIO
@@ -116,10 +78,3 @@ def cleanup() -> str:
     out = StringIO()
     call_command("cleanup", stdout=out)
     return out.getvalue()
-
-
-def tick() -> str:
-    """Minutely schedule ``gridgate.tick``: the shared sub-minute loop (apps.core.ticker)."""
-    from apps.core import ticker
-
-    return ticker.tick()

@@ -1,35 +1,44 @@
-"""One sub-minute loop for all periodic passes (SPEC §8).
+"""The tick loop: every registered periodic pass at its own sub-minute cadence (SPEC §8).
 
-django-q2 schedules fire at most once a minute. The ``gridgate.tick`` schedule (every minute)
-runs :func:`tick`: a ~55 s loop, held by one cluster at a time through a lease, that calls every
-registered pass when its period has elapsed. Apps register their passes in ``AppConfig.ready``.
-One loop for everything keeps a single worker busy with ticking, whatever the number of apps;
-the passes themselves are safe to run anywhere at any time (their own claims and leases), so
-the lease only avoids wasted work.
+django-q2 schedules fire at most once a minute, so the sub-minute passes do not run as
+schedules: each worker cluster runs one long-lived **ticker process** beside it
+(``manage.py ticker``, started by ``manage.py worker``). All tickers contend for one short lease
+(``core.Lease`` ``gridgate.tick``, ``GRIDGATE_TICK_LEASE_SECONDS``, 5 s by default); the holder
+runs the passes, the others retry every second. A thread of the ticker renews the lease every
+second whatever the passes are doing (a slow provider call must not hand the loop to a second
+cluster), so the lease expires only when the process is gone or stuck: another cluster's ticker
+takes over within the lease plus a second, and a running loop has no gap (issue 17; it replaced
+a ~55 s loop on a minutely schedule, absent ~60 s after its holder died and 5 s of every minute).
 
-Some work can only be done on one host (issue 17): a local case's process is seen in its own
-host's /proc only. Passes registered ``per_host=True`` do not run in the shared loop but in
-:func:`host_loop`, which ``manage.py worker`` runs on every worker host under a lease of its own
-host (``gridgate.tick@<host>``), whichever host holds the shared loop.
+Apps register their passes in ``AppConfig.ready``. The passes are safe to run anywhere at any time
+(their own claims and leases): the lease only avoids wasted work. Some work can only be done on
+one host (a local case's process is seen in its own host's /proc only): passes registered
+``per_host=True`` run in every ticker, lease or not, and claim only what is pinned to their host.
+The lease thread stamps this worker's ``core.WorkerHeartbeat`` every
+``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (health, metrics).
 """
 
 import logging
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
-from apps.core.tasks import run_ticker
+from apps.core.tasks import acquire_lease, heartbeat, release_lease
 
 log = logging.getLogger(__name__)
 
 TICK_LEASE = "gridgate.tick"
-LOOP_SECONDS = 55
-NOTHING = "nothing registered"
-TAKEN = "another cluster runs the tick loop"
+KEEPER_SECONDS = 1.0  # lease renewal, and how often a ticker without the lease tries to take it
+# A step (one round of due passes) running longer than this is stuck (a hung call without its own
+# timeout): the keeper stops renewing, so another cluster's ticker takes the loop over.
+STALL_SECONDS = 600.0
 
 
 @dataclass
@@ -37,7 +46,7 @@ class Periodic:
     name: str
     func: Callable[[], object]
     every: Callable[[], float]  # seconds, read at each step so settings overrides apply
-    per_host: bool = False  # run by every worker host's host_loop, not the shared loop
+    per_host: bool = False  # run by every worker host's ticker, not only the lease holder's
 
 
 _REGISTRY: dict[str, Periodic] = {}
@@ -51,54 +60,99 @@ def registered() -> dict[str, Periodic]:
     return dict(_REGISTRY)
 
 
-def tick(duration: float = LOOP_SECONDS) -> str:
-    """The minutely task: run each shared pass every ``every()`` seconds for ``duration``."""
-    return _loop(TICK_LEASE, per_host=False, duration=duration)
+def worker_identity() -> str:
+    return f"{settings.GRIDGATE_WORKER_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def host_lease() -> str:
-    return f"{TICK_LEASE}@{settings.GRIDGATE_WORKER_HOST}"
+class Ticker:
+    """One ticker process's state: the lease it may hold and when each pass last ran."""
 
+    def __init__(self, owner: str | None = None):
+        self.owner = owner or worker_identity()
+        self.last_run: dict[str, float] = {}
+        self.holding = False
+        self.step_started: float | None = None  # set while the main thread runs a step
+        self._last_beat = -1e18
 
-def host_tick(duration: float = LOOP_SECONDS) -> str:
-    """This host's passes (``per_host=True``) every ``every()`` seconds for ``duration``."""
-    return _loop(host_lease(), per_host=True, duration=duration)
-
-
-def host_loop(stop: threading.Event) -> None:
-    """Run :func:`host_tick` until ``stop`` is set (a daemon thread of ``manage.py worker``).
-    A second worker on the same host waits for the lease; a database outage is waited out."""
-    while not stop.is_set():
-        close_old_connections()
-        try:
-            if host_tick() in (NOTHING, TAKEN):  # no step ran: do not spin
-                stop.wait(5)
-        except Exception:  # the database is away: try again shortly, never end the thread
-            log.exception("host loop: tick failed")
-            stop.wait(5)
-
-
-def _loop(lease: str, *, per_host: bool, duration: float) -> str:
-    periodics = {name: p for name, p in _REGISTRY.items() if p.per_host == per_host}
-    if not periodics:
-        return NOTHING
-    last_run: dict[str, float] = {}
-    counts = dict.fromkeys(periodics, 0)
-
-    def step():
-        now = time.monotonic()
-        for periodic in periodics.values():
-            if now - last_run.get(periodic.name, -1e18) < periodic.every():
+    # -- the main thread: the passes ------------------------------------------------------------
+    def run_due(self, *, shared: bool = True) -> list[str]:
+        """Run every registered pass whose period has elapsed (only the per-host ones unless
+        ``shared``: this ticker does not hold the loop); return their names."""
+        ran = []
+        for periodic in list(_REGISTRY.values()):
+            if not (shared or periodic.per_host):
                 continue
-            last_run[periodic.name] = now
+            now = time.monotonic()
+            if now - self.last_run.get(periodic.name, -1e18) < periodic.every():
+                continue
+            self.last_run[periodic.name] = now
             try:
                 periodic.func()
-                counts[periodic.name] += 1
             except Exception:  # one failing pass must not stop the others or the loop
                 log.exception("periodic pass %s failed", periodic.name)
+                close_old_connections()  # a pass that broke the connection must not break the next
+            ran.append(periodic.name)
+        return ran
 
-    interval = min(p.every() for p in periodics.values())
-    steps = run_ticker(lease, step, interval=interval, duration=duration)
-    if not steps:
-        return TAKEN
-    return ", ".join(f"{name}: {n}" for name, n in counts.items())
+    # -- the keeper thread: lease and heartbeat -------------------------------------------------
+    def keep(self) -> bool:
+        """Take or renew the lease (unless the main thread is stuck) and beat when due."""
+        clock = time.monotonic()
+        stuck = self.step_started is not None and clock - self.step_started > STALL_SECONDS
+        try:
+            if stuck:
+                if self.holding:
+                    log.error("ticker %s: a step has run for %.0f s; leaving the loop", self.owner, STALL_SECONDS)
+                    release_lease(TICK_LEASE, self.owner)
+                self.holding = False
+            else:
+                ttl = timedelta(seconds=settings.GRIDGATE_TICK_LEASE_SECONDS)
+                self.holding = acquire_lease(TICK_LEASE, self.owner, ttl)
+            if clock - self._last_beat >= settings.GRIDGATE_WORKER_HEARTBEAT_SECONDS:
+                heartbeat()
+                self._last_beat = clock
+        except Exception:  # the database is away: do not run passes on a lease we cannot renew
+            log.warning("ticker %s: could not renew the lease", self.owner, exc_info=True)
+            self.holding = False
+            close_old_connections()
+        return self.holding
+
+    def _keeper(self, stop: threading.Event) -> None:
+        try:
+            while True:
+                self.keep()
+                if stop.wait(KEEPER_SECONDS):
+                    break
+        finally:
+            connection.close()  # the thread's own connection
+
+    # -- the process ----------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Until ``stop`` is set: run the passes while this ticker holds the lease."""
+        keeper = threading.Thread(target=self._keeper, args=(stop,), name="ticker-lease", daemon=True)
+        keeper.start()
+        log.info("ticker %s started", self.owner)
+        try:
+            while not stop.is_set():
+                holding = self.holding
+                passes = [p for p in _REGISTRY.values() if holding or p.per_host]
+                if not passes:
+                    stop.wait(KEEPER_SECONDS / 4)
+                    continue
+                started = time.monotonic()
+                self.step_started = started
+                try:
+                    close_old_connections()
+                    self.run_due(shared=holding)
+                finally:
+                    self.step_started = None
+                interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
+                stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        finally:
+            stop.set()
+            keeper.join()
+            try:
+                release_lease(TICK_LEASE, self.owner)  # a clean stop hands the loop over at once
+            except Exception:
+                log.warning("ticker %s: could not release the lease", self.owner, exc_info=True)
+            log.info("ticker %s stopped", self.owner)

@@ -7,7 +7,7 @@ from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, selectors, services
-from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
+from apps.scheduling.models import Device, DriverRun, Job, JobStatus, PoolQueue
 
 
 class DeviceInline(admin.TabularInline):
@@ -186,6 +186,28 @@ class PoolQueueAdmin(admin.ModelAdmin):
     @admin.display(ordering="n_running")
     def running(self, obj):
         return obj.n_running
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DriverRun)
+class DriverRunAdmin(admin.ModelAdmin):
+    """Read-only: the built-in drivers' runs (emulator, fake). Operators read here which worker
+    started an emulation last, how many times (a worker that died is re-run: docs/operations.md,
+    "Recovery") and its last heartbeat."""
+
+    list_display = ["remote_id", "device", "status", "attempts", "worker", "heartbeat_at", "started_at", "finished_at"]
+    list_select_related = ["device"]
+    list_filter = ["status", "device__driver"]
+    search_fields = ["remote_id", "worker"]
+    readonly_fields = [f.name for f in DriverRun._meta.fields]
 
     def has_add_permission(self, request):
         return False

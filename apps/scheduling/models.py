@@ -201,9 +201,22 @@ class DriverRun(models.Model):
         null=True, blank=True, help_text="Last sign of life of the worker running it (emulator)."
     )
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Emulator recovery (emulator.recover_runs, issue 17): how many times a worker started the
+    # run (a run found dead after MAX_ATTEMPTS starts is failed, not re-run), and when and how
+    # often its task was last sent to the broker (a queued run nobody started is sent again).
+    attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started the run (emulator).")
+    worker = models.CharField(
+        max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
+    )
+    enqueued_at = models.DateTimeField(null=True, blank=True, help_text="Last time its task was sent (emulator).")
+    enqueues = models.PositiveIntegerField(default=0, help_text="Sends of its task since it was last queued.")
 
     class Meta:
         ordering = ["created_at", "remote_id"]
+        indexes = [
+            # emulator.recover_runs, every few seconds: the live runs only.
+            models.Index(fields=["status"], condition=Q(status__in=["queued", "running"]), name="driverruns_live"),
+        ]
 
     def __str__(self):
         return f"{self.remote_id} ({self.status})"
@@ -231,3 +244,35 @@ class PoolQueue(models.Model):
 
     def __str__(self):
         return f"queue of {self.pool_id}"
+
+
+class LatencyKind(models.TextChoices):
+    QUEUE_WAIT = "queue_wait", "Queue wait (submitted → dispatched)"
+    DISPATCH = "dispatch", "Dispatch (dispatched → accepted by the device)"
+
+
+class JobLatencyBucket(models.Model):
+    """One bucket of a per-pool latency histogram, counted when the event happens (issue 17).
+
+    Written by ``apps.scheduling.latency.observe`` and read by ``/metrics``. Counting at the
+    event, not from the job rows at scrape time, keeps the counts monotonic (Prometheus counters:
+    cleanup deleting old jobs, or a requeue clearing ``scheduled_at``, would make them go down)
+    and the scrape cost independent of history: a few rows per pool. ``count`` and ``sum`` hold
+    only this bucket's observations (the one with the smallest ``le`` ≥ the value, ``le`` = +Inf
+    last), so an observation updates exactly one row; the reader accumulates.
+    """
+
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=LatencyKind.choices)
+    le = models.FloatField(help_text="Upper bound in seconds (inclusive); +Inf for the last bucket.")
+    count = models.BigIntegerField(default=0)
+    sum = models.FloatField(default=0.0, help_text="Seconds, of this bucket's observations.")
+
+    class Meta:
+        ordering = ["pool_id", "kind", "le"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "kind", "le"], name="scheduling_latency_bucket_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.pool_id} {self.kind} le={self.le}: {self.count}"

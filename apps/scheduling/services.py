@@ -6,6 +6,8 @@ transaction open (R-SCHED-4).
 """
 
 import logging
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,6 +19,7 @@ from django.utils import timezone
 from apps.core.exceptions import Conflict, Forbidden
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
+from apps.scheduling import latency
 from apps.scheduling.drivers import (
     DriverState,
     InvalidPayload,
@@ -24,14 +27,49 @@ from apps.scheduling.drivers import (
     TransientDriverError,
     get_driver,
 )
-from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, PoolQueue
+from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
 from apps.scheduling.strategies import caught_up_vruntime, strategy_for
 from apps.sessions.models import Session, SessionStatus
 from apps.sessions.services import is_retryable, retry_aborted
 
 log = logging.getLogger(__name__)
 
-LEASE = timedelta(minutes=5)  # a claim older than this belongs to a dead worker
+
+def lease() -> timedelta:
+    """A claim not renewed for this long belongs to a dead worker (GRIDGATE_JOB_LEASE_SECONDS)."""
+    return timedelta(seconds=settings.GRIDGATE_JOB_LEASE_SECONDS)
+
+
+@contextmanager
+def kept_claimed(job_pk):
+    """Renew the claim on one job every quarter of the lease while a driver call runs.
+
+    A provider call may take minutes (a QPU's timeouts and retries); without renewal the lease
+    would have to outlast the slowest call, and a job whose worker died would wait that long
+    (it was 5 minutes). The thread touches the database only once a call outlasts a quarter of
+    the lease: the common, fast call costs a thread start and no statement."""
+    stop = threading.Event()
+
+    def beat():
+        try:
+            period = settings.GRIDGATE_JOB_LEASE_SECONDS / 4
+            while not stop.wait(period):
+                try:
+                    Job.objects.filter(pk=job_pk, status=JobStatus.RUNNING).update(lease_until=timezone.now() + lease())
+                except Exception:  # the database is away: the claim may lapse; the writes check it
+                    log.warning("renewing the claim on job %s failed", job_pk, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection, if it opened one
+
+    thread = threading.Thread(target=beat, name=f"job-claim-{job_pk}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 MAX_TRANSIENT_ATTEMPTS = 5
 DISPATCH_BATCH = 100
 POLL_BATCH = 200
@@ -283,7 +321,7 @@ def dispatch_once(pool_id: int) -> Job | None:
                 status=JobStatus.RUNNING,
                 device=device,
                 scheduled_at=now,
-                lease_until=now + LEASE,
+                lease_until=now + lease(),
                 next_poll_at=now,
                 not_before=None,
             )
@@ -291,6 +329,7 @@ def dispatch_once(pool_id: int) -> Job | None:
                 break
         else:
             return None
+        latency.observe(pool_id, LatencyKind.QUEUE_WAIT, (now - job.created_at).total_seconds())
         charge = strategy.dispatch_charge(job, slots)
         if charge:
             strategy.charge(job, charge)
@@ -319,19 +358,25 @@ def submit_claimed(job: Job) -> None:
     # the claim's lease: a cancel landing after this line is a running job's cancel (R-JOB-2).
     handed_over = Job.objects.filter(
         pk=job.pk, status=JobStatus.RUNNING, remote_id="", cancel_requested_at=None
-    ).update(lease_until=timezone.now() + LEASE)
+    ).update(lease_until=timezone.now() + lease())
     if not handed_over:
         _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="")
         return
     try:
-        remote_id = get_driver(device.driver).submit(device, job)
+        with kept_claimed(job.pk):
+            remote_id = get_driver(device.driver).submit(device, job)
     except PermanentDriverError as exc:
         _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="")
         return
     except Exception as exc:  # TransientDriverError, and anything unexpected: retry, bounded
         _requeue(job, exc)
         return
-    Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(remote_id=remote_id, lease_until=None)
+    with transaction.atomic():
+        accepted = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
+            remote_id=remote_id, lease_until=None
+        )
+        if accepted and job.scheduled_at:
+            latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
     job.remote_id = remote_id
 
 
@@ -421,7 +466,7 @@ def poll_running(pool_id: int) -> int:
             .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
         )
         ids = list(due.values_list("id", flat=True)[:POLL_BATCH])
-        Job.objects.filter(id__in=ids).update(lease_until=now + LEASE)
+        Job.objects.filter(id__in=ids).update(lease_until=now + lease())
     jobs = Job.objects.filter(id__in=ids).select_related("device")
     for job in jobs:
         if not job.remote_id:
@@ -429,9 +474,10 @@ def poll_running(pool_id: int) -> int:
             continue
         driver = get_driver(job.device.driver)
         try:
-            if job.cancel_requested_at:
-                driver.cancel(job.device, job.remote_id)
-            state = driver.poll(job.device, job.remote_id)
+            with kept_claimed(job.pk):
+                if job.cancel_requested_at:
+                    driver.cancel(job.device, job.remote_id)
+                state = driver.poll(job.device, job.remote_id)
         except PermanentDriverError as exc:
             _finish(job, DriverState("failed", error=str(exc)), expect_remote_id=job.remote_id)
             continue

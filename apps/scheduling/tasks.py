@@ -1,5 +1,8 @@
 """django-q2 entry points for scheduling (thin; the work is in services)."""
 
+import os
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,19 +27,35 @@ def check_device_status(device_id: int) -> str:
 
 
 def run_emulation(remote_id: str) -> str:
-    """Execute one emulator run, then poll and dispatch its pool at once (a device was freed)."""
+    """Execute one emulator run, then poll and dispatch its pool at once (a device was freed).
+
+    Duplicate deliveries are harmless (the broker's retry, a copy sent by
+    ``emulator.recover_runs``, Redis handing a task out twice): the start is a compare-and-set
+    on ``queued`` under the row lock, so one delivery runs it and the others skip. The outcome is
+    written only if this start is still the run's current one (``attempts``): a worker presumed
+    dead whose run was started again elsewhere discards its result.
+    """
     with transaction.atomic():
         run = DriverRun.objects.select_for_update().select_related("device").filter(remote_id=remote_id).first()
         if run is None or run.status != "queued":
-            return "skipped"  # already executed (task retried) or cancelled before it started
+            return "skipped"  # already started (a duplicate delivery) or cancelled before it started
         run.status, run.started_at = "running", timezone.now()
         run.heartbeat_at = run.started_at
-        run.save(update_fields=["status", "started_at", "heartbeat_at"])
-    with emulator.Heartbeat(run.pk):  # a killed worker stops beating: its run is failed soon after
+        run.attempts += 1
+        run.worker = f"{settings.GRIDGATE_WORKER_HOST}:{os.getpid()}"[:100]
+        run.save(update_fields=["status", "started_at", "heartbeat_at", "attempts", "worker"])
+    with emulator.Heartbeat(run.pk, run.attempts):  # a killed worker stops beating: recover_runs re-runs it
         emulator.execute(run)  # minutes of CPU at most; no transaction held
     with transaction.atomic():
-        cancelled = DriverRun.objects.select_for_update().values_list("cancel_requested", flat=True).get(pk=run.pk)
-        if cancelled:
+        current = (
+            DriverRun.objects.select_for_update()
+            .filter(pk=run.pk, status="running", attempts=run.attempts)
+            .values_list("cancel_requested", flat=True)
+            .first()
+        )
+        if current is None:
+            return "superseded"  # presumed dead meanwhile: re-run or failed by recover_runs
+        if current:
             run.status, run.result, run.error = "cancelled", None, "cancelled while running"
         run.finished_at = timezone.now()
         run.save(update_fields=["status", "result", "error", "logs", "runtime_seconds", "finished_at"])

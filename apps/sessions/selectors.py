@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 from django.db.models import Sum
 from django.db.models.functions import Coalesce
+from django.http import Http404
 
-from apps.sessions.models import Session
+from apps.sessions.models import Session, is_service_principal
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,16 @@ def slots_usage(pool) -> dict:
         "slots_used": used,
         "slots_available": None if total is None else max(total - used, 0),
     }
+
+
+def visible_or_404(queryset, user, pk) -> Session:
+    """One session of ``queryset`` by id, or 404 unless ``user`` may see it (the rule of
+    ``SessionQuerySet.visible_to``: the owner, staff and service principals).
+
+    Owner first: the common path (the owner submitting a job) costs the session's own query only;
+    the permission lookup (two queries on a fresh user) is asked only about someone else's session
+    (issue 15: a REST submission in four statements, token lookup included)."""
+    session = queryset.filter(pk=pk).first()
+    if session is None or (session.user_id != user.pk and not is_service_principal(user)):
+        raise Http404("No such session.")
+    return session

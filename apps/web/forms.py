@@ -1,8 +1,10 @@
 """Forms of the user pages: they parse input only; the rules live in the models and services."""
 
 import json
+from datetime import UTC, datetime, time, timedelta
 
 from django import forms
+from django.utils import timezone
 
 from apps.core import jsonlimits
 from apps.web.selectors import case_classes
@@ -107,3 +109,61 @@ class CaseCreateForm(forms.Form):
     def clean_observability_globs(self):
         raw = self.cleaned_data.get("observability_globs") or ""
         return [part.strip() for part in raw.replace(",", "\n").splitlines() if part.strip()]
+
+
+class UtilizationForm(forms.Form):
+    """The period (and pool) of the operators' charts. Everything a hostile query string can put
+    here ends as a form error: unknown periods, impossible or far dates, a reversed or too long
+    range, a pool that does not exist."""
+
+    PRESETS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+    period = forms.ChoiceField(
+        choices=[
+            ("24h", "Last 24 hours"),
+            ("7d", "Last 7 days"),
+            ("30d", "Last 30 days"),
+            ("custom", "From–to dates"),
+        ],
+        initial="24h",
+        required=False,
+        label="Period",
+    )
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="To (included)", widget=forms.DateInput(attrs={"type": "date"}))
+    pool = forms.ModelChoiceField(queryset=None, required=False, empty_label="All pools", label="Pool")
+
+    def __init__(self, *args, **kwargs):
+        from apps.resources.models import ResourcePool
+
+        super().__init__(*args, **kwargs)
+        self.fields["pool"].queryset = ResourcePool.objects.order_by("name", "id")
+
+    def clean(self):
+        from apps.accounting.selectors import EARLIEST, LATEST, MAX_PERIOD
+
+        data = super().clean()
+        period = data.get("period") or "24h"
+        if period in self.PRESETS:
+            data["end"] = timezone.now().replace(microsecond=0)
+            data["start"] = data["end"] - self.PRESETS[period]
+            return data
+        since, until = data.get("since"), data.get("until")
+        if "since" in self.errors or "until" in self.errors:
+            return data
+        if since is None or until is None:
+            raise forms.ValidationError(
+                "Give both dates (From and To), or pick one of the last-24-hours/7/30-days periods."
+            )
+        for name, day in (("since", since), ("until", until)):
+            if not EARLIEST.date() <= day < LATEST.date():
+                self.add_error(name, f"Pick a date between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}.")
+        if self.errors:
+            return data
+        if since > until:
+            raise forms.ValidationError("The From date must be on or before the To date.")
+        start = datetime.combine(since, time.min, tzinfo=UTC)
+        end = datetime.combine(until, time.min, tzinfo=UTC) + timedelta(days=1)
+        if end - start > MAX_PERIOD:
+            raise forms.ValidationError(f"Pick at most {MAX_PERIOD.days} days.")
+        data["start"], data["end"] = start, end
+        return data

@@ -22,4 +22,5 @@ urlpatterns = [
     path("cases/<uuid:pk>/launch/", views.case_launch, name="case-launch"),
     path("cases/<uuid:pk>/cancel/", views.case_cancel, name="case-cancel"),
     path("cases/<uuid:pk>/refresh/", views.case_refresh, name="case-refresh"),
+    path("utilization/", views.utilization, name="utilization"),
 ]

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.accounting.selectors import utilization as utilization_of
 from apps.backends.readiness import case_readiness
 from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
@@ -32,9 +33,10 @@ from apps.scheduling import services as job_services
 from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
+from apps.sessions.selectors import visible_or_404
 from apps.web import charts
 from apps.web.errors import REFUSALS, Refusal, error_text, refusal, refuse
-from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm
+from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm, UtilizationForm
 from apps.web.selectors import bundled_examples, pool_gauges, pool_uses
 
 LIVE_EVERY = "every 2s"  # htmx polling period of live fragments
@@ -166,7 +168,7 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = get_object_or_404(job_services.session_for_submission().visible_to(request.user), pk=pk)
+    session = visible_or_404(job_services.session_for_submission(), request.user, pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         text = "The job was not submitted: " + " ".join(
@@ -398,6 +400,29 @@ def case_refresh(request, pk):
     else:
         messages.info(request, "Refresh requested: a worker is asking the backend now.")
     return redirect("web:case-detail", pk=case.pk)
+
+
+# -- operators -----------------------------------------------------------------------------------
+@login_required
+@require_GET
+def utilization(request):
+    """Staff: per-pool pictures of a period (issue 17 item 6), from the accounting selector."""
+    if not request.user.is_staff:
+        raise PermissionDenied("The utilization charts are for staff.")
+    form = UtilizationForm(request.GET or {"period": "24h"})
+    if not form.is_valid():
+        return render(request, "web/utilization.html", {"form": form}, status=400)
+    data = form.cleaned_data
+    result = utilization_of(data["start"], data["end"], pool_ids=[data["pool"].pk] if data["pool"] else None)
+    panels = charts.utilization_panels(result)
+    context = {
+        "form": form,
+        "result": result,
+        "step": charts.step_text(result.step),
+        "panels": [panel for panel in panels if panel.pool.active],
+        "quiet": [panel.pool.name for panel in panels if not panel.pool.active],
+    }
+    return render(request, "web/utilization.html", context)
 
 
 def session_end_words(session, viewer) -> str:

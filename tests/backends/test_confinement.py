@@ -68,3 +68,59 @@ def test_a_hard_link_planted_in_the_workspace_is_never_read(tmp_path):
     fd = open_regular(work / "plain")
     assert fd is not None
     os.close(fd)
+
+
+def _slurm_spec(tmp_path, case_id):
+    from apps.backends.base import SubmitSpec
+
+    workspace = tmp_path / "workspace"
+    (workspace / "inputs").mkdir(parents=True, exist_ok=True)
+    return SubmitSpec(
+        case_id=case_id,
+        command="true",
+        workspace=workspace,
+        pool_remote={"working_root": str(tmp_path / "scratch")},
+        resources={},
+        batch_directives=[],
+        environment={},
+        launch_options={},
+        observability_globs=[],
+    )
+
+
+def test_a_run_directory_planted_under_the_working_root_is_refused_not_followed(tmp_path):
+    """R-CASE-8: a user who knows their case id plants ``<working_root>/<id>`` before launching:
+    a symlink (to someone else's directory) is never followed — nothing is chmod-ed, created or
+    deleted there — and a directory owned by another account is never adopted."""
+    import pytest
+
+    from apps.backends.base import BackendError
+    from apps.backends.slurm import SlurmBackend
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o1777)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o750)
+    (victim / "work").mkdir()
+    (victim / "work" / "thesis.tex").write_text("years of work")
+    (scratch / "case-a").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(BackendError):
+        SlurmBackend().submit(_slurm_spec(tmp_path, "case-a"))
+    assert (victim / "work" / "thesis.tex").read_text() == "years of work"
+    assert (victim.stat().st_mode & 0o777) == 0o750 and not (victim / "job.sh").exists()
+
+    planted = scratch / "case-b"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)  # a directory of another account ("nobody")
+    with pytest.raises(BackendError, match="not the service's"):
+        SlurmBackend().submit(_slurm_spec(tmp_path, "case-b"))
+    assert not (planted / "job.sh").exists()
+
+
+def test_the_services_own_run_directory_is_reused_with_its_mode(tmp_path):
+    """A retried submit finds its own run directory: reused, mode reset."""
+    path = tmp_path / "scratch" / "case"
+    files.service_run_dir(path, 0o711)
+    path.chmod(0o777)
+    files.service_run_dir(path, 0o711)
+    assert (path.stat().st_mode & 0o777) == 0o711

@@ -126,6 +126,51 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
     assert api(member).post(f"/api/v1/cases/{victim}/cancel/").status_code == 200
 
 
+@pytest.fixture
+def traversable_cases_root(settings, cases_root):
+    """A cases root other accounts can reach up to (pytest's own tmp_path is 0700 above it)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gridgate-cases-"))
+    base.chmod(0o711)
+    settings.GRIDGATE_CASES_ROOT = base / "cases"
+    yield settings.GRIDGATE_CASES_ROOT
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_campaign_shared_inputs_reach_its_cases_and_no_other_account(
+    api, owner, local_pool, linked, traversable_cases_root
+):
+    """R-CASE-8: the owner's case reads the campaign's shared input through its sandbox; another
+    account on the host cannot reach ``campaigns/<id>/`` even knowing the id and file name."""
+    import subprocess
+
+    client = api(owner)
+    response = client.post(
+        "/api/v1/campaigns/",
+        {"name": "sweep", "inputs": [SimpleUploadedFile("mesh.msh", b"shared-mesh-0815")]},
+        format="multipart",
+    )
+    assert response.status_code == 201, response.content
+    campaign = response.json()["id"]
+    body = {"name": "c", "resource_class": local_pool.classes.get().pk, "command": "cat shared/mesh.msh > got.txt"}
+    case_id = client.post("/api/v1/cases/", {**body, "campaign": campaign}, format="json").json()["id"]
+    assert launch(client, case_id).status_code == 202
+    case = wait_for_terminal(Case.objects.get(pk=case_id))
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert download(client, case_id, "results/got.txt") == "shared-mesh-0815"
+
+    other = linked["member"]
+    path = workspace.campaign_shared_dir(campaign) / "mesh.msh"
+    attempt = subprocess.run(
+        ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups", "cat", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert attempt.returncode != 0 and "0815" not in attempt.stdout
+
+
 def test_launch_without_a_linked_account_is_refused_saying_whom_to_ask(api, owner, local_pool):
     """R-CASE-8: 403 with a JSON message; nothing runs, the case stays prepared."""
     case_id = create(api(owner), local_pool.classes.get(), "true")

@@ -98,3 +98,31 @@ def test_prepared_case_stays_editable_in_the_admin(admin_client, make_case):
     case = make_case()
     page = admin_client.get(f"/admin/cases/case/{case.pk}/change/").content.decode()
     assert 'name="command"' in page and 'name="owner"' in page
+
+
+def test_prepared_case_launch_options_edited_in_the_admin_go_through_the_allow_list(admin_client, make_case):
+    """R-BACK-6: the admin stores no option the backend does not declare (the API's one check)."""
+    case = make_case(launch_options={"outcome": "succeed"})
+
+    def post(options):
+        return admin_client.post(
+            f"/admin/cases/case/{case.pk}/change/",
+            {
+                "name": case.name,
+                "owner": case.owner_id,
+                "resource_class": case.resource_class_id,
+                "command": case.command,
+                "launch_options": options,
+                "observability_globs": "[]",
+                "events-TOTAL_FORMS": "0",
+                "events-INITIAL_FORMS": "0",
+            },
+        )
+
+    response = post('{"partition": "debug\\n#SBATCH --uid=0"}')
+    assert response.status_code == 200 and "not a launch option" in response.content.decode()
+    case.refresh_from_db()
+    assert case.launch_options == {"outcome": "succeed"}
+    assert post('{"outcome": "fail"}').status_code == 302
+    case.refresh_from_db()
+    assert case.launch_options == {"outcome": "fail"}

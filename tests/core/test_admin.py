@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.core.models import IdempotencyKey, Lease
+from apps.core.models import IdempotencyKey, Lease, WorkerHeartbeat
 from apps.resources.models import ResourcePool
 from apps.scheduling.models import Device, PoolQueue
 
@@ -27,6 +27,16 @@ def test_lease_admin_lists_filters_and_expires_a_stuck_lease(admin_client):
     stuck.refresh_from_db()
     assert stuck.expires_at <= timezone.now()
     assert admin_client.get("/admin/core/lease/add/").status_code == 403
+
+
+def test_worker_heartbeat_admin_lists_hosts_and_deletes_a_retired_one(admin_client):
+    """Issue 17: a retired host's heartbeat would keep the "worker dead" alert firing."""
+    WorkerHeartbeat.objects.create(name="retired-host", seen_at=timezone.now() - timedelta(days=3))
+    response = admin_client.get("/admin/core/workerheartbeat/")
+    assert response.status_code == 200 and "retired-host" in response.content.decode()
+    admin_client.post("/admin/core/workerheartbeat/retired-host/delete/", {"post": "yes"})
+    assert not WorkerHeartbeat.objects.filter(name="retired-host").exists()
+    assert admin_client.get("/admin/core/workerheartbeat/add/").status_code == 403
 
 
 def test_idempotency_key_admin_shows_stuck_keys_and_releases_only_unanswered_ones(admin_client, owner):

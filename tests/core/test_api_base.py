@@ -40,10 +40,11 @@ def test_heartbeat_task_records_the_worker(db):
     assert WorkerHeartbeat.objects.filter(name=name).exists()
 
 
-def test_heartbeat_schedule_exists_once(db):
+def test_heartbeat_comes_from_the_ticker_not_a_minutely_schedule(db):
+    """Issue 17: the ticker process beats every few seconds, so heartbeat age means something."""
     from django_q.models import Schedule
 
-    assert Schedule.objects.filter(name="gridgate.heartbeat").count() == 1
+    assert not Schedule.objects.filter(name="gridgate.heartbeat").exists()
 
 
 def test_openapi_schema_validates_without_warnings(tmp_path):

@@ -96,6 +96,23 @@ def test_supervisor_stops_a_cooperative_command_cleanly(tmp_path):
         supervisor.kill()
 
 
+def test_supervisor_stops_the_ticker_when_the_cluster_dies():
+    """Issue 17: `manage.py worker` runs the cluster and the ticker side by side; a ticker left
+    alone would beat the heartbeat of a worker that runs no tasks. One exits: both end."""
+    survivor = "import time; time.sleep(600)"
+    crash = "import sys, time; time.sleep(0.5); sys.exit(3)"
+    runner = (
+        "import sys; from apps.core.supervise import supervise; "
+        f"sys.exit(supervise([sys.executable, '-c', {survivor!r}], [sys.executable, '-c', {crash!r}], grace=30))"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", runner], cwd=ROOT)
+    try:
+        # It returns only once every child has ended: the survivor was stopped, not left behind.
+        assert supervisor.wait(timeout=60) == 3  # the crash's own code, for the service manager
+    finally:
+        supervisor.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

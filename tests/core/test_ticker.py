@@ -1,14 +1,35 @@
-"""The shared sub-minute loop: one per site (lease), every registered pass at its own period."""
+"""The tick loop (issue 17): one ticker process per cluster, one holder per site through a short
+lease renewed every second, taken over within seconds of the holder's death, no gap each minute."""
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 
 from apps.core import ticker
-from apps.core.models import Lease
-from apps.core.tasks import acquire_lease, run_ticker
+from apps.core.models import Lease, WorkerHeartbeat
+from apps.core.tasks import acquire_lease
 
 pytestmark = pytest.mark.django_db
+
+
+def wait_until(predicate, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """A registry of test passes only (the apps' real passes are tested where they live)."""
+    monkeypatch.setattr(ticker, "_REGISTRY", {})
+    return ticker
 
 
 def test_only_one_loop_runs_across_clusters_until_its_lease_expires():
@@ -19,63 +40,143 @@ def test_only_one_loop_runs_across_clusters_until_its_lease_expires():
     assert acquire_lease("loop", "cluster-b", timedelta(seconds=30))  # cluster-a died: taken over
 
 
-def test_ticker_returns_at_once_when_another_cluster_holds_the_loop():
-    assert acquire_lease("loop", "elsewhere", timedelta(seconds=30))
-    assert run_ticker("loop", lambda: pytest.fail("ran"), interval=0, duration=0.05) == 0
+def test_run_due_runs_each_pass_at_its_own_period(passes):
+    fast, slow = [], []
+    passes.register("fast", lambda: fast.append(1), every=lambda: 0)
+    passes.register("slow", lambda: slow.append(1), every=lambda: 3600)
+    t = ticker.Ticker("me")
+    assert t.run_due() == ["fast", "slow"]
+    assert t.run_due() == ["fast"]
+    assert (len(fast), len(slow)) == (2, 1)
 
 
-def test_ticker_runs_steps_and_releases_its_lease():
-    steps = []
-    assert run_ticker("loop", lambda: steps.append(1), interval=0, duration=0.02) == len(steps) > 0
-    assert not Lease.objects.exists()
+def test_a_failing_pass_does_not_stop_the_others(passes):
+    ran = []
 
-
-def test_a_failing_step_does_not_end_the_loop():
-    calls = []
-
-    def step():
-        calls.append(1)
+    def boom():
         raise RuntimeError("boom")
 
-    assert run_ticker("loop", step, interval=0, duration=0.02) == len(calls) > 1
+    passes.register("boom", boom, every=lambda: 0)
+    passes.register("after", lambda: ran.append(1), every=lambda: 0)
+    assert ticker.Ticker("me").run_due() == ["boom", "after"] and ran == [1]
 
 
-def test_tick_runs_each_pass_at_its_own_period(monkeypatch):
-    monkeypatch.setattr(ticker, "_REGISTRY", {})
-    fast, slow = [], []
-    ticker.register("fast", lambda: fast.append(1), every=lambda: 0)
-    ticker.register("slow", lambda: slow.append(1), every=lambda: 3600)
-    outcome = ticker.tick(duration=0.02)
-    assert len(slow) == 1 and len(fast) > 1 and "slow: 1" in outcome
+def test_keep_takes_the_lease_only_when_free_and_beats_the_heartbeat(settings):
+    settings.GRIDGATE_WORKER_HOST = "host-a"
+    a, b = ticker.Ticker("a"), ticker.Ticker("b")
+    assert a.keep() and not b.keep()
+    assert WorkerHeartbeat.objects.filter(name="host-a").exists()  # both beat, holder or not
+    assert a.keep() and not b.keep()
+    Lease.objects.filter(name=ticker.TICK_LEASE).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert b.keep() and not a.keep()  # a stopped renewing (dead): b took over
 
 
-def test_tick_schedule_replaces_the_per_app_loops(db):
+def test_a_stuck_step_gives_the_loop_up(monkeypatch):
+    a, b = ticker.Ticker("a"), ticker.Ticker("b")
+    assert a.keep()
+    a.step_started = time.monotonic() - ticker.STALL_SECONDS - 1  # a pass hung past the limit
+    assert not a.keep() and b.keep()
+
+
+def run_in_thread(t: ticker.Ticker):
+    stop = threading.Event()
+
+    def target():
+        try:
+            t.run(stop)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target, name=t.owner, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_second_ticker_takes_the_loop_over_within_the_lease_after_the_holder_dies(passes, settings, monkeypatch):
+    """Two tickers (two clusters): one runs the passes; the other takes over once the holder
+    stops renewing (killed: no release), bounded by polling, not timed."""
+    settings.GRIDGATE_TICK_LEASE_SECONDS = 2
+    monkeypatch.setattr(ticker, "KEEPER_SECONDS", 0.2)
+    runs: list[str] = []
+    passes.register("pass", lambda: runs.append(threading.current_thread().name), every=lambda: 0.05)
+    a, b = ticker.Ticker("a"), ticker.Ticker("b")
+    stop_a, thread_a = run_in_thread(a)
+    assert wait_until(lambda: "a" in runs)
+    stop_b, thread_b = run_in_thread(b)
+    try:
+        assert wait_until(lambda: runs.count("a") > 20)
+        assert "b" not in runs  # one loop at a time
+        # Kill a: its threads stop without releasing the lease (as SIGKILL would).
+        monkeypatch.setattr(ticker, "release_lease", lambda *args: None)
+        stop_a.set()
+        thread_a.join(timeout=30)
+        assert wait_until(lambda: "b" in runs), "nobody took the loop over"
+        lease = Lease.objects.get(name=ticker.TICK_LEASE)
+        assert lease.owner == "b"
+    finally:
+        stop_a.set()
+        stop_b.set()
+        thread_a.join(timeout=30)
+        thread_b.join(timeout=30)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_ticker_releases_the_loop_at_once(passes):
+    passes.register("pass", lambda: None, every=lambda: 1)
+    t = ticker.Ticker("a")
+    stop, thread = run_in_thread(t)
+    assert wait_until(lambda: Lease.objects.filter(name=ticker.TICK_LEASE, owner="a").exists())
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not Lease.objects.filter(name=ticker.TICK_LEASE).exists()
+
+
+def test_no_minutely_tick_schedule_beside_the_ticker_processes(db):
+    """No double loops: the minutely gridgate.tick schedule is gone (core migration 0008)."""
     from django_q.models import Schedule
 
     names = set(Schedule.objects.values_list("name", flat=True))
-    assert "gridgate.tick" in names
-    assert not names & {"gridgate.scheduling_tick", "gridgate.cases.ticker"}
+    assert not names & {"gridgate.tick", "gridgate.heartbeat", "gridgate.scheduling_tick", "gridgate.cases.ticker"}
 
 
-def test_loop_holding_the_lease_runs_one_step_even_with_no_time_left(db):
-    """Issue 16, item 10: the step count does not depend on how long the lease took to get."""
-    steps = []
-    assert run_ticker("loop", lambda: steps.append(1), interval=5, duration=0) == 1 == len(steps)
-
-
-def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(monkeypatch, settings):
-    """Issue 17: work only one host can do (its local processes, its heartbeat) runs in every
-    host's own loop, under a lease per host, whoever holds the shared loop."""
-    monkeypatch.setattr(ticker, "_REGISTRY", {})
+def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(passes, settings):
+    """Issue 17: work only one host can do (its local processes) runs in every host's ticker,
+    whoever holds the shared loop; the shared passes only in the holder's."""
     shared, per_host = [], []
-    ticker.register("shared", lambda: shared.append(1), every=lambda: 3600)
-    ticker.register("mine", lambda: per_host.append(settings.GRIDGATE_WORKER_HOST), every=lambda: 3600, per_host=True)
+    passes.register("shared", lambda: shared.append(1), every=lambda: 0)
+    passes.register("mine", lambda: per_host.append(settings.GRIDGATE_WORKER_HOST), every=lambda: 0, per_host=True)
     assert acquire_lease(ticker.TICK_LEASE, "host-c:1", timedelta(seconds=30))  # the shared loop is elsewhere
     for host in ("host-a", "host-b"):
         settings.GRIDGATE_WORKER_HOST = host
-        assert ticker.tick(duration=0) == ticker.TAKEN
-        assert ticker.host_tick(duration=0) == "mine: 1"
+        t = ticker.Ticker(f"{host}:1")
+        assert not t.keep()  # not the holder
+        assert t.run_due(shared=t.holding) == ["mine"]
     assert per_host == ["host-a", "host-b"] and shared == []
-    assert acquire_lease("gridgate.tick@host-a", "other-worker-on-a", timedelta(seconds=30))
-    settings.GRIDGATE_WORKER_HOST = "host-a"
-    assert ticker.host_tick(duration=0) == ticker.TAKEN  # a second worker on host-a waits its turn
+    holder = ticker.Ticker("host-c:1")
+    assert holder.keep()
+    assert holder.run_due(shared=holder.holding) == ["shared", "mine"]
+
+
+def test_worker_runs_the_cluster_and_the_ticker_side_by_side(monkeypatch):
+    from django.core.management import call_command
+
+    from apps.core.management.commands import worker
+
+    started = []
+    monkeypatch.setattr(worker, "supervise", lambda *commands, grace: started.append(commands) or 0)
+    with pytest.raises(SystemExit):
+        call_command("worker", grace=3)
+    (commands,) = started
+    assert [c[-1] for c in commands] == ["qcluster", "ticker"]
+
+
+def test_recovery_and_sweep_are_registered_with_the_tick_loop(db):
+    from apps.scheduling.drivers import emulator
+
+    registered = ticker.registered()
+    assert registered["scheduling.emulator_recovery"].func is emulator.recover_runs
+    assert "scheduling.sweep" in registered

@@ -42,3 +42,17 @@ def test_admin_job_list_queries_do_not_grow_with_jobs(
         submit_job(user=target.user, session=target, payload=EXAMPLE["payload"], shots=10)
     _, many = _changelist(admin_client)
     assert many <= few + 1  # +1: a second session's row in the ranking query at most
+
+
+def test_driver_run_admin_shows_which_worker_ran_an_emulation_and_how_often(admin_client, qpu_pool):
+    """Issue 17: an operator sees a re-run emulation's attempts and its last worker."""
+    from apps.scheduling.models import Device, DriverRun
+
+    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
+    DriverRun.objects.create(
+        remote_id="emu-7", device=device, payload={}, shots=1, status="running", attempts=2, worker="host-b:4242"
+    )
+    page = admin_client.get(reverse("admin:scheduling_driverrun_changelist") + "?q=host-b").content.decode()
+    assert "emu-7" in page and "host-b:4242" in page
+    assert admin_client.get(reverse("admin:scheduling_driverrun_change", args=["emu-7"])).status_code == 200
+    assert admin_client.get(reverse("admin:scheduling_driverrun_add")).status_code == 403

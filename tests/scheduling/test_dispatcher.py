@@ -64,6 +64,66 @@ def test_claim_without_recorded_submission_is_adopted_not_duplicated(qpu_pool, f
     assert DriverRun.objects.filter(remote_id__startswith="fake-").count() == 1
 
 
+def test_a_claim_whose_worker_died_is_taken_over_after_the_short_job_lease(
+    qpu_pool, fake_device, open_session, owner, settings, time_machine
+):
+    """Issue 17: a worker killed between the claim and the hand-over holds the job for
+    GRIDGATE_JOB_LEASE_SECONDS (30 s), not minutes; then any pass hands it over, once."""
+    settings.GRIDGATE_JOB_LEASE_SECONDS = 30
+    time_machine.move_to(timezone.now(), tick=False)
+    (job,) = submit(open_session(qpu_pool, owner))
+    claimed = services.dispatch_once(qpu_pool.pk)  # ... and the worker dies here
+    assert claimed.pk == job.pk
+    assert services.poll_running(qpu_pool.pk) == 0  # still its worker's
+    time_machine.shift(timedelta(seconds=31))
+    assert services.poll_running(qpu_pool.pk) == 1
+    job.refresh_from_db()
+    assert job.remote_id == f"fake-{job.pk}" and job.lease_until is None
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
+    qpu_pool, fake_device, open_session, owner, settings, monkeypatch
+):
+    """Issue 17: the claim is renewed while a driver call runs, so a short lease never lets a
+    second worker take a job whose call is merely slow (and submit it twice)."""
+    import threading
+
+    from django.db import connection
+
+    settings.GRIDGATE_JOB_LEASE_SECONDS = 2  # renewed every 0.5 s
+    (job,) = submit(open_session(qpu_pool, owner))
+    claimed = services.dispatch_once(qpu_pool.pk)
+    first_lease = Job.objects.get(pk=job.pk).lease_until
+    seen = {}
+    original = FakeDriver.submit
+
+    def slow_submit(self, device, job):
+        deadline = timezone.now() + timedelta(seconds=30)
+        # Slow: still running after the first lease would have expired, and renewed meanwhile.
+        while timezone.now() <= first_lease + timedelta(seconds=1) and timezone.now() < deadline:
+            threading.Event().wait(0.1)
+        seen["lease"] = Job.objects.get(pk=job.pk).lease_until
+
+        def other_worker():
+            try:
+                seen["taken"] = services.poll_running(qpu_pool.pk)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=other_worker)
+        thread.start()
+        thread.join()
+        return original(self, device, job)
+
+    monkeypatch.setattr(FakeDriver, "submit", slow_submit)
+    services.submit_claimed(claimed)
+    assert seen["lease"] > first_lease + timedelta(seconds=1)  # renewed during the call
+    assert seen["taken"] == 0  # the other worker found it claimed
+    assert DriverRun.objects.filter(remote_id=f"fake-{job.pk}").count() == 1
+
+
 def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session, owner):
     Device.objects.create(
         pool=qpu_pool, name="flaky", driver="fake", config={"fail_submit": "transient", "fail_submit_times": 1}
@@ -275,8 +335,11 @@ def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device
     assert session.vruntime == pytest.approx(4.0)  # 8 s / 2 slots, charged once
 
 
-def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_session, owner):
-    from apps.scheduling.drivers.emulator import DEAD_AFTER
+def test_emulator_run_whose_worker_died_too_often_fails_its_job_and_frees_the_device(
+    qpu_pool, open_session, owner, settings
+):
+    """Issue 17 poison pill: after GRIDGATE_EMULATOR_MAX_ATTEMPTS starts that all died."""
+    from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
     from tests.scheduling.pulser_sequences import analog_sequence
 
@@ -288,10 +351,13 @@ def test_stale_emulator_run_is_failed_and_frees_the_device(qpu_pool, open_sessio
     ]
     services.run_pool(qpu_pool.pk)
     DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(
-        status="running", started_at=timezone.now() - DEAD_AFTER - timedelta(seconds=1)
+        status="running",
+        attempts=settings.GRIDGATE_EMULATOR_MAX_ATTEMPTS,
+        heartbeat_at=timezone.now() - emulator.dead_after() - timedelta(seconds=1),
     )
+    assert emulator.recover_runs()["failed"] == 1
     make_polls_due()
     services.run_pool(qpu_pool.pk)
     job.refresh_from_db()
-    assert job.status == JobStatus.FAILED and "worker stopped" in job.error
+    assert job.status == JobStatus.FAILED and "died 3 times" in job.error
     assert not Job.objects.filter(device=device, status=JobStatus.RUNNING).exists()

@@ -45,6 +45,15 @@ def test_submission_to_another_users_session_is_404(api, owner, outsider, qpu_po
     assert post_job(api(outsider), session).status_code == 404
 
 
+def test_a_service_principal_sees_the_session_but_cannot_submit_in_it(api, owner, outsider, qpu_pool, open_session):
+    """The owner-first lookup still asks the permission about someone else's session."""
+    from django.contrib.auth.models import Permission
+
+    outsider.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
+    session = open_session(qpu_pool, owner)
+    assert post_job(api(outsider), session).status_code == 403  # visible (not 404), not theirs
+
+
 def test_submission_to_a_revoked_session_is_403(api, owner, qpu_pool, open_session):
     session = open_session(qpu_pool, owner)
     session_services.release(session)

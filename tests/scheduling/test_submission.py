@@ -64,20 +64,21 @@ def test_submit_job_costs_at_most_four_statements_with_the_lookup(
     assert Job.objects.count() == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 (open): REST submission costs 5 statements; the session lookup's visibility check "
-    "asks the principal permission. The service path meets 4 (test below); strict: passing means fixed.",
-)
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_rest_submission_costs_at_most_four_statements(
-    api, qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
+    qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
 ):
+    """Issue 15, the whole REST stack with a real token: the token lookup, the session (owner
+    first: no permission lookup for one's own session), the pool's devices, one insert."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
     settings.GRIDGATE_TASKS_EAGER = False
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
-    client = api(owner)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=owner).key}")
     for _ in range(2):
         with django_assert_max_num_queries(4):
             response = client.post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")

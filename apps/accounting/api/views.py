@@ -1,4 +1,4 @@
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -9,7 +9,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounting.selectors import usage
+from apps.accounting.selectors import EARLIEST, LATEST, usage
 from apps.core.api.permissions import IsStaff
 
 
@@ -30,12 +30,6 @@ class AccountingSerializer(serializers.Serializer):
     since = serializers.DateTimeField()
     until = serializers.DateTimeField()
     rows = UsageRowSerializer(many=True)
-
-
-# Accepted period bounds: outside them ``until - 30 days`` and the SQL interval arithmetic overflow
-# (``?until=0001-01-01`` was a 500, issue 16 item 4). A client's date out of range is a 400.
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _moment(request, name, default):

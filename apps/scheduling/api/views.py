@@ -1,4 +1,3 @@
-from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -16,6 +15,7 @@ from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer,
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
 from apps.sessions.models import Session
+from apps.sessions.selectors import visible_or_404
 
 
 class DeviceViewSet(viewsets.ModelViewSet):
@@ -92,12 +92,11 @@ class SessionJobsView(APIView):
     """``POST /sessions/{id}/jobs/``: submit a job in your active session (R-JOB-1)."""
 
     def _session(self, request, pk) -> Session:
-        queryset = Session.objects.visible_to(request.user).select_related("pool")
-        return get_object_or_404(queryset, pk=pk)
+        return visible_or_404(Session.objects.select_related("pool"), request.user, pk)
 
     def _session_for_submission(self, request, pk) -> Session:
-        # Other users' sessions are 404 (visible_to); owner and status are the service's (R-JOB-1).
-        return get_object_or_404(services.session_for_submission().visible_to(request.user), pk=pk)
+        # Other users' sessions are 404; owner and status are the service's (R-JOB-1).
+        return visible_or_404(services.session_for_submission(), request.user, pk)
 
     @extend_schema(
         request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}

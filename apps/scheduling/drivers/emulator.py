@@ -16,6 +16,8 @@ import threading
 import time
 from datetime import timedelta
 
+from django.conf import settings
+from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.scheduling.drivers import DeviceDriver, DriverState, PermanentDriverError
@@ -25,12 +27,6 @@ from apps.scheduling.models import DriverRun
 log = logging.getLogger(__name__)
 
 KNOWN = {"pulser_device", "max_atoms"}
-# A running simulation's worker writes ``heartbeat_at`` every HEARTBEAT_SECONDS; a run whose last
-# sign of life is older than DEAD_AFTER has lost its worker (killed, or stopped at django-q2's task
-# timeout) and is failed at the next poll, freeing its device within about 30 s instead of the task
-# timeout + 60 s it took before (issue 16, item 9).
-HEARTBEAT_SECONDS = 5.0
-DEAD_AFTER = timedelta(seconds=30)
 DEFAULT_DEVICE = "AnalogDevice"
 
 
@@ -79,8 +75,6 @@ class EmulatorDriver(DeviceDriver):
         )
 
     def submit(self, device, job):
-        from apps.core.tasks import enqueue
-
         remote_id = f"emu-{job.pk}"
         run, created = DriverRun.objects.get_or_create(
             remote_id=remote_id,
@@ -89,10 +83,12 @@ class EmulatorDriver(DeviceDriver):
         if created or run.status == "queued":
             # A retried submit of a run still queued re-enqueues it (the first enqueue may have
             # been lost with its worker); run_emulation starts a queued run only once.
-            enqueue("apps.scheduling.tasks.run_emulation", remote_id)
+            _send(remote_id)
         return remote_id
 
     def poll(self, device, remote_id):
+        # A run whose worker died is not decided here: recover_runs (the tick loop) re-runs it,
+        # and meanwhile it is simply not finished.
         run = DriverRun.objects.filter(remote_id=remote_id).first()
         if run is None:
             raise PermanentDriverError(f"The emulator has no run {remote_id}.")
@@ -100,13 +96,6 @@ class EmulatorDriver(DeviceDriver):
             return DriverState(
                 "completed", result=run.result, runtime_seconds=run.runtime_seconds, logs=run.logs, started=True
             )
-        if run.status == "running" and is_dead(run):
-            # Its worker died mid-simulation: nothing will ever finish it. Fail it, so the
-            # device's capacity comes back. Compare-and-set: a heartbeat that just arrived wins.
-            DriverRun.objects.filter(pk=run.pk, status="running", heartbeat_at=run.heartbeat_at).update(
-                status="failed", error="The emulation's worker stopped before it finished.", finished_at=timezone.now()
-            )
-            return DriverState("failed", error="The emulation's worker stopped before it finished.", started=True)
         if run.status in ("failed", "cancelled"):
             return DriverState(
                 run.status, error=run.error, logs=run.logs, runtime_seconds=run.runtime_seconds, started=True
@@ -124,18 +113,104 @@ class EmulatorDriver(DeviceDriver):
         return json.loads(pulser_device(name).to_abstract_repr())
 
 
-def is_dead(run: DriverRun) -> bool:
-    last_sign = run.heartbeat_at or run.started_at
-    return last_sign is not None and timezone.now() - last_sign > DEAD_AFTER
+def dead_after() -> timedelta:
+    return timedelta(seconds=settings.GRIDGATE_EMULATOR_DEAD_AFTER)
+
+
+def _send(remote_id: str) -> None:
+    """Send the run's task (after commit) and note when, for :func:`recover_runs`."""
+    from apps.core.tasks import enqueue
+
+    DriverRun.objects.filter(remote_id=remote_id, status="queued").update(
+        enqueued_at=timezone.now(), enqueues=F("enqueues") + 1
+    )
+    enqueue("apps.scheduling.tasks.run_emulation", remote_id)
+
+
+def requeue_delay(enqueues: int) -> timedelta:
+    """How long a queued run waits for a worker before its task is sent again: REQUEUE seconds,
+    doubling with each send (at most 5 minutes). A run may wait legitimately behind long
+    simulations when every worker is busy; the doubling keeps that from filling the broker with
+    copies (each copy is harmless: run_emulation starts a queued run once)."""
+    base = settings.GRIDGATE_EMULATOR_REQUEUE_SECONDS
+    return timedelta(seconds=min(base * 2 ** max(enqueues - 1, 0), max(base, 300)))
+
+
+RECOVERY_BATCH = 200
+
+
+def recover_runs(now=None) -> dict:
+    """Issue 17: no emulator run is lost or failed because a worker died. Called by the tick
+    loop (``scheduling.emulator_recovery``) every few seconds; safe to run anywhere, any time
+    (every change is a compare-and-set).
+
+    - A **running** run whose heartbeat is older than ``GRIDGATE_EMULATOR_DEAD_AFTER`` lost its
+      worker (killed, OOM, django-q2's task timeout): it goes back to ``queued`` and its task is
+      sent again; its job stays running on its device and completes when the re-run does. After
+      ``GRIDGATE_EMULATOR_MAX_ATTEMPTS`` starts that all died, the run fails with the count
+      (poison-pill protection: a sequence that kills its worker must not kill them all in turn).
+      A dead run whose cancel was requested is cancelled.
+    - A **queued** run that no worker started within :func:`requeue_delay` of its last send
+      (the broker lost the task: Redis hands tasks out without acknowledgement, a killed
+      cluster's prefetched tasks die with it) is sent again.
+    """
+    now = now or timezone.now()
+    outcome = {"rerun": 0, "failed": 0, "cancelled": 0, "resent": 0}
+    emulator_runs = DriverRun.objects.filter(device__driver="emulator")
+    cutoff = now - dead_after()
+    dead = (
+        emulator_runs.filter(status="running")
+        .filter(Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff))
+        .values_list("remote_id", "attempts", "heartbeat_at", "cancel_requested")[:RECOVERY_BATCH]
+    )
+    limit = settings.GRIDGATE_EMULATOR_MAX_ATTEMPTS
+    for remote_id, attempts, beat, cancel in dead:
+        # Compare-and-set on the beat we judged: a heartbeat that arrived meanwhile wins.
+        same = DriverRun.objects.filter(remote_id=remote_id, status="running", attempts=attempts, heartbeat_at=beat)
+        if cancel:
+            outcome["cancelled"] += same.update(status="cancelled", error="cancelled", finished_at=now)
+        elif attempts >= limit:
+            error = (
+                f"The emulation's worker died {attempts} times while running it; not retried again "
+                "(the run itself may be what kills its worker)."
+            )
+            if same.update(status="failed", error=error, finished_at=now):
+                log.warning("emulation %s: %s", remote_id, error)
+                outcome["failed"] += 1
+        elif same.update(status="queued", started_at=None, heartbeat_at=None, enqueues=0):
+            log.warning("emulation %s: its worker died (start %s of %s); running it again", remote_id, attempts, limit)
+            _send(remote_id)
+            outcome["rerun"] += 1
+    waiting = (
+        emulator_runs.filter(status="queued", cancel_requested=False)
+        .filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - requeue_delay(1)))
+        .values_list("remote_id", "enqueued_at", "enqueues")[:RECOVERY_BATCH]
+    )
+    for remote_id, sent_at, enqueues in waiting:
+        if sent_at is not None and sent_at >= now - requeue_delay(enqueues):
+            continue
+        # Compare-and-set on the send we judged: of two tick loops, one sends.
+        if DriverRun.objects.filter(remote_id=remote_id, status="queued", enqueued_at=sent_at).update(
+            enqueued_at=now, enqueues=F("enqueues") + 1
+        ):
+            from apps.core.tasks import enqueue
+
+            log.info("emulation %s: queued but not started after %s sends; sending it again", remote_id, enqueues)
+            enqueue("apps.scheduling.tasks.run_emulation", remote_id)
+            outcome["resent"] += 1
+    return outcome
 
 
 class Heartbeat:
     """While a simulation runs (CPU-bound, in the worker's main thread), a thread with its own
-    database connection stamps ``heartbeat_at`` every HEARTBEAT_SECONDS. The simulation releases
-    the GIL often enough (numpy/scipy) for it to keep time."""
+    database connection stamps ``heartbeat_at`` every ``GRIDGATE_EMULATOR_HEARTBEAT_SECONDS``.
+    The simulation releases the GIL often enough (numpy/scipy) for it to keep time. It stamps
+    only its own attempt: a worker presumed dead whose run was started again elsewhere does not
+    keep the new attempt alive."""
 
-    def __init__(self, run_pk: str):
+    def __init__(self, run_pk: str, attempt: int):
         self.run_pk = run_pk
+        self.attempt = attempt
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_pk}", daemon=True)
 
@@ -143,10 +218,13 @@ class Heartbeat:
         from django.db import connection
 
         try:
-            while not self.stop.wait(HEARTBEAT_SECONDS):
-                DriverRun.objects.filter(pk=self.run_pk, status="running").update(heartbeat_at=timezone.now())
-        except Exception:  # a missed beat is retried at the next; never kill the simulation
-            log.exception("emulation %s: heartbeat failed", self.run_pk)
+            while not self.stop.wait(settings.GRIDGATE_EMULATOR_HEARTBEAT_SECONDS):
+                try:
+                    DriverRun.objects.filter(pk=self.run_pk, status="running", attempts=self.attempt).update(
+                        heartbeat_at=timezone.now()
+                    )
+                except Exception:  # a missed beat is retried at the next; never kill the simulation
+                    log.exception("emulation %s: heartbeat failed", self.run_pk)
         finally:
             connection.close()
 

@@ -1,10 +1,15 @@
-"""``manage.py demo``: demo users, pools and classes. Safe to re-run (updates in place)."""
+"""``manage.py demo``: demo users, pools and classes, and six days of past activity for the
+utilization charts. Safe to re-run (updates in place; the history is written once)."""
+
+import random
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.utils import timezone
 
 from apps.resources.models import ResourceClass, ResourcePool
 
@@ -166,5 +171,111 @@ class Command(BaseCommand):
             defaults={"driver": "emulator", "config": {"pulser_device": "AnalogDevice"}, "online": True},
         )
         self.stdout.write(f"{'created' if created else 'updated'} device qpu/emulator (Pulser AnalogDevice)")
+        self.stdout.write(history(qpu, device, ResourcePool.objects.get(name="local"), users))
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
         self.stdout.write("Logins: admin/admin (staff), alice/alice (qpu-users), bob/bob")
+
+
+HISTORY_MARK = "demo-history-"  # external id prefix of the past sessions: written once
+
+
+def history(qpu, device, local, users) -> str:
+    """Six days of past sessions, jobs and cases (all finished), so ``/utilization/`` shows
+    something after ``make run``. Jobs run one at a time on the emulator: each is dispatched when
+    the device frees up, so bursts make real queue waits. Bulk inserts: a fraction of a second."""
+    from apps.cases.models import Case, CaseStatus
+    from apps.scheduling.models import Job, JobStatus
+    from apps.sessions.models import RevocationReason, Session, SessionStatus
+
+    if Session.objects.filter(pool=qpu, external_id__startswith=HISTORY_MARK).exists():
+        return "kept existing demo history"
+    rng = random.Random(17)  # demo data, the same on every machine
+    now = timezone.now().replace(microsecond=0)
+    start = now - timedelta(days=6)
+    qpu_class = qpu.classes.get(default=True)
+    people = [users["alice"], users["admin"]]
+    sessions, jobs, free_at = [], [], start
+    opened = start + timedelta(minutes=20)
+    for i in range(40):
+        user = people[i % 2]
+        length = timedelta(minutes=rng.randint(40, 200))
+        session = Session(
+            user=user,
+            resource_class=qpu_class,
+            pool=qpu,
+            slots=rng.choice([1, 1, 2, 3]),
+            external_id=f"{HISTORY_MARK}{i}",
+            status=SessionStatus.REVOKED,
+            created_at=opened,
+            last_activity_at=opened + length,
+            expires_at=opened + timedelta(hours=8),
+            idle_expires_at=opened + length,
+            revoked_at=opened + length,
+            revocation_reason=RevocationReason.RELEASED,
+            launch_spec={},
+        )
+        sessions.append(session)
+        submitted = opened + timedelta(minutes=2)
+        for _ in range(rng.randint(4, 14)):  # a burst: they queue behind each other
+            submitted += timedelta(seconds=rng.randint(5, 90))
+            dispatched = max(submitted + timedelta(seconds=rng.randint(1, 4)), free_at)
+            runtime = rng.randint(20, 240)
+            finished = dispatched + timedelta(seconds=runtime)
+            if finished >= now:
+                break
+            free_at = finished
+            outcome = rng.choices([JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED], [17, 2, 1])[0]
+            shots = rng.choice([100, 200, 500])
+            jobs.append(
+                Job(
+                    session=session,
+                    pool=qpu,
+                    user=user,
+                    payload={"sequence": "{}"},
+                    shots=shots,
+                    status=outcome,
+                    device=device,
+                    remote_id=f"demo-{session.external_id}-{len(jobs)}",
+                    created_at=submitted,
+                    scheduled_at=dispatched,
+                    started_at=dispatched,
+                    finished_at=finished,
+                    runtime_seconds=float(runtime),
+                    result={"counts": {"00": shots // 2, "11": shots - shots // 2}}
+                    if outcome == JobStatus.COMPLETED
+                    else None,
+                    error="" if outcome == JobStatus.COMPLETED else f"demo: {outcome}",
+                )
+            )
+        opened += timedelta(minutes=rng.randint(90, 300))
+        if opened + timedelta(hours=4) >= now:
+            break
+    Session.objects.bulk_create(sessions)
+    Job.objects.bulk_create(jobs)
+
+    local_class = local.classes.get(default=True)
+    cases = []
+    for i in range(24):
+        created = start + timedelta(hours=rng.uniform(1, 140))
+        status = rng.choices([CaseStatus.DONE, CaseStatus.FAILED, CaseStatus.CANCELLED], [10, 3, 1])[0]
+        cases.append(
+            Case(
+                owner=people[i % 2],
+                resource_class=local_class,
+                name=f"demo-run-{i + 1}",
+                command="python simulate.py",
+                status=status,
+                backend="local",
+                remote_id=f"demo-{i}",
+                progress=1.0 if status == CaseStatus.DONE else None,
+                results_fetched=status == CaseStatus.DONE,
+                execution_time=rng.uniform(30, 900),
+                submitted_at=created,
+                finished_at=created + timedelta(minutes=20),
+            )
+        )
+    Case.objects.bulk_create(cases)  # created_at is auto_now_add: set it afterwards
+    for case in cases:
+        case.created_at = case.submitted_at
+    Case.objects.bulk_update(cases, ["created_at"])
+    return f"demo history: {len(sessions)} sessions and {len(jobs)} jobs on qpu, {len(cases)} cases on local"

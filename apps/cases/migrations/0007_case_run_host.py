@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cases", "0005_case_status_message_and_note_events"),
+        ("cases", "0006_case_unfinished_index"),
     ]
 
     operations = [

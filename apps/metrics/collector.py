@@ -1,0 +1,242 @@
+"""The state metrics of ``/metrics``, read from the database at scrape time (docs/metrics.md).
+
+Why a custom collector reading the database rather than counters kept in process memory: the
+web and worker processes are many and on several hosts, and the state (slots held, jobs
+waiting, cases polling, heartbeats) lives in PostgreSQL, which every scrape of any web process
+sees whole. Each family costs one grouped query whose cost follows the *current* state, never
+the history, because each is served by a partial index over unfinished rows or reads a small
+table:
+
+============================  ================================================================
+pools, devices, heartbeats    small tables (one row per pool / device / worker host)
+slots and quota used          ``sessions.selectors.active_usage`` (``sessions_active_pool``)
+jobs per state / device       status IN (pending, running): ``jobs_unfinished_session``
+cases per state               status IN (prepared, pending, running): ``cases_case_unfinished``
+latency histograms            ``JobLatencyBucket``: a few rows per pool, counted at the event
+============================  ================================================================
+
+Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
+``bench/metrics_scrape.py`` measures it with 100 000 finished jobs. Finished jobs and cases
+are not counted here: that would scan the history on every scrape (the accounting API and
+the utilization page report them).
+"""
+
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Sum
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+from apps.cases.models import Case, CaseStatus
+from apps.core.models import WorkerHeartbeat
+from apps.resources.models import ResourcePool
+from apps.scheduling.latency import BUCKETS
+from apps.scheduling.models import UNFINISHED, Device, Job, JobLatencyBucket, JobStatus, LatencyKind
+from apps.sessions.selectors import active_usage
+
+#: case states reported (the unfinished ones); "submitting" is prepared with a launch requested
+CASE_STATES = ("prepared", "submitting", CaseStatus.PENDING, CaseStatus.RUNNING)
+CASE_UNFINISHED = (CaseStatus.PREPARED, CaseStatus.PENDING, CaseStatus.RUNNING)
+QUOTA_RESOURCES = (("cpu", "quota_cpu"), ("memory_gb", "quota_memory"), ("gpu", "quota_gpu"))
+HISTOGRAMS = {
+    LatencyKind.QUEUE_WAIT: (
+        "gridgate_job_queue_wait_seconds",
+        "Time from a job's submission to its dispatch to a device, per dispatch.",
+    ),
+    LatencyKind.DISPATCH: (
+        "gridgate_job_dispatch_seconds",
+        "Time from a job's dispatch to its acceptance by the device's driver.",
+    ),
+}
+
+
+class StateCollector:
+    """A prometheus-client collector: every ``collect()`` reads the current state."""
+
+    def describe(self):
+        return []  # never collected at registration (that would query the database at import)
+
+    def collect(self):
+        now = timezone.now()
+        pools = {
+            pk: row
+            for pk, *row in ResourcePool.objects.order_by("name").values_list(
+                "pk", "name", "slots_total", "quota_cpu", "quota_memory", "quota_gpu"
+            )
+        }
+        names = {pk: row[0] for pk, row in pools.items()}
+        yield from self._pools(pools)
+        yield from self._jobs(names, now)
+        yield from self._latency(names)
+        yield from self._cases(names)
+        yield from self._workers(now)
+
+    # -- families -------------------------------------------------------------------------
+    def _pools(self, pools):
+        total = GaugeMetricFamily(
+            "gridgate_pool_slots_capacity",
+            "Session capacity of the pool in slots (absent: unlimited).",
+            labels=["pool"],
+        )
+        used = GaugeMetricFamily(
+            "gridgate_pool_slots_used", "Slots held by the pool's active sessions.", labels=["pool"]
+        )
+        quota = GaugeMetricFamily(
+            "gridgate_pool_quota", "The pool's resource quota (pools with a quota only).", labels=["pool", "resource"]
+        )
+        quota_used = GaugeMetricFamily(
+            "gridgate_pool_quota_used",
+            "Resources held by the pool's active sessions (their classes' cpu, memory in GB, gpu).",
+            labels=["pool", "resource"],
+        )
+        usage = active_usage(pools)
+        for pk, (name, slots_total, quota_cpu, quota_memory, quota_gpu) in pools.items():
+            if slots_total is not None:
+                total.add_metric([name], slots_total)
+            held = usage[pk]
+            used.add_metric([name], held.slots)
+            limits = {"quota_cpu": quota_cpu, "quota_memory": quota_memory, "quota_gpu": quota_gpu}
+            has_quota = quota_cpu is not None or quota_memory is not None
+            for resource, field in QUOTA_RESOURCES:
+                value = {"cpu": held.cpu, "memory_gb": held.memory, "gpu": held.gpu}[resource]
+                quota_used.add_metric([name, resource], float(value or 0))
+                if has_quota:
+                    quota.add_metric([name, resource], float(limits[field] or 0))
+        yield from (total, used, quota, quota_used)
+
+    def _jobs(self, names, now):
+        jobs = GaugeMetricFamily("gridgate_jobs", "Unfinished jobs per pool and state.", labels=["pool", "status"])
+        backoff = GaugeMetricFamily(
+            "gridgate_jobs_backoff",
+            "Pending jobs held back after a transient driver failure (their session's queue waits).",
+            labels=["pool"],
+        )
+        running = GaugeMetricFamily(
+            "gridgate_device_running_jobs", "Jobs running on the device.", labels=["pool", "device"]
+        )
+        capacity = GaugeMetricFamily(
+            "gridgate_device_capacity", "Jobs the device runs at once (max_concurrent_jobs).", labels=["pool", "device"]
+        )
+        online = GaugeMetricFamily(
+            "gridgate_device_online", "1 when the device takes jobs (online, provider up).", labels=["pool", "device"]
+        )
+        counts = {(pk, status): 0 for pk in names for status in (JobStatus.PENDING, JobStatus.RUNNING)}
+        held_back = dict.fromkeys(names, 0)
+        per_device = {}
+        # status IN (pending, running) is the predicate of jobs_unfinished_session: the scan covers
+        # the unfinished jobs only, however many finished ones the table holds.
+        rows = (
+            Job.objects.filter(status__in=sorted(UNFINISHED))
+            .order_by()
+            .values_list("pool_id", "device_id", "status")
+            .annotate(n=Count("pk"), held=Count("pk", filter=Q(not_before__gt=now)))
+        )
+        for pool_id, device_id, status, n, held in rows:
+            counts[(pool_id, status)] = counts.get((pool_id, status), 0) + n
+            held_back[pool_id] = held_back.get(pool_id, 0) + held
+            if status == JobStatus.RUNNING and device_id is not None:
+                per_device[device_id] = per_device.get(device_id, 0) + n
+        for (pool_id, status), n in counts.items():
+            if pool_id in names:
+                jobs.add_metric([names[pool_id], status], n)
+        for pool_id, n in held_back.items():
+            if pool_id in names:
+                backoff.add_metric([names[pool_id]], n)
+        for pk, pool_id, name, is_online, max_jobs in Device.objects.order_by("pool_id", "name").values_list(
+            "pk", "pool_id", "name", "online", "max_concurrent_jobs"
+        ):
+            labels = [names.get(pool_id, str(pool_id)), name]
+            running.add_metric(labels, per_device.get(pk, 0))
+            capacity.add_metric(labels, max_jobs)
+            online.add_metric(labels, 1 if is_online else 0)
+        yield from (jobs, backoff, running, capacity, online)
+
+    def _latency(self, names):
+        rows: dict[tuple, dict[float, tuple[int, float]]] = {}
+        for pool_id, kind, le, count, total in JobLatencyBucket.objects.values_list(
+            "pool_id", "kind", "le", "count", "sum"
+        ):
+            rows.setdefault((pool_id, kind), {})[le] = (count, total)
+        for kind, (name, documentation) in HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, documentation, labels=["pool"])
+            for pool_id, pool_name in names.items():
+                counted = rows.get((pool_id, kind), {})
+                buckets, cumulative, total = [], 0, 0.0
+                # The configured bounds, plus any bound a row still has from an older configuration.
+                for le in sorted(set(BUCKETS[kind]) | set(counted)):
+                    count, part = counted.get(le, (0, 0.0))
+                    cumulative += count
+                    total += part
+                    buckets.append((floatToGoString(le), cumulative))
+                family.add_metric([pool_name], buckets, sum_value=total)
+            yield family
+
+    def _cases(self, names):
+        cases = GaugeMetricFamily(
+            "gridgate_cases",
+            "Unfinished cases per pool and state (submitting: launch requested, not yet submitted).",
+            labels=["pool", "status"],
+        )
+        failing = GaugeMetricFamily(
+            "gridgate_cases_poll_failing",
+            "Pending or running cases whose last poll (or result fetch) failed: each backs off.",
+            labels=["pool"],
+        )
+        failures = GaugeMetricFamily(
+            "gridgate_cases_poll_failures",
+            "Consecutive failed polls, summed over the pool's pending and running cases.",
+            labels=["pool"],
+        )
+        retrying = GaugeMetricFamily(
+            "gridgate_cases_submit_retrying",
+            "Submitting cases whose last submission attempt failed and that wait to retry.",
+            labels=["pool"],
+        )
+        counts = {(pk, state): 0 for pk in names for state in CASE_STATES}
+        failing_n, failures_n, retrying_n = dict.fromkeys(names, 0), dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+        submitting = ExpressionWrapper(Q(launch_requested_at__isnull=False), output_field=BooleanField())
+        rows = (
+            # The predicate of cases_case_unfinished (the cost follows the unfinished cases only).
+            Case.objects.filter(status__in=CASE_UNFINISHED)
+            .order_by()
+            .values_list("resource_class__pool_id", "status", submitting)
+            .annotate(
+                n=Count("pk"),
+                failing=Count("pk", filter=Q(poll_failures__gt=0)),
+                failures=Sum("poll_failures"),
+            )
+        )
+        for pool_id, status, is_submitting, n, failing_count, failure_sum in rows:
+            if pool_id not in names:
+                continue
+            if status == CaseStatus.PREPARED:
+                state = "submitting" if is_submitting else "prepared"
+                if is_submitting:
+                    retrying_n[pool_id] += failing_count  # while prepared, poll_failures counts attempts
+            else:
+                state = status
+                failing_n[pool_id] += failing_count
+                failures_n[pool_id] += failure_sum or 0
+            counts[(pool_id, state)] += n
+        for (pool_id, state), n in counts.items():
+            cases.add_metric([names[pool_id], state], n)
+        for pool_id, name in names.items():
+            failing.add_metric([name], failing_n[pool_id])
+            failures.add_metric([name], failures_n[pool_id])
+            retrying.add_metric([name], retrying_n[pool_id])
+        yield from (cases, failing, failures, retrying)
+
+    def _workers(self, now):
+        age = GaugeMetricFamily(
+            "gridgate_worker_heartbeat_age_seconds",
+            "Seconds since the worker host's cluster last ran its heartbeat task (every minute).",
+            labels=["worker"],
+        )
+        seen = GaugeMetricFamily(
+            "gridgate_worker_heartbeat_timestamp_seconds",
+            "Unix time of the worker host's last heartbeat.",
+            labels=["worker"],
+        )
+        for name, seen_at in WorkerHeartbeat.objects.order_by("name").values_list("name", "seen_at"):
+            age.add_metric([name], max((now - seen_at).total_seconds(), 0.0))
+            seen.add_metric([name], seen_at.timestamp())
+        yield from (age, seen)
