@@ -310,6 +310,14 @@ class ExecutionBackend(ABC):
     #: True for backends that run the command under a Unix account of this site (local, Slurm):
     #: the core resolves a :class:`RunAs` for them and refuses the launch without one (R-CASE-8).
     runs_as_user: bool = False
+    #: True for backends whose job lives on the worker host that submitted it (local: a process
+    #: checked through /proc). Its cases are pinned to that host (``Case.run_host``) and claimed
+    #: only by its workers (issue 17). Others are reachable from any host, and their workspaces
+    #: must then be on a cases root shared by every worker host (docs/deployment.md).
+    host_bound: bool = False
+    #: False for backends that never need other hosts to see the cases root (host-bound ones, and
+    #: the in-process fake): ``manage.py doctor`` checks the root is shared only for the others.
+    needs_shared_cases_root: bool = True
     #: pool kinds this backend can serve (the registry decides which one actually does).
     kinds: tuple[str, ...] = ()
 

@@ -23,7 +23,8 @@ R-CASE-8 — the command reaches nothing but its own working directory:
 
 The remote id is ``local:<supervisor pid>``. A pid is trusted only while its command line names
 this case's run directory (a recycled pid is never signalled). Liveness is checked on this host
-only: the local backend serves single-host deployments.
+only, so the backend is ``host_bound``: a case is pinned to the worker host that starts its
+process (``Case.run_host``) and only that host's workers poll, sync or cancel it (issue 17).
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ class LocalBackend(ExecutionBackend):
     name = "local"
     kinds = ("local",)
     runs_as_user = True
+    host_bound = True  # liveness is read from this host's /proc: only this host polls or cancels
+    needs_shared_cases_root = False
 
     def find(self, spec: SubmitSpec) -> str | None:
         pid_file = run_dir(spec.workspace) / "pid"

@@ -42,7 +42,7 @@ class CaseAdminForm(forms.ModelForm):
 class CaseAdmin(admin.ModelAdmin):
     form = CaseAdminForm
     list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
-    list_filter = ["status", "backend", "results_fetched", "resource_class__pool"]
+    list_filter = ["status", "backend", "results_fetched", "resource_class__pool", "run_host"]
     list_select_related = ["owner", "resource_class__pool"]
     search_fields = ["name", "remote_id", "owner__username", "command"]
     date_hierarchy = "created_at"
@@ -71,6 +71,8 @@ class CaseAdmin(admin.ModelAdmin):
         "next_sync_at",
         "lease_owner",
         "lease_until",
+        "run_host",
+        "cancel_requested_at",
         "workspace_files",
     ]
     fieldsets = [
@@ -97,6 +99,8 @@ class CaseAdmin(admin.ModelAdmin):
                     "next_sync_at",
                     "lease_owner",
                     "lease_until",
+                    "run_host",
+                    "cancel_requested_at",
                 ],
             },
         ),

@@ -91,6 +91,16 @@ class Case(models.Model):
     next_sync_at = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # -- host affinity (issue 17): a host-bound backend's case (local: a process on one machine)
+    # is pinned to the worker host that starts it; only that host's workers claim it afterwards.
+    run_host = models.CharField(
+        max_length=60,
+        blank=True,
+        default="",
+        help_text=_("Worker host (GRIDGATE_WORKER_HOST) running a local case's process; empty for remote backends."),
+    )
+    #: a cancel asked on another host than ``run_host``: the run host's next poll stops the process
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "id"]

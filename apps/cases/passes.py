@@ -75,6 +75,11 @@ def worker_id() -> str:
     return f"{settings.GRIDGATE_WORKER_HOST[:40]}:{os.getpid()}:{threading.get_ident() % 100000}:{uuid.uuid4().hex[:8]}"
 
 
+def this_host() -> str:
+    """The worker host identity cases are pinned to (``Case.run_host``, issue 17)."""
+    return settings.GRIDGATE_WORKER_HOST[: Case._meta.get_field("run_host").max_length]
+
+
 def lease_seconds() -> int:
     return settings.GRIDGATE_CASE_LEASE_SECONDS
 
@@ -110,9 +115,19 @@ def _lease_free(now: datetime) -> Q:
     return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
 
 
-def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None) -> list:
-    """Lease up to ``batch`` due cases to ``owner``; returns their ids (R-CASE-2)."""
+def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, host_only: bool = False) -> list:
+    """Lease up to ``batch`` due cases to ``owner``; returns their ids (R-CASE-2).
+
+    Host affinity (issue 17): a case pinned to a worker host (``run_host``: a local process) is
+    claimed only on that host, whose /proc alone tells whether it runs; another host would find
+    no process and fail it. ``host_only`` claims only this host's pinned cases (the per-host loop).
+    """
+    host = this_host()
     queryset = Case.objects.filter(_lease_free(now))
+    if host_only:
+        queryset = queryset.filter(run_host=host)
+    else:
+        queryset = queryset.filter(Q(run_host="") | Q(run_host=host))
     if kind == "poll":
         queryset = queryset.filter(status__in=list(ACTIVE)).exclude(remote_id="")
         if case_ids is None:
@@ -338,13 +353,27 @@ def finalize(case: Case, backend, now: datetime, events: list[CaseEvent]) -> Non
     _transition(case, CaseStatus.DONE, now, "results fetched", events)
 
 
-def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: int | None = None, case_ids=None):
+def poll_pass(
+    *,
+    now: datetime | None = None,
+    owner: str | None = None,
+    batch: int | None = None,
+    case_ids=None,
+    host_only: bool = False,
+):
     """Poll every due pending/running case once: at most one backend status call per case (or
     one per batch where the backend batches)."""
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("poll", now=now, owner=owner, batch=batch or settings.GRIDGATE_CASE_PASS_BATCH, case_ids=case_ids)
+    ids = claim(
+        "poll",
+        now=now,
+        owner=owner,
+        batch=batch or settings.GRIDGATE_CASE_PASS_BATCH,
+        case_ids=case_ids,
+        host_only=host_only,
+    )
     report.claimed = len(ids)
     if not ids:
         return report
@@ -362,6 +391,7 @@ def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
             for case in group:
                 apply_state(case, exc, None, now, events)
             continue
+        _carry_out_cancels(backend, group)
         with leases.kept_alive():
             answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
             leases.renew(force=True)
@@ -382,13 +412,42 @@ def poll_pass(*, now: datetime | None = None, owner: str | None = None, batch: i
     return report
 
 
+def _carry_out_cancels(backend, cases: list[Case]) -> None:
+    """A cancel asked on another host than the one running a host-bound case (R-CASE-6, issue
+    17) is carried out here, on the run host, before the poll that then reports it cancelled.
+    A failed attempt is retried at the next poll; the poll itself goes on."""
+    for case in cases:
+        if case.cancel_requested_at is None:
+            continue
+        try:
+            backend.cancel(job_ref(case))
+        except AlreadyFinished:
+            pass  # it ended on its own first: the poll records how
+        except Exception as exc:
+            logger.warning("case %s: the requested cancel failed, retried at the next poll: %s", case.id, exc)
+
+
 # -- sync ----------------------------------------------------------------------------------------
-def sync_pass(*, now: datetime | None = None, owner: str | None = None, batch: int | None = None, case_ids=None):
+def sync_pass(
+    *,
+    now: datetime | None = None,
+    owner: str | None = None,
+    batch: int | None = None,
+    case_ids=None,
+    host_only: bool = False,
+):
     """Pull the observability globs and the progress marker of running cases into ``live/``."""
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("sync", now=now, owner=owner, batch=batch or settings.GRIDGATE_CASE_PASS_BATCH, case_ids=case_ids)
+    ids = claim(
+        "sync",
+        now=now,
+        owner=owner,
+        batch=batch or settings.GRIDGATE_CASE_PASS_BATCH,
+        case_ids=case_ids,
+        host_only=host_only,
+    )
     report.claimed = len(ids)
     if not ids:
         return report
@@ -483,7 +542,9 @@ def _event(case_id, now, *, kind=CaseEvent.Kind.TRANSITION, from_status="", to_s
     )
 
 
-def submit_pass(*, now: datetime | None = None, owner: str | None = None, batch: int = 20, case_ids=None):
+def submit_pass(
+    *, now: datetime | None = None, owner: str | None = None, batch: int = 20, case_ids=None, host_only: bool = False
+):
     """Submit the cases whose launch was requested (R-CASE-1): the upload and the provider call
     happen here, in a worker, never in the request that asked for the launch. Also resumes a
     launch whose worker died (its lease expired) and retries a transient or uncertain one once
@@ -492,7 +553,7 @@ def submit_pass(*, now: datetime | None = None, owner: str | None = None, batch:
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("submit", now=now, owner=owner, batch=batch, case_ids=case_ids)
+    ids = claim("submit", now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only)
     report.claimed = len(ids)
     for case in _load(ids, owner):
         if submit_claimed(case, owner=owner):
@@ -522,6 +583,8 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
         spec = build_spec(case)
         spec.keepalive = lease.renew
         backend = get_backend(case.backend)
+        if backend.host_bound:
+            _pin_to_this_host(case, owner)
         # Look the job up by name first: a retried launch adopts it (R-CASE-1).
         remote_id = backend.find(spec)
         if not remote_id:
@@ -580,6 +643,19 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
         # Look once more and cancel it, rather than leave it running (and billing) unrecorded.
         _cancel_orphan(backend, case, spec, None)
     return True
+
+
+def _pin_to_this_host(case: Case, owner: str) -> None:
+    """Issue 17: pin a host-bound case to this host before its process starts (never after: a
+    worker dying in between would leave a process no host claims). A retry is then this host's
+    too. Compare-and-set on the launch lease: a lost lease stops the attempt."""
+    host = this_host()
+    pinned = Case.objects.filter(
+        pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED, run_host__in=["", host]
+    ).update(run_host=host)
+    if not pinned:
+        raise LeaseLost("the launch was taken over, cancelled or pinned to another host meanwhile")
+    case.run_host = host
 
 
 def _retry_submit(case: Case, *, owner: str, error: str, attempts: int, now: datetime) -> bool:

@@ -184,6 +184,8 @@ def cancel_case(case: Case) -> Case:
     case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
     if case.status in TERMINAL:
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+    if case.run_host and case.run_host != passes.this_host():
+        return _request_cancel_on_run_host(case)
     try:
         get_backend(case.backend).cancel(passes.job_ref(case))  # no transaction open
     except AlreadyFinished:
@@ -216,6 +218,26 @@ def cancel_case(case: Case) -> Case:
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
     case.refresh_from_db()
     if not updated:
+        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+    return case
+
+
+def _request_cancel_on_run_host(case: Case) -> Case:
+    """Issue 17: a local case's process runs on another host (``run_host``), whose /proc alone can
+    stop it. Record the request and make the case due: that host's next poll cancels the process
+    and records "cancelled" (within GRIDGATE_CASE_TICK_INTERVAL). Idempotent: a repeat keeps the
+    first request's time."""
+    now = timezone.now()
+    with transaction.atomic():
+        asked = Case.objects.filter(pk=case.pk, status__in=list(ACTIVE), cancel_requested_at__isnull=True).update(
+            cancel_requested_at=now, next_poll_at=now
+        )
+        if asked:
+            message = f"cancel requested; the worker on {case.run_host} stops it"
+            _event(case, kind=CaseEvent.Kind.CANCEL, message=message)
+        tasks.enqueue_poll([case.pk])
+    case.refresh_from_db()
+    if not asked and case.status in TERMINAL:  # it ended before the request (not through it)
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
     return case
 

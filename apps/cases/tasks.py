@@ -67,13 +67,20 @@ def submit_pass() -> str:
     return str(passes.submit_pass())
 
 
-def run_passes() -> str:
+def run_passes(*, host_only: bool = False) -> str:
     """The case passes, registered with the shared tick loop (``apps.core.ticker``) and run
-    every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: submit (recovery), poll, sync."""
+    every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: submit (recovery), poll, sync. The shared
+    loop skips cases pinned to other hosts; ``host_only``: only those pinned to this one."""
     outcomes = []
     for run in (passes.submit_pass, passes.poll_pass, passes.sync_pass):
         try:
-            outcomes.append(str(run()))
+            outcomes.append(str(run(host_only=host_only)))
         except Exception:  # one failing pass must not stop the others
             logger.exception("case pass %s failed", run.__name__)
     return "; ".join(outcomes)
+
+
+def run_host_passes() -> str:
+    """Issue 17: the passes over the cases pinned to this worker host (local processes), run by
+    every host's ticker (``per_host=True`` in ``apps.core.ticker``) whichever host holds the shared loop."""
+    return run_passes(host_only=True)

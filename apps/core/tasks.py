@@ -15,9 +15,18 @@ log = logging.getLogger(__name__)
 
 def heartbeat() -> str:
     """Record that this worker is alive: its ticker process calls it every
-    ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (apps.core.ticker)."""
+    ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (apps.core.ticker). The host also writes its marker
+    under the cases root first, so ``manage.py doctor`` can tell whether every live host shares
+    that root (issue 17; a failed write is doctor's to report, not a crash)."""
+    from apps.core import hosts
+
     name = settings.GRIDGATE_WORKER_HOST
-    WorkerHeartbeat.objects.update_or_create(name=name, defaults={"seen_at": timezone.now()})
+    now = timezone.now()
+    try:
+        hosts.write_marker(name, now)
+    except OSError as exc:
+        log.warning("heartbeat: cannot write the host marker under the cases root: %s", exc)
+    WorkerHeartbeat.objects.update_or_create(name=name, defaults={"seen_at": now})
     return name
 
 

@@ -11,8 +11,11 @@ takes over within the lease plus a second, and a running loop has no gap (issue 
 a ~55 s loop on a minutely schedule, absent ~60 s after its holder died and 5 s of every minute).
 
 Apps register their passes in ``AppConfig.ready``. The passes are safe to run anywhere at any time
-(their own claims and leases): the lease only avoids wasted work. The same thread stamps this
-worker's ``core.WorkerHeartbeat`` every ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (health, metrics).
+(their own claims and leases): the lease only avoids wasted work. Some work can only be done on
+one host (a local case's process is seen in its own host's /proc only): passes registered
+``per_host=True`` run in every ticker, lease or not, and claim only what is pinned to their host.
+The lease thread stamps this worker's ``core.WorkerHeartbeat`` every
+``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (health, metrics).
 """
 
 import logging
@@ -43,13 +46,14 @@ class Periodic:
     name: str
     func: Callable[[], object]
     every: Callable[[], float]  # seconds, read at each step so settings overrides apply
+    per_host: bool = False  # run by every worker host's ticker, not only the lease holder's
 
 
 _REGISTRY: dict[str, Periodic] = {}
 
 
-def register(name: str, func: Callable[[], object], every: Callable[[], float]) -> None:
-    _REGISTRY[name] = Periodic(name, func, every)
+def register(name: str, func: Callable[[], object], every: Callable[[], float], *, per_host: bool = False) -> None:
+    _REGISTRY[name] = Periodic(name, func, every, per_host)
 
 
 def registered() -> dict[str, Periodic]:
@@ -71,10 +75,13 @@ class Ticker:
         self._last_beat = -1e18
 
     # -- the main thread: the passes ------------------------------------------------------------
-    def run_due(self) -> list[str]:
-        """Run every registered pass whose period has elapsed; return their names."""
+    def run_due(self, *, shared: bool = True) -> list[str]:
+        """Run every registered pass whose period has elapsed (only the per-host ones unless
+        ``shared``: this ticker does not hold the loop); return their names."""
         ran = []
         for periodic in list(_REGISTRY.values()):
+            if not (shared or periodic.per_host):
+                continue
             now = time.monotonic()
             if now - self.last_run.get(periodic.name, -1e18) < periodic.every():
                 continue
@@ -127,17 +134,19 @@ class Ticker:
         log.info("ticker %s started", self.owner)
         try:
             while not stop.is_set():
-                if not self.holding:
+                holding = self.holding
+                passes = [p for p in _REGISTRY.values() if holding or p.per_host]
+                if not passes:
                     stop.wait(KEEPER_SECONDS / 4)
                     continue
                 started = time.monotonic()
                 self.step_started = started
                 try:
                     close_old_connections()
-                    self.run_due()
+                    self.run_due(shared=holding)
                 finally:
                     self.step_started = None
-                interval = min((p.every() for p in _REGISTRY.values()), default=KEEPER_SECONDS)
+                interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
                 stop.wait(max(0.0, interval - (time.monotonic() - started)))
         finally:
             stop.set()

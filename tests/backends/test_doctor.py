@@ -72,3 +72,54 @@ def test_doctor_never_prints_a_secret_from_a_crashing_check(monkeypatch, capsys)
     code, out = doctor("--backend", "fake", "--pool", str(pool.pk))
     assert code == 1
     assert "s3cr3t-token-value" not in out and "***" in out
+
+
+def heartbeat_as(host: str, root):
+    """A worker host's heartbeat, writing its marker under the cases root as that host sees it."""
+    from django.test import override_settings
+
+    from apps.core import tasks
+
+    with override_settings(GRIDGATE_WORKER_HOST=host, GRIDGATE_CASES_ROOT=root):
+        tasks.heartbeat()
+
+
+def test_doctor_sees_every_live_worker_hosts_marker_on_a_shared_cases_root(settings, tmp_path):
+    """Issue 17: remote-backend workspaces are read and written by any worker host."""
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "shared"
+    heartbeat_as("host-a", tmp_path / "shared")
+    heartbeat_as("host-b", tmp_path / "shared")
+    code, out = doctor("--backend", "slurm")
+    assert "OK    [site] cases root shared:" in out and "host-a, host-b" in out
+
+
+def test_doctor_fails_naming_a_live_host_that_does_not_share_the_cases_root(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
+    heartbeat_as("host-a", tmp_path / "a")
+    heartbeat_as("host-b", tmp_path / "b")  # its own local disk: its marker is not visible here
+    code, out = doctor("--backend", "slurm")
+    assert code == 1
+    line = next(line for line in out.splitlines() if "cases root shared" in line)
+    assert line.startswith("FAIL  [site]") and "host(s) host-b:" in line and "shared file system" in line
+
+
+def test_doctor_ignores_an_old_marker_left_from_when_the_root_was_shared(settings, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.core.models import WorkerHeartbeat
+
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
+    heartbeat_as("host-b", tmp_path / "a")
+    heartbeat_as("host-b", tmp_path / "b")  # then it moved to a root of its own
+    WorkerHeartbeat.objects.update(seen_at=timezone.now() + timedelta(seconds=30))  # a later beat
+    code, out = doctor("--backend", "slurm")
+    assert code == 1 and "host(s) host-b:" in out
+
+
+def test_doctor_checks_the_shared_root_only_for_backends_that_need_it(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
+    heartbeat_as("host-b", tmp_path / "b")
+    code, out = doctor("--backend", "local")  # host-bound: each host keeps its own cases
+    assert "cases root shared" not in out

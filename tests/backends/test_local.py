@@ -139,3 +139,21 @@ def test_r_back_6_the_local_backend_declares_no_option_so_any_is_400(api, owner,
     assert response.status_code == 400 and set(response.json()["launch_options"]) == {"partition", "time"}
     case.refresh_from_db()
     assert case.status == CaseStatus.PREPARED and not run_dir(workspace.case_dir(case.id)).exists()
+
+
+def test_a_local_case_started_on_one_host_is_never_polled_by_another(make_case):
+    """Issue 17: host B would find no process in its /proc and fail the case; it never claims it."""
+    from django.test import override_settings
+
+    with override_settings(GRIDGATE_WORKER_HOST="host-a"):
+        case = launched(make_case(command="echo ran"))
+    assert case.run_host == "host-a"
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until((rdir / "exit_status").exists, what="the exit status file")
+    with override_settings(GRIDGATE_WORKER_HOST="host-b"):
+        assert passes.poll_pass(case_ids=[case.id]).claimed == 0
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING
+    with override_settings(GRIDGATE_WORKER_HOST="host-a"):
+        case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE

@@ -143,6 +143,24 @@ def test_no_minutely_tick_schedule_beside_the_ticker_processes(db):
     assert not names & {"gridgate.tick", "gridgate.heartbeat", "gridgate.scheduling_tick", "gridgate.cases.ticker"}
 
 
+def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(passes, settings):
+    """Issue 17: work only one host can do (its local processes) runs in every host's ticker,
+    whoever holds the shared loop; the shared passes only in the holder's."""
+    shared, per_host = [], []
+    passes.register("shared", lambda: shared.append(1), every=lambda: 0)
+    passes.register("mine", lambda: per_host.append(settings.GRIDGATE_WORKER_HOST), every=lambda: 0, per_host=True)
+    assert acquire_lease(ticker.TICK_LEASE, "host-c:1", timedelta(seconds=30))  # the shared loop is elsewhere
+    for host in ("host-a", "host-b"):
+        settings.GRIDGATE_WORKER_HOST = host
+        t = ticker.Ticker(f"{host}:1")
+        assert not t.keep()  # not the holder
+        assert t.run_due(shared=t.holding) == ["mine"]
+    assert per_host == ["host-a", "host-b"] and shared == []
+    holder = ticker.Ticker("host-c:1")
+    assert holder.keep()
+    assert holder.run_due(shared=holder.holding) == ["shared", "mine"]
+
+
 def test_worker_runs_the_cluster_and_the_ticker_side_by_side(monkeypatch):
     from django.core.management import call_command
 

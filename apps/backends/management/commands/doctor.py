@@ -43,10 +43,28 @@ class Command(BaseCommand):
             out += [(name, pool) for pool in pools] or [(name, None)]
         return out
 
+    def site_checks(self, targets) -> list:
+        """Issue 17: when a checked backend reaches its provider from any worker host (remote
+        backends), every live worker host must see the same cases root."""
+        from apps.core.hosts import shared_root_check
+
+        if not any(registry.backend_class(name).needs_shared_cases_root for name, _pool in targets):
+            return []
+        ok, message = shared_root_check()
+        return [registry.Check("cases root shared", ok, message)]
+
     def handle(self, *args, backend=None, pool=None, **options):
         failed = 0
         total = 0
-        for name, target_pool in self.targets(backend, pool):
+        targets = self.targets(backend, pool)
+        for check in self.site_checks(targets):
+            total += 1
+            if check.ok:
+                self.stdout.write(f"OK    [site] {check.name}: {check.message}")
+            else:
+                failed += 1
+                self.stdout.write(self.style.ERROR(f"FAIL  [site] {check.name}: {check.message}"))
+        for name, target_pool in targets:
             label = f"{name}" + (f" pool={target_pool.name}" if target_pool is not None else "")
             try:
                 checks = registry.get_backend(name).doctor(target_pool)

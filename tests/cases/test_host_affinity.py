@@ -1,0 +1,117 @@
+"""Issue 17, host affinity: a host-bound backend's case (local: a process seen only in its host's
+/proc) is pinned to the worker host that starts it, and only that host's workers claim it.
+Hosts are distinct GRIDGATE_WORKER_HOST identities (override_settings)."""
+
+import pytest
+from django.test import override_settings
+
+from apps.backends.fake import FakeBackend
+from apps.cases import passes, services, tasks
+from apps.cases.models import Case, CaseEvent, CaseStatus
+from apps.core import ticker
+from tests.cases.conftest import launched
+
+pytestmark = pytest.mark.django_db
+
+HOST_A = override_settings(GRIDGATE_WORKER_HOST="host-a")
+HOST_B = override_settings(GRIDGATE_WORKER_HOST="host-b")
+
+
+@pytest.fixture
+def host_bound(monkeypatch):
+    """The fake backend standing in for a host-bound one (the local backend's own run is in
+    tests/backends/test_local.py::test_a_local_case_started_on_one_host_is_never_polled_by_another)."""
+    monkeypatch.setattr(FakeBackend, "host_bound", True)
+    FakeBackend.script = ("running", "succeeded")  # the first poll says running
+
+
+def test_a_host_bound_case_is_pinned_to_the_host_that_submits_it(make_case, host_bound):
+    with HOST_A:
+        case = launched(make_case())
+    assert case.status == CaseStatus.PENDING and case.run_host == "host-a"
+
+
+def test_a_case_started_on_host_a_is_not_polled_by_a_pass_on_host_b(make_case, host_bound):
+    with HOST_A:
+        case = launched(make_case())
+    with HOST_B:
+        report = passes.poll_pass(case_ids=[case.id])
+        assert report.claimed == 0
+        assert passes.poll_pass().claimed == 0 and passes.sync_pass().claimed == 0
+    assert FakeBackend.calls.get("poll", 0) == 0
+    with HOST_A:
+        assert passes.poll_pass(case_ids=[case.id]).claimed == 1
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+
+
+def test_the_submit_of_a_not_yet_started_host_bound_case_is_taken_by_any_host(make_case, host_bound):
+    case = make_case()
+    services.launch_case(case)
+    with HOST_B:
+        assert passes.submit_pass().recorded == 1
+    case.refresh_from_db()
+    assert case.run_host == "host-b" and case.status == CaseStatus.PENDING
+
+
+def test_a_pinned_launch_waiting_for_its_retry_is_retried_only_on_its_host(make_case, host_bound):
+    FakeBackend.faults.transient_submit = 1
+    with HOST_A:
+        case = launched(make_case())
+    assert case.status == CaseStatus.PREPARED and case.run_host == "host-a"
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # the back-off is over
+    with HOST_B:
+        assert passes.submit_pass().claimed == 0
+    with HOST_A:
+        assert passes.submit_pass().recorded == 1
+
+
+def test_remote_backend_cases_stay_claimable_by_any_host(make_case):
+    FakeBackend.script = ("running", "succeeded")
+    with HOST_A:
+        case = launched(make_case())
+    assert case.run_host == ""
+    with HOST_B:
+        assert passes.poll_pass(case_ids=[case.id]).claimed == 1
+
+
+def test_host_passes_take_only_this_hosts_pinned_cases(make_case, host_bound):
+    with HOST_A:
+        mine = launched(make_case())
+    FakeBackend.host_bound = False
+    remote = launched(make_case())
+    Case.objects.update(next_poll_at=None)
+    Case.objects.filter(pk__in=[mine.pk, remote.pk]).update(next_poll_at="2000-01-01T00:00Z")
+    with HOST_A:
+        tasks.run_host_passes()
+    mine.refresh_from_db()
+    remote.refresh_from_db()
+    assert mine.status == CaseStatus.RUNNING and remote.status == CaseStatus.PENDING
+
+
+def test_host_passes_run_in_every_hosts_ticker_not_only_the_shared_loop():
+    periodics = ticker.registered()
+    assert periodics["cases.host_passes"].per_host
+    assert not periodics["cases.passes"].per_host
+
+
+def test_a_cancel_asked_on_another_host_is_carried_out_by_the_run_hosts_poll(make_case, host_bound):
+    with HOST_A:
+        case = launched(make_case())
+    with HOST_B:
+        answered = services.cancel_case(case)
+        assert answered.status == CaseStatus.PENDING and answered.cancel_requested_at is not None
+        assert FakeBackend.calls.get("cancel", 0) == 0  # host B never touches host A's process
+        again = services.cancel_case(case)  # idempotent
+        assert again.cancel_requested_at == answered.cancel_requested_at
+    assert case.events.filter(kind=CaseEvent.Kind.CANCEL).count() == 1
+    with HOST_A:
+        passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.CANCELLED and FakeBackend.calls["cancel"] == 1
+
+
+def test_a_cancel_on_the_run_host_itself_stops_the_case_at_once(make_case, host_bound):
+    with HOST_A:
+        case = launched(make_case())
+        assert services.cancel_case(case).status == CaseStatus.CANCELLED
