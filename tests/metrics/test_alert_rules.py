@@ -1,6 +1,7 @@
 """Issue 17 item 5: the documented alert rules and configuration are valid YAML, name metrics
 that /metrics exports, and (when promtool is installed) pass promtool's own checks."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -62,7 +63,11 @@ def test_every_metric_in_the_rules_and_the_doc_is_exported(client, settings):
     assert {name for name in exported if not name.endswith(("_bucket", "_count", "_sum"))} - documented == set()
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_checks_and_unit_tests_the_rules():
+    if shutil.which("promtool") is None:
+        reason = "promtool is not installed (.ci/run extracts it from Debian's prometheus package)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
     subprocess.run(["promtool", "check", "rules", str(RULES)], check=True, timeout=60)
     subprocess.run(["promtool", "test", "rules", "gridgate-alerts.test.yml"], cwd=RULES.parent, check=True, timeout=60)
