@@ -1,5 +1,5 @@
-"""Issue 15 / SPEC §9: QRMI acquire and release cost at most 4 SQL statements with real MUNGE
-credentials, and a job route looks the caller's Unix account up once."""
+"""Issue 15 / SPEC §9: QRMI acquire, release and job submission cost at most 4 SQL statements
+with real MUNGE credentials, and a job route looks the caller's Unix account up once."""
 
 import pytest
 from django.db import connection
@@ -37,6 +37,24 @@ def test_qrmi_release_runs_at_most_four_statements(qrmi, open_qrmi_session, rout
     assert response.status_code == 200, response.content
     session.refresh_from_db()
     assert session.status == SessionStatus.REVOKED
+
+
+def test_qrmi_job_submission_runs_at_most_four_statements(qrmi, qpu, open_qrmi_session, statement_budget, settings):
+    """The uid's account, the session (pool joined), the pool's devices for the sequence check,
+    and one statement that renews the session and inserts the job. The dispatcher is awake (a
+    device is busy), so no wake-up is sent."""
+    from apps.scheduling.models import PoolQueue
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    settings.GRIDGATE_TASKS_EAGER = False
+    session = open_qrmi_session()
+    PoolQueue.objects.update_or_create(pool=qpu, defaults={"awaiting_work": False})
+    body = {"sequence": analog_sequence(), "shots": 10}
+    for _ in range(2):
+        with statement_budget(BUDGET):
+            response = qrmi(USER_UID).post(f"{BASE}/jobs", body, format="json", HTTP_X_WARDEN_SESSION=str(session.pk))
+        assert response.status_code == 200, response.content
+        assert response.data["status"] == "PENDING"
 
 
 def test_qrmi_job_route_looks_the_uid_account_up_once(qrmi, open_qrmi_session):
