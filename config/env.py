@@ -133,6 +133,17 @@ def env_database(name: str, default_sqlite: Path) -> dict:
     return config
 
 
+def with_query_defaults(url: str, **defaults: str) -> str:
+    """``url`` with each of ``defaults`` added to its query string unless it already sets it."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    for key, value in defaults.items():
+        query.setdefault(key, value)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def require_allowed_hosts(debug: bool, allowed_hosts: list[str]) -> None:
     """Refuse to serve with DEBUG off and no ALLOWED_HOSTS (every request would get 400).
 

@@ -13,6 +13,7 @@ from config.env import (
     env_mapping,
     env_networks,
     env_str,
+    with_query_defaults,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -187,14 +188,17 @@ Q_CLUSTER = {
 _redis_url = env_str("GRIDGATE_REDIS_URL")
 if _redis_url:
     Q_CLUSTER.pop("orm")
-    Q_CLUSTER["redis"] = _redis_url
+    # Bounded waits: redis-py has none by default, so a Redis host that drops packets (rather
+    # than refusing) would hold a request's post-commit enqueue for minutes (issue 17). The
+    # URL's own socket_connect_timeout / socket_timeout win; the broker's BLPOP waits 1 s.
+    Q_CLUSTER["redis"] = with_query_defaults(_redis_url, socket_connect_timeout="2", socket_timeout="5")
 
 # Gridgate's own settings.
-# Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
-# graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
 # This worker's host identity (issue 17): heartbeats, leases and local-backend host affinity. Two
 # processes on one machine may claim distinct identities (the scale-out test does).
 GRIDGATE_WORKER_HOST = env_str("GRIDGATE_WORKER_HOST", socket.gethostname())[:60]
+# Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
+# graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
 GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))

@@ -54,3 +54,46 @@ def test_cancel_while_the_broker_is_down_answers_200(api, owner, qpu_pool, open_
     assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING
     response = client.post(f"/api/v1/jobs/{job_id}/cancel/")
     assert response.status_code == 200, response.content
+
+
+def test_a_silent_redis_fails_the_enqueue_within_its_socket_timeouts(monkeypatch):
+    """Issue 17: a Redis that accepts connections and never answers (a wedged server, a proxy in
+    between) fails an enqueue within the socket timeouts the settings add to GRIDGATE_REDIS_URL,
+    instead of holding the committed request for the minutes redis-py waits by default."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from django_q.conf import Conf
+    from django_q.tasks import async_task
+
+    from tests.core.test_settings import ROOT
+
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; print(settings.Q_CLUSTER['redis'])",
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "GRIDGATE_REDIS_URL": "redis://broker.example:6379/3",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    url = printed.stdout.strip()
+    assert "socket_connect_timeout=" in url and "socket_timeout=" in url, printed.stderr
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes connections; nobody ever reads or answers
+        port = silent.getsockname()[1]
+        monkeypatch.setattr(Conf, "ORM", None)
+        monkeypatch.setattr(Conf, "REDIS", url.replace("broker.example:6379", f"127.0.0.1:{port}"))
+        # Without the timeouts this waits forever (pytest-timeout would fail the test instead).
+        with pytest.raises(Exception, match="[Tt]imeout|timed out"):
+            async_task("math.floor", 1.5)
