@@ -32,7 +32,7 @@ def supervise(*commands: list[str], grace: float) -> int:
     would report a live worker that does not run tasks. Returns 0 after a requested stop that all
     honoured, 1 if one had to be killed.
     """
-    children = [subprocess.Popen(command, start_new_session=True) for command in commands]  # noqa: S603 - our argv
+    children: list[subprocess.Popen] = []
     stop_requested_at: list[float] = []
     crashed: list[int] = []
 
@@ -45,7 +45,13 @@ def supervise(*commands: list[str], grace: float) -> int:
     def request_stop(signum, frame):
         stop_all()
 
+    # Handlers first: a stop asked while the children start still reaches each of them (a child
+    # started after it is stopped at once), instead of killing the supervisor and orphaning them.
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for command in commands:
+        children.append(subprocess.Popen(command, start_new_session=True))  # noqa: S603 - our argv
+        if stop_requested_at:
+            children[-1].send_signal(signal.SIGTERM)
     killed = False
     try:
         while any(child.poll() is None for child in children):
