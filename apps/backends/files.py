@@ -146,6 +146,20 @@ def give_to(path: Path, run_as) -> None:
     os.chmod(path, 0o700)
 
 
+def unsafe_parent(directory: Path) -> str | None:
+    """Why the service must not create run directories in ``directory``, or None. Others may
+    write there and no sticky bit stops them renaming our directory away (and a symlink into its
+    place) between our checks and our writes (R-CASE-8). Used by the submit and by ``doctor``."""
+    info = os.stat(directory)
+    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if info.st_uid != os.geteuid() and writable_by_others and not info.st_mode & stat.S_ISVTX:
+        return (
+            f"{directory} is writable by other accounts without the sticky bit: make it 1777 "
+            "(as /scratch is) or the service's own (R-CASE-8)"
+        )
+    return None
+
+
 def service_run_dir(path: Path, mode: int) -> None:
     """Create ``path`` as the service's own directory with ``mode``, or reuse it only if it already
     is one (a submit retried). R-CASE-8: a run directory under a shared ``working_root`` may have
@@ -154,6 +168,9 @@ def service_run_dir(path: Path, mode: int) -> None:
     never followed or adopted. ``working_root`` itself must be sticky (1777, as /scratch is) or the
     service's, so nobody renames the checked directory away (docs/backends.md)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    problem = unsafe_parent(path.parent)
+    if problem:
+        raise BackendError(problem)
     try:
         path.mkdir(mode=mode)
     except FileExistsError:

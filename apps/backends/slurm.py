@@ -439,7 +439,8 @@ class SlurmBackend(ExecutionBackend):
                 probe = path / ".gridgate-doctor"
                 probe.write_text("ok")
                 probe.unlink()
-                checks.append(Check("working_root", True, f"{root} is writable"))
+                problem = files.unsafe_parent(path)
+                checks.append(Check("working_root", not problem, problem or f"{root} is writable"))
             except OSError as exc:
                 checks.append(Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root"))
         if shutil.which("sacct"):

@@ -3,6 +3,8 @@ out of the workspace (no ``..``, no absolute path, no symlink followed)."""
 
 import os
 
+import pytest
+
 from apps.backends import files
 from apps.backends.remote_common import confined_target, safe_relative
 
@@ -88,11 +90,15 @@ def _slurm_spec(tmp_path, case_id):
     )
 
 
+#: the tests below chown a directory to another account (root only; CI runs as root)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another account needs root")
+
+
+@needs_root
 def test_a_run_directory_planted_under_the_working_root_is_refused_not_followed(tmp_path):
     """R-CASE-8: a user who knows their case id plants ``<working_root>/<id>`` before launching:
     a symlink (to someone else's directory) is never followed — nothing is chmod-ed, created or
     deleted there — and a directory owned by another account is never adopted."""
-    import pytest
 
     from apps.backends.base import BackendError
     from apps.backends.slurm import SlurmBackend
@@ -124,3 +130,21 @@ def test_the_services_own_run_directory_is_reused_with_its_mode(tmp_path):
     path.chmod(0o777)
     files.service_run_dir(path, 0o711)
     assert (path.stat().st_mode & 0o777) == 0o711
+
+
+@needs_root
+def test_a_working_root_others_may_write_without_the_sticky_bit_is_refused(tmp_path):
+    """R-CASE-8: there anyone could rename the checked run directory away and put a symlink in its
+    place before root writes through it: refused with what to fix."""
+
+    from apps.backends.base import BackendError
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.chown(scratch, 65534, 65534)  # not the service's
+    scratch.chmod(0o777)  # world-writable, no sticky bit
+    with pytest.raises(BackendError, match="sticky"):
+        files.service_run_dir(scratch / "case", 0o711)
+    scratch.chmod(0o1777)  # as /scratch is: accepted
+    files.service_run_dir(scratch / "case", 0o711)
+    assert (scratch / "case").is_dir()
