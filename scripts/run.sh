@@ -17,8 +17,9 @@ mkdir -p var
 web= worker=
 stop() {
   trap - INT TERM EXIT
-  kill -TERM $web $worker 2>/dev/null
-  wait $web $worker 2>/dev/null
+  # $! as well: a signal between a start and its "x=$!" must not leave that one running.
+  kill -TERM $web $worker $! 2>/dev/null
+  wait $web $worker $! 2>/dev/null
 }
 trap 'stop; exit 0' INT TERM
 trap stop EXIT
