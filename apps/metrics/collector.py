@@ -226,7 +226,7 @@ class StateCollector:
     def _workers(self, now):
         age = GaugeMetricFamily(
             "gridgate_worker_heartbeat_age_seconds",
-            "Seconds since the worker host's ticker last beat (every GRIDGATE_WORKER_HEARTBEAT_SECONDS, 5 s by default).",
+            "Seconds since the worker host's ticker last beat (every GRIDGATE_WORKER_HEARTBEAT_SECONDS, 5 s default).",
             labels=["worker"],
         )
         seen = GaugeMetricFamily(
