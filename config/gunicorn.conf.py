@@ -33,12 +33,18 @@ loglevel = os.environ.get("GRIDGATE_LOG_LEVEL", "info").lower()
 # prometheus-client's multiprocess mode keeps each process's values in files under
 # PROMETHEUS_MULTIPROC_DIR, which must be set before the application is imported (this file is
 # read first) and hold only this server's files. Unset: a fresh private directory per server,
-# removed when it exits, so two servers on one host never mix or wipe each other's files.
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+# removed when the master that created it exits, so two servers on one host never mix or wipe
+# each other's files. GRIDGATE_METRICS_DIR_CREATED names that master by pid: a USR2 re-exec
+# inherits the environment, and the old master exiting would otherwise remove the directory the
+# new one uses (every request observation then fails). The new master, seeing another master's
+# directory, makes its own. Production: prefer systemd's RuntimeDirectory= (docs/deployment.md),
+# which no tmp cleaner touches.
+_inherited = os.environ.get("GRIDGATE_METRICS_DIR_CREATED")
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") or (_inherited and _inherited != str(os.getpid())):
     import tempfile
 
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gridgate-metrics-")
-    os.environ["GRIDGATE_METRICS_DIR_CREATED"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.environ["GRIDGATE_METRICS_DIR_CREATED"] = str(os.getpid())
 
 
 def on_starting(server):
@@ -47,6 +53,9 @@ def on_starting(server):
     starts (runs once per server start, not on reload)."""
     from pathlib import Path
 
+    if os.environ.get("GRIDGATE_METRICS_DIR_CREATED"):
+        # The master's pid now (--daemon forks after this file was read): on_exit compares it.
+        os.environ["GRIDGATE_METRICS_DIR_CREATED"] = str(os.getpid())
     directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):
@@ -60,9 +69,9 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
-    """Remove the directory this file created (never one the operator gave)."""
-    created = os.environ.get("GRIDGATE_METRICS_DIR_CREATED")
-    if created and created == os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    """Remove the directory this master created (never one the operator gave, never one another
+    master created and still uses)."""
+    if os.environ.get("GRIDGATE_METRICS_DIR_CREATED") == str(os.getpid()):
         import shutil
 
-        shutil.rmtree(created, ignore_errors=True)
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

@@ -31,6 +31,10 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 GRIDGATE_HTTPS = env_bool("GRIDGATE_HTTPS", False)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = GRIDGATE_HTTPS
 SECURE_SSL_REDIRECT = GRIDGATE_HTTPS
+# Prometheus scrapes each gunicorn directly over plain http (docs/metrics.md): a redirect to https
+# would fail every scrape. /metrics carries no cookie and its token is the scraper's own secret,
+# sent on the private network the scrape uses.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 SECURE_HSTS_SECONDS = env_int("GRIDGATE_HSTS_SECONDS", 31_536_000 if GRIDGATE_HTTPS else 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("GRIDGATE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("GRIDGATE_HSTS_PRELOAD", False)

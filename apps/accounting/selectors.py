@@ -155,7 +155,7 @@ class PoolUtilization:
     pool_id: int
     name: str
     slots_total: int | None
-    slots: list[float]  # slots held, averaged over the bucket
+    slots: list[float | None]  # slots held, averaged over the bucket's elapsed part (None: all in the future)
     busy_seconds: list[float]  # job-seconds the pool's devices were held
     capacity: int  # jobs the pool's devices run at once (sum of max_concurrent_jobs)
     wait_p50: list[float | None]  # seconds, jobs dispatched in the bucket (None: none dispatched)
@@ -167,11 +167,15 @@ class PoolUtilization:
     jobs: dict[str, int] = field(default_factory=dict)  # jobs created in the period, by status
     cases: dict[str, int] = field(default_factory=dict)  # cases created in the period, by status
 
-    def busy_share(self, buckets: list[Bucket]) -> list[float | None]:
-        """Busy job-seconds over what the devices could run in each bucket (None: no device)."""
-        if not self.capacity:
-            return [None] * len(buckets)
-        return [busy / (self.capacity * b.seconds) for busy, b in zip(self.busy_seconds, buckets, strict=True)]
+    def busy_share(self, elapsed: list[float]) -> list[float | None]:
+        """Busy job-seconds over what the pool's *current* devices could run in the elapsed part of
+        each bucket (:attr:`Utilization.elapsed`; None: no device, or a bucket all in the future).
+        Devices added or removed since make older buckets' shares approximate, and can take one
+        over 1: it is reported as it is, never clamped."""
+        return [
+            busy / (self.capacity * seconds) if self.capacity and seconds > 0 else None
+            for busy, seconds in zip(self.busy_seconds, elapsed, strict=True)
+        ]
 
     @property
     def active(self) -> bool:
@@ -185,6 +189,9 @@ class Utilization:
     step: timedelta
     buckets: list[Bucket]
     pools: list[PoolUtilization]
+    #: seconds of each bucket up to now: a bucket's averages are over this part (the current
+    #: bucket of a period that includes today is partly in the future; later ones are empty)
+    elapsed: list[float]
 
 
 class PercentileDisc(Aggregate):
@@ -241,7 +248,8 @@ def utilization(
     bucket index for what happens at a moment). The wait percentiles are PostgreSQL's
     ``percentile_disc``; SQLite (the demo) has no percentile aggregate, so there the waits of the
     period are read in one query and ranked in Python with the same nearest-rank definition.
-    Sessions still active, and jobs still running, count until ``now``.
+    Sessions still active, and jobs still running, count until ``now``; averages and shares are
+    over the part of each bucket before ``now`` (none for a bucket entirely after it).
     """
     from apps.resources.models import ResourcePool
     from apps.scheduling.models import Device
@@ -249,6 +257,7 @@ def utilization(
     now = now or timezone.now()
     step, parts = buckets(since, until)
     n = len(parts)
+    elapsed = [max((min(b.end, now) - b.start).total_seconds(), 0.0) for b in parts]
     pools_qs = ResourcePool.objects.order_by("name", "id")
     if pool_ids is not None:
         pools_qs = pools_qs.filter(pk__in=pool_ids)
@@ -257,7 +266,7 @@ def utilization(
             pool_id=pool.pk,
             name=pool.name,
             slots_total=pool.slots_total,
-            slots=[0.0] * n,
+            slots=[0.0 if seconds > 0 else None for seconds in elapsed],
             busy_seconds=[0.0] * n,
             capacity=0,
             wait_p50=[None] * n,
@@ -292,8 +301,9 @@ def utilization(
     )
     for row in sessions.order_by().values("pool_id", "slots").annotate(**sums):
         series = pools[row["pool_id"]].slots
-        for i, b in enumerate(parts):
-            series[i] += row["slots"] * _seconds(row.get(f"b{i}")) / b.seconds
+        for i, seconds in enumerate(elapsed):
+            if seconds > 0:
+                series[i] += row["slots"] * _seconds(row.get(f"b{i}")) / seconds
 
     # Device time held: each dispatched job from dispatch to its end (or now), per device.
     job_end = Coalesce("finished_at", Value(now))
@@ -368,4 +378,4 @@ def utilization(
     ):
         pools[row["resource_class__pool_id"]].cases[row["status"]] = row["n"]
 
-    return Utilization(since=since, until=until, step=step, buckets=parts, pools=list(pools.values()))
+    return Utilization(since=since, until=until, step=step, buckets=parts, pools=list(pools.values()), elapsed=elapsed)

@@ -58,12 +58,12 @@ class StateCollector:
     def collect(self):
         now = timezone.now()
         pools = {
-            pk: row
-            for pk, *row in ResourcePool.objects.order_by("name").values_list(
+            pool.pk: pool
+            for pool in ResourcePool.objects.order_by("name").only(
                 "pk", "name", "slots_total", "quota_cpu", "quota_memory", "quota_gpu"
             )
         }
-        names = {pk: row[0] for pk, row in pools.items()}
+        names = {pk: pool.name for pk, pool in pools.items()}
         yield from self._pools(pools)
         yield from self._jobs(names, now)
         yield from self._latency(names)
@@ -89,18 +89,16 @@ class StateCollector:
             labels=["pool", "resource"],
         )
         usage = active_usage(pools)
-        for pk, (name, slots_total, quota_cpu, quota_memory, quota_gpu) in pools.items():
-            if slots_total is not None:
-                total.add_metric([name], slots_total)
+        for pk, pool in pools.items():
+            if pool.slots_total is not None:
+                total.add_metric([pool.name], pool.slots_total)
             held = usage[pk]
-            used.add_metric([name], held.slots)
-            limits = {"quota_cpu": quota_cpu, "quota_memory": quota_memory, "quota_gpu": quota_gpu}
-            has_quota = quota_cpu is not None or quota_memory is not None
+            used.add_metric([pool.name], held.slots)
             for resource, field in QUOTA_RESOURCES:
                 value = {"cpu": held.cpu, "memory_gb": held.memory, "gpu": held.gpu}[resource]
-                quota_used.add_metric([name, resource], float(value or 0))
-                if has_quota:
-                    quota.add_metric([name, resource], float(limits[field] or 0))
+                quota_used.add_metric([pool.name, resource], float(value or 0))
+                if pool.has_quota:  # the model's rule (ResourcePool.has_quota), not a copy of it
+                    quota.add_metric([pool.name, resource], float(getattr(pool, field) or 0))
         yield from (total, used, quota, quota_used)
 
     def _jobs(self, names, now):
@@ -228,7 +226,7 @@ class StateCollector:
     def _workers(self, now):
         age = GaugeMetricFamily(
             "gridgate_worker_heartbeat_age_seconds",
-            "Seconds since the worker host's cluster last ran its heartbeat task (every minute).",
+            "Seconds since the worker host's ticker last beat (every GRIDGATE_WORKER_HEARTBEAT_SECONDS, 5 s default).",
             labels=["worker"],
         )
         seen = GaugeMetricFamily(

@@ -10,13 +10,18 @@ Several gunicorn worker processes each observe their own requests. With
 ``PROMETHEUS_MULTIPROC_DIR`` set before the application is imported (``config/gunicorn.conf.py``
 does it), prometheus-client keeps the values in memory-mapped files there and ``/metrics`` sums
 the files of every process of this server, so a scrape answered by any worker sees them all.
+
+Observing never fails a request: if it raises (the directory vanished under a tmp cleaner, a full
+disk), the request is answered as if nothing happened and the error is logged once per process.
 """
 
+import logging
 import time
 
 from django.conf import settings
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 
+log = logging.getLogger(__name__)
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # No "_created" series: multiprocess mode has none, so a single-process server would export a
@@ -49,8 +54,20 @@ class RequestMetricsMiddleware:
     def __call__(self, request):
         started = time.perf_counter()
         response = self.get_response(request)  # Django turns inner exceptions into responses
-        method = request.method if request.method in METHODS else "other"
-        REQUEST_SECONDS.labels(route_of(request), method, f"{response.status_code // 100}xx").observe(
-            time.perf_counter() - started
-        )
+        try:
+            method = request.method if request.method in METHODS else "other"
+            REQUEST_SECONDS.labels(route_of(request), method, f"{response.status_code // 100}xx").observe(
+                time.perf_counter() - started
+            )
+        except Exception:  # noqa: BLE001 - a metric is never worth a failed request
+            self._log_once()
         return response
+
+    _logged = False
+
+    @classmethod
+    def _log_once(cls):
+        # Once per process: a vanished directory would otherwise log a traceback per request.
+        if not cls._logged:
+            cls._logged = True
+            log.exception("request metrics: the observation failed; requests are answered, not counted")

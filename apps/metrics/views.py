@@ -13,7 +13,13 @@ The client's address is ``REMOTE_ADDR``, the peer of the web process. Behind a r
 that is the proxy's address for every client, so a network allow-list would let through
 whoever reaches the proxy: there, scrape the web process directly (bypassing the proxy), or block
 ``/metrics`` at the proxy, or rely on the token. ``X-Forwarded-For`` is never trusted here (any
-client can write it).
+client can write it). When the networks are the only protection, a request that carries a
+proxy's forwarding header (``X-Forwarded-For``, ``X-Forwarded-Proto``, ``Forwarded``,
+``X-Real-IP``) came through a proxy, so its address says nothing: **403**. A scraper talking to
+gunicorn directly sends none of them.
+
+The view is exempt from CSRF: it changes nothing, and the CSRF middleware's 403 on a POST would
+answer before the access rules (revealing a "closed" endpoint, which must be a 404).
 
 A database that cannot be read answers 503 (the scrape fails, ``up`` is 0), never a 500.
 """
@@ -26,6 +32,7 @@ import os
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import Http404, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -33,6 +40,9 @@ from apps.metrics.collector import StateCollector
 from apps.metrics.middleware import REGISTRY as HTTP_REGISTRY
 
 log = logging.getLogger(__name__)
+
+#: Headers a reverse proxy adds (WSGI names): their presence means REMOTE_ADDR is the proxy's.
+FORWARDING_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
 
 
 def refusal(request) -> HttpResponse | None:
@@ -43,6 +53,13 @@ def refusal(request) -> HttpResponse | None:
     if networks and not _address_allowed(request.META.get("REMOTE_ADDR", ""), networks):
         return HttpResponse(
             "Forbidden: this address may not read the metrics.\n", status=403, content_type="text/plain"
+        )
+    if networks and not token and any(name in request.META for name in FORWARDING_HEADERS):
+        # A same-host proxy makes every internet client 127.0.0.1: the address proves nothing.
+        return HttpResponse(
+            "Forbidden: the metrics are not served through a proxy; scrape the web process directly.\n",
+            status=403,
+            content_type="text/plain",
         )
     if token and not _token_matches(request.META.get("HTTP_AUTHORIZATION", ""), token):
         response = HttpResponse(
@@ -72,6 +89,7 @@ def _token_matches(header: str, token: str) -> bool:
     return hmac.compare_digest(given.strip().encode("latin-1", "replace"), token.encode("utf-8"))
 
 
+@csrf_exempt  # read-only; the access rules above decide, not the CSRF middleware
 def metrics(request):
     refused = refusal(request)
     if refused is not None:

@@ -335,14 +335,14 @@ class PoolPanel:
 
 def utilization_panels(result) -> list[PoolPanel]:
     """The pictures of ``apps.accounting.selectors.utilization``'s answer, pool by pool."""
-    parts, step = result.buckets, result.step
+    parts, step, elapsed = result.buckets, result.step, result.elapsed
     per = step_text(step)
     panels = []
     for pool in result.pools:
         key = f"pool-{pool.pool_id}"
         facts, charts, notes = [], [], []
-        slot_hours = sum(v * b.seconds for v, b in zip(pool.slots, parts, strict=True)) / 3600
-        peak_at = max(range(len(parts)), key=lambda i: pool.slots[i])
+        slot_hours = sum(v * e for v, e in zip(pool.slots, elapsed, strict=True) if v is not None) / 3600
+        peak_at = max(range(len(parts)), key=lambda i: pool.slots[i] or 0)
         total = f" of {pool.slots_total}" if pool.slots_total is not None else " (no limit)"
         if any(pool.slots):
             facts.append(("Slot-hours", number_text(round(slot_hours, 2))))
@@ -357,7 +357,7 @@ def utilization_panels(result) -> list[PoolPanel]:
                     f"{number_text(round(slot_hours, 2))} slot-hours in the period.",
                     parts,
                     step,
-                    [round(v, 2) for v in pool.slots],
+                    [None if v is None else round(v, 2) for v in pool.slots],
                     header="Slots held (average)",
                     reference=pool.slots_total,
                     reference_text=f"{pool.slots_total} slots" if pool.slots_total is not None else "",
@@ -366,7 +366,8 @@ def utilization_panels(result) -> list[PoolPanel]:
         else:
             notes.append("No session held slots in this period.")
         if pool.capacity:
-            shares = pool.busy_share(parts)
+            shares = pool.busy_share(elapsed)
+            peak_share = max([v for v in shares if v is not None] + [0])
             busy_hours = sum(pool.busy_seconds) / 3600
             per_device = "; ".join(f"{d.name} {number_text(round(d.busy_seconds / 3600, 2))} h" for d in pool.devices)
             facts.append(("Device busy time", f"{number_text(round(busy_hours, 2))} h"))
@@ -374,15 +375,16 @@ def utilization_panels(result) -> list[PoolPanel]:
                 column_chart(
                     f"{key}-busy",
                     "Device busy time",
-                    f"Share of the devices' capacity ({pool.capacity} job(s) at once on {len(pool.devices)} "
-                    f"device(s)) held by jobs from dispatch to end, per {per}; "
+                    f"Share of the pool's current device capacity ({pool.capacity} job(s) at once on "
+                    f"{len(pool.devices)} device(s) today, applied to the whole period: over 100 % where "
+                    f"devices were removed since) held by jobs from dispatch to end, per {per}; "
                     f"{number_text(round(busy_hours, 2))} device-hours in the period ({per_device}).",
                     parts,
                     step,
                     shares,
                     header="Busy",
                     fmt=percent_text,
-                    y_max=1.0,
+                    y_max=None if peak_share > 1 else 1.0,  # over 100 % is drawn as it is, not clipped
                 )
             )
         else:

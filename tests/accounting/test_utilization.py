@@ -55,8 +55,22 @@ def test_device_time_held_is_clipped_to_buckets_and_counts_running_jobs_until_no
     assert qpu.busy_seconds == pytest.approx(expected)
     assert qpu.capacity == 2
     assert [(d.name, d.busy_seconds) for d in qpu.devices] == [("d1", 3000.0), ("d2", 1800.0)]
-    share = qpu.busy_share(utilization(*DAY, now=T0 + 24 * H).buckets)
+    share = qpu.busy_share(utilization(*DAY, now=T0 + 24 * H).elapsed)
     assert share[2] == pytest.approx(1200 / 7200) and share[1] == 0
+
+
+def test_the_current_bucket_is_averaged_over_its_elapsed_part_and_later_ones_are_empty(history):
+    """A period that includes today, asked at 02:30: hour 2 is half over, hours 3-23 have not begun."""
+    result = utilization(*DAY, now=T0 + 2 * H + 30 * M)
+    qpu = _pools(result)["qpu"]
+    assert result.elapsed[:3] == [3600.0, 3600.0, 1800.0] and result.elapsed[3:] == [0.0] * 21
+    # 02:00-02:30: the 3-slot session alone, held the whole elapsed half hour (not 1.5 over the hour).
+    assert qpu.slots[:3] == pytest.approx([1.25, 5.0, 3.0])
+    assert qpu.slots[3:] == [None] * 21
+    # Twenty one-minute jobs in hour 2 on 2 devices: 1200 s of 2 × 1800 s elapsed, a third (not a sixth).
+    share = qpu.busy_share(result.elapsed)
+    assert share[2] == pytest.approx(1 / 3) and share[0] == pytest.approx(600 / 7200)
+    assert share[3:] == [None] * 21
 
 
 def test_queue_wait_p50_and_p95_per_bucket_and_over_the_period(history):
@@ -83,7 +97,7 @@ def test_jobs_and_cases_created_in_the_period_by_state(history):
     assert pools["qpu"].jobs == {"completed": 21, "running": 1, "pending": 1}
     assert pools["local"].cases == {"done": 2, "failed": 1}
     assert pools["qpu"].cases == {} and pools["local"].jobs == {}
-    assert not pools["quiet"].active and pools["quiet"].busy_share(buckets(*DAY)[1]) == [None] * 24
+    assert not pools["quiet"].active and pools["quiet"].busy_share([3600.0] * 24) == [None] * 24
 
 
 def test_one_pool_can_be_asked_for(history):

@@ -99,6 +99,7 @@ def test_every_gunicorn_worker_is_counted_in_one_scrape(tmp_path):
 
 def test_a_given_multiprocess_directory_is_emptied_of_stale_files_at_start(tmp_path, monkeypatch):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_METRICS_DIR_CREATED", raising=False)
     (tmp_path / "histogram_4242.db").write_bytes(b"a previous run's counts")
     (tmp_path / "notes.txt").write_text("not ours")
     config = runpy.run_path(str(ROOT / "config" / "gunicorn.conf.py"))
@@ -107,3 +108,27 @@ def test_a_given_multiprocess_directory_is_emptied_of_stale_files_at_start(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     config["on_exit"](None)
     assert tmp_path.is_dir()  # never removed: not created by the server
+
+
+def test_a_directory_created_by_another_master_is_neither_shared_nor_removed(tmp_path, monkeypatch):
+    """gunicorn's USR2 re-exec: the new master inherits the old one's environment. It makes its
+    own directory, and only the master that created a directory removes it at exit."""
+    import tempfile
+
+    old = tmp_path / "old-master"
+    old.mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(old))
+    monkeypatch.setenv("GRIDGATE_METRICS_DIR_CREATED", "1")  # another master's pid (never ours)
+    config = runpy.run_path(str(ROOT / "config" / "gunicorn.conf.py"))
+    own = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    assert own.parent == tmp_path / "tmp" and os.environ["GRIDGATE_METRICS_DIR_CREATED"] == str(os.getpid())
+    config["on_starting"](None)
+    config["on_exit"](None)
+    assert not own.exists() and old.is_dir()
+    # The old master's view of the same moment: a directory another pid created stays.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(old))
+    monkeypatch.setenv("GRIDGATE_METRICS_DIR_CREATED", "1")
+    config["on_exit"](None)
+    assert old.is_dir()

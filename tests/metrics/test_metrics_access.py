@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError
+from django.test import Client, override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -99,6 +100,47 @@ def test_forwarded_for_header_never_grants_access(client, with_networks):
     """Behind a proxy REMOTE_ADDR is the proxy; a client-written X-Forwarded-For is not believed."""
     response = client.get("/metrics", REMOTE_ADDR="192.0.2.7", HTTP_X_FORWARDED_FOR="10.1.2.3")
     assert response.status_code == 403
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"HTTP_X_FORWARDED_FOR": "203.0.113.9"},
+        {"HTTP_X_FORWARDED_PROTO": "https"},
+        {"HTTP_FORWARDED": "for=203.0.113.9;proto=https"},
+        {"HTTP_X_REAL_IP": "203.0.113.9"},
+    ],
+)
+def test_request_through_a_proxy_is_forbidden_when_networks_are_the_only_protection(client, settings, header):
+    """A same-host nginx (docs/deployment.md) makes every internet client 10.1.0.1 / 127.0.0.1:
+    its forwarding headers show the address proves nothing."""
+    settings.GRIDGATE_METRICS_TOKEN = ""
+    settings.GRIDGATE_METRICS_NETWORKS = nets("10.1.0.0/16", "127.0.0.0/8")
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200  # a direct scrape
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1", **header).status_code == 403
+    # With a token as well, the token is the protection: a proxied scrape with it is answered.
+    settings.GRIDGATE_METRICS_TOKEN = TOKEN
+    response = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", **header)
+    assert response.status_code == 200
+
+
+def test_post_is_answered_by_the_access_rules_not_the_csrf_check(settings, with_token):
+    """Production enforces CSRF; /metrics must still say 404 while closed and 401/405 when open."""
+    strict = Client(enforce_csrf_checks=True)
+    assert strict.post("/metrics").status_code == 401
+    assert strict.post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 405
+    settings.GRIDGATE_METRICS_TOKEN = ""
+    assert strict.post("/metrics").status_code == 404
+
+
+def test_plain_http_scrape_is_answered_when_the_site_redirects_to_https(client, with_token):
+    """GRIDGATE_HTTPS=true redirects http to https, but Prometheus scrapes gunicorn's plain http
+    (docs/metrics.md): /metrics is exempt from the redirect (config/settings.py)."""
+    https = {"SECURE_SSL_REDIRECT": True, "SESSION_COOKIE_SECURE": True, "CSRF_COOKIE_SECURE": True}
+    with override_settings(**https, SECURE_HSTS_SECONDS=31_536_000):  # as GRIDGATE_HTTPS=true sets them
+        response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+        assert response.status_code == 200 and b"gridgate_pool_slots_used" in response.content
+        assert client.get("/api/v1/health/").status_code == 301  # the rest of the site still redirects
 
 
 def test_with_token_and_networks_both_are_required(client, settings):

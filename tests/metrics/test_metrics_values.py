@@ -123,6 +123,14 @@ def test_pool_quota_and_quota_used(families):
     assert pools_in(families, "gridgate_pool_quota_used") == {"qpu", "cpu"}
 
 
+def test_pool_quota_is_exported_exactly_for_the_pools_the_model_says_have_one(site, metrics_on, client, monkeypatch):
+    """One place per rule: the collector asks ResourcePool.has_quota, it does not re-derive it."""
+    monkeypatch.setattr(ResourcePool, "has_quota", property(lambda pool: pool.name == "cpu"))
+    families = scrape(client)
+    assert pools_in(families, "gridgate_pool_quota") == {"cpu"}
+    assert value(families, "gridgate_pool_quota", pool="cpu", resource="cpu") == 0  # no limit set: 0
+
+
 def test_pending_and_running_jobs_per_pool(families):
     assert value(families, "gridgate_jobs", pool="qpu", status="pending") == 3
     assert value(families, "gridgate_jobs", pool="qpu", status="running") == 2

@@ -65,3 +65,21 @@ def test_successful_requests_are_counted_by_status_class(client):
     assert increase(before, after, ("/api/v1/health/", "GET", "2xx")) == 1
     # The scrape itself is a route like any other.
     assert after.get(("/metrics", "GET", "2xx"), 0) >= 1
+
+
+def test_a_failing_observation_never_fails_the_request(client, monkeypatch, caplog):
+    """PROMETHEUS_MULTIPROC_DIR removed under a running server (a tmp cleaner, an old gunicorn
+    master's exit): every observation raises; requests are still answered, logged once."""
+    from apps.metrics import middleware
+
+    def vanished(*labels):
+        raise FileNotFoundError(2, "No such file or directory", "/tmp/gridgate-metrics-x/histogram_1.db")
+
+    monkeypatch.setattr(middleware.REQUEST_SECONDS, "labels", vanished)
+    monkeypatch.setattr(middleware.RequestMetricsMiddleware, "_logged", False)
+    with caplog.at_level("ERROR", logger="apps.metrics.middleware"):
+        assert client.get("/api/v1/health/").status_code == 200
+        assert client.get("/no/such/page/").status_code == 404
+    assert [r.getMessage() for r in caplog.records if r.name == "apps.metrics.middleware"] == [
+        "request metrics: the observation failed; requests are answered, not counted"
+    ]

@@ -84,6 +84,22 @@ def test_the_admin_links_to_the_charts(web, staff):
     assert f'href="{URL}">Utilization charts</a>' in page
 
 
+def test_busy_share_over_the_current_capacity_is_shown_as_it_is_not_clipped(web, staff, history):
+    """Busy share is over today's devices: a pool that ran two jobs at once on a device that now
+    takes one shows 200 %, in the table and on an axis that reaches it, and says what it is over."""
+    shrunk = ResourcePool.objects.create(name="shrunk", public=True)
+    ResourceClass.objects.create(pool=shrunk, name="c", cpu=1, memory=1, default=True)
+    device = Device.objects.create(pool=shrunk, name="d7", driver="fake", max_concurrent_jobs=1)
+    session = make_session(shrunk, staff, 1, T0 + 3 * H)
+    for _ in range(2):
+        make_job(session, JobStatus.COMPLETED, T0 + 3 * H, T0 + 3 * H, T0 + 4 * H, device)
+    page = web(staff).get(KNOWN_DAY).content.decode()
+    section = page[page.index(f'id="pool-{shrunk.pk}"') :]
+    assert "Share of the pool&#x27;s current device capacity" in section
+    assert "<td>200 %</td>" in section
+    assert ">200 %</text>" in section  # the value axis goes up to it
+
+
 def test_the_page_costs_the_same_queries_with_more_jobs_and_pools(web, staff, history):
     client = web(staff)
 
