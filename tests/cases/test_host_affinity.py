@@ -115,3 +115,44 @@ def test_a_cancel_on_the_run_host_itself_stops_the_case_at_once(make_case, host_
     with HOST_A:
         case = launched(make_case())
         assert services.cancel_case(case).status == CaseStatus.CANCELLED
+
+
+def test_upgrading_pins_unfinished_local_cases_to_the_host_that_migrates(make_case):
+    """Migration 0008: local cases from the single-host era that may have a process running stay
+    with the host that ran them (the one running ``migrate``), never claimable by a new host."""
+    import importlib
+
+    from django.apps import apps as django_apps
+    from django.utils import timezone
+
+    migration = importlib.import_module("apps.cases.migrations.0008_pin_unfinished_local_cases")
+    now = timezone.now()
+    shapes = {
+        "pending": {"status": CaseStatus.PENDING, "backend": "local", "remote_id": "local:1"},
+        "running": {"status": CaseStatus.RUNNING, "backend": "local", "remote_id": "local:2"},
+        "submitting": {"status": CaseStatus.PREPARED, "backend": "local", "launch_requested_at": now},
+        "never launched": {"status": CaseStatus.PREPARED},
+        "done": {"status": CaseStatus.DONE, "backend": "local", "results_fetched": True},
+        "cancelled": {"status": CaseStatus.CANCELLED, "backend": "local", "launch_requested_at": now},
+        "on slurm": {"status": CaseStatus.RUNNING, "backend": "slurm", "remote_id": "42"},
+        "pinned already": {"status": CaseStatus.RUNNING, "backend": "local", "run_host": "host-b"},
+    }
+    cases = {}
+    for name, fields in shapes.items():
+        cases[name] = make_case(name=name)
+        Case.objects.filter(pk=cases[name].pk).update(**fields)
+    with override_settings(GRIDGATE_WORKER_HOST="old-host"):
+        migration.pin_unfinished_local_cases(django_apps, None)
+    pinned = dict(Case.objects.values_list("name", "run_host"))
+    assert pinned == {
+        "pending": "old-host",
+        "running": "old-host",
+        "submitting": "old-host",
+        "never launched": "",
+        "done": "",
+        "cancelled": "",
+        "on slurm": "",
+        "pinned already": "host-b",
+    }
+    with HOST_B:  # a new host no longer takes the old host's running case
+        assert passes.poll_pass(case_ids=[cases["running"].id]).claimed == 0
