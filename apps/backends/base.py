@@ -312,12 +312,10 @@ class ExecutionBackend(ABC):
     runs_as_user: bool = False
     #: True for backends whose job lives on the worker host that submitted it (local: a process
     #: checked through /proc). Its cases are pinned to that host (``Case.run_host``) and claimed
-    #: only by its workers (issue 17). Others are reachable from any host, and their workspaces
-    #: must then be on a cases root shared by every worker host (docs/deployment.md).
+    #: only by its workers (issue 17). Others are reachable from any host. Either way every web
+    #: and worker host must see one cases root (docs/deployment.md): the web writes inputs and
+    #: serves logs and results there, and any worker host may submit a not-yet-pinned launch.
     host_bound: bool = False
-    #: False for backends that never need other hosts to see the cases root (host-bound ones, and
-    #: the in-process fake): ``manage.py doctor`` checks the root is shared only for the others.
-    needs_shared_cases_root: bool = True
     #: pool kinds this backend can serve (the registry decides which one actually does).
     kinds: tuple[str, ...] = ()
 

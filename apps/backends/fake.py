@@ -73,7 +73,6 @@ class FakeJob:
 class FakeBackend(ExecutionBackend):
     name = "fake"
     kinds = ("local", "slurm", "firecrest", "qarnot")
-    needs_shared_cases_root = False  # in-process: serves tests and single-process demos only
 
     # The fake "provider": shared by every instance in this process.
     jobs: dict[str, FakeJob] = {}

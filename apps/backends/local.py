@@ -203,7 +203,6 @@ class LocalBackend(ExecutionBackend):
     kinds = ("local",)
     runs_as_user = True
     host_bound = True  # liveness is read from this host's /proc: only this host polls or cancels
-    needs_shared_cases_root = False
 
     def find(self, spec: SubmitSpec) -> str | None:
         pid_file = run_dir(spec.workspace) / "pid"

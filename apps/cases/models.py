@@ -119,6 +119,13 @@ class Case(models.Model):
                 condition=Q(status="prepared", launch_requested_at__isnull=False),
                 name="cases_case_launch_due",
             ),
+            # Orphan cancel claim (issue 17): status = cancelled AND cancel_requested_at IS NOT NULL
+            # AND remote_id = '' ORDER BY cancel_requested_at: a handful of rows, never the history.
+            models.Index(
+                fields=["cancel_requested_at"],
+                condition=Q(status="cancelled", cancel_requested_at__isnull=False, remote_id=""),
+                name="cases_case_orphan_cancel",
+            ),
             # /metrics: unfinished cases per pool and state (apps.metrics.collector); the cost of a
             # scrape follows the unfinished cases, never the finished history.
             models.Index(

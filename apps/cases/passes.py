@@ -142,6 +142,12 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, ho
         queryset = queryset.filter(status=CaseStatus.PREPARED, launch_requested_at__isnull=False).order_by(
             "launch_requested_at", "id"
         )
+    elif kind == "orphan":
+        # Cancelled while its launch was in flight, from another host than the one it is pinned
+        # to: only the run host can find and stop a process the launch may have started.
+        queryset = queryset.filter(
+            status=CaseStatus.CANCELLED, cancel_requested_at__isnull=False, remote_id=""
+        ).order_by("cancel_requested_at", "id")
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
     if case_ids is not None:
@@ -391,8 +397,10 @@ def poll_pass(
             for case in group:
                 apply_state(case, exc, None, now, events)
             continue
-        _carry_out_cancels(backend, group)
         with leases.kept_alive():
+            # A local cancel waits out its grace (GRIDGATE_CASE_CANCEL_GRACE_SECONDS) per case: a
+            # batch of them can outlast the lease, so the heartbeat covers them too.
+            _carry_out_cancels(backend, group)
             answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
             leases.renew(force=True)
             for case in group:
@@ -563,6 +571,35 @@ def submit_pass(
     return report
 
 
+def orphan_cancel_pass(
+    *, now: datetime | None = None, owner: str | None = None, batch: int = 20, host_only: bool = False
+):
+    """Stop what a cancelled launch may have started on this host (R-CASE-6, issue 17).
+
+    A case cancelled while prepared, with its launch requested and pinned to this host, from a
+    process on another host (``cancel_requested_at``, set by ``services.cancel_case``): the worker
+    that pinned it may have started its process and died before recording it. Only this host's
+    /proc can find that process, so the cancel is carried out here; the request is cleared once
+    nothing is left running, and a failed attempt is retried when its lease has expired."""
+    now = now or timezone.now()
+    owner = owner or worker_id()
+    report = PassReport()
+    ids = claim("orphan", now=now, owner=owner, batch=batch, host_only=host_only)
+    report.claimed = len(ids)
+    if not ids:
+        return report
+    leases = Leases(ids, owner, now)
+    with leases.kept_alive():  # each local cancel may wait out its grace period
+        for case in _load(ids, owner):
+            if case.id not in leases.renew() or not cancel_orphan(case):
+                report.skipped += 1  # taken over meanwhile, or failed: the lease times the retry
+                continue
+            report.recorded += Case.objects.filter(pk=case.pk, lease_owner=owner).update(
+                cancel_requested_at=None, lease_owner="", lease_until=None
+            )
+    return report
+
+
 def submit_claimed(case: Case, *, owner: str) -> bool:
     """Submit a case whose launch lease ``owner`` holds; returns True if the outcome was recorded.
 
@@ -674,24 +711,26 @@ def _retry_submit(case: Case, *, owner: str, error: str, attempts: int, now: dat
     return bool(updated)
 
 
-def cancel_orphan(case: Case) -> None:
+def cancel_orphan(case: Case) -> bool:
     """A case cancelled after its launch was requested: the provider may hold a job for it (an
-    uncertain submission, a submission in flight). Look it up by name and stop it (R-CASE-6)."""
+    uncertain submission, a submission in flight). Look it up by name and stop it (R-CASE-6).
+    True when nothing is left running (none found, stopped, ended already)."""
     try:
-        _cancel_orphan(get_backend(case.backend), case, build_spec(case), None)
+        return _cancel_orphan(get_backend(case.backend), case, build_spec(case), None)
     except Exception as exc:
         logger.warning("case %s: a job left by its launch may still run: %s", case.id, type(exc).__name__)
+        return False
 
 
-def _cancel_orphan(backend, case: Case, spec: SubmitSpec, remote_id: str | None) -> None:
+def _cancel_orphan(backend, case: Case, spec: SubmitSpec, remote_id: str | None) -> bool:
     pool = case.resource_class.pool
     try:
         remote_id = remote_id or backend.find(spec)
         if not remote_id:
-            return
+            return True
         backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
     except AlreadyFinished:
-        return
+        return True
     except Exception as exc:
         logger.warning(
             "case %s: orphan job %s not cancelled: %s",
@@ -699,6 +738,7 @@ def _cancel_orphan(backend, case: Case, spec: SubmitSpec, remote_id: str | None)
             remote_id,
             scrub_for_pool(pool, f"{type(exc).__name__}: {exc}"),
         )
-        return
+        return False
     logger.info("case %s: cancelled the orphan job %s its launch left", case.id, remote_id)
     _event(case.pk, timezone.now(), kind=CaseEvent.Kind.CANCEL, message=f"cancelled the orphan job {remote_id}")
+    return True

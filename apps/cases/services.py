@@ -165,17 +165,35 @@ def cancel_case(case: Case) -> Case:
     """Idempotent and never a 500: a prepared case is just marked cancelled; an active one is
     cancelled at the provider first; a case that ended meanwhile answers 409 with its real status."""
     now = timezone.now()
+    elsewhere = False
     with transaction.atomic():
         if Case.objects.filter(pk=case.pk, status=CaseStatus.PREPARED).update(
             status=CaseStatus.CANCELLED, finished_at=now
         ):
-            _event(case, kind=CaseEvent.Kind.CANCEL, from_status=CaseStatus.PREPARED, to_status=CaseStatus.CANCELLED)
+            # Read after our update: the row lock makes a pin committed meanwhile visible here, and
+            # a pin arriving later finds the case cancelled and starts nothing.
             case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
             launched = case.launch_requested_at is not None
+            elsewhere = launched and case.run_host not in ("", passes.this_host())
+            message = ""
+            if elsewhere:
+                # Issue 17: pinned to another host, whose worker may have started the process and
+                # died before recording it. Only that host's /proc can find it: record the
+                # request for its per-host pass (passes.orphan_cancel_pass), never try it here.
+                Case.objects.filter(pk=case.pk).update(cancel_requested_at=now)
+                case.cancel_requested_at = now
+                message = f"the worker on {case.run_host} stops any process its launch started"
+            _event(
+                case,
+                kind=CaseEvent.Kind.CANCEL,
+                from_status=CaseStatus.PREPARED,
+                to_status=CaseStatus.CANCELLED,
+                message=message,
+            )
         else:
             launched = None
     if launched is not None:
-        if launched:
+        if launched and not elsewhere:
             # A launch was requested (e.g. an uncertain submission waiting for its retry): the
             # provider may hold a job for this case. Look it up, with no transaction open, and
             # stop it so nothing runs (or bills) for a cancelled case (R-CASE-6).

@@ -69,10 +69,11 @@ def submit_pass() -> str:
 
 def run_passes(*, host_only: bool = False) -> str:
     """The case passes, registered with the shared tick loop (``apps.core.ticker``) and run
-    every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: submit (recovery), poll, sync. The shared
-    loop skips cases pinned to other hosts; ``host_only``: only those pinned to this one."""
+    every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: submit (recovery), orphan cancel (launches
+    cancelled from another host), poll, sync. The shared loop skips cases pinned to other hosts;
+    ``host_only``: only those pinned to this one."""
     outcomes = []
-    for run in (passes.submit_pass, passes.poll_pass, passes.sync_pass):
+    for run in (passes.submit_pass, passes.orphan_cancel_pass, passes.poll_pass, passes.sync_pass):
         try:
             outcomes.append(str(run(host_only=host_only)))
         except Exception:  # one failing pass must not stop the others

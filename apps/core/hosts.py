@@ -1,10 +1,12 @@
 """Worker hosts and the cases root they share (issue 17).
 
-Remote backends (Slurm, FirecREST, Qarnot) may be polled, synced and finalized by any worker
-host, each reading and writing the case's workspace under ``GRIDGATE_CASES_ROOT``: that directory
-must be one shared file system (NFS, GPFS, …) for every worker host. Each host proves what it
-sees by writing a marker file there at each heartbeat; ``manage.py doctor`` then reports every
-host with a recent heartbeat whose marker it cannot see from where it runs.
+Every web and worker host reads and writes case workspaces under ``GRIDGATE_CASES_ROOT``, whatever
+the backend: remote backends' cases are polled, synced and finalized by any worker host; a local
+case's inputs are written and its logs and results served by the web processes, and its launch
+is submitted by any worker host until one pins it. With more than one host that directory must
+be one shared file system (NFS, GPFS, …). Each worker host proves what it sees by writing a
+marker file there at each heartbeat; ``manage.py doctor`` then reports every host with a recent
+heartbeat whose marker it cannot see from where it runs.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from django.conf import settings
 from django.utils import timezone
 
 MARKER_DIR = ".worker-hosts"
-#: a marker older than its host's heartbeat by more than this was not written through this root
-MARKER_SLACK = timedelta(seconds=5)
 
 
 def marker_path(host: str) -> Path:
@@ -47,20 +47,24 @@ def read_marker(host: str) -> datetime | None:
 
 
 def unseen_hosts(now: datetime | None = None) -> tuple[list[str], list[str]]:
-    """(hosts with a recent heartbeat, those among them whose latest marker this host cannot
-    see under its cases root). A marker is "seen" when it is as recent as the heartbeat that
-    wrote it (an old marker left from a time the root was shared does not count)."""
+    """(hosts with a recent heartbeat, those among them whose marker this host cannot see under
+    its cases root). A marker is "seen" when it is itself recent: written within
+    ``GRIDGATE_WORKER_STALE_SECONDS``, the window that makes a heartbeat recent (an old marker
+    left from a time the root was shared does not count). Not compared with the heartbeat's own
+    time: NFS serves a name from its attribute and directory caches (30–60 s by default), so the
+    marker seen here may be an earlier beat's; a few seconds of slack would call such a root
+    unshared."""
     from apps.core.models import WorkerHeartbeat
 
     now = now or timezone.now()
     recent = now - timedelta(seconds=settings.GRIDGATE_WORKER_STALE_SECONDS)
-    beats = list(WorkerHeartbeat.objects.filter(seen_at__gte=recent).order_by("name").values_list("name", "seen_at"))
+    hosts = list(WorkerHeartbeat.objects.filter(seen_at__gte=recent).order_by("name").values_list("name", flat=True))
     unseen = []
-    for host, seen_at in beats:
+    for host in hosts:
         marked = read_marker(host)
-        if marked is None or marked < seen_at - MARKER_SLACK:
+        if marked is None or marked < recent:
             unseen.append(host)
-    return [host for host, _ in beats], unseen
+    return hosts, unseen
 
 
 def shared_root_check(now: datetime | None = None) -> tuple[bool, str]:
@@ -73,8 +77,8 @@ def shared_root_check(now: datetime | None = None) -> tuple[bool, str]:
     if unseen:
         return False, (
             f"{root} is not shared with worker host(s) {', '.join(unseen)}: their heartbeat markers are not visible "
-            f"here under {root}/{MARKER_DIR}/. Remote-backend cases are polled and finalized by any host, so "
-            "GRIDGATE_CASES_ROOT must be one shared file system (NFS, GPFS…) mounted at the same path on every "
-            "worker host (docs/deployment.md)"
+            f"here under {root}/{MARKER_DIR}/. Case workspaces are written and read by every web and worker host "
+            "(inputs, logs, results; remote cases are polled by any host), so GRIDGATE_CASES_ROOT must be one shared "
+            "file system (NFS, GPFS…) mounted at the same path on every host (docs/deployment.md)"
         )
     return True, f"{root} is shared by the {len(hosts)} worker host(s) with a recent heartbeat: {', '.join(hosts)}"

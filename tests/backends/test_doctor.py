@@ -4,6 +4,7 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 from apps.resources.models import ResourceClass, ResourcePool
 
@@ -23,8 +24,9 @@ def doctor(*args):
 def test_doctor_fake_backend_passes():
     code, out = doctor("--backend", "fake")
     assert code == 0
-    assert out.splitlines()[0].startswith("OK    [fake] fake:")
-    assert out.strip().endswith("1/1 checks passed")
+    assert out.splitlines()[0].startswith("OK    [site] cases root shared: no worker host heartbeat")
+    assert out.splitlines()[1].startswith("OK    [fake] fake:")
+    assert out.strip().endswith("2/2 checks passed")
 
 
 def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path):
@@ -76,8 +78,6 @@ def test_doctor_never_prints_a_secret_from_a_crashing_check(monkeypatch, capsys)
 
 def heartbeat_as(host: str, root):
     """A worker host's heartbeat, writing its marker under the cases root as that host sees it."""
-    from django.test import override_settings
-
     from apps.core import tasks
 
     with override_settings(GRIDGATE_WORKER_HOST=host, GRIDGATE_CASES_ROOT=root):
@@ -108,18 +108,47 @@ def test_doctor_ignores_an_old_marker_left_from_when_the_root_was_shared(setting
 
     from django.utils import timezone
 
-    from apps.core.models import WorkerHeartbeat
+    from apps.core import hosts
 
     settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
-    heartbeat_as("host-b", tmp_path / "a")
-    heartbeat_as("host-b", tmp_path / "b")  # then it moved to a root of its own
-    WorkerHeartbeat.objects.update(seen_at=timezone.now() + timedelta(seconds=30))  # a later beat
+    heartbeat_as("host-b", tmp_path / "b")  # it beats now, through a root of its own
+    long_ago = timezone.now() - timedelta(seconds=settings.GRIDGATE_WORKER_STALE_SECONDS + 5)
+    with override_settings(GRIDGATE_CASES_ROOT=tmp_path / "a"):
+        hosts.write_marker("host-b", long_ago)  # what it left in the shared root before it moved
     code, out = doctor("--backend", "slurm")
     assert code == 1 and "host(s) host-b:" in out
 
 
-def test_doctor_checks_the_shared_root_only_for_backends_that_need_it(settings, tmp_path):
+def test_doctor_accepts_a_marker_an_nfs_cache_still_shows_from_an_earlier_beat(settings, tmp_path):
+    """NFS serves a name from its caches for 30-60 s: the marker seen may be several beats old.
+    Recent enough is within GRIDGATE_WORKER_STALE_SECONDS, not a few seconds of the last beat."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.core import hosts
+
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "shared"
+    settings.GRIDGATE_WORKER_STALE_SECONDS = 60
+    heartbeat_as("host-a", tmp_path / "shared")
+    hosts.write_marker("host-a", timezone.now() - timedelta(seconds=40))  # what the cache still shows
+    code, out = doctor("--backend", "slurm")
+    assert "OK    [site] cases root shared:" in out and "host-a" in out
+
+
+def test_doctor_checks_the_shared_root_for_local_cases_too(settings, tmp_path):
+    """Issue 17: the web writes a local case's inputs and serves its results from the cases root,
+    and any worker host may submit its launch: local cases need the shared root as well."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
     heartbeat_as("host-b", tmp_path / "b")
-    code, out = doctor("--backend", "local")  # host-bound: each host keeps its own cases
-    assert "cases root shared" not in out
+    code, out = doctor("--backend", "local")
+    assert code == 1
+    line = next(line for line in out.splitlines() if "cases root shared" in line)
+    assert line.startswith("FAIL  [site]") and "host(s) host-b:" in line
+
+
+def test_doctor_passes_the_shared_root_check_on_a_single_host(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
+    heartbeat_as("solo", tmp_path / "cases")  # its own marker is visible under its own root
+    code, out = doctor("--backend", "local")
+    assert "OK    [site] cases root shared:" in out and "solo" in out

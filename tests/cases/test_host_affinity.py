@@ -2,6 +2,8 @@
 /proc) is pinned to the worker host that starts it, and only that host's workers claim it.
 Hosts are distinct GRIDGATE_WORKER_HOST identities (override_settings)."""
 
+import threading
+
 import pytest
 from django.test import override_settings
 
@@ -115,3 +117,134 @@ def test_a_cancel_on_the_run_host_itself_stops_the_case_at_once(make_case, host_
     with HOST_A:
         case = launched(make_case())
         assert services.cancel_case(case).status == CaseStatus.CANCELLED
+
+
+def test_upgrading_pins_unfinished_local_cases_to_the_host_that_migrates(make_case):
+    """Migration 0008: local cases from the single-host era that may have a process running stay
+    with the host that ran them (the one running ``migrate``), never claimable by a new host."""
+    import importlib
+
+    from django.apps import apps as django_apps
+    from django.utils import timezone
+
+    migration = importlib.import_module("apps.cases.migrations.0008_pin_unfinished_local_cases")
+    now = timezone.now()
+    shapes = {
+        "pending": {"status": CaseStatus.PENDING, "backend": "local", "remote_id": "local:1"},
+        "running": {"status": CaseStatus.RUNNING, "backend": "local", "remote_id": "local:2"},
+        "submitting": {"status": CaseStatus.PREPARED, "backend": "local", "launch_requested_at": now},
+        "never launched": {"status": CaseStatus.PREPARED},
+        "done": {"status": CaseStatus.DONE, "backend": "local", "results_fetched": True},
+        "cancelled": {"status": CaseStatus.CANCELLED, "backend": "local", "launch_requested_at": now},
+        "on slurm": {"status": CaseStatus.RUNNING, "backend": "slurm", "remote_id": "42"},
+        "pinned already": {"status": CaseStatus.RUNNING, "backend": "local", "run_host": "host-b"},
+    }
+    cases = {}
+    for name, fields in shapes.items():
+        cases[name] = make_case(name=name)
+        Case.objects.filter(pk=cases[name].pk).update(**fields)
+    with override_settings(GRIDGATE_WORKER_HOST="old-host"):
+        migration.pin_unfinished_local_cases(django_apps, None)
+    pinned = dict(Case.objects.values_list("name", "run_host"))
+    assert pinned == {
+        "pending": "old-host",
+        "running": "old-host",
+        "submitting": "old-host",
+        "never launched": "",
+        "done": "",
+        "cancelled": "",
+        "on slurm": "",
+        "pinned already": "host-b",
+    }
+    with HOST_B:  # a new host no longer takes the old host's running case
+        assert passes.poll_pass(case_ids=[cases["running"].id]).claimed == 0
+
+
+class WorkerKilled(BaseException):
+    """The worker dies (SIGKILL): nothing after this point of the submission runs."""
+
+
+def started_then_killed(make_case, monkeypatch):
+    """Host A's worker pins the case, starts its process, and dies before recording it: the case
+    stays prepared, pinned to host A, its launch requested, a process running on host A."""
+    original = FakeBackend.submit
+
+    def submit_and_die(self, spec):
+        original(self, spec)
+        raise WorkerKilled
+
+    case = make_case()
+    services.launch_case(case)
+    monkeypatch.setattr(FakeBackend, "submit", submit_and_die)
+    with HOST_A, pytest.raises(WorkerKilled):
+        passes.submit_pass(case_ids=[case.id])
+    monkeypatch.setattr(FakeBackend, "submit", original)
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # the dead worker's lease expired
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and case.run_host == "host-a"
+    [job] = FakeBackend.jobs.values()
+    return case, job
+
+
+def test_a_launch_cancelled_from_another_host_is_stopped_by_the_run_hosts_pass(make_case, host_bound, monkeypatch):
+    """R-CASE-6, issue 17: the web on host W cannot see host A's process; host A's pass stops it."""
+    case, job = started_then_killed(make_case, monkeypatch)
+    with override_settings(GRIDGATE_WORKER_HOST="web-w"):
+        answered = services.cancel_case(case)
+    assert answered.status == CaseStatus.CANCELLED and answered.cancel_requested_at is not None
+    assert FakeBackend.calls.get("cancel", 0) == 0 and not job.cancelled  # nothing tried on W
+    with HOST_B:
+        assert tasks.run_host_passes() and FakeBackend.calls.get("cancel", 0) == 0  # not B's either
+    with HOST_A:
+        tasks.run_host_passes()
+    case.refresh_from_db()
+    assert job.cancelled and FakeBackend.calls["cancel"] == 1
+    assert case.cancel_requested_at is None and not case.lease_owner  # done: asked once only
+    with HOST_A:
+        assert passes.orphan_cancel_pass().claimed == 0
+    assert case.events.filter(kind=CaseEvent.Kind.CANCEL, message__startswith="cancelled the orphan job").exists()
+
+
+def test_a_failed_orphan_cancel_is_retried_by_the_run_host(make_case, host_bound, monkeypatch):
+    case, job = started_then_killed(make_case, monkeypatch)
+    with override_settings(GRIDGATE_WORKER_HOST="web-w"):
+        services.cancel_case(case)
+    original = FakeBackend.cancel
+    monkeypatch.setattr(FakeBackend, "cancel", lambda self, ref: (_ for _ in ()).throw(RuntimeError("busy")))
+    with HOST_A:
+        assert passes.orphan_cancel_pass().skipped == 1
+    case.refresh_from_db()
+    assert case.cancel_requested_at is not None and not job.cancelled
+    monkeypatch.setattr(FakeBackend, "cancel", original)
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # its back-off (the lease) is over
+    with HOST_A:
+        assert passes.orphan_cancel_pass().recorded == 1
+    assert job.cancelled
+
+
+def test_a_launch_cancelled_on_its_run_host_is_stopped_at_once(make_case, host_bound, monkeypatch):
+    case, job = started_then_killed(make_case, monkeypatch)
+    with HOST_A:
+        answered = services.cancel_case(case)
+    assert answered.status == CaseStatus.CANCELLED and job.cancelled
+    assert answered.cancel_requested_at is None
+
+
+def test_cross_host_cancels_run_while_the_poll_lease_is_kept_alive(make_case, host_bound, monkeypatch):
+    """A local cancel waits out its grace per case: a batch of them must not outlast the lease."""
+    with HOST_A:
+        case = launched(make_case())
+    with HOST_B:
+        services.cancel_case(case)
+    heartbeats = []
+
+    def cancel(self, ref):
+        heartbeats.extend(t.name for t in threading.enumerate() if t.name.startswith("lease-heartbeat-"))
+        FakeBackend.jobs[ref.remote_id].cancelled = True
+
+    monkeypatch.setattr(FakeBackend, "cancel", cancel)
+    with HOST_A:
+        passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.CANCELLED
+    assert heartbeats, "the cancel ran with no lease heartbeat: a long batch would lose its leases"
