@@ -239,6 +239,16 @@ GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15,
 # queued run no worker started within REQUEUE seconds (its task was lost) is enqueued again.
 GRIDGATE_EMULATOR_HEARTBEAT_SECONDS = env_int("GRIDGATE_EMULATOR_HEARTBEAT_SECONDS", 5, minimum=1)
 GRIDGATE_EMULATOR_DEAD_AFTER = env_int("GRIDGATE_EMULATOR_DEAD_AFTER", 30, minimum=2)
+if GRIDGATE_EMULATOR_DEAD_AFTER < 2 * GRIDGATE_EMULATOR_HEARTBEAT_SECONDS:
+    # One late or missed beat (a busy database, a worker reconnecting after an outage) must not
+    # get a live run re-run.
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"GRIDGATE_EMULATOR_DEAD_AFTER ({GRIDGATE_EMULATOR_DEAD_AFTER} s) must be at least twice "
+        f"GRIDGATE_EMULATOR_HEARTBEAT_SECONDS ({GRIDGATE_EMULATOR_HEARTBEAT_SECONDS} s): a live run missing one "
+        "beat would be taken for dead and run again."
+    )
 GRIDGATE_EMULATOR_MAX_ATTEMPTS = env_int("GRIDGATE_EMULATOR_MAX_ATTEMPTS", 3, minimum=1)
 GRIDGATE_EMULATOR_REQUEUE_SECONDS = env_int("GRIDGATE_EMULATOR_REQUEUE_SECONDS", 10, minimum=1)
 

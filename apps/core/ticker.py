@@ -16,9 +16,18 @@ one host (a local case's process is seen in its own host's /proc only): passes r
 ``per_host=True`` run in every ticker, lease or not, and claim only what is pinned to their host.
 The lease thread stamps this worker's ``core.WorkerHeartbeat`` every
 ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (health, metrics).
+
+The lease counts as held only within ``GRIDGATE_TICK_LEASE_SECONDS`` of its last renewal
+(:attr:`Ticker.holding`): a keeper thread hung in a database call stops the shared passes when
+the lease it can no longer renew expires, as another cluster's ticker may take it then. The
+keeper also notes since when it has had unbroken database contact
+(:func:`database_contact_seconds`): after a database outage, passes that judge other processes
+dead by their silence (``emulator.recover_runs``) wait until those processes had the time to
+reconnect and beat again.
 """
 
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +48,7 @@ KEEPER_SECONDS = 1.0  # lease renewal, and how often a ticker without the lease 
 # A step (one round of due passes) running longer than this is stuck (a hung call without its own
 # timeout): the keeper stops renewing, so another cluster's ticker takes the loop over.
 STALL_SECONDS = 600.0
+clock = time.monotonic  # the ticker's clock (a test moves it)
 
 
 @dataclass
@@ -50,6 +60,7 @@ class Periodic:
 
 
 _REGISTRY: dict[str, Periodic] = {}
+_running: "Ticker | None" = None  # this process's ticker while it runs (Ticker.run)
 
 
 def register(name: str, func: Callable[[], object], every: Callable[[], float], *, per_host: bool = False) -> None:
@@ -58,6 +69,17 @@ def register(name: str, func: Callable[[], object], every: Callable[[], float], 
 
 def registered() -> dict[str, Periodic]:
     return dict(_REGISTRY)
+
+
+def database_contact_seconds() -> float:
+    """For how long this process's ticker has had unbroken database contact: 0 while it has none
+    (its keeper failed its last renewal), infinite where no ticker runs (a direct call, from a
+    shell or a test: its own queries are the contact)."""
+    ticker = _running
+    if ticker is None:
+        return math.inf
+    since = ticker.connected_since
+    return 0.0 if since is None else max(0.0, clock() - since)
 
 
 def worker_identity() -> str:
@@ -70,19 +92,31 @@ class Ticker:
     def __init__(self, owner: str | None = None):
         self.owner = owner or worker_identity()
         self.last_run: dict[str, float] = {}
-        self.holding = False
+        self.renewed_at: float | None = None  # clock() before the last renewal that succeeded
+        self.connected_since: float | None = None  # clock() when the keeper (re)gained DB contact
         self.step_started: float | None = None  # set while the main thread runs a step
         self._last_beat = -1e18
 
+    @property
+    def holding(self) -> bool:
+        """The lease is ours: renewed less than GRIDGATE_TICK_LEASE_SECONDS ago. A keeper hung in
+        a database call (no error, no renewal) thus stops the shared passes when the lease expires
+        in the database, where another cluster's ticker may take it; ``renewed_at`` is read before
+        the renewal's statement, so this side expires first."""
+        renewed = self.renewed_at
+        return renewed is not None and clock() - renewed < settings.GRIDGATE_TICK_LEASE_SECONDS
+
     # -- the main thread: the passes ------------------------------------------------------------
-    def run_due(self, *, shared: bool = True) -> list[str]:
+    def run_due(self, *, shared: bool | Callable[[], bool] = True) -> list[str]:
         """Run every registered pass whose period has elapsed (only the per-host ones unless
-        ``shared``: this ticker does not hold the loop); return their names."""
+        ``shared``: this ticker holds the loop; a callable is asked before each shared pass, so a
+        lease lost in the middle of a step stops the step's remaining shared passes); return
+        their names."""
         ran = []
         for periodic in list(_REGISTRY.values()):
-            if not (shared or periodic.per_host):
+            if not (periodic.per_host or (shared() if callable(shared) else shared)):
                 continue
-            now = time.monotonic()
+            now = clock()
             if now - self.last_run.get(periodic.name, -1e18) < periodic.every():
                 continue
             self.last_run[periodic.name] = now
@@ -96,25 +130,30 @@ class Ticker:
 
     # -- the keeper thread: lease and heartbeat -------------------------------------------------
     def keep(self) -> bool:
-        """Take or renew the lease (unless the main thread is stuck) and beat when due."""
-        clock = time.monotonic()
-        stuck = self.step_started is not None and clock - self.step_started > STALL_SECONDS
+        """Take or renew the lease (unless the main thread is stuck) and beat when due; note since
+        when the database answers."""
+        now = clock()
+        stuck = self.step_started is not None and now - self.step_started > STALL_SECONDS
         try:
             if stuck:
                 if self.holding:
                     log.error("ticker %s: a step has run for %.0f s; leaving the loop", self.owner, STALL_SECONDS)
                     release_lease(TICK_LEASE, self.owner)
-                self.holding = False
+                self.renewed_at = None
             else:
                 ttl = timedelta(seconds=settings.GRIDGATE_TICK_LEASE_SECONDS)
-                self.holding = acquire_lease(TICK_LEASE, self.owner, ttl)
-            if clock - self._last_beat >= settings.GRIDGATE_WORKER_HEARTBEAT_SECONDS:
+                self.renewed_at = now if acquire_lease(TICK_LEASE, self.owner, ttl) else None
+            if now - self._last_beat >= settings.GRIDGATE_WORKER_HEARTBEAT_SECONDS:
                 heartbeat()
-                self._last_beat = clock
+                self._last_beat = now
         except Exception:  # the database is away: do not run passes on a lease we cannot renew
             log.warning("ticker %s: could not renew the lease", self.owner, exc_info=True)
-            self.holding = False
+            self.renewed_at = None
+            self.connected_since = None
             close_old_connections()
+        else:
+            if self.connected_since is None:
+                self.connected_since = now
         return self.holding
 
     def _keeper(self, stop: threading.Event) -> None:
@@ -129,6 +168,8 @@ class Ticker:
     # -- the process ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: run the passes while this ticker holds the lease."""
+        global _running
+        _running = self
         keeper = threading.Thread(target=self._keeper, args=(stop,), name="ticker-lease", daemon=True)
         keeper.start()
         log.info("ticker %s started", self.owner)
@@ -139,18 +180,20 @@ class Ticker:
                 if not passes:
                     stop.wait(KEEPER_SECONDS / 4)
                     continue
-                started = time.monotonic()
+                started = clock()
                 self.step_started = started
                 try:
                     close_old_connections()
-                    self.run_due(shared=holding)
+                    self.run_due(shared=lambda: self.holding)
                 finally:
                     self.step_started = None
                 interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
-                stop.wait(max(0.0, interval - (time.monotonic() - started)))
+                stop.wait(max(0.0, interval - (clock() - started)))
         finally:
             stop.set()
             keeper.join()
+            if _running is self:
+                _running = None
             try:
                 release_lease(TICK_LEASE, self.owner)  # a clean stop hands the loop over at once
             except Exception:

@@ -126,6 +126,10 @@ class Job(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="Transient submission failures so far.")
     not_before = models.DateTimeField(null=True, blank=True, help_text="Back-off after a transient failure.")
     next_poll_at = models.DateTimeField(null=True, blank=True)
+    # A worker's claim (hand-over to the device, or one poll pass): who holds it, until when. The
+    # claim's writes compare the owner, so a worker whose claim lapsed and was taken over never
+    # hands the job over a second time (issue 17: a second paid QPU job).
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
     charged = models.BooleanField(default=False, help_text="usage_fair: device time charged to the session.")
 

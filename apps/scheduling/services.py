@@ -7,7 +7,8 @@ transaction open (R-SCHED-4).
 
 import logging
 import threading
-from contextlib import contextmanager
+import uuid
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
 from django.conf import settings
@@ -40,14 +41,25 @@ def lease() -> timedelta:
     return timedelta(seconds=settings.GRIDGATE_JOB_LEASE_SECONDS)
 
 
+def claim_token() -> str:
+    """A claim's owner (``Job.lease_owner``): one per dispatch or poll pass."""
+    return uuid.uuid4().hex
+
+
 @contextmanager
-def kept_claimed(job_pk):
-    """Renew the claim on one job every quarter of the lease while a driver call runs.
+def kept_claimed(job_ids, owner: str):
+    """Renew, every quarter of the lease, the claims ``owner`` still holds among ``job_ids``,
+    while driver calls run (one hand-over, or a whole poll pass).
 
     A provider call may take minutes (a QPU's timeouts and retries); without renewal the lease
     would have to outlast the slowest call, and a job whose worker died would wait that long
-    (it was 5 minutes). The thread touches the database only once a call outlasts a quarter of
-    the lease: the common, fast call costs a thread start and no statement."""
+    (it was 5 minutes). A poll pass calls the provider for up to POLL_BATCH jobs one after the
+    other, so the whole batch is renewed, not only the job whose call runs: else the later jobs
+    of a slow batch lapse and another worker claims them too. One UPDATE per renewal whatever the
+    batch size, and none at all unless the calls outlast a quarter of the lease (the common, fast
+    pass costs a thread start and no statement). Only rows still carrying ``owner`` are renewed:
+    a job already recorded (its claim cleared) or taken over by another worker stays as it is."""
+    job_ids = list(job_ids)
     stop = threading.Event()
 
     def beat():
@@ -55,13 +67,15 @@ def kept_claimed(job_pk):
             period = settings.GRIDGATE_JOB_LEASE_SECONDS / 4
             while not stop.wait(period):
                 try:
-                    Job.objects.filter(pk=job_pk, status=JobStatus.RUNNING).update(lease_until=timezone.now() + lease())
-                except Exception:  # the database is away: the claim may lapse; the writes check it
-                    log.warning("renewing the claim on job %s failed", job_pk, exc_info=True)
+                    Job.objects.filter(id__in=job_ids, lease_owner=owner, status=JobStatus.RUNNING).update(
+                        lease_until=timezone.now() + lease()
+                    )
+                except Exception:  # the database is away: the claims may lapse; the writes check them
+                    log.warning("renewing the claims of %s on %s jobs failed", owner, len(job_ids), exc_info=True)
         finally:
             connection.close()  # this thread's own connection, if it opened one
 
-    thread = threading.Thread(target=beat, name=f"job-claim-{job_pk}", daemon=True)
+    thread = threading.Thread(target=beat, name=f"job-claims-{owner[:8]}", daemon=True)
     thread.start()
     try:
         yield
@@ -305,6 +319,7 @@ def dispatch_once(pool_id: int) -> Job | None:
             return None
         strategy = strategy_for(pool.strategy)
         now = timezone.now()
+        owner = claim_token()
         for _ in range(3):  # a candidate cancelled under our feet: take the next one
             job = strategy.next_job(pool_id, [d.pk for d in free], now)
             if job is None:
@@ -321,6 +336,7 @@ def dispatch_once(pool_id: int) -> Job | None:
                 status=JobStatus.RUNNING,
                 device=device,
                 scheduled_at=now,
+                lease_owner=owner,
                 lease_until=now + lease(),
                 next_poll_at=now,
                 not_before=None,
@@ -350,30 +366,39 @@ def _set_awaiting(queue: PoolQueue, value: bool) -> None:
         queue.awaiting_work = value
 
 
-def submit_claimed(job: Job) -> None:
-    """Hand a claimed job to its device's driver (no transaction open), then record it."""
+def submit_claimed(job: Job, *, renew: bool = True) -> None:
+    """Hand a job claimed by ``job.lease_owner`` to its device's driver (no transaction open),
+    then record it. ``renew=False``: the caller already renews the claim (a poll pass)."""
     device = job.device
-    # A cancel recorded between the claim and this hand-over wins (issue 18 item 7): the user saw
-    # the job pending and asked to cancel it; it must never reach the device. Compare-and-set on
-    # the claim's lease: a cancel landing after this line is a running job's cancel (R-JOB-2).
+    owner = job.lease_owner
+    # Compare-and-set on the claim, owner included: a worker whose claim lapsed (it stalled past
+    # the lease) and was taken over by another worker, who may be submitting it right now, loses
+    # here and never calls the driver a second time (two paid QPU jobs). A cancel recorded between
+    # the claim and this hand-over wins too (issue 18 item 7): the user saw the job pending and
+    # asked to cancel it; it must never reach the device. A cancel landing after this line is a
+    # running job's cancel (R-JOB-2).
     handed_over = Job.objects.filter(
-        pk=job.pk, status=JobStatus.RUNNING, remote_id="", cancel_requested_at=None
+        pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner, cancel_requested_at=None
     ).update(lease_until=timezone.now() + lease())
     if not handed_over:
-        _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="")
+        # Still ours and cancelled: finish it. Another worker's claim now: theirs to hand over or
+        # cancel, nothing to do here (finishing it would cancel a job they may be submitting).
+        _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="", owner=owner)
         return
     try:
-        with kept_claimed(job.pk):
+        with kept_claimed([job.pk], owner) if renew else nullcontext():
             remote_id = get_driver(device.driver).submit(device, job)
     except PermanentDriverError as exc:
-        _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="")
+        _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="", owner=owner)
         return
     except Exception as exc:  # TransientDriverError, and anything unexpected: retry, bounded
         _requeue(job, exc)
         return
     with transaction.atomic():
+        # Whoever holds the claim now: the remote id is a fact (a taker-over's idempotent submit
+        # adopts the same run), so it is recorded; its claim ends with it.
         accepted = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
-            remote_id=remote_id, lease_until=None
+            remote_id=remote_id, lease_owner="", lease_until=None
         )
         if accepted and job.scheduled_at:
             latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
@@ -390,7 +415,10 @@ def _requeue(job: Job, exc: Exception) -> None:
     attempts = job.attempts + 1
     if attempts >= MAX_TRANSIENT_ATTEMPTS:
         _finish(
-            job, DriverState("failed", error=f"Gave up after {attempts} transient failures: {exc}"), expect_remote_id=""
+            job,
+            DriverState("failed", error=f"Gave up after {attempts} transient failures: {exc}"),
+            expect_remote_id="",
+            owner=job.lease_owner,
         )
         return
     now = timezone.now()
@@ -402,10 +430,15 @@ def _requeue(job: Job, exc: Exception) -> None:
     with transaction.atomic():
         # Lock order session → job (as revocation): lock the session before touching the job.
         Session.objects.select_for_update().filter(pk=job.session_id).values_list("pk").first()
-        requeued = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
+        # Only while the claim is ours: a worker that took the lapsed claim over may be submitting
+        # the job now; putting it back in the queue would dispatch it a second time.
+        requeued = Job.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=job.lease_owner
+        ).update(
             status=JobStatus.PENDING,
             device=None,
             scheduled_at=None,
+            lease_owner="",
             lease_until=None,
             attempts=attempts,
             not_before=now + timedelta(seconds=min(2**attempts, 60)),
@@ -416,14 +449,18 @@ def _requeue(job: Job, exc: Exception) -> None:
     log.warning("job %s: transient driver error, back in the queue (attempt %s): %s", job.pk, attempts, exc)
 
 
-def _finish(job: Job, state: DriverState, *, expect_remote_id: str) -> bool:
-    """Record a terminal state once (compare-and-set on status and remote id)."""
+def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str | None = None) -> bool:
+    """Record a terminal state once (compare-and-set on status and remote id, and on the claim's
+    ``owner`` when given: a job not yet handed over is finished only by its claim's holder)."""
     now = timezone.now()
     status = {"completed": JobStatus.COMPLETED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED}[
         state.status
     ]
+    same = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id=expect_remote_id)
+    if owner is not None:
+        same = same.filter(lease_owner=owner)
     with transaction.atomic():
-        updated = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id=expect_remote_id).update(
+        updated = same.update(
             status=status,
             finished_at=now,
             started_at=job.started_at or (now if state.started else None),
@@ -431,6 +468,7 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str) -> bool:
             error=state.error[:4000],
             logs=(job.logs + state.logs)[-100_000:],
             runtime_seconds=state.runtime_seconds,
+            lease_owner="",
             lease_until=None,
         )
     if updated and state.runtime_seconds:
@@ -451,12 +489,14 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str) -> bool:
 def poll_running(pool_id: int) -> int:
     """Poll the pool's running jobs that are due (R-SCHED-3: before dispatching new ones).
 
-    Jobs are claimed with a lease (skip_locked) so several workers share them; a job claimed for
-    dispatch whose submission outcome was never recorded (its worker died) is submitted again,
-    which the drivers' idempotent submit turns into adopting the existing run.
+    Jobs are claimed with a lease (skip_locked) under one owner token per pass, so several workers
+    share them; the whole batch's claim is renewed while the pass works (``kept_claimed``). A job
+    claimed for dispatch whose submission outcome was never recorded (its worker died) is
+    submitted again, which the drivers' idempotent submit turns into adopting the existing run.
     """
     now = timezone.now()
     interval = timedelta(seconds=settings.GRIDGATE_JOB_POLL_INTERVAL)
+    owner = claim_token()
     with transaction.atomic():
         due = (
             Job.objects.filter(pool_id=pool_id, status=JobStatus.RUNNING)
@@ -466,43 +506,54 @@ def poll_running(pool_id: int) -> int:
             .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
         )
         ids = list(due.values_list("id", flat=True)[:POLL_BATCH])
-        Job.objects.filter(id__in=ids).update(lease_until=now + lease())
-    jobs = Job.objects.filter(id__in=ids).select_related("device")
-    for job in jobs:
-        if not job.remote_id:
-            submit_claimed(job)
-            continue
-        driver = get_driver(job.device.driver)
-        try:
-            with kept_claimed(job.pk):
-                if job.cancel_requested_at:
-                    driver.cancel(job.device, job.remote_id)
-                state = driver.poll(job.device, job.remote_id)
-        except PermanentDriverError as exc:
-            _finish(job, DriverState("failed", error=str(exc)), expect_remote_id=job.remote_id)
-            continue
-        except Exception as exc:
-            # Transient, like on submit: a driver bug or a dropped connection while polling says
-            # nothing about the job itself, which may well still be running on the device. Poll
-            # again later (R-JOB-3); only the driver's PermanentDriverError fails the job.
-            if not isinstance(exc, TransientDriverError):
-                log.exception("job %s: unexpected error while polling; polling again later", job.pk)
-            Job.objects.filter(pk=job.pk, remote_id=job.remote_id).update(
-                lease_until=None,
-                next_poll_at=timezone.now() + interval * 2,
-                error=f"poll: {type(exc).__name__}: {exc}"[:2000],
-            )
-            continue
-        if state.status == "running":
-            update = {"lease_until": None, "next_poll_at": timezone.now() + interval}
-            if state.started and job.started_at is None:
-                update["started_at"] = timezone.now()
-            if state.logs:
-                update["logs"] = (job.logs + state.logs)[-100_000:]
-            Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id=job.remote_id).update(**update)
-        else:
-            _finish(job, state, expect_remote_id=job.remote_id)
+        Job.objects.filter(id__in=ids).update(lease_owner=owner, lease_until=now + lease())
+    if not ids:
+        return 0
+    with kept_claimed(ids, owner):
+        for job in Job.objects.filter(id__in=ids).select_related("device"):
+            _poll_claimed(job, interval)
     return len(ids)
+
+
+def _poll_claimed(job: Job, interval: timedelta) -> None:
+    """One job of a poll pass: hand it over if its submission was never recorded, else ask its
+    device how it is (and pass on a cancel), and record the answer."""
+    if not job.remote_id:
+        submit_claimed(job, renew=False)
+        return
+    driver = get_driver(job.device.driver)
+    try:
+        if job.cancel_requested_at:
+            driver.cancel(job.device, job.remote_id)
+        state = driver.poll(job.device, job.remote_id)
+    except PermanentDriverError as exc:
+        _finish(job, DriverState("failed", error=str(exc)), expect_remote_id=job.remote_id)
+        return
+    except Exception as exc:
+        # Transient, like on submit: a driver bug or a dropped connection while polling says
+        # nothing about the job itself, which may well still be running on the device. Poll
+        # again later (R-JOB-3); only the driver's PermanentDriverError fails the job.
+        if not isinstance(exc, TransientDriverError):
+            log.exception("job %s: unexpected error while polling; polling again later", job.pk)
+        Job.objects.filter(pk=job.pk, remote_id=job.remote_id, lease_owner=job.lease_owner).update(
+            lease_owner="",
+            lease_until=None,
+            next_poll_at=timezone.now() + interval * 2,
+            error=f"poll: {type(exc).__name__}: {exc}"[:2000],
+        )
+        return
+    if state.status == "running":
+        # Only while the claim is ours: never end the claim of a worker that took it over.
+        update = {"lease_owner": "", "lease_until": None, "next_poll_at": timezone.now() + interval}
+        if state.started and job.started_at is None:
+            update["started_at"] = timezone.now()
+        if state.logs:
+            update["logs"] = (job.logs + state.logs)[-100_000:]
+        Job.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, remote_id=job.remote_id, lease_owner=job.lease_owner
+        ).update(**update)
+    else:
+        _finish(job, state, expect_remote_id=job.remote_id)
 
 
 def run_pool(pool_id: int) -> dict:

@@ -108,3 +108,24 @@ def test_persistent_connections_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("CONN_HEALTH_CHECKS", "false")
     config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
     assert config["CONN_MAX_AGE"] == 0 and config["CONN_HEALTH_CHECKS"] is False
+
+
+def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_naming_both(tmp_path):
+    """Issue 17 review: one late beat must not get a live emulation re-run."""
+    load = ["-c", "import config.settings"]
+    refused = _run(
+        load,
+        GRIDGATE_VAR_DIR=str(tmp_path),
+        GRIDGATE_EMULATOR_DEAD_AFTER="9",
+        GRIDGATE_EMULATOR_HEARTBEAT_SECONDS="5",
+    )
+    assert refused.returncode != 0
+    assert "ImproperlyConfigured" in refused.stderr
+    assert "GRIDGATE_EMULATOR_DEAD_AFTER" in refused.stderr and "GRIDGATE_EMULATOR_HEARTBEAT_SECONDS" in refused.stderr
+    accepted = _run(
+        load,
+        GRIDGATE_VAR_DIR=str(tmp_path),
+        GRIDGATE_EMULATOR_DEAD_AFTER="10",
+        GRIDGATE_EMULATOR_HEARTBEAT_SECONDS="5",
+    )
+    assert accepted.returncode == 0, accepted.stderr

@@ -78,6 +78,37 @@ def test_a_stuck_step_gives_the_loop_up(monkeypatch):
     assert not a.keep() and b.keep()
 
 
+def test_the_lease_counts_as_held_only_within_its_length_since_the_last_renewal(settings, monkeypatch):
+    """Issue 17 review: a keeper hung in a database call (no error, no renewal) must not leave
+    ``holding`` true: the lease expires in the database and another cluster may take it."""
+    settings.GRIDGATE_TICK_LEASE_SECONDS = 5
+    now = [100.0]
+    monkeypatch.setattr(ticker, "clock", lambda: now[0])
+    t = ticker.Ticker("a")
+    assert t.keep() and t.holding
+    now[0] += 4.9  # the keeper is stuck: nothing renews
+    assert t.holding
+    now[0] += 0.1
+    assert not t.holding
+    assert t.keep() and t.holding  # renewed again
+
+
+def test_a_lease_expiring_in_the_middle_of_a_step_stops_its_remaining_shared_passes(passes, settings, monkeypatch):
+    settings.GRIDGATE_TICK_LEASE_SECONDS = 5
+    now = [100.0]
+    monkeypatch.setattr(ticker, "clock", lambda: now[0])
+    t = ticker.Ticker("a")
+    assert t.keep()
+
+    def slow():
+        now[0] += 6  # outlasts the lease while the keeper is hung
+
+    passes.register("slow", slow, every=lambda: 0)
+    passes.register("shared", lambda: None, every=lambda: 0)
+    passes.register("mine", lambda: None, every=lambda: 0, per_host=True)
+    assert t.run_due(shared=lambda: t.holding) == ["slow", "mine"]
+
+
 def run_in_thread(t: ticker.Ticker):
     stop = threading.Event()
 
@@ -135,12 +166,96 @@ def test_a_stopped_ticker_releases_the_loop_at_once(passes):
     assert not Lease.objects.filter(name=ticker.TICK_LEASE).exists()
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_stays_held_while_one_step_runs_longer_than_the_lease(passes, settings, monkeypatch):
+    """The keeper thread renews the lease whatever the passes do: a step blocked past
+    GRIDGATE_TICK_LEASE_SECONDS (a slow provider call) keeps the loop, and another cluster's
+    ticker cannot take it meanwhile (renewing between steps, in the main loop, would fail this)."""
+    settings.GRIDGATE_TICK_LEASE_SECONDS = 2
+    monkeypatch.setattr(ticker, "KEEPER_SECONDS", 0.2)
+    seen = {}
+    a = ticker.Ticker("a")
+
+    def long_pass():
+        if "other" in seen:
+            return
+        first_expiry = Lease.objects.get(name=ticker.TICK_LEASE).expires_at
+        deadline = timezone.now() + timedelta(seconds=30)
+        while timezone.now() <= first_expiry + timedelta(seconds=1) and timezone.now() < deadline:
+            threading.Event().wait(0.1)
+        seen["other"] = ticker.Ticker("b").keep()  # another cluster, past the first lease's expiry
+        seen["holding"] = a.holding
+
+    passes.register("long", long_pass, every=lambda: 0.05)
+    stop, thread = run_in_thread(a)
+    try:
+        assert wait_until(lambda: "other" in seen)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert seen == {"other": False, "holding": True}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_ticker_whose_keeper_hangs_stops_its_shared_passes_when_the_lease_expires(passes, settings, monkeypatch):
+    """The keeper hangs in a database call (no error): the main thread goes on stepping, but runs
+    the shared passes only within the lease since the last renewal; the per-host ones go on."""
+    settings.GRIDGATE_TICK_LEASE_SECONDS = 2
+    monkeypatch.setattr(ticker, "KEEPER_SECONDS", 0.2)
+    unhang = threading.Event()
+    real_acquire = ticker.acquire_lease
+    renewals = []
+
+    def hanging_acquire(*args):
+        renewals.append(1)
+        if len(renewals) > 1:
+            unhang.wait(60)  # the keeper's second renewal never returns (until the test ends)
+        return real_acquire(*args)
+
+    monkeypatch.setattr(ticker, "acquire_lease", hanging_acquire)
+    shared, mine = [], []
+    passes.register("shared", lambda: shared.append(1), every=lambda: 0.05)
+    passes.register("mine", lambda: mine.append(1), every=lambda: 0.05, per_host=True)
+    t = ticker.Ticker("a")
+    stop, thread = run_in_thread(t)
+    try:
+        assert wait_until(lambda: shared and not t.holding)
+        # A step that found the lease held just before it expired may still run one shared pass.
+        after_expiry = len(shared) + 1
+        steps = len(mine)
+        assert wait_until(lambda: len(mine) >= steps + 5)  # the loop goes on stepping
+        assert len(shared) <= after_expiry
+    finally:
+        unhang.set()
+        stop.set()
+        thread.join(timeout=30)
+
+
 def test_no_minutely_tick_schedule_beside_the_ticker_processes(db):
     """No double loops: the minutely gridgate.tick schedule is gone (core migration 0008)."""
     from django_q.models import Schedule
 
     names = set(Schedule.objects.values_list("name", flat=True))
     assert not names & {"gridgate.tick", "gridgate.heartbeat", "gridgate.scheduling_tick", "gridgate.cases.ticker"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_the_ticker_migration_recreates_no_schedule_for_the_removed_tick_task():
+    """Core migration 0008's reverse must not schedule ``apps.core.tasks.tick``: that task is
+    gone, and the schedule would fail every minute."""
+    from django.db.migrations.executor import MigrationExecutor
+    from django_q.models import Schedule
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("core", "0007_idempotencykey_locked_until")])
+    try:
+        assert not Schedule.objects.filter(func__startswith="apps.core.tasks.tick").exists()
+        assert not Schedule.objects.filter(name="gridgate.tick").exists()
+    finally:
+        executor.loader.build_graph()
+        executor.migrate([("core", "0008_ticker_process")])
 
 
 def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(passes, settings):

@@ -124,6 +124,95 @@ def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
     assert DriverRun.objects.filter(remote_id=f"fake-{job.pk}").count() == 1
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a_second_worker(
+    qpu_pool, fake_device, open_session, owner, settings, monkeypatch
+):
+    """Issue 17: a poll pass claims its whole batch and renews the whole batch while it calls the
+    provider job after job, so the jobs later in a slow batch never lapse to another worker."""
+    import threading
+
+    from django.db import connection
+
+    settings.GRIDGATE_JOB_LEASE_SECONDS = 2  # renewed every 0.5 s
+    Device.objects.filter(pk=fake_device.pk).update(max_concurrent_jobs=3)
+    jobs = submit(open_session(qpu_pool, owner, slots=3), 3)
+    services.run_pool(qpu_pool.pk)  # all three on the device
+    assert Job.objects.filter(status=JobStatus.RUNNING).exclude(remote_id="").count() == 3
+    make_polls_due()
+    seen = {}
+    original = FakeDriver.poll
+
+    def slow_first_poll(self, device, remote_id):
+        if threading.current_thread() is threading.main_thread() and "taken" not in seen:
+            # The batch's first call: slow, past the lease the pass claimed its batch with.
+            first_lease = Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("lease_until")[0].lease_until
+            deadline = timezone.now() + timedelta(seconds=30)
+            while timezone.now() <= first_lease + timedelta(seconds=1) and timezone.now() < deadline:
+                threading.Event().wait(0.1)
+
+            def other_worker():
+                try:
+                    seen["taken"] = services.poll_running(qpu_pool.pk)
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=other_worker)
+            thread.start()
+            thread.join()
+        return original(self, device, remote_id)
+
+    monkeypatch.setattr(FakeDriver, "poll", slow_first_poll)
+    assert services.poll_running(qpu_pool.pk) == 3
+    assert seen["taken"] == 0  # the jobs waiting their turn in the slow batch were still claimed
+    # Every answer was recorded and every claim ended with the pass.
+    assert not Job.objects.filter(lease_until__isnull=False).exists()
+    assert not Job.objects.exclude(lease_owner="").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_holder(
+    qpu_pool, fake_device, open_session, owner, settings, monkeypatch
+):
+    """Issue 17: worker A claims a job and stalls past the lease; worker B takes the claim over
+    and submits the job. A waking up meanwhile must neither submit it a second time (two paid QPU
+    jobs) nor record it cancelled: the claim is B's now."""
+    import threading
+
+    from django.db import connection
+
+    settings.GRIDGATE_JOB_LEASE_SECONDS = 2
+    (job,) = submit(open_session(qpu_pool, owner))
+    claimed_by_a = services.dispatch_once(qpu_pool.pk)  # ... and A stalls here, past its lease
+    Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    calls = []
+    original = FakeDriver.submit
+
+    def counting_submit(self, device, submitted):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:  # B's call is in progress: A wakes up now
+
+            def worker_a():
+                try:
+                    services.submit_claimed(claimed_by_a)
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=worker_a, name="worker-a")
+            thread.start()
+            thread.join()
+        return original(self, device, submitted)
+
+    monkeypatch.setattr(FakeDriver, "submit", counting_submit)
+    assert services.poll_running(qpu_pool.pk) == 1  # B (this thread) takes the lapsed claim over
+    assert calls == [threading.current_thread().name]  # submitted once, by B
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.cancel_requested_at is None
+    assert job.remote_id == f"fake-{job.pk}" and job.lease_owner == "" and job.lease_until is None
+
+
 def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session, owner):
     Device.objects.create(
         pool=qpu_pool, name="flaky", driver="fake", config={"fail_submit": "transient", "fail_submit_times": 1}

@@ -278,3 +278,66 @@ def test_job_whose_emulation_worker_died_completes_after_the_rerun(
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and sum(job.result["counts"].values()) == 10
     assert DriverRun.objects.get(remote_id=job.remote_id).attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_database_outage_runs_are_judged_dead_only_once_contact_has_lasted_dead_after(
+    qpu_pool, sent, settings, monkeypatch
+):
+    """Issue 17 review: during a database outage no worker can beat, so when the database comes
+    back every live run looks dead. The recovery pass judges deaths only once its ticker has had
+    database contact for DEAD_AFTER: the live workers have beaten again by then, and only the
+    run whose worker really died is re-run."""
+    from datetime import timedelta
+
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from apps.core import ticker
+    from apps.scheduling.drivers import emulator
+    from apps.scheduling.models import DriverRun
+
+    settings.GRIDGATE_EMULATOR_DEAD_AFTER = 10
+    clock = [1000.0]
+    monkeypatch.setattr(ticker, "clock", lambda: clock[0])
+    keeper = ticker.Ticker("recovery-side")
+    monkeypatch.setattr(ticker, "_running", keeper)  # this process's ticker
+    assert keeper.keep()
+    clock[0] += 3600  # an hour of contact
+
+    def database_away(*args):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    real_acquire = ticker.acquire_lease
+    monkeypatch.setattr(ticker, "acquire_lease", database_away)
+    keeper.keep()  # the outage
+    assert ticker.database_contact_seconds() == 0
+    clock[0] += 60
+    monkeypatch.setattr(ticker, "acquire_lease", real_acquire)
+    assert keeper.keep()  # the database is back
+    # Both runs' last beats are from before the outage: one's worker lives (it beats again once it
+    # has reconnected), the other's died during the outage.
+    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
+    stale = timezone.now() - timedelta(seconds=70)
+    live, dead = (
+        DriverRun.objects.create(
+            remote_id=remote_id,
+            device=device,
+            payload={"sequence": "{}"},
+            shots=1,
+            status="running",
+            attempts=1,
+            started_at=stale,
+            heartbeat_at=stale,
+        )
+        for remote_id in ("emu-live", "emu-dead")
+    )
+    assert emulator.recover_runs()["rerun"] == 0  # just reconnected: nobody had the time to beat
+    clock[0] += 9
+    DriverRun.objects.filter(pk=live.pk).update(heartbeat_at=timezone.now())  # its worker is back
+    assert emulator.recover_runs()["rerun"] == 0
+    clock[0] += 1  # DEAD_AFTER of contact
+    assert emulator.recover_runs()["rerun"] == 1
+    assert DriverRun.objects.get(pk=live.pk).status == "running"
+    assert DriverRun.objects.get(pk=dead.pk).status == "queued"
+    assert sent == [("apps.scheduling.tasks.run_emulation", ("emu-dead",))]

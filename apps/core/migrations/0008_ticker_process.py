@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from apps.core.schedules import ensure_schedule, remove_schedule
+from apps.core.schedules import remove_schedule
 
 
 def forwards(apps, schema_editor):
@@ -11,12 +11,9 @@ def forwards(apps, schema_editor):
     remove_schedule(apps, name="gridgate.heartbeat")
 
 
-def backwards(apps, schema_editor):
-    ensure_schedule(apps, name="gridgate.tick", func="apps.core.tasks.tick", minutes=1)
-    ensure_schedule(apps, name="gridgate.heartbeat", func="apps.core.tasks.heartbeat", minutes=1)
-
-
 class Migration(migrations.Migration):
     dependencies = [("core", "0007_idempotencykey_locked_until")]
 
-    operations = [migrations.RunPython(forwards, backwards)]
+    # The reverse recreates nothing: the minutely loop's task (apps.core.tasks.tick) is gone, and
+    # a schedule calling it would fail every minute; the ticker process runs the loop instead.
+    operations = [migrations.RunPython(forwards, migrations.RunPython.noop)]

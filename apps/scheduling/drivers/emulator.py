@@ -146,7 +146,11 @@ def recover_runs(now=None) -> dict:
 
     - A **running** run whose heartbeat is older than ``GRIDGATE_EMULATOR_DEAD_AFTER`` lost its
       worker (killed, OOM, django-q2's task timeout): it goes back to ``queued`` and its task is
-      sent again; its job stays running on its device and completes when the re-run does. After
+      sent again; its job stays running on its device and completes when the re-run does. This is
+      judged only once this process has had database contact for DEAD_AFTER
+      (``ticker.database_contact_seconds``): during a database outage no worker can beat, so every
+      live run looks dead when the database comes back; the workers reconnect and beat within
+      GRIDGATE_EMULATOR_HEARTBEAT_SECONDS (settings require DEAD_AFTER ≥ 2 × HEARTBEAT). After
       ``GRIDGATE_EMULATOR_MAX_ATTEMPTS`` starts that all died, the run fails with the count
       (poison-pill protection: a sequence that kills its worker must not kill them all in turn).
       A dead run whose cancel was requested is cancelled.
@@ -154,6 +158,8 @@ def recover_runs(now=None) -> dict:
       (the broker lost the task: Redis hands tasks out without acknowledgement, a killed
       cluster's prefetched tasks die with it) is sent again.
     """
+    from apps.core.ticker import database_contact_seconds
+
     now = now or timezone.now()
     outcome = {"rerun": 0, "failed": 0, "cancelled": 0, "resent": 0}
     emulator_runs = DriverRun.objects.filter(device__driver="emulator")
@@ -163,6 +169,8 @@ def recover_runs(now=None) -> dict:
         .filter(Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff))
         .values_list("remote_id", "attempts", "heartbeat_at", "cancel_requested")[:RECOVERY_BATCH]
     )
+    if database_contact_seconds() < settings.GRIDGATE_EMULATOR_DEAD_AFTER:
+        dead = []  # back from a database outage (or just started): the live runs have not beaten yet
     limit = settings.GRIDGATE_EMULATOR_MAX_ATTEMPTS
     for remote_id, attempts, beat, cancel in dead:
         # Compare-and-set on the beat we judged: a heartbeat that arrived meanwhile wins.
