@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -72,6 +72,7 @@ def kept_claimed(job_ids, owner: str):
                     )
                 except Exception:  # the database is away: the claims may lapse; the writes check them
                     log.warning("renewing the claims of %s on %s jobs failed", owner, len(job_ids), exc_info=True)
+                    connection.close()  # a connection the outage broke: the next renewal opens a new one
         finally:
             connection.close()  # this thread's own connection, if it opened one
 
@@ -366,9 +367,15 @@ def _set_awaiting(queue: PoolQueue, value: bool) -> None:
         queue.awaiting_work = value
 
 
-def submit_claimed(job: Job, *, renew: bool = True) -> None:
+def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
     """Hand a job claimed by ``job.lease_owner`` to its device's driver (no transaction open),
-    then record it. ``renew=False``: the caller already renews the claim (a poll pass)."""
+    then record it.
+
+    ``taken_over``: a poll pass took over a hand-over whose outcome was never recorded (its worker
+    died); the caller renews the claim. The device may already run the job, so a cancel recorded
+    meanwhile does not short-cut it: the drivers' idempotent submit adopts the run (or starts it),
+    the remote id is recorded, and the next poll passes the cancel on to the device. Finishing it
+    here would leave a device run nobody sees and hand its slot to another job."""
     device = job.device
     owner = job.lease_owner
     # Compare-and-set on the claim, owner included: a worker whose claim lapsed (it stalled past
@@ -377,16 +384,17 @@ def submit_claimed(job: Job, *, renew: bool = True) -> None:
     # the claim and this hand-over wins too (issue 18 item 7): the user saw the job pending and
     # asked to cancel it; it must never reach the device. A cancel landing after this line is a
     # running job's cancel (R-JOB-2).
-    handed_over = Job.objects.filter(
-        pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner, cancel_requested_at=None
-    ).update(lease_until=timezone.now() + lease())
+    ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner)
+    if not taken_over:
+        ours = ours.filter(cancel_requested_at=None)
+    handed_over = ours.update(lease_until=timezone.now() + lease())
     if not handed_over:
         # Still ours and cancelled: finish it. Another worker's claim now: theirs to hand over or
         # cancel, nothing to do here (finishing it would cancel a job they may be submitting).
         _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="", owner=owner)
         return
     try:
-        with kept_claimed([job.pk], owner) if renew else nullcontext():
+        with nullcontext() if taken_over else kept_claimed([job.pk], owner):
             remote_id = get_driver(device.driver).submit(device, job)
     except PermanentDriverError as exc:
         _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="", owner=owner)
@@ -398,7 +406,11 @@ def submit_claimed(job: Job, *, renew: bool = True) -> None:
         # Whoever holds the claim now: the remote id is a fact (a taker-over's idempotent submit
         # adopts the same run), so it is recorded; its claim ends with it.
         accepted = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
-            remote_id=remote_id, lease_owner="", lease_until=None
+            remote_id=remote_id,
+            lease_owner="",
+            lease_until=None,
+            # A cancel recorded before the remote id: the next poll passes it on at once.
+            next_poll_at=Case(When(cancel_requested_at__isnull=False, then=None), default=F("next_poll_at")),
         )
         if accepted and job.scheduled_at:
             latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
@@ -519,7 +531,7 @@ def _poll_claimed(job: Job, interval: timedelta) -> None:
     """One job of a poll pass: hand it over if its submission was never recorded, else ask its
     device how it is (and pass on a cancel), and record the answer."""
     if not job.remote_id:
-        submit_claimed(job, renew=False)
+        submit_claimed(job, taken_over=True)
         return
     driver = get_driver(job.device.driver)
     try:

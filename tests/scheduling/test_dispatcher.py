@@ -213,6 +213,71 @@ def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_ho
     assert job.remote_id == f"fake-{job.pk}" and job.lease_owner == "" and job.lease_until is None
 
 
+def test_a_cancel_of_a_job_whose_hand_over_was_never_recorded_reaches_the_device(
+    qpu_pool, fake_device, open_session, owner
+):
+    """The device accepted the job, its worker died before recording it, then the user cancelled:
+    the pass that takes the claim over adopts the device's run and stops it there, instead of
+    marking the job cancelled while the run goes on unseen on a slot given to another job."""
+    (job,) = submit(open_session(qpu_pool, owner))
+    services.submit_claimed(services.dispatch_once(qpu_pool.pk))
+    Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
+    services.cancel_job(Job.objects.get(pk=job.pk))
+    services.run_pool(qpu_pool.pk)  # takes the claim over: adopts the run
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.remote_id == f"fake-{job.pk}"
+    assert services.free_devices(qpu_pool.pk) == []  # the device is still the job's
+    for _ in range(5):  # the next polls pass the cancel on and see it end
+        make_polls_due()
+        services.run_pool(qpu_pool.pk)
+        job.refresh_from_db()
+        if job.status != JobStatus.RUNNING:
+            break
+    run = DriverRun.objects.get(remote_id=f"fake-{job.pk}")
+    assert run.cancel_requested and job.status == JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("step", ["requeue", "permanent failure", "give up", "running", "poll error"])
+def test_a_worker_whose_claim_was_taken_over_changes_nothing_of_the_job(
+    qpu_pool, fake_device, open_session, owner, step
+):
+    """Every write of a claim's holder checks the claim is still its own: the old holder's late
+    outcome never re-queues (a second dispatch), fails, or ends the claim of the new holder."""
+    from apps.scheduling.drivers import DriverState, TransientDriverError
+
+    (job,) = submit(open_session(qpu_pool, owner))
+    claimed = services.dispatch_once(qpu_pool.pk)
+    if step in ("running", "poll error"):
+        services.submit_claimed(claimed)
+        claimed.refresh_from_db()
+    Job.objects.filter(pk=job.pk).update(
+        lease_owner="the-new-holder", lease_until=timezone.now() + timedelta(seconds=30)
+    )
+    before = Job.objects.values().get(pk=job.pk)
+    interval = timedelta(seconds=2)
+    if step == "requeue":
+        services._requeue(claimed, TransientDriverError("late"))
+    elif step == "permanent failure":
+        services._finish(claimed, DriverState("failed", error="late"), expect_remote_id="", owner=claimed.lease_owner)
+    elif step == "give up":
+        claimed.attempts = services.MAX_TRANSIENT_ATTEMPTS
+        services._requeue(claimed, TransientDriverError("late"))
+    else:
+        if step == "poll error":
+            FakeDriver.poll, original = (
+                (lambda *a: (_ for _ in ()).throw(TransientDriverError("late"))),
+                FakeDriver.poll,
+            )
+        try:
+            services._poll_claimed(claimed, interval)
+        finally:
+            if step == "poll error":
+                FakeDriver.poll = original
+    after = Job.objects.values().get(pk=job.pk)
+    assert after["status"] == JobStatus.RUNNING and after["lease_owner"] == "the-new-holder"
+    assert after["lease_until"] == before["lease_until"]
+
+
 def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session, owner):
     Device.objects.create(
         pool=qpu_pool, name="flaky", driver="fake", config={"fail_submit": "transient", "fail_submit_times": 1}
