@@ -96,6 +96,7 @@ class Ticker:
         self.connected_since: float | None = None  # clock() when the keeper (re)gained DB contact
         self.step_started: float | None = None  # set while the main thread runs a step
         self._last_beat = -1e18
+        self._last_contact: float | None = None  # clock() after the last renewal that succeeded
 
     @property
     def holding(self) -> bool:
@@ -150,10 +151,16 @@ class Ticker:
             log.warning("ticker %s: could not renew the lease", self.owner, exc_info=True)
             self.renewed_at = None
             self.connected_since = None
+            self._last_contact = None
             close_old_connections()
         else:
-            if self.connected_since is None:
-                self.connected_since = now
+            done = clock()
+            # A renewal that hung (dropped packets: no error, just no answer) and then succeeded
+            # is an outage too: contact counts again from now, not from before the hang.
+            hung = self._last_contact is not None and done - self._last_contact > 3 * KEEPER_SECONDS + 5
+            if self.connected_since is None or hung:
+                self.connected_since = done
+            self._last_contact = done
         return self.holding
 
     def _keeper(self, stop: threading.Event) -> None:

@@ -93,6 +93,32 @@ def test_the_lease_counts_as_held_only_within_its_length_since_the_last_renewal(
     assert t.keep() and t.holding  # renewed again
 
 
+def test_a_renewal_that_hung_then_succeeded_restarts_the_database_contact_clock(monkeypatch):
+    """Review of issue 17: dropped packets make the renewal hang without an error, then succeed;
+    that outage must count like one that raised, or recovery would judge every live emulation
+    (whose heartbeats could not be written meanwhile) dead at once."""
+    from apps.core import tasks
+
+    now = [1000.0]
+    monkeypatch.setattr(ticker, "clock", lambda: now[0])
+    t = ticker.Ticker("a")
+    monkeypatch.setattr(ticker, "_running", t)
+    assert t.keep()
+    for _ in range(40):  # the keeper's cadence: a renewal every second
+        now[0] += 1
+        assert t.keep()
+    assert ticker.database_contact_seconds() == 40
+    real = tasks.acquire_lease
+
+    def hangs(*args, **kwargs):
+        now[0] += 120  # two minutes without an answer, then it goes through
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ticker, "acquire_lease", hangs)
+    t.keep()  # succeeded, but two minutes late (and so not counted as holding the lease either)
+    assert ticker.database_contact_seconds() == 0
+
+
 def test_a_lease_expiring_in_the_middle_of_a_step_stops_its_remaining_shared_passes(passes, settings, monkeypatch):
     settings.GRIDGATE_TICK_LEASE_SECONDS = 5
     now = [100.0]

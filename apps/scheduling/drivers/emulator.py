@@ -233,6 +233,7 @@ class Heartbeat:
                     )
                 except Exception:  # a missed beat is retried at the next; never kill the simulation
                     log.exception("emulation %s: heartbeat failed", self.run_pk)
+                    connection.close()  # a connection the outage broke: the next beat opens a new one
         finally:
             connection.close()
 
