@@ -193,11 +193,12 @@ def cancel_case(case: Case) -> Case:
         else:
             launched = None
     if launched is not None:
-        if launched and not elsewhere:
-            # A launch was requested (e.g. an uncertain submission waiting for its retry): the
-            # provider may hold a job for this case. Look it up, with no transaction open, and
-            # stop it so nothing runs (or bills) for a cancelled case (R-CASE-6).
-            passes.cancel_orphan(case)
+        # A launch was requested (e.g. an uncertain submission waiting for its retry): the
+        # provider may hold a job for this case. Look it up, with no transaction open, and stop
+        # it so nothing runs (or bills) for a cancelled case (R-CASE-6). If that fails (a
+        # provider hiccup), the request stays recorded and the orphan pass retries it.
+        if launched and not elsewhere and not passes.cancel_orphan(case):
+            Case.objects.filter(pk=case.pk).update(cancel_requested_at=timezone.now())
         return case
     case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
     if case.status in TERMINAL:

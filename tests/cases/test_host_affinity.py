@@ -230,6 +230,24 @@ def test_a_launch_cancelled_on_its_run_host_is_stopped_at_once(make_case, host_b
     assert answered.cancel_requested_at is None
 
 
+def test_a_launch_cancel_that_failed_on_its_run_host_is_retried_by_the_orphan_pass(make_case, host_bound, monkeypatch):
+    """R-CASE-6: the provider did not answer the inline cancel; the request stays recorded and the
+    run host's orphan pass stops what the launch started once the provider answers again."""
+    case, job = started_then_killed(make_case, monkeypatch)
+    real = passes.cancel_orphan
+    monkeypatch.setattr(passes, "cancel_orphan", lambda case: False)  # the provider is away
+    with HOST_A:
+        answered = services.cancel_case(case)
+    assert answered.status == CaseStatus.CANCELLED and not job.cancelled
+    case.refresh_from_db()
+    assert case.cancel_requested_at is not None
+    monkeypatch.setattr(passes, "cancel_orphan", real)
+    with HOST_A:
+        passes.orphan_cancel_pass(host_only=True)
+    case.refresh_from_db()
+    assert job.cancelled and case.cancel_requested_at is None
+
+
 def test_cross_host_cancels_run_while_the_poll_lease_is_kept_alive(make_case, host_bound, monkeypatch):
     """A local cancel waits out its grace per case: a batch of them must not outlast the lease."""
     with HOST_A:
