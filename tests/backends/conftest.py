@@ -31,7 +31,7 @@ def wait_for_terminal(case, *, timeout: float = 60.0, poll_every: float = 0.2):
     raise AssertionError(f"case {case.id} still {case.status} after {timeout} s: {case.last_error}")
 
 
-def wait_until(predicate, *, timeout: float = 10.0, what: str = "condition"):
+def wait_until(predicate, *, timeout: float = 60.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -82,7 +82,7 @@ def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool
     assert (work / "big.bin").read_bytes() == big
     assert any("/transfer/upload" in p for _m, p in double.calls)
     root = workspace.case_dir(case.id)
-    wait_until(lambda: (work / "out" / "p.txt").exists(), timeout=10, what="the job to start")
+    wait_until(lambda: (work / "out" / "p.txt").exists(), timeout=60, what="the job to start")
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.status == CaseStatus.RUNNING
@@ -91,7 +91,7 @@ def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool
     case.refresh_from_db()
     assert (root / "live" / "out" / "p.txt").read_text() == "partial\n" and case.progress == 0.5
     (work / "go").write_text("")
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
     assert (root / "results" / "out.txt").read_text() == "input\n"
     assert (root / "results" / "out" / "p.txt").read_text() == "final\n"
@@ -153,7 +153,7 @@ def test_job_unknown_right_after_submit_is_a_failed_poll_then_recovers(fc_pool, 
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE
 
 
@@ -165,7 +165,7 @@ def test_provider_errors_on_the_status_call_leave_the_case_recoverable(fc_pool, 
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1
     double.faults.clear()
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE
 
 
@@ -238,7 +238,7 @@ def test_out_of_memory_ends_the_case_failed_with_the_state_in_the_message(fc_poo
     case = launch(make_case, fc_pool, "sleep 30")
     request.addfinalizer(double.reap)  # the sleep must not outlive the test
     double.force_state(double.user_jobs()[0].job_id, "OUT_OF_MEMORY", 0)
-    case = wait_for_terminal(case, timeout=10)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.FAILED and "OUT_OF_MEMORY" in case.last_error
 
 
@@ -253,7 +253,7 @@ def test_client_secret_never_appears_in_logs_responses_or_errors(fc_pool, make_c
     """R-BACK-1: the secret's value is in no log record, API response, admin page or error."""
     caplog.set_level(logging.DEBUG)
     case = launch(make_case, fc_pool, "echo hi")
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     texts = [api(owner).get(f"/api/v1/cases/{case.id}/").content.decode()]
     double.client_secret = "rotated"  # the token endpoint now refuses ours
     fc._clients.clear()
@@ -370,7 +370,7 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
     double.fault("/partitions", status=503, times=5)
     body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
     assert body["degraded"] and next(o for o in body["options"] if o["key"] == "partition")["default"] == "debug"
-    wait_for_terminal(case, timeout=30)
+    wait_for_terminal(case, timeout=90)
 
 
 def test_secret_in_a_pool_remote_is_refused(fc_pool):
@@ -424,7 +424,7 @@ def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_
         assert data.startswith(local) and cut - len(local) < 4  # at most one cut character waits
     assert log.read_bytes() == data
     (rdir / "work" / "go").write_text("")
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE and log.read_bytes() == (rdir / "stdout").read_bytes() == data
 
 
@@ -468,7 +468,7 @@ def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresse
     case.refresh_from_db()
     assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
     (rdir / "work" / "go").write_text("")
-    assert wait_for_terminal(case, timeout=30).status == CaseStatus.DONE
+    assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
 
 
 def test_just_finished_job_missing_from_the_list_is_a_failed_poll_then_done(fc_pool, make_case, double):
@@ -479,7 +479,7 @@ def test_just_finished_job_missing_from_the_list_is_a_failed_poll_then_done(fc_p
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
-    case = wait_for_terminal(case, timeout=30)
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE
     assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "bye\n"
 
@@ -552,8 +552,8 @@ def test_cleanup_purges_the_run_directory_of_cases_past_the_retention_once(fc_po
     from django.core.management import call_command
     from django.utils import timezone
 
-    old = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
-    recent = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=30)
+    old = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=90)
+    recent = wait_for_terminal(launch(make_case, fc_pool, "true"), timeout=90)
     Case.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=40))
     root = Path(fc_pool.remote["working_root"])
     out = StringIO()

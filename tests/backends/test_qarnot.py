@@ -67,7 +67,7 @@ def launch(make_case, pool, command, *, inputs=None, **kwargs):
     return launched(case)
 
 
-def poll_until(case, predicate, timeout=20.0):
+def poll_until(case, predicate, timeout=90.0):
     def check():
         passes.poll_pass(case_ids=[case.id])
         case.refresh_from_db()
@@ -95,7 +95,7 @@ def test_qarnot_case_runs_shows_live_files_and_ends_done_with_results(q_pool, ma
         passes.sync_pass(case_ids=[case.id])
         return (workspace.case_dir(case.id) / "live" / "out" / "p.txt").exists()
 
-    wait_until(live_file, timeout=10, what="a live file")
+    wait_until(live_file, timeout=60, what="a live file")
     case = poll_until(case, lambda c: c.is_terminal)
     assert case.status == CaseStatus.DONE, case.last_error
     root = workspace.case_dir(case.id)

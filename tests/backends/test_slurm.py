@@ -358,7 +358,7 @@ def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, m
         (root / "cases" / case_id / name).touch()
     state = SlurmBackend().poll(JobRef(case_id, job_id, root / "cases" / case_id, remote))
     assert state.status == BackendStatus.SUCCEEDED
-    case = wait_for_terminal(Case.objects.get(pk=case_id), timeout=10)
+    case = wait_for_terminal(Case.objects.get(pk=case_id), timeout=90)
     assert case.status == CaseStatus.DONE
     assert (root / "cases" / case_id / "results" / "result.txt").read_text() == "aged input\n"
 

@@ -183,7 +183,7 @@ class QarnotDouble:
     def keys(self, bucket: str) -> list[str]:
         return sorted(o["Key"] for o in self.s3.list_objects_v2(Bucket=bucket).get("Contents", []))
 
-    def wait_state(self, uuid: str, states, timeout: float = 20.0):
+    def wait_state(self, uuid: str, states, timeout: float = 90.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.tasks[uuid].state in states:
