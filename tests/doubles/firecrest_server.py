@@ -134,11 +134,13 @@ class FirecrestDouble:
                     os.killpg(job.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+                job.proc.wait(timeout=10)  # reaped: no zombie left in the test process
 
     def stop(self):
         for job in self.jobs.values():
             if job.proc is not None and job.proc.poll() is None:
                 os.killpg(job.proc.pid, signal.SIGKILL)
+                job.proc.wait(timeout=10)
             if job.slurm_id and job.ended is None:
                 subprocess.run(["scancel", job.slurm_id], capture_output=True, check=False)
         if self._server is not None:

@@ -132,11 +132,13 @@ class QarnotDouble:
                     os.killpg(task.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+                task.proc.wait(timeout=10)  # reaped: no zombie left in the test process
 
     def stop(self):
         for task in self.tasks.values():
             if task.proc is not None and task.proc.poll() is None:
                 os.killpg(task.proc.pid, signal.SIGKILL)
+                task.proc.wait(timeout=10)
         self._server.shutdown()
         self._thread.join(5)
         self._s3_server.shutdown()
