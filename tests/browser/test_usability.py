@@ -174,6 +174,9 @@ def test_a_pool_whose_backend_is_not_set_up_says_so_and_cannot_be_launched_on(
     expect(qpu.locator(".use").first).to_contain_text("Takes jobs")
 
     page.get_by_role("link", name="Cases").click()
+    # all_inner_texts() does not wait: wait for the new page's form before reading its options.
+    page.wait_for_url(f"{site.url}/cases/")
+    expect(page.get_by_label("Class").locator("option", has_text="local/small")).to_have_count(1)
     offered = page.get_by_label("Class").locator("option").all_inner_texts()
     assert "local/small" in offered and not any(text.startswith(("hpc/", "qpu/")) for text in offered)
 
