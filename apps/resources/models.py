@@ -7,6 +7,7 @@ constraints back the invariants that a race or a raw write could otherwise break
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.validators import MinLengthValidator, MinValueValidator
@@ -78,6 +79,29 @@ class ResourcePoolQuerySet(models.QuerySet):
             | Q(pk__in=through_users.values("resourcepool_id"))
             | Q(pk__in=through_groups.values("resourcepool_id"))
         )
+
+
+def visible_to_sql(user, pool: str = "p") -> tuple[str, list]:
+    """R-POOL-8 as a SQL condition on the pool table aliased ``pool``, with its parameters: the
+    rule of ``visible_to`` for hand-written statements (session admission, issue 15), which
+    cannot afford the ORM's cost of building that filter on every request.
+    tests/resources/test_visibility.py checks that both select the same pools for every kind of
+    grant; change them together.
+    """
+    if user.is_staff:
+        return "TRUE", []
+    if not user.is_authenticated:
+        return "FALSE", []
+    users = ResourcePool.users.through._meta.db_table
+    groups = ResourcePool.groups.through._meta.db_table
+    members = get_user_model().groups.through._meta.db_table
+    return (
+        f"({pool}.public"  # noqa: S608 (table names from _meta; values are parameters)
+        f" OR EXISTS (SELECT 1 FROM {users} g WHERE g.resourcepool_id = {pool}.id AND g.user_id = %s)"
+        f" OR EXISTS (SELECT 1 FROM {groups} pg JOIN {members} m ON m.group_id = pg.group_id"
+        f" WHERE pg.resourcepool_id = {pool}.id AND m.user_id = %s))",
+        [user.pk, user.pk],
+    )
 
 
 class ResourcePool(_CleanEnforcedConstraints, models.Model):

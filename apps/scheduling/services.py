@@ -9,7 +9,7 @@ import logging
 import threading
 import uuid
 from contextlib import contextmanager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -18,6 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, Forbidden
+from apps.core.rows import Columns
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
@@ -29,7 +30,7 @@ from apps.scheduling.drivers import (
     get_driver,
 )
 from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
-from apps.scheduling.strategies import caught_up_vruntime, strategy_for
+from apps.scheduling.strategies import caught_up_vruntime_sql, strategy_for
 from apps.sessions.models import Session, SessionStatus
 from apps.sessions.services import is_retryable, retry_aborted
 
@@ -153,42 +154,97 @@ def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device 
         get_driver(device.driver).validate_payload(device, payload, shots)
 
 
-def session_for_submission():
-    """The session lookup submission callers use: the pool and its queue's wake-up flag come in
-    the same query (one statement of the four of the common path)."""
-    return Session.objects.select_related("pool", "pool__queue")
+_SESSION = Columns(Session, "s")
+_POOL = Columns(ResourcePool, "p")
+_QUEUE = Columns(PoolQueue, "q")
 
 
-def _update_and_insert(sessions, values: dict, job: Job) -> bool:
-    """One statement for "renew the session if it is still the caller's and active, and only
-    then insert the job" (PostgreSQL):
+def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
+    """The session a job is submitted into, with its pool and the pool queue's wake-up flag,
+    in one statement (one of the four of the common path); None if there is no such session
+    (or none on the pool named ``pool_name``, for QRMI). Owner and status are submit_job's::
 
-        WITH s AS (UPDATE session SET … WHERE id = … AND user_id = … AND status = 'active'
-                   RETURNING id)
-        INSERT INTO scheduling_job (…) SELECT … FROM s RETURNING id
+        SELECT session.*, pool.*, queue.* FROM session JOIN pool LEFT JOIN pool queue
+         WHERE session.id = session_id [AND pool.name = pool_name]
 
-    Both halves are compiled by the ORM from the same queryset and instance ``update()`` and
-    ``save()`` would use (every field, defaults included), then joined: one round trip, atomic
-    without BEGIN/COMMIT, holding the session's row lock until it ends, so a revocation racing it
-    waits and then cancels the new job. Returns False when the session did not match (no job).
+    Written by hand (STYLE.md rule 4): the ORM spent ~0.9 ms of CPU building this join on every
+    submission (issue 15, bench/http_load.py).
     """
-    from django.db.models.sql import InsertQuery, UpdateQuery
-
-    update = sessions.query.chain(UpdateQuery)
-    update.add_update_values(values)
-    update_sql, update_params = update.get_compiler(connection.alias).as_sql()
-    insert = InsertQuery(Job)
-    insert.insert_values([f for f in Job._meta.concrete_fields if f is not Job._meta.pk], [job])
-    compiler = insert.get_compiler(connection.alias)
-    compiler.returning_fields = [Job._meta.pk]
-    ((insert_sql, insert_params),) = compiler.as_sql()
-    head, values_sql = insert_sql.split(" VALUES (", 1)
-    row, returning = values_sql.rsplit(") RETURNING ", 1)
-    session_pk = connection.ops.quote_name(Session._meta.pk.column)
-    # Only ORM-compiled SQL and a quoted column name are joined; every value stays a parameter.
-    sql = f"WITH s AS ({update_sql} RETURNING {session_pk}) {head} SELECT {row} FROM s RETURNING {returning}"  # noqa: S608
+    try:
+        session_id = uuid.UUID(str(session_id))
+    except ValueError:
+        return None
+    params = [Session._meta.pk.get_db_prep_value(session_id, connection)]
+    where = "s.id = %s"
+    if pool_name is not None:
+        where += " AND p.name = %s"
+        params.append(pool_name)
+    sql = (
+        f"SELECT {_SESSION.sql}, {_POOL.sql}, {_QUEUE.sql} FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta)
+        f" JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
+        f" LEFT JOIN {PoolQueue._meta.db_table} q ON q.pool_id = p.id WHERE {where}"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(sql, (*update_params, *insert_params))
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    pools_at, queue_at = len(_SESSION), len(_SESSION) + len(_POOL)
+    session = _SESSION.instance(row[:pools_at])
+    session.pool = _POOL.instance(row[pools_at:queue_at])
+    queue = _QUEUE.instance(row[queue_at:]) if row[queue_at] is not None else None  # the pool never had a job
+    ResourcePool.queue.related.set_cached_value(session.pool, queue)
+    return session
+
+
+def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime, job: Job) -> bool:
+    """Renew the session if it is still ``user_id``'s and active, and only then insert ``job``.
+    Returns False when the session did not match (no job).
+
+    PostgreSQL, one statement: one round trip, atomic without BEGIN/COMMIT, holding the
+    session's row lock until it ends, so a revocation racing it waits and then cancels the new
+    job::
+
+        WITH s AS (UPDATE session SET last_activity_at = now, idle_expires_at = idle_until,
+                          vruntime = caught up (R-SCHED-2)
+                    WHERE id = session_id AND user_id = user_id AND status = 'active'
+                    RETURNING id)
+        INSERT INTO scheduling_job (every column but id) SELECT <the job's values> FROM s RETURNING id
+
+    SQLite (no data-modifying CTE): the UPDATE, then ``save()``, in one transaction. Written by
+    hand (STYLE.md rule 4): compiling it with the ORM cost ~3 ms of CPU per submission, more
+    than half of its server time (issue 15, bench/http_load.py). The job's values are prepared
+    by its own fields, as ``save()`` prepares them; tests/scheduling/test_submission.py reads
+    every column back.
+    """
+    ops, table = connection.ops, Session._meta.db_table
+    update = (
+        f"UPDATE {table} SET last_activity_at = %s, idle_expires_at = %s,"  # noqa: S608 (names from _meta)
+        f" vruntime = {caught_up_vruntime_sql(table)} WHERE id = %s AND user_id = %s AND status = %s"
+    )
+    params = [
+        ops.adapt_datetimefield_value(now),
+        ops.adapt_datetimefield_value(idle_until),
+        Session._meta.pk.get_db_prep_value(session_id, connection),
+        user_id,
+        SessionStatus.ACTIVE,
+    ]
+    if connection.vendor != "postgresql":
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(update, params)
+            if not cursor.rowcount:
+                return False
+            job.save(force_insert=True)
+            return True
+    fields = [field for field in Job._meta.concrete_fields if field is not Job._meta.pk]
+    columns = ", ".join(ops.quote_name(field.column) for field in fields)
+    values = [field.get_db_prep_save(field.pre_save(job, True), connection) for field in fields]
+    sql = (
+        f"WITH s AS ({update} RETURNING id) INSERT INTO {Job._meta.db_table} ({columns})"  # noqa: S608 (names from _meta)
+        f" SELECT {', '.join(['%s'] * len(fields))} FROM s RETURNING id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *values])
         inserted = cursor.fetchone()
     if inserted is None:
         return False
@@ -215,12 +271,7 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
     validate_job(pool, payload, shots, target_device)
     wake = _queue_awaits_work(pool)
     now = timezone.now()
-    renew = {
-        "last_activity_at": now,
-        "idle_expires_at": now + timedelta(seconds=pool.idle_timeout),
-        "vruntime": caught_up_vruntime(),
-    }
-    checked = Session.objects.filter(pk=session.pk, user_id=user.pk, status=SessionStatus.ACTIVE)
+    idle_until = now + timedelta(seconds=pool.idle_timeout)
     job = Job(
         session_id=session.pk,
         pool_id=session.pool_id,
@@ -230,20 +281,11 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
         target_device=target_device,
         created_at=now,
     )
-
-    def insert() -> bool:
-        if connection.vendor == "postgresql":
-            return _update_and_insert(checked, renew, job)
-        with transaction.atomic():  # SQLite: no data-modifying CTE; two statements, one transaction
-            if not checked.update(**renew):
-                return False
-            job.save(force_insert=True)
-            return True
-
-    if not retry_aborted(insert):  # ended since the caller read it (expired, released, revoked)
+    inserted = retry_aborted(lambda: _update_and_insert(session.pk, user.pk, now, idle_until, job))
+    if not inserted:  # ended since the caller read it (expired, released, revoked)
         status = Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
         raise Forbidden(f"Session {session.pk} has ended ({status or 'gone'}).", status=status)
-    session.last_activity_at, session.idle_expires_at = now, now + timedelta(seconds=pool.idle_timeout)
+    session.last_activity_at, session.idle_expires_at = now, idle_until
     job.session = session
     if wake:
         _wake_if_waiting(session.pool_id)

@@ -33,7 +33,7 @@ from apps.scheduling import services as job_services
 from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
-from apps.sessions.selectors import visible_or_404
+from apps.sessions.selectors import seen_or_404
 from apps.web import charts
 from apps.web.errors import REFUSALS, Refusal, error_text, refusal, refuse
 from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm, UtilizationForm
@@ -168,7 +168,7 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = visible_or_404(job_services.session_for_submission(), request.user, pk)
+    session = seen_or_404(job_services.session_for_submission(pk), request.user)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         text = "The job was not submitted: " + " ".join(

@@ -28,11 +28,37 @@ def test_submit_job_refuses_an_ended_session(qpu_pool, fake_device, open_session
 def test_submit_job_refuses_a_session_that_ended_after_the_caller_read_it(qpu_pool, fake_device, open_session, owner):
     """The caller's copy says active; the database says revoked: the UPDATE's own check wins."""
     session = open_session(qpu_pool, owner)
-    stale = services.session_for_submission().get(pk=session.pk)
+    stale = services.session_for_submission(session.pk)
     release(session)
     with pytest.raises(Forbidden, match="revoked"):
         services.submit_job(user=owner, session=stale, payload={}, shots=1)
     assert not Job.objects.exists()
+
+
+def test_submitted_job_is_stored_as_save_would_store_it(qpu_pool, fake_device, open_session, owner):
+    """The hand-written renew-and-insert statement (issue 15) stores every column of the job as
+    ``save()`` would: read back, nothing differs from the instance it returned."""
+    session = open_session(qpu_pool, owner)
+    payload = {"sequence": {"nested": [1, 2.5, None, "é"]}, "flag": True}
+    job = services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload=payload, shots=7)
+    stored = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(stored, field.attname) == getattr(job, field.attname), field.name
+    assert stored.payload == payload and stored.shots == 7 and stored.status == "pending"
+    assert stored.session_id == session.pk and stored.user_id == owner.pk and stored.pool_id == qpu_pool.pk
+
+
+def test_session_for_submission_brings_the_pool_and_its_queue_flag_in_one_statement(
+    qpu_pool, fake_device, open_session, owner, django_assert_num_queries
+):
+    session = open_session(qpu_pool, owner)
+    assert services.session_for_submission(session.pk).pool.name == "qpu"  # no queue row yet: None cached
+    PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False, "vtime": 3.5})
+    with django_assert_num_queries(1):
+        found = services.session_for_submission(session.pk, pool_name="qpu")
+        assert found.pk == session.pk and found.pool.queue.vtime == 3.5 and not found.pool.queue.awaiting_work
+    assert services.session_for_submission(session.pk, pool_name="other") is None
+    assert services.session_for_submission("not-a-uuid") is None
 
 
 def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session, owner):
@@ -56,10 +82,10 @@ def test_submit_job_costs_at_most_four_statements_with_the_lookup(
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
     with django_assert_max_num_queries(4):
-        fresh = services.session_for_submission().get(pk=session.pk)
+        fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     with django_assert_max_num_queries(4):  # a second job (no catch-up) costs the same
-        fresh = services.session_for_submission().get(pk=session.pk)
+        fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     assert Job.objects.count() == 2
 
@@ -105,7 +131,7 @@ def test_submissions_wake_an_idle_dispatcher_once(
     session = open_session(qpu_pool, owner)
     for _ in range(5):
         with django_capture_on_commit_callbacks(execute=True):
-            fresh = services.session_for_submission().get(pk=session.pk)
+            fresh = services.session_for_submission(session.pk)
             services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     assert sent == [("apps.scheduling.tasks.run_pool", (qpu_pool.pk,))]
     assert not PoolQueue.objects.get(pool=qpu_pool).awaiting_work
@@ -120,7 +146,7 @@ def test_no_wake_up_while_every_device_is_busy(
     sent = []
     monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
     with django_capture_on_commit_callbacks(execute=True):
-        fresh = services.session_for_submission().get(pk=session.pk)
+        fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     assert sent == []  # the job-finished event will dispatch it
 
@@ -135,7 +161,7 @@ def test_dispatcher_left_idle_is_woken_again_by_the_next_submission(
     sent = []
     monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
     with django_capture_on_commit_callbacks(execute=True):
-        fresh = services.session_for_submission().get(pk=session.pk)
+        fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     assert len(sent) == 1
 

@@ -98,6 +98,30 @@ def test_expired_sessions_never_block_admission(pool, owner):
     assert old.revocation_reason == "max_lifetime" and new.is_active
 
 
+def test_idle_sessions_never_block_admission_but_busy_ones_do(pool, owner, busy):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        idle = admit(pool, owner)
+        working = admit(pool, owner, external_id="busy-3")
+    with time_machine.travel(start + timedelta(seconds=601), tick=False):
+        new = admit(pool, owner)  # fits only once the idle one is revoked
+        with pytest.raises(services.CapacityExceeded):
+            admit(pool, owner)  # the busy one is past its idle deadline too, but keeps its slot
+    idle.refresh_from_db()
+    working.refresh_from_db()
+    assert idle.revocation_reason == "idle_timeout" and working.is_active and new.is_active
+
+
+def test_a_due_session_of_the_same_scheduler_job_is_never_handed_out_again(pool, owner):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        old = admit(pool, owner, external_id="job-9")
+    with time_machine.travel(start + timedelta(seconds=601), tick=False):  # idle past its deadline
+        new = admit(pool, owner, external_id="job-9")
+    old.refresh_from_db()
+    assert old.revocation_reason == "idle_timeout" and new.pk != old.pk and new.is_active
+
+
 def test_expire_sessions_command_reports_and_is_safe_to_rerun(pool, owner, capsys):
     start = timezone.now()
     with time_machine.travel(start, tick=False):

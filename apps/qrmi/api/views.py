@@ -21,7 +21,7 @@ from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
 from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid
 from apps.qrmi.permissions import HasMungeIdentity
 from apps.resources.models import ResourcePool
-from apps.resources.selectors import can_use_pool, visible_classes
+from apps.resources.selectors import can_use_pool
 from apps.scheduling import services as scheduling
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
@@ -81,21 +81,24 @@ class QrmiView(APIView):
             )
         return self.request.user
 
-    def session_from_header(self, queryset=None) -> Session:
+    def session_from_header(self, *, for_submission: bool = False) -> Session:
         raw = self.request.headers.get(SESSION_HEADER, "").strip()
         if not raw:
             # 403 as in Warden (an authorization failure there, not a malformed request).
             raise PermissionDenied(f"Missing '{SESSION_HEADER}' header (the session id acquire returned).")
-        return self.session(raw, queryset)
+        return self.session(raw, for_submission=for_submission)
 
-    def session(self, raw: str, queryset=None) -> Session:
+    def session(self, raw: str, *, for_submission: bool = False) -> Session:
         try:
             session_id = uuid.UUID(raw)
         except ValueError:
             raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.") from None
         # By the pool's name, not self.pool: one statement instead of two on every release and job.
-        queryset = Session.objects.select_related("pool") if queryset is None else queryset
-        session = queryset.filter(pk=session_id, pool__name=self.kwargs["pool"]).first()
+        if for_submission:
+            session = scheduling.session_for_submission(session_id, pool_name=self.kwargs["pool"])
+        else:
+            on_pool = Session.objects.select_related("pool").filter(pool__name=self.kwargs["pool"])
+            session = on_pool.filter(pk=session_id).first()
         if session is None:
             raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.")
         return session
@@ -154,10 +157,12 @@ class SessionsView(QrmiView):
             )
         # The pool, its default class, the user's access and the pool lock: one statement in
         # admit() (issue 15's budget); the reasons for a miss are looked up only on a miss.
-        default_class = visible_classes(user).filter(pool__name=self.kwargs["pool"], default=True)
         try:
             admission = sessions.admit(
-                user=user, resource_class=default_class, slots=data["slots"], external_id=data["external_id"]
+                user=user,
+                resource_class=sessions.UsableClass(pool_name=self.kwargs["pool"]),
+                slots=data["slots"],
+                external_id=data["external_id"],
             )
         except sessions.NoSuchClass:
             if not can_use_pool(user, self.pool):  # self.pool: 404 for an unknown pool
@@ -211,7 +216,7 @@ class JobsView(QrmiView):
         """R-QRMI-2/3: the uid must be the session owner's; then R-JOB-1 submission and fair
         scheduling like any job."""
         user = self.caller()
-        session = self.session_from_header(queryset=scheduling.session_for_submission())
+        session = self.session_from_header(for_submission=True)
         body = TaskSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:

@@ -15,7 +15,7 @@ from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer,
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
 from apps.sessions.models import Session
-from apps.sessions.selectors import visible_or_404
+from apps.sessions.selectors import seen_or_404, visible_or_404
 
 
 class DeviceViewSet(viewsets.ModelViewSet):
@@ -96,7 +96,7 @@ class SessionJobsView(APIView):
 
     def _session_for_submission(self, request, pk) -> Session:
         # Other users' sessions are 404; owner and status are the service's (R-JOB-1).
-        return visible_or_404(services.session_for_submission(), request.user, pk)
+        return seen_or_404(services.session_for_submission(pk), request.user)
 
     @extend_schema(
         request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}

@@ -62,12 +62,14 @@ class SessionViewSet(
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
         # The class must be usable by the session's user: a service principal opens sessions for
         # granted users on pools it need not see itself (docs/architecture.md, "Who may do what").
-        # The lookup, that access check and the pool lock are one statement (issue 15's budget):
-        # admit() locks the pool through this queryset; the reasons for a miss are looked up after.
-        classes = visible_classes(target).filter(pk=data["resource_class"])
+        # The lookup, that access check and the pool lock are one statement in admit() (issue
+        # 15's budget); the reasons for a miss are looked up after.
         try:
             admission = services.admit(
-                user=target, resource_class=classes, slots=data["slots"], external_id=data["external_id"]
+                user=target,
+                resource_class=services.UsableClass(pk=data["resource_class"]),
+                slots=data["slots"],
+                external_id=data["external_id"],
             )
         except services.NoSuchClass:
             seen = visible_classes(caller).filter(pk=data["resource_class"]).first() if target != caller else None

@@ -1,0 +1,78 @@
+"""Session admission's hand-written statements (STYLE.md rule 4, issue 15), tested directly:
+the class lookup that checks access and locks the pool, the usage sum, and the model instances
+they give back."""
+
+from decimal import Decimal
+
+import pytest
+
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.sessions import services
+from apps.sessions.models import Session, SessionStatus
+from apps.sessions.selectors import Usage, active_usage
+
+pytestmark = pytest.mark.django_db
+
+
+def test_usable_class_by_id_admits_on_a_granted_pool_and_refuses_one_the_user_may_not_use(private_pool, member, owner):
+    klass = private_pool.classes.get()
+    admission = services.admit(user=member, resource_class=services.UsableClass(pk=klass.pk))
+    assert admission.created and admission.session.resource_class_id == klass.pk
+    with pytest.raises(services.NoSuchClass):  # owner is in no group of the private pool
+        services.admit(user=owner, resource_class=services.UsableClass(pk=klass.pk))
+    with pytest.raises(services.NoSuchClass):
+        services.admit(user=member, resource_class=services.UsableClass(pk=klass.pk + 1000))
+
+
+def test_usable_class_by_pool_name_is_that_pools_default_class(local_pool, owner):
+    ResourceClass.objects.create(pool=local_pool, name="big", cpu=8, memory=16)
+    session = services.admit(user=owner, resource_class=services.UsableClass(pool_name="local")).session
+    assert session.resource_class.name == "small" and session.pool_id == local_pool.pk
+    with pytest.raises(services.NoSuchClass):
+        services.admit(user=owner, resource_class=services.UsableClass(pool_name="nowhere"))
+
+
+def test_staff_may_admit_on_any_pool_through_a_usable_class(private_pool, staff):
+    klass = private_pool.classes.get()
+    assert services.admit(user=staff, resource_class=services.UsableClass(pk=klass.pk)).created
+
+
+def test_admitted_session_carries_the_class_and_pool_as_stored(owner):
+    """The instances built from the locking statement's row are the stored ones: JSON decoded,
+    decimals and datetimes converted (SQLite and PostgreSQL alike)."""
+    pool = ResourcePool.objects.create(
+        name="slurm", kind="slurm", public=True, idle_timeout=120, remote={"partition": "debug"}
+    )
+    klass = ResourceClass.objects.create(
+        pool=pool, name="half", cpu=Decimal("0.5"), memory=3, default=True, remote={"partition": "short"}
+    )
+    session = services.admit(user=owner, resource_class=services.UsableClass(pk=klass.pk)).session
+    assert session.pool.remote == {"partition": "debug"} and session.resource_class.remote == {"partition": "short"}
+    assert session.resource_class.cpu == Decimal("0.5") and isinstance(session.resource_class.cpu, Decimal)
+    assert session.pool.created_at == pool.created_at
+    assert (session.idle_expires_at - session.created_at).total_seconds() == 120
+    assert session.launch_spec == services.launch_spec(klass)
+
+
+def test_same_scheduler_job_returns_its_session_and_a_different_one_is_refused(local_pool, owner):
+    first = services.admit(user=owner, resource_class=services.UsableClass(pool_name="local"), external_id="77")
+    again = services.admit(user=owner, resource_class=services.UsableClass(pool_name="local"), external_id="77")
+    assert first.created and not again.created and again.session.pk == first.session.pk
+    with pytest.raises(services.SessionConflict):
+        services.admit(user=owner, resource_class=services.UsableClass(pool_name="local"), slots=2, external_id="77")
+
+
+def test_active_usage_sums_slots_and_class_resources_of_active_sessions_only(owner):
+    pool = ResourcePool.objects.create(
+        name="quota", public=True, quota_cpu=Decimal("10"), quota_memory=100, quota_gpu=10, slots_total=10
+    )
+    klass = ResourceClass.objects.create(pool=pool, name="q", cpu=Decimal("1.5"), memory=2, gpu=1, default=True)
+    other = ResourcePool.objects.create(name="empty", public=True)
+    services.admit(user=owner, resource_class=klass, slots=2)
+    services.admit(user=owner, resource_class=klass, slots=3)
+    services.release(services.admit(user=owner, resource_class=klass, slots=4).session)
+    usage = active_usage([pool.pk, other.pk])
+    assert usage[other.pk] == Usage()
+    assert usage[pool.pk] == Usage(slots=5, cpu=Decimal("3.0"), memory=4, gpu=2)
+    assert isinstance(usage[pool.pk].cpu, Decimal)
+    assert Session.objects.filter(status=SessionStatus.ACTIVE).count() == 2
