@@ -7,6 +7,7 @@ decoding, SQLite's decimals and datetimes), so callers get ordinary model object
 """
 
 from django.db import connection
+from django.db.models import signals
 from django.db.models.sql import Query
 
 
@@ -35,3 +36,27 @@ class Columns:
             for function in functions:
                 values[position] = function(values[position], expression, connection)
         return self.model.from_db(connection.alias, [field.attname for field in self.fields], values)
+
+
+def prepared(instance, fields) -> list:
+    """``fields``' values of ``instance`` as ``save()`` sends them (``pre_save``, then
+    ``get_db_prep_save``): JSON adapted, datetimes and UUIDs in the backend's form."""
+    return [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+
+
+def insert(instance) -> None:
+    """INSERT ``instance`` as ``save(force_insert=True)`` stores it, without the ORM building the
+    statement (~0.4 ms of CPU, a tenth of an acquire: issue 15). For models whose primary key is
+    set in Python (a UUID default); a model with save signals' receivers goes through
+    ``save()`` so that none is skipped."""
+    model = type(instance)
+    if signals.pre_save.has_listeners(model) or signals.post_save.has_listeners(model):
+        instance.save(force_insert=True)
+        return
+    fields = list(model._meta.concrete_fields)
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    sql = f"INSERT INTO {model._meta.db_table} ({columns}) VALUES ({marks})"  # noqa: S608 (names from _meta)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, prepared(instance, fields))
+    instance._state.adding, instance._state.db = False, connection.alias

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, Forbidden
-from apps.core.rows import Columns
+from apps.core.rows import Columns, prepared
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
@@ -147,7 +147,7 @@ def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device 
     """R-JOB-1, R-DEV-1: the payload is checked by every device that may take the job (the one it
     names, else every device of the pool, since the dispatcher gives it to any free one);
     InvalidPayload → 400. A pool without any device would keep the job pending forever: 400 too."""
-    devices = [target_device] if target_device else list(pool.devices.all())
+    devices = [target_device] if target_device else _pool_devices(pool.pk)
     if not devices:
         raise InvalidPayload(f"Pool '{pool.name}' has no device to run jobs: ask an administrator to add one.")
     for device in devices:
@@ -157,6 +157,17 @@ def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device 
 _SESSION = Columns(Session, "s")
 _POOL = Columns(ResourcePool, "p")
 _QUEUE = Columns(PoolQueue, "q")
+_DEVICE = Columns(Device, "d")
+
+
+def _pool_devices(pool_id: int) -> list[Device]:
+    """The pool's devices, for the payload check of every submission (``SELECT device.* WHERE
+    pool = pool_id``): written by hand like the other statements of the submission's common
+    path, which the ORM's ~0.4 ms of building it would otherwise outweigh."""
+    with connection.cursor() as cursor:
+        sql = f"SELECT {_DEVICE.sql} FROM {Device._meta.db_table} d WHERE d.pool_id = %s ORDER BY d.id"  # noqa: S608
+        cursor.execute(sql, [pool_id])
+        return [_DEVICE.instance(row) for row in cursor.fetchall()]
 
 
 def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
@@ -238,7 +249,7 @@ def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime,
             return True
     fields = [field for field in Job._meta.concrete_fields if field is not Job._meta.pk]
     columns = ", ".join(ops.quote_name(field.column) for field in fields)
-    values = [field.get_db_prep_save(field.pre_save(job, True), connection) for field in fields]
+    values = prepared(job, fields)
     sql = (
         f"WITH s AS ({update} RETURNING id) INSERT INTO {Job._meta.db_table} ({columns})"  # noqa: S608 (names from _meta)
         f" SELECT {', '.join(['%s'] * len(fields))} FROM s RETURNING id"

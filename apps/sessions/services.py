@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, NotFound, Unavailable
-from apps.core.rows import Columns
+from apps.core.rows import Columns, insert
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt, visible_to_sql
 from apps.sessions.hooks import busy_q, sessions_revoked
@@ -86,7 +86,7 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
                 if not any(expire_due_sessions(now=now, pool_id=pool.pk).values()):
                     raise
                 _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
-            session = Session.objects.create(
+            session = Session(
                 user=user,
                 resource_class=locked,
                 pool=pool,
@@ -98,6 +98,7 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
                 expires_at=now + timedelta(seconds=pool.max_lifetime),
                 idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
             )
+            insert(session)
             return Admission(session, True)
     except IntegrityError:
         # A concurrent request for the same (user, external_id) won through another pool's lock,

@@ -52,6 +52,9 @@ def test_admitted_session_carries_the_class_and_pool_as_stored(owner):
     assert session.pool.created_at == pool.created_at
     assert (session.idle_expires_at - session.created_at).total_seconds() == 120
     assert session.launch_spec == services.launch_spec(klass)
+    stored = Session.objects.get(pk=session.pk)  # inserted without save(): stored as save() would
+    for field in Session._meta.concrete_fields:
+        assert getattr(stored, field.attname) == getattr(session, field.attname), field.name
 
 
 def test_same_scheduler_job_returns_its_session_and_a_different_one_is_refused(local_pool, owner):
@@ -76,3 +79,21 @@ def test_active_usage_sums_slots_and_class_resources_of_active_sessions_only(own
     assert usage[pool.pk] == Usage(slots=5, cpu=Decimal("3.0"), memory=4, gpu=2)
     assert isinstance(usage[pool.pk].cpu, Decimal)
     assert Session.objects.filter(status=SessionStatus.ACTIVE).count() == 2
+
+
+def test_insert_goes_through_save_when_the_model_has_save_receivers(local_pool, owner):
+    """rows.insert() skips the ORM's statement building, never a receiver of save signals."""
+    from django.db.models import signals
+
+    seen = []
+
+    def receiver(sender, instance, created, **kwargs):
+        seen.append((instance.pk, created))
+
+    signals.post_save.connect(receiver, sender=Session)
+    try:
+        session = services.admit(user=owner, resource_class=local_pool.classes.get()).session
+    finally:
+        signals.post_save.disconnect(receiver, sender=Session)
+    assert seen == [(session.pk, True)]
+    assert Session.objects.get(pk=session.pk).launch_spec == session.launch_spec

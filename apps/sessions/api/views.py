@@ -87,7 +87,7 @@ class SessionViewSet(
         """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
         # The owner's common path costs one lookup: the principal check (two permission queries
         # for a non-staff user) only runs for somebody else's session.
-        session = get_object_or_404(Session.objects.select_related("pool"), pk=kwargs["pk"])
+        session = get_object_or_404(Session, pk=kwargs["pk"])
         if session.user_id != request.user.pk and not is_service_principal(request.user):
             raise NotFound()  # other users' sessions do not exist for the caller
         services.release(session)
