@@ -83,6 +83,9 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
             try:
                 _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
             except CapacityExceeded:
+                past = Session.objects.active().filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
+                if not past.filter(pool_id=pool.pk).exists():  # cheap: nothing could be due
+                    raise
                 if not any(expire_due_sessions(now=now, pool_id=pool.pk).values()):
                     raise
                 _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
