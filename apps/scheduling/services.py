@@ -323,9 +323,22 @@ def cancel_job(job: Job) -> Job:
     raise Conflict(detail, status=job.status)
 
 
+def _any_unfinished(session_ids) -> bool:
+    """Whether a job of ``session_ids`` is pending or running (``SELECT EXISTS (job of these
+    sessions, unfinished)``): written by hand, as the release it follows (issue 15)."""
+    marks = ", ".join(["%s"] * len(session_ids))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {Job._meta.db_table} WHERE session_id IN ({marks})"  # noqa: S608 (names from _meta)
+            f" AND status IN ({', '.join(['%s'] * len(UNFINISHED))}) LIMIT 1",
+            [*(Session._meta.pk.get_db_prep_value(pk, connection) for pk in session_ids), *UNFINISHED],
+        )
+        return cursor.fetchone() is not None
+
+
 def on_sessions_revoked(sender, session_ids, reason, **kwargs):
     """R-SESS-3/4: a revoked session's pending jobs are cancelled, running ones asked to stop."""
-    if not Job.objects.filter(session_id__in=session_ids, status__in=UNFINISHED).exists():
+    if not _any_unfinished(session_ids):
         return  # the common release: nothing left to stop, one statement (issue 15's budget)
     now = timezone.now()
     Job.objects.filter(session_id__in=session_ids, status=JobStatus.PENDING).update(

@@ -1,6 +1,6 @@
-"""Session admission's hand-written statements (STYLE.md rule 4, issue 15), tested directly:
-the class lookup that checks access and locks the pool, the usage sum, and the model instances
-they give back."""
+"""Session admission's and release's hand-written statements (STYLE.md rule 4, issue 15), tested
+directly: the class lookup that checks access and locks the pool, the usage sum, the model
+instances they give back, and the compare-and-set that ends a session."""
 
 from decimal import Decimal
 
@@ -97,3 +97,34 @@ def test_insert_goes_through_save_when_the_model_has_save_receivers(local_pool, 
         signals.post_save.disconnect(receiver, sender=Session)
     assert seen == [(session.pk, True)]
     assert Session.objects.get(pk=session.pk).launch_spec == session.launch_spec
+
+
+def test_release_own_ends_only_the_callers_active_session_once(local_pool, owner, member):
+    mine = services.admit(user=owner, resource_class=local_pool.classes.get()).session
+    theirs = services.admit(user=member, resource_class=local_pool.classes.get()).session
+    assert not services.release_own(owner, theirs.pk)  # someone else's: untouched
+    assert not services.release_own(owner, "not-a-uuid")
+    assert services.release_own(owner, str(mine.pk))
+    assert not services.release_own(owner, mine.pk)  # already ended: idempotent, no second win
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.status == SessionStatus.REVOKED and mine.revocation_reason == "released" and mine.revoked_at
+    assert theirs.status == SessionStatus.ACTIVE and theirs.revoked_at is None
+
+
+def test_ending_a_session_announces_it_for_job_cancellation(local_pool, owner):
+    from apps.sessions.hooks import sessions_revoked
+
+    heard = []
+
+    def receiver(sender, session_ids, reason, **kwargs):
+        heard.append((list(session_ids), reason))
+
+    sessions_revoked.connect(receiver)
+    try:
+        session = services.admit(user=owner, resource_class=local_pool.classes.get()).session
+        services.release_own(owner, session.pk)
+        services.release(session)  # already ended: nothing announced twice
+    finally:
+        sessions_revoked.disconnect(receiver)
+    assert heard == [([session.pk], "released")]

@@ -30,7 +30,7 @@ def test_rest_acquire_runs_at_most_four_statements(token_client, private_pool, o
 
 
 def test_rest_release_runs_at_most_four_statements(token_client, local_pool, owner, open_session, statement_budget):
-    """Token lookup, session lookup, compare-and-set UPDATE (R-SESS-4), the jobs probe."""
+    """Token lookup, the owner's compare-and-set UPDATE (R-SESS-4), the jobs probe."""
     session = open_session(local_pool, owner)
     with statement_budget(BUDGET):
         response = token_client.delete(f"/api/v1/sessions/{session.pk}/")

@@ -87,6 +87,8 @@ class SessionViewSet(
         """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
         # The owner's common path costs one lookup: the principal check (two permission queries
         # for a non-staff user) only runs for somebody else's session.
+        if services.release_own(request.user, kwargs["pk"]):  # the owner's common path: one statement
+            return Response(status=status.HTTP_204_NO_CONTENT)
         session = get_object_or_404(Session, pk=kwargs["pk"])
         if session.user_id != request.user.pk and not is_service_principal(request.user):
             raise NotFound()  # other users' sessions do not exist for the caller
