@@ -162,10 +162,11 @@ _DEVICE = Columns(Device, "d")
 
 def _pool_devices(pool_id: int) -> list[Device]:
     """The pool's devices, for the payload check of every submission (``SELECT device.* WHERE
-    pool = pool_id``): written by hand like the other statements of the submission's common
-    path, which the ORM's ~0.4 ms of building it would otherwise outweigh."""
+    pool = pool_id`` in the model's order, name then id): written by hand like the other
+    statements of the submission's common path, which the ORM's ~0.4 ms of building it would
+    otherwise outweigh."""
     with connection.cursor() as cursor:
-        sql = f"SELECT {_DEVICE.sql} FROM {Device._meta.db_table} d WHERE d.pool_id = %s ORDER BY d.id"  # noqa: S608
+        sql = f"SELECT {_DEVICE.sql} FROM {Device._meta.db_table} d WHERE d.pool_id = %s ORDER BY d.name, d.id"  # noqa: S608
         cursor.execute(sql, [pool_id])
         return [_DEVICE.instance(row) for row in cursor.fetchall()]
 

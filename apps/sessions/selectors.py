@@ -47,9 +47,11 @@ def active_usage(pool_ids) -> dict[int, Usage]:
         )
         rows = cursor.fetchall()
     # A group has at least one session, and slots and class resources are NOT NULL: never null.
-    # SQLite sums a decimal column as a float; quotas compare in Decimal.
+    # SQLite sums a decimal column as a float (0.1 + 0.2 = 0.30000000000000004): back to the
+    # column's precision, as the ORM's decimal converter does, since quotas compare in Decimal.
+    places = Decimal(1).scaleb(-ResourceClass._meta.get_field("cpu").decimal_places)
     for pool_id, slots, cpu, memory, gpu in rows:
-        usage[pool_id] = Usage(slots=slots, cpu=Decimal(str(cpu)), memory=memory, gpu=gpu)
+        usage[pool_id] = Usage(slots=slots, cpu=Decimal(str(cpu)).quantize(places), memory=memory, gpu=gpu)
     return usage
 
 

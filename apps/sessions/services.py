@@ -143,6 +143,8 @@ def _lock_class(user, choice: ResourceClass | UsableClass, external_id: str) -> 
         params.append(choice.pk)
     else:
         if choice.pk is not None:
+            if not 0 < choice.pk < 2**63:  # SQLite cannot even bind a larger int (OverflowError)
+                raise NoSuchClass("No such class that you can use.")
             where = "c.id = %s"
             params.append(choice.pk)
         else:

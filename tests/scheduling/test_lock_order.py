@@ -123,14 +123,18 @@ def test_other_database_errors_are_not_retried():
 
 
 @pytest.mark.django_db
-def test_release_losing_to_a_deadlock_answers_503_json(api, owner, qpu_pool, open_session, monkeypatch):
+@pytest.mark.parametrize("releaser", ["owner", "service_principal"])
+def test_release_losing_to_a_deadlock_answers_503_json(
+    api, owner, service_principal, releaser, qpu_pool, open_session, monkeypatch
+):
+    """The owner's one-statement release and the principal's lookup-then-release alike."""
     session = open_session(qpu_pool, owner)
 
     def deadlocked(*args, **kwargs):
         raise aborted("40P01")
 
-    monkeypatch.setattr(session_services, "_revoke_one", deadlocked)
-    response = api(owner).delete(f"/api/v1/sessions/{session.pk}/")
+    monkeypatch.setattr(session_services, "_end_if_active", deadlocked)
+    response = api(owner if releaser == "owner" else service_principal).delete(f"/api/v1/sessions/{session.pk}/")
     assert response.status_code == 503
     assert response["Content-Type"].startswith("application/json") and "try again" in response.json()["detail"]
 

@@ -128,3 +128,25 @@ def test_ending_a_session_announces_it_for_job_cancellation(local_pool, owner):
     finally:
         sessions_revoked.disconnect(receiver)
     assert heard == [([session.pk], "released")]
+
+
+def test_a_quota_that_fits_exactly_admits_whatever_the_backend_sums_decimals_as(owner):
+    """SQLite sums the decimal cpu column as a float (0.1 + 0.2 = 0.30000000000000004): the usage
+    comes back at the column's precision, so a request that fits exactly is admitted."""
+    pool = ResourcePool.objects.create(
+        name="tenths", public=True, quota_cpu=Decimal("0.6"), quota_memory=10, quota_gpu=0
+    )
+    classes = [
+        ResourceClass.objects.create(pool=pool, name=f"c{n}", cpu=Decimal(f"0.{n}"), memory=1, default=n == 1)
+        for n in (1, 2, 3)
+    ]
+    for klass in classes:
+        services.admit(user=owner, resource_class=klass)
+    assert active_usage([pool.pk])[pool.pk].cpu == Decimal("0.6")
+
+
+def test_a_class_id_beyond_any_row_is_no_such_class_not_an_error(local_pool, owner, api):
+    with pytest.raises(services.NoSuchClass):
+        services.admit(user=owner, resource_class=services.UsableClass(pk=2**63))
+    response = api(owner).post("/api/v1/sessions/", {"resource_class": 10**30}, format="json")
+    assert response.status_code == 400 and "resource_class" in response.json()
