@@ -38,6 +38,24 @@ class Columns:
         return self.model.from_db(connection.alias, [field.attname for field in self.fields], values)
 
 
+def fetch_one(sql: str, params, *parts: Columns) -> tuple | None:
+    """The first row of ``sql``, split into one instance per ``Columns`` of ``parts`` (selected in
+    that order, first in the row) followed by the row's remaining values; None when there is no
+    row. A part whose primary key is NULL (a LEFT JOIN that matched nothing) is None."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    found, start = [], 0
+    for part in parts:
+        values = row[start : start + len(part)]
+        pk_at = part.fields.index(part.model._meta.pk)
+        found.append(None if values[pk_at] is None else part.instance(values))
+        start += len(part)
+    return (*found, *row[start:])
+
+
 def prepared(instance, fields) -> list:
     """``fields``' values of ``instance`` as ``save()`` sends them (``pre_save``, then
     ``get_db_prep_save``): JSON adapted, datetimes and UUIDs in the backend's form."""

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, Forbidden
-from apps.core.rows import Columns, prepared
+from apps.core.rows import Columns, fetch_one, prepared
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
@@ -196,16 +196,12 @@ def session_for_submission(session_id, *, pool_name: str | None = None) -> Sessi
         f" JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
         f" LEFT JOIN {PoolQueue._meta.db_table} q ON q.pool_id = p.id WHERE {where}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    found = fetch_one(sql, params, _SESSION, _POOL, _QUEUE)
+    if found is None:
         return None
-    pools_at, queue_at = len(_SESSION), len(_SESSION) + len(_POOL)
-    session = _SESSION.instance(row[:pools_at])
-    session.pool = _POOL.instance(row[pools_at:queue_at])
-    queue = _QUEUE.instance(row[queue_at:]) if row[queue_at] is not None else None  # the pool never had a job
-    ResourcePool.queue.related.set_cached_value(session.pool, queue)
+    session, pool, queue = found
+    session.pool = pool
+    ResourcePool.queue.related.set_cached_value(pool, queue)  # None: the pool never had a job
     return session
 
 

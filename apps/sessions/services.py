@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, NotFound, Unavailable
-from apps.core.rows import Columns, insert
+from apps.core.rows import Columns, fetch_one, insert
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt, visible_to_sql
 from apps.sessions.hooks import busy_q, sessions_revoked
@@ -158,14 +158,12 @@ def _lock_class(user, choice: ResourceClass | UsableClass, external_id: str) -> 
         f" FROM {ResourceClass._meta.db_table} c JOIN {ResourcePool._meta.db_table} p ON p.id = c.pool_id"
         f" WHERE {where} AND {access} ORDER BY c.id LIMIT 1{lock}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    found = fetch_one(sql, params, _CLASS, _POOL)
+    if found is None:
         raise NoSuchClass("No such class that you can use.")
-    locked = _CLASS.instance(row[: len(_CLASS)])
-    locked.pool = _POOL.instance(row[len(_CLASS) : -1])
-    return locked, row[-1]
+    locked, pool, same_job = found
+    locked.pool = pool
+    return locked, same_job
 
 
 def _class_id(choice: ResourceClass | UsableClass) -> int | None:
