@@ -220,6 +220,20 @@ def _overlap(start, end, bucket: Bucket):
     )
 
 
+def _held_per_bucket(start: str, end: str, parts: list[Bucket], now) -> dict:
+    """``{"b<i>": Σ overlap of [start, end or now) with bucket i}`` for the buckets that began
+    before ``now``: the time sessions held slots, or jobs held a device, in each bucket."""
+    until = Coalesce(end, Value(now))
+    return {
+        f"b{i}": Sum(
+            _overlap(F(start), until, b),
+            filter=Q(**{f"{start}__lt": b.end}) & (Q(**{f"{end}__isnull": True}) | Q(**{f"{end}__gt": b.start})),
+        )
+        for i, b in enumerate(parts)
+        if b.start < now
+    }
+
+
 def _bucket_of(field_name: str, parts: list[Bucket]):
     """The index of the bucket a moment falls in, computed by the database (NULL outside the period)."""
     return models.Case(
@@ -287,15 +301,7 @@ def utilization(
 
     # Slots held: Σ slots × overlap / bucket length. SQLite cannot multiply a duration by a
     # number, so the durations are summed per (pool, slots) and multiplied here: a handful of rows.
-    session_end = Coalesce("revoked_at", Value(now))
-    sums = {
-        f"b{i}": Sum(
-            _overlap(F("created_at"), session_end, b),
-            filter=Q(created_at__lt=b.end) & (Q(revoked_at__isnull=True) | Q(revoked_at__gt=b.start)),
-        )
-        for i, b in enumerate(parts)
-        if b.start < now
-    }
+    sums = _held_per_bucket("created_at", "revoked_at", parts, now)
     sessions = Session.objects.filter(pool_id__in=ids, created_at__lt=min(until, now)).filter(
         Q(revoked_at__isnull=True) | Q(revoked_at__gt=since)
     )
@@ -306,15 +312,7 @@ def utilization(
                 series[i] += row["slots"] * _seconds(row.get(f"b{i}")) / seconds
 
     # Device time held: each dispatched job from dispatch to its end (or now), per device.
-    job_end = Coalesce("finished_at", Value(now))
-    sums = {
-        f"b{i}": Sum(
-            _overlap(F("scheduled_at"), job_end, b),
-            filter=Q(scheduled_at__lt=b.end) & (Q(finished_at__isnull=True) | Q(finished_at__gt=b.start)),
-        )
-        for i, b in enumerate(parts)
-        if b.start < now
-    }
+    sums = _held_per_bucket("scheduled_at", "finished_at", parts, now)
     held = Job.objects.filter(
         pool_id__in=ids, device__isnull=False, scheduled_at__isnull=False, scheduled_at__lt=min(until, now)
     ).filter(Q(finished_at__isnull=True) | Q(finished_at__gt=since))
