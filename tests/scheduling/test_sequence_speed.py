@@ -6,3 +6,45 @@ def test_pulser_uses_the_compiled_schema_validator():
 
     assert validation.fastjsonschema is not None, "fastjsonschema (requirements.txt) is not installed"
     assert "sequence" in validation._FAST_VALIDATORS
+
+
+def test_a_devices_specs_are_parsed_once_and_shared_by_the_sequences_that_carry_them():
+    """Every abstract sequence embeds its device's specs; Pulser would rebuild that device for
+    each one. The parsed device is remembered by its specs' text and is the same one Pulser
+    builds; forged specs under the same name are a different text and get their own device."""
+    import json
+
+    import pulser.devices
+    from pulser.json.abstract_repr.deserializer import deserialize_device
+
+    from apps.scheduling.drivers.sequences import load_sequence, pulser_deserializer
+    from tests.scheduling.pulser_sequences import analog_sequence, custom_sequence
+
+    parsed = pulser_deserializer()._deserialize_device_object
+    text = analog_sequence(atoms=2)
+    first = load_sequence({"sequence": text})
+    before = parsed.cache_info()
+    second = load_sequence({"sequence": analog_sequence(atoms=3)})
+    after = parsed.cache_info()
+
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    assert second.device is first.device
+    assert first.device == deserialize_device(json.dumps(json.loads(text)["device"])) == pulser.devices.AnalogDevice
+    forged = load_sequence({"sequence": custom_sequence(max_atom_num=500)})
+    assert forged.device.max_atom_num == 500 and first.device.max_atom_num != 500
+
+
+def test_specs_that_pulser_refuses_are_refused_every_time_not_remembered():
+    import json
+
+    import pytest
+
+    from apps.scheduling.drivers import InvalidPayload
+    from apps.scheduling.drivers.sequences import load_sequence
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    sequence = json.loads(analog_sequence())
+    sequence["device"]["max_atom_num"] = -3  # passes the schema, refused by the Device itself
+    for _ in range(2):
+        with pytest.raises(InvalidPayload, match="Not a valid Pulser sequence"):
+            load_sequence({"sequence": sequence})

@@ -8,15 +8,50 @@ Nothing a client sends reaches ``get_measurement_basis()`` or the device uncheck
 becomes a 500 or a job that fails on the device later.
 """
 
+import functools
 import json
+import threading
 import warnings
 
 from apps.scheduling.drivers import InvalidPayload
 
+DEVICES_KEPT = 32  # parsed Pulser devices kept per process: a site has a handful of device specs
+_patching = threading.Lock()
+
+
+def pulser_deserializer():
+    """Pulser's abstract-representation deserializer, set to parse each device's specs once.
+
+    Every abstract sequence carries a full copy of its device's specs, and Pulser rebuilds and
+    re-validates that device (its calibrated layouts included) for every sequence it reads:
+    0.35 of the 1.5 ms that R-DEV-1 cost per submission (bench/http_load.py's sequence on
+    AnalogDevice). The specs are the same few texts for every user of a device, and a Pulser
+    device is a frozen dataclass, so one parsed copy per distinct text (its canonical JSON) is
+    shared. Specs that Pulser refuses raise as before and are not remembered; a client that
+    sends many distinct specs only pushes others out of the bounded cache. pulser-core is
+    pinned, and tests/scheduling/test_sequence_speed.py fails if this stops taking effect.
+    """
+    from pulser.json.abstract_repr import deserializer
+
+    with _patching:
+        if not hasattr(deserializer._deserialize_device_object, "cache_info"):
+            parse = deserializer._deserialize_device_object
+
+            @functools.lru_cache(maxsize=DEVICES_KEPT)
+            def parse_text(text):
+                return parse(json.loads(text))
+
+            def parse_once(obj):
+                return parse_text(json.dumps(obj, sort_keys=True, separators=(",", ":")))
+
+            parse_once.cache_info = parse_text.cache_info
+            deserializer._deserialize_device_object = parse_once
+    return deserializer
+
 
 def load_sequence(payload):
     """The Pulser sequence of ``payload["sequence"]`` (object or JSON string)."""
-    from pulser import Sequence
+    deserializer = pulser_deserializer()
 
     if not isinstance(payload, dict) or "sequence" not in payload:
         raise InvalidPayload('The payload must be {"sequence": <Pulser abstract representation>}.')
@@ -25,7 +60,7 @@ def load_sequence(payload):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return Sequence.from_abstract_repr(text)
+            return deserializer.deserialize_abstract_sequence(text)
     except Exception as exc:  # pulser raises jsonschema, ValueError, TypeError, …
         raise InvalidPayload(f"Not a valid Pulser sequence: {first_line(exc)}") from None
 
@@ -37,7 +72,7 @@ def first_line(exc: BaseException) -> str:
 
 def device_from_specs(specs):
     """A Pulser device from its abstract representation (what a QPU's ``GET /system`` gives)."""
-    from pulser.json.abstract_repr.deserializer import deserialize_device
+    deserialize_device = pulser_deserializer().deserialize_device
 
     text = specs if isinstance(specs, str) else json.dumps(specs)
     with warnings.catch_warnings():
