@@ -1,7 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.core.api.serializers import ValidatedModelSerializer
+from apps.core.api.serializers import FieldsBuiltOnce, ValidatedModelSerializer
 from apps.resources.models import ResourcePool
 from apps.scheduling.models import Device, Job
 
@@ -38,7 +38,7 @@ class DeviceSerializer(ValidatedModelSerializer):
         return data
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     pending_reason = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
 

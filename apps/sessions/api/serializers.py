@@ -1,11 +1,12 @@
 from rest_framework import serializers
 
+from apps.core.api.serializers import FieldsBuiltOnce
 from apps.sessions.models import RevocationReason, Session
 
 EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
 
 
-class SessionSerializer(serializers.ModelSerializer):
+class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
     # "" while the session is active: declared so the schema's enum includes it (issue 16, item 5).
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
