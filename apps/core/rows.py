@@ -39,14 +39,17 @@ class Columns:
 
 
 def fetch_one(sql: str, params, *parts: Columns) -> tuple | None:
-    """The first row of ``sql``, split into one instance per ``Columns`` of ``parts`` (selected in
-    that order, first in the row) followed by the row's remaining values; None when there is no
-    row. A part whose primary key is NULL (a LEFT JOIN that matched nothing) is None."""
+    """The first row of ``sql``, split by :func:`split`; None when there is no row."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else split(row, parts)
+
+
+def split(row, parts) -> tuple:
+    """``row`` as one instance per ``Columns`` of ``parts`` (selected in that order, first in the
+    row) followed by the row's remaining values. A part whose primary key is NULL (a LEFT JOIN
+    that matched nothing) is None."""
     found, start = [], 0
     for part in parts:
         values = row[start : start + len(part)]

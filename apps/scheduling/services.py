@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, Forbidden
-from apps.core.rows import Columns, fetch_one, prepared
+from apps.core.rows import Columns, prepared, split
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
@@ -143,11 +143,17 @@ def _queue_awaits_work(pool) -> bool:
 
 
 # -- submission and cancellation -------------------------------------------------------------
-def validate_job(pool: ResourcePool, payload, shots: int, target_device: Device | None) -> None:
+def validate_job(
+    pool: ResourcePool, payload, shots: int, target_device: Device | None, devices: list[Device] | None = None
+) -> None:
     """R-JOB-1, R-DEV-1: the payload is checked by every device that may take the job (the one it
-    names, else every device of the pool, since the dispatcher gives it to any free one);
-    InvalidPayload → 400. A pool without any device would keep the job pending forever: 400 too."""
-    devices = [target_device] if target_device else _pool_devices(pool.pk)
+    names, else every device of the pool, since the dispatcher gives it to any free one: ``devices``
+    when the caller has read them, else read here); InvalidPayload → 400. A pool without any
+    device would keep the job pending forever: 400 too."""
+    if target_device:
+        devices = [target_device]
+    elif devices is None:
+        devices = _pool_devices(pool.pk)
     if not devices:
         raise InvalidPayload(f"Pool '{pool.name}' has no device to run jobs: ask an administrator to add one.")
     for device in devices:
@@ -172,15 +178,18 @@ def _pool_devices(pool_id: int) -> list[Device]:
 
 
 def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
-    """The session a job is submitted into, with its pool and the pool queue's wake-up flag,
-    in one statement (one of the four of the common path); None if there is no such session
-    (or none on the pool named ``pool_name``, for QRMI). Owner and status are submit_job's::
+    """The session a job is submitted into, with its pool, the pool queue's wake-up flag and the
+    pool's devices (``session.pool_devices``, in the model's order: name, then id) in one
+    statement, one of the four of the common path; None if there is no such session (or none
+    on the pool named ``pool_name``, for QRMI). Owner and status are submit_job's::
 
-        SELECT session.*, pool.*, queue.* FROM session JOIN pool LEFT JOIN pool queue
-         WHERE session.id = session_id [AND pool.name = pool_name]
+        SELECT session.*, pool.*, queue.*, device.* FROM session JOIN pool
+          LEFT JOIN pool queue LEFT JOIN device ON device.pool = pool
+         WHERE session.id = session_id [AND pool.name = pool_name] ORDER BY device.name, device.id
 
-    Written by hand (STYLE.md rule 4): the ORM spent ~0.9 ms of CPU building this join on every
-    submission (issue 15, bench/http_load.py).
+    (a row per device, or one row with no device). Written by hand (STYLE.md rule 4): the ORM
+    spent ~0.9 ms of CPU building this join on every submission, and the devices were a
+    statement of their own (issue 15, bench/http_load.py).
     """
     try:
         session_id = uuid.UUID(str(session_id))
@@ -192,16 +201,21 @@ def session_for_submission(session_id, *, pool_name: str | None = None) -> Sessi
         where += " AND p.name = %s"
         params.append(pool_name)
     sql = (
-        f"SELECT {_SESSION.sql}, {_POOL.sql}, {_QUEUE.sql} FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta)
+        f"SELECT {_SESSION.sql}, {_POOL.sql}, {_QUEUE.sql}, {_DEVICE.sql} FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta)
         f" JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
-        f" LEFT JOIN {PoolQueue._meta.db_table} q ON q.pool_id = p.id WHERE {where}"
+        f" LEFT JOIN {PoolQueue._meta.db_table} q ON q.pool_id = p.id"
+        f" LEFT JOIN {Device._meta.db_table} d ON d.pool_id = p.id WHERE {where} ORDER BY d.name, d.id"
     )
-    found = fetch_one(sql, params, _SESSION, _POOL, _QUEUE)
-    if found is None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    if not rows:
         return None
-    session, pool, queue = found
+    session, pool, queue, first = split(rows[0], (_SESSION, _POOL, _QUEUE, _DEVICE))
     session.pool = pool
     ResourcePool.queue.related.set_cached_value(pool, queue)  # None: the pool never had a job
+    at = len(rows[0]) - len(_DEVICE)
+    session.pool_devices = [first, *(_DEVICE.instance(row[at:]) for row in rows[1:])] if first else []
     return session
 
 
@@ -264,8 +278,9 @@ def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime,
 def submit_job(*, user, session: Session, payload, shots: int, target_device: Device | None = None) -> Job:
     """Queue a job in ``user``'s active session (R-JOB-1) and renew its idle deadline.
 
-    No pool-wide lock: the common path is the caller's session lookup, the drivers' payload
-    check (one query for the pool's devices), one UPDATE of the session and the INSERT.
+    No pool-wide lock: the common path is the caller's session lookup (session_for_submission:
+    with the pool's devices), the drivers' payload check, and one statement that updates the
+    session and inserts the job.
     The UPDATE checks owner and status (R-JOB-1: else 403), renews the idle deadline
     (R-SESS-3), and applies catch-up (R-SCHED-2: max(vruntime, pool V) when the session had
     nothing pending). It row-locks the session until commit, so a revocation racing the
@@ -276,7 +291,7 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
     if session.status != SessionStatus.ACTIVE:
         raise Forbidden(f"Session {session.pk} has ended ({session.status}, {session.revocation_reason}).")
     pool = session.pool
-    validate_job(pool, payload, shots, target_device)
+    validate_job(pool, payload, shots, target_device, getattr(session, "pool_devices", None))
     wake = _queue_awaits_work(pool)
     now = timezone.now()
     idle_until = now + timedelta(seconds=pool.idle_timeout)

@@ -61,6 +61,35 @@ def test_session_for_submission_brings_the_pool_and_its_queue_flag_in_one_statem
     assert services.session_for_submission("not-a-uuid") is None
 
 
+def test_session_for_submission_brings_the_pools_devices_in_the_models_order(
+    qpu_pool, fake_device, open_session, owner, django_assert_num_queries
+):
+    """The devices every submission checks its payload against come with the session (a row
+    per device), as the ORM reads them: in the model's order, every column converted."""
+    from apps.scheduling.models import Device
+
+    Device.objects.create(pool=qpu_pool, name="b-emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    Device.objects.create(pool=qpu_pool, name="a-emu", driver="emulator", config={"max_atoms": 4}, online=False)
+    session = open_session(qpu_pool, owner)
+    with django_assert_num_queries(1):
+        found = services.session_for_submission(session.pk)
+    expected = list(Device.objects.filter(pool=qpu_pool))
+    assert [d.name for d in found.pool_devices] == ["a-emu", "b-emu", "fake1"] == [d.name for d in expected]
+    for got, want in zip(found.pool_devices, expected, strict=True):
+        for field in Device._meta.concrete_fields:
+            assert getattr(got, field.attname) == getattr(want, field.attname), field.name
+    assert found.pk == session.pk and found.pool.pk == qpu_pool.pk
+
+
+def test_a_pool_without_devices_refuses_the_job_from_the_joined_lookup(qpu_pool, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    found = services.session_for_submission(session.pk)
+    assert found.pool_devices == [] and found.pk == session.pk
+    with pytest.raises(services.InvalidPayload, match="no device"):
+        services.submit_job(user=owner, session=found, payload={}, shots=1)
+    assert not Job.objects.exists()
+
+
 def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     before = session.idle_expires_at
@@ -71,20 +100,20 @@ def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_submit_job_costs_at_most_four_statements_with_the_lookup(
+def test_submit_job_costs_at_most_two_statements_with_the_lookup(
     qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
 ):
-    """The common path: session lookup (pool and wake-up flag joined), the pool's devices for
-    the payload check, and one statement that updates the session (checks, idle renewal,
+    """The common path: session lookup (pool, wake-up flag and the pool's devices for the
+    payload check joined), and one statement that updates the session (checks, idle renewal,
     catch-up) and inserts the job (no BEGIN/COMMIT round trips). The dispatcher is already
     awake (a device is busy), so no wake-up is sent."""
     settings.GRIDGATE_TASKS_EAGER = False
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(2):
         fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
-    with django_assert_max_num_queries(4):  # a second job (no catch-up) costs the same
+    with django_assert_max_num_queries(2):  # a second job (no catch-up) costs the same
         fresh = services.session_for_submission(session.pk)
         services.submit_job(user=owner, session=fresh, payload={}, shots=1)
     assert Job.objects.count() == 2
@@ -92,11 +121,12 @@ def test_submit_job_costs_at_most_four_statements_with_the_lookup(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_rest_submission_costs_at_most_four_statements(
+def test_rest_submission_costs_at_most_three_statements(
     qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
 ):
-    """Issue 15, the whole REST stack with a real token: the token lookup, the session (owner
-    first: no permission lookup for one's own session), the pool's devices, one insert."""
+    """Issue 15 (at most 4), the whole REST stack with a real token: the token lookup, the
+    session with the pool's devices (owner first: no permission lookup for one's own session),
+    one insert."""
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
@@ -106,7 +136,7 @@ def test_rest_submission_costs_at_most_four_statements(
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=owner).key}")
     for _ in range(2):
-        with django_assert_max_num_queries(4):
+        with django_assert_max_num_queries(3):
             response = client.post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
         assert response.status_code == 201, response.content
 
