@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, NotFound, Unavailable
-from apps.core.rows import Columns, fetch_one, insert
+from apps.core.rows import Columns, fetch_one
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt, visible_to_sql
 from apps.sessions.hooks import busy_q, sessions_revoked
@@ -58,13 +58,15 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
     selected nothing.
 
     R-SESS-1: admission is serialized per pool by a row lock on the pool (PostgreSQL); on SQLite
-    the IMMEDIATE transaction takes the database write lock up front. The common case is three
+    the IMMEDIATE transaction takes the database write lock up front. The common case is two
     statements: (1) find the class and lock its pool row, probing for the active session of the
-    same scheduler job (R-SESS-2); (2) sum the pool's active usage; (3) insert. The sum must be
-    its own statement, after the lock: in READ COMMITTED one statement reads one snapshot, taken
-    before it waited for the lock, so a sum in the locking statement would miss the session the
-    previous lock holder just committed. The same-job probe may be that stale: a session missed
-    is caught by the partial unique constraint (IntegrityError below); one found is re-read.
+    same scheduler job (R-SESS-2); (2) insert the new session and sum the others' usage (one
+    statement on PostgreSQL, see ``active_usage``), then check the sum (a refusal rolls the
+    insert back). The sum must be its own statement, after the lock: in READ COMMITTED one
+    statement reads one snapshot, taken before it waited for the lock, so a sum in the locking
+    statement would miss the session the previous lock holder just committed. The same-job
+    probe may be that stale: a session missed is caught by the partial unique constraint
+    (IntegrityError below); one found is re-read.
     R-SESS-3: sessions due for expiry are revoked here, under the lock, only when the request
     would not fit otherwise: they never block capacity, and the common path spends nothing on them.
     """
@@ -81,15 +83,6 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
                     same = _existing(user, external_id)
                 if same is not None:
                     return Admission(_same_or_conflict(same, locked.pk, slots), False)
-            try:
-                _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
-            except CapacityExceeded:
-                past = Session.objects.active().filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
-                if not past.filter(pool_id=pool.pk).exists():  # cheap: nothing could be due
-                    raise
-                if not any(expire_due_sessions(now=now, pool_id=pool.pk).values()):
-                    raise
-                _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
             session = Session(
                 user=user,
                 resource_class=locked,
@@ -102,7 +95,16 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
                 expires_at=now + timedelta(seconds=pool.max_lifetime),
                 idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
             )
-            insert(session)
+            try:  # stored now, in the statement that sums the others; a refusal rolls it back
+                _check_capacity(pool, locked, slots, active_usage([pool.pk], inserting=session)[pool.pk])
+            except CapacityExceeded:
+                past = Session.objects.active().filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
+                if not past.filter(pool_id=pool.pk).exists():  # cheap: nothing could be due
+                    raise
+                if not any(expire_due_sessions(now=now, pool_id=pool.pk).values()):
+                    raise
+                Session.objects.filter(pk=session.pk).delete()  # then sum the others again
+                _check_capacity(pool, locked, slots, active_usage([pool.pk], inserting=session)[pool.pk])
             return Admission(session, True)
     except IntegrityError:
         # A concurrent request for the same (user, external_id) won through another pool's lock,

@@ -150,3 +150,51 @@ def test_a_class_id_beyond_any_row_is_no_such_class_not_an_error(local_pool, own
         services.admit(user=owner, resource_class=services.UsableClass(pk=2**63))
     response = api(owner).post("/api/v1/sessions/", {"resource_class": 10**30}, format="json")
     assert response.status_code == 400 and "resource_class" in response.json()
+
+
+def test_active_usage_stores_the_inserting_session_and_sums_only_the_others(owner):
+    """Admission's insert rides in the usage statement (PostgreSQL) or follows it: either way the
+    new session is stored and the sum is what the others hold."""
+    from django.utils import timezone
+
+    pool = ResourcePool.objects.create(name="quota", public=True, slots_total=10)
+    klass = ResourceClass.objects.create(pool=pool, name="q", cpu=Decimal("1.5"), memory=2, gpu=1, default=True)
+    services.admit(user=owner, resource_class=klass, slots=2)
+    now = timezone.now()
+    new = Session(
+        user=owner, resource_class=klass, pool=pool, slots=3, created_at=now, last_activity_at=now,
+        expires_at=now, idle_expires_at=now, launch_spec={},
+    )  # fmt: skip
+    usage = active_usage([pool.pk], inserting=new)
+    assert usage[pool.pk] == Usage(slots=2, cpu=Decimal("1.5"), memory=2, gpu=1)
+    assert not new._state.adding and Session.objects.get(pk=new.pk).slots == 3
+    assert active_usage([pool.pk])[pool.pk].slots == 5
+
+
+def test_a_refused_admission_leaves_no_session_behind(owner):
+    """The new session is stored before its capacity check: a refusal rolls it back."""
+    pool = ResourcePool.objects.create(name="small", public=True, slots_total=3)
+    klass = ResourceClass.objects.create(pool=pool, name="q", cpu=1, memory=1, default=True)
+    services.admit(user=owner, resource_class=klass, slots=2)
+    with pytest.raises(services.CapacityExceeded, match="1 of 3 slots available; 2 requested"):
+        services.admit(user=owner, resource_class=klass, slots=2)
+    assert Session.objects.filter(pool=pool).count() == 1
+    assert services.admit(user=owner, resource_class=klass, slots=1).created
+
+
+def test_a_session_due_for_expiry_makes_room_and_the_new_one_is_stored_once(owner, member):
+    """R-SESS-3 on the refusal path: the speculative insert is undone, the due session expired,
+    and the new session stored again, once, with the freed capacity."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    pool = ResourcePool.objects.create(name="small", public=True, slots_total=3)
+    klass = ResourceClass.objects.create(pool=pool, name="q", cpu=1, memory=1, default=True)
+    due = services.admit(user=member, resource_class=klass, slots=2).session
+    Session.objects.filter(pk=due.pk).update(idle_expires_at=timezone.now() - timedelta(seconds=1))
+    session = services.admit(user=owner, resource_class=klass, slots=2).session
+    due.refresh_from_db()
+    assert due.status == SessionStatus.REVOKED
+    assert list(Session.objects.filter(pool=pool, status=SessionStatus.ACTIVE)) == [session]
+    assert active_usage([pool.pk])[pool.pk].slots == 2
