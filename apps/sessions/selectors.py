@@ -38,8 +38,8 @@ def active_usage(pool_ids, *, inserting: Session | None = None) -> dict[int, Usa
     returns. On PostgreSQL the INSERT rides in the same statement (whose snapshot, taken before
     it, does not see its own insert): one round trip fewer while admission holds the pool's
     lock, where every round trip waits for a CPU on a loaded host (bench/http_load.py: REST
-    acquire+release 98 -> N cycles/s). Elsewhere, or for a model with save receivers: the sum,
-    then the insert.
+    acquire+release 72-79 -> 85-115 cycles/s, interleaved runs). Elsewhere, or for a model with
+    save receivers: the sum, then the insert.
     """
     pool_ids = list(pool_ids)
     usage = dict.fromkeys(pool_ids, Usage())

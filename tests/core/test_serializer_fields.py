@@ -28,3 +28,12 @@ def test_each_response_has_its_own_fields_bound_to_it_with_its_own_context():
     assert (first.data["pending_reason"], first.data["queue_position"]) == ("busy", 1)
     assert (second.data["pending_reason"], second.data["queue_position"]) == ("waiting", 2)
     assert first.fields["status"].parent is first and second.fields["status"].parent is second
+
+
+def test_the_published_schema_does_not_describe_jobs_and_sessions_with_the_mixins_notes():
+    """drf-spectacular takes a serializer's description from the first docstring in its MRO."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    schemas = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
+    for name in ("Job", "Session"):
+        assert "FieldsBuiltOnce" not in str(schemas[name]) and "py-spy" not in str(schemas[name])

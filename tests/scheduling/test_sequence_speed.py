@@ -48,3 +48,18 @@ def test_specs_that_pulser_refuses_are_refused_every_time_not_remembered():
     for _ in range(2):
         with pytest.raises(InvalidPayload, match="Not a valid Pulser sequence"):
             load_sequence({"sequence": sequence})
+
+
+def test_specs_larger_than_real_ones_are_parsed_but_not_kept(monkeypatch):
+    """A client's forged specs (say, thousands of calibrated traps) would otherwise stay in
+    every worker's memory until pushed out: above the size cap they live for one request."""
+    from apps.scheduling.drivers import sequences
+    from tests.scheduling.pulser_sequences import custom_sequence
+
+    parsed = sequences.pulser_deserializer()._deserialize_device_object
+    monkeypatch.setattr(sequences, "SPECS_KEPT_BYTES", 100)
+    before = parsed.cache_info()
+    first = sequences.load_sequence({"sequence": custom_sequence(max_atom_num=77)})
+    second = sequences.load_sequence({"sequence": custom_sequence(max_atom_num=77)})
+    assert parsed.cache_info() == before
+    assert first.device == second.device and first.device is not second.device

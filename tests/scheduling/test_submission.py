@@ -90,6 +90,22 @@ def test_a_pool_without_devices_refuses_the_job_from_the_joined_lookup(qpu_pool,
     assert not Job.objects.exists()
 
 
+def test_a_submission_checks_the_devices_that_came_with_its_session(
+    qpu_pool, fake_device, open_session, owner, monkeypatch
+):
+    """The payload check uses the devices read with the session (any database), and reads them
+    itself only for a session that did not come from session_for_submission."""
+    session = open_session(qpu_pool, owner)
+    found = services.session_for_submission(session.pk)
+    monkeypatch.setattr(services, "_pool_devices", lambda pool_id: pytest.fail("devices read again"))
+    services.submit_job(user=owner, session=found, payload={}, shots=1)
+    monkeypatch.undo()
+    checked = []
+    monkeypatch.setattr(services, "_pool_devices", lambda pool_id: checked.append(pool_id) or [fake_device])
+    services.submit_job(user=owner, session=session, payload={}, shots=1)
+    assert checked == [qpu_pool.pk] and Job.objects.count() == 2
+
+
 def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     before = session.idle_expires_at

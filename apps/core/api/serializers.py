@@ -6,17 +6,15 @@ from django.db import models, transaction
 from rest_framework import serializers
 
 
+# FieldsBuiltOnce, for a ModelSerializer: the fields DRF derives from the model are derived once
+# per class, and each instance gets its own copy of them. ModelSerializer rebuilds every field
+# from the model's metadata for each instance it makes: 0.4-0.65 ms per response of an acquire or
+# a submission, about 8 % of their server CPU (py-spy on bench/http_load.py); copying the built
+# fields costs half of that. Only for serializers whose fields depend on nothing but their class
+# (not on the instance, the request or the context); each copy is bound to its own serializer,
+# as DRF binds them. (A comment, not a docstring: drf-spectacular would publish a mixin's
+# docstring as the description of every serializer without one of its own.)
 class FieldsBuiltOnce:
-    """For a ModelSerializer: the fields DRF derives from the model are derived once per class,
-    and each instance gets its own copy of them.
-
-    ModelSerializer rebuilds every field from the model's metadata for each instance it makes:
-    0.4-0.65 ms per response of an acquire or a submission, about 8 % of their server CPU
-    (py-spy on bench/http_load.py); copying the built fields costs half of that. Only for
-    serializers whose fields depend on nothing but their class (not on the instance, the
-    request or the context); each copy is bound to its own serializer, as DRF binds them.
-    """
-
     def get_fields(self):
         built = type(self).__dict__.get("_built_fields")
         if built is None:  # two threads may both build it: the same fields, either one is kept

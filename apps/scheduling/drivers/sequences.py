@@ -16,6 +16,7 @@ import warnings
 from apps.scheduling.drivers import InvalidPayload
 
 DEVICES_KEPT = 32  # parsed Pulser devices kept per process: a site has a handful of device specs
+SPECS_KEPT_BYTES = 64 * 1024  # real specs are ~2 KB; larger ones (forged layouts) are parsed, not kept
 _patching = threading.Lock()
 
 
@@ -28,7 +29,11 @@ def pulser_deserializer():
     AnalogDevice). The specs are the same few texts for every user of a device, and a Pulser
     device is a frozen dataclass, so one parsed copy per distinct text (its canonical JSON) is
     shared. Specs that Pulser refuses raise as before and are not remembered; a client that
-    sends many distinct specs only pushes others out of the bounded cache. pulser-core is
+    sends many distinct specs only pushes others out of the bounded cache, and specs larger than
+    ``SPECS_KEPT_BYTES`` (forged calibrated layouts) are parsed and dropped with the request, so
+    the cache holds at most ~32 x 64 KB of text and its devices. Nothing in Gridgate or Pulser's
+    readers changes a parsed device (they are frozen; ``VirtualDevice.change_rydberg_level``
+    would, and is called nowhere). pulser-core is
     pinned, and tests/scheduling/test_sequence_speed.py fails if this stops taking effect.
     """
     from pulser.json.abstract_repr import deserializer
@@ -42,7 +47,8 @@ def pulser_deserializer():
                 return parse(json.loads(text))
 
             def parse_once(obj):
-                return parse_text(json.dumps(obj, sort_keys=True, separators=(",", ":")))
+                text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+                return parse_text(text) if len(text) <= SPECS_KEPT_BYTES else parse(obj)
 
             parse_once.cache_info = parse_text.cache_info
             deserializer._deserialize_device_object = parse_once
