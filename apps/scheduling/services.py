@@ -180,7 +180,7 @@ def _pool_devices(pool_id: int) -> list[Device]:
 def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
     """The session a job is submitted into, with its pool, the pool queue's wake-up flag and the
     pool's devices (``session.pool_devices``, in the model's order: name, then id) in one
-    statement, one of the four of the common path; None if there is no such session (or none
+    statement, one of the three of the common path; None if there is no such session (or none
     on the pool named ``pool_name``, for QRMI). Owner and status are submit_job's::
 
         SELECT session.*, pool.*, queue.*, device.* FROM session JOIN pool

@@ -33,8 +33,8 @@ def pulser_deserializer():
     ``SPECS_KEPT_BYTES`` (forged calibrated layouts) are parsed and dropped with the request, so
     the cache holds at most ~32 x 64 KB of text and its devices. Nothing in Gridgate or Pulser's
     readers changes a parsed device (they are frozen; ``VirtualDevice.change_rydberg_level``
-    would, and is called nowhere). pulser-core is
-    pinned, and tests/scheduling/test_sequence_speed.py fails if this stops taking effect.
+    would, and is called nowhere). pulser-core is pinned, and
+    tests/scheduling/test_sequence_speed.py fails if this stops taking effect.
     """
     from pulser.json.abstract_repr import deserializer
 
