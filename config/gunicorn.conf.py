@@ -62,6 +62,16 @@ def on_starting(server):
         stale.unlink(missing_ok=True)
 
 
+def when_ready(server):
+    """Before the first worker forks (the application is preloaded): import Pulser, which the
+    payload check of every job submission reads sequences with (R-DEV-1), once, shared by the
+    workers. Imported lazily, it stalled each worker's first submission for seconds (numpy,
+    matplotlib, its schemas) while that client and the requests queued behind it waited."""
+    from apps.scheduling.drivers.sequences import pulser_deserializer
+
+    pulser_deserializer()
+
+
 def child_exit(server, worker):
     from prometheus_client import multiprocess
 

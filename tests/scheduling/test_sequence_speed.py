@@ -63,3 +63,20 @@ def test_specs_larger_than_real_ones_are_parsed_but_not_kept(monkeypatch):
     second = sequences.load_sequence({"sequence": custom_sequence(max_atom_num=77)})
     assert parsed.cache_info() == before
     assert first.device == second.device and first.device is not second.device
+
+
+def test_the_production_server_imports_pulser_before_its_workers_fork():
+    """config/gunicorn.conf.py's when_ready runs in the master, after the preload and before the
+    first fork: a worker's first submission does not wait seconds for Pulser's import."""
+    import os
+    import runpy
+    import sys
+    from unittest import mock
+
+    from apps.scheduling.drivers.sequences import pulser_deserializer
+
+    with mock.patch.dict(os.environ, {"PROMETHEUS_MULTIPROC_DIR": "/nonexistent-not-created"}):
+        hooks = runpy.run_path("config/gunicorn.conf.py")  # reading it sets no directory up
+    hooks["when_ready"](None)
+    assert "pulser.json.abstract_repr.deserializer" in sys.modules
+    assert hasattr(pulser_deserializer()._deserialize_device_object, "cache_info")
