@@ -39,6 +39,7 @@ UID = 65534  # "nobody": exists everywhere, so munge accepts credentials made fo
 POOL = "bench-http"
 SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; "granian" to compare
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
+PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,qrmi").split(",")  # "rest" for a quicker A/B
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
 
 
@@ -292,7 +293,7 @@ def main() -> int:
             print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
         for clients in CLIENTS:
             figures = {}
-            for proto in ("rest", "qrmi"):
+            for proto in PROTOCOLS:
                 for kind in ("floor", "cycles", "submits"):
                     need = int(CRED_RATE * SECONDS / clients * (2 if kind == "cycles" else 1)) + 10
                     contexts = []
@@ -306,7 +307,7 @@ def main() -> int:
                         contexts.append(ctx)
                     figures[(proto, kind)] = run_scenario(kind, proto, port, clients, contexts)
             print(f"  {clients} clients:")
-            for proto in ("rest", "qrmi"):
+            for proto in PROTOCOLS:
                 floor = figures[(proto, "floor")][0] or float("nan")
                 for kind, unit in (("floor", "req/s"), ("cycles", "cycles/s"), ("submits", "submissions/s")):
                     rate, lat, errors = figures[(proto, kind)]

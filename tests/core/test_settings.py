@@ -110,6 +110,46 @@ def test_persistent_connections_come_from_the_environment(monkeypatch):
     assert config["CONN_MAX_AGE"] == 0 and config["CONN_HEALTH_CHECKS"] is False
 
 
+def test_postgres_statements_are_prepared_by_default_and_can_be_turned_off(monkeypatch):
+    """Issue 15: server-side binding with psycopg's prepare threshold (5 by default); "off" keeps
+    Django's client-side binding (PgBouncer in transaction mode before 1.21); SQLite has neither."""
+    monkeypatch.setenv("GRIDGATE_TEST_DB_URL", "postgres://gridgate@db.example:5432/gridgate")
+    monkeypatch.delenv("DATABASE_PREPARE_THRESHOLD", raising=False)
+    options = env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))["OPTIONS"]
+    assert options["server_side_binding"] is True and options["prepare_threshold"] == 5
+    monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "0")
+    assert env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))["OPTIONS"]["prepare_threshold"] == 0
+    monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "off")
+    options = env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))["OPTIONS"]
+    assert "server_side_binding" not in options and "prepare_threshold" not in options
+    monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "soon")
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_PREPARE_THRESHOLD"):
+        env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))
+    monkeypatch.delenv("DATABASE_PREPARE_THRESHOLD")
+    sqlite = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))["OPTIONS"]
+    assert "server_side_binding" not in sqlite and "prepare_threshold" not in sqlite
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_statement_repeated_on_a_connection_is_prepared_on_the_server():
+    """Issue 15: what the settings ask for takes effect: after the threshold, PostgreSQL holds the
+    statement prepared (it is executed, not parsed and planned again), through the ORM."""
+    import uuid
+
+    from django.db import connection
+
+    from apps.sessions.models import Session
+
+    threshold = connection.settings_dict["OPTIONS"].get("prepare_threshold", 5)
+    for _ in range(threshold + 1):
+        Session.objects.filter(pk=uuid.uuid4()).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any('FROM "compute_sessions_session"' in text for text in prepared), prepared
+
+
 def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_naming_both(tmp_path):
     """Issue 17 review: one late beat must not get a live emulation re-run."""
     load = ["-c", "import config.settings"]
