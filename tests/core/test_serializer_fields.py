@@ -30,6 +30,26 @@ def test_each_response_has_its_own_fields_bound_to_it_with_its_own_context():
     assert first.fields["status"].parent is first and second.fields["status"].parent is second
 
 
+def test_binding_a_copy_leaves_the_class_fields_unbound_and_a_child_field_gets_its_own_copy():
+    """The per-response copies are shallow: binding one must not bind the fields every later
+    response copies, and a field holding a child (ListField, nested serializers) is copied
+    whole, or one response's child would answer to another's parent."""
+    from apps.core.api.serializers import FieldsBuiltOnce
+
+    class WithChild(FieldsBuiltOnce, serializers.ModelSerializer):
+        tags = serializers.ListField(child=serializers.CharField(), read_only=True, source="payload")
+
+        class Meta:
+            model = Job
+            fields = ["id", "status", "tags"]
+
+    first, second = WithChild(Job(pk=1)).fields, WithChild(Job(pk=2)).fields
+    assert first["status"] is not second["status"] and first["status"].field_name == "status"
+    assert all(field.parent is None and field.field_name is None for field in WithChild._built_fields.values())
+    assert first["tags"].child is not second["tags"].child
+    assert first["tags"].child.parent is first["tags"] and second["tags"].child.parent is second["tags"]
+
+
 def test_the_published_schema_does_not_describe_jobs_and_sessions_with_the_mixins_notes():
     """drf-spectacular takes a serializer's description from the first docstring in its MRO."""
     from drf_spectacular.generators import SchemaGenerator
