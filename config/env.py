@@ -133,10 +133,11 @@ def env_database(name: str, default_sqlite: Path) -> dict:
         config.setdefault("OPTIONS", {})
         config["OPTIONS"].setdefault("connect_timeout", 5)
         # Prepared statements (issue 15): PostgreSQL parses and plans every statement it is sent
-        # as text: 1.28 ms of its CPU per job submission. Bound on the server, a statement run
-        # this many times on one connection is prepared there and then only executed: 0.54 ms,
-        # and 15-20 % more submissions and cycles per second (docs/deployment.md). "off" keeps
-        # Django's client-side binding, for PgBouncer in transaction mode before 1.21.
+        # as text; a job submission cost it 1.28 ms of CPU that way. Bound on the server, a
+        # statement run this many times on one connection is prepared there and then only
+        # executed: 0.54 ms, and 15-20 % more submissions and cycles per second
+        # (docs/deployment.md). "off" keeps Django's client-side binding, for PgBouncer in
+        # transaction mode before 1.21.
         threshold = env_prepare_threshold("DATABASE_PREPARE_THRESHOLD", 5)
         if threshold is not None:
             config["OPTIONS"].update(server_side_binding=True, prepare_threshold=threshold)
