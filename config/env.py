@@ -30,7 +30,7 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use true or false.")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -40,6 +40,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at most {maximum}.")
     return value
 
 
@@ -130,6 +132,7 @@ def env_database(name: str, default_sqlite: Path) -> dict:
         config.setdefault("OPTIONS", {})
         config["OPTIONS"].update({"transaction_mode": "IMMEDIATE", "timeout": 30})
     else:
+        config["ENGINE"] = "config.postgresql"  # Django's, with batches within the parameter limit
         config.setdefault("OPTIONS", {})
         config["OPTIONS"].setdefault("connect_timeout", 5)
         # Prepared statements (issue 15): PostgreSQL parses and plans every statement it is sent
@@ -137,7 +140,7 @@ def env_database(name: str, default_sqlite: Path) -> dict:
         # statement run this many times on one connection is prepared there and then only
         # executed: 0.54 ms, and 15-20 % more submissions and cycles per second
         # (docs/deployment.md). "off" keeps Django's client-side binding, for PgBouncer in
-        # transaction mode before 1.21.
+        # transaction mode without prepared-statement support (max_prepared_statements = 0).
         threshold = env_prepare_threshold("DATABASE_PREPARE_THRESHOLD", 5)
         if threshold is not None:
             config["OPTIONS"].update(server_side_binding=True, prepare_threshold=threshold)

@@ -261,7 +261,9 @@ GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1
 GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)
 GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS", 600, minimum=1)
 GRIDGATE_CASE_LEASE_SECONDS = env_int("GRIDGATE_CASE_LEASE_SECONDS", 120, minimum=10)
-GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1)
+# At most 10 000: a pass names its cases in statements' IN lists, a parameter each (PostgreSQL
+# takes 65 535 per statement with server-side binding).
+GRIDGATE_CASE_PASS_BATCH = env_int("GRIDGATE_CASE_PASS_BATCH", 1000, minimum=1, maximum=10_000)
 GRIDGATE_CASE_REFRESH_SECONDS = env_int("GRIDGATE_CASE_REFRESH_SECONDS", 5, minimum=0)
 GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=1)
 # R-CASE-8: the unprivileged account unlinked users' cases run as on pools that allow it, and how

@@ -256,10 +256,18 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
 
 def bulk_write(cases: list[Case], fields: list[str]) -> None:
     """One UPDATE for all rows. On PostgreSQL ``UPDATE … FROM (VALUES …)``: Django's bulk_update
-    builds a CASE WHEN per field and row, which made the write-back most of a 1 000-case pass."""
+    builds a CASE WHEN per field and row, which made the write-back most of a 1 000-case pass.
+    A statement takes at most the backend's parameter limit (65 535 on PostgreSQL, a value per
+    field and row, 4 095 cases of the poll's 16): a larger pass is written in several."""
     if connection.vendor != "postgresql":
         Case.objects.bulk_update(cases, fields)
         return
+    per_statement = connection.features.max_query_params // (len(fields) + 1)
+    for start in range(0, len(cases), per_statement):
+        _bulk_write(cases[start : start + per_statement], fields)
+
+
+def _bulk_write(cases: list[Case], fields: list[str]) -> None:
     model_fields = [Case._meta.get_field(name) for name in fields]
     table = connection.ops.quote_name(Case._meta.db_table)
     pk_column = connection.ops.quote_name(Case._meta.pk.column)

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ("DEBUG", "maybe", lambda: env_bool("DEBUG")),
         ("GRIDGATE_MAX_UPLOAD_MB", "lots", lambda: env_int("GRIDGATE_MAX_UPLOAD_MB", 1)),
+        ("GRIDGATE_CASE_PASS_BATCH", "70000", lambda: env_int("GRIDGATE_CASE_PASS_BATCH", 1, maximum=10_000)),
         ("DATABASE_URL", "mysql://x@y/z", lambda: env_database("DATABASE_URL", Path("/tmp/x.db"))),
         ("DATABASE_URL", "postgres://host:notaport/db", lambda: env_database("DATABASE_URL", Path("/tmp/x"))),
     ],
@@ -112,10 +113,13 @@ def test_persistent_connections_come_from_the_environment(monkeypatch):
 
 def test_postgres_statements_are_prepared_by_default_and_can_be_turned_off(monkeypatch):
     """Issue 15: server-side binding with psycopg's prepare threshold (5 by default); "off" keeps
-    Django's client-side binding (PgBouncer in transaction mode before 1.21); SQLite has neither."""
+    Django's client-side binding (PgBouncer in transaction mode without prepared statements);
+    SQLite has neither."""
     monkeypatch.setenv("GRIDGATE_TEST_DB_URL", "postgres://gridgate@db.example:5432/gridgate")
     monkeypatch.delenv("DATABASE_PREPARE_THRESHOLD", raising=False)
-    options = env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))["OPTIONS"]
+    config = env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))
+    assert config["ENGINE"] == "config.postgresql"  # with batches within the parameter limit
+    options = config["OPTIONS"]
     assert options["server_side_binding"] is True and options["prepare_threshold"] == 5
     monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "0")
     assert env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))["OPTIONS"]["prepare_threshold"] == 0
@@ -168,4 +172,13 @@ def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_namin
         GRIDGATE_EMULATOR_DEAD_AFTER="10",
         GRIDGATE_EMULATOR_HEARTBEAT_SECONDS="5",
     )
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_a_case_pass_batch_beyond_what_a_statement_can_name_is_refused_at_start(tmp_path):
+    """Issue 15 review: a pass names its cases in IN lists, a parameter each (PostgreSQL takes
+    65 535 per statement with server-side binding): refused at start, not in every pass."""
+    refused = _run(["-c", "import config.settings"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_CASE_PASS_BATCH="70000")
+    assert refused.returncode != 0 and "GRIDGATE_CASE_PASS_BATCH" in refused.stderr
+    accepted = _run(["-c", "import config.settings"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_CASE_PASS_BATCH="10000")
     assert accepted.returncode == 0, accepted.stderr

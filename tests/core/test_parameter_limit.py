@@ -1,0 +1,42 @@
+"""Issue 15 review: with server-side binding every value is a statement parameter, and PostgreSQL
+takes at most 65 535; the backend declares it so that Django batches what it builds."""
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from apps.sessions.models import Session, SessionStatus
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+
+MORE_THAN_A_STATEMENT_TAKES = 70_000
+
+
+def test_postgres_batches_stay_within_the_protocol_parameter_limit():
+    assert connection.features.max_query_params == 65_535
+    assert connection.ops.bulk_batch_size(["session"], range(100_000)) == 65_535
+    assert connection.ops.bulk_batch_size(["a", "b", "c"], range(100_000)) == 21_845
+    assert connection.ops.bulk_batch_size([], range(10)) == 10
+
+
+def test_cleanup_deletes_more_ended_sessions_than_one_statement_has_parameters(owner, local_pool):
+    """Deleting sessions cascades to their jobs in ``IN`` lists of session ids: one list of
+    70 000 failed ("number of parameters must be between 0 and 65535"), and the daily cleanup
+    never got past it."""
+    klass = local_pool.classes.get()
+    long_ago = timezone.now() - timedelta(days=99)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Session._meta.db_table} (id, user_id, resource_class_id, pool_id, slots, external_id,"  # noqa: S608
+            " status, created_at, last_activity_at, expires_at, idle_expires_at, revoked_at, revocation_reason,"
+            " vruntime, launch_spec)"
+            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, %s, 'released', 0, '{}'"
+            " FROM generate_series(1, %s)",
+            [owner.pk, klass.pk, local_pool.pk, SessionStatus.REVOKED, *[long_ago] * 5, MORE_THAN_A_STATEMENT_TAKES],
+        )
+    call_command("cleanup", "--days", "30", stdout=io.StringIO())
+    assert not Session.objects.exists()
