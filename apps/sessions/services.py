@@ -259,28 +259,39 @@ def retry_aborted(func, *, attempts: int = 3):
                 raise Unavailable("The database aborted a conflicting transaction; try again.") from exc
 
 
+REVOKED_AT_ONCE = 10_000  # a statement names them in IN lists: PostgreSQL takes 65 535 parameters
+
+
 def _revoke(queryset, reason: str, now: datetime) -> list:
     """Revoke the active sessions of ``queryset`` (expiry sweeps); return the ids this call revoked.
 
     Compare-and-set on ``status`` so that two revokers never both "win", then announce the
     revocation (pending jobs are cancelled by the scheduling app's receiver). Sweeps skip rows
     another transaction holds (the next sweep gets them); an explicit release or revoke waits for
-    the row instead (``_revoke_one``).
+    the row instead (``_revoke_one``). At most ``REVOKED_AT_ONCE`` per round, each in its own
+    transaction: the ids are statement parameters, and a sweep after a long outage may find more
+    than one statement takes.
     """
-    with transaction.atomic(savepoint=False):
-        ids = list(
-            queryset.filter(status=SessionStatus.ACTIVE)
-            .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)
-        )
-        if not ids:
-            return []
-        Session.objects.filter(pk__in=ids, status=SessionStatus.ACTIVE).update(
-            status=SessionStatus.REVOKED, revoked_at=now, revocation_reason=reason
-        )
-        sessions_revoked.send(sender=Session, session_ids=ids, reason=reason)
-    log.info("revoked %d session(s): %s", len(ids), reason)
-    return ids
+    revoked = []
+    while True:
+        with transaction.atomic(savepoint=False):
+            ids = list(
+                queryset.filter(status=SessionStatus.ACTIVE)
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:REVOKED_AT_ONCE]
+            )
+            if not ids:
+                break
+            Session.objects.filter(pk__in=ids, status=SessionStatus.ACTIVE).update(
+                status=SessionStatus.REVOKED, revoked_at=now, revocation_reason=reason
+            )
+            sessions_revoked.send(sender=Session, session_ids=ids, reason=reason)
+        revoked += ids
+        if len(ids) < REVOKED_AT_ONCE:
+            break
+    if revoked:
+        log.info("revoked %d session(s): %s", len(revoked), reason)
+    return revoked
 
 
 def _revoke_one(session: Session, reason: str) -> bool:

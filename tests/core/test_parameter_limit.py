@@ -40,3 +40,24 @@ def test_cleanup_deletes_more_ended_sessions_than_one_statement_has_parameters(o
         )
     call_command("cleanup", "--days", "30", stdout=io.StringIO())
     assert not Session.objects.exists()
+
+
+def test_an_expiry_sweep_revokes_more_due_sessions_than_one_statement_has_parameters(owner, local_pool):
+    """R-SESS-3 after a long outage: the sweep names the sessions it revokes in IN lists; 70 000
+    at once failed, and then every later sweep did too."""
+    from apps.sessions.services import expire_due_sessions
+
+    klass = local_pool.classes.get()
+    past = timezone.now() - timedelta(days=1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Session._meta.db_table} (id, user_id, resource_class_id, pool_id, slots, external_id,"  # noqa: S608
+            " status, created_at, last_activity_at, expires_at, idle_expires_at, revoked_at, revocation_reason,"
+            " vruntime, launch_spec)"
+            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, NULL, '', 0, '{}'"
+            " FROM generate_series(1, %s)",
+            [owner.pk, klass.pk, local_pool.pk, SessionStatus.ACTIVE, *[past] * 4, MORE_THAN_A_STATEMENT_TAKES],
+        )
+    counts = expire_due_sessions()
+    assert sum(counts.values()) == MORE_THAN_A_STATEMENT_TAKES
+    assert not Session.objects.filter(status=SessionStatus.ACTIVE).exists()
