@@ -268,9 +268,9 @@ def _revoke(queryset, reason: str, now: datetime) -> list:
     Compare-and-set on ``status`` so that two revokers never both "win", then announce the
     revocation (pending jobs are cancelled by the scheduling app's receiver). Sweeps skip rows
     another transaction holds (the next sweep gets them); an explicit release or revoke waits for
-    the row instead (``_revoke_one``). At most ``REVOKED_AT_ONCE`` per round, each in its own
-    transaction: the ids are statement parameters, and a sweep after a long outage may find more
-    than one statement takes.
+    the row instead (``_revoke_one``). At most ``REVOKED_AT_ONCE`` per round, each round in its
+    own transaction (unless the caller holds one): the ids are statement parameters, and a sweep
+    after a long outage may find more than one statement takes.
     """
     revoked = []
     while True:
