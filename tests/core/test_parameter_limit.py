@@ -23,21 +23,28 @@ def test_postgres_batches_stay_within_the_protocol_parameter_limit():
     assert connection.ops.bulk_batch_size([], range(10)) == 10
 
 
-def test_cleanup_deletes_more_ended_sessions_than_one_statement_has_parameters(owner, local_pool):
-    """Deleting sessions cascades to their jobs in ``IN`` lists of session ids: one list of
-    70 000 failed ("number of parameters must be between 0 and 65535"), and the daily cleanup
-    never got past it."""
-    klass = local_pool.classes.get()
-    long_ago = timezone.now() - timedelta(days=99)
+def many_sessions(pool, user, *, at, revoked: bool) -> None:
+    """``MORE_THAN_A_STATEMENT_TAKES`` sessions of ``user`` in ``pool``, every time field ``at``:
+    revoked (released) or still active, in one statement."""
+    klass = pool.classes.get()
+    status, reason = (SessionStatus.REVOKED, "released") if revoked else (SessionStatus.ACTIVE, "")
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {Session._meta.db_table} (id, user_id, resource_class_id, pool_id, slots, external_id,"  # noqa: S608
             " status, created_at, last_activity_at, expires_at, idle_expires_at, revoked_at, revocation_reason,"
             " vruntime, launch_spec)"
-            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, %s, 'released', 0, '{}'"
+            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, %s, %s, 0, '{}'"
             " FROM generate_series(1, %s)",
-            [owner.pk, klass.pk, local_pool.pk, SessionStatus.REVOKED, *[long_ago] * 5, MORE_THAN_A_STATEMENT_TAKES],
+            [user.pk, klass.pk, pool.pk, status, *[at] * 4, at if revoked else None, reason]
+            + [MORE_THAN_A_STATEMENT_TAKES],
         )
+
+
+def test_cleanup_deletes_more_ended_sessions_than_one_statement_has_parameters(owner, local_pool):
+    """Deleting sessions cascades to their jobs in ``IN`` lists of session ids: one list of
+    70 000 failed ("number of parameters must be between 0 and 65535"), and the daily cleanup
+    never got past it."""
+    many_sessions(local_pool, owner, at=timezone.now() - timedelta(days=99), revoked=True)
     call_command("cleanup", "--days", "30", stdout=io.StringIO())
     assert not Session.objects.exists()
 
@@ -47,17 +54,7 @@ def test_an_expiry_sweep_revokes_more_due_sessions_than_one_statement_has_parame
     at once failed, and then every later sweep did too."""
     from apps.sessions.services import expire_due_sessions
 
-    klass = local_pool.classes.get()
-    past = timezone.now() - timedelta(days=1)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {Session._meta.db_table} (id, user_id, resource_class_id, pool_id, slots, external_id,"  # noqa: S608
-            " status, created_at, last_activity_at, expires_at, idle_expires_at, revoked_at, revocation_reason,"
-            " vruntime, launch_spec)"
-            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, NULL, '', 0, '{}'"
-            " FROM generate_series(1, %s)",
-            [owner.pk, klass.pk, local_pool.pk, SessionStatus.ACTIVE, *[past] * 4, MORE_THAN_A_STATEMENT_TAKES],
-        )
+    many_sessions(local_pool, owner, at=timezone.now() - timedelta(days=1), revoked=False)
     counts = expire_due_sessions()
     assert sum(counts.values()) == MORE_THAN_A_STATEMENT_TAKES
     assert not Session.objects.filter(status=SessionStatus.ACTIVE).exists()
