@@ -80,3 +80,101 @@ def test_the_production_server_imports_pulser_before_its_workers_fork():
     hooks["when_ready"](None)
     assert "pulser.json.abstract_repr.deserializer" in sys.modules
     assert hasattr(pulser_deserializer()._deserialize_device_object, "cache_info")
+
+
+def _reads(monkeypatch):
+    """Count Pulser's reads of a sequence (R-DEV-1's check) from here on."""
+    from apps.scheduling.drivers import sequences
+
+    reads = []
+    read = sequences._read
+
+    def counted(text):
+        reads.append(text)
+        return read(text)
+
+    monkeypatch.setattr(sequences, "_read", counted)
+    return reads
+
+
+def test_a_sequence_that_passed_on_a_device_is_not_read_again_for_it(monkeypatch):
+    """The same text sent again (Pulser's QRMI connection sends one task per job_params entry,
+    each with the same sequence) skips Pulser; the device is part of what was checked."""
+    import dataclasses
+
+    import pulser.devices
+
+    from apps.scheduling.drivers.sequences import validate_sequence
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    text = analog_sequence(atoms=4)
+    reads = _reads(monkeypatch)
+    for _ in range(3):
+        validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu")
+    assert len(reads) == 1
+    validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu", max_atoms=8)
+    other = dataclasses.replace(pulser.devices.AnalogDevice, max_runs=3000)
+    validate_sequence({"sequence": text}, 10, other, where="emu")
+    assert len(reads) == 3  # another driver limit, another device: read again
+
+
+def test_a_remembered_sequence_is_still_checked_against_its_device_and_shots():
+    import pulser.devices
+    import pytest
+
+    from apps.scheduling.drivers import InvalidPayload
+    from apps.scheduling.drivers.sequences import validate_sequence
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    text = analog_sequence(atoms=5)
+    validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu", max_atoms=10)
+    with pytest.raises(InvalidPayload, match="5 atoms"):
+        validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu", max_atoms=4)
+    with pytest.raises(InvalidPayload, match="100000 shots"):
+        validate_sequence({"sequence": text}, 100_000, pulser.devices.AnalogDevice, where="emu", max_atoms=10)
+
+
+def test_a_refused_sequence_is_read_and_refused_every_time(monkeypatch):
+    import pulser.devices
+    import pytest
+
+    from apps.scheduling.drivers import InvalidPayload
+    from apps.scheduling.drivers.sequences import validate_sequence
+    from tests.scheduling.pulser_sequences import custom_sequence
+
+    text = custom_sequence(measured=False)
+    reads = _reads(monkeypatch)
+    for _ in range(2):
+        with pytest.raises(InvalidPayload, match="no measurement"):
+            validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu")
+    assert len(reads) == 2
+
+
+def test_at_most_passed_kept_outcomes_are_remembered_the_least_recently_used_forgotten(monkeypatch):
+    import pulser.devices
+
+    from apps.scheduling.drivers import sequences
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    monkeypatch.setattr(sequences, "PASSED_KEPT", 2)
+    monkeypatch.setattr(sequences, "_passed", type(sequences._passed)())
+    texts = [analog_sequence(atoms=n) for n in (2, 3, 4)]
+    reads = _reads(monkeypatch)
+    first, second, third = texts
+    for text in (first, second, first, third, first):
+        sequences.validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu")
+    assert len(sequences._passed) == 2
+    assert reads == [first, second, third]  # the first, used again, outlived the second
+
+
+def test_a_sequence_text_with_a_lone_surrogate_is_a_400_not_a_500():
+    """JSON's \\ud800 escape decodes to a lone surrogate, which UTF-8 cannot encode: the digest
+    must still be taken (the check then refuses the text as Pulser does)."""
+    import pulser.devices
+    import pytest
+
+    from apps.scheduling.drivers import InvalidPayload
+    from apps.scheduling.drivers.sequences import validate_sequence
+
+    with pytest.raises(InvalidPayload, match="Not a valid Pulser sequence"):
+        validate_sequence({"sequence": "{\ud800"}, 10, pulser.devices.AnalogDevice, where="emu")
