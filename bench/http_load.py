@@ -9,7 +9,11 @@ timed window):
            (REST: GET /api/v1/ with a token; QRMI: the same with X-Munge-Cred instead)
 - cycles:  acquire + release of a session (REST POST/DELETE /api/v1/sessions/,
            QRMI POST sessions + DELETE sessions/<id> as the SPANK plugin's root uid)
-- submits: job submissions into the client's own session (Pulser sequence, emulator pool)
+- submits: job submissions into the client's own session (Pulser sequence, emulator pool), the
+           same sequence every time (what Pulser's QRMI connection sends for each entry of a
+           job's job_params: R-DEV-1's check of it is remembered after the first)
+- distinct: the same, with a sequence never sent before on every submission (a parameter
+           sweep: every submission pays R-DEV-1's Pulser check)
 
 Each figure is printed with its ratio to the same-run floor (the target is >= 0.50 for acquire
 and submission), with p50/p95/p99, errors, and the SQL statements of one such request counted
@@ -41,6 +45,7 @@ SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; 
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
 PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,qrmi").split(",")  # "rest" for a quicker A/B
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
+KINDS = ("floor", "cycles", "submits", "distinct")
 
 
 def munge_batch(uid: int, count: int) -> list[str]:
@@ -85,6 +90,7 @@ def scenario_worker(args):
     client = Client(port)
     creds = iter(ctx.get("creds", []))
     creds_user = iter(ctx.get("creds_user", []))
+    distinct = iter(ctx.get("distinct", []))
     latencies, errors = [], 0
 
     def munge(it):
@@ -112,13 +118,15 @@ def scenario_worker(args):
                 if ok:
                     sid = json.loads(body)["id"]
                     ok = client.call("DELETE", f"/qrmi/{POOL}/sessions/{sid}", munge(creds))[0] == 200
-            elif proto == "rest":
-                body = {"payload": {"sequence": ctx["sequence"]}, "shots": 10}
-                ok = client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
             else:
-                headers = {**munge(creds_user), "X-Warden-Session": ctx["session"]}
-                body = {"sequence": ctx["sequence"], "shots": 10}
-                ok = client.call("POST", f"/qrmi/{POOL}/jobs", headers, body)[0] == 200
+                sequence = next(distinct) if kind == "distinct" else ctx["sequence"]
+                if proto == "rest":
+                    body = {"payload": {"sequence": sequence}, "shots": 10}
+                    ok = client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
+                else:
+                    headers = {**munge(creds_user), "X-Warden-Session": ctx["session"]}
+                    body = {"sequence": sequence, "shots": 10}
+                    ok = client.call("POST", f"/qrmi/{POOL}/jobs", headers, body)[0] == 200
         except StopIteration:
             break  # out of pre-made credentials: the window ends early for this client
         if ok:
@@ -214,6 +222,17 @@ def sequence_repr() -> str:
     return sequence.to_abstract_repr()
 
 
+def distinct_sequences(sequence: str, start: int, count: int) -> list[str]:
+    """``count`` variants of ``sequence`` that differ from each other and from every other
+    client's (their pulse's amplitude), as a sweep over a parameter sends them."""
+    template = json.loads(sequence)
+    variants = []
+    for i in range(start, start + count):
+        template["operations"][0]["amplitude"]["value"] = 2.0 - i * 1e-7
+        variants.append(json.dumps(template))
+    return variants
+
+
 def main() -> int:
     if subprocess.run(["sh", "-c", "command -v munge"], capture_output=True).returncode:
         print("http_load: skipped (munge is not installed: scripts/munge-local.sh start)")
@@ -288,13 +307,14 @@ def main() -> int:
         ]
         for kind in ("floor", "cycles", "submits"):
             run_scenario(kind, "rest", port, max_clients, warm, seconds=WARMUP)
+        sent = 0  # distinct sequences made so far: each is sent once in the whole run
         print("  SQL statements per request (work statements; with BEGIN/COMMIT):")
         for label, (work, total, status) in counts.items():
             print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
         for clients in CLIENTS:
             figures = {}
             for proto in PROTOCOLS:
-                for kind in ("floor", "cycles", "submits"):
+                for kind in KINDS:
                     need = int(CRED_RATE * SECONDS / clients * (2 if kind == "cycles" else 1)) + 10
                     contexts = []
                     for i in range(clients):
@@ -304,12 +324,15 @@ def main() -> int:
                                 ctx["creds"] = munge_batch(0, need)
                             else:
                                 ctx["creds_user"] = munge_batch(UID, need)
+                        if kind == "distinct":
+                            ctx["distinct"] = distinct_sequences(sequence, sent, need)
+                            sent += need
                         contexts.append(ctx)
                     figures[(proto, kind)] = run_scenario(kind, proto, port, clients, contexts)
             print(f"  {clients} clients:")
             for proto in PROTOCOLS:
                 floor = figures[(proto, "floor")][0] or float("nan")
-                for kind, unit in (("floor", "req/s"), ("cycles", "cycles/s"), ("submits", "submissions/s")):
+                for kind, unit in zip(KINDS, ("req/s", "cycles/s", "submissions/s", "submissions/s"), strict=True):
                     rate, lat, errors = figures[(proto, kind)]
                     ms = [percentile(lat, p) * 1000 for p in (50, 95, 99)]
                     print(
