@@ -1,59 +1,89 @@
-"""Issue 15: the hot responses' serializers derive their fields from the model once per class."""
+"""Issue 15: the job and session responses are written out, and say what DRF's field-by-field
+loop over the same fields says."""
 
-from unittest import mock
+from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
 
 from apps.scheduling.api.serializers import JobSerializer
-from apps.scheduling.models import Job
+from apps.scheduling.models import Job, JobStatus
 from apps.sessions.api.serializers import SessionSerializer
+from apps.sessions.models import RevocationReason, Session, SessionStatus
+
+pytestmark = pytest.mark.django_db
+
+AT = datetime(2026, 12, 1, 8, 30, 15, 123456, tzinfo=UTC)
+ELSEWHERE = timezone(timedelta(hours=5, minutes=30))  # a driver's aware time in another zone
 
 
-def test_the_fields_are_derived_from_the_model_once_per_class_not_per_response():
-    for serializer in (JobSerializer, SessionSerializer):
-        assert serializer().fields  # built here, or by an earlier test
-    with mock.patch.object(serializers.ModelSerializer, "build_field", side_effect=AssertionError("rebuilt")):
-        for serializer in (JobSerializer, SessionSerializer):
-            assert serializer().fields and serializer().fields
+def generic(serializer, instance) -> bytes:
+    """DRF's own representation, as clients get it: every declared field, converted by its field
+    object, rendered as JSON (so that 12 and 12.0, a UUID and its text, differ where they would)."""
+    return JSONRenderer().render(serializers.Serializer.to_representation(serializer, instance))
 
 
-def test_each_response_has_its_own_fields_bound_to_it_with_its_own_context():
-    """A SerializerMethodField calls its parent's method with the parent's context: fields
-    shared between two serializers would answer one request with another's queue info."""
-    job = Job(pk=7, shots=1, payload={})
-    first = JobSerializer(job, context={"queue_info": {7: ("busy", 1)}})
-    second = JobSerializer(job, context={"queue_info": {7: ("waiting", 2)}})
-    assert first.fields["queue_position"] is not second.fields["queue_position"]
-    assert first.fields["queue_position"].parent is first
-    assert (first.data["pending_reason"], first.data["queue_position"]) == ("busy", 1)
-    assert (second.data["pending_reason"], second.data["queue_position"]) == ("waiting", 2)
-    assert first.fields["status"].parent is first and second.fields["status"].parent is second
+def jobs(session):
+    yield Job(session=session, pool_id=session.pool_id, user_id=session.user_id, payload={"sequence": "{}"}, shots=3)
+    yield Job(
+        pk=42,
+        session=session,
+        pool_id=session.pool_id,
+        user_id=session.user_id,
+        payload={"sequence": {"nested": [1, 2.5, None]}},
+        shots=1000,
+        status=JobStatus.COMPLETED,
+        device_id=7,
+        target_device_id=7,
+        created_at=AT,
+        scheduled_at=AT + timedelta(seconds=1),
+        started_at=(AT + timedelta(seconds=2)).astimezone(ELSEWHERE),
+        finished_at=AT + timedelta(minutes=3),
+        cancel_requested_at=AT.replace(microsecond=0),
+        result={"counts": {"01": 600, "10": 400}},
+        error="",
+        runtime_seconds=12,
+    )
+    yield Job(pk=43, session=session, payload={}, shots=1, status="failed", error="device said no", created_at=AT)
 
 
-def test_binding_a_copy_leaves_the_class_fields_unbound_and_a_child_field_gets_its_own_copy():
-    """The per-response copies are shallow: binding one must not bind the fields every later
-    response copies, and a field holding a child (ListField, nested serializers) is copied
-    whole, or one response's child would answer to another's parent."""
-    from apps.core.api.serializers import FieldsBuiltOnce
-
-    class WithChild(FieldsBuiltOnce, serializers.ModelSerializer):
-        tags = serializers.ListField(child=serializers.CharField(), read_only=True, source="payload")
-
-        class Meta:
-            model = Job
-            fields = ["id", "status", "tags"]
-
-    first, second = WithChild(Job(pk=1)).fields, WithChild(Job(pk=2)).fields
-    assert first["status"] is not second["status"] and first["status"].field_name == "status"
-    assert all(field.parent is None and field.field_name is None for field in WithChild._built_fields.values())
-    assert first["tags"].child is not second["tags"].child
-    assert first["tags"].child.parent is first["tags"] and second["tags"].child.parent is second["tags"]
+def sessions(open_session, local_pool, owner):
+    active = open_session(local_pool, owner, slots=2, external_id="1234.5")
+    yield active
+    ended = Session.objects.get(pk=open_session(local_pool, owner).pk)
+    ended.status, ended.revoked_at = SessionStatus.REVOKED, AT.astimezone(ELSEWHERE)
+    ended.revocation_reason = RevocationReason.IDLE_TIMEOUT
+    yield ended
+    yield Session(user=owner, slots=1, created_at=AT, expires_at=AT, idle_expires_at=AT, launch_spec={})  # unsaved
 
 
-def test_the_published_schema_does_not_describe_jobs_and_sessions_with_the_mixins_notes():
-    """drf-spectacular takes a serializer's description from the first docstring in its MRO."""
+def test_a_job_response_is_what_drf_gives_for_its_fields(open_session, local_pool, owner):
+    session = open_session(local_pool, owner)
+    for job in jobs(session):
+        serializer = JobSerializer(job, context={"queue_info": {42: ("busy", 3)}})
+        assert JSONRenderer().render(serializer.data) == generic(serializer, job)
+        assert list(serializer.data) == JobSerializer.Meta.fields
+
+
+def test_a_session_response_is_what_drf_gives_for_its_fields(open_session, local_pool, owner):
+    for session in sessions(open_session, local_pool, owner):
+        serializer = SessionSerializer(session)
+        assert JSONRenderer().render(serializer.data) == generic(serializer, session)
+        assert list(serializer.data) == SessionSerializer.Meta.fields
+
+
+def test_a_list_of_jobs_answers_each_with_its_own_queue_info(open_session, local_pool, owner):
+    session = open_session(local_pool, owner)
+    first, second = (Job(pk=pk, session=session, payload={}, shots=1, created_at=AT) for pk in (1, 2))
+    data = JobSerializer([first, second], many=True, context={"queue_info": {1: ("busy", 1), 2: ("waiting", 2)}}).data
+    assert [(job["pending_reason"], job["queue_position"]) for job in data] == [("busy", 1), ("waiting", 2)]
+
+
+def test_the_published_schema_does_not_describe_jobs_and_sessions_with_implementation_notes():
+    """drf-spectacular takes a component's description from the serializer's docstrings."""
     from drf_spectacular.generators import SchemaGenerator
 
     schemas = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
     for name in ("Job", "Session"):
-        assert "FieldsBuiltOnce" not in str(schemas[name]) and "py-spy" not in str(schemas[name])
+        assert "issue 15" not in str(schemas[name]) and "field-by-field" not in str(schemas[name])

@@ -1,12 +1,12 @@
 from rest_framework import serializers
 
-from apps.core.api.serializers import FieldsBuiltOnce
+from apps.core.api.serializers import times
 from apps.sessions.models import RevocationReason, Session
 
 EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
 
 
-class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+class SessionSerializer(serializers.ModelSerializer):
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
     # "" while the session is active: declared so the schema's enum includes it (issue 16, item 5).
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
@@ -29,6 +29,29 @@ class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
             "launch_spec",
         ]
         read_only_fields = fields
+
+    def to_representation(self, session):
+        """What DRF's field-by-field loop gives for ``fields`` (tests/core/test_serializer_fields.py
+        compares the two), written out, as ``JobSerializer``'s: 0.13 ms of every acquire's
+        response, against 0.01 ms here (issue 15)."""
+        created_at, expires_at, idle_expires_at, revoked_at = times(
+            session.created_at, session.expires_at, session.idle_expires_at, session.revoked_at
+        )
+        return {
+            "id": str(session.pk),
+            "user": None if session.user is None else session.user.username,
+            "resource_class": session.resource_class_id,
+            "pool": session.pool_id,
+            "slots": session.slots,
+            "external_id": session.external_id,
+            "status": str(session.status),
+            "created_at": created_at,
+            "expires_at": expires_at,
+            "idle_expires_at": idle_expires_at,
+            "revoked_at": revoked_at,
+            "revocation_reason": str(session.revocation_reason),
+            "launch_spec": session.launch_spec,
+        }
 
 
 class SessionCreateSerializer(serializers.Serializer):
