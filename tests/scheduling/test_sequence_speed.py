@@ -163,8 +163,28 @@ def test_at_most_passed_kept_outcomes_are_remembered_the_least_recently_used_for
     first, second, third = texts
     for text in (first, second, first, third, first):
         sequences.validate_sequence({"sequence": text}, 10, pulser.devices.AnalogDevice, where="emu")
-    assert len(sequences._passed) == 2
+    assert len(sequences._passed[pulser.devices.AnalogDevice]) == 2
     assert reads == [first, second, third]  # the first, used again, outlived the second
+
+
+def test_a_device_no_longer_used_takes_its_remembered_outcomes_with_it():
+    """A QPU's specs change (a recalibration): the device Pulser built from the old ones is
+    dropped from the parsed-specs cache, and what passed on it must not keep it in memory."""
+    import dataclasses
+    import gc
+
+    import pulser.devices
+
+    from apps.scheduling.drivers import sequences
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    recalibrated = dataclasses.replace(pulser.devices.AnalogDevice, max_runs=1999)
+    sequences.validate_sequence({"sequence": analog_sequence(atoms=6)}, 10, recalibrated, where="qpu")
+    assert recalibrated in sequences._passed
+    before = len(sequences._passed)
+    del recalibrated
+    gc.collect()
+    assert len(sequences._passed) == before - 1
 
 
 def test_a_sequence_text_with_a_lone_surrogate_is_a_400_not_a_500():

@@ -13,15 +13,16 @@ import hashlib
 import json
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 
 from apps.scheduling.drivers import InvalidPayload
 
 DEVICES_KEPT = 32  # parsed Pulser devices kept per process: a site has a handful of device specs
 SPECS_KEPT_BYTES = 64 * 1024  # real specs are ~2 KB; larger ones (forged layouts) are parsed, not kept
-PASSED_KEPT = 4096  # sequences that passed, per process: a digest and a device reference each
+PASSED_KEPT = 4096  # sequences that passed, per device and process: a digest each
 _patching = threading.Lock()
-_passed: OrderedDict = OrderedDict()
+_passed = weakref.WeakKeyDictionary()  # Pulser device -> OrderedDict of (digest, max_atoms)
 _passed_lock = threading.Lock()
 
 
@@ -102,50 +103,49 @@ def validate_sequence(payload, shots: int, device, *, where: str, max_atoms: int
     """Check ``payload`` against the Pulser ``device`` (R-DEV-1). ``where`` names the Gridgate
     device in messages; ``max_atoms`` is an extra limit of the driver (the emulator's state space).
 
-    A sequence that passed for this device is not read again: the check is a function of the
+    A sequence that passed on this device is not read again: the check is a function of the
     sequence's text and the device alone, so its outcome is remembered, per process, under the
-    text's SHA-256 digest with the device (never the text: a sequence may be megabytes). Clients
-    send the same text again as a rule: Pulser's QRMI connection submits one task per entry of a
-    job's ``job_params``, each with the same sequence (runs beyond the device's ``max_runs``, or
+    text's SHA-256 digest (never the text: a sequence may be megabytes). Clients send the same
+    text again as a rule: Pulser's QRMI connection submits one task per entry of a job's
+    ``job_params``, each with the same sequence (runs beyond the device's ``max_runs``, or
     repeats); so do array jobs. Reading it was about 1.5 ms of a submission's 4.7 ms of web CPU
     under bench/http_load.py's load: remembered, REST submissions of the same sequence went from
-    0.32 to 0.44 of the floor's rate (four interleaved runs). Refusals
-    are not remembered (their message names the Gridgate device); the shots are checked on every
-    submission. At most ``PASSED_KEPT`` outcomes, the least recently used forgotten first.
+    0.32 to 0.44 of the floor's rate (four interleaved runs). Refusals are not remembered (their
+    message names the Gridgate device), and the shots are checked on every submission. At most
+    ``PASSED_KEPT`` per device, the least recently used forgotten first; the device is held
+    weakly, so a device Pulser no longer uses (specs a QPU no longer reports, pushed out of
+    ``pulser_deserializer``'s cache) takes its outcomes with it.
     """
     text = sequence_text(payload)
-    key = _key(text, device, max_atoms)
-    if key is None or not _passed_before(key):
+    key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), max_atoms)
+    if not _passed_before(device, key):
         _check(text, device, where=where, max_atoms=max_atoms)
-        _remember(key)
+        _remember(device, key)
     if device.max_runs and shots > device.max_runs:
         raise InvalidPayload(f"{shots} shots requested; {where} runs at most {device.max_runs} per job.")
 
 
-def _key(text: str, device, max_atoms) -> tuple | None:
-    key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), device, max_atoms)
-    try:
-        hash(key)
-    except TypeError:  # a device Pulser built unhashable (a provider's specs): checked every time
-        return None
-    return key
-
-
-def _passed_before(key) -> bool:
+def _passed_before(device, key) -> bool:
     with _passed_lock:
-        if key in _passed:
-            _passed.move_to_end(key)
-            return True
-        return False
+        try:
+            passed = _passed.get(device)
+        except TypeError:  # a device Pulser built unhashable or without weak references: never kept
+            return False
+        if passed is None or key not in passed:
+            return False
+        passed.move_to_end(key)
+        return True
 
 
-def _remember(key) -> None:
-    if key is None:
-        return
+def _remember(device, key) -> None:
     with _passed_lock:
-        _passed[key] = None
-        if len(_passed) > PASSED_KEPT:
-            _passed.popitem(last=False)
+        try:
+            passed = _passed.setdefault(device, OrderedDict())
+        except TypeError:
+            return
+        passed[key] = None
+        if len(passed) > PASSED_KEPT:
+            passed.popitem(last=False)
 
 
 def _check(text: str, device, *, where: str, max_atoms: int | None) -> None:
