@@ -15,9 +15,12 @@ timed window):
 - distinct: the same, with a sequence never sent before on every submission (a parameter
            sweep: every submission pays R-DEV-1's Pulser check)
 
-Each figure is printed with its ratio to the same-run floor (the target is >= 0.50 for acquire
-and submission), with p50/p95/p99, errors, and the SQL statements of one such request counted
-in-process through the same code. Environment: BENCH_HTTP_SECONDS (default 10), BENCH_HTTP_CLIENTS
+Each scenario's time is cut into BENCH_HTTP_ROUNDS rounds (default 5), the scenarios taking turns
+in each, so that the machine's drift hits the floor and the figures alike. Each figure is printed
+with its ratio to the floor of the same rounds (the target is >= 0.50 for acquire and submission)
+and the spread of the per-round ratios, with p50/p95/p99, errors, and the SQL statements of one
+such request counted in-process through the same code. Environment: BENCH_HTTP_SECONDS (default
+10: per scenario, all rounds together), BENCH_HTTP_CLIENTS
 (default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production),
 BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads.
 """
@@ -46,6 +49,11 @@ WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
 PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,qrmi").split(",")  # "rest" for a quicker A/B
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
 KINDS = ("floor", "cycles", "submits", "distinct")
+# Each scenario's time is cut into rounds, the kinds taking turns within each round: this machine's
+# speed drifts by a third within minutes, and a floor measured once, minutes before a figure,
+# moved every ratio with it. Each ratio is then the figure over the floor of the same rounds.
+ROUNDS = int(os.environ.get("BENCH_HTTP_ROUNDS", "5"))
+START_MARGIN = 0.5  # seconds for a window's contexts (credentials, sequences) to reach its clients
 
 
 def munge_batch(uid: int, count: int) -> list[str]:
@@ -85,8 +93,10 @@ class Client:
 
 
 def scenario_worker(args):
-    """One client: run its scenario until the deadline; return (latencies of successes, errors)."""
-    kind, proto, port, deadline, ctx = args
+    """One client: from ``start`` on, run its scenario until the deadline; return (latencies of
+    successes, errors, end)."""
+    kind, proto, port, start, deadline, ctx = args
+    time.sleep(max(0.0, start - time.monotonic()))
     client = Client(port)
     creds = iter(ctx.get("creds", []))
     creds_user = iter(ctx.get("creds_user", []))
@@ -136,15 +146,22 @@ def scenario_worker(args):
     return latencies, errors, time.monotonic()
 
 
-def run_scenario(kind, proto, port, clients, contexts, seconds=SECONDS):
-    start = time.monotonic()
+def run_scenario(pool, kind, proto, port, contexts, seconds):
+    """One timed window of ``kind`` with one client process per context (``pool``'s, forked
+    before): every client starts at the same moment, after the contexts reached them.
+    Returns (latencies of successes, errors, seconds)."""
+    start = time.monotonic() + START_MARGIN
     deadline = start + seconds
-    with multiprocessing.get_context("fork").Pool(clients) as pool:
-        results = pool.map(scenario_worker, [(kind, proto, port, deadline, ctx) for ctx in contexts], chunksize=1)
+    results = pool.map(scenario_worker, [(kind, proto, port, start, deadline, ctx) for ctx in contexts], chunksize=1)
     latencies = [value for lat, _, _ in results for value in lat]
     errors = sum(err for _, err, _ in results)
-    elapsed = max(end for _, _, end in results) - start
-    return len(latencies) / elapsed, latencies, errors
+    return latencies, errors, max(end for _, _, end in results) - start
+
+
+def rate_of(rounds) -> float:
+    """Successes per second over ``rounds`` [(successes, seconds)]."""
+    seconds = sum(elapsed for _, elapsed in rounds)
+    return sum(count for count, _ in rounds) / seconds if seconds else 0.0
 
 
 def statements_per_request(token_key, class_id, session_id, sequence, root_creds, user_creds):
@@ -305,41 +322,56 @@ def main() -> int:
             {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
             for i in range(max_clients)
         ]
-        for kind in ("floor", "cycles", "submits"):
-            run_scenario(kind, "rest", port, max_clients, warm, seconds=WARMUP)
+        with multiprocessing.get_context("fork").Pool(max_clients) as clients_pool:
+            for kind in ("floor", "cycles", "submits"):
+                run_scenario(clients_pool, kind, "rest", port, warm, WARMUP)
         sent = 0  # distinct sequences made so far: each is sent once in the whole run
         print("  SQL statements per request (work statements; with BEGIN/COMMIT):")
         for label, (work, total, status) in counts.items():
             print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
+        window = SECONDS / ROUNDS
         for clients in CLIENTS:
-            figures = {}
+            # {(proto, kind): [latencies, errors, [(successes, seconds) of each round]]}
+            figures = {(proto, kind): [[], 0, []] for proto in PROTOCOLS for kind in KINDS}
+            with multiprocessing.get_context("fork").Pool(clients) as clients_pool:
+                for _ in range(ROUNDS):
+                    for proto in PROTOCOLS:
+                        for kind in KINDS:
+                            need = int(CRED_RATE * window / clients * (2 if kind == "cycles" else 1)) + 10
+                            contexts = []
+                            for i in range(clients):
+                                ctx = {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
+                                if proto == "qrmi":
+                                    if kind == "cycles":
+                                        ctx["creds"] = munge_batch(0, need)
+                                    else:
+                                        ctx["creds_user"] = munge_batch(UID, need)
+                                if kind == "distinct":
+                                    ctx["distinct"] = distinct_sequences(sequence, sent, need)
+                                    sent += need
+                                contexts.append(ctx)
+                            latencies, errors, seconds = run_scenario(clients_pool, kind, proto, port, contexts, window)
+                            figure = figures[(proto, kind)]
+                            figure[0] += latencies
+                            figure[1] += errors
+                            figure[2].append((len(latencies), seconds))
+            print(f"  {clients} clients ({ROUNDS} rounds of {window:g} s per scenario, the scenarios taking turns):")
             for proto in PROTOCOLS:
-                for kind in KINDS:
-                    need = int(CRED_RATE * SECONDS / clients * (2 if kind == "cycles" else 1)) + 10
-                    contexts = []
-                    for i in range(clients):
-                        ctx = {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
-                        if proto == "qrmi":
-                            if kind == "cycles":
-                                ctx["creds"] = munge_batch(0, need)
-                            else:
-                                ctx["creds_user"] = munge_batch(UID, need)
-                        if kind == "distinct":
-                            ctx["distinct"] = distinct_sequences(sequence, sent, need)
-                            sent += need
-                        contexts.append(ctx)
-                    figures[(proto, kind)] = run_scenario(kind, proto, port, clients, contexts)
-            print(f"  {clients} clients:")
-            for proto in PROTOCOLS:
-                floor = figures[(proto, "floor")][0] or float("nan")
+                floor_rounds = figures[(proto, "floor")][2]
+                floor = rate_of(floor_rounds) or float("nan")
                 for kind, unit in zip(KINDS, ("req/s", "cycles/s", "submissions/s", "submissions/s"), strict=True):
-                    rate, lat, errors = figures[(proto, kind)]
+                    lat, errors, rounds = figures[(proto, kind)]
+                    rate = rate_of(rounds)
+                    by_round = sorted(
+                        rate_of([r]) / (rate_of([f]) or float("nan")) for r, f in zip(rounds, floor_rounds, strict=True)
+                    )
                     ms = [percentile(lat, p) * 1000 for p in (50, 95, 99)]
                     print(
                         f"    {proto.upper():4s} {kind:8s} {rate:8.1f} {unit:14s} "
                         f"p50 {ms[0]:6.1f} ms  p95 {ms[1]:6.1f} ms  p99 {ms[2]:6.1f} ms  "
                         f"errors {errors:3d}  ratio to floor {rate / floor:.2f}"
-                        + ("  (a cycle is 2 requests)" if kind == "cycles" else "")
+                        + (f" (rounds {by_round[0]:.2f}-{by_round[-1]:.2f})" if kind != "floor" else "")
+                        + (f"  (a cycle is 2 requests: {2 * rate / floor:.2f} per request)" if kind == "cycles" else "")
                     )
         print("  targets: acquire and submission >= 0.50 of the floor; >= 160 cycles/s and >= 350 submissions/s")
     finally:
