@@ -245,7 +245,7 @@ def distinct_sequences(sequence: str, start: int, count: int) -> list[str]:
     template = json.loads(sequence)
     variants = []
     for i in range(start, start + count):
-        template["operations"][0]["amplitude"]["value"] = 2.0 - i * 1e-7
+        template["operations"][0]["amplitude"]["value"] = 2.0 - (i + 1) * 1e-7  # never the 2.0 of `submits`
         variants.append(json.dumps(template))
     return variants
 
