@@ -39,7 +39,7 @@ class SessionSerializer(serializers.ModelSerializer):
         )
         return {
             "id": str(session.pk),
-            "user": None if session.user is None else session.user.username,
+            "user": session.user.username,
             "resource_class": session.resource_class_id,
             "pool": session.pool_id,
             "slots": session.slots,
