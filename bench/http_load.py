@@ -22,7 +22,9 @@ and the spread of the per-round ratios, with p50/p95/p99, errors, and the SQL st
 such request counted in-process through the same code. Environment: BENCH_HTTP_SECONDS (default
 10: per scenario, all rounds together), BENCH_HTTP_CLIENTS
 (default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production),
-BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads.
+BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads,
+BENCH_HTTP_PROTOCOLS ("rest,qrmi") and BENCH_HTTP_KINDS ("cycles,submits,distinct") for a quicker
+A/B of a part.
 """
 
 import http.client
@@ -48,7 +50,10 @@ SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; 
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
 PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,qrmi").split(",")  # "rest" for a quicker A/B
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
-KINDS = ("floor", "cycles", "submits", "distinct")
+# BENCH_HTTP_KINDS="cycles" for a quicker A/B of one figure (the floor is always measured).
+MEASURED = os.environ.get("BENCH_HTTP_KINDS", "cycles,submits,distinct").split(",")
+KINDS = ("floor", *(kind for kind in MEASURED if kind != "floor"))
+UNITS = {"floor": "req/s", "cycles": "cycles/s", "submits": "submissions/s", "distinct": "submissions/s"}
 # Each scenario's time is cut into rounds, the kinds taking turns within each round: this machine's
 # speed drifts by a third within minutes, and a floor measured once, minutes before a figure,
 # moved every ratio with it. Each ratio is then the figure over the floor of the same rounds.
@@ -359,7 +364,8 @@ def main() -> int:
             for proto in PROTOCOLS:
                 floor_rounds = figures[(proto, "floor")][2]
                 floor = rate_of(floor_rounds) or float("nan")
-                for kind, unit in zip(KINDS, ("req/s", "cycles/s", "submissions/s", "submissions/s"), strict=True):
+                for kind in KINDS:
+                    unit = UNITS[kind]
                     lat, errors, rounds = figures[(proto, kind)]
                     rate = rate_of(rounds)
                     by_round = sorted(
