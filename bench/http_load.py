@@ -295,7 +295,7 @@ def main() -> int:
 
     port = free_port()
     env = dict(os.environ, PORT=str(port), HOST="127.0.0.1", GRIDGATE_LOG_LEVEL="WARNING")
-    workers, threads = env.get("GRIDGATE_WEB_WORKERS", "2"), env.get("GRIDGATE_WEB_THREADS", "8")
+    workers, threads = env.get("GRIDGATE_WEB_WORKERS", "4"), env.get("GRIDGATE_WEB_THREADS", "4")  # gunicorn.conf.py's
     if SERVER == "granian":  # the alternative measured for docs/deployment.md, same processes x threads
         command = [
             *(sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port)),
