@@ -256,6 +256,10 @@ def distinct_sequences(sequence: str, start: int, count: int) -> list[str]:
 
 
 def main() -> int:
+    unknown = [kind for kind in KINDS if kind not in UNITS]
+    if unknown:
+        print(f"http_load: BENCH_HTTP_KINDS names no figure {unknown}: choose from {', '.join(list(UNITS)[1:])}")
+        return 2
     if subprocess.run(["sh", "-c", "command -v munge"], capture_output=True).returncode:
         print("http_load: skipped (munge is not installed: scripts/munge-local.sh start)")
         return 0
