@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from apps.scheduling.drivers.emulator import available_devices
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions import services as session_services
 from tests.scheduling.pulser_sequences import analog_sequence
@@ -170,6 +171,28 @@ def test_only_staff_write_devices(api, owner, staff, qpu_pool, fake_device):
     bad = dict(body, name="bad", driver="emulator", config={"pulser_device": "NoSuchDevice"})
     response = api(staff).post("/api/v1/devices/", bad, format="json")
     assert response.status_code == 400 and "pulser_device" in response.json()["config"][0]
+
+
+@pytest.mark.parametrize("driver", ["emulator", "pasqal_cloud"])
+@pytest.mark.parametrize("name", ["Device", "VirtualDevice"])
+def test_a_pulser_device_class_is_not_a_device(api, staff, qpu_pool, driver, name):
+    """pulser.devices holds the classes Device and VirtualDevice beside the devices: configured
+    with one, every submission to the device was a 500."""
+    body = {"pool": qpu_pool.pk, "name": "cls", "driver": driver, "config": {"pulser_device": name}}
+    response = api(staff).post("/api/v1/devices/", body, format="json")
+    assert response.status_code == 400
+    assert any("pulser_device" in problem for problem in response.json()["config"])
+    assert name not in available_devices() and "AnalogDevice" in available_devices()
+
+
+def test_a_device_saved_with_a_pulser_class_answers_503_not_500(api, owner, qpu_pool, open_session):
+    """A config saved before its name was checked: the submission and the specs say an
+    administrator must fix the device (503 with a message), not a 500."""
+    device = Device.objects.create(pool=qpu_pool, name="legacy", driver="emulator", config={"pulser_device": "Device"})
+    response = post_job(api(owner), open_session(qpu_pool, owner), {"sequence": analog_sequence()}, shots=10)
+    assert response.status_code == 503 and "administrator" in response.json()["detail"]
+    response = api(owner).get(f"/api/v1/devices/{device.pk}/specs/")
+    assert response.status_code == 503 and "administrator" in response.json()["detail"]
 
 
 def test_emulator_specs_are_its_pulser_device(api, owner, qpu_pool, emulator):

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.core.exceptions import Unavailable
 from apps.scheduling.drivers import DeviceDriver, DriverState, PermanentDriverError
 from apps.scheduling.drivers.sequences import load_sequence, validate_sequence
 from apps.scheduling.models import DriverRun
@@ -31,22 +32,28 @@ DEFAULT_DEVICE = "AnalogDevice"
 
 
 def pulser_device(name: str):
+    """The Pulser device ``pulser.devices.<name>`` (AnalogDevice, MockDevice, …), or None. Only a
+    device: the module also holds the classes ``Device`` and ``VirtualDevice``, which have a
+    ``to_abstract_repr`` too, and a driver configured with one failed every submission with a 500."""
     import pulser.devices
 
     device = getattr(pulser.devices, name, None)
-    if device is None or not hasattr(device, "to_abstract_repr"):
-        return None
-    return device
+    return device if isinstance(device, pulser.devices.Device | pulser.devices.VirtualDevice) else None
+
+
+def configured_device(device, name):
+    """The Pulser device a Gridgate device's config names; 503 for a config saved before its name
+    was checked (it names no Pulser device): the administrator fixes it, the client is not at fault."""
+    emulated = pulser_device(name) if isinstance(name, str) else None
+    if emulated is None:
+        raise Unavailable(f"Device '{device.name}' names no Pulser device ({name!r}): ask an administrator to fix it.")
+    return emulated
 
 
 def available_devices() -> list[str]:
     import pulser.devices
 
-    return sorted(
-        name
-        for name in dir(pulser.devices)
-        if not name.startswith("_") and hasattr(getattr(pulser.devices, name), "to_abstract_repr")
-    )
+    return sorted(name for name in dir(pulser.devices) if not name.startswith("_") and pulser_device(name) is not None)
 
 
 class EmulatorDriver(DeviceDriver):
@@ -65,7 +72,7 @@ class EmulatorDriver(DeviceDriver):
     def validate_payload(self, device, payload, shots):
         """R-DEV-1 against the emulated Pulser device, plus the emulator's own ``max_atoms``."""
         config = device.config or {}
-        emulated = pulser_device(config.get("pulser_device", DEFAULT_DEVICE))
+        emulated = configured_device(device, config.get("pulser_device", DEFAULT_DEVICE))
         validate_sequence(
             payload,
             shots,
@@ -110,7 +117,7 @@ class EmulatorDriver(DeviceDriver):
 
     def specs(self, device):
         name = (device.config or {}).get("pulser_device", DEFAULT_DEVICE)
-        return json.loads(pulser_device(name).to_abstract_repr())
+        return json.loads(configured_device(device, name).to_abstract_repr())
 
 
 def dead_after() -> timedelta:

@@ -38,6 +38,7 @@ from apps.scheduling.drivers import (
     ProviderStatus,
     TransientDriverError,
 )
+from apps.scheduling.drivers.emulator import configured_device
 from apps.scheduling.drivers.emulator import pulser_device as named_pulser_device
 from apps.scheduling.drivers.sequences import device_from_specs, validate_sequence
 from apps.scheduling.models import DriverRun
@@ -188,7 +189,7 @@ class PasqalCloudDriver(DeviceDriver):
         if device.provider_specs:
             return device_from_specs(device.provider_specs)
         if config.get("pulser_device"):
-            return named_pulser_device(config["pulser_device"])
+            return configured_device(device, config["pulser_device"])
         raise Unavailable(
             f"The specs of device '{device.name}' are not known yet: the worker reads them from Pasqal Cloud on its "
             "status pass. Try again shortly."
