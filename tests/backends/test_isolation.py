@@ -296,7 +296,13 @@ def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, loc
     case_id = create(api(owner), local_pool.classes.get(), f": {marker}; sleep 30")
     assert launch(api(owner), case_id).status_code == 202
     wait_until(lambda: marker_processes(marker), what="the command")
-    shutil.rmtree(run_dir(workspace.case_dir(case_id)))
+    run = run_dir(workspace.case_dir(case_id))
+
+    def removed():  # the run's supervisor may write a file into it while it is removed
+        shutil.rmtree(run, ignore_errors=True)
+        return not run.exists()
+
+    wait_until(removed, what="the run directory removed")
     response = api(owner).post(f"/api/v1/cases/{case_id}/cancel/")
     assert response.status_code in (200, 409), response.content
     assert marker_processes(marker) == []
