@@ -45,14 +45,7 @@ def active_usage(pool_ids, *, inserting: Session | None = None) -> dict[int, Usa
     usage = dict.fromkeys(pool_ids, Usage())
     if not pool_ids:
         return usage
-    sessions, classes = Session._meta.db_table, ResourceClass._meta.db_table
-    marks = ", ".join(["%s"] * len(pool_ids))
-    sql = (
-        f"SELECT s.pool_id, SUM(s.slots), SUM(c.cpu), SUM(c.memory), SUM(c.gpu)"  # noqa: S608 (names from _meta)
-        f" FROM {sessions} s JOIN {classes} c ON c.id = s.resource_class_id"
-        f" WHERE s.status = %s AND s.pool_id IN ({marks}) GROUP BY s.pool_id"
-    )
-    params = [SessionStatus.ACTIVE, *pool_ids]
+    sql, params = usage_statement(pool_ids)
     together = None
     if inserting is not None and connection.vendor == "postgresql":
         together = insert_statement(inserting)
@@ -72,6 +65,20 @@ def active_usage(pool_ids, *, inserting: Session | None = None) -> dict[int, Usa
     for pool_id, slots, cpu, memory, gpu in rows:
         usage[pool_id] = Usage(slots=slots, cpu=Decimal(str(cpu)).quantize(places), memory=memory, gpu=gpu)
     return usage
+
+
+def usage_statement(pool_ids: list[int]) -> tuple[str, list]:
+    """The SELECT of :func:`active_usage` and its parameters, for a statement that needs the
+    sums inside it (admission's insert-if-it-fits): a row (pool_id, slots, cpu, memory, gpu) per
+    pool of ``pool_ids`` with active sessions."""
+    sessions, classes = Session._meta.db_table, ResourceClass._meta.db_table
+    marks = ", ".join(["%s"] * len(pool_ids))
+    sql = (
+        f"SELECT s.pool_id, SUM(s.slots), SUM(c.cpu), SUM(c.memory), SUM(c.gpu)"  # noqa: S608 (names from _meta)
+        f" FROM {sessions} s JOIN {classes} c ON c.id = s.resource_class_id"
+        f" WHERE s.status = %s AND s.pool_id IN ({marks}) GROUP BY s.pool_id"
+    )
+    return sql, [SessionStatus.ACTIVE, *pool_ids]
 
 
 def slots_usage(pool) -> dict:

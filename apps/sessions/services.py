@@ -10,12 +10,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.exceptions import Conflict, NotFound, Unavailable
-from apps.core.rows import Columns, fetch_one
+from apps.core.rows import Columns, fetch_one, in_one_round_trip, insert_statement, inserted, pipelining
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt, visible_to_sql
 from apps.sessions.hooks import busy_q, sessions_revoked
 from apps.sessions.models import RevocationReason, Session, SessionStatus
-from apps.sessions.selectors import Usage, active_usage, slots_usage
+from apps.sessions.selectors import Usage, active_usage, slots_usage, usage_statement
 
 __all__ = ["slots_usage"]  # re-exported: callers reach R-SESS-6 through the service module too
 
@@ -58,21 +58,29 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
     selected nothing.
 
     R-SESS-1: admission is serialized per pool by a row lock on the pool (PostgreSQL); on SQLite
-    the IMMEDIATE transaction takes the database write lock up front. The common case is two
-    statements: (1) find the class and lock its pool row, probing for the active session of the
-    same scheduler job (R-SESS-2); (2) insert the new session and sum the others' usage (one
+    the IMMEDIATE transaction takes the database write lock up front. The sum of the others'
+    usage is read after the lock, in a statement of its own: in READ COMMITTED one statement
+    reads one snapshot, taken before it waited for the lock, so a sum in the locking statement
+    would miss the session the previous lock holder just committed.
+
+    On PostgreSQL the common case (no session of the same scheduler job, the request fits) is
+    ``_admit_in_one_round_trip``: the class read, then lock, insert-if-it-fits and COMMIT sent
+    at once. Everything else takes the locked path below, which decides with its reasons:
+    (1) find the class and lock its pool row, probing for the active session of the same
+    scheduler job (R-SESS-2); (2) insert the new session and sum the others' usage (one
     statement on PostgreSQL, see ``active_usage``), then check the sum (a refusal rolls the
-    insert back). The sum must be its own statement, after the lock: in READ COMMITTED one
-    statement reads one snapshot, taken before it waited for the lock, so a sum in the locking
-    statement would miss the session the previous lock holder just committed. The same-job
-    probe may be that stale: a session missed is caught by the partial unique constraint
-    (IntegrityError below); one found is re-read.
+    insert back). The same-job probe may be stale: a session missed is caught by the partial
+    unique constraint (IntegrityError below); one found is re-read.
     R-SESS-3: sessions due for expiry are revoked here, under the lock, only when the request
     would not fit otherwise: they never block capacity, and the common path spends nothing on them.
     """
     external_id = (external_id or "").strip()
     now = timezone.now()  # the request time: lifetimes count from here
     try:
+        if pipelining():
+            admitted = _admit_in_one_round_trip(user, resource_class, slots, external_id, now)
+            if admitted is not None:
+                return admitted
         with transaction.atomic():
             locked, same_job = _lock_class(user, resource_class, external_id)
             pool = locked.pool
@@ -83,18 +91,7 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
                     same = _existing(user, external_id)
                 if same is not None:
                     return Admission(_same_or_conflict(same, locked.pk, slots), False)
-            session = Session(
-                user=user,
-                resource_class=locked,
-                pool=pool,
-                slots=slots,
-                external_id=external_id,
-                launch_spec=launch_spec(locked),
-                created_at=now,
-                last_activity_at=now,
-                expires_at=now + timedelta(seconds=pool.max_lifetime),
-                idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
-            )
+            session = _new_session(user, locked, slots, external_id, now)
             try:  # stored now, in the statement that sums the others; a refusal rolls it back
                 _check_capacity(pool, locked, slots, active_usage([pool.pk], inserting=session)[pool.pk])
             except CapacityExceeded:
@@ -115,6 +112,76 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
         return Admission(_same_or_conflict(same, _class_id(resource_class), slots), False)
 
 
+def _new_session(user, resource_class: ResourceClass, slots: int, external_id: str, now: datetime) -> Session:
+    pool = resource_class.pool
+    return Session(
+        user=user,
+        resource_class=resource_class,
+        pool=pool,
+        slots=slots,
+        external_id=external_id,
+        launch_spec=launch_spec(resource_class),
+        created_at=now,
+        last_activity_at=now,
+        expires_at=now + timedelta(seconds=pool.max_lifetime),
+        idle_expires_at=now + timedelta(seconds=pool.idle_timeout),
+    )
+
+
+# _check_capacity's rule as a condition on the pool ``p`` and its usage ``u`` (active_usage's
+# sums, NULL for a pool without active sessions), for the insert-if-it-fits of the common path.
+# Parameters: slots, class cpu, memory, gpu. tests/sessions/test_admission_round_trip.py checks
+# that both decide alike at every boundary: change them together.
+_FITS = (
+    "(p.slots_total IS NULL OR COALESCE(u.slots, 0) + %s <= p.slots_total)"
+    " AND ((p.quota_cpu IS NULL AND p.quota_memory IS NULL)"
+    " OR (COALESCE(u.cpu, 0) + %s <= COALESCE(p.quota_cpu, 0)"
+    " AND COALESCE(u.memory, 0) + %s <= COALESCE(p.quota_memory, 0)"
+    " AND COALESCE(u.gpu, 0) + %s <= COALESCE(p.quota_gpu, 0)))"
+)
+
+
+def _admit_in_one_round_trip(user, choice, slots: int, external_id: str, now: datetime) -> Admission | None:
+    """R-SESS-1's common case on PostgreSQL in four statements and two round trips, the pool's
+    lock held for the database's work only (``in_one_round_trip`` says why, with figures)::
+
+        SELECT class, pool, same-job probe (admission's statement (1), without the lock)
+        -- then, sent at once:
+        BEGIN; SELECT 1 FROM pool WHERE id = pool FOR UPDATE;
+        WITH u AS (the pool's usage) INSERT INTO session SELECT <the session> FROM pool p
+          LEFT JOIN u WHERE p.id = pool AND <it fits> RETURNING 1; COMMIT
+
+    The insert is a statement after the lock's, so its sum sees every session admitted before
+    (R-SESS-1) and the pool's current limits. None when it is not the common case: a session of
+    the same scheduler job was seen, or the request does not fit as things stand (nothing was
+    stored); admit()'s locked path then decides, with its reasons and R-SESS-3's expiry.
+    """
+    locked, same_job = _lock_class(user, choice, external_id, lock=False)
+    if same_job is not None:
+        return None
+    pool = locked.pool
+    session = _new_session(user, locked, slots, external_id, now)
+    usage, usage_params = usage_statement([pool.pk])
+    where = f" FROM {ResourcePool._meta.db_table} p LEFT JOIN u ON u.pool_id = p.id WHERE p.id = %s AND {_FITS}"  # noqa: S608
+    statement = insert_statement(session, select=(where, [pool.pk, slots, locked.cpu, locked.memory, locked.gpu]))
+    if statement is None:  # save receivers: the locked path saves it
+        return None
+    insert_sql, insert_params = statement
+    _, stored = in_one_round_trip(
+        [
+            (f"SELECT 1 FROM {ResourcePool._meta.db_table} WHERE id = %s FOR UPDATE", [pool.pk]),  # noqa: S608
+            (
+                f"WITH u (pool_id, slots, cpu, memory, gpu) AS ({usage}) {insert_sql} RETURNING 1",
+                [*usage_params, *insert_params],
+            ),
+        ]
+    )
+    if not stored:
+        return None
+    inserted(session)
+    return Admission(session, True)
+
+
 # Statement (1) of admission, written by hand (STYLE.md rule 4): built with the ORM it cost
 # ~1.9 ms of CPU per request to construct and compile, and ran in 0.3 ms (bench/http_load.py,
 # bench/admission.py); tests/sessions/test_admission_statement.py tests it directly.
@@ -122,9 +189,11 @@ _CLASS = Columns(ResourceClass, "c")
 _POOL = Columns(ResourcePool, "p")
 
 
-def _lock_class(user, choice: ResourceClass | UsableClass, external_id: str) -> tuple[ResourceClass, object]:
-    """The chosen class with its pool, the pool row locked, and the id of the user's active
-    session for ``external_id`` (or None)::
+def _lock_class(
+    user, choice: ResourceClass | UsableClass, external_id: str, *, lock: bool = True
+) -> tuple[ResourceClass, object]:
+    """The chosen class with its pool, the pool row locked (unless ``lock`` is False), and the
+    id of the user's active session for ``external_id`` (or None)::
 
         SELECT class.*, pool.*, (id of the active session of (user, external_id))
           FROM class JOIN pool
@@ -154,7 +223,7 @@ def _lock_class(user, choice: ResourceClass | UsableClass, external_id: str) -> 
             params.append(choice.pool_name)
         access, access_params = visible_to_sql(user, "p")
     params += access_params
-    lock = " FOR UPDATE OF p" if connection.features.has_select_for_update_of else ""
+    lock = " FOR UPDATE OF p" if lock and connection.features.has_select_for_update_of else ""
     sql = (
         f"SELECT {_CLASS.sql}, {_POOL.sql}, {same}"  # noqa: S608 (table names from _meta; values are parameters)
         f" FROM {ResourceClass._meta.db_table} c JOIN {ResourcePool._meta.db_table} p ON p.id = c.pool_id"

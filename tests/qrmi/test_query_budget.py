@@ -16,11 +16,11 @@ BUDGET = 4
 
 
 def test_qrmi_acquire_runs_at_most_four_statements(qrmi, qpu, alice, statement_budget):
-    """The service uid's account is never looked up; the user's account, then the pool's default
-    class + access + pool lock, and the insert with the usage sum (R-SESS-1): one statement on
-    PostgreSQL (3), two elsewhere (4)."""
+    """The service uid's account is never looked up; the user's account, the pool's default
+    class + access, then the pool lock and the insert-if-it-fits (R-SESS-1), sent at once on
+    PostgreSQL (in one transaction)."""
     client = qrmi(0)
-    with statement_budget(3 if connection.vendor == "postgresql" else BUDGET):
+    with statement_budget(BUDGET):
         response = client.post(f"{BASE}/sessions", {"user_id": str(USER_UID), "slurm_job_id": "99"}, format="json")
     assert response.status_code == 201, response.content
     assert Session.objects.get(pk=response.data["id"]).user == alice
