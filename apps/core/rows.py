@@ -136,8 +136,8 @@ def in_one_round_trip(statements: list[tuple[str, list]]) -> list[list[tuple]]:
 
     Each statement runs after the one before it has finished, in its own snapshot, as sent one
     by one; one that returns no rows (an UPDATE without RETURNING) gives ``[]``. An error stops
-    the rest, the transaction is rolled back, and it is raised as Django
-    raises it (``IntegrityError`` …). Inside a caller's transaction (``atomic``) the statements
+    the rest, the transaction is rolled back (the connection closed if it cannot be), and it is
+    raised as Django raises it (``IntegrityError`` …). Inside a caller's transaction (``atomic``) the statements
     run in a savepoint of it instead, released or rolled back the same way, and commit with it.
     """
     import psycopg
@@ -160,11 +160,17 @@ def in_one_round_trip(statements: list[tuple[str, list]]) -> list[list[tuple]]:
                     for cursor, (sql, params) in zip(cursors, statements, strict=True):
                         cursor.execute(sql, params)
                     control.execute(end)
-            except psycopg.Error:
-                if raw.info.transaction_status == TransactionStatus.INERROR:
-                    raw.execute(undo)
-                    if outer:
-                        raw.execute(end)
+            except BaseException:
+                # Whatever stopped it (an error of a statement, a timeout between two executes),
+                # nothing of it may stay open for the connection's next request.
+                status = raw.info.transaction_status
+                try:
+                    if status == TransactionStatus.INERROR or (not outer and status != TransactionStatus.IDLE):
+                        raw.execute(undo)
+                        if outer:
+                            raw.execute(end)
+                except psycopg.Error:
+                    connection.close()
                 raise
         return [cursor.fetchall() if cursor.description is not None else [] for cursor in cursors]
     finally:

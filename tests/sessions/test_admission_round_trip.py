@@ -101,3 +101,34 @@ def test_inside_a_transaction_a_failure_undoes_only_its_own_statements(local_poo
             )
         stored.refresh_from_db()  # the transaction is still usable, with the first round trip's work
         assert stored.slots == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_interruption_between_statements_leaves_no_transaction_open(local_pool, owner, monkeypatch):
+    """A worker timeout or any exception after BEGIN was queued: the pipeline still sends what
+    was queued, so the transaction is rolled back rather than left open for the next request."""
+    from psycopg.pq import TransactionStatus
+
+    table = Session._meta.db_table
+    stored = services.admit(user=owner, resource_class=local_pool.classes.get(), external_id="1").session
+    calls = []
+    real = type(connection.cursor()).execute
+
+    def interrupted(self, sql, params=None):
+        calls.append(sql)
+        if len(calls) == 3:  # BEGIN, the UPDATE, then this
+            raise RuntimeError("worker timeout")
+        return real(self, sql, params)
+
+    monkeypatch.setattr(type(connection.cursor()), "execute", interrupted)
+    with pytest.raises(RuntimeError):
+        in_one_round_trip(
+            [
+                (f"UPDATE {table} SET external_id = 'renamed' WHERE id = %s", [stored.pk]),  # noqa: S608
+                (f"SELECT 1 FROM {table}", []),  # noqa: S608
+            ]
+        )
+    monkeypatch.undo()
+    assert connection.connection is None or connection.connection.info.transaction_status == TransactionStatus.IDLE
+    stored.refresh_from_db()
+    assert stored.external_id == "1"
