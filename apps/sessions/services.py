@@ -95,8 +95,7 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
             try:  # stored now, in the statement that sums the others; a refusal rolls it back
                 _check_capacity(pool, locked, slots, active_usage([pool.pk], inserting=session)[pool.pk])
             except CapacityExceeded:
-                past = Session.objects.active().filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
-                if not past.filter(pool_id=pool.pk).exists():  # cheap: nothing could be due
+                if not _any_past_a_deadline(pool.pk, now):  # cheap: nothing could be due
                     raise
                 if not any(expire_due_sessions(now=now, pool_id=pool.pk).values()):
                     raise
@@ -154,7 +153,9 @@ def _admit_in_one_round_trip(user, choice, slots: int, external_id: str, now: da
     The insert is a statement after the lock's, so its sum sees every session admitted before
     (R-SESS-1) and the pool's current limits. None when it is not the common case: a session of
     the same scheduler job was seen, or the request does not fit as things stand (nothing was
-    stored); admit()'s locked path then decides, with its reasons and R-SESS-3's expiry.
+    stored) and either a session could be due for expiry or room was freed since; admit()'s
+    locked path then decides, with R-SESS-3's expiry. A refusal otherwise raises from here,
+    with the pool's usage read after it (``slots_available``).
     """
     locked, same_job = _lock_class(user, choice, external_id, lock=False)
     if same_job is not None:
@@ -177,9 +178,20 @@ def _admit_in_one_round_trip(user, choice, slots: int, external_id: str, now: da
         ]
     )
     if not stored:
+        # A refusal answers from here, without the lock, unless sessions could be due for expiry
+        # (the locked path expires them) or a release made room meanwhile (it then admits).
+        if not _any_past_a_deadline(pool.pk, now):
+            _check_capacity(pool, locked, slots, active_usage([pool.pk])[pool.pk])
         return None
     inserted(session)
     return Admission(session, True)
+
+
+def _any_past_a_deadline(pool_id: int, now: datetime) -> bool:
+    """Whether an active session of the pool is past one of its deadlines: it may be due for
+    expiry (R-SESS-3; ``expire_due_sessions`` decides)."""
+    past = Session.objects.active().filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
+    return past.filter(pool_id=pool_id).exists()
 
 
 # Statement (1) of admission, written by hand (STYLE.md rule 4): built with the ORM it cost

@@ -48,18 +48,45 @@ def test_the_one_round_trip_admits_exactly_what_check_capacity_admits(owner, mem
         fits = True
     except services.CapacityExceeded:
         fits = False
-    admitted = services._admit_in_one_round_trip(owner, klass, slots, "", timezone.now())
-    assert (admitted is not None) == fits
+    try:
+        admitted = services._admit_in_one_round_trip(owner, klass, slots, "", timezone.now()) is not None
+    except services.CapacityExceeded:
+        admitted = False
+    assert admitted == fits
     assert Session.objects.filter(user=owner).count() == int(fits)  # a refusal stores nothing
 
 
-def test_a_refusal_gets_the_locked_paths_reasons(owner):
+def test_a_refusal_answers_with_its_reasons_without_the_locked_path(owner, monkeypatch):
     pool = ResourcePool.objects.create(name="small", public=True, slots_total=3)
     klass = ResourceClass.objects.create(pool=pool, name="q", cpu=1, memory=1, default=True)
     services.admit(user=owner, resource_class=klass, slots=2)
+    monkeypatch.setattr(services, "_lock_class", _no_lock(services._lock_class))
     with pytest.raises(services.CapacityExceeded, match="1 of 3 slots available; 2 requested") as refused:
         services.admit(user=owner, resource_class=klass, slots=2)
     assert refused.value.extra["slots_available"] == 1
+    assert Session.objects.filter(pool=pool).count() == 1
+
+
+def test_a_refusal_with_a_session_past_its_deadline_expires_it_on_the_locked_path(owner, member):
+    from datetime import timedelta
+
+    pool = ResourcePool.objects.create(name="small", public=True, slots_total=3)
+    klass = ResourceClass.objects.create(pool=pool, name="q", cpu=1, memory=1, default=True)
+    due = services.admit(user=member, resource_class=klass, slots=2).session
+    Session.objects.filter(pk=due.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert services.admit(user=owner, resource_class=klass, slots=2).created
+    due.refresh_from_db()
+    assert due.status == "revoked"
+
+
+def _no_lock(real):
+    """``_lock_class`` that fails if asked for the lock (the locked path)."""
+
+    def lock_class(*args, lock=True, **kwargs):
+        assert not lock, "the locked path was taken"
+        return real(*args, lock=lock, **kwargs)
+
+    return lock_class
 
 
 def test_the_same_scheduler_job_is_left_to_the_locked_path(local_pool, owner):
