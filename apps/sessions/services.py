@@ -65,7 +65,8 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
 
     On PostgreSQL the common case (no session of the same scheduler job, the request fits) is
     ``_admit_in_one_round_trip``: the class read, then lock, insert-if-it-fits and COMMIT sent
-    at once. Everything else takes the locked path below, which decides with its reasons:
+    at once; a refusal is answered there too, unless a session could be due for expiry. The
+    rest takes the locked path below (always on SQLite):
     (1) find the class and lock its pool row, probing for the active session of the same
     scheduler job (R-SESS-2); (2) insert the new session and sum the others' usage (one
     statement on PostgreSQL, see ``active_usage``), then check the sum (a refusal rolls the
@@ -235,11 +236,11 @@ def _lock_class(
             params.append(choice.pool_name)
         access, access_params = visible_to_sql(user, "p")
     params += access_params
-    lock = " FOR UPDATE OF p" if lock and connection.features.has_select_for_update_of else ""
+    locking = " FOR UPDATE OF p" if lock and connection.features.has_select_for_update_of else ""
     sql = (
         f"SELECT {_CLASS.sql}, {_POOL.sql}, {same}"  # noqa: S608 (table names from _meta; values are parameters)
         f" FROM {ResourceClass._meta.db_table} c JOIN {ResourcePool._meta.db_table} p ON p.id = c.pool_id"
-        f" WHERE {where} AND {access} ORDER BY c.id LIMIT 1{lock}"
+        f" WHERE {where} AND {access} ORDER BY c.id LIMIT 1{locking}"
     )
     found = fetch_one(sql, params, _CLASS, _POOL)
     if found is None:
