@@ -6,6 +6,21 @@ from rest_framework import serializers
 _DATETIME = serializers.DateTimeField()
 
 
+def plain_int(value, low: int, high: int) -> bool:
+    """Whether DRF's ``IntegerField(min_value=low, max_value=high)`` takes ``value`` unchanged:
+    a JSON integer (not a bool, which DRF refuses) within the bounds."""
+    return type(value) is int and low <= value <= high
+
+
+def plain_text(value, max_length: int) -> bool:
+    """Whether DRF's ``CharField(max_length=max_length, allow_blank=True)`` takes ``value``
+    unchanged: a string within the length, with nothing for it to trim, and only printable ASCII
+    (no NUL or surrogate for its validators to refuse)."""
+    if type(value) is not str or len(value) > max_length:
+        return False
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
 def times(*values) -> list:
     """``values`` (datetimes or None) as the API gives every date and time: DRF's own
     ``DateTimeField`` representation (ISO 8601 in the current time zone, UTC as ``Z``)."""
