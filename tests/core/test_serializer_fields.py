@@ -1,6 +1,6 @@
 """Issue 15: the job and session responses are written out, and say what DRF's field-by-field
-loop over the same fields says; the common bodies of a submission and an acquire are taken
-without DRF's field objects, and validate as DRF validates them."""
+loop over the same fields says; the common bodies of a submission and an acquire (REST and QRMI)
+are taken without DRF's field objects, and validate as DRF validates them."""
 
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -8,6 +8,7 @@ import pytest
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
+from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
 from apps.scheduling.api.serializers import JobSerializer, JobSubmitSerializer
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer
@@ -152,6 +153,47 @@ ACQUIRES = [
     None,
 ]
 
+QRMI_ACQUIRES = [
+    {"user_id": "1000"},
+    {"user_id": "1000", "slurm_job_id": "4242", "qpu_slots": 2},
+    {"user_id": "1000", "slurm_job_id": None, "scheduler_job_id": "4242", "other": "ignored"},
+    {"user_id": "1000", "slurm_job_id": "4242", "scheduler_job_id": "4243"},
+    {"user_id": "1000", "slurm_job_id": " 4242 ", "scheduler_job_id": "4242"},
+    {"user_id": "1000", "slurm_job_id": "", "qpu_slots": 1_000_000},
+    {"user_id": "1000", "slurm_job_id": "x" * 129},
+    {"user_id": "1000", "slurm_job_id": 4242},
+    {"user_id": "2147483647"},
+    {"user_id": "2147483648"},
+    {"user_id": "9999999999"},
+    {"user_id": "12345678901"},
+    {"user_id": ""},
+    {"user_id": " 1000"},
+    {"user_id": "1000\n"},
+    {"user_id": "\u0661\u0662"},
+    {"user_id": 1000},
+    {"user_id": None},
+    {"user_id": "1000", "qpu_slots": 0},
+    {"user_id": "1000", "qpu_slots": True},
+    {"user_id": "1000", "qpu_slots": None},
+    {"slurm_job_id": "4242"},
+    [],
+]
+TASKS = [
+    {"sequence": "{}", "shots": 10},
+    {"sequence": {"version": "1"}, "shots": 1_000_000, "other": "ignored"},
+    {"sequence": "", "shots": 10},
+    {"sequence": {}, "shots": 10},
+    {"sequence": [1], "shots": 10},
+    {"sequence": 3, "shots": 10},
+    {"sequence": None, "shots": 10},
+    {"sequence": "{}", "shots": 0},
+    {"sequence": "{}", "shots": True},
+    {"sequence": "{}", "shots": "10"},
+    {"sequence": "{}"},
+    {"shots": 1},
+    "text",
+]
+
 
 def validated(serializer_class, body, run) -> tuple:
     """(validated data, errors) of ``body`` through ``run(serializer, body)``."""
@@ -164,7 +206,10 @@ def validated(serializer_class, body, run) -> tuple:
 
 @pytest.mark.parametrize(
     ("serializer_class", "body"),
-    [(JobSubmitSerializer, body) for body in SUBMISSIONS] + [(SessionCreateSerializer, body) for body in ACQUIRES],
+    [(JobSubmitSerializer, body) for body in SUBMISSIONS]
+    + [(SessionCreateSerializer, body) for body in ACQUIRES]
+    + [(AcquireSerializer, body) for body in QRMI_ACQUIRES]
+    + [(TaskSerializer, body) for body in TASKS],
 )
 def test_a_request_body_validates_as_drf_validates_it_field_by_field(serializer_class, body):
     ours = validated(serializer_class, body, lambda serializer, data: serializer.run_validation(data))
@@ -181,6 +226,8 @@ def test_a_request_body_validates_as_drf_validates_it_field_by_field(serializer_
         (JobSubmitSerializer, {"payload": SEQUENCE, "shots": 10, "device": None}),
         (SessionCreateSerializer, {"resource_class": 1, "slots": 2}),
         (SessionCreateSerializer, {"resource_class": 1, "slurm_job_id": "4242", "user": "alice"}),
+        (AcquireSerializer, {"user_id": "1000", "slurm_job_id": "4242"}),
+        (TaskSerializer, {"sequence": "{}", "shots": 10}),
     ],
 )
 def test_a_common_request_body_is_validated_without_drf_field_objects(serializer_class, body):
