@@ -31,7 +31,8 @@ class AcquireSerializer(serializers.Serializer):
         DRF built and bound the four field objects for every acquire (issue 15)."""
         if type(data) is dict and _plain_uid(data.get("user_id")) and plain_int(data.get("qpu_slots", 1), 1, MAX_SLOTS):
             ids = [data.get(name) for name in ("slurm_job_id", "scheduler_job_id")]
-            if all(value is None or plain_text(value, 128) for value in ids):
+            limit = self._declared_fields["slurm_job_id"].max_length  # scheduler_job_id's too
+            if all(value is None or plain_text(value, limit) for value in ids):
                 return self.validate(
                     {
                         "user_id": data["user_id"],

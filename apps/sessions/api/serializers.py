@@ -56,7 +56,7 @@ class SessionSerializer(serializers.ModelSerializer):
 
 
 MAX_SLOTS = 1_000_000
-TEXT_FIELDS = {"external_id": 128, "scheduler_job_id": 128, "slurm_job_id": 128, "user": 150}  # max lengths
+TEXT_FIELDS = (*EXTERNAL_ID_ALIASES, "user")
 
 
 class SessionCreateSerializer(serializers.Serializer):
@@ -83,7 +83,8 @@ class SessionCreateSerializer(serializers.Serializer):
             and plain_int(data.get("slots", 1), 1, MAX_SLOTS)
         ):
             texts = {name: data[name] for name in TEXT_FIELDS if name in data}
-            if all(plain_text(value, TEXT_FIELDS[name]) for name, value in texts.items()) and texts.get("user") != "":
+            limits = {name: self._declared_fields[name].max_length for name in texts}
+            if all(plain_text(value, limits[name]) for name, value in texts.items()) and texts.get("user") != "":
                 return self.validate({"resource_class": data["resource_class"], "slots": data.get("slots", 1), **texts})
         return super().run_validation(data)
 
