@@ -8,7 +8,7 @@ decoding, SQLite's decimals and datetimes), so callers get ordinary model object
 
 import functools
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import signals
 from django.db.models.sql import Query
 
@@ -27,6 +27,7 @@ class Columns:
 
     def instance(self, values):
         """The instance of ``values`` (this model's part of a row, in ``self.fields`` order)."""
+        connection = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: see prepared()
         converters = self._converters.get(connection.vendor)
         if converters is None:  # the compiler's own lookup, once per backend
             compiler = Query(self.model).get_compiler(connection=connection)
@@ -64,7 +65,11 @@ def split(row, parts) -> tuple:
 def prepared(instance, fields) -> list:
     """``fields``' values of ``instance`` as ``save()`` sends them (``pre_save``, then
     ``get_db_prep_save``): JSON adapted, datetimes and UUIDs in the backend's form."""
-    return [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+    # The connection wrapper itself, not django.db.connection: each attribute read through that
+    # proxy looks the wrapper up again in asgiref's thread-and-task local, and the fields read it
+    # several times each; a submission's 25 columns spent ~0.05 ms of web CPU on it (of ~1.85).
+    db = connections[DEFAULT_DB_ALIAS]
+    return [field.get_db_prep_save(field.pre_save(instance, True), db) for field in fields]
 
 
 def insert(instance) -> None:
