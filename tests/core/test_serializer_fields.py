@@ -234,3 +234,18 @@ def test_a_common_request_body_is_validated_without_drf_field_objects(serializer
     serializer = serializer_class(data=body)
     assert serializer.is_valid(), serializer.errors
     assert "fields" not in serializer.__dict__  # DRF's cached_property: built and bound on first use
+
+
+@pytest.mark.parametrize(
+    ("serializer_class", "body"), [(SessionCreateSerializer, ACQUIRES[0]), (AcquireSerializer, QRMI_ACQUIRES[0])]
+)
+def test_a_common_body_refused_by_validate_gets_drfs_error_shape(serializer_class, body):
+    """A message of ``validate`` that names no field is a ``non_field_errors`` one either way."""
+
+    class Refusing(serializer_class):
+        def validate(self, attrs):
+            raise serializers.ValidationError("Refused as a whole.")
+
+    ours = validated(Refusing, body, lambda serializer, data: serializer.run_validation(data))
+    drf = validated(Refusing, body, lambda serializer, data: serializers.Serializer.run_validation(serializer, data))
+    assert ours == drf == (None, {"non_field_errors": ["Refused as a whole."]})

@@ -1,5 +1,6 @@
 """The shared serializer base: model rules run once, in ``Model.clean()``, for admin and API."""
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models, transaction
 from rest_framework import serializers
 
@@ -19,6 +20,16 @@ def plain_text(value, max_length: int) -> bool:
     if type(value) is not str or len(value) > max_length:
         return False
     return value.isascii() and value.isprintable() and value == value.strip()
+
+
+def validate_as_drf(serializer: serializers.Serializer, attrs: dict):
+    """``serializer.validate(attrs)``, its errors shaped as DRF's ``run_validation`` shapes them
+    (a message that names no field under ``non_field_errors``): for the request bodies' common
+    path, which skips DRF's field objects but not the serializer's own ``validate``."""
+    try:
+        return serializer.validate(attrs)
+    except (serializers.ValidationError, DjangoValidationError) as exc:
+        raise serializers.ValidationError(detail=serializers.as_serializer_error(exc)) from None
 
 
 def times(*values) -> list:

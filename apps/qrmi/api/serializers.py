@@ -1,7 +1,7 @@
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from apps.core.api.serializers import plain_int, plain_text
+from apps.core.api.serializers import plain_int, plain_text, validate_as_drf
 
 MAX_SLOTS = MAX_SHOTS = 1_000_000
 MAX_UID = 2**31 - 1
@@ -33,13 +33,14 @@ class AcquireSerializer(serializers.Serializer):
             ids = [data.get(name) for name in ("slurm_job_id", "scheduler_job_id")]
             limit = self._declared_fields["slurm_job_id"].max_length  # scheduler_job_id's too
             if all(value is None or plain_text(value, limit) for value in ids):
-                return self.validate(
+                return validate_as_drf(
+                    self,
                     {
                         "user_id": data["user_id"],
                         "slurm_job_id": ids[0],
                         "scheduler_job_id": ids[1],
                         "qpu_slots": data.get("qpu_slots", 1),
-                    }
+                    },
                 )
         return super().run_validation(data)
 

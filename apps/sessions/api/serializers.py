@@ -1,7 +1,7 @@
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from apps.core.api.serializers import plain_int, plain_text, times
+from apps.core.api.serializers import plain_int, plain_text, times, validate_as_drf
 from apps.sessions.models import RevocationReason, Session
 
 EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
@@ -85,7 +85,8 @@ class SessionCreateSerializer(serializers.Serializer):
             texts = {name: data[name] for name in TEXT_FIELDS if name in data}
             limits = {name: self._declared_fields[name].max_length for name in texts}
             if all(plain_text(value, limits[name]) for name, value in texts.items()) and texts.get("user") != "":
-                return self.validate({"resource_class": data["resource_class"], "slots": data.get("slots", 1), **texts})
+                attrs = {"resource_class": data["resource_class"], "slots": data.get("slots", 1), **texts}
+                return validate_as_drf(self, attrs)
         return super().run_validation(data)
 
     def validate(self, attrs):
