@@ -2,8 +2,9 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 
 from apps.core.api.serializers import plain_int, plain_text, validate_as_drf
+from apps.scheduling.api.serializers import MAX_SHOTS
+from apps.sessions.api.serializers import MAX_SLOTS
 
-MAX_SLOTS = MAX_SHOTS = 1_000_000
 MAX_UID = 2**31 - 1
 
 
