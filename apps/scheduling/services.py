@@ -8,6 +8,7 @@ transaction open (R-SCHED-4).
 import logging
 import threading
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 
@@ -17,12 +18,13 @@ from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from apps.core.exceptions import Conflict, Forbidden
+from apps.core.exceptions import Conflict, Forbidden, NotFound, ServiceError
 from apps.core.rows import Columns, prepared, split
 from apps.core.tasks import enqueue
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
 from apps.scheduling.drivers import (
+    DriverError,
     DriverState,
     InvalidPayload,
     PermanentDriverError,
@@ -133,13 +135,13 @@ def _wake_if_waiting(pool_id: int) -> None:
     transaction.on_commit(wake)
 
 
-def _queue_awaits_work(pool) -> bool:
-    """The flag as read with the session (the callers' lookup joins ``pool__queue``)."""
+def _queue_flag(pool) -> bool | None:
+    """SQLite: the wake-up flag as read with the session (the lookup joins the pool queue); None:
+    the pool has no queue row yet."""
     try:
         return pool.queue.awaiting_work
-    except PoolQueue.DoesNotExist:  # a pool that never had a job: create its queue row
-        PoolQueue.objects.get_or_create(pool_id=pool.pk)
-        return True
+    except PoolQueue.DoesNotExist:
+        return None
 
 
 # -- submission and cancellation -------------------------------------------------------------
@@ -177,19 +179,41 @@ def _pool_devices(pool_id: int) -> list[Device]:
         return [_DEVICE.instance(row) for row in cursor.fetchall()]
 
 
-def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
-    """The session a job is submitted into, with its pool, the pool queue's wake-up flag and the
-    pool's devices (``session.pool_devices``, in the model's order: name, then id) in one
-    statement, one of the three of the common path; None if there is no such session (or none
-    on the pool named ``pool_name``, for QRMI). Owner and status are submit_job's::
+def _rows_version_sql() -> str:
+    """PostgreSQL: the version of a pool's row and of its devices' rows, as text: ``<pool
+    xmin>:<device id>.<xmin>,…`` (devices by id). ``xmin`` is the transaction that wrote a row's
+    current version, so any committed change to the pool or to one of its devices (an admin's
+    edit, a status pass, a ``QuerySet.update``, raw SQL), and any device added or removed, gives
+    another text, with no trigger or signal to forget. Takes the pool id as its one parameter."""
+    devices = (
+        "SELECT string_agg(d.id::text || '.' || d.xmin::text, ',' ORDER BY d.id)"  # noqa: S608 (names from _meta)
+        f" FROM {Device._meta.db_table} d WHERE d.pool_id = p.id"
+    )
+    pools = ResourcePool._meta.db_table
+    return f"SELECT p.xmin::text || ':' || coalesce(({devices}), '') FROM {pools} p WHERE p.id = %s"  # noqa: S608
 
-        SELECT session.*, pool.*, queue.*, device.* FROM session JOIN pool
+
+def _rows_version(pool_xmin, device_xmins) -> str:
+    """What :func:`_rows_version_sql` gives, from the values a lookup read: (device id, xmin) pairs."""
+    return f"{pool_xmin}:" + ",".join(f"{pk}.{xmin}" for pk, xmin in sorted(device_xmins))
+
+
+def session_for_submission(session_id, *, pool_name: str | None = None) -> Session | None:
+    """The session a job is submitted into, with its pool, the pool queue's wake-up flag (SQLite's
+    submission reads it here; PostgreSQL's insert returns it) and the pool's devices
+    (``session.pool_devices``, in the model's order: name, then id) in one statement, one of the
+    three of the common path when the session is not known_session's; None if there is no such
+    session (or none on the pool named ``pool_name``, for QRMI). Owner and status are
+    submit_job's::
+
+        SELECT session.*, pool.*, queue.*, device.*, pool.xmin, device.xmin FROM session JOIN pool
           LEFT JOIN pool queue LEFT JOIN device ON device.pool = pool
          WHERE session.id = session_id [AND pool.name = pool_name] ORDER BY device.name, device.id
 
-    (a row per device, or one row with no device). Written by hand (STYLE.md rule 4): the ORM
-    spent ~0.9 ms of CPU building this join on every submission, and the devices were a
-    statement of their own (issue 15, bench/http_load.py).
+    (a row per device, or one row with no device). On PostgreSQL ``session.rows_version`` is the
+    version of the pool and device rows read (see :func:`known_session`); None elsewhere.
+    Written by hand (STYLE.md rule 4): the ORM spent ~0.9 ms of CPU building this join on every
+    submission, and the devices were a statement of their own (issue 15, bench/http_load.py).
     """
     try:
         session_id = uuid.UUID(str(session_id))
@@ -200,8 +224,10 @@ def session_for_submission(session_id, *, pool_name: str | None = None) -> Sessi
     if pool_name is not None:
         where += " AND p.name = %s"
         params.append(pool_name)
+    versioned = connection.vendor == "postgresql"
+    xmins = "p.xmin::text, d.xmin::text" if versioned else "NULL, NULL"
     sql = (
-        f"SELECT {_SESSION.sql}, {_POOL.sql}, {_QUEUE.sql}, {_DEVICE.sql} FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta)
+        f"SELECT {_SESSION.sql}, {_POOL.sql}, {_QUEUE.sql}, {_DEVICE.sql}, {xmins} FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta)
         f" JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
         f" LEFT JOIN {PoolQueue._meta.db_table} q ON q.pool_id = p.id"
         f" LEFT JOIN {Device._meta.db_table} d ON d.pool_id = p.id WHERE {where} ORDER BY d.name, d.id"
@@ -211,17 +237,85 @@ def session_for_submission(session_id, *, pool_name: str | None = None) -> Sessi
         rows = cursor.fetchall()
     if not rows:
         return None
-    session, pool, queue, first = split(rows[0], (_SESSION, _POOL, _QUEUE, _DEVICE))
+    session, pool, queue, first, pool_xmin, _ = split(rows[0], (_SESSION, _POOL, _QUEUE, _DEVICE))
     session.pool = pool
     ResourcePool.queue.related.set_cached_value(pool, queue)  # None: the pool never had a job
-    at = len(rows[0]) - len(_DEVICE)
-    session.pool_devices = [first, *(_DEVICE.instance(row[at:]) for row in rows[1:])] if first else []
+    at = len(rows[0]) - len(_DEVICE) - 2
+    session.pool_devices = [first, *(_DEVICE.instance(row[at:-2]) for row in rows[1:])] if first else []
+    device_xmins = [(device.pk, row[-1]) for device, row in zip(session.pool_devices, rows, strict=False)]
+    session.rows_version = _rows_version(pool_xmin, device_xmins) if versioned else None
     return session
 
 
-def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime, job: Job) -> bool:
-    """Renew the session if it is still ``user_id``'s and active, and only then insert ``job``.
-    Returns False when the session did not match (no job).
+# -- sessions this process has submitted into ------------------------------------------------
+KNOWN_SESSIONS = 10_000  # per process, the least recently used forgotten first: ~150 bytes each
+_known_lock = threading.Lock()
+_known_sessions = OrderedDict()  # session id -> (user id, pool id)
+_known_pools = {}  # pool id -> (rows version, pool, devices): the latest read, shared by its sessions
+
+
+def known_session(session_id, user, *, pool_name: str | None = None) -> Session | None:
+    """The session ``user`` submitted a job into before through this process, from memory, with
+    its pool and the pool's devices as last read; None if this process knows no such session of
+    ``user``'s (on ``pool_name``), or off PostgreSQL: the caller reads it (session_for_submission).
+
+    Issue 15: reading the session, its pool and the pool's devices (for R-DEV-1's payload check)
+    was ~0.22 ms of a REST submission's ~1.7 ms of web CPU and one of its three statements, and
+    clients submit many jobs into one session (Pulser's QRMI connection: one per entry of a job's
+    ``job_params``). Nothing remembered is trusted: submit_job checks the payload against the
+    devices remembered, then its statement inserts the job only if the session is still
+    ``user``'s, active, on that pool, and the pool's and devices' rows are still the versions
+    that were read (PostgreSQL's ``xmin``: :func:`_rows_version_sql`). Anything else (ended,
+    changed, or a payload refused) starts the submission over from the database, so the answer
+    is the one the path without memory gives. Only a lookup made outside any transaction block
+    is remembered: the rows it read were committed, and their ``xmin`` transactions write no
+    more, so an equal version means the same rows (a transaction that changed a device twice
+    could otherwise give both states one version). bench/http_load.py, interleaved with the
+    path without memory (8 clients): REST submissions 0.46-0.52 of the floor against 0.39-0.47.
+    """
+    if connection.vendor != "postgresql":
+        return None
+    try:
+        session_id = uuid.UUID(str(session_id))
+    except ValueError:
+        return None
+    with _known_lock:
+        known = _known_sessions.get(session_id)
+        if known is None or known[0] != user.pk:
+            return None
+        version, pool, devices = _known_pools[known[1]]
+        if pool_name is not None and pool.name != pool_name:
+            return None
+        _known_sessions.move_to_end(session_id)
+    session = Session(id=session_id, user_id=user.pk, pool_id=pool.pk, status=SessionStatus.ACTIVE)
+    session.pool, session.pool_devices, session.rows_version, session.remembered = pool, devices, version, True
+    session.asked_pool_name = pool_name
+    return session
+
+
+def _remember(session: Session) -> None:
+    """After a submission that read ``session`` from the database (PostgreSQL)."""
+    with _known_lock:
+        _known_pools[session.pool_id] = (session.rows_version, session.pool, session.pool_devices)
+        _known_sessions[session.pk] = (session.user_id, session.pool_id)
+        _known_sessions.move_to_end(session.pk)
+        if len(_known_sessions) > KNOWN_SESSIONS:
+            _known_sessions.popitem(last=False)
+
+
+def _forget(session_id) -> None:
+    with _known_lock:
+        _known_sessions.pop(session_id, None)
+
+
+def _update_and_insert(
+    session_id, user_id, now: datetime, idle_until: datetime, job: Job, *, pool_version: tuple | None = None
+) -> tuple[bool, bool | None]:
+    """Renew the session if it is still ``user_id``'s and active, and only then insert ``job``;
+    with ``pool_version`` (pool id, rows version: PostgreSQL), only if the session is on that pool
+    and its rows are still that version. Returns whether the job was inserted and, on
+    PostgreSQL, the pool queue's wake-up flag read by the same statement (None: no queue row, or
+    SQLite).
 
     PostgreSQL, one statement: one round trip, atomic without BEGIN/COMMIT, holding the
     session's row lock until it ends, so a revocation racing it waits and then cancels the new
@@ -230,8 +324,10 @@ def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime,
         WITH s AS (UPDATE session SET last_activity_at = now, idle_expires_at = idle_until,
                           vruntime = caught up (R-SCHED-2)
                     WHERE id = session_id AND user_id = user_id AND status = 'active'
+                          [AND pool_id = pool AND (rows version of pool) = version]
                     RETURNING id)
-        INSERT INTO scheduling_job (every column but id) SELECT <the job's values> FROM s RETURNING id
+        INSERT INTO scheduling_job (every column but id) SELECT <the job's values> FROM s
+        RETURNING id, (SELECT awaiting_work FROM pool queue WHERE pool_id = job's pool)
 
     SQLite (no data-modifying CTE): the UPDATE, then ``save()``, in one transaction. Written by
     hand (STYLE.md rule 4): compiling it with the ORM cost ~3 ms of CPU per submission, more
@@ -255,47 +351,41 @@ def _update_and_insert(session_id, user_id, now: datetime, idle_until: datetime,
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(update, params)
             if not cursor.rowcount:
-                return False
+                return False, None
             job.save(force_insert=True)
-            return True
+            return True, None
+    if pool_version is not None:
+        update += f" AND pool_id = %s AND ({_rows_version_sql()}) = %s"
+        params += [pool_version[0], pool_version[0], pool_version[1]]
     fields = [field for field in Job._meta.concrete_fields if field is not Job._meta.pk]
     columns = ", ".join(ops.quote_name(field.column) for field in fields)
     values = prepared(job, fields)
     sql = (
         f"WITH s AS ({update} RETURNING id) INSERT INTO {Job._meta.db_table} ({columns})"  # noqa: S608 (names from _meta)
-        f" SELECT {', '.join(['%s'] * len(fields))} FROM s RETURNING id"
+        f" SELECT {', '.join(['%s'] * len(fields))} FROM s"
+        f" RETURNING id, (SELECT awaiting_work FROM {PoolQueue._meta.db_table} WHERE pool_id = %s)"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *values])
+        cursor.execute(sql, [*params, *values, job.pool_id])
         inserted = cursor.fetchone()
     if inserted is None:
-        return False
+        return False, None
     job.pk = inserted[0]
     job._state.adding, job._state.db = False, connection.alias
-    return True
+    return True, inserted[1]
 
 
-def submit_job(*, user, session: Session, payload, shots: int, target_device: Device | None = None) -> Job:
-    """Queue a job in ``user``'s active session (R-JOB-1) and renew its idle deadline.
+def _awaits_work(pool_id: int, flag: bool | None) -> bool:
+    """The pool queue's wake-up flag as read with the submission; None: the pool never had a
+    job, so it has no queue row yet: create it (a new queue awaits work)."""
+    if flag is None:
+        PoolQueue.objects.get_or_create(pool_id=pool_id)
+        return True
+    return flag
 
-    No pool-wide lock: the common path is the caller's session lookup (session_for_submission:
-    with the pool's devices), the drivers' payload check, and one statement that updates the
-    session and inserts the job.
-    The UPDATE checks owner and status (R-JOB-1: else 403), renews the idle deadline
-    (R-SESS-3), and applies catch-up (R-SCHED-2: max(vruntime, pool V) when the session had
-    nothing pending). It row-locks the session until commit, so a revocation racing the
-    submission waits and then cancels the new job (lock order: session → job).
-    """
-    if session.user_id != user.pk:
-        raise Forbidden(f"Session {session.pk} belongs to another user: only its owner submits jobs in it.")
-    if session.status != SessionStatus.ACTIVE:
-        raise Forbidden(f"Session {session.pk} has ended ({session.status}, {session.revocation_reason}).")
-    pool = session.pool
-    validate_job(pool, payload, shots, target_device, getattr(session, "pool_devices", None))
-    wake = _queue_awaits_work(pool)
-    now = timezone.now()
-    idle_until = now + timedelta(seconds=pool.idle_timeout)
-    job = Job(
+
+def _queued_job(session: Session, payload, shots: int, target_device: Device | None, now: datetime) -> Job:
+    return Job(
         session_id=session.pk,
         pool_id=session.pool_id,
         user_id=session.user_id,
@@ -304,13 +394,76 @@ def submit_job(*, user, session: Session, payload, shots: int, target_device: De
         target_device=target_device,
         created_at=now,
     )
-    inserted = retry_aborted(lambda: _update_and_insert(session.pk, user.pk, now, idle_until, job))
+
+
+def _submit_remembered(user, session: Session, payload, shots: int) -> Job | None:
+    """submit_job for a session of :func:`known_session`: the job, or None when anything differs
+    from what was remembered or the payload is refused (the caller starts over from the
+    database and gives the uncached path's answer)."""
+    pool = session.pool
+    try:
+        validate_job(pool, payload, shots, None, session.pool_devices)
+    except (DriverError, ServiceError):
+        return None
+    now = timezone.now()
+    job = _queued_job(session, payload, shots, None, now)
+    idle_until = now + timedelta(seconds=pool.idle_timeout)
+    version = (pool.pk, session.rows_version)
+    inserted, flag = retry_aborted(
+        lambda: _update_and_insert(session.pk, user.pk, now, idle_until, job, pool_version=version)
+    )
+    if not inserted:
+        _forget(session.pk)
+        return None
+    session.last_activity_at, session.idle_expires_at = now, idle_until
+    job.session = session
+    if _awaits_work(pool.pk, flag):
+        _wake_if_waiting(pool.pk)
+    return job
+
+
+def submit_job(*, user, session: Session, payload, shots: int, target_device: Device | None = None) -> Job:
+    """Queue a job in ``user``'s active session (R-JOB-1) and renew its idle deadline.
+
+    No pool-wide lock: the common path is the caller's session lookup (session_for_submission:
+    with the pool's devices; or known_session's memory of it), the drivers' payload check, and
+    one statement that updates the session and inserts the job.
+    The UPDATE checks owner and status (R-JOB-1: else 403), renews the idle deadline
+    (R-SESS-3), and applies catch-up (R-SCHED-2: max(vruntime, pool V) when the session had
+    nothing pending). It row-locks the session until commit, so a revocation racing the
+    submission waits and then cancels the new job (lock order: session → job).
+    """
+    if getattr(session, "remembered", False):
+        if target_device is None:
+            job = _submit_remembered(user, session, payload, shots)
+            if job is not None:
+                return job
+        session_id, pool_name = session.pk, session.asked_pool_name
+        session = session_for_submission(session_id, pool_name=pool_name)
+        if session is None:  # deleted, or its pool renamed: the callers' own 404 (seen_or_404, QRMI's)
+            raise NotFound(
+                "No such session." if pool_name is None else f"No session '{session_id}' on pool '{pool_name}'."
+            )
+    if session.user_id != user.pk:
+        raise Forbidden(f"Session {session.pk} belongs to another user: only its owner submits jobs in it.")
+    if session.status != SessionStatus.ACTIVE:
+        raise Forbidden(f"Session {session.pk} has ended ({session.status}, {session.revocation_reason}).")
+    pool = session.pool
+    validate_job(pool, payload, shots, target_device, getattr(session, "pool_devices", None))
+    now = timezone.now()
+    idle_until = now + timedelta(seconds=pool.idle_timeout)
+    job = _queued_job(session, payload, shots, target_device, now)
+    inserted, flag = retry_aborted(lambda: _update_and_insert(session.pk, user.pk, now, idle_until, job))
     if not inserted:  # ended since the caller read it (expired, released, revoked)
         status = Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
         raise Forbidden(f"Session {session.pk} has ended ({status or 'gone'}).", status=status)
     session.last_activity_at, session.idle_expires_at = now, idle_until
     job.session = session
-    if wake:
+    if getattr(session, "rows_version", None) is not None and not connection.in_atomic_block:
+        _remember(session)  # read in its own transaction: the versions of committed rows
+    if connection.vendor != "postgresql":
+        flag = _queue_flag(pool)
+    if _awaits_work(session.pool_id, flag):
         _wake_if_waiting(session.pool_id)
     return job
 

@@ -59,6 +59,34 @@ def test_qrmi_job_submission_runs_at_most_four_statements(qrmi, qpu, open_qrmi_s
         assert response.data["status"] == "PENDING"
 
 
+@pytest.mark.postgres
+def test_qrmi_jobs_into_a_session_submitted_into_before_cost_two_statements(
+    qrmi, qpu, open_qrmi_session, statement_budget, settings
+):
+    """The uid's account and the insert: the session, its pool and devices come from the web
+    process's memory (known_session), checked by the insert itself. Renamed since, the pool's
+    old name is not found, as without memory."""
+    from apps.resources.models import ResourcePool
+    from apps.scheduling.models import Job, PoolQueue
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    settings.GRIDGATE_TASKS_EAGER = False
+    session = open_qrmi_session()
+    PoolQueue.objects.update_or_create(pool=qpu, defaults={"awaiting_work": False})
+    body = {"sequence": analog_sequence(), "shots": 10}
+    assert (
+        qrmi(USER_UID).post(f"{BASE}/jobs", body, format="json", HTTP_X_WARDEN_SESSION=str(session.pk)).status_code
+        == 200
+    )
+    with statement_budget(2):
+        response = qrmi(USER_UID).post(f"{BASE}/jobs", body, format="json", HTTP_X_WARDEN_SESSION=str(session.pk))
+    assert response.status_code == 200, response.content
+    ResourcePool.objects.filter(pk=qpu.pk).update(name="fresnel-2")
+    response = qrmi(USER_UID).post(f"{BASE}/jobs", body, format="json", HTTP_X_WARDEN_SESSION=str(session.pk))
+    assert response.status_code == 404, response.content
+    assert Job.objects.count() == 2
+
+
 def test_qrmi_job_route_looks_the_uid_account_up_once(qrmi, open_qrmi_session):
     """R-QRMI-2: the credential's uid is mapped to its user by one lookup per request."""
     session = open_qrmi_session()

@@ -94,8 +94,10 @@ class QrmiView(APIView):
         except ValueError:
             raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.") from None
         # By the pool's name, not self.pool: one statement instead of two on every release and job.
-        if for_submission:
-            session = scheduling.session_for_submission(session_id, pool_name=self.kwargs["pool"])
+        if for_submission:  # from memory if the caller submitted into it before (known_session)
+            pool = self.kwargs["pool"]
+            session = scheduling.known_session(session_id, self.request.user, pool_name=pool)
+            session = session or scheduling.session_for_submission(session_id, pool_name=pool)
         else:
             on_pool = Session.objects.select_related("pool").filter(pool__name=self.kwargs["pool"])
             session = on_pool.filter(pk=session_id).first()

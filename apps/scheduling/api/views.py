@@ -95,8 +95,11 @@ class SessionJobsView(APIView):
         return visible_or_404(Session.objects.select_related("pool"), request.user, pk)
 
     def _session_for_submission(self, request, pk) -> Session:
-        # Other users' sessions are 404; owner and status are the service's (R-JOB-1).
-        return seen_or_404(services.session_for_submission(pk), request.user)
+        # Other users' sessions are 404; owner and status are the service's (R-JOB-1). One the
+        # caller submitted into before through this process comes from memory (checked by the
+        # submission's statement: known_session).
+        known = services.known_session(pk, request.user)
+        return known or seen_or_404(services.session_for_submission(pk), request.user)
 
     @extend_schema(
         request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}
