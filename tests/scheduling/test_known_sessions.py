@@ -13,6 +13,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from apps.resources.models import ResourcePool
 from apps.scheduling import services
 from apps.scheduling.models import Device, Job, PoolQueue
 from apps.sessions.models import Session
@@ -32,6 +33,16 @@ def no_memory_from_other_tests(settings):
 @pytest.fixture
 def emulator(qpu_pool):
     return Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 4})
+
+
+@pytest.fixture
+def remembered(qpu_pool, emulator, open_session, owner):
+    """(session, owner's client) after one submission: the web process now knows the session."""
+    session = open_session(qpu_pool, owner)
+    client = client_of(owner)
+    assert submit(client, session).status_code == 201
+    assert services.known_session(session.pk, owner) is not None
+    return session, client
 
 
 def client_of(user) -> APIClient:
@@ -61,14 +72,12 @@ def test_a_second_submission_into_a_session_costs_the_token_and_one_statement(
 
 
 def test_a_device_changed_since_the_session_was_remembered_checks_the_payload_as_it_is_now(
-    qpu_pool, emulator, open_session, owner
+    qpu_pool, emulator, remembered
 ):
     """R-DEV-1: an administrator lowers the emulator's atoms (a bare UPDATE, no signal): the
     remembered device would accept the 2-atom sequence; the statement sees another version and
     the submission is checked against the device as it is."""
-    session = open_session(qpu_pool, owner)
-    client = client_of(owner)
-    assert submit(client, session).status_code == 201
+    session, client = remembered
     Device.objects.filter(pk=emulator.pk).update(config={"max_atoms": 1})
     response = submit(client, session)
     assert response.status_code == 400, response.content
@@ -76,61 +85,48 @@ def test_a_device_changed_since_the_session_was_remembered_checks_the_payload_as
     assert Job.objects.count() == 1
 
 
-def test_a_device_added_since_the_session_was_remembered_checks_the_payload_too(
-    qpu_pool, emulator, open_session, owner
-):
-    session = open_session(qpu_pool, owner)
-    client = client_of(owner)
-    assert submit(client, session).status_code == 201
+def test_a_device_added_since_the_session_was_remembered_checks_the_payload_too(qpu_pool, remembered):
+    session, client = remembered
     Device.objects.create(pool=qpu_pool, name="small", driver="emulator", config={"max_atoms": 1})
     assert submit(client, session).status_code == 400
     assert Job.objects.count() == 1
 
 
-def test_a_pool_changed_since_renews_the_session_with_its_idle_timeout_as_it_is_now(
-    qpu_pool, emulator, open_session, owner
-):
-    session = open_session(qpu_pool, owner)
-    client = client_of(owner)
-    assert submit(client, session).status_code == 201
-    qpu_pool.__class__.objects.filter(pk=qpu_pool.pk).update(idle_timeout=60)
+def test_a_pool_changed_since_renews_the_session_with_its_idle_timeout_as_it_is_now(qpu_pool, remembered):
+    session, client = remembered
+    ResourcePool.objects.filter(pk=qpu_pool.pk).update(idle_timeout=60)
     before = timezone.now()
     assert submit(client, session).status_code == 201
     session.refresh_from_db()
     assert before + timedelta(seconds=59) < session.idle_expires_at < timezone.now() + timedelta(seconds=61)
 
 
-def test_a_session_ended_since_it_was_remembered_is_refused_as_without_memory(qpu_pool, emulator, open_session, owner):
+def test_a_session_ended_since_it_was_remembered_is_refused_as_without_memory(remembered):
     """R-JOB-1: the same 403 either way, and a payload refused in an ended session is still a 403
     (the path without memory checks the session first)."""
-    session = open_session(qpu_pool, owner)
-    client = client_of(owner)
-    assert submit(client, session).status_code == 201
+    session, client = remembered
     release(Session.objects.get(pk=session.pk))
-    remembered = submit(client, session)
+    from_memory = submit(client, session)
     refused_payload = submit(client, session, analog_sequence(6))  # more atoms than the device's 4
     services._known_sessions.clear()
     fresh = submit(client, session)
-    assert remembered.status_code == refused_payload.status_code == fresh.status_code == 403
-    assert remembered.json() == refused_payload.json() == fresh.json()
+    assert from_memory.status_code == refused_payload.status_code == fresh.status_code == 403
+    assert from_memory.json() == refused_payload.json() == fresh.json()
     assert Job.objects.count() == 1
 
 
-def test_a_payload_refused_in_a_remembered_session_gets_the_same_400(qpu_pool, emulator, open_session, owner):
-    session = open_session(qpu_pool, owner)
-    client = client_of(owner)
-    assert submit(client, session).status_code == 201
-    remembered = submit(client, session, analog_sequence(6))
+def test_a_payload_refused_in_a_remembered_session_gets_the_same_400(remembered):
+    session, client = remembered
+    from_memory = submit(client, session, analog_sequence(6))
     services._known_sessions.clear()
     fresh = submit(client, session, analog_sequence(6))
-    assert remembered.status_code == fresh.status_code == 400
-    assert remembered.json() == fresh.json()
+    assert from_memory.status_code == fresh.status_code == 400
+    assert from_memory.json() == fresh.json()
     assert Job.objects.count() == 1
 
 
-def test_what_one_user_submitted_into_is_not_known_for_another(qpu_pool, emulator, open_session, owner, member):
-    session = open_session(qpu_pool, owner)
-    assert submit(client_of(owner), session).status_code == 201
+def test_what_one_user_submitted_into_is_not_known_for_another(remembered, member):
+    session, _ = remembered
     assert submit(client_of(member), session).status_code == 404
     assert Job.objects.count() == 1
 
