@@ -99,6 +99,29 @@ def test_double_reports_failures_per_instance_not_in_errors(double):
     assert instance["state"] == "Failure" and "code 3" in instance["error"]["message"]
 
 
+def test_double_ends_a_task_it_cannot_store_in_failure_instead_of_leaving_it_running(double):
+    """The double's own failures (here: its results upload into a bucket that does not exist)
+    end the task in Failure naming the error, so a test waiting for the task fails at once with
+    the cause instead of waiting out its timeout."""
+    double.s3.create_bucket(Bucket="vanishing-results")
+    double.hold = {"FullyExecuting"}
+    body = {
+        "name": "task",
+        "profile": "docker-batch",
+        "instanceCount": 1,
+        "constants": [{"key": "DOCKER_CMD", "value": "sh -c 'echo x > out.txt'"}],
+        "resultBucket": "vanishing-results",
+    }
+    uuid = uuid_of(post(double, "/tasks", body))
+    double.wait_state(uuid, ("FullyExecuting",))
+    double.s3.delete_bucket(Bucket="vanishing-results")  # gone before the results are uploaded
+    double.hold = set()
+    double.wait_state(uuid, ("Failure",))
+    (instance,) = double.tasks[uuid].completed
+    assert "The Qarnot double failed" in instance["error"]["message"]
+    assert "NoSuchBucket" in instance["error"]["message"]
+
+
 def test_double_tag_filters_are_exact(double):
     one = uuid_of(submit(double, tags=["case-1"]))
     uuid_of(submit(double, tags=["case-10"]))

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import boto3
 from flask import Flask, jsonify, request
+from moto.core.models import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
 from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request as WsgiRequest
@@ -178,8 +180,18 @@ class QarnotDouble:
         return app
 
     def used_bytes(self) -> int:
+        """Bytes stored (latest versions), read from moto's in-memory backend, not over HTTP: the
+        storage server's own request threads ask this inside every object PUT, and two nested
+        requests to the same server per PUT (through the boto3 client the task threads share)
+        were the suspect of a PUT left unanswered past botocore's retries under CPU contention.
+        ``dict(bucket.keys)`` copies moto's versioned store (key -> versions) as moto does itself
+        to iterate it while other threads write."""
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
         return sum(
-            o["Size"] for name in self.buckets() for o in self.s3.list_objects_v2(Bucket=name).get("Contents", [])
+            versions[-1].size
+            for bucket in list(backend.buckets.values())
+            for versions in dict(bucket.keys).values()
+            if versions
         )
 
     def keys(self, bucket: str) -> list[str]:
@@ -213,6 +225,26 @@ class QarnotDouble:
             task.ended = time.time()
 
     def _run(self, task: Task):
+        """The task's thread. Anything the double itself fails at (an upload to its storage, a
+        download) ends the task in Failure naming the error, as a task whose results cannot be
+        stored ends on Qarnot, instead of ending the thread and leaving the task running forever
+        for a test to wait on."""
+        try:
+            self._execute(task)
+        except Exception as exc:
+            instance = {
+                "instanceId": 0,
+                "state": "Failure",
+                "wallTimeSec": 0.0,
+                "error": {"code": "FT999", "message": f"The Qarnot double failed: {exc!r}", "debug": ""},
+            }
+            with self._lock:
+                task.completed = [instance]
+                task.previous_state, task.state = task.state, "Failure"
+                task.history.append("Failure")
+                task.ended = time.time()
+
+    def _execute(self, task: Task):
         body = task.body
         work = self._scratch / task.uuid
         work.mkdir(parents=True)
@@ -360,11 +392,8 @@ class QarnotDouble:
 
         @app.get("/info")
         def info():
-            used = 0
             names = double.buckets()
-            for name in names:
-                used += sum(o["Size"] for o in double.s3.list_objects_v2(Bucket=name).get("Contents", []))
-            return jsonify({"bucketCount": len(names), "usedQuotaBytesBucket": used, **double.user})
+            return jsonify({"bucketCount": len(names), "usedQuotaBytesBucket": double.used_bytes(), **double.user})
 
         @app.get("/profiles")
         def profiles():
