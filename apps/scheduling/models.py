@@ -99,7 +99,9 @@ class Job(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="jobs")
     # Denormalized from the session: the dispatcher and the lists filter on them.
     pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="jobs")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # No index of its own: jobs_user_created leads with it (each index is one more write per job
+    # inserted).
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs", db_index=False)
     payload = models.JSONField()
     shots = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     target_device = models.ForeignKey(
@@ -109,9 +111,12 @@ class Job(models.Model):
         on_delete=models.SET_NULL,
         related_name="targeted_jobs",
         help_text="Run only on this device (else any online device of the pool).",
+        db_index=False,  # jobs_target_device: only the jobs that name one
     )
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
-    device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    device = models.ForeignKey(
+        Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs", db_index=False
+    )  # jobs_device: only the jobs that were handed to one
     remote_id = models.CharField(max_length=128, blank=True, default="")
     created_at = models.DateTimeField()
     scheduled_at = models.DateTimeField(null=True, blank=True)
@@ -167,6 +172,10 @@ class Job(models.Model):
             models.Index(fields=["-created_at", "-id"], name="jobs_created"),
             # Lists: own jobs, newest first.
             models.Index(fields=["user", "-created_at", "-id"], name="jobs_user_created"),
+            # A device's jobs (and its deletion's SET NULL): partial, so a job inserted without a
+            # device writes no entry here; most jobs never name a target device.
+            models.Index(fields=["device"], condition=Q(device__isnull=False), name="jobs_device"),
+            models.Index(fields=["target_device"], condition=Q(target_device__isnull=False), name="jobs_target_device"),
         ]
 
     def __str__(self):

@@ -46,7 +46,10 @@ class Session(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="compute_sessions")
+    # No index of its own: sessions_user_created leads with it.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="compute_sessions", db_index=False
+    )
     resource_class = models.ForeignKey(ResourceClass, on_delete=models.PROTECT, related_name="sessions")
     # Denormalized from the class: admission sums active sessions per pool under the pool lock.
     pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="sessions")
@@ -87,9 +90,12 @@ class Session(models.Model):
             # Admission: SUM(slots) of the active sessions of one pool, under the pool lock.
             models.Index(fields=["pool", "slots"], condition=Q(status="active"), name="sessions_active_pool"),
             # Admission's "anything due in this pool?" probe and the expiry sweep (partial: only
-            # active sessions are ever due).
+            # active sessions are ever due). Not idle_expires_at: every job submission renews it,
+            # and a renewed column that an index holds makes PostgreSQL write a new entry into
+            # every index of the table instead of updating the row in place (a HOT update);
+            # the probe (only when a request would not fit) and the sweep read a pool's active
+            # sessions through this index and check the idle deadline on the rows.
             models.Index(fields=["pool", "expires_at"], condition=Q(status="active"), name="sessions_active_expires"),
-            models.Index(fields=["pool", "idle_expires_at"], condition=Q(status="active"), name="sessions_active_idle"),
             # weighted_fair/usage_fair dispatch: active sessions of a pool by (vruntime, age, id).
             models.Index(
                 fields=["pool", "vruntime", "created_at", "id"],

@@ -2,10 +2,12 @@
 a constant, small number of SQL statements; a coalesced dispatcher wake-up (R-SCHED-5)."""
 
 import pytest
+from django.db import connection
 
 from apps.core.exceptions import Forbidden
 from apps.scheduling import services
 from apps.scheduling.models import Job, PoolQueue
+from apps.sessions.models import Session
 from apps.sessions.services import release
 
 
@@ -112,6 +114,31 @@ def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session
     services.submit_job(user=owner, session=session, payload={}, shots=1)
     session.refresh_from_db()
     assert session.idle_expires_at > before
+
+
+@pytest.mark.postgres
+def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool, fake_device, open_session, owner):
+    """Issue 15: no index holds a column every submission writes (the idle deadline, the last
+    activity), so PostgreSQL renews the session without writing into its indexes (a HOT update,
+    counted by the transaction's statistics) instead of writing an entry into each of the
+    table's indexes (eleven then) for every job."""
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload={}, shots=1)
+
+    def updates():  # (rows updated, of them in place) in this transaction
+        with connection.cursor() as cursor:
+            table = Session._meta.db_table
+            cursor.execute(
+                "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
+                " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+                [table, table],
+            )
+            return cursor.fetchone()
+
+    before = updates()
+    services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload={}, shots=1)
+    after = updates()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
 
 
 @pytest.mark.postgres
