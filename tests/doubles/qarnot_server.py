@@ -226,9 +226,9 @@ class QarnotDouble:
 
     def _run(self, task: Task):
         """The task's thread. Anything the double itself fails at (an upload to its storage, a
-        download) ends the task in Failure naming the error, as a task whose results cannot be
-        stored ends on Qarnot, instead of ending the thread and leaving the task running forever
-        for a test to wait on."""
+        download) ends the task in Failure naming the error (code FT999: the double's, not a
+        task's), instead of ending the thread and leaving the task running forever for a test to
+        wait on; an abort that came first still ends it Cancelled (never undone)."""
         try:
             self._execute(task)
         except Exception as exc:
@@ -239,9 +239,11 @@ class QarnotDouble:
                 "error": {"code": "FT999", "message": f"The Qarnot double failed: {exc!r}", "debug": ""},
             }
             with self._lock:
-                task.completed = [instance]
-                task.previous_state, task.state = task.state, "Failure"
-                task.history.append("Failure")
+                aborted = task.state in ("PendingCancel", "Cancelled")
+                if not aborted:
+                    task.completed = [instance]
+                task.previous_state, task.state = task.state, "Cancelled" if aborted else "Failure"
+                task.history.append(task.state)
                 task.ended = time.time()
 
     def _execute(self, task: Task):
