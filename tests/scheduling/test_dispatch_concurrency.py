@@ -11,6 +11,7 @@ from apps.scheduling import services
 from apps.scheduling.drivers.fake import FakeDriver
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions import services as session_services
+from apps.sessions.services import retry_aborted
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -53,7 +54,10 @@ def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member,
         try:
             for _ in range(60):
                 services.run_pool(pool.pk)
-                Job.objects.filter(status=JobStatus.RUNNING).update(next_poll_at=None)
+                # Every running job due for a poll at once: a bulk UPDATE racing the other
+                # threads' passes, which PostgreSQL may pick as a deadlock victim (as it may pick a
+                # pass, which run_pool absorbs): run again then, as the services do.
+                retry_aborted(lambda: Job.objects.filter(status=JobStatus.RUNNING).update(next_poll_at=None))
                 if not Job.objects.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING]).exists():
                     break
         finally:
