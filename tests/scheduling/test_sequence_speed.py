@@ -198,3 +198,35 @@ def test_a_sequence_text_with_a_lone_surrogate_is_a_400_not_a_500():
 
     with pytest.raises(InvalidPayload, match="Not a valid Pulser sequence"):
         validate_sequence({"sequence": "{\ud800"}, 10, pulser.devices.AnalogDevice, where="emu")
+
+
+def test_checking_sequences_in_many_threads_at_once_leaves_the_warning_filters_as_they_were():
+    # The production server checks sequences in several threads of one process; Pulser's
+    # warnings are silenced around each read by swapping the process-wide filter list, and two
+    # overlapping swaps would leave one thread's "ignore everything" installed for good.
+    import json
+    import threading
+    import warnings
+
+    from pulser.devices import AnalogDevice
+
+    from apps.scheduling.drivers.sequences import validate_sequence
+    from tests.scheduling.pulser_sequences import analog_sequence
+
+    template = json.loads(analog_sequence())
+    before = list(warnings.filters)
+    start = threading.Barrier(8)
+
+    def check(worker):
+        start.wait()
+        for i in range(60):
+            template_i = json.loads(json.dumps(template))
+            template_i["operations"][0]["amplitude"]["value"] = 1.0 + worker * 1e-3 + i * 1e-6  # never seen before
+            validate_sequence({"sequence": template_i}, 10, AnalogDevice, where="emu")
+
+    threads = [threading.Thread(target=check, args=(worker,)) for worker in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert warnings.filters == before

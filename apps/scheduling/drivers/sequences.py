@@ -8,6 +8,7 @@ Nothing a client sends reaches ``get_measurement_basis()`` or the device uncheck
 becomes a 500 or a job that fails on the device later.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -24,6 +25,26 @@ PASSED_KEPT = 4096  # sequences that passed, per device and process: a digest ea
 _patching = threading.Lock()
 _passed = weakref.WeakKeyDictionary()  # Pulser device -> OrderedDict of (digest, max_atoms)
 _passed_lock = threading.Lock()
+_quiet_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def quiet_pulser():
+    """Pulser's warnings silenced for the block, one thread of the process at a time.
+
+    Pulser warns on things a client's sequence may well do (switching to the device it already
+    names, deprecated fields), and a web process should not log them for every submission.
+    ``warnings.catch_warnings`` swaps the process-wide filter list and puts back the one it
+    saw on entry, so two threads' blocks that overlap put back each other's lists: a warning
+    escaped to the server's log under bench/http_load.py's load, and an unlucky order leaves
+    "ignore everything" installed for good. Pulser's reading is CPU-bound Python, which one
+    process's threads run one at a time anyway (the GIL), so the lock costs no throughput:
+    REST submissions of sequences never sent before, 0.43 and 0.45 of the floor with it against
+    0.43 and 0.41 without (bench/http_load.py, 8 clients, interleaved).
+    """
+    with _quiet_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def pulser_deserializer():
@@ -77,8 +98,7 @@ def load_sequence(payload):
 def _read(text: str):
     deserializer = pulser_deserializer()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_pulser():
             return deserializer.deserialize_abstract_sequence(text)
     except Exception as exc:  # pulser raises jsonschema, ValueError, TypeError, …
         raise InvalidPayload(f"Not a valid Pulser sequence: {first_line(exc)}") from None
@@ -94,8 +114,7 @@ def device_from_specs(specs):
     deserialize_device = pulser_deserializer().deserialize_device
 
     text = specs if isinstance(specs, str) else json.dumps(specs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_pulser():
         return deserialize_device(text)
 
 
@@ -177,8 +196,7 @@ def _check(text: str, device, *, where: str, max_atoms: int | None) -> None:
     # sequence "for AnalogDevice" whose embedded specs allow anything. Rebuilding it on our
     # device re-checks the register geometry and every channel against the real limits.
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_pulser():
             sequence.switch_device(device, strict=True)
     except Exception as exc:
         raise InvalidPayload(f"The sequence does not fit {where}: {first_line(exc)}") from None
