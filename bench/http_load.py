@@ -25,6 +25,16 @@ such request counted in-process through the same code. Environment: BENCH_HTTP_S
 BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads,
 BENCH_HTTP_PROTOCOLS ("rest,qrmi") and BENCH_HTTP_KINDS ("cycles,submits,distinct") for a quicker
 A/B of a part.
+
+Every acquire, release and submission ends with a commit that waits for PostgreSQL's WAL to reach
+the disk; the floor writes nothing. On a virtual disk whose fdatasync() now and then takes tens or
+hundreds of milliseconds, every client waits on the same flush and those rounds stall, whatever
+the application does. So the run also prints what the disk did meanwhile: the latency of an 8 kB
+write + fdatasync() every 50 ms on the filesystem of PostgreSQL's WAL while the rounds of each
+client count run (``DiskProbe``).
+BENCH_HTTP_SYNC_COMMIT=off measures the same with the bench database's
+``synchronous_commit = off`` (commits stop waiting for the flush: not durable, never a
+deployment setting), which leaves the application's and PostgreSQL's CPU alone in the figures.
 """
 
 import http.client
@@ -35,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,6 +70,7 @@ UNITS = {"floor": "req/s", "cycles": "cycles/s", "submits": "submissions/s", "di
 # moved every ratio with it. Each ratio is then the figure over the floor of the same rounds.
 ROUNDS = int(os.environ.get("BENCH_HTTP_ROUNDS", "5"))
 START_MARGIN = 0.5  # seconds for a window's contexts (credentials, sequences) to reach its clients
+SYNC_COMMIT = os.environ.get("BENCH_HTTP_SYNC_COMMIT", "on")  # "off": a diagnostic, see the docstring
 
 
 def munge_batch(uid: int, count: int) -> list[str]:
@@ -163,6 +175,59 @@ def run_scenario(pool, kind, proto, port, contexts, seconds):
     return latencies, errors, max(end for _, _, end in results) - start
 
 
+class DiskProbe(threading.Thread):
+    """An 8 kB write + fdatasync() every 50 ms in ``directory``, until stopped: what a commit's
+    WAL flush waits for on that filesystem meanwhile (its latencies, in seconds, in ``waits``)."""
+
+    INTERVAL = 0.05
+
+    def __init__(self, directory: Path):
+        super().__init__(daemon=True)
+        self.path = directory / f"disk-probe-{os.getpid()}"
+        self.waits: list[float] = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while not self.stopping.wait(self.INTERVAL):
+                t0 = time.perf_counter()
+                os.pwrite(fd, b"\0" * 8192, 0)
+                os.fdatasync(fd)
+                self.waits.append(time.perf_counter() - t0)
+        finally:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+
+    def stop(self) -> str:
+        self.stopping.set()
+        self.join()
+        waits = self.waits
+        if not waits:
+            return "no sample"
+        ms = [percentile(waits, p) * 1000 for p in (50, 99)]
+        slow = sum(wait >= 0.05 for wait in waits)
+        return (
+            f"fdatasync p50 {ms[0]:.2f} ms, p99 {ms[1]:.1f} ms, max {max(waits) * 1000:.0f} ms, "
+            f"{slow} of {len(waits)} >= 50 ms"
+        )
+
+
+def wal_directory(conninfo: str) -> tuple[Path, str]:
+    """Where the disk probe writes: the bench's own directory (var/), said to be on PostgreSQL's
+    WAL filesystem when it is (same device as ``pg_wal``; PostgreSQL on this host)."""
+    import psycopg
+
+    here = ROOT / "var"
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            data = conn.execute("SHOW data_directory").fetchone()[0]
+        same = os.stat(Path(data) / "pg_wal").st_dev == os.stat(here).st_dev
+    except (psycopg.Error, OSError):  # another host, or not allowed to look
+        return here, "var/ (PostgreSQL's WAL disk not visible from here)"
+    return here, "var/, PostgreSQL's WAL filesystem" if same else "var/ (not PostgreSQL's WAL filesystem)"
+
+
 def rate_of(rounds) -> float:
     """Successes per second over ``rounds`` [(successes, seconds)]."""
     seconds = sum(elapsed for _, elapsed in rounds)
@@ -255,7 +320,23 @@ def distinct_sequences(sequence: str, start: int, count: int) -> list[str]:
     return variants
 
 
+def set_sync_commit(conninfo: str, value: str) -> None:
+    """The bench database's default ``synchronous_commit`` (its own database: nothing else
+    reads it); "on" restores the server's."""
+    import psycopg
+
+    name = conninfo.rsplit("/", 1)[1]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        if value == "on":
+            conn.execute(f'ALTER DATABASE "{name}" RESET synchronous_commit')
+        else:
+            conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+
+
 def main() -> int:
+    if SYNC_COMMIT not in ("on", "off"):
+        print(f"http_load: BENCH_HTTP_SYNC_COMMIT must be on or off, not {SYNC_COMMIT!r}")
+        return 2
     unknown = [kind for kind in KINDS if kind not in UNITS]
     if unknown:
         print(f"http_load: BENCH_HTTP_KINDS names no figure {unknown}: choose from {', '.join(list(UNITS)[1:])}")
@@ -265,7 +346,8 @@ def main() -> int:
         return 0
     subprocess.run([str(ROOT / "scripts/munge-local.sh"), "start"], capture_output=True)
     os.environ.update(DEBUG="false", ALLOWED_HOSTS="127.0.0.1,testserver")
-    if django_on_bench_database("gridgate_bench_http") is None:
+    conninfo = django_on_bench_database("gridgate_bench_http")
+    if conninfo is None:
         print("http_load: skipped (needs PostgreSQL: set DATABASE_URL or start it on 127.0.0.1:5432)")
         return 0
     from django.contrib.auth import get_user_model
@@ -314,6 +396,7 @@ def main() -> int:
         start_new_session=True,
     )
     try:
+        set_sync_commit(conninfo, SYNC_COMMIT)  # the server's connections read it when they first open
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -325,6 +408,8 @@ def main() -> int:
             f"http_load: {SERVER} {workers} processes x {threads} threads, PostgreSQL, "
             f"{SECONDS:g} s per scenario, keep-alive clients (processes)"
         )
+        if SYNC_COMMIT == "off":
+            print("  synchronous_commit = off: commits do not wait for the disk (NOT durable; a diagnostic)")
         # Warm-up, untimed: every server thread opens its database connection and imports what
         # the first request of each kind imports (Pulser, the emulator driver).
         warm = [
@@ -339,7 +424,10 @@ def main() -> int:
         for label, (work, total, status) in counts.items():
             print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
         window = SECONDS / ROUNDS
+        probe_directory, probe_where = wal_directory(conninfo)
         for clients in CLIENTS:
+            probe = DiskProbe(probe_directory)
+            probe.start()
             # {(proto, kind): [latencies, errors, [(successes, seconds) of each round]]}
             figures = {(proto, kind): [[], 0, []] for proto in PROTOCOLS for kind in KINDS}
             with multiprocessing.get_context("fork").Pool(clients) as clients_pool:
@@ -364,6 +452,7 @@ def main() -> int:
                             figure[0] += latencies
                             figure[1] += errors
                             figure[2].append((len(latencies), seconds))
+            disk = probe.stop()
             print(f"  {clients} clients ({ROUNDS} rounds of {window:g} s per scenario, the scenarios taking turns):")
             for proto in PROTOCOLS:
                 floor_rounds = figures[(proto, "floor")][2]
@@ -383,6 +472,7 @@ def main() -> int:
                         + (f" (rounds {by_round[0]:.2f}-{by_round[-1]:.2f})" if kind != "floor" else "")
                         + (f"  (a cycle is 2 requests: {2 * rate / floor:.2f} per request)" if kind == "cycles" else "")
                     )
+            print(f"    disk meanwhile ({probe_where}): {disk}")
         print("  targets: acquire and submission >= 0.50 of the floor; >= 160 cycles/s and >= 350 submissions/s")
     finally:
         server.send_signal(signal.SIGTERM)
@@ -390,6 +480,7 @@ def main() -> int:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+        set_sync_commit(conninfo, "on")
     Job.objects.filter(pool__name=POOL).delete()
     Session.objects.filter(pool__name=POOL).delete()
     ResourcePool.objects.filter(name=POOL).delete()
