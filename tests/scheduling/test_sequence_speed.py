@@ -215,18 +215,23 @@ def test_checking_sequences_in_many_threads_at_once_leaves_the_warning_filters_a
 
     template = json.loads(analog_sequence())
     before = list(warnings.filters)
-    start = threading.Barrier(8)
+    start = threading.Barrier(8, timeout=120)  # a thread that fails early breaks it instead of hanging
+    failures = []
 
     def check(worker):
-        start.wait()
-        for i in range(60):
-            template_i = json.loads(json.dumps(template))
-            template_i["operations"][0]["amplitude"]["value"] = 1.0 + worker * 1e-3 + i * 1e-6  # never seen before
-            validate_sequence({"sequence": template_i}, 10, AnalogDevice, where="emu")
+        try:
+            start.wait()
+            for i in range(60):
+                sequence = json.loads(json.dumps(template))
+                sequence["operations"][0]["amplitude"]["value"] = 1.0 + worker * 1e-3 + i * 1e-6  # never seen before
+                validate_sequence({"sequence": sequence}, 10, AnalogDevice, where="emu")
+        except Exception as exc:  # reported below: a thread's exception is otherwise lost
+            failures.append(exc)
 
     threads = [threading.Thread(target=check, args=(worker,)) for worker in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    assert failures == []
     assert warnings.filters == before
