@@ -35,7 +35,10 @@ FAST = {
     "GRIDGATE_WORKER_HEARTBEAT_SECONDS": "1",
     "GRIDGATE_TICK_LEASE_SECONDS": "2",
     "GRIDGATE_EMULATOR_HEARTBEAT_SECONDS": "1",
-    "GRIDGATE_EMULATOR_DEAD_AFTER": "4",
+    # Eight missed beats before a live run is presumed dead and started again (which the test
+    # would count as a second start): on a loaded 2-core CI host a worker's heartbeat thread can
+    # wait seconds for the CPU or a WAL flush. The killed host's runs are recovered 4 s later.
+    "GRIDGATE_EMULATOR_DEAD_AFTER": "8",
     "GRIDGATE_EMULATOR_REQUEUE_SECONDS": "3",
     "GRIDGATE_LOG_LEVEL": "WARNING",
 }
@@ -121,10 +124,12 @@ class Processes:
         return process
 
     def worker(self, host: str) -> subprocess.Popen:
-        """``manage.py worker`` (a supervised django-q2 cluster) as worker host ``host``."""
-        return self._spawn(
-            [sys.executable, "manage.py", "worker"], f"worker-{host}", self.env(GRIDGATE_WORKER_HOST=host)
-        )
+        """``manage.py worker`` (a supervised django-q2 cluster) as worker host ``host``; its
+        database connections name themselves after the host (:func:`database_sessions`)."""
+        joiner = "&" if "?" in self.database_url else "?"
+        url = f"{self.database_url}{joiner}application_name={application_name(host)}"
+        env = self.env(GRIDGATE_WORKER_HOST=host, DATABASE_URL=url)
+        return self._spawn([sys.executable, "manage.py", "worker"], f"worker-{host}", env)
 
     def web(self, name: str) -> tuple[subprocess.Popen, int]:
         """The production web server, as ``scripts/run.sh`` starts it, on a free port."""
@@ -187,6 +192,21 @@ class Processes:
             text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
             out.append(f"--- {process.name} (exit {process.poll()})\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def application_name(host: str) -> str:
+    """What the database connections of worker host ``host`` call themselves in pg_stat_activity."""
+    return f"gridgate-worker-{host}"
+
+
+def database_sessions(host: str) -> int:
+    """How many PostgreSQL backends still serve worker host ``host`` (a killed host's last ones
+    end once PostgreSQL has finished what they were doing, e.g. a COMMIT already sent)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name(host)])
+        return cursor.fetchone()[0]
 
 
 def alive(pid: int) -> bool:
