@@ -37,7 +37,7 @@ FAST = {
     "GRIDGATE_EMULATOR_HEARTBEAT_SECONDS": "1",
     # Eight missed beats before a live run is presumed dead and started again (which the test
     # would count as a second start): on a loaded 2-core CI host a worker's heartbeat thread can
-    # wait seconds for the CPU or a WAL flush. The killed host's runs are recovered 4 s later.
+    # wait seconds for the CPU or a WAL flush (the killed host's runs are then re-run 4 s later).
     "GRIDGATE_EMULATOR_DEAD_AFTER": "8",
     "GRIDGATE_EMULATOR_REQUEUE_SECONDS": "3",
     "GRIDGATE_LOG_LEVEL": "WARNING",

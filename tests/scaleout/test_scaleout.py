@@ -189,9 +189,9 @@ def test_two_web_processes_and_two_clusters_share_the_work_and_survive_a_killed_
         assert database_sessions(victim) > 0, "the victim's connections are not named after it"
         procs.kill(clusters[victim])
         # A start whose COMMIT the victim had sent just before it froze still commits: PostgreSQL
-        # finishes it, and under a slow WAL flush only after this test has looked (CI saw such a
-        # run started twice but missing from `restarted`). Look once the victim's last database
-        # connection is gone: then what it started is all written.
+        # finishes it, and under a slow WAL flush only after this test has looked (the likely
+        # reading of a CI run where a run was started twice but missing from `restarted`). Look
+        # once the victim's last database connection is gone: then what it started is all written.
         gone = wait_until(lambda: database_sessions(victim) == 0, 30, every=0.1)
         assert gone, f"{victim}'s database connections outlived it: {database_sessions(victim)}"
         # What it was running when it died (still "running", or already put back in the queue by
