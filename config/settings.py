@@ -270,6 +270,25 @@ GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=
 # long a cancelled local case gets between SIGTERM and SIGKILL (docs/operations.md).
 GRIDGATE_SANDBOX_USER = env_str("GRIDGATE_SANDBOX_USER", "gridgate-sandbox")
 GRIDGATE_CASE_CANCEL_GRACE_SECONDS = env_int("GRIDGATE_CASE_CANCEL_GRACE_SECONDS", 10, minimum=0)
+# Issue 36, a local case's bounds (docs/operations.md "Bounds"): the cgroup hierarchy its cgroup is
+# made in, relative to the cgroup mount ("off": no cgroup, no memory/task/CPU bound); how much of
+# each log is kept; the processes one account may run at once across its cases on a host
+# (RLIMIT_NPROC, above any class's max_tasks); how often the disk bound is measured.
+GRIDGATE_CASE_CGROUP = env_str("GRIDGATE_CASE_CGROUP", "gridgate").strip("/")
+if GRIDGATE_CASE_CGROUP != "off" and (
+    not GRIDGATE_CASE_CGROUP
+    or ".." in GRIDGATE_CASE_CGROUP.split("/")
+    or not all(c.isalnum() or c in "_.-/@" for c in GRIDGATE_CASE_CGROUP)
+):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"GRIDGATE_CASE_CGROUP={GRIDGATE_CASE_CGROUP!r}: a path below the cgroup mount (letters, digits, "
+        "'_.-@/', no '..'), or 'off'."
+    )
+GRIDGATE_CASE_MAX_LOG_MB = env_int("GRIDGATE_CASE_MAX_LOG_MB", 64, minimum=1)
+GRIDGATE_CASE_NPROC = env_int("GRIDGATE_CASE_NPROC", 4096, minimum=16)
+GRIDGATE_CASE_DISK_CHECK_SECONDS = env_int("GRIDGATE_CASE_DISK_CHECK_SECONDS", 5, minimum=1)
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on

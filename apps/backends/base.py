@@ -206,6 +206,21 @@ class RunAs:
         return self.mode != self.TRUSTED
 
 
+@dataclass(frozen=True)
+class CaseBounds:
+    """What one case may use, from its class (issue 36). The local backend enforces all of it
+    (cgroup, rlimits, wall time, disk watch: ``apps.backends.supervisor``); every backend that
+    copies results back stops at ``disk_bytes``. ``wall_seconds`` is the class's default, which a
+    launch option may raise up to ``max_wall_seconds``."""
+
+    memory_bytes: int
+    cpu: float
+    tasks: int
+    wall_seconds: int
+    max_wall_seconds: int
+    disk_bytes: int
+
+
 @dataclass
 class SubmitSpec:
     """Everything a backend needs to start a case. Built by the core from the case and its class.
@@ -228,6 +243,8 @@ class SubmitSpec:
     #: who the command runs as (R-CASE-8); None for backends that run nothing on this host's
     #: accounts (FirecREST, Qarnot: the provider's own account runs it).
     run_as: RunAs | None = None
+    #: the class's bounds (memory, tasks, CPU, wall time, disk), for backends that enforce them
+    bounds: CaseBounds | None = None
     #: set by the core: renews the launch lease. A backend whose submission takes long (uploads)
     #: calls :meth:`heartbeat` between steps, so no other worker takes the launch over and
     #: submits a second job (R-CASE-1). Raises :class:`LeaseLost` when the launch is no longer
@@ -252,6 +269,8 @@ class JobRef:
     remote_id: str
     workspace: Path
     pool_remote: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    #: results brought back never hold more than this on disk (the class's storage, issue 36)
+    max_result_bytes: int | None = None
 
 
 class BackendError(Exception):
@@ -295,6 +314,11 @@ class SubmitDeferred(SubmitUncertain):
 class LeaseLost(BackendError):
     """The launch lease was taken over (it expired, or the case was cancelled) while this worker
     was preparing the submission: it must stop without submitting."""
+
+
+class ResultsTooLarge(BackendError):
+    """fetch_final found more results than the case may bring back (``JobRef.max_result_bytes``):
+    not worth retrying, the case fails saying so (what was copied before the limit stays)."""
 
 
 class AlreadyFinished(BackendError):

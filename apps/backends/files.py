@@ -8,15 +8,18 @@ exactly the files the command created or changed). Symlinks are never followed o
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 from pathlib import Path
 
-from apps.backends.base import BackendError
+from apps.backends.base import BackendError, ResultsTooLarge
 
 PROGRESS_FILE = ".gridgate/progress"
 #: the only worker environment variables a case command inherits (R-BACK-1: the worker's
@@ -115,17 +118,43 @@ def _hash_fd(fd: int) -> str:
 
 def _copy_fd_to(fd: int, target: Path) -> None:
     """Write the content of ``fd`` to ``target`` through a temporary name and a rename, so a
-    failure midway leaves complete files only (the caller's retry rewrites the rest)."""
+    failure midway leaves complete files only (the caller's retry rewrites the rest). Holes stay
+    holes: only the data extents are read and written (an 8 GiB sparse file storing nothing is
+    copied as nothing, issue 36)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.part")
-    os.lseek(fd, 0, os.SEEK_SET)
     out = open_for_write(tmp)
     try:
-        while chunk := os.read(fd, 1 << 20):
-            os.write(out, chunk)
+        size = os.fstat(fd).st_size
+        for start, end in _data_extents(fd, size):
+            position = start
+            while position < end:
+                chunk = os.pread(fd, min(1 << 20, end - position), position)
+                if not chunk:
+                    break
+                os.pwrite(out, chunk, position)
+                position += len(chunk)
+        os.ftruncate(out, size)
     finally:
         os.close(out)
     os.replace(tmp, target)
+
+
+def _data_extents(fd: int, size: int):
+    """(start, end) of each stretch of ``fd`` that holds data (the whole file where the
+    filesystem cannot tell holes apart)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return  # nothing but a hole up to the end
+            yield offset, size
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        offset = end
 
 
 def _inside(root: Path, target: Path) -> bool:
@@ -216,9 +245,12 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run
     return work
 
 
-def copy_results(run_dir: Path, results: Path) -> list[str]:
+def copy_results(run_dir: Path, results: Path, *, max_bytes: int | None = None) -> list[str]:
     """Copy every regular file the command created or changed into ``results/``; idempotent on
-    retry. The working directory is the command's: nothing in it is followed (R-CASE-8)."""
+    retry. The working directory is the command's: nothing in it is followed (R-CASE-8).
+
+    Never more than ``max_bytes`` on disk (issue 36): the file that would cross it raises
+    :class:`ResultsTooLarge`, with what came before it kept."""
     work = run_dir / "work"
     if not os.path.isdir(work) or os.path.islink(work):
         raise BackendError(f"the working directory {work} is gone: results cannot be fetched")
@@ -227,22 +259,46 @@ def copy_results(run_dir: Path, results: Path) -> list[str]:
     except (OSError, ValueError) as exc:
         raise BackendError(f"cannot read the inputs manifest of {run_dir}: {exc}") from None
     results.mkdir(parents=True, exist_ok=True)
-    copied = []
+    copied, stored = [], 0
     for rel, dir_fd, name in _untrusted_files(work, NOT_RESULTS):
         fd = open_regular(name, dir_fd=dir_fd)
         if fd is None:
             continue
         try:
-            if manifest.get(rel) == _hash_fd(fd):
+            # Only an input can be unchanged: a new file is never read twice.
+            if rel in manifest and manifest[rel] == _hash_fd(fd):
                 continue
             target = results / rel
             if not _inside(results, target):
                 continue
+            stored += os.fstat(fd).st_blocks * 512
+            if max_bytes is not None and stored > max_bytes:
+                raise ResultsTooLarge(
+                    f"the results hold more than the case's storage limit of {_size(max_bytes)}: "
+                    f"{rel!r} and what follows it were not brought back"
+                )
             _copy_fd_to(fd, target)
         finally:
             os.close(fd)
         copied.append(rel)
     return copied
+
+
+def fetch_results(run_dir: Path, results: Path, *, max_bytes: int | None = None) -> None:
+    """``fetch_final`` of the backends whose run directory is a filesystem (local, Slurm): the
+    results come back, then the working directory goes (issue 36: it would otherwise hold a
+    second copy of them until cleanup). A marker written between the two keeps a retry (the
+    outcome not recorded, a lost lease) from looking for results in a directory that is gone."""
+    fetched = run_dir / "results_fetched"
+    if fetched.exists():
+        return
+    copy_results(run_dir, results, max_bytes=max_bytes)
+    fetched.write_text("")
+    shutil.rmtree(run_dir / "work", ignore_errors=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):g} GB" if n >= 1 << 30 else f"{n / (1 << 20):g} MB"
 
 
 def sync_live(work: Path, live: Path, globs: list[str]) -> list[str]:
@@ -286,26 +342,78 @@ def case_environment(spec) -> dict[str, str]:
     return env
 
 
-def read_delta(source: Path, already: Path, *, limit: int | None = 4 << 20) -> str:
-    """Bytes of ``source`` past the size of ``already`` (the workspace log the core appends to).
+def log_cap_bytes() -> int:
+    """How much of each of a case's logs is kept (``GRIDGATE_CASE_MAX_LOG_MB``, issue 36)."""
+    from django.conf import settings
 
-    The offset lives on disk, not in memory, so a restarted worker resumes exactly where the
-    last one stopped. ``surrogateescape`` round-trips bytes that are not UTF-8 (and a character
-    cut at the boundary) unchanged. ``limit`` bounds one read (a chatty job is caught up over
-    several polls); ``None`` drains everything, for the last poll of a finished job (R-CASE-5).
-    Neither file is read through a symlink (R-CASE-8): a planted link reads as nothing.
-    """
+    return settings.GRIDGATE_CASE_MAX_LOG_MB * 1024 * 1024
+
+
+def truncation_note(cap: int) -> bytes:
+    note = f"[gridgate: the log reached its limit of {_size(cap)} (GRIDGATE_CASE_MAX_LOG_MB): the rest was not kept]"
+    return f"\n{note}\n".encode()
+
+
+def _append_capped(log_fd: int, data: bytes, cap: int) -> int:
+    """Append ``data`` to the open log without passing ``cap``; the write that reaches it is cut
+    there and followed by a note, once. Returns how much of ``data`` was taken."""
+    size = os.fstat(log_fd).st_size
+    if size >= cap:
+        return 0
+    taken = data[: cap - size]
+    os.write(log_fd, taken)
+    if size + len(taken) >= cap:
+        os.write(log_fd, truncation_note(cap))
+    return len(taken)
+
+
+def append_log(log: Path, data: bytes, *, cap: int) -> None:
+    """R-CASE-5: append an output delta to a workspace log, never past its cap and never through
+    a symlink (R-CASE-8: a log replaced by a link fails the poll with ELOOP instead)."""
+    if not data:
+        return
+    fd = open_for_write(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
     try:
-        offset = os.lstat(already).st_size if not os.path.islink(already) else 0
-    except FileNotFoundError:
-        offset = 0
-    fd = open_regular(source)
-    if fd is None:
-        return ""
-    with os.fdopen(fd, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read() if limit is None else handle.read(limit)
-    return data.decode("utf-8", "surrogateescape")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _append_capped(fd, data, cap)
+    finally:
+        os.close(fd)
+
+
+def drain_log(source: Path, log: Path, *, cap: int, limit: int | None = 4 << 20) -> None:
+    """Append what ``source`` holds past the size of ``log`` (the workspace log) to it, in 1 MiB
+    chunks, at most ``limit`` bytes this call (``None``: to the end, for the last poll of a
+    finished job) and never past ``cap``: a gigabyte of output costs a worker a chunk of memory,
+    not a gigabyte (issue 36).
+
+    The offset lives on disk, not in memory, so a restarted worker resumes exactly where the last
+    one stopped; the log is locked while it is read and written, so two workers draining at once
+    never append one stretch twice. Neither file is read or written through a symlink (R-CASE-8).
+    """
+    fd = open_for_write(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        offset = os.fstat(fd).st_size
+        if offset >= cap:
+            return
+        src = open_regular(source)
+        if src is None:
+            return
+        try:
+            budget = math.inf if limit is None else limit
+            while budget > 0:
+                chunk = os.pread(src, int(min(1 << 20, budget)), offset)
+                if not chunk:
+                    break
+                taken = _append_capped(fd, chunk, cap)
+                offset += taken
+                budget -= len(chunk)
+                if taken < len(chunk):
+                    break  # the cap is reached
+        finally:
+            os.close(src)
+    finally:
+        os.close(fd)
 
 
 def read_progress(path: Path) -> float | None:

@@ -334,10 +334,10 @@ class SlurmBackend(ExecutionBackend):
                 message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
                     f" (exit code {exit_code})" if exit_code else ""
                 )
+            for stream in ("stdout", "stderr"):
+                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
             out[job.remote_id] = BackendState(
                 status=status,
-                stdout_delta=files.read_delta(rdir / "stdout", job.workspace / "stdout.log", limit=limit),
-                stderr_delta=files.read_delta(rdir / "stderr", job.workspace / "stderr.log", limit=limit),
                 execution_time=elapsed,
                 cores=cores,
                 message=message,
@@ -350,7 +350,7 @@ class SlurmBackend(ExecutionBackend):
 
     def fetch_final(self, job: JobRef) -> None:
         rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-        files.copy_results(rdir, job.workspace / "results")
+        files.fetch_results(rdir, job.workspace / "results", max_bytes=job.max_result_bytes)
 
     def cancel(self, job: JobRef) -> None:
         state = self.poll_many([job])[job.remote_id]

@@ -37,6 +37,7 @@ from apps.backends.base import (
     BackendStatus,
     JobRef,
     LeaseLost,
+    ResultsTooLarge,
     SubmitSpec,
     SubmitUncertain,
 )
@@ -45,7 +46,7 @@ from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
 from apps.core.exceptions import ServiceError
-from apps.resources.launch import launch_spec
+from apps.resources.launch import case_bounds, launch_spec
 from apps.resources.selectors import run_as_for
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ def job_ref(case: Case) -> JobRef:
         remote_id=case.remote_id,
         workspace=workspace.case_dir(case.id),
         pool_remote=case.resource_class.pool.remote or {},
+        max_result_bytes=case_bounds(case.resource_class).disk_bytes,
     )
 
 
@@ -350,6 +352,13 @@ def finalize(case: Case, backend, now: datetime, events: list[CaseEvent]) -> Non
     """R-CASE-4: done only once fetch_final succeeded; otherwise stay running and retry."""
     try:
         backend.fetch_final(job_ref(case))
+    except ResultsTooLarge as exc:  # retrying cannot help: the case fails saying why
+        case.finished_at = now
+        case.next_poll_at = None
+        case.next_sync_at = None
+        case.last_error = str(exc)[:2000]
+        _transition(case, CaseStatus.FAILED, now, case.last_error, events)
+        return
     except Exception as exc:
         case.poll_failures += 1
         case.last_error = f"fetching results failed: {exc}"[:2000]
@@ -549,6 +558,7 @@ def build_spec(case: Case) -> SubmitSpec:
         observability_globs=list(case.observability_globs or []),
         shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
         run_as=run_as(case),
+        bounds=case_bounds(resource_class),
     )
 
 

@@ -179,15 +179,11 @@ def save_uploads(dest: Path, uploads) -> list[str]:
 
 
 def append_logs(root: Path, stdout: str, stderr: str) -> None:
-    """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly).
-
-    R-CASE-8: never through a symlink: a log replaced by a link makes the poll fail (ELOOP)
-    instead of writing into whatever the link names."""
+    """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly), each log
+    kept within ``GRIDGATE_CASE_MAX_LOG_MB`` (issue 36), never through a symlink (R-CASE-8)."""
     for name, text in (("stdout.log", stdout), ("stderr.log", stderr)):
         if text:
-            fd = files.open_for_write(root / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
-            with os.fdopen(fd, "ab") as handle:
-                handle.write(text.encode("utf-8", "surrogateescape"))
+            files.append_log(root / name, text.encode("utf-8", "surrogateescape"), cap=files.log_cap_bytes())
 
 
 def open_file(path: Path):

@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.models import PoolKind, ResourceClass, ResourcePool
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -39,7 +39,19 @@ class ResourceClassInline(admin.TabularInline):
     model = ResourceClass
     formset = ClassInlineFormSet
     extra = 0
-    fields = ["name", "cpu", "memory", "gpu", "max_storage", "default_storage", "default", "remote"]
+    fields = [
+        "name",
+        "cpu",
+        "memory",
+        "gpu",
+        "max_storage",
+        "default_storage",
+        "max_tasks",
+        "wall_time",
+        "max_wall_time",
+        "default",
+        "remote",
+    ]
 
 
 @admin.register(ResourcePool)
@@ -53,9 +65,10 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         "strategy",
         "is_accessible",
         "trusted",
+        "network",
         "class_count",
     ]
-    list_filter = ["kind", "public", "default", "strategy", "is_accessible", "trusted"]
+    list_filter = ["kind", "public", "default", "strategy", "is_accessible", "trusted", "network"]
     search_fields = ["name", "accessibility_message"]
     filter_horizontal = ["users", "groups"]
     readonly_fields = ["created_at", "updated_at"]
@@ -83,6 +96,17 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     @admin.display(description="classes", ordering="_class_count")
     def class_count(self, obj):
         return obj._class_count
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if obj.network and obj.kind == PoolKind.LOCAL:
+            self.message_user(
+                request,
+                f"Cases of pool '{obj.name}' may reach the network: every address the worker host reaches, "
+                "its own non-loopback services included (never its loopback). Keep them firewalled "
+                "(docs/operations.md, 'Network').",
+                messages.WARNING,
+            )
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)

@@ -3,7 +3,10 @@
 import math
 from decimal import Decimal
 
+from apps.backends.base import CaseBounds
 from apps.resources.models import SLURM_LIKE, PoolKind, ResourceClass
+
+GB = 1 << 30
 
 
 def _cpu(resource_class: ResourceClass):
@@ -74,3 +77,16 @@ def batch_directives(resource_class: ResourceClass) -> list[str]:
         if resource_class.gpu:
             directives.append(f"--gpus={resource_class.gpu}")
     return directives
+
+
+def case_bounds(resource_class: ResourceClass) -> CaseBounds:
+    """What one case of the class may use (issue 36): its memory, CPU and tasks, its wall time
+    (default and maximum) and its storage (disk and results)."""
+    return CaseBounds(
+        memory_bytes=resource_class.memory * GB,
+        cpu=float(resource_class.cpu),
+        tasks=resource_class.max_tasks,
+        wall_seconds=resource_class.wall_time,
+        max_wall_seconds=resource_class.max_wall_time,
+        disk_bytes=resource_class.max_storage * GB,
+    )

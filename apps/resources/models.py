@@ -150,8 +150,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         ),
     )
     network = models.BooleanField(
-        default=True,
-        help_text=_("Local cases may use the network (off: the sandbox has no network interface but loopback)."),
+        default=False,
+        help_text=_(
+            "Local cases may reach the network (through slirp4netns; never the worker host's loopback). "
+            "Off: the sandbox has only its own loopback. On, a case can reach every address the worker "
+            "host reaches, other hosts' services and the worker's own non-loopback addresses included."
+        ),
     )
     users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="granted_pools")
     groups = models.ManyToManyField(Group, blank=True, related_name="granted_pools")
@@ -342,8 +346,31 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
     cpu = models.DecimalField("CPU", max_digits=8, decimal_places=3)
     memory = models.PositiveIntegerField("memory (GB)")
     gpu = models.PositiveIntegerField("GPU", default=0)
-    max_storage = models.PositiveIntegerField("max storage (GB)", default=1)
+    max_storage = models.PositiveIntegerField(
+        "max storage (GB)",
+        default=1,
+        help_text=_("A local case's working directory, and any case's results, never hold more."),
+    )
     default_storage = models.PositiveIntegerField("default storage (GB)", default=1)
+    # A local case's bounds beside cpu and memory (issue 36, apps.backends.supervisor).
+    max_tasks = models.PositiveIntegerField(
+        "max tasks",
+        default=512,
+        validators=[MinValueValidator(1)],
+        help_text=_("Processes and threads a local case may run at once; a fork past it stops the case."),
+    )
+    wall_time = models.PositiveIntegerField(
+        "wall time (s)",
+        default=24 * 3600,
+        validators=[MinValueValidator(1)],
+        help_text=_("Seconds a local case may run unless its launch asks for more (up to the maximum)."),
+    )
+    max_wall_time = models.PositiveIntegerField(
+        "max wall time (s)",
+        default=7 * 24 * 3600,
+        validators=[MinValueValidator(1)],
+        help_text=_("The longest wall time a launch may ask for (the 'time' launch option, in minutes)."),
+    )
     default = models.BooleanField(default=False)
     remote = models.JSONField(
         null=True,
@@ -362,6 +389,7 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
             "resources_class_cpu_positive",
             "resources_class_memory_positive",
             "resources_class_storage_default_within_max",
+            "resources_class_wall_time_within_max",
         }
     )
 
@@ -385,6 +413,10 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
             models.CheckConstraint(
                 condition=Q(default_storage__lte=models.F("max_storage")),
                 name="resources_class_storage_default_within_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(wall_time__gte=1, max_tasks__gte=1, wall_time__lte=models.F("max_wall_time")),
+                name="resources_class_wall_time_within_max",
             ),
         ]
 
@@ -432,6 +464,8 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
             and self.default_storage > self.max_storage
         ):
             errors.setdefault("default_storage", []).append("default_storage cannot exceed max_storage.")
+        if self.wall_time is not None and self.max_wall_time is not None and self.wall_time > self.max_wall_time:
+            errors.setdefault("wall_time", []).append("wall_time cannot exceed max_wall_time.")
         # A class never moves to another pool: its active sessions carry its pool (admission
         # sums them per pool), the old pool would lose a class (maybe its default) and the new
         # one's default would be demoted. Create the class in the other pool instead.

@@ -45,15 +45,30 @@ def test_slurm_launch_options_degrade_when_sinfo_is_missing(monkeypatch, tmp_pat
     assert answer.degraded and "sinfo" in answer.message
 
 
-def test_log_deltas_resume_from_the_workspace_log_size_and_keep_bytes(tmp_path):
+def test_log_drain_resumes_from_the_workspace_log_size_and_keeps_bytes(tmp_path):
     source, local = tmp_path / "stdout", tmp_path / "stdout.log"
     source.write_bytes(b"line 1\n\xff\xfe raw\n")
-    delta = files.read_delta(source, local)
-    local.write_bytes(delta.encode("utf-8", "surrogateescape"))
+    files.drain_log(source, local, cap=1 << 20)
     assert local.read_bytes() == source.read_bytes()
     with source.open("ab") as handle:
         handle.write(b"line 3\n")
-    assert files.read_delta(source, local) == "line 3\n"
+    files.drain_log(source, local, cap=1 << 20)
+    assert local.read_bytes() == b"line 1\n\xff\xfe raw\nline 3\n"
+
+
+def test_a_log_is_kept_up_to_its_cap_with_a_note_and_never_grows_past_it(tmp_path):
+    """Issue 36: what a case prints past GRIDGATE_CASE_MAX_LOG_MB is not kept, and says so once."""
+    source, local = tmp_path / "stdout", tmp_path / "stdout.log"
+    source.write_bytes(b"x" * 3000)
+    files.drain_log(source, local, cap=1000, limit=None)
+    kept = local.read_bytes()
+    assert kept.startswith(b"x" * 1000) and not kept.startswith(b"x" * 1001)
+    assert kept[1000:] == files.truncation_note(1000)
+    with source.open("ab") as handle:
+        handle.write(b"more")
+    files.drain_log(source, local, cap=1000, limit=None)
+    files.append_log(local, b"a remote backend's delta", cap=1000)
+    assert local.read_bytes() == kept
 
 
 def test_progress_marker_parsing(tmp_path):

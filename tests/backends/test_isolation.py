@@ -120,9 +120,12 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
     assert procs and not any("bin/pytest" in line or "sleep 20" in line for line in procs)
     assert len(procs) < 10  # bwrap's init, the shell and the few commands of the pipeline
     assert int(download(client, attacker, "results/uid.txt")) == linked["owner"].pw_uid
-    work = run_dir(workspace.case_dir(attacker)) / "work"
-    assert work.stat().st_uid == linked["owner"].pw_uid and (work.stat().st_mode & 0o777) == 0o700
-    assert (work / "env.txt").stat().st_uid == linked["owner"].pw_uid
+    # The victim's working directory, still running: its account's alone.
+    work = run_dir(workspace.case_dir(victim)) / "work"
+    assert work.stat().st_uid == linked["member"].pw_uid and (work.stat().st_mode & 0o777) == 0o700
+    assert (work / "victim.txt").stat().st_uid == linked["member"].pw_uid
+    # Issue 36: the attacker's was dropped once its results came back.
+    assert not (run_dir(workspace.case_dir(attacker)) / "work").exists()
     assert api(member).post(f"/api/v1/cases/{victim}/cancel/").status_code == 200
 
 
@@ -275,8 +278,8 @@ def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, 
     zombies_before = set(zombie_children())  # other tests' processes in this worker are not ours
     marker = f"mark-{uuid.uuid4().hex[:8]}"
     command = (
-        f": {marker}; setsid sh -c 'trap \"\" TERM; : {marker}; while :; do sleep 1; done' & "
-        f"trap '' TERM; echo started; while :; do sleep 1; done"
+        f"setsid sh -c 'trap \"\" TERM; : {marker}; while :; do sleep 1; done' & "
+        f"exec sh -c 'trap \"\" TERM; : {marker}; echo started; while :; do sleep 1; done'"
     )
     case_id = create(api(owner), local_pool.classes.get(), command)
     assert launch(api(owner), case_id).status_code == 202
@@ -293,7 +296,7 @@ def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, 
 def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, local_pool, linked, settings):
     settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
     marker = f"mark-{uuid.uuid4().hex[:8]}"
-    case_id = create(api(owner), local_pool.classes.get(), f": {marker}; sleep 30")
+    case_id = create(api(owner), local_pool.classes.get(), f"exec sh -c ': {marker}; sleep 30'")
     assert launch(api(owner), case_id).status_code == 202
     wait_until(lambda: marker_processes(marker), what="the command")
     run = run_dir(workspace.case_dir(case_id))

@@ -127,16 +127,22 @@ def test_output_written_just_before_exit_is_never_lost(make_case):
     assert len(stdout) == 5_000_000 + len("\nlast\n") and stdout.endswith("\nlast\n")
 
 
-def test_r_back_6_the_local_backend_declares_no_option_so_any_is_400(api, owner, local_pool, make_case):
-    """The issue's example on the local backend: refused at creation and at launch; nothing runs."""
+def test_r_back_6_the_local_backend_declares_only_its_wall_time_so_anything_else_is_400(
+    api, owner, local_pool, make_case
+):
+    """The issue's example on the local backend: refused at creation and at launch; nothing runs.
+    Its one option, ``time`` (minutes), is a whole number within the class's maximum (issue 36)."""
     hostile = {"partition": "gpu-premium", "time": "365-00:00:00"}
     client = api(owner)
     body = {"name": "x", "resource_class": local_pool.classes.get().pk, "command": "true", "launch_options": hostile}
     response = client.post("/api/v1/cases/", body, format="json")
-    assert response.status_code == 400 and "declared options: none" in response.json()["detail"]
+    assert response.status_code == 400 and "declared options: time" in response.json()["detail"]
     case = make_case(command="true")
     response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": hostile}, format="json")
     assert response.status_code == 400 and set(response.json()["launch_options"]) == {"partition", "time"}
+    too_long = {"time": str(local_pool.classes.get().max_wall_time // 60 + 1)}
+    response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": too_long}, format="json")
+    assert response.status_code == 400 and "a whole number from 1 to" in response.json()["detail"]
     case.refresh_from_db()
     assert case.status == CaseStatus.PREPARED and not run_dir(workspace.case_dir(case.id)).exists()
 

@@ -148,10 +148,9 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     assert not any(value in env for value in secrets.values())
     assert "0815" not in (results / "loot.txt").read_text()
     assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
-    work = working_root / "scratch" / attacker / "work"
-    assert work.stat().st_uid == owner_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
-    assert (work / "env.txt").stat().st_uid == owner_account.pw_uid
-    assert (working_root / "scratch" / victim / "work").stat().st_uid == victim_account.pw_uid
+    assert not (working_root / "scratch" / attacker / "work").exists()  # dropped once fetched (issue 36)
+    work = working_root / "scratch" / victim / "work"
+    assert work.stat().st_uid == victim_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
     subprocess.run(["scancel", victim_job], capture_output=True, check=False)
 
 

@@ -38,7 +38,17 @@ def pool_form(**fields):
     return data
 
 
-CLASS = {"name": "c1", "cpu": "1", "memory": "2", "gpu": "0", "max_storage": "1", "default_storage": "1"}
+CLASS = {
+    "name": "c1",
+    "cpu": "1",
+    "memory": "2",
+    "gpu": "0",
+    "max_storage": "1",
+    "default_storage": "1",
+    "max_tasks": "512",
+    "wall_time": "86400",
+    "max_wall_time": "604800",
+}
 
 
 def test_admin_pages_render(admin_client, local_pool, firecrest_pool):

@@ -1,0 +1,281 @@
+"""Issue 36: a local case reaches nothing but its workspace, and no more of the host than its class
+gives it. Each test is one of the issue's attacks, run as a real case in bubblewrap as a linked
+account (root, bwrap, slirp4netns; required under CI)."""
+
+import json
+import os
+import socket
+import threading
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from apps.backends import supervisor
+from apps.backends.local import run_dir
+from apps.cases import passes, workspace
+from apps.cases.models import CaseStatus
+from apps.resources.models import ResourceClass, ResourcePool
+from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.cases.conftest import launched
+
+pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
+
+GiB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def owner_linked(link_account, owner):
+    return link_account(owner)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slirp4netns():
+    import shutil
+
+    if shutil.which("slirp4netns") is None:
+        from tests.backends.conftest import _required_or_skip
+
+        _required_or_skip("slirp4netns is not installed (apt install slirp4netns)")
+
+
+@pytest.fixture
+def bounded(settings):
+    """``bounded(**class_fields)``: a class of a fresh local pool with these bounds."""
+    settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
+    settings.GRIDGATE_CASE_DISK_CHECK_SECONDS = 1
+
+    def make(network=False, **fields):
+        pool = ResourcePool.objects.create(name=f"bounded-{ResourcePool.objects.count()}", kind="local", public=True)
+        pool.network = network
+        pool.save()
+        fields.setdefault("memory", 1)
+        return ResourceClass.objects.create(pool=pool, name="c", cpu=1, default=True, **fields)
+
+    return make
+
+
+def run(make_case, resource_class, command, **kwargs):
+    case = launched(make_case(resource_class=resource_class, command=command), **kwargs)
+    assert case.status == CaseStatus.PENDING, case.last_error
+    return wait_for_terminal(case, timeout=120)
+
+
+def result(case, name) -> str:
+    return (workspace.case_dir(case.id) / "results" / name).read_text()
+
+
+class Listener:
+    """A TCP server on ``address`` that answers every connection with a word."""
+
+    def __init__(self, address: str):
+        self.sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        self.sock.bind((address, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.sendall(b"reached")
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+PROBE = """python3 - <<'EOF' > reach.json
+import json, socket
+out = {}
+for host, port in %s:
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            out[f"{host}:{port}"] = s.recv(16).decode() or "open"
+    except OSError as exc:
+        out[f"{host}:{port}"] = type(exc).__name__
+print(json.dumps(out))
+EOF
+"""
+
+
+def external_address() -> str | None:
+    """An address of this host that is not loopback (the one a default route leaves by)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.123", 9))  # no packet is sent: it only picks the outgoing address
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_a_case_reaches_no_service_on_the_hosts_loopback(make_case, bounded):
+    """The issue's first attack: psql, Redis and the web port on 127.0.0.1 from inside a case of a
+    pool left at its default (no network)."""
+    web = Listener("127.0.0.1")
+    try:
+        targets = [("127.0.0.1", 5432), ("127.0.0.1", 6379), ("127.0.0.1", web.port), ("::1", 6379)]
+        rc = bounded()
+        assert rc.pool.network is False  # the default
+        command = PROBE % targets + "psql -h 127.0.0.1 -U postgres -c 'select 1' > psql.txt 2>&1; true"
+        case = run(make_case, rc, command)
+    finally:
+        web.close()
+    assert case.status == CaseStatus.DONE, case.last_error
+    reach = json.loads(result(case, "reach.json"))
+    assert set(reach) == {f"{h}:{p}" for h, p in targets}
+    assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+    assert "select" not in result(case, "psql.txt") and "1 row" not in result(case, "psql.txt")
+
+
+def test_a_pool_with_the_network_reaches_out_but_never_the_hosts_loopback(make_case, bounded):
+    address = external_address()
+    if address is None:
+        pytest.fail("this host has no non-loopback address to test an outgoing connection with")
+    outside, inside = Listener(address), Listener("127.0.0.1")
+    try:
+        targets = [(address, outside.port), ("127.0.0.1", inside.port), ("10.0.2.2", inside.port), ("127.0.0.1", 5432)]
+        case = run(make_case, bounded(network=True), PROBE % targets)
+    finally:
+        outside.close()
+        inside.close()
+    assert case.status == CaseStatus.DONE, case.last_error
+    reach = json.loads(result(case, "reach.json"))
+    assert reach.pop(f"{address}:{outside.port}") == "reached"  # the network works
+    assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+
+
+def test_memory_past_the_class_is_killed_and_the_case_fails_saying_so(make_case, bounded):
+    """2 GB in a 1 GB class: the kernel kills the allocation, and the case fails even though
+    the shell's last command succeeded (as Slurm's OUT_OF_MEMORY)."""
+    case = run(make_case, bounded(memory=1), "python3 -c 'x = bytearray(2 * 1024 ** 3)'; echo survived")
+    assert case.status == CaseStatus.FAILED
+    assert "ran out of memory" in case.last_error and "1 GB" in case.last_error
+
+
+def test_a_fork_past_the_class_tasks_stops_the_case(make_case, bounded):
+    """500 processes in a 100-task class."""
+    case = run(make_case, bounded(max_tasks=100), "for i in $(seq 500); do sleep 60 & done; wait")
+    assert case.status == CaseStatus.FAILED
+    assert "limit of 100 tasks" in case.last_error
+
+
+def test_a_case_past_its_wall_time_is_stopped(make_case, bounded):
+    case = run(make_case, bounded(wall_time=2, max_wall_time=60), "sleep 300")
+    assert case.status == CaseStatus.FAILED
+    assert "wall time of 0:00:02" in case.last_error
+
+
+def test_the_wall_time_launch_option_is_taken_within_the_class_maximum(make_case, bounded):
+    """The ``time`` option (minutes) replaces the class's default wall time."""
+    rc = bounded(wall_time=2, max_wall_time=600)
+    case = launched(make_case(resource_class=rc, command="sleep 4; echo done"), launch_options={"time": "10"})
+    config = json.loads((run_dir(workspace.case_dir(case.id)) / "supervisor.json").read_text())
+    assert config["wall_seconds"] == 600
+    case = wait_for_terminal(case, timeout=120)
+    assert case.status == CaseStatus.DONE, case.last_error
+
+
+def test_a_working_directory_past_the_class_storage_stops_the_case(make_case, bounded):
+    case = run(make_case, bounded(max_storage=1), "fallocate -l 700M a; fallocate -l 700M b; sleep 300")
+    assert case.status == CaseStatus.FAILED
+    assert "storage of 1 GB" in case.last_error
+
+
+def test_a_sparse_file_comes_back_sparse(make_case, bounded):
+    """The issue's 8 GiB sparse file: it stores nothing, and its result stores nothing either."""
+    case = run(make_case, bounded(max_storage=10, default_storage=1), "truncate -s 8G sparse.bin; echo x > real.txt")
+    assert case.status == CaseStatus.DONE, case.last_error
+    copy = workspace.case_dir(case.id) / "results" / "sparse.bin"
+    assert copy.stat().st_size == 8 * GiB
+    assert copy.stat().st_blocks * 512 < 1 << 20
+    assert result(case, "real.txt") == "x\n"
+
+
+def test_a_gigabyte_of_stdout_is_drained_in_chunks_and_kept_up_to_the_log_cap(make_case, bounded, settings):
+    """1 GiB of output: the worker's poll holds a chunk of it at a time, never the gigabyte, and
+    the workspace keeps GRIDGATE_CASE_MAX_LOG_MB of it with a note."""
+    settings.GRIDGATE_CASE_MAX_LOG_MB = 8
+    rc = bounded(max_storage=2)
+    case = launched(make_case(resource_class=rc, command="yes | head -c 1073741824"))
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until((rdir / "exit_status").exists, timeout=120, what="the command's end")
+    assert (rdir / "stdout").stat().st_size == GiB
+    tracemalloc.start()
+    try:
+        passes.poll_pass(case_ids=[case.id])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    case.refresh_from_db()
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert peak < 16 << 20, f"the poll held {peak / 2**20:.0f} MiB at once"
+    log = workspace.case_dir(case.id) / "stdout.log"
+    assert log.read_bytes().endswith(b"the rest was not kept]\n")
+    assert log.stat().st_size < (8 << 20) + 200
+
+
+def test_the_command_is_in_no_command_line_on_the_host(make_case, bounded):
+    """Every account on the host reads every command line (/proc/*/cmdline, ps): the case's
+    command (here a 'secret' passed as an argument) is never one of them."""
+    marker = f"secret-{os.getpid()}-4711"
+    case = launched(make_case(resource_class=bounded(), command=f"echo {marker} > seen.txt; sleep 3"))
+    rdir = run_dir(workspace.case_dir(case.id))
+    wait_until(lambda: (rdir / "work" / "seen.txt").exists(), what="the command running")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                assert marker.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (rdir / "command.sh").stat().st_mode & 0o777 == 0o600
+
+
+def test_tmp_is_private_and_no_larger_than_the_class_memory(make_case, bounded):
+    case = run(make_case, bounded(memory=1), "df -B1 --output=size /tmp | tail -n 1 > tmp.txt")
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert int(result(case, "tmp.txt")) == GiB
+
+
+def test_the_cases_cgroup_is_gone_once_it_ends(make_case, bounded, settings):
+    case = launched(make_case(resource_class=bounded(), command="sleep 2"))
+    config = json.loads((run_dir(workspace.case_dir(case.id)) / "supervisor.json").read_text())
+    dirs = [Path(d) for d in config["cgroup"]["dirs"].values()]
+    assert dirs and all(d.is_dir() for d in dirs)
+    assert all(d.name == f"case-{case.id}" for d in dirs)
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert not any(d.exists() for d in dirs)
+
+
+def test_a_cgroup_v2_hierarchy_gets_the_bounds_and_hands_the_controllers_down(tmp_path, monkeypatch):
+    """The unified hierarchy (most hosts today; CI's is v1): the file names differ, and each
+    ancestor must enable the controllers for its children."""
+    for directory in (tmp_path, tmp_path / "gridgate"):
+        directory.mkdir(exist_ok=True)
+        (directory / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        (directory / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(supervisor, "_mounts", lambda: (str(tmp_path), {}))
+    leaf = tmp_path / "gridgate" / "case-x"
+    leaf.mkdir()
+    for name in ("memory.swap.max", "cpu.max"):
+        (leaf / name).write_text("max\n")
+    cgroup = supervisor.create_cgroup("gridgate", "case-x", memory_bytes=GiB, tasks=100, cpu=0.5)
+    assert cgroup == {"version": 2, "dirs": {"unified": str(leaf)}}
+    assert (leaf / "memory.max").read_text() == f"{GiB}\n"
+    assert (leaf / "memory.swap.max").read_text() == "0\n"
+    assert (leaf / "pids.max").read_text() == "100\n"
+    assert (leaf / "cpu.max").read_text() == "50000 100000\n"
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory +pids +cpu\n"
+    (leaf / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (leaf / "pids.events").write_text("max 0\n")
+    watched = supervisor.Cgroup(**cgroup)
+    assert watched.oom_kills() == 1 and watched.forks_refused() == 0
