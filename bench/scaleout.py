@@ -120,6 +120,7 @@ def main() -> int:
     os.environ["SECRET_KEY"] = SECRET
     if redis_url:
         os.environ["GRIDGATE_REDIS_URL"] = redis_url  # this process enqueues the submissions' wake-ups
+        os.environ["GRIDGATE_REDIS_ALLOW_NO_AUTH"] = "true"  # the bench machine's Redis has no password
     database_url = django_on_bench_database("gridgate_bench_scaleout")
     if database_url is None:
         print("scaleout: skipped (needs PostgreSQL)")

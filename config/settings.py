@@ -191,6 +191,19 @@ Q_CLUSTER = {
 }
 _redis_url = env_str("GRIDGATE_REDIS_URL")
 if _redis_url:
+    from urllib.parse import urlparse
+
+    if not urlparse(_redis_url).password and not env_bool("GRIDGATE_REDIS_ALLOW_NO_AUTH", False):
+        # Issue 36: a task is a pickle signed with SECRET_KEY; whoever may write to the broker can
+        # drop or replay tasks, and with the key run code as the worker (root on case hosts).
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "GRIDGATE_REDIS_URL carries no password: anyone who can reach that Redis could queue tasks "
+            "for the workers. Give Redis a password or an ACL user (requirepass / ACL SETUSER) and put it in "
+            "the URL (redis://:PASSWORD@host:6379/0 or redis://USER:PASSWORD@host:6379/0), or set "
+            "GRIDGATE_REDIS_ALLOW_NO_AUTH=true where no other account or host can reach it (docs/deployment.md)."
+        )
     Q_CLUSTER.pop("orm")
     # Bounded waits: redis-py has none by default, so a Redis host that drops packets (rather
     # than refusing) would hold a request's post-commit enqueue for minutes (issue 17). The

@@ -31,9 +31,28 @@ def pytest_collection_modifyitems(config, items):
 User = get_user_model()
 
 
+#: what an operator is granted to manage pools, classes and devices (issue 36: staff alone is not)
+OPERATOR_PERMISSIONS = [
+    f"{action}_{model}"
+    for action in ("add", "change", "delete")
+    for model in ("resourcepool", "resourceclass", "device")
+]
+
+
 @pytest.fixture
 def staff(db):
-    return User.objects.create_user("staff", password="pw", is_staff=True)
+    """An operator: staff, with the pool, class and device permissions."""
+    from django.contrib.auth.models import Permission
+
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=OPERATOR_PERMISSIONS))
+    return user
+
+
+@pytest.fixture
+def bare_staff(db):
+    """Staff without any model permission."""
+    return User.objects.create_user("bare-staff", password="pw", is_staff=True)
 
 
 @pytest.fixture

@@ -15,32 +15,28 @@ from pathlib import Path, PurePosixPath
 
 from apps.backends.base import BackendError
 from apps.backends.files import PROGRESS_FILE
+from apps.core import credentials
 
 #: a live file larger than this is not pulled while the case runs (results bring it at the end)
 LIVE_MAX_BYTES = 8 << 20
 
 
 class MissingCredential(BackendError):
-    """An environment variable named in the pool's remote is unset. The message names the
-    variable, never a value."""
+    """An environment variable named in the pool's remote is unset or not a credential
+    variable (``apps.core.credentials``). The message names the variable, never a value."""
 
 
 def env_secret(name: str, what: str) -> str:
-    value = os.environ.get(name or "", "")
-    if not value:
-        raise MissingCredential(
-            f"the {what} is missing: set the environment variable {name} on the worker hosts "
-            "(its name comes from the pool's remote configuration)"
-        )
-    return value
+    try:
+        return credentials.read(name, what)
+    except credentials.CredentialError as exc:
+        raise MissingCredential(str(exc)) from None
 
 
 def pool_secrets(pool) -> list[str]:
     """The values of the credentials a pool's ``remote`` names (its ``*_env`` keys), for
     :func:`scrub`. Never stored or shown: read from the environment at the moment of use."""
-    remote = (getattr(pool, "remote", None) if pool is not None else None) or {}
-    names = [value for key, value in remote.items() if key.endswith("_env") and isinstance(value, str)]
-    return [os.environ[name] for name in names if os.environ.get(name)]
+    return credentials.values_named_in(getattr(pool, "remote", None) if pool is not None else None)
 
 
 def scrub_for_pool(pool, text) -> str:

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 
+from apps.core import credentials
 from apps.core.text import has_control_characters
 
 # Matched with fullmatch: ``$`` would also accept a trailing newline.
@@ -64,8 +65,9 @@ def _slurm_name(value: Any) -> str:
 
 
 def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or not ENV_NAME.fullmatch(value):
-        raise RemoteError("must be an environment variable name (letters, digits, underscores)")
+    problem = credentials.name_problem(value)
+    if problem:
+        raise RemoteError(problem)
     return value
 
 
@@ -107,8 +109,8 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         "token_uri": Key(_https_url, required=True),
         "account": Key(_slurm_name),
         "working_root": Key(_abs_path),
-        "client_id_env": Key(_env_name, default="FIRECREST_CLIENT_ID"),
-        "client_secret_env": Key(_env_name, default="FIRECREST_CLIENT_SECRET"),
+        "client_id_env": Key(_env_name, default=f"{credentials.PREFIX}FIRECREST_CLIENT_ID"),
+        "client_secret_env": Key(_env_name, default=f"{credentials.PREFIX}FIRECREST_CLIENT_SECRET"),
     },
     "slurm": {
         "partition": Key(_slurm_name),
@@ -125,7 +127,7 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         "cluster_url": Key(_https_url),
         "snapshot_interval": Key(_positive_int, default=60),
         "max_upload_mb": Key(_positive_int, default=512),
-        "token_env": Key(_env_name, default="QARNOT_TOKEN"),
+        "token_env": Key(_env_name, default=f"{credentials.PREFIX}QARNOT_TOKEN"),
     },
 }
 

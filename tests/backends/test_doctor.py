@@ -64,8 +64,10 @@ def test_doctor_never_prints_a_secret_from_a_crashing_check(monkeypatch, capsys)
     """R-BACK-1: a check that raises with a credential in its message is scrubbed."""
     from apps.backends.fake import FakeBackend
 
-    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
-    pool = ResourcePool.objects.create(name="loc", kind="local", public=True, remote={"token_env": "GG_TEST_TOKEN"})
+    monkeypatch.setenv("GRIDGATE_CRED_TEST_TOKEN", "s3cr3t-token-value")
+    pool = ResourcePool.objects.create(
+        name="loc", kind="local", public=True, remote={"token_env": "GRIDGATE_CRED_TEST_TOKEN"}
+    )
 
     def leaky(self, pool=None):
         raise RuntimeError("401 for token s3cr3t-token-value")

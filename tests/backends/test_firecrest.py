@@ -25,8 +25,8 @@ SECRET = "s3cr3t-client-VALUE-42"
 
 @pytest.fixture
 def double(tmp_path, monkeypatch):
-    monkeypatch.setenv("GG_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GG_FC_SECRET", SECRET)
+    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
+    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
     monkeypatch.setattr(fc, "TIMEOUT", 5.0)
     monkeypatch.setattr(fc, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
     fc._clients.clear()
@@ -48,8 +48,8 @@ def fc_pool(double):
             "system_name": double.system,
             "partition": "debug",
             "working_root": str(double.fs_root / "scratch"),
-            "client_id_env": "GG_FC_ID",
-            "client_secret_env": "GG_FC_SECRET",
+            "client_id_env": "GRIDGATE_CRED_FC_ID",
+            "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
         },
     )
     ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
@@ -104,8 +104,8 @@ def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool
 @pytest.mark.slurm
 def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster, tmp_path, make_case, monkeypatch):
     """End to end: the double hands the job script to the local Slurm cluster (sbatch)."""
-    monkeypatch.setenv("GG_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GG_FC_SECRET", SECRET)
+    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
+    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
     fc._clients.clear()
     server = FirecrestDouble(tmp_path / "hpc", runner="slurm", client_secret=SECRET).start()
     try:
@@ -119,8 +119,8 @@ def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster
                 "system_name": server.system,
                 "partition": "debug",
                 "working_root": str(server.fs_root / "scratch"),
-                "client_id_env": "GG_FC_ID",
-                "client_secret_env": "GG_FC_SECRET",
+                "client_id_env": "GRIDGATE_CRED_FC_ID",
+                "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
             },
         )
         ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
@@ -281,10 +281,10 @@ def test_doctor_checks_each_prerequisite_without_printing_the_secret(fc_pool, do
     for name in ("sdk", "credentials", "auth", "reachability", "system", "partition", "working_root"):
         assert f"] {name}:" in out
     assert SECRET not in out and "FAIL" not in out
-    monkeypatch.delenv("GG_FC_SECRET")
+    monkeypatch.delenv("GRIDGATE_CRED_FC_SECRET")
     with pytest.raises(SystemExit):
         call_command("doctor", "--pool", str(fc_pool.id))
-    assert "GG_FC_SECRET" in capsys.readouterr().out
+    assert "GRIDGATE_CRED_FC_SECRET" in capsys.readouterr().out
 
 
 def test_launch_options_list_partitions_and_degrade_when_unreachable(fc_pool, double):
@@ -338,8 +338,8 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
             "token_uri": double.token_uri,
             "system_name": double.system,
             "working_root": str(double.fs_root / "scratch"),
-            "client_id_env": "GG_FC_ID",
-            "client_secret_env": "GG_FC_SECRET",
+            "client_id_env": "GRIDGATE_CRED_FC_ID",
+            "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
         },
     )
     rc = ResourceClass.objects.create(
@@ -381,9 +381,13 @@ def test_secret_in_a_pool_remote_is_refused(fc_pool):
     with pytest.raises(ValidationError) as info:
         fc_pool.full_clean()
     assert "client_secret_env" in str(info.value) and SECRET not in str(info.value)
-    with pytest.raises(BackendError, match="GG_UNSET"):
+    with pytest.raises(BackendError, match="GRIDGATE_CRED_UNSET"):
         fc.Session(
-            {"client_id_env": "GG_FC_ID", "client_secret_env": "GG_UNSET", "client_secret": SECRET}
+            {
+                "client_id_env": "GRIDGATE_CRED_FC_ID",
+                "client_secret_env": "GRIDGATE_CRED_UNSET",
+                "client_secret": SECRET,
+            }
         ).credentials()
 
 

@@ -63,18 +63,20 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
     env = require("GRIDGATE_LIVE_QARNOT", ["GRIDGATE_LIVE_QARNOT_TOKEN"])
     remote = {
         "profile": os.environ.get("GRIDGATE_LIVE_QARNOT_PROFILE", "docker-batch"),
-        "token_env": "GRIDGATE_LIVE_QARNOT_TOKEN",
+        "token_env": "GRIDGATE_CRED_LIVE_QARNOT_TOKEN",
         "snapshot_interval": 30,
     }
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
         remote["cluster_url"] = os.environ["GRIDGATE_LIVE_QARNOT_CLUSTER_URL"]
     assert env["GRIDGATE_LIVE_QARNOT_TOKEN"] not in str(remote)
+    # Only GRIDGATE_CRED_* variables may hold credentials (issue 36).
+    monkeypatch.setenv("GRIDGATE_CRED_LIVE_QARNOT_TOKEN", env["GRIDGATE_LIVE_QARNOT_TOKEN"])
     pool = ResourcePool.objects.create(name="live-qarnot", kind="qarnot", public=True, remote=remote)
     ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=2, default=True)
     round_trip(pool, make_case)
 
 
-def test_live_firecrest_round_trip(make_case):
+def test_live_firecrest_round_trip(make_case, monkeypatch):
     names = [
         "GRIDGATE_LIVE_FIRECREST_CLIENT_ID",
         "GRIDGATE_LIVE_FIRECREST_CLIENT_SECRET",
@@ -89,9 +91,11 @@ def test_live_firecrest_round_trip(make_case):
         "token_uri": env["GRIDGATE_LIVE_FIRECREST_TOKEN_URI"],
         "system_name": env["GRIDGATE_LIVE_FIRECREST_SYSTEM"],
         "working_root": env["GRIDGATE_LIVE_FIRECREST_WORKING_ROOT"],
-        "client_id_env": "GRIDGATE_LIVE_FIRECREST_CLIENT_ID",
-        "client_secret_env": "GRIDGATE_LIVE_FIRECREST_CLIENT_SECRET",
+        "client_id_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_ID",
+        "client_secret_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_SECRET",
     }
+    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (issue 36)
+        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_FIRECREST_{name}", env[f"GRIDGATE_LIVE_FIRECREST_{name}"])
     if os.environ.get("GRIDGATE_LIVE_FIRECREST_PARTITION"):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]
     pool = ResourcePool.objects.create(name="live-firecrest", kind="firecrest", public=True, remote=remote)

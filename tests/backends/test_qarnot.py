@@ -30,7 +30,7 @@ def double():
 
 @pytest.fixture(autouse=True)
 def fresh(double, monkeypatch):
-    monkeypatch.setenv("GG_QARNOT_TOKEN", TOKEN)
+    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", TOKEN)
     monkeypatch.setattr(qb, "RETRY_WAIT", 0.01)
     monkeypatch.setattr(qb, "TIMEOUT", 3)
     qb._connections.clear()
@@ -53,7 +53,7 @@ def q_pool(double):
             "cluster_url": double.url,
             "snapshot_interval": 1,
             "max_upload_mb": 1,
-            "token_env": "GG_QARNOT_TOKEN",
+            "token_env": "GRIDGATE_CRED_QARNOT_TOKEN",
         },
     )
     ResourceClass.objects.create(pool=pool, name="4c", cpu=4, memory=8, default=True)
@@ -306,7 +306,7 @@ def test_token_never_appears_in_logs_responses_or_errors(q_pool, make_case, doub
     case = launch(make_case, q_pool, "echo hi")
     case = poll_until(case, lambda c: c.is_terminal)
     responses = [api(owner).get(f"/api/v1/cases/{case.id}/").content.decode()]
-    monkeypatch.setenv("GG_QARNOT_TOKEN", "wrong-" + TOKEN)
+    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", "wrong-" + TOKEN)
     qb._connections.clear()
     with pytest.raises(BackendError) as info:
         qb.QarnotBackend().poll(passes.job_ref(case))
@@ -325,8 +325,8 @@ def test_token_in_a_pool_remote_is_refused(q_pool):
     with pytest.raises(ValidationError) as info:
         q_pool.full_clean()
     assert "token_env" in str(info.value) and TOKEN not in str(info.value)
-    session = qb.Session({"profile": "p", "token": "in-remote", "token_env": "GG_UNSET_VARIABLE"})
-    with pytest.raises(BackendError, match="GG_UNSET_VARIABLE"):
+    session = qb.Session({"profile": "p", "token": "in-remote", "token_env": "GRIDGATE_CRED_UNSET_VARIABLE"})
+    with pytest.raises(BackendError, match="GRIDGATE_CRED_UNSET_VARIABLE"):
         session.token()
 
 

@@ -148,8 +148,8 @@ def test_a_pool_whose_backend_is_not_set_up_says_so_and_cannot_be_launched_on(
     page, site, settings, alice, pools, monkeypatch, screenshots_dir
 ):
     settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "firecrest": "firecrest"}
-    monkeypatch.delenv("FIRECREST_CLIENT_ID", raising=False)
-    monkeypatch.delenv("FIRECREST_CLIENT_SECRET", raising=False)
+    monkeypatch.delenv("GRIDGATE_CRED_FIRECREST_CLIENT_ID", raising=False)
+    monkeypatch.delenv("GRIDGATE_CRED_FIRECREST_CLIENT_SECRET", raising=False)
     hpc = ResourcePool.objects.create(
         name="hpc",
         kind="firecrest",

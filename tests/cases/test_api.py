@@ -331,8 +331,8 @@ def test_r_back_2_healthy_launch_options_are_cached(api, member, local_pool):
 
 
 def test_r_back_1_a_secret_in_a_launch_options_error_is_not_returned(api, member, local_pool, monkeypatch):
-    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
-    local_pool.remote = {"token_env": "GG_TEST_TOKEN"}
+    monkeypatch.setenv("GRIDGATE_CRED_TEST_TOKEN", "s3cr3t-token-value")
+    local_pool.remote = {"token_env": "GRIDGATE_CRED_TEST_TOKEN"}
     local_pool.save(update_fields=["remote"])
 
     def leaky(self, pool):

@@ -362,8 +362,8 @@ def test_r_case_2_refresh_enqueues_the_passes_and_answers_from_the_database(make
 
 
 def test_r_back_1_a_secret_in_a_submission_error_never_reaches_last_error(make_case, monkeypatch, local_pool):
-    monkeypatch.setenv("GG_TEST_TOKEN", "s3cr3t-token-value")
-    local_pool.remote = {"token_env": "GG_TEST_TOKEN"}
+    monkeypatch.setenv("GRIDGATE_CRED_TEST_TOKEN", "s3cr3t-token-value")
+    local_pool.remote = {"token_env": "GRIDGATE_CRED_TEST_TOKEN"}
     local_pool.save(update_fields=["remote"])
 
     def leaky_submit(self, spec):

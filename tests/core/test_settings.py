@@ -175,6 +175,22 @@ def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_namin
     assert accepted.returncode == 0, accepted.stderr
 
 
+def test_a_redis_broker_without_a_password_is_refused_at_start(tmp_path):
+    """Issue 36: a writer to the broker queues tasks for the workers; the URL must carry
+    credentials unless the operator says nobody else can reach that Redis."""
+    load = ["-c", "import config.settings"]
+    refused = _run(load, GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_REDIS_URL="redis://127.0.0.1:6379/0")
+    assert refused.returncode != 0 and "GRIDGATE_REDIS_ALLOW_NO_AUTH" in refused.stderr
+    for extra in (
+        {"GRIDGATE_REDIS_URL": "redis://:pw-4711@127.0.0.1:6379/0"},
+        {"GRIDGATE_REDIS_URL": "redis://gridgate:pw-4711@127.0.0.1:6379/0"},
+        {"GRIDGATE_REDIS_URL": "redis://127.0.0.1:6379/0", "GRIDGATE_REDIS_ALLOW_NO_AUTH": "true"},
+    ):
+        accepted = _run(load, GRIDGATE_VAR_DIR=str(tmp_path), **extra)
+        assert accepted.returncode == 0, accepted.stderr
+        assert "pw-4711" not in accepted.stderr
+
+
 def test_a_case_pass_batch_beyond_what_a_statement_can_name_is_refused_at_start(tmp_path):
     """Issue 15 review: a pass names its cases in IN lists, a parameter each (PostgreSQL takes
     65 535 per statement with server-side binding): refused at start, not in every pass."""

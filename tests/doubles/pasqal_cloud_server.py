@@ -76,8 +76,8 @@ class CloudDouble:
         return {
             "project_id": self.project_id,
             "device_type": "FRESNEL",
-            "username_env": "GG_CLOUD_USER",
-            "password_env": "GG_CLOUD_PASSWORD",
+            "username_env": "GRIDGATE_CRED_CLOUD_USER",
+            "password_env": "GRIDGATE_CRED_CLOUD_PASSWORD",
             "endpoint": f"{self.url}/core-fast",
             "account_endpoint": f"{self.url}/account",
             "token_endpoint": f"{self.url}/oauth/token",

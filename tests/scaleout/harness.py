@@ -107,6 +107,7 @@ class Processes:
         )
         if self.redis_url:
             env["GRIDGATE_REDIS_URL"] = self.redis_url
+            env["GRIDGATE_REDIS_ALLOW_NO_AUTH"] = "true"  # the test machine's Redis has no password
         else:
             env.pop("GRIDGATE_REDIS_URL", None)
         env.update(self.extra_env)

@@ -80,7 +80,7 @@ def test_a_silent_redis_fails_the_enqueue_within_its_socket_timeouts(monkeypatch
         env={
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings",
-            "GRIDGATE_REDIS_URL": "redis://broker.example:6379/3",
+            "GRIDGATE_REDIS_URL": "redis://:pw@broker.example:6379/3",
         },
         capture_output=True,
         text=True,

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def cloud(monkeypatch):
     double = CloudDouble().start()
-    monkeypatch.setenv("GG_CLOUD_USER", double.username)
-    monkeypatch.setenv("GG_CLOUD_PASSWORD", double.password)
+    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_USER", double.username)
+    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_PASSWORD", double.password)
     yield double
     double.stop()
 
@@ -118,7 +118,7 @@ def test_pasqal_cloud_device_down_when_the_device_type_is_not_offered(qpu_pool, 
 
 
 def test_pasqal_cloud_wrong_password_leaves_the_device_unreachable_and_no_secret_shows(qpu_pool, cloud, monkeypatch):
-    monkeypatch.setenv("GG_CLOUD_PASSWORD", "wrong-PASSWORD-xyz")
+    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_PASSWORD", "wrong-PASSWORD-xyz")
     device = Device.objects.create(pool=qpu_pool, name="c", driver="pasqal_cloud", config=cloud.config())
     assert device_status.check_device(device) == "unreachable"
     assert "wrong-PASSWORD" not in device.provider_message and cloud.password not in device.provider_message
@@ -156,24 +156,33 @@ def test_sdk_errors_map_to_transient_or_permanent():
 
 def test_pasqal_cloud_config_is_validated():
     problems = " ".join(
-        PasqalCloudDriver().validate_config({"device_type": "NOPE", "username_env": "U", "password": "x"})
+        PasqalCloudDriver().validate_config({"device_type": "NOPE", "username_env": "GRIDGATE_CRED_U", "password": "x"})
     )
     assert "project_id" in problems and "device_type" in problems and "unknown key 'password'" in problems
     assert "password_env" in problems
-    assert PasqalCloudDriver().validate_config({"project_id": "p", "device_type": "EMU_MPS", "token_env": "T"}) == []
+    config = {"project_id": "p", "device_type": "EMU_MPS", "token_env": "GRIDGATE_CRED_T"}
+    assert PasqalCloudDriver().validate_config(config) == []
+    assert "GRIDGATE_CRED_" in " ".join(PasqalCloudDriver().validate_config(config | {"token_env": "SECRET_KEY"}))
 
 
 @pytest.mark.live
-def test_live_pasqal_cloud_specs_with_real_credentials(qpu_pool):
+def test_live_pasqal_cloud_specs_with_real_credentials(qpu_pool, monkeypatch):
     """Runs only with GRIDGATE_LIVE_PASQAL_PROJECT_ID and GRIDGATE_LIVE_PASQAL_TOKEN (or _USERNAME/_PASSWORD)."""
     project = os.environ.get("GRIDGATE_LIVE_PASQAL_PROJECT_ID")
     if not project:
         pytest.skip("set GRIDGATE_LIVE_PASQAL_PROJECT_ID and GRIDGATE_LIVE_PASQAL_TOKEN to run against Pasqal Cloud")
     config = {"project_id": project, "device_type": os.environ.get("GRIDGATE_LIVE_PASQAL_DEVICE", "FRESNEL")}
+    # Only GRIDGATE_CRED_* variables may hold credentials (issue 36): the live ones are copied there.
+    for name in ("TOKEN", "USERNAME", "PASSWORD"):
+        if os.environ.get(f"GRIDGATE_LIVE_PASQAL_{name}"):
+            monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_PASQAL_{name}", os.environ[f"GRIDGATE_LIVE_PASQAL_{name}"])
     if os.environ.get("GRIDGATE_LIVE_PASQAL_TOKEN"):
-        config["token_env"] = "GRIDGATE_LIVE_PASQAL_TOKEN"
+        config["token_env"] = "GRIDGATE_CRED_LIVE_PASQAL_TOKEN"
     else:
-        config |= {"username_env": "GRIDGATE_LIVE_PASQAL_USERNAME", "password_env": "GRIDGATE_LIVE_PASQAL_PASSWORD"}
+        config |= {
+            "username_env": "GRIDGATE_CRED_LIVE_PASQAL_USERNAME",
+            "password_env": "GRIDGATE_CRED_LIVE_PASQAL_PASSWORD",
+        }
     device = Device.objects.create(pool=qpu_pool, name="live", driver="pasqal_cloud", config=config)
     assert device_status.check_device(device) in ("up", "down")
     device.refresh_from_db()

@@ -283,11 +283,16 @@ def test_the_auth_header_value_comes_from_the_environment_only(qpu_pool, monkeyp
             pool=qpu_pool,
             name="q",
             driver="pasqal_qpu",
-            config={"url": double.url, "auth_header": "X-QPU-Token", "auth_env": "GG_QPU_TOKEN", "backoff": 0},
+            config={
+                "url": double.url,
+                "auth_header": "X-QPU-Token",
+                "auth_env": "GRIDGATE_CRED_QPU_TOKEN",
+                "backoff": 0,
+            },
         )
         assert device_status.check_device(device) == "unreachable"
-        assert "GG_QPU_TOKEN" in device.provider_message and "qpu-secret" not in device.provider_message
-        monkeypatch.setenv("GG_QPU_TOKEN", "qpu-secret-VALUE-1")
+        assert "GRIDGATE_CRED_QPU_TOKEN" in device.provider_message and "qpu-secret" not in device.provider_message
+        monkeypatch.setenv("GRIDGATE_CRED_QPU_TOKEN", "qpu-secret-VALUE-1")
         assert device_status.check_device(device) == "up"
         device.refresh_from_db()
         assert "qpu-secret" not in str(device.config) + device.provider_message

@@ -80,6 +80,7 @@ class Clusters:
         env.pop("GRIDGATE_REDIS_URL", None)
         if redis_url:
             env["GRIDGATE_REDIS_URL"] = redis_url
+            env["GRIDGATE_REDIS_ALLOW_NO_AUTH"] = "true"  # the test machine's Redis has no password
         log = open(self.tmp_path / f"worker-{host}.log", "ab")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(
             [sys.executable, "manage.py", "worker", "--grace", "5"],

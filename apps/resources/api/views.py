@@ -9,7 +9,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
-from apps.core.api.permissions import IsStaff, IsStaffOrReadOnly
+from apps.core.api.permissions import WRITE_ACTIONS, StaffWithModelPermissionOrReadOnly, model_permission
 from apps.resources import selectors, services
 from apps.resources.api.filters import ResourceClassFilter, ResourcePoolFilter
 from apps.resources.api.serializers import (
@@ -18,7 +18,7 @@ from apps.resources.api.serializers import (
     ResourceClassSerializer,
     ResourcePoolSerializer,
 )
-from apps.resources.models import ResourcePool
+from apps.resources.models import ResourceClass, ResourcePool
 
 MATCH_PARAMS = [
     OpenApiParameter(dim, OpenApiTypes.NUMBER, description=f"Mark classes whose {dim} is at least this.")
@@ -47,7 +47,7 @@ class ResourcePoolViewSet(viewsets.ModelViewSet):
     """Resource pools with their classes. Reads: pools you may use (R-POOL-8). Writes: staff."""
 
     serializer_class = ResourcePoolSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [StaffWithModelPermissionOrReadOnly]
     filterset_class = ResourcePoolFilter
 
     def get_queryset(self):
@@ -62,11 +62,18 @@ class ResourcePoolViewSet(viewsets.ModelViewSet):
     def get_permissions(self):
         if self.action == "accessible" and self.request.method == "GET":
             return [AllowAny()]
-        if self.action == "accessible":
-            return [IsStaff()]
-        if self.action == "classes" and self.request.method == "POST":
-            return [IsStaff()]
         return super().get_permissions()
+
+    def write_permissions(self, request) -> list[str]:
+        """A class created under a pool is a class write; a pool write that edits classes inline
+        needs the class permissions too (the admin's inline asks the same); accessibility is a
+        pool change."""
+        if self.action == "classes":
+            return [model_permission(ResourceClass, "add")]
+        wanted = [model_permission(ResourcePool, WRITE_ACTIONS.get(request.method, "change"))]
+        if isinstance(request.data, dict) and request.data.get("classes"):
+            wanted += [model_permission(ResourceClass, "add"), model_permission(ResourceClass, "change")]
+        return wanted
 
     def get_authenticators(self):
         # R-SESS-5: external schedulers read accessibility without credentials; a stale or
@@ -115,7 +122,7 @@ class ResourceClassViewSet(
     """Classes of the pools you may use; create them under ``/resource-pools/{id}/classes/``."""
 
     serializer_class = ResourceClassSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [StaffWithModelPermissionOrReadOnly]
     filterset_class = ResourceClassFilter
 
     def get_queryset(self):

@@ -6,7 +6,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.api.permissions import IsStaffOrReadOnly
+from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
 from apps.scheduling import selectors, services
@@ -22,7 +22,7 @@ class DeviceViewSet(viewsets.ModelViewSet):
     """Devices of the pools you may use, with their load. Staff create and change them."""
 
     serializer_class = DeviceSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [StaffWithModelPermissionOrReadOnly]
     filterset_class = DeviceFilter
 
     def get_queryset(self):

@@ -25,12 +25,11 @@ and adopts it instead of creating a second one.
 
 import json
 import logging
-import os
 import warnings
 from datetime import datetime
 
+from apps.core import credentials
 from apps.core.exceptions import Unavailable
-from apps.resources.remote import ENV_NAME
 from apps.scheduling.drivers import (
     DeviceDriver,
     DriverState,
@@ -115,10 +114,10 @@ def client(config: dict):
     from pasqal_cloud.pasqal_cloud_client import PasqalCloudClient
 
     def env(key: str) -> str:
-        value = os.environ.get(config.get(key, ""), "")
-        if not value:  # the variable's name is configuration, not a secret: name it
-            raise TransientDriverError(f"environment variable {config.get(key)} ({key[:-4]}) is not set")
-        return value
+        try:
+            return credentials.read(config.get(key), f"Pasqal Cloud {key[:-4]}")
+        except credentials.CredentialError as exc:  # names the variable, never a value
+            raise TransientDriverError(str(exc)) from None
 
     kwargs = {"project_id": config["project_id"]}
     if config.get("endpoint"):
@@ -171,8 +170,8 @@ class PasqalCloudDriver(DeviceDriver):
                 "give either 'token_env', or 'username_env' and 'password_env' (environment variable names)"
             )
         for key in ("token_env", "username_env", "password_env"):
-            if key in config and (not isinstance(config[key], str) or not ENV_NAME.match(config[key])):
-                problems.append(f"'{key}' must be an environment variable name (letters, digits, underscores)")
+            if key in config and credentials.name_problem(config[key]):
+                problems.append(f"'{key}' {credentials.name_problem(config[key])}")
         if "pulser_device" in config and (
             not isinstance(config["pulser_device"], str) or named_pulser_device(config["pulser_device"]) is None
         ):

@@ -26,13 +26,13 @@ saying so rather than risk running it twice.
 
 import json
 import logging
-import os
 import time
 from datetime import datetime
 from urllib.parse import urlparse
 
 import httpx
 
+from apps.core import credentials
 from apps.core.exceptions import Unavailable
 from apps.resources.remote import ENV_NAME
 from apps.scheduling.drivers import (
@@ -81,11 +81,10 @@ class QpuClient:
         self.backoff = float(config.get("backoff", 1))
         self.headers = {}
         if config.get("auth_header"):
-            value = os.environ.get(config.get("auth_env", ""), "")
-            if not value:
-                # The variable's name is configuration, not a secret: say which one is missing.
-                raise QpuError(f"environment variable {config.get('auth_env')} (the QPU API credential) is not set")
-            self.headers[config["auth_header"]] = value
+            try:
+                self.headers[config["auth_header"]] = credentials.read(config.get("auth_env"), "QPU API credential")
+            except credentials.CredentialError as exc:  # names the variable, never a value
+                raise QpuError(str(exc)) from None
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         """The ``data`` of the envelope; raises QpuError."""
@@ -186,8 +185,8 @@ class PasqalQpuDriver(DeviceDriver):
             problems.append("'auth_header' and 'auth_env' go together (the header and the variable holding its value)")
         if header is not None and (not isinstance(header, str) or not HEADER_NAME.match(header.replace("-", "_"))):
             problems.append("'auth_header' must be an HTTP header name")
-        if env is not None and (not isinstance(env, str) or not ENV_NAME.match(env)):
-            problems.append("'auth_env' must be an environment variable name (letters, digits, underscores)")
+        if env is not None and credentials.name_problem(env):
+            problems.append(f"'auth_env' {credentials.name_problem(env)}")
         for key, low, high in (("timeout", 0.1, 300), ("retries", 0, 10), ("backoff", 0, 60)):
             value = config.get(key)
             if value is not None and (

@@ -1,0 +1,139 @@
+"""Issue 36: staff → SECRET_KEY → root. A pool or device names the variables holding its
+credentials and the URL they are sent to; only GRIDGATE_CRED_* variables may be named, and only
+staff holding the model's permission write pools, classes and devices."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from apps.backends.qarnot import QarnotBackend
+from apps.resources.models import ResourcePool
+from apps.scheduling.drivers.pasqal_qpu import QpuClient, QpuError
+
+pytestmark = pytest.mark.django_db
+
+SETTINGS = ("SECRET_KEY", "DATABASE_URL", "GRIDGATE_REDIS_URL", "QARNOT_TOKEN", "GRIDGATE_CRED_")
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_pool_naming_a_service_setting_or_any_unprefixed_variable_is_refused(api, staff, name):
+    body = {"name": "q", "kind": "qarnot", "public": True, "remote": {"profile": "docker-batch", "token_env": name}}
+    response = api(staff).post("/api/v1/resource-pools/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "GRIDGATE_CRED_" in str(response.json()["remote"])
+    assert not ResourcePool.objects.filter(name="q").exists()
+
+
+def test_a_pool_naming_a_credential_variable_is_accepted_and_the_defaults_carry_the_prefix(api, staff):
+    body = {"name": "q", "kind": "qarnot", "public": True, "remote": {"profile": "docker-batch"}}
+    response = api(staff).post("/api/v1/resource-pools/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert ResourcePool.objects.get(name="q").remote_config()["token_env"] == "GRIDGATE_CRED_QARNOT_TOKEN"
+    body = {"name": "f", "kind": "qarnot", "public": True, "remote": {"profile": "p", "token_env": "GRIDGATE_CRED_Q2"}}
+    assert api(staff).post("/api/v1/resource-pools/", body, format="json").status_code == 201
+
+
+@pytest.fixture
+def qpu_pool(db):
+    return ResourcePool.objects.create(name="qpu", kind="local", public=True)
+
+
+def test_a_device_naming_secret_key_is_refused(api, staff, qpu_pool):
+    body = {
+        "pool": qpu_pool.pk,
+        "name": "qpu",
+        "driver": "pasqal_qpu",
+        "config": {"url": "http://127.0.0.1:9", "auth_header": "Authorization", "auth_env": "SECRET_KEY"},
+    }
+    response = api(staff).post("/api/v1/devices/", body, format="json")
+    assert response.status_code == 400 and "GRIDGATE_CRED_" in str(response.json()), response.content
+
+
+class Capture(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        Capture.seen.append(dict(self.headers))
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def listener():
+    Capture.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_row_written_before_the_rule_sends_no_setting_anywhere(monkeypatch, settings, listener):
+    """The attack itself: a pool (or device) saved before the rule names SECRET_KEY and a URL of
+    the attacker's; the service refuses to read the variable, and nothing reaches the listener."""
+    settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
+    monkeypatch.setenv("SECRET_KEY", "the-web-process-secret-key-4711")
+    pool = ResourcePool.objects.create(name="old", kind="qarnot", public=True, remote={"profile": "p"})
+    ResourcePool.objects.filter(pk=pool.pk).update(
+        remote={"profile": "p", "token_env": "SECRET_KEY", "cluster_url": listener}  # bypasses clean()
+    )
+    pool.refresh_from_db()
+    checks = {check.name: check for check in QarnotBackend().doctor(pool)}
+    assert not checks["credentials"].ok and "GRIDGATE_CRED_" in checks["credentials"].message
+    assert "4711" not in checks["credentials"].message
+    with pytest.raises(QpuError) as refused:
+        QpuClient({"url": listener, "auth_header": "Authorization", "auth_env": "SECRET_KEY"})
+    assert "GRIDGATE_CRED_" in str(refused.value) and "4711" not in str(refused.value)
+    assert Capture.seen == []
+
+
+def test_pool_class_and_device_writes_need_the_model_permission_not_just_staff(
+    api, bare_staff, staff, local_pool, qpu_pool
+):
+    client = api(bare_staff)
+    pool_body = {"name": "n", "kind": "local", "public": True}
+    assert client.post("/api/v1/resource-pools/", pool_body, format="json").status_code == 403
+    assert (
+        client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"idle_timeout": 120}, format="json").status_code
+        == 403
+    )
+    accessible = {"is_accessible": False, "message": "x"}
+    assert (
+        client.put(f"/api/v1/resource-pools/{local_pool.pk}/accessible/", accessible, format="json").status_code == 403
+    )
+    class_body = {"name": "big", "cpu": 2, "memory": 4}
+    assert client.post(f"/api/v1/resource-pools/{local_pool.pk}/classes/", class_body, format="json").status_code == 403
+    rc = local_pool.classes.get()
+    assert client.patch(f"/api/v1/resource-classes/{rc.pk}/", {"memory": 3}, format="json").status_code == 403
+    device = {"pool": qpu_pool.pk, "name": "d", "driver": "fake", "config": {}}
+    assert client.post("/api/v1/devices/", device, format="json").status_code == 403
+    local_pool.refresh_from_db()
+    assert local_pool.idle_timeout == 3600 and local_pool.is_accessible and local_pool.classes.count() == 1
+    # Reads stay open to staff (and to users, for the pools they may use).
+    assert client.get(f"/api/v1/resource-pools/{local_pool.pk}/").status_code == 200
+    # The operator fixture holds the permissions: the same writes go through.
+    operator = api(staff)
+    assert operator.post("/api/v1/resource-pools/", pool_body, format="json").status_code == 201
+    assert (
+        operator.post(f"/api/v1/resource-pools/{local_pool.pk}/classes/", class_body, format="json").status_code == 201
+    )
+    assert operator.post("/api/v1/devices/", device, format="json").status_code == 201
+
+
+def test_a_pool_write_that_edits_classes_needs_the_class_permissions_too(api, bare_staff, local_pool):
+    from django.contrib.auth.models import Permission
+
+    bare_staff.user_permissions.add(Permission.objects.get(codename="change_resourcepool"))
+    client = api(bare_staff)
+    rc = local_pool.classes.get()
+    body = {"classes": [{"id": rc.pk, "memory": 3}]}
+    assert client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", body, format="json").status_code == 403
+    assert (
+        client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"idle_timeout": 120}, format="json").status_code
+        == 200
+    )
