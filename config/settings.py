@@ -51,13 +51,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
     "django_htmx",
     "apps.core",
+    "apps.accounts",
     "apps.resources",
     "apps.sessions",
     "apps.scheduling",
@@ -114,6 +114,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 
+# API tokens (issue 36, apps.accounts): each login issues one, valid this many days.
+GRIDGATE_TOKEN_DAYS = env_int("GRIDGATE_TOKEN_DAYS", 90, minimum=1)
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -139,7 +142,8 @@ LOGOUT_REDIRECT_URL = "web:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Hashed, expiring tokens (issue 36): `Authorization: Token <key>`, one statement per request.
+        "apps.accounts.authentication.ApiTokenAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
         "rest_framework.authentication.SessionAuthentication",
