@@ -5,3 +5,8 @@ class AccountsConfig(AppConfig):
     name = "apps.accounts"
     label = "accounts"
     verbose_name = "Accounts and API tokens"
+
+    def ready(self):
+        from apps.accounts import receivers
+
+        receivers.connect()
