@@ -4,7 +4,11 @@ never shown here: only its digest is stored, and tokens are issued by logging in
 from django.contrib import admin
 from django.utils import timezone
 
+from apps.accounts.forms import AdminLoginForm
 from apps.accounts.models import ApiToken
+
+# The admin login says when django-axes refused an attempt (it counts failures like every login).
+admin.site.login_form = AdminLoginForm
 
 
 class ExpiryFilter(admin.SimpleListFilter):

@@ -8,8 +8,9 @@ from django.conf import settings
 from django.contrib.auth import authenticate
 from django.utils import timezone
 
+from apps.accounts import lockout
 from apps.accounts.models import ApiToken
-from apps.core.exceptions import NON_FIELD_KEY, InvalidFields
+from apps.core.exceptions import NON_FIELD_KEY, InvalidFields, TooManyRequests
 
 #: 32 random bytes: 43 URL-safe characters, 256 bits.
 KEY_BYTES = 32
@@ -46,10 +47,23 @@ def revoke_tokens(user) -> int:
     return deleted
 
 
+class LoginLockedOut(TooManyRequests):
+    """429: too many failed logins for this username from this address (django-axes)."""
+
+
 def log_in(*, request, username: str, password: str):
-    """The user ``username`` / ``password`` names, for the token endpoint; else the 400 DRF's token
-    view gave."""
+    """The user ``username`` / ``password`` names, for the token endpoint.
+
+    ``authenticate`` goes through django-axes' backend first, which refuses a username and client
+    address that failed too often, before any password is checked (so a locked-out client cannot
+    go on guessing, not even the right password gets through), and records each failure. Axes
+    flags the request when it locks out, on this failure or an earlier one: that is a 429 with the
+    cool-off, every other refusal the 400 DRF's token view gave.
+    """
     user = authenticate(request=request, username=username, password=password)
     if user is None:
+        if lockout.is_locked_out(request):
+            raise LoginLockedOut(lockout.lockout_message(), retry_after=lockout.cool_off_seconds())
         raise InvalidFields({NON_FIELD_KEY: [BAD_CREDENTIALS]})
+    lockout.forget_failures(request, username)
     return user

@@ -22,7 +22,7 @@ class TokenView(APIView):
     # get a new token, not a 401.
     authentication_classes = []
     permission_classes = [AllowAny]
-    throttle_classes = []
+    throttle_classes = []  # django-axes counts failed logins (apps.accounts.lockout)
     renderer_classes = [JSONRenderer]
     # The depth-limited JSON parser: this public endpoint needs it most.
     parser_classes = api_settings.DEFAULT_PARSER_CLASSES
@@ -33,6 +33,11 @@ class TokenView(APIView):
             200: TokenResponseSerializer,
             400: OpenApiResponse(
                 ErrorSerializer, description="Wrong username or password, or a field missing: `{field: [messages]}`."
+            ),
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description="Too many failed logins for this username from this address: retry after "
+                "`Retry-After` seconds (even with the right password), or ask an administrator to unlock.",
             ),
         },
         auth=[],
