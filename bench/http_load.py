@@ -351,8 +351,8 @@ def main() -> int:
         print("http_load: skipped (needs PostgreSQL: set DATABASE_URL or start it on 127.0.0.1:5432)")
         return 0
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
+    from apps.accounts.services import issue_token
     from apps.qrmi.models import UnixAccount
     from apps.resources.models import ResourceClass, ResourcePool
     from apps.scheduling.models import Device, Job
@@ -367,14 +367,14 @@ def main() -> int:
     Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
     user, _ = get_user_model().objects.get_or_create(username="bench-http")
     UnixAccount.objects.update_or_create(user=user, defaults={"unix_uid": UID})
-    token, _ = Token.objects.get_or_create(user=user)
-    auth = {"Authorization": f"Token {token.key}"}
+    _, key = issue_token(user, name="bench http_load")
+    auth = {"Authorization": f"Token {key}"}
     sequence = sequence_repr()
     max_clients = max(CLIENTS)
     sessions = [
         str(services.admit(user=user, resource_class=klass, slots=1).session.pk) for _ in range(max_clients + 1)
     ]
-    counts = statements_per_request(token.key, klass.pk, sessions[-1], sequence, munge_batch(0, 2), munge_batch(UID, 2))
+    counts = statements_per_request(key, klass.pk, sessions[-1], sequence, munge_batch(0, 2), munge_batch(UID, 2))
     from django.db import connections
 
     connections.close_all()

@@ -1,6 +1,7 @@
 """Gridgate settings. Everything deployment-specific comes from environment variables."""
 
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 from config.env import (
@@ -51,13 +52,14 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
     "django_htmx",
+    "axes",
     "apps.core",
+    "apps.accounts",
     "apps.resources",
     "apps.sessions",
     "apps.scheduling",
@@ -85,6 +87,16 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: turns a login response it flagged as locked out into a 429
+    # (apps.accounts.lockout.lockout_response).
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username and address before any password is checked, and needs
+    # the request (authenticate(request=...): every login path here passes it).
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -112,7 +124,35 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# API tokens (issue 36, apps.accounts): each login issues one, valid this many days.
+GRIDGATE_TOKEN_DAYS = env_int("GRIDGATE_TOKEN_DAYS", 90, minimum=1)
+
+# Login throttling with django-axes (issue 36): the web login, the admin login and the token
+# endpoint. Failures are stored in the database, so every web process and host counts the same.
+GRIDGATE_LOGIN_FAILURE_LIMIT = env_int("GRIDGATE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+GRIDGATE_LOGIN_COOLOFF_MINUTES = env_int("GRIDGATE_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+# Reverse proxies in front of the web processes that append the client's address to
+# X-Forwarded-For (docs/deployment.md): without it, behind a proxy every client would have the
+# proxy's address.
+GRIDGATE_TRUSTED_PROXIES = env_int("GRIDGATE_TRUSTED_PROXIES", 0, minimum=0)
+AXES_FAILURE_LIMIT = GRIDGATE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=GRIDGATE_LOGIN_COOLOFF_MINUTES)
+# Per username and address together, not either alone: by username anyone could lock a user out
+# from everywhere; by address one person's typos would lock out everyone behind the same NAT or
+# login node (apps/accounts/lockout.py says more).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "apps.accounts.lockout.client_ip"
+AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
+# A success forgets that username's failures from that address (a person who mistyped nine times
+# and then got in starts afresh).
+AXES_RESET_ON_SUCCESS = True
+# Attempts while locked out are refused without being counted: the lockout ends the cool-off
+# after it began, which is what Retry-After tells the client.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -139,7 +179,8 @@ LOGOUT_REDIRECT_URL = "web:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Hashed, expiring tokens (issue 36): `Authorization: Token <key>`, one statement per request.
+        "apps.accounts.authentication.ApiTokenAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -325,5 +366,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("GRIDGATE_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # django-axes: its failed logins and lockouts (warnings), not its start-up banner at every
+        # command nor its lines about each successful login and clean-up.
+        "axes": {"level": "WARNING"},
+    },
 }

@@ -8,6 +8,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/v1/", include("apps.accounts.api.urls")),  # auth/token/
     path("api/v1/", include("apps.core.api.urls")),
     path("api/v1/", include("apps.resources.api.urls")),
     path("api/v1/", include("apps.sessions.api.urls")),

@@ -1,13 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from apps.accounts.forms import LoginForm
 from apps.web import views
 
 app_name = "web"
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="web/login.html", authentication_form=LoginForm),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/open/", views.session_open, name="session-open"),

@@ -50,3 +50,15 @@ def test_cleanup_prunes_old_ended_sessions_jobs_and_keys_only(owner, capsys):
     assert list(IdempotencyKey.objects.values_list("pk", flat=True)) == [fresh_key.pk]
     out = capsys.readouterr().out
     assert "would delete 1 ended sessions" in out and "deleted 1 row(s): idempotency keys" in out
+
+
+def test_cleanup_deletes_expired_api_tokens_and_says_how_many(owner, capsys):
+    from apps.accounts.models import ApiToken
+    from apps.accounts.services import issue_token
+
+    expired, _ = issue_token(owner)
+    ApiToken.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    valid, _ = issue_token(owner)
+    call_command("cleanup")
+    assert "deleted 1 row(s): expired API tokens" in capsys.readouterr().out
+    assert list(ApiToken.objects.values_list("pk", flat=True)) == [valid.pk]

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 import requests
 from django.db import connection
-from rest_framework.authtoken.models import Token
 from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
+from apps.accounts.services import issue_token
 from apps.core.models import IdempotencyKey
 from apps.sessions.models import Session
 
@@ -82,7 +82,7 @@ def post_and_lose_the_answer(url, body, headers) -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_request_killed_mid_work_leaves_no_stuck_key_and_the_retry_succeeds(owner, local_pool):
-    token = Token.objects.create(user=owner).key
+    token = issue_token(owner)[1]
     body = {"resource_class": local_pool.classes.get().pk}
     headers = {"Authorization": f"Token {token}", "Idempotency-Key": "killed-1"}
     port = free_port()

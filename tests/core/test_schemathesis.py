@@ -11,7 +11,6 @@ import pytest
 import schemathesis
 from django.core.wsgi import get_wsgi_application
 from hypothesis import HealthCheck, given, settings
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -19,6 +18,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from apps.accounts.services import issue_token
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Device
 
@@ -37,7 +37,7 @@ def world(owner, staff):
     Device.objects.create(pool=pool, name="fake1", driver="fake", config={"script": ["running", "completed"]})
     session = session_services.admit(user=owner, resource_class=klass).session
     job_services.submit_job(user=owner, session=session, payload={"sequence": "{}"}, shots=1)
-    return {"owner": Token.objects.create(user=owner).key, "staff": Token.objects.create(user=staff).key}
+    return {"owner": issue_token(owner)[1], "staff": issue_token(staff)[1]}
 
 
 def run_operations(token: str) -> list[str]:

@@ -19,8 +19,8 @@ import requests
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
+from apps.accounts.services import issue_token
 from apps.cases.models import TERMINAL as CASE_TERMINAL
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
@@ -80,7 +80,7 @@ def site(tmp_path):
     for i in range(CLIENTS):
         user = get_user_model().objects.create_user(f"client{i}", password="pw")
         user.groups.add(group)
-        tokens.append(Token.objects.create(user=user).key)
+        tokens.append(issue_token(user)[1])
     return {
         "classes": [pool.classes.get().pk for pool in pools],
         "case_class": case_class.pk,

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from apps.accounts.services import issue_token
 from apps.resources.models import ResourcePool
 from apps.scheduling import services
 from apps.scheduling.models import Device, Job, PoolQueue
@@ -46,7 +46,7 @@ def remembered(qpu_pool, emulator, open_session, owner):
 
 
 def client_of(user) -> APIClient:
-    return APIClient(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    return APIClient(HTTP_AUTHORIZATION=f"Token {issue_token(user)[1]}")
 
 
 def submit(client, session, sequence=None, shots=1):

@@ -170,14 +170,15 @@ def test_rest_submission_costs_at_most_three_statements(
     """Issue 15 (at most 4), the whole REST stack with a real token: the token lookup, the
     session with the pool's devices (owner first: no permission lookup for one's own session),
     one insert."""
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
+
+    from apps.accounts.services import issue_token
 
     settings.GRIDGATE_TASKS_EAGER = False
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=owner).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(owner)[1]}")
     for _ in range(2):
         with django_assert_max_num_queries(3):
             response = client.post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")

@@ -1,8 +1,7 @@
 from django.urls import path
 
-from apps.core.api.views import HealthView, TokenView
+from apps.core.api.views import HealthView
 
 urlpatterns = [
-    path("auth/token/", TokenView.as_view(), name="auth-token"),
     path("health/", HealthView.as_view(), name="health"),
 ]

@@ -5,29 +5,11 @@ from django.db import connection
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from apps.core.models import WorkerHeartbeat
-
-
-class TokenView(ObtainAuthToken):
-    """``POST {"username", "password"}`` → ``{"token"}``; send it as ``Authorization: Token <key>``."""
-
-    # ObtainAuthToken pins DRF's plain parsers; this public endpoint needs the depth limit most.
-    parser_classes = api_settings.DEFAULT_PARSER_CLASSES
-
-    @extend_schema(
-        request=inline_serializer(
-            "TokenRequest", {"username": serializers.CharField(), "password": serializers.CharField()}
-        ),
-        responses=inline_serializer("TokenResponse", {"token": serializers.CharField()}),
-    )
-    def post(self, request, *args, **kwargs):
-        return super().post(request, *args, **kwargs)
 
 
 class HealthView(APIView):

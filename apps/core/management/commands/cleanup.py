@@ -16,9 +16,10 @@ logger = logging.getLogger(__name__)
 
 class Command(BaseCommand):
     help = (
-        "Delete ended sessions, finished jobs and case events older than the retention, and "
-        "idempotency keys older than 24 h; purge the provider side (Qarnot buckets, FirecREST and "
-        "Slurm run directories) of cases finished before the retention. Active work is never touched."
+        "Delete ended sessions, finished jobs, case events and login records older than the "
+        "retention, idempotency keys older than 24 h and expired API tokens; purge the provider side "
+        "(Qarnot buckets, FirecREST and Slurm run directories) of cases finished before the retention. "
+        "Active work is never touched."
     )
 
     def add_arguments(self, parser):
@@ -31,6 +32,9 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
     def handle(self, *args, days, dry_run, **options):
+        from axes.models import AccessLog
+
+        from apps.accounts.models import ApiToken
         from apps.cases.models import TERMINAL as CASE_TERMINAL
         from apps.cases.models import CaseEvent
         from apps.scheduling.models import TERMINAL as JOB_TERMINAL
@@ -58,6 +62,10 @@ class Command(BaseCommand):
                 ),
             ),
             ("events of finished cases", CaseEvent.objects.filter(at__lt=cutoff, case__status__in=CASE_TERMINAL)),
+            # Issue 36: an expired token no longer authenticates (each login issues a new one).
+            ("expired API tokens", ApiToken.objects.filter(expires_at__lte=now)),
+            # django-axes writes one per successful page login; its failure counts expire by themselves.
+            ("login records", AccessLog.objects.filter(attempt_time__lt=cutoff)),
         ]
         for label, queryset in targets:
             if dry_run:

@@ -1,0 +1,30 @@
+"""``Authorization: Token <key>`` against hashed, expiring tokens (issue 36)."""
+
+from django.utils import timezone
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+from apps.accounts.models import ApiToken
+from apps.accounts.services import digest_of
+
+
+class ApiTokenAuthentication(TokenAuthentication):
+    """DRF's header parsing and 401s, the key looked up by its digest.
+
+    On every API request's path: one statement (the token with its user), no write. Expiry and an
+    inactive user are checked on the fetched row so the client is told which it is.
+    """
+
+    keyword = "Token"
+    model = ApiToken
+
+    def authenticate_credentials(self, key):
+        try:
+            token = ApiToken.objects.select_related("user").get(digest=digest_of(key))
+        except ApiToken.DoesNotExist:
+            raise AuthenticationFailed("Invalid token.")
+        if token.expires_at <= timezone.now():
+            raise AuthenticationFailed("Token expired: log in again at /api/v1/auth/token/ for a new one.")
+        if not token.user.is_active:
+            raise AuthenticationFailed("User inactive or deleted.")
+        return token.user, token

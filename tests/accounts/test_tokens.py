@@ -1,0 +1,97 @@
+"""Issue 36: API tokens are stored hashed, expire, and cost one statement per request."""
+
+import hashlib
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.accounts.models import ApiToken
+from apps.accounts.services import issue_token
+
+pytestmark = pytest.mark.django_db
+
+LOGIN = "/api/v1/auth/token/"
+#: Cheap and authenticated: it reads nothing from the database, so a request costs only its auth.
+CHEAP = "/api/v1/backends/"
+
+
+def with_token(key: str) -> APIClient:
+    return APIClient(HTTP_AUTHORIZATION=f"Token {key}")
+
+
+def test_the_stored_row_holds_the_keys_digest_and_prefix_never_the_key(member):
+    token, key = issue_token(member, name="laptop")
+    assert len(key) >= 40
+    row = ApiToken.objects.filter(pk=token.pk).values().get()
+    assert row["digest"] == hashlib.sha256(key.encode()).hexdigest()
+    assert row["prefix"] == key[:8]
+    assert not any(key in str(value) for value in row.values())
+
+
+def test_a_login_issues_a_working_token_and_a_second_login_another_one(member):
+    first = APIClient().post(LOGIN, {"username": "member", "password": "pw"}, format="json")
+    second = APIClient().post(LOGIN, {"username": "member", "password": "pw"}, format="json")
+    assert first.status_code == second.status_code == 200
+    assert first.json()["token"] != second.json()["token"]
+    for response in (first, second):
+        assert with_token(response.json()["token"]).get(CHEAP).status_code == 200
+    assert ApiToken.objects.filter(user=member).count() == 2
+
+
+def test_a_login_answers_when_the_token_expires_and_keeps_its_name(member, settings):
+    settings.GRIDGATE_TOKEN_DAYS = 30
+    response = APIClient().post(LOGIN, {"username": "member", "password": "pw", "name": "ci runner"}, format="json")
+    expires_at = ApiToken.objects.get(user=member).expires_at
+    assert response.json()["expires_at"] == expires_at.isoformat().replace("+00:00", "Z")
+    assert abs(expires_at - (timezone.now() + timedelta(days=30))) < timedelta(minutes=1)
+    assert ApiToken.objects.get(user=member).name == "ci runner"
+
+
+def test_a_token_past_its_expiry_is_refused_with_401(member, settings):
+    settings.GRIDGATE_TOKEN_DAYS = 2
+    _, key = issue_token(member)
+    assert with_token(key).get(CHEAP).status_code == 200
+    with time_machine.travel(timezone.now() + timedelta(days=2, seconds=1)):
+        response = with_token(key).get(CHEAP)
+    assert response.status_code == 401
+    assert "expired" in response.json()["detail"]
+
+
+def test_an_inactive_users_token_is_refused_with_401(member):
+    _, key = issue_token(member)
+    member.is_active = False
+    member.save()
+    response = with_token(key).get(CHEAP)
+    assert response.status_code == 401
+    assert response.json()["detail"] == "User inactive or deleted."
+
+
+def test_an_unknown_key_is_refused_with_401(member):
+    token, key = issue_token(member)
+    assert with_token(key[:-1] + ("A" if key[-1] != "A" else "B")).get(CHEAP).status_code == 401
+    assert with_token(token.digest).get(CHEAP).status_code == 401  # what the database holds is no key
+
+
+def test_token_authentication_costs_exactly_one_statement(member, django_assert_num_queries):
+    """On every API request's path: the token with its user in one SELECT, and no write."""
+    _, key = issue_token(member)
+    client = with_token(key)
+    with django_assert_num_queries(1) as context:
+        assert client.get(CHEAP).status_code == 200
+    assert context.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
+
+
+def test_a_login_with_a_stale_token_still_in_the_headers_gets_a_new_token(member):
+    """A client re-logging in after its token expired usually still sends the old header."""
+    response = with_token("expired-or-revoked-key").post(LOGIN, {"username": "member", "password": "pw"}, format="json")
+    assert response.status_code == 200 and with_token(response.json()["token"]).get(CHEAP).status_code == 200
+
+
+def test_wrong_credentials_stay_a_400_with_drfs_message(member):
+    response = APIClient().post(LOGIN, {"username": "member", "password": "nope"}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"non_field_errors": ["Unable to log in with provided credentials."]}
+    assert not ApiToken.objects.exists()
