@@ -294,7 +294,9 @@ def test_env_variable_names_and_token_uri_are_not_secrets(db):
     ResourcePool(
         name="ok",
         kind="firecrest",
-        remote=dict(FIRECREST_REMOTE, client_id_env="GRIDGATE_CRED_SITE_ID", client_secret_env="GRIDGATE_CRED_SITE_SECRET"),
+        remote=dict(
+            FIRECREST_REMOTE, client_id_env="GRIDGATE_CRED_SITE_ID", client_secret_env="GRIDGATE_CRED_SITE_SECRET"
+        ),
     ).full_clean()
 
 
