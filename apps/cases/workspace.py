@@ -8,6 +8,7 @@ holds a campaign's shared inputs. Every path that comes from a request goes thro
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -17,14 +18,31 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from apps.backends import files
-from apps.core.exceptions import Conflict, PayloadTooLarge
+from apps.core import cases_root as root_dir
+from apps.core.exceptions import Conflict, PayloadTooLarge, Unavailable
+
+log = logging.getLogger(__name__)
 
 LAYOUT_DIRS = ("inputs", "live", "results")
 LOGS = {"stdout": "stdout.log", "stderr": "stderr.log"}
 
 
 def cases_root() -> Path:
-    return Path(settings.GRIDGATE_CASES_ROOT)
+    return root_dir.cases_root()
+
+
+def ensure_cases_root() -> Path:
+    """The cases root, 0711 (:func:`apps.core.cases_root.ensure_cases_root`). One the service
+    cannot close to other accounts refuses new workspaces (503) rather than create them there;
+    the log and ``manage.py doctor`` name the fix."""
+    try:
+        return root_dir.ensure_cases_root()
+    except root_dir.CasesRootError as exc:
+        log.error("%s", exc)
+        raise Unavailable(
+            "Case workspaces cannot be created now: the cases root is misconfigured (an operator must fix it; "
+            "'manage.py doctor' says how)."
+        ) from None
 
 
 def case_dir(case_id) -> Path:
@@ -40,9 +58,7 @@ def create_campaign_dir(campaign_id) -> Path:
     account on the host reaches another user's shared inputs by guessing a campaign id. Local
     cases see ``shared/`` through the sandbox's read-only bind mount (which does not traverse
     the parents), Slurm cases get a copy owned by their account, remote backends upload it."""
-    base = cases_root()
-    if not base.exists():
-        base.mkdir(parents=True, mode=0o711)
+    ensure_cases_root()
     shared = campaign_shared_dir(campaign_id)
     for directory in (shared.parent.parent, shared.parent):
         directory.mkdir(mode=0o700, exist_ok=True)
@@ -55,9 +71,7 @@ def create_case_dir(case_id) -> Path:
     """R-CASE-8: the workspace is the service's: nobody else lists or reads it. The case
     directory itself is only traversable (0711) so a Slurm job running as its owner can reach its
     own run directory (``.run/``) when the pool has no ``working_root``."""
-    base = cases_root()
-    if not base.exists():
-        base.mkdir(parents=True, mode=0o711)
+    ensure_cases_root()
     root = case_dir(case_id)
     root.mkdir(mode=0o711, exist_ok=True)
     for name in LAYOUT_DIRS:
