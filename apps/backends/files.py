@@ -89,6 +89,18 @@ def open_for_write(path: Path, flags: int = _WRITE_FLAGS) -> int:
     return os.open(path, flags, 0o600)
 
 
+def write_private(path: Path, data: bytes = b"") -> None:
+    """Write a control file of a run directory (``job.sh``, ``manifest.json``, ``stdout``…) as a
+    new file, mode 0600, the service's (issue 36: a job script holds the user's command, which may
+    carry a secret, and was 0644). Created with ``O_EXCL | O_NOFOLLOW`` after removing any old
+    one: never written through a symlink, nor into an earlier file that another account may own
+    or still hold open. The caller hands it to the job's account when that account must own it."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
 def _untrusted_files(root: Path, skip_top: tuple[str, ...] = ()):
     """(relative path, directory fd, name) of the regular-looking entries under ``root``, walked
     through directory fds without following any symlink (``root`` itself included)."""
@@ -240,7 +252,8 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run
         else:
             (work / "shared").mkdir()
     (work / ".gridgate").mkdir(exist_ok=True)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    # The service's record of what the inputs were: only the service reads it (issue 36).
+    write_private(run_dir / "manifest.json", json.dumps(manifest, sort_keys=True).encode())
     give_to(work, run_as)
     return work
 

@@ -58,6 +58,8 @@ from apps.backends.remote_common import (
     confined_target,
     env_secret,
     glob_matches,
+    load_state,
+    save_state,
     scrub,
 )
 from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
@@ -823,20 +825,9 @@ def _bytes_io(data: bytes):
     return io.BytesIO(data)
 
 
-def _state_path(workspace: Path, name: str) -> Path:
-    return workspace / STATE_DIR / name
-
-
 def _load_state(workspace: Path, name: str) -> dict:
-    try:
-        return json.loads(_state_path(workspace, name).read_text())
-    except (OSError, ValueError):
-        return {}
+    return load_state(workspace, STATE_DIR, name)
 
 
 def _save_state(workspace: Path, name: str, data: dict) -> None:
-    path = _state_path(workspace, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{name}.part")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    tmp.replace(path)
+    save_state(workspace, STATE_DIR, name, data)

@@ -44,9 +44,9 @@ from __future__ import annotations
 import copy
 import fcntl
 import hashlib
-import json
 import logging
 import math
+import os
 import re
 import shlex
 import threading
@@ -76,8 +76,11 @@ from apps.backends.remote_common import (
     env_secret,
     glob_matches,
     globs_to_regex,
+    load_state,
     safe_relative,
+    save_state,
     scrub,
+    state_dir,
 )
 from apps.resources.remote import with_defaults
 
@@ -740,11 +743,11 @@ def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:
     workspace log does not hold yet. ``<stream>.base`` is the log's size when the spool was last
     trimmed; what the log gained since then was delivered and is dropped from the spool. A
     caller that discards its answer leaves the spool as is: the next poll returns it again."""
-    folder = workspace / STATE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = state_dir(workspace, STATE_DIR)  # 0700: the spool holds the job's output (issue 36)
     log = workspace / f"{stream}.log"
     base_file = folder / f"{stream}.base"
-    with open(folder / f"{stream}.spool", "a+b") as spool:
+    spool_fd = files.open_for_write(folder / f"{stream}.spool", os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+    with os.fdopen(spool_fd, "a+b") as spool:
         fcntl.flock(spool, fcntl.LOCK_EX)  # a poll pass and a cancel request may read at once
         try:
             log_size = log.stat().st_size
@@ -761,7 +764,7 @@ def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:
             spool.seek(0)
             spool.truncate()
             spool.write(rest)
-        base_file.write_text(str(log_size))
+        files.write_private(base_file, str(log_size).encode())
     return rest.decode("utf-8", "surrogateescape")
 
 
@@ -791,15 +794,8 @@ def _unchanged_input(path: Path, md5: str, item: dict) -> bool:
 
 
 def _load_state(workspace: Path, name: str) -> dict:
-    try:
-        return json.loads((workspace / STATE_DIR / name).read_text())
-    except (OSError, ValueError):
-        return {}
+    return load_state(workspace, STATE_DIR, name)
 
 
 def _save_state(workspace: Path, name: str, data: dict) -> None:
-    path = workspace / STATE_DIR / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{name}.part")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    tmp.replace(path)
+    save_state(workspace, STATE_DIR, name, data)

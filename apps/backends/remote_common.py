@@ -9,10 +9,12 @@ provider or an SDK echoes them back.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 from pathlib import Path, PurePosixPath
 
+from apps.backends import files
 from apps.backends.base import BackendError
 from apps.backends.files import PROGRESS_FILE
 from apps.core import credentials
@@ -118,3 +120,32 @@ def confined_target(root: Path, rel: str) -> Path | None:
     base = root.resolve()
     target = (base / safe).resolve(strict=False)
     return target if target.is_relative_to(base) else None
+
+
+# -- the backend's own state in a case workspace (FirecREST, Qarnot) ------------------------------
+# Manifests of the inputs' hashes, what was synced, Qarnot's output spool (the job's stdout): the
+# service's alone. The case directory is traversable by every account (0711), so the state
+# directory is 0700 and its files 0600 (issue 36: they were 0755 and 0644, readable by anyone who
+# knew the case id, which the provider's job name shows).
+def state_dir(workspace: Path, name: str) -> Path:
+    """``workspace/name``, the backend's state directory, created (or closed, if an earlier
+    version made it 0755) 0700."""
+    folder = workspace / name
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def load_state(workspace: Path, directory: str, name: str) -> dict:
+    try:
+        return json.loads((workspace / directory / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(workspace: Path, directory: str, name: str, data: dict) -> None:
+    """Replace the state file ``name`` at once (a reader never sees half of it)."""
+    folder = state_dir(workspace, directory)
+    tmp = folder / f".{name}.part"
+    files.write_private(tmp, json.dumps(data, sort_keys=True).encode())
+    os.replace(tmp, folder / name)

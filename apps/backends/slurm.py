@@ -32,6 +32,7 @@ itself is used, which suits a single-node cluster.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -53,6 +54,8 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
 
@@ -229,8 +232,10 @@ class SlurmBackend(ExecutionBackend):
         """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
         so squeue/sacct show the user and file permissions apply; its working directory is
         that account's (0700) and the run directory is the service's (0711: the job reaches its
-        own ``work/``, cannot replace ``job.sh`` or the control files). ``run_as`` None or
-        trusted: submitted as the service's own account."""
+        own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 and no
+        other account reads them (issue 36): ``job.sh`` (the command, which may carry a secret)
+        ends up the job's account's, ``manifest.json`` stays the service's. ``run_as`` None or
+        trusted: submitted as the service's own account, which then owns them all."""
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
@@ -242,12 +247,12 @@ class SlurmBackend(ExecutionBackend):
             )
             for name in ("stdout", "stderr"):
                 # Written by slurmstepd as the job's user: created here, owned by it.
-                (rdir / name).unlink(missing_ok=True)
-                os.close(os.open(rdir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                files.write_private(rdir / name)
                 if run_as:
-                    os.chown(rdir / name, run_as.uid, run_as.gid)
+                    os.chown(rdir / name, run_as.uid, run_as.gid, follow_symlinks=False)
             script = rdir / "job.sh"
-            script.write_text(self.job_script(spec, rdir))  # ScriptError (unsafe value): nothing submitted
+            text = self.job_script(spec, rdir)  # ScriptError (unsafe value): nothing written or submitted
+            files.write_private(script, text.encode())  # 0600: the command may carry a secret (issue 36)
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
         identity = [f"--uid={run_as.uid}", f"--gid={run_as.gid}"] if run_as else []
@@ -258,6 +263,14 @@ class SlurmBackend(ExecutionBackend):
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out!r} instead of a job id")
+        if run_as:
+            # The script is the job's account's own once sbatch has read it, not before: root's
+            # sbatch checks partition access with root's credentials, so an account that could
+            # rewrite the #SBATCH lines before it reads them could pick any partition (R-BACK-6).
+            try:
+                os.chown(script, run_as.uid, run_as.gid, follow_symlinks=False)
+            except OSError as exc:  # the job is queued: a script left the service's is no failure
+                log.warning("case %s: job.sh stays the service's (%s)", spec.case_id, exc)
         return job_id
 
     # -- observation -----------------------------------------------------------------------

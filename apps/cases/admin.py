@@ -7,6 +7,10 @@ from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent
 from apps.core.exceptions import ServiceError
+from apps.core.text import printable
+
+#: files listed on a case's change page; the API pages through the rest
+ADMIN_FILES = 200
 
 
 class CaseEventInline(admin.TabularInline):
@@ -120,15 +124,28 @@ class CaseAdmin(admin.ModelAdmin):
     def workspace_files(self, obj):
         if not obj.pk:
             return "-"
-        entries = workspace.list_files(workspace.case_dir(obj.id))[:200]
+        listing = workspace.file_listing(workspace.case_dir(obj.id))
+        entries = workspace.file_entries(listing, listing.paths[:ADMIN_FILES])
         if not entries:
             return "no files yet"
-        base = reverse("case-files", kwargs={"pk": obj.pk})
-        return format_html_join(
+        # Names are the command's: shown escaped, linked percent-encoded (issue 36).
+        rows = format_html_join(
             "",
-            '<div><a href="{}{}">{}</a> ({} bytes)</div>',
-            ((base, entry["path"], entry["path"], entry["size"]) for entry in entries),
+            '<div><a href="{}">{}</a> ({} bytes)</div>',
+            (
+                (
+                    reverse("case-file", kwargs={"pk": obj.pk, "path": entry["path"]}),
+                    printable(entry["path"]),
+                    entry["size"],
+                )
+                for entry in entries
+            ),
         )
+        more = len(listing.paths) - len(entries)
+        notes = [f"and {more} more (GET /api/v1/cases/{obj.pk}/files/ pages through them all)"] if more > 0 else []
+        if listing.unlisted:
+            notes.append(f"{listing.unlisted} file(s) not listed: their names are not UTF-8 text")
+        return format_html("{}{}", rows, format_html_join("", "<div>{}</div>", ((note,) for note in notes)))
 
     @admin.action(description="Cancel the selected cases (same service as the API)")
     def cancel_cases(self, request, queryset):

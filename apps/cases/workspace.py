@@ -8,23 +8,43 @@ holds a campaign's shared inputs. Every path that comes from a request goes thro
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import stat
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from apps.backends import files
-from apps.core.exceptions import Conflict, PayloadTooLarge
+from apps.core import cases_root as root_dir
+from apps.core.exceptions import Conflict, PayloadTooLarge, Unavailable
+
+log = logging.getLogger(__name__)
 
 LAYOUT_DIRS = ("inputs", "live", "results")
 LOGS = {"stdout": "stdout.log", "stderr": "stderr.log"}
 
 
 def cases_root() -> Path:
-    return Path(settings.GRIDGATE_CASES_ROOT)
+    return root_dir.cases_root()
+
+
+def ensure_cases_root() -> Path:
+    """The cases root, 0711 (:func:`apps.core.cases_root.ensure_cases_root`). One the service
+    cannot close to other accounts refuses new workspaces (503) rather than create them there;
+    the log and ``manage.py doctor`` name the fix."""
+    try:
+        return root_dir.ensure_cases_root()
+    except root_dir.CasesRootError as exc:
+        log.error("%s", exc)
+        raise Unavailable(
+            "Case workspaces cannot be created now: the cases root is misconfigured (an operator must fix it; "
+            "'manage.py doctor' says how)."
+        ) from None
 
 
 def case_dir(case_id) -> Path:
@@ -40,9 +60,7 @@ def create_campaign_dir(campaign_id) -> Path:
     account on the host reaches another user's shared inputs by guessing a campaign id. Local
     cases see ``shared/`` through the sandbox's read-only bind mount (which does not traverse
     the parents), Slurm cases get a copy owned by their account, remote backends upload it."""
-    base = cases_root()
-    if not base.exists():
-        base.mkdir(parents=True, mode=0o711)
+    ensure_cases_root()
     shared = campaign_shared_dir(campaign_id)
     for directory in (shared.parent.parent, shared.parent):
         directory.mkdir(mode=0o700, exist_ok=True)
@@ -55,9 +73,7 @@ def create_case_dir(case_id) -> Path:
     """R-CASE-8: the workspace is the service's: nobody else lists or reads it. The case
     directory itself is only traversable (0711) so a Slurm job running as its owner can reach its
     own run directory (``.run/``) when the pool has no ``working_root``."""
-    base = cases_root()
-    if not base.exists():
-        base.mkdir(parents=True, mode=0o711)
+    ensure_cases_root()
     root = case_dir(case_id)
     root.mkdir(mode=0o711, exist_ok=True)
     for name in LAYOUT_DIRS:
@@ -70,9 +86,11 @@ def create_case_dir(case_id) -> Path:
 def confined(root: Path, relative: str) -> Path:
     """R-CASE-7: ``root/relative`` if it stays inside ``root`` once symlinks are resolved.
 
-    Refuses absolute paths, ``..`` components, NUL bytes and any symlink leading out.
+    Refuses absolute paths, ``..`` components, NUL bytes and any symlink leading out. A backslash
+    is an ordinary character of a POSIX name (a command may make ``a\\b``): only uploads refuse
+    it (:func:`save_uploads`), since a client's ``C:\\x`` means a directory there.
     """
-    if not relative or "\x00" in relative or "\\" in relative:
+    if not relative or "\x00" in relative:
         raise ValidationError({"path": ["Invalid path."]})
     pure = PurePosixPath(relative)
     if pure.is_absolute() or any(part == ".." for part in pure.parts):
@@ -86,25 +104,86 @@ def confined(root: Path, relative: str) -> Path:
     return target
 
 
-def list_files(root: Path) -> list[dict]:
-    """Regular files of a workspace, ``[{"path", "size"}]`` sorted by path. Hidden top-level
-    entries (backend run directories, staging) and symlinks are not listed."""
-    out = []
+@dataclass(frozen=True)
+class FileListing:
+    """The listable files of a workspace from one walk: relative paths in path order, and how
+    many files were left out because their names are not UTF-8 text.
+
+    A command names its files as it likes. A name with a newline or another control character
+    is listed (JSON escapes it, pages show it through :func:`apps.core.text.printable`, links
+    percent-encode it). A name with bytes that are not UTF-8 cannot be written in JSON, a URL
+    or a page without being changed into another name, so it is counted in ``unlisted`` and
+    not served: the command should rename it (issue 36)."""
+
+    base: Path
+    paths: list[str] = field(default_factory=list)
+    unlisted: int = 0
+
+
+def _is_text(path: str) -> bool:
+    try:
+        path.encode("utf-8")  # a name that is not UTF-8 reads back with lone surrogates
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def file_listing(root: Path) -> FileListing:
+    """Regular files of a workspace, in path order, without reading their sizes: a case may hold
+    tens of thousands and a page shows a few hundred (:func:`file_entries` reads those). One
+    ``scandir`` walk (file types come with the directory entries) and one sort. Hidden top-level
+    entries (backend run directories and state, staging), ``.part`` files being copied in, and
+    symlinks are not listed."""
     if not root.is_dir():
-        return out
+        return FileListing(base=root)
     base = root.resolve()
-    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-        here = Path(dirpath)
-        if here == base:
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        dirnames[:] = sorted(d for d in dirnames if not (here / d).is_symlink())
-        for name in filenames:
-            path = here / name
-            if path.is_symlink() or (here == base and name.startswith(".")) or name.endswith(".part"):
-                continue
-            out.append({"path": path.relative_to(base).as_posix(), "size": path.stat().st_size})
-    out.sort(key=lambda entry: entry["path"])
+    paths, unlisted = [], 0
+    pending = [(str(base), "")]
+    while pending:
+        directory, prefix = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if not prefix and entry.name.startswith("."):
+                        continue
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append((entry.path, f"{prefix}{entry.name}/"))
+                            continue
+                        if not entry.is_file(follow_symlinks=False) or entry.name.endswith(".part"):
+                            continue
+                    except OSError:  # gone meanwhile
+                        continue
+                    path = prefix + entry.name
+                    if _is_text(path):
+                        paths.append(path)
+                    else:
+                        unlisted += 1
+        except OSError:  # a directory removed meanwhile
+            continue
+    paths.sort()
+    return FileListing(base=base, paths=paths, unlisted=unlisted)
+
+
+def file_entries(listing: FileListing, paths) -> list[dict]:
+    """``[{"path", "size"}]`` for ``paths`` of ``listing`` (one page of it); a file that is gone
+    or no longer a regular file since the walk is left out."""
+    out = []
+    for path in paths:
+        try:
+            info = os.lstat(listing.base / path)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            out.append({"path": path, "size": info.st_size})
     return out
+
+
+def list_files(root: Path) -> list[dict]:
+    """Every listable file of a small tree, ``[{"path", "size"}]`` in path order (a campaign's
+    shared inputs; a case workspace is listed a page at a time)."""
+    listing = file_listing(root)
+    return file_entries(listing, listing.paths)
 
 
 def upload_limit_bytes() -> int:
@@ -136,7 +215,7 @@ def save_uploads(dest: Path, uploads) -> list[str]:
     names = []
     for upload in uploads:
         name = os.path.basename(upload.name or "")
-        if not name or name in {".", ".."} or name.startswith("."):
+        if not name or name in {".", ".."} or name.startswith(".") or "\\" in name:
             raise ValidationError({"inputs": [f"Invalid file name {upload.name!r}."]})
         if len(name.encode("utf-8", "surrogatepass")) > 255:  # the filesystem's limit is bytes, not characters
             raise ValidationError({"inputs": [f"File name too long (over 255 bytes): {name[:40]!r}…"]})

@@ -12,12 +12,17 @@ heartbeat whose marker it cannot see from where it runs.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
+
+from apps.core.cases_root import CasesRootError, ensure_cases_root
+
+log = logging.getLogger(__name__)
 
 MARKER_DIR = ".worker-hosts"
 
@@ -30,7 +35,15 @@ def marker_path(host: str) -> Path:
 def write_marker(host: str, now: datetime) -> None:
     """Write ``host``'s marker (atomically: a reader never sees half a file)."""
     path = marker_path(host)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # The heartbeat is often the first to need the root (a worker starts before any case
+        # exists): it must not be the one that leaves it 0755 (issue 36).
+        ensure_cases_root()
+    except CasesRootError as exc:
+        # Not a reason to lose the marker (doctor would then also call the root unshared);
+        # doctor's "cases root" check reports it with the fix.
+        log.warning("%s", exc)
+    path.parent.mkdir(exist_ok=True)
     partial = path.with_name(f".{path.name}.part")
     partial.write_text(json.dumps({"host": host, "at": now.isoformat()}))
     partial.replace(path)

@@ -24,6 +24,7 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("cases/", views.case_list, name="case-list"),
     path("cases/<uuid:pk>/", views.case_detail, name="case-detail"),
+    path("cases/<uuid:pk>/files/", views.case_files, name="case-files"),
     path("cases/<uuid:pk>/launch/", views.case_launch, name="case-launch"),
     path("cases/<uuid:pk>/cancel/", views.case_cancel, name="case-cancel"),
     path("cases/<uuid:pk>/refresh/", views.case_refresh, name="case-refresh"),

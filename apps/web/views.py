@@ -1,7 +1,8 @@
 """The user pages. Thin: they call the services and selectors the API calls, and render.
 
-Live parts (job lists, a case's status, logs and files) are small fragments that htmx reloads
-while something is still moving; a fragment of a finished object stops asking. Nothing here asks a
+Live parts (job lists, a case's status and logs) are small fragments that htmx reloads while
+something is still moving; a fragment of a finished object stops asking. A case's file list is
+not one of them: it may be huge, so it is loaded on its own, a page at a time. Nothing here asks a
 provider while rendering: the only provider call on a GET is the launch dialog's options, fetched
 when the dialog opens, with the API's caching and degradation (R-BACK-2).
 """
@@ -14,6 +15,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -26,6 +28,7 @@ from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
+from apps.core.text import printable
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
@@ -41,6 +44,8 @@ from apps.web.selectors import bundled_examples, pool_gauges, pool_uses
 
 LIVE_EVERY = "every 2s"  # htmx polling period of live fragments
 LIST_LIMIT = 100
+FILES_PAGE_SIZE = 200  # files per page of a case's file list
+CASE_ENDED = "case-ended"  # htmx event of a case page's last poll: its file list reloads
 LOG_TAIL_LINES = 40
 LAUNCH_OPTION_PREFIX = "launch_option:"
 #: htmx stops polling a fragment answered with 286 (the fragment is still swapped in): a finished
@@ -311,20 +316,15 @@ def _case(request, pk):
 
 
 def _case_live_context(case) -> dict:
-    """Status, progress, log tails, files and events: the database and the local workspace only."""
+    """Status, progress, log tails and events: the database and two log tails only. The files
+    are not listed here (issue 36): this fragment is asked for every 2 s while the case runs, and
+    listing a 50 000-file workspace took seconds each time. They are their own part, :func:`case_files`."""
     root = workspace.case_dir(case.id)
-    files = workspace.list_files(root)
-    groups = {"inputs": [], "live": [], "results": [], "logs": []}
-    for entry in files:
-        top = entry["path"].split("/", 1)[0]
-        entry["url"] = reverse("case-file", kwargs={"pk": case.id, "path": entry["path"]})
-        groups.get(top, groups["logs"]).append(entry)
     return {
         "case": case,
         "live": not case.is_terminal,
         "stdout": workspace.tail(root / workspace.LOGS["stdout"], LOG_TAIL_LINES),
         "stderr": workspace.tail(root / workspace.LOGS["stderr"], LOG_TAIL_LINES),
-        "file_groups": [(name, groups[name]) for name in ("results", "live", "inputs", "logs")],
         "events": list(case.events.order_by("at", "id")[:200]),
     }
 
@@ -335,8 +335,33 @@ def case_detail(request, pk):
     case = _case(request, pk)
     context = _case_live_context(case)
     if request.htmx:
-        return render(request, "web/_case_live.html", context, status=_live_status(context["live"]))
+        response = render(request, "web/_case_live.html", context, status=_live_status(context["live"]))
+        if not context["live"]:
+            # The last poll: the case just ended, so its results are on disk now (R-CASE-4). The
+            # file list, loaded once with the page, loads again on this event.
+            response["HX-Trigger"] = CASE_ENDED
+        return response
     return render(request, "web/case_detail.html", context)
+
+
+@login_required
+@require_GET
+def case_files(request, pk):
+    """The workspace's files, a page of :data:`FILES_PAGE_SIZE` at a time in path order, with the
+    total: loaded with the case page, on demand and when the case ends, never with the 2 s poll.
+    One walk per request (names and file types only); sizes are read for the page shown."""
+    case = _case(request, pk)
+    listing = workspace.file_listing(workspace.case_dir(case.id))
+    page = Paginator(listing.paths, FILES_PAGE_SIZE).get_page(request.GET.get("page"))
+    entries = workspace.file_entries(listing, page.object_list)
+    for entry in entries:
+        # The name as the command wrote it goes into the link (percent-encoded); the page shows
+        # it with control characters escaped (issue 36).
+        entry["url"] = reverse("case-file", kwargs={"pk": case.id, "path": entry["path"]})
+        entry["shown"] = printable(entry["path"])
+        entry["group"] = entry["path"].split("/", 1)[0] if "/" in entry["path"] else "logs"
+    context = {"case": case, "page": page, "entries": entries, "unlisted": listing.unlisted}
+    return render(request, "web/_case_files.html" if request.htmx else "web/case_files.html", context)
 
 
 @login_required

@@ -1,6 +1,7 @@
 """``manage.py doctor`` (R-BACK-5): one line per check, non-zero exit on failure."""
 
 import io
+import os
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -21,12 +22,38 @@ def doctor(*args):
     return code, out.getvalue()
 
 
-def test_doctor_fake_backend_passes():
+def test_doctor_fake_backend_passes(settings, tmp_path):
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
     code, out = doctor("--backend", "fake")
     assert code == 0
-    assert out.splitlines()[0].startswith("OK    [site] cases root shared: no worker host heartbeat")
-    assert out.splitlines()[1].startswith("OK    [fake] fake:")
-    assert out.strip().endswith("2/2 checks passed")
+    assert out.splitlines()[0].startswith("OK    [site] cases root:")
+    assert out.splitlines()[1].startswith("OK    [site] cases root shared: no worker host heartbeat")
+    assert out.splitlines()[2].startswith("OK    [fake] fake:")
+    assert out.strip().endswith("3/3 checks passed")
+
+
+def test_doctor_creates_a_missing_cases_root_0711_before_any_backend_check(settings, tmp_path):
+    """Issue 36: the local backend's check made the root with the umask's 0755 when doctor ran first."""
+    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
+    code, out = doctor("--backend", "local")
+    assert "OK    [site] cases root: " in out and "created, mode 0711" in out
+    assert (tmp_path / "cases").stat().st_mode & 0o777 == 0o711
+
+
+def test_doctor_closes_a_listable_cases_root_and_fails_on_one_it_cannot(settings, tmp_path):
+    root = tmp_path / "cases"
+    root.mkdir()
+    root.chmod(0o755)  # noqa: S103
+    settings.GRIDGATE_CASES_ROOT = root
+    code, out = doctor("--backend", "fake")
+    assert code == 0 and "was mode 0755, readable by other accounts: now 0711" in out
+    if os.geteuid() != 0:
+        return  # giving the root to another account needs root
+    root.chmod(0o755)  # noqa: S103
+    os.chown(root, 65534, -1)
+    code, out = doctor("--backend", "fake")
+    line = next(line for line in out.splitlines() if "cases root:" in line)
+    assert code == 1 and line.startswith("FAIL  [site] cases root:") and f"chmod 0711 {root}" in line
 
 
 def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path):

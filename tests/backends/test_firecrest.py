@@ -101,6 +101,16 @@ def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool
     assert "warn" in (root / "stderr.log").read_text()
 
 
+def test_the_backends_state_in_the_workspace_is_the_services_alone(fc_pool, make_case, double):
+    """Issue 36: ``.firecrest/`` (the inputs' hashes, what was synced) was 0755 with 0644 files in
+    a case directory every account may traverse (0711)."""
+    case = launch(make_case, fc_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    state = workspace.case_dir(case.id) / ".firecrest"
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert (state / "manifest.json").stat().st_mode & 0o777 == 0o600
+
+
 @pytest.mark.slurm
 def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster, tmp_path, make_case, monkeypatch):
     """End to end: the double hands the job script to the local Slurm cluster (sbatch)."""

@@ -240,7 +240,7 @@ def test_symlinks_planted_by_the_command_never_come_back_or_set_progress(api, ow
     assert not (workspace.case_dir(case_id) / "live" / ".gridgate" / "progress").exists()
     case = wait_for_terminal(case)
     assert case.status == CaseStatus.DONE, case.last_error
-    listed = {entry["path"] for entry in api(owner).get(f"/api/v1/cases/{case_id}/files/").json()}
+    listed = {entry["path"] for entry in api(owner).get(f"/api/v1/cases/{case_id}/files/").json()["results"]}
     assert "results/real.txt" in listed
     assert not any(path.startswith(("results/results", "results/stdout.log", "results/obj")) for path in listed)
     assert "root:" not in api(owner).get(f"/api/v1/cases/{case_id}/logs/").content.decode()

@@ -106,6 +106,17 @@ def test_qarnot_case_runs_shows_live_files_and_ends_done_with_results(q_pool, ma
     assert "warn" in (root / "stderr.log").read_text()
 
 
+def test_the_backends_state_and_output_spool_in_the_workspace_are_the_services_alone(q_pool, make_case, double):
+    """Issue 36: ``.qarnot/`` (the inputs' hashes, the job's stdout spool) was 0755 with 0644
+    files in a case directory every account may traverse (0711)."""
+    case = poll_until(launch(make_case, q_pool, "echo spooled-output"), lambda c: c.is_terminal)
+    assert case.status == CaseStatus.DONE, case.last_error
+    state = workspace.case_dir(case.id) / qb.STATE_DIR
+    assert state.stat().st_mode & 0o777 == 0o700
+    names = {path.name: path.stat().st_mode & 0o777 for path in state.iterdir()}
+    assert {"manifest.json", "stdout.spool", "stdout.base"} <= set(names) and set(names.values()) == {0o600}
+
+
 def test_cancel_of_a_task_that_already_finished_answers_409_with_the_real_state(q_pool, make_case, double, api, owner):
     """Seed defect: Stop on a case that completed meanwhile returned 500 ('Invalid operation on
     non-running task'). R-CASE-6: 409 with the real final state."""

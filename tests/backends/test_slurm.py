@@ -154,6 +154,42 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     subprocess.run(["scancel", victim_job], capture_output=True, check=False)
 
 
+def read_as(account, path: Path) -> subprocess.CompletedProcess:
+    """``cat path`` as another Unix account (setpriv, as the isolation tests do)."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups", "cat", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_case(
+    slurm_pool, make_case, owner_account, sandbox_host, working_root
+):
+    """Issue 36: job.sh (the command, with whatever secret it carries) and manifest.json were
+    0644 in a run directory any account may traverse. Both are 0600 now: job.sh the job's
+    account's, manifest.json the service's; sbatch still reads the script (the job runs)."""
+    command = "echo token=secret-4711 > /dev/null; cat in.txt > out.txt"
+    case = make_case(resource_class=slurm_pool.classes.get(), command=command)
+    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+    case = launched(case)
+    assert case.status == CaseStatus.PENDING, case.last_error
+    rdir = working_root / "scratch" / str(case.id)
+    script, manifest = rdir / "job.sh", rdir / "manifest.json"
+    other = sandbox_host["gridgate-test2"]
+    for path in (script, manifest):
+        attempt = read_as(other, path)
+        assert attempt.returncode != 0 and "4711" not in attempt.stdout and "in.txt" not in attempt.stdout, path
+    assert read_as(owner_account, manifest).returncode != 0  # the service's record, not the job's
+    assert "secret-4711" in read_as(owner_account, script).stdout  # the owner's own command
+    assert (script.stat().st_uid, script.stat().st_mode & 0o777) == (owner_account.pw_uid, 0o600)
+    assert (manifest.stat().st_uid, manifest.stat().st_mode & 0o777) == (os.geteuid(), 0o600)
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+
+
 def test_slurm_launch_without_a_linked_account_is_refused(slurm_cluster, working_root, api, member, db):
     pool = ResourcePool.objects.create(name="hpc2", kind="slurm", public=True, remote={"partition": "debug"})
     rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)

@@ -74,7 +74,7 @@ def test_create_case_multipart_with_inputs(api, owner, local_pool):
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["launch_options"] == {"outcome": "succeed"}
-    files = api(owner).get(f"/api/v1/cases/{body['id']}/files/").json()
+    files = api(owner).get(f"/api/v1/cases/{body['id']}/files/").json()["results"]
     assert {"path": "inputs/a.txt", "size": 5} in files and {"path": "inputs/b.dat", "size": 4} in files
 
 
@@ -183,8 +183,62 @@ def test_r_case_7_symlink_out_of_the_workspace_is_refused(api, owner, local_pool
     os.symlink(tmp_path, workspace.case_dir(case_id) / "results" / "outside")
     assert client.get(f"/api/v1/cases/{case_id}/files/results/leak.txt").status_code == 400
     assert client.get(f"/api/v1/cases/{case_id}/files/results/outside/secret.txt").status_code == 400
-    listed = [entry["path"] for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()]
+    listed = [entry["path"] for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()["results"]]
     assert not any("leak" in path or "outside" in path for path in listed)
+
+
+def test_files_list_is_paginated_in_path_order_with_the_total(api, owner, local_pool):
+    """Issue 36: the standard page shape ({"count", "next", "previous", "results"}, plus
+    ``unlisted``), by path, however the walk met the files."""
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    results = workspace.case_dir(case_id) / "results"
+    (results / "z" / "deep").mkdir(parents=True)
+    for name in ("b.txt", "a-b.txt", "a/x.txt", "z/deep/y.txt", "a.txt"):
+        (results / name).parent.mkdir(exist_ok=True)
+        (results / name).write_text("12")
+    first = client.get(f"/api/v1/cases/{case_id}/files/?page_size=3").json()
+    assert set(first) == {"count", "next", "previous", "results", "unlisted"}
+    assert first["count"] == 7 and first["previous"] is None and first["unlisted"] == 0
+    paths = [entry["path"] for entry in first["results"]]
+    while first["next"]:
+        first = client.get(first["next"]).json()
+        paths += [entry["path"] for entry in first["results"]]
+    assert paths == sorted(paths) and len(paths) == 7
+    assert paths[:5] == ["results/a-b.txt", "results/a.txt", "results/a/x.txt", "results/b.txt", "results/z/deep/y.txt"]
+    assert client.get(f"/api/v1/cases/{case_id}/files/?page=9").status_code == 404
+
+
+def test_a_page_of_files_holds_at_most_500(api, owner, local_pool):
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    for i in range(501):
+        (workspace.case_dir(case_id) / "results" / f"f{i:03d}").touch()
+    page = client.get(f"/api/v1/cases/{case_id}/files/?page_size=10000").json()
+    assert len(page["results"]) == 500 and page["count"] == 503 and page["next"]
+
+
+def test_files_named_with_control_characters_are_listed_and_served_and_undecodable_ones_counted(api, owner, local_pool):
+    """Issue 36: a command may name its files anything; the API never answers 500 for them."""
+    client = api(owner)
+    case_id = create(client, local_pool.classes.get()).json()["id"]
+    results = workspace.case_dir(case_id) / "results"
+    names = ["new\nline", "cr\rname", "trail\n", "x" * 255, "..x", "a\\b", "%41"]
+    for name in names:
+        (results / name).write_text(name)
+    with open(os.fsencode(results) + b"/bad\xff", "wb") as handle:
+        handle.write(b"never served")
+    page = client.get(f"/api/v1/cases/{case_id}/files/?page_size=500").json()
+    listed = {entry["path"] for entry in page["results"]}
+    assert {f"results/{name}" for name in names} <= listed and page["unlisted"] == 1
+    from urllib.parse import quote
+
+    for name in names:
+        response = client.get(f"/api/v1/cases/{case_id}/files/{quote(f'results/{name}')}")
+        assert response.status_code == 200, name
+        assert b"".join(response.streaming_content).decode() == name
+        assert "\n" not in response["Content-Disposition"] and "\r" not in response["Content-Disposition"]
+    assert client.get(f"/api/v1/cases/{case_id}/files/results/bad%FF").status_code == 404
 
 
 def test_r_case_7_oversized_upload_is_413_and_writes_nothing(api, owner, local_pool, settings):
@@ -497,7 +551,7 @@ def test_upload_name_with_a_directory_part_is_refused_naming_the_file(api, owner
     assert response.status_code == 400, response.content
     assert "not a plain file name" in response.json()["detail"]
     assert not any(
-        entry["path"].startswith("inputs/") for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()
+        entry["path"].startswith("inputs/") for entry in client.get(f"/api/v1/cases/{case_id}/files/").json()["results"]
     )
 
 
@@ -513,7 +567,7 @@ def test_upload_never_overwrites_an_earlier_input_silently(api, owner, local_poo
         format="multipart",
     )
     assert again.status_code == 409 and again.json()["file"] == "m.txt" and "m.txt" in again.json()["detail"]
-    files = client.get(f"/api/v1/cases/{case_id}/files/").json()
+    files = client.get(f"/api/v1/cases/{case_id}/files/").json()["results"]
     assert {"path": "inputs/m.txt", "size": 5} in files  # the first content, untouched
     assert not any(entry["path"] == "inputs/n.txt" for entry in files)  # all or nothing
 

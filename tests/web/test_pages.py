@@ -348,9 +348,10 @@ def test_create_case_with_input_files(web, cases_root, owner, local_pool):
     )
     case = Case.objects.get(owner=owner)
     assert case.name == "wing" and case.observability_globs == ["logs/*.txt", "residuals.csv"]
-    page = response.content.decode()
-    assert "inputs/mesh.txt" in page and "inputs/params.json" in page
-    assert reverse("case-file", kwargs={"pk": case.pk, "path": "inputs/mesh.txt"}) in page
+    assert reverse("web:case-files", args=[case.pk]) in response.content.decode()  # loaded by the page
+    files = web(owner).get(reverse("web:case-files", args=[case.pk]), **HX).content.decode()
+    assert "inputs/mesh.txt" in files and "inputs/params.json" in files
+    assert reverse("case-file", kwargs={"pk": case.pk, "path": "inputs/mesh.txt"}) in files
 
 
 def test_invalid_case_form_is_shown_with_its_errors(web, cases_root, owner, local_pool):

@@ -11,6 +11,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apps.cases import selectors, services, workspace
+from apps.cases.api.pagination import FilePagination
 from apps.cases.api.renderers import PlainTextRenderer
 from apps.cases.api.serializers import (
     CampaignCreateSerializer,
@@ -26,6 +27,7 @@ from apps.cases.api.serializers import (
 from apps.cases.models import Campaign, Case, CaseStatus
 from apps.core.api.parsers import DepthLimitedJSONParser, NamedFilesMultiPartParser
 from apps.core.idempotency import idempotent
+from apps.core.text import HIDDEN_IN_NAMES
 
 UPLOAD_PARSERS = [DepthLimitedJSONParser, NamedFilesMultiPartParser, FormParser]
 CONFLICT = OpenApiResponse(description="Conflict with the case's current state; the body carries `status`.")
@@ -149,11 +151,16 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses=FileEntrySerializer(many=True))
-    @action(detail=True, methods=["get"], url_path="files", pagination_class=None, filterset_fields=None)
+    @action(detail=True, methods=["get"], url_path="files", pagination_class=FilePagination, filterset_fields=None)
     def files(self, request, pk=None):
-        """Workspace files ``[{"path", "size"}]`` (inputs, live, results, logs)."""
+        """Workspace files ``{"path", "size"}`` (inputs, live, results, logs) in path order, a page
+        at a time (a case may hold tens of thousands, issue 36); ``unlisted`` counts the files
+        whose names are not UTF-8 text, which are neither listed nor served."""
         case = self.get_object()
-        return Response(workspace.list_files(workspace.case_dir(case.id)))
+        listing = workspace.file_listing(workspace.case_dir(case.id))
+        page = self.paginate_queryset(listing.paths)  # sizes are read for this page only
+        self.paginator.unlisted = listing.unlisted
+        return self.get_paginated_response(workspace.file_entries(listing, page))
 
     @extend_schema(
         parameters=[OpenApiParameter("path", str, OpenApiParameter.PATH, description="Relative to the workspace.")],
@@ -171,7 +178,11 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         if handle is None:
             raise NotFound("No such file.")
         content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        return FileResponse(handle, as_attachment=True, filename=target.name, content_type=content_type)
+        # The name a command chose may end with a newline, which Django's Content-Disposition
+        # check lets through (its "$" matches before it) into a BadHeaderError, a 500 (issue 36);
+        # and a saved file named with control characters helps nobody.
+        filename = HIDDEN_IN_NAMES.sub("_", target.name)
+        return FileResponse(handle, as_attachment=True, filename=filename, content_type=content_type)
 
 
 class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -44,14 +44,18 @@ class Command(BaseCommand):
         return out
 
     def site_checks(self) -> list:
-        """Issue 17: every live worker host must see the same cases root, whatever the backend.
-        Remote backends' cases are polled and finalized by any host; a local case's inputs are
-        written and its logs and results served by the web processes, and a launch not yet
-        pinned is submitted by any worker host. One host alone passes: it sees its own marker."""
+        """The cases root is 0711, closed to other accounts (issue 36), and every live worker host
+        sees the same one, whatever the backend (issue 17). Remote backends' cases are polled and
+        finalized by any host; a local case's inputs are written and its logs and results served
+        by the web processes, and a launch not yet pinned is submitted by any worker host. One
+        host alone passes: it sees its own marker."""
+        from apps.core.cases_root import cases_root_check
         from apps.core.hosts import shared_root_check
 
+        # Before any backend's check: those create a missing root with the umask's mode.
+        root_ok, root_message = cases_root_check()
         ok, message = shared_root_check()
-        return [registry.Check("cases root shared", ok, message)]
+        return [registry.Check("cases root", root_ok, root_message), registry.Check("cases root shared", ok, message)]
 
     def handle(self, *args, backend=None, pool=None, **options):
         failed = 0

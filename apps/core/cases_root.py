@@ -1,0 +1,77 @@
+"""The cases root, ``GRIDGATE_CASES_ROOT``: made 0711 by whichever process needs it first.
+
+It holds every user's workspace. Other accounts on the host may traverse it (a Slurm job running
+as its owner reaches its own ``<case>/.run/work/``) but never list it: the case ids it would list
+are the names under which each case's files can then be reached (R-CASE-8, issue 36). Web
+requests, the worker heartbeat and ``manage.py doctor`` may each be the first to create it, so
+they all go through :func:`ensure_cases_root`. It lives in ``apps.core`` because the heartbeat
+(core), the backends and the case workspaces all need it, and core imports neither of the others.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from django.conf import settings
+
+ROOT_MODE = 0o711
+#: what other accounts must not have on the root: listing it (read) and adding to it (write)
+OPEN_TO_OTHERS = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+
+
+class CasesRootError(OSError):
+    """The cases root is open to other accounts and is not the service's to close. An
+    ``OSError``: callers that report a cases root they cannot write (the heartbeat, doctor)
+    report this one the same way."""
+
+
+def cases_root() -> Path:
+    return Path(settings.GRIDGATE_CASES_ROOT)
+
+
+def ensure_cases_root() -> Path:
+    """The cases root, created 0711 if missing (whatever the umask: a umask of 077 would make it
+    0700 and shut out the Slurm jobs that traverse it). An existing root that others may list or
+    write is set to 0711 when it is the service's; someone else's raises :class:`CasesRootError`
+    naming the fix, rather than leaving every workspace name listable."""
+    root = cases_root()
+    root.parent.mkdir(parents=True, exist_ok=True)  # the parents keep the umask's mode: traversable
+    try:
+        root.mkdir(mode=ROOT_MODE)
+        created = True
+    except FileExistsError:
+        created = False
+    # The root may be a symlink the operator made (to a shared file system): followed on purpose.
+    # Fixed through the fd, so the directory checked is the one changed.
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        if created or mode & OPEN_TO_OTHERS:
+            if info.st_uid != os.geteuid():
+                raise CasesRootError(
+                    f"the cases root {root} is mode {mode:04o} (other accounts can list every case "
+                    f"workspace) and belongs to uid {info.st_uid}, not to the service (uid {os.geteuid()}): "
+                    f"run 'chmod 0711 {root}' as its owner, or chown it to the service (R-CASE-8)"
+                )
+            os.fchmod(fd, ROOT_MODE)
+    finally:
+        os.close(fd)
+    return root
+
+
+def cases_root_check() -> tuple[bool, str]:
+    """``manage.py doctor``'s check: the root exists (now), mode 0711, closed to other accounts."""
+    root = cases_root()
+    try:
+        before = stat.S_IMODE(os.stat(root).st_mode) if root.exists() else None
+        ensure_cases_root()
+    except OSError as exc:
+        return False, str(exc) if isinstance(exc, CasesRootError) else f"{root} cannot be created ({exc})"
+    if before is None:
+        return True, f"{root} created, mode 0711 (others may traverse it, not list it)"
+    if before & OPEN_TO_OTHERS:
+        return True, f"{root} was mode {before:04o}, readable by other accounts: now 0711"
+    return True, f"{root} is mode {before:04o}: other accounts cannot list it"
