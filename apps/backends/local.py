@@ -64,6 +64,7 @@ from apps.backends.base import (
     RunAs,
     SubmitSpec,
 )
+from apps.core.cases_root import ensure_cases_root
 
 SUPERVISOR = Path(supervisor.__file__).resolve()
 #: where the command is found in the sandbox (given as fd 3, copied in by bwrap, read-only)
@@ -567,7 +568,7 @@ class LocalBackend(ExecutionBackend):
         )
         root = Path(settings.GRIDGATE_CASES_ROOT)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            ensure_cases_root()
             probe = root / ".doctor-probe"
             probe.write_text("ok")
             probe.unlink()
