@@ -343,6 +343,15 @@ if GRIDGATE_CASE_CGROUP != "off" and (
 GRIDGATE_CASE_MAX_LOG_MB = env_int("GRIDGATE_CASE_MAX_LOG_MB", 64, minimum=1)
 GRIDGATE_CASE_NPROC = env_int("GRIDGATE_CASE_NPROC", 4096, minimum=16)
 GRIDGATE_CASE_DISK_CHECK_SECONDS = env_int("GRIDGATE_CASE_DISK_CHECK_SECONDS", 5, minimum=1)
+# Issue 36: what only root may do (the account switch, another account's files) goes through the
+# privileged helper (apps/backends/privileged.py). On a site whose web and worker run as the
+# service's own account: the sudo rule that runs its root-owned copy (docs/deployment.md), e.g.
+# "sudo -n /usr/bin/python3 -I -S /usr/local/libexec/gridgate-privileged". Unset: this checkout's
+# copy, run directly (a service that runs as root, or trusted pools that run as the service).
+GRIDGATE_PRIVILEGED_COMMAND = env_str("GRIDGATE_PRIVILEGED_COMMAND", "")
+# The lowest uid a case may run as (the sandbox account excepted): never a system account such as
+# postgres or www-data, whatever an account link says. Under sudo the helper's own file decides.
+GRIDGATE_CASE_MIN_UID = env_int("GRIDGATE_CASE_MIN_UID", 1000, minimum=1)
 GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS", 600, minimum=0)
 
 # QRMI / MUNGE (SPEC §7b, docs/qrmi.md). Uids whose MUNGE credentials act for other users on

@@ -209,7 +209,7 @@ class RunAs:
 @dataclass(frozen=True)
 class CaseBounds:
     """What one case may use, from its class (issue 36). The local backend enforces all of it
-    (cgroup, rlimits, wall time, disk watch: ``apps.backends.supervisor``); every backend that
+    (cgroup, rlimits, wall time, disk watch: ``apps.backends.privileged``); every backend that
     copies results back stops at ``disk_bytes``. ``wall_seconds`` is the class's default, which a
     launch option may raise up to ``max_wall_seconds``."""
 
@@ -240,6 +240,8 @@ class SubmitSpec:
     launch_options: dict[str, Any]
     observability_globs: list[str]
     shared_dir: Path | None = None
+    #: the campaign whose shared inputs ``shared_dir`` holds
+    campaign_id: str | None = None
     #: who the command runs as (R-CASE-8); None for backends that run nothing on this host's
     #: accounts (FirecREST, Qarnot: the provider's own account runs it).
     run_as: RunAs | None = None

@@ -1,16 +1,17 @@
-"""File plumbing shared by the backends whose "remote" is a filesystem (local, Slurm).
+"""File plumbing of the service's side for the backends whose "remote" is a filesystem (local,
+Slurm).
 
 A run directory holds ``work/`` (a scratch copy of the case inputs, the command's working
 directory), ``stdout``/``stderr`` and ``manifest.json`` (the inputs' hashes, so results are
-exactly the files the command created or changed). Symlinks are never followed out of a tree
-(R-CASE-7): a command that links ``/etc/passwd`` into its directory gets nothing back for it.
+exactly the files the command created or changed). The service prepares it; what reads or
+changes the case account's files (handing ``work/`` over, bringing results and live files back)
+is the privileged helper's (``apps/backends/privileged.py``), which follows no symlink out of a
+tree (R-CASE-7): a command that links ``/etc/passwd`` into its directory gets nothing back for it.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import fnmatch
 import hashlib
 import json
 import math
@@ -19,7 +20,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from apps.backends.base import BackendError, ResultsTooLarge
+from apps.backends.base import BackendError
+from apps.backends.privileged import human_size, open_regular
 
 PROGRESS_FILE = ".gridgate/progress"
 #: the only worker environment variables a case command inherits (R-BACK-1: the worker's
@@ -67,23 +69,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEX
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def open_regular(path, *, dir_fd: int | None = None) -> int | None:
-    """An fd on ``path`` if it is a regular file with one name, reached without following a
-    symlink, else None (a symlink, a hard link, a FIFO, a device, a directory, or nothing there)."""
-    try:
-        fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
-    except OSError:  # ELOOP: a symlink; ENOENT; ENXIO: a socket…
-        return None
-    info = os.fstat(fd)
-    # A hard link is no symlink, but it can name a file the command could not read itself (a
-    # root-only file on the same filesystem where protected_hardlinks is off): never copy one back.
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-        os.close(fd)
-        return None
-    os.set_blocking(fd, True)
-    return fd
-
-
 def open_for_write(path: Path, flags: int = _WRITE_FLAGS) -> int:
     """Open a file the service writes in a workspace; never through a symlink planted there."""
     return os.open(path, flags, 0o600)
@@ -99,92 +84,6 @@ def write_private(path: Path, data: bytes = b"") -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
-
-
-def _untrusted_files(root: Path, skip_top: tuple[str, ...] = ()):
-    """(relative path, directory fd, name) of the regular-looking entries under ``root``, walked
-    through directory fds without following any symlink (``root`` itself included)."""
-    try:
-        top = os.lstat(root)
-    except OSError:
-        return
-    if not stat.S_ISDIR(top.st_mode):
-        return  # missing, or replaced by a symlink
-    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
-        rel_dir = Path(dirpath).relative_to(root)
-        if rel_dir == Path("."):
-            dirnames[:] = [d for d in dirnames if d not in skip_top]
-            filenames = [f for f in filenames if f not in skip_top]
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield (rel_dir / name).as_posix(), dir_fd, name
-
-
-def _hash_fd(fd: int) -> str:
-    digest = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _copy_fd_to(fd: int, target: Path) -> None:
-    """Write the content of ``fd`` to ``target`` through a temporary name and a rename, so a
-    failure midway leaves complete files only (the caller's retry rewrites the rest). Holes stay
-    holes: only the data extents are read and written (an 8 GiB sparse file storing nothing is
-    copied as nothing, issue 36)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.part")
-    out = open_for_write(tmp)
-    try:
-        size = os.fstat(fd).st_size
-        for start, end in _data_extents(fd, size):
-            position = start
-            while position < end:
-                chunk = os.pread(fd, min(1 << 20, end - position), position)
-                if not chunk:
-                    break
-                os.pwrite(out, chunk, position)
-                position += len(chunk)
-        os.ftruncate(out, size)
-    finally:
-        os.close(out)
-    os.replace(tmp, target)
-
-
-def _data_extents(fd: int, size: int):
-    """(start, end) of each stretch of ``fd`` that holds data (the whole file where the
-    filesystem cannot tell holes apart)."""
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                return  # nothing but a hole up to the end
-            yield offset, size
-            return
-        end = os.lseek(fd, start, os.SEEK_HOLE)
-        yield start, end
-        offset = end
-
-
-def _inside(root: Path, target: Path) -> bool:
-    """``target``'s directory resolves inside ``root`` (nothing planted in the service's own
-    workspace can redirect a write out of it)."""
-    return target.parent.resolve().is_relative_to(root.resolve())
-
-
-def give_to(path: Path, run_as) -> None:
-    """R-CASE-8: hand a freshly built tree (no symlinks but ours) to the account that runs the
-    command, mode 0700 at the top: the command owns its working directory and nobody else reads it."""
-    if run_as is None or not run_as.switches:
-        return
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), run_as.uid, run_as.gid)
-    os.lchown(path, run_as.uid, run_as.gid)
-    os.chmod(path, 0o700)
 
 
 def unsafe_parent(directory: Path) -> str | None:
@@ -225,14 +124,14 @@ def service_run_dir(path: Path, mode: int) -> None:
         os.close(fd)
 
 
-def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run_as=None, shared="link") -> Path:
+def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, shared="link") -> Path:
     """Copy the inputs into ``run_dir/work`` (a scratch copy: the case's ``inputs/`` stay as
     uploaded) and record their hashes. Returns the working directory.
 
     ``shared``: how the campaign's shared inputs appear as ``work/shared``: ``"link"`` (a symlink,
     for a command that can reach the cases root), ``"copy"`` (a command running as a user account
-    cannot, R-CASE-8) or ``"mount"`` (the backend binds it there itself). ``run_as``: the account
-    the work directory is handed to.
+    cannot, R-CASE-8) or ``"mount"`` (the sandbox binds it there). The tree is the service's: the
+    privileged helper hands it to the case's account when it starts the case (issue 36).
     """
     work = run_dir / "work"
     if work.exists():
@@ -254,88 +153,7 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, run
     (work / ".gridgate").mkdir(exist_ok=True)
     # The service's record of what the inputs were: only the service reads it (issue 36).
     write_private(run_dir / "manifest.json", json.dumps(manifest, sort_keys=True).encode())
-    give_to(work, run_as)
     return work
-
-
-def copy_results(run_dir: Path, results: Path, *, max_bytes: int | None = None) -> list[str]:
-    """Copy every regular file the command created or changed into ``results/``; idempotent on
-    retry. The working directory is the command's: nothing in it is followed (R-CASE-8).
-
-    Never more than ``max_bytes`` on disk (issue 36): the file that would cross it raises
-    :class:`ResultsTooLarge`, with what came before it kept."""
-    work = run_dir / "work"
-    if not os.path.isdir(work) or os.path.islink(work):
-        raise BackendError(f"the working directory {work} is gone: results cannot be fetched")
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise BackendError(f"cannot read the inputs manifest of {run_dir}: {exc}") from None
-    results.mkdir(parents=True, exist_ok=True)
-    copied, stored = [], 0
-    for rel, dir_fd, name in _untrusted_files(work, NOT_RESULTS):
-        fd = open_regular(name, dir_fd=dir_fd)
-        if fd is None:
-            continue
-        try:
-            # Only an input can be unchanged: a new file is never read twice.
-            if rel in manifest and manifest[rel] == _hash_fd(fd):
-                continue
-            target = results / rel
-            if not _inside(results, target):
-                continue
-            stored += os.fstat(fd).st_blocks * 512
-            if max_bytes is not None and stored > max_bytes:
-                raise ResultsTooLarge(
-                    f"the results hold more than the case's storage limit of {_size(max_bytes)}: "
-                    f"{rel!r} and what follows it were not brought back"
-                )
-            _copy_fd_to(fd, target)
-        finally:
-            os.close(fd)
-        copied.append(rel)
-    return copied
-
-
-def fetch_results(run_dir: Path, results: Path, *, max_bytes: int | None = None) -> None:
-    """``fetch_final`` of the backends whose run directory is a filesystem (local, Slurm): the
-    results come back, then the working directory goes (issue 36: it would otherwise hold a
-    second copy of them until cleanup). A marker written between the two keeps a retry (the
-    outcome not recorded, a lost lease) from looking for results in a directory that is gone."""
-    fetched = run_dir / "results_fetched"
-    if fetched.exists():
-        return
-    copy_results(run_dir, results, max_bytes=max_bytes)
-    fetched.write_text("")
-    shutil.rmtree(run_dir / "work", ignore_errors=True)
-
-
-def _size(n: int) -> str:
-    return f"{n / (1 << 30):g} GB" if n >= 1 << 30 else f"{n / (1 << 20):g} MB"
-
-
-def sync_live(work: Path, live: Path, globs: list[str]) -> list[str]:
-    """Copy the files matching ``globs`` (relative to the working directory) and the progress
-    marker into ``live/``, following no symlink of the command's (R-CASE-8)."""
-    patterns = list(globs or []) + [PROGRESS_FILE]
-    copied = []
-    for rel, dir_fd, name in _untrusted_files(work, ("shared",)):
-        if not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
-            continue
-        target = live / rel
-        live.mkdir(parents=True, exist_ok=True)
-        fd = open_regular(name, dir_fd=dir_fd)
-        if fd is None:
-            continue
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not _inside(live, target):
-                continue
-            _copy_fd_to(fd, target)
-        finally:
-            os.close(fd)
-        copied.append(rel)
-    return copied
 
 
 def base_environment(names=INHERITED_ENVIRONMENT) -> dict[str, str]:
@@ -363,7 +181,8 @@ def log_cap_bytes() -> int:
 
 
 def truncation_note(cap: int) -> bytes:
-    note = f"[gridgate: the log reached its limit of {_size(cap)} (GRIDGATE_CASE_MAX_LOG_MB): the rest was not kept]"
+    limit = human_size(cap)
+    note = f"[gridgate: the log reached its limit of {limit} (GRIDGATE_CASE_MAX_LOG_MB): the rest was not kept]"
     return f"\n{note}\n".encode()
 
 

@@ -8,54 +8,49 @@ R-CASE-8 — the command reaches nothing but its own working directory:
   (``bwrap``) with its own pid namespace and ``/proc`` (no other process is visible, so no
   ``/proc/<worker>/environ``), a cleared environment plus the case's variables, read-only system
   directories, a private ``/tmp`` no larger than the class's memory and, of the cases root, only
-  its own ``.run/work`` (owned by its account, mode 0700). Root starts bwrap with
-  CAP_SETUID/CAP_SETGID kept for ``setpriv``, which switches to the account and drops every
-  capability before the command starts.
+  its own ``.run/work`` (its account's, mode 0700).
 - Issue 36 — its own network namespace, always: only its own loopback, unless the pool allows
   the network; then slirp4netns routes it out with the host's loopback out of reach (the host's
   PostgreSQL, Redis and web port listen there).
 - Issue 36 — bounded: its cgroup holds the class's memory, tasks and CPU; rlimits bound a file's
-  size and an account's processes; a wall time and a disk bound stop it
-  (``apps.backends.supervisor``, which says how). Results come back within the class's storage,
-  sparse files as sparse; logs are drained in chunks up to ``GRIDGATE_CASE_MAX_LOG_MB``; the
-  working directory is dropped once the results are fetched.
-- A supervisor (``apps/backends/supervisor.py``, the service's account, in its own session,
-  detached from the process that launched it: a web worker never parents it, so it leaves no
-  zombie there) starts the sandbox with the command's output in ``.run/stdout``/``stderr``
-  and writes the exit status to ``.run/exit_status`` when it ends. ``.run/`` is the service's
-  (0700): the command can neither read nor forge its control files. Nothing lives only in the
-  memory of the process that started it, so a restarted worker reads the outcome from disk. The
-  command itself reaches the sandbox as a file, never as an argument: every account on the host
-  reads every command line.
-- Cancel: SIGUSR1 asks the supervisor to stop the command (SIGTERM to its process group and
-  cgroup; the supervisor and bwrap ignore it), then SIGKILL after
-  ``GRIDGATE_CASE_CANCEL_GRACE_SECONDS``; killing bwrap tears down the whole pid namespace
-  (``--die-with-parent``), so a command that trapped SIGTERM or left the process group still ends.
+  size and an account's processes; a wall time and a disk bound stop it. Results come back within
+  the class's storage, sparse files as sparse; logs are drained in chunks up to
+  ``GRIDGATE_CASE_MAX_LOG_MB``; the working directory is dropped once the results are fetched.
+- Issue 36 — the service is not root. What needs root (handing the working directory to the
+  account, the cgroup, starting the sandbox as the account, reading the account's files back,
+  stopping its processes) is the privileged helper's (``apps/backends/privileged.py``, through
+  :mod:`apps.backends.as_root`), which checks every request. This module prepares the run
+  directory as the service (its inputs, ``command.sh``: the command is a file, never an argument,
+  since every account on the host reads every command line) and reads what the supervisor
+  writes there (``stdout``/``stderr``, ``limit``, ``exit_status``). Nothing lives only in the
+  memory of the process that started the case, so a restarted worker reads the outcome from disk.
+- Cancel: the helper asks the supervisor to stop the command (SIGTERM to its process group and
+  cgroup), then SIGKILL after ``GRIDGATE_CASE_CANCEL_GRACE_SECONDS``; bwrap dying takes its whole
+  pid namespace with it, so a command that trapped SIGTERM or left the process group still ends.
 
-The remote id is ``local:<supervisor pid>``. A pid is trusted only while its command line names
-this case's run directory (a recycled pid is never signalled). Liveness is checked on this host
-only, so the backend is ``host_bound``: a case is pinned to the worker host that starts its
-process (``Case.run_host``) and only that host's workers poll, sync or cancel it (issue 17).
+The remote id is ``local:<supervisor pid>``. The supervisor holds an flock on ``.run/lock`` for
+its life: that lock, not the pid (which may be recycled, and which the service may not see under
+``hidepid``), says whether the case still runs. Liveness is this host's, so the backend is
+``host_bound``: a case is pinned to the worker host that starts its process (``Case.run_host``)
+and only that host's workers poll, sync or cancel it (issue 17).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from apps.backends import files, supervisor
+from apps.backends import as_root, files
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
     BackendState,
     BackendStatus,
-    CaseBounds,
     Check,
     ExecutionBackend,
     JobRef,
@@ -66,48 +61,15 @@ from apps.backends.base import (
 )
 from apps.core.cases_root import ensure_cases_root
 
-SUPERVISOR = Path(supervisor.__file__).resolve()
-#: where the command is found in the sandbox (given as fd 3, copied in by bwrap, read-only)
-COMMAND_IN_SANDBOX = "/gridgate/command.sh"
-#: slirp4netns's built-in DNS forwarder, the sandbox's only name server when it has a network
-SLIRP_DNS = "nameserver 10.0.2.3\n"
-#: the exit statuses by which a bound shows without the supervisor's word: SIGXFSZ (a file
-#: reached RLIMIT_FSIZE)
+#: the exit status by which a bound shows without the supervisor's word: SIGXFSZ (a file reached
+#: RLIMIT_FSIZE)
 XFSZ_STATUS = str(128 + signal.SIGXFSZ)
-
-
-#: /etc entries a shell command needs (users, libraries, locale, alternatives such as awk, TLS
-#: roots, name resolution); the rest of /etc (a deployment's env files) stays out of sight.
-ETC_ENTRIES = (
-    "passwd",
-    "group",
-    "nsswitch.conf",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "alternatives",
-    "ssl",
-    "ca-certificates",
-    "resolv.conf",
-    "hosts",
-    "host.conf",
-)
-#: top-level system directories, bound read-only (or recreated as the symlinks they are on
-#: merged-/usr systems). Not /opt, /srv or /home: deployments live there.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+#: control files of a run, removed before each start (a retried launch starts clean)
+CONTROL_FILES = ("exit_status", "cancelled", "stdout", "stderr", "pid", "limit", "results_fetched")
 
 
 def run_dir(workspace: Path) -> Path:
     return workspace / ".run"
-
-
-def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    """A control file of the service's run directory, never written through a planted symlink."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(path, mode)
 
 
 def _read_limit(rdir: Path) -> str:
@@ -118,154 +80,19 @@ def _read_limit(rdir: Path) -> str:
         return ""
 
 
-def _bounds_check(trusted: bool) -> Check:
-    """Issue 36: a probe cgroup with the memory and pids controllers can be made and removed."""
-    from django.conf import settings
-
-    if settings.GRIDGATE_CASE_CGROUP == "off":
-        return Check("bounds", True, "GRIDGATE_CASE_CGROUP=off: cases run without memory, task and CPU bounds")
-    if os.geteuid() != 0:
-        return Check(
-            "bounds",
-            trusted,
-            "the worker is not root: cases run without a cgroup (memory, tasks, CPU): trusted pools only",
-        )
-    name = f"doctor-{os.getpid()}"
+def supervisor_alive(rdir: Path) -> bool:
+    """The case's supervisor still runs: it holds the run's lock (an flock ends with it)."""
     try:
-        supervisor.create_cgroup(settings.GRIDGATE_CASE_CGROUP, name, memory_bytes=1 << 30, tasks=16, cpu=1)
-    except supervisor.CgroupError as exc:
-        return Check("bounds", False, f"{exc}: no case can start (docs/operations.md, 'Bounds')")
-    supervisor.remove_cgroup(settings.GRIDGATE_CASE_CGROUP, name)
-    where = settings.GRIDGATE_CASE_CGROUP
-    return Check("bounds", True, f"each case gets a cgroup under {where!r} (memory, tasks, CPU)")
-
-
-def _time_option(minimum: int, maximum: int, default: int | None) -> LaunchOption:
-    return LaunchOption(
-        "time",
-        "Wall time (minutes)",
-        [],
-        str(default) if default is not None else None,
-        minimum=minimum,
-        maximum=maximum,
-    )
-
-
-def _is_ours(pid: int, rdir: Path) -> bool:
-    """The process ``pid`` is alive (not a zombie) and is this case's supervisor or sandbox:
-    its command line names the case's run directory (a recycled pid is never taken for it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().split(b"\0")
-    except (OSError, IndexError):
+        fd = os.open(rdir / "lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return False
-    return state != "Z" and os.fsencode(str(rdir)) in argv
-
-
-def _group_alive(pgid: int) -> bool:
-    """Some process of the group is still running (zombies have finished)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the shared lock, if we got it
     return False
-
-
-def _bind_system(args: list[str], *, resolv: Path | None) -> None:
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    args += ["--perms", "0755", "--dir", "/etc"]  # bwrap makes missing parents 0700: the account could not enter
-    for name in ETC_ENTRIES:
-        if name == "resolv.conf" and resolv is not None:
-            args += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
-        else:
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-
-
-def _dirs(args: list[str], path: Path, below: Path | None = None) -> None:
-    """Create ``path``'s ancestors (below ``below``) 0755 in the sandbox, so the account can
-    reach its working directory by its absolute path too."""
-    for parent in reversed(path.parents):
-        if parent == Path("/") or (below is not None and not parent.is_relative_to(below)) or parent == below:
-            continue
-        args += ["--perms", "0755", "--dir", str(parent)]
-
-
-def sandbox_argv(spec: SubmitSpec, work: Path, env: dict[str, str], *, command: Path, bounds: CaseBounds) -> list[str]:
-    """The command line that runs the case's command (the file ``command``, handed to bwrap as
-    fd 3) in its sandbox (R-CASE-8, issue 36). A pool with the network: bwrap reports on fd 4 and
-    waits on fd 5 for the supervisor to plumb it."""
-    from django.conf import settings
-
-    run_as = spec.run_as or RunAs(RunAs.TRUSTED)
-    inner = ["env", "--default-signal=TERM", "/bin/sh", COMMAND_IN_SANDBOX]
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        if run_as.switches:
-            raise BackendError(
-                "bubblewrap (bwrap) is not installed: cases cannot run in their sandbox (apt install bubblewrap)"
-            )
-        # Trusted single-user pool without bubblewrap (a developer's laptop): the service's own
-        # account, a cleared environment, no sandbox, the host's network. The pool says so
-        # (docs/operations.md).
-        variables = [f"{name}={value}" for name, value in sorted(env.items())]
-        inner = ["env", "--default-signal=TERM", "/bin/sh", str(command)]
-        return ["/usr/bin/env", "-i", *variables, "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *inner]
-    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
-    # Issue 36: never the host's network namespace, whose loopback holds the database.
-    args.append("--unshare-net")
-    if run_as.network:
-        args += ["--info-fd", str(supervisor.INFO_FD), "--block-fd", str(supervisor.BLOCK_FD)]
-    _bind_system(args, resolv=command.parent / "resolv.conf" if run_as.network else None)
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    # Private and bounded: tmpfs pages count against the case's memory anyway.
-    args += ["--perms", "1777", "--size", str(bounds.memory_bytes), "--tmpfs", "/tmp"]  # noqa: S108 - private
-    args += ["--perms", "0755", "--dir", str(Path(COMMAND_IN_SANDBOX).parent)]
-    args += ["--perms", "0444", "--ro-bind-data", str(supervisor.COMMAND_FD), COMMAND_IN_SANDBOX]
-    # Of the cases root, only this case's working directory exists in the sandbox.
-    root = Path(settings.GRIDGATE_CASES_ROOT).resolve()
-    work = work.resolve()
-    _dirs(args, root)
-    args += ["--perms", "0755", "--tmpfs", str(root)]
-    _dirs(args, work, below=root)
-    args += ["--bind", str(work), str(work)]
-    if spec.shared_dir is not None and spec.shared_dir.is_dir():
-        args += ["--ro-bind", str(spec.shared_dir.resolve()), str(work / "shared")]
-    args += ["--chdir", str(work), "--clearenv"]
-    for name, value in sorted(env.items()):
-        args += ["--setenv", name, value]
-    if run_as.switches and os.geteuid() != run_as.uid:
-        if os.geteuid() != 0:
-            raise BackendError(
-                f"running cases as {run_as.name} (uid {run_as.uid}) needs the worker to run as root "
-                "(docs/operations.md); or make the pool a trusted single-user pool"
-            )
-        # bwrap drops every capability of a root caller; setpriv needs these two to switch to
-        # the account, then clears them all (and the bounding set) before the command starts.
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
-        args += [
-            "setpriv",
-            f"--reuid={run_as.uid}",
-            f"--regid={run_as.gid}",
-            "--init-groups" if run_as.name else "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--",
-        ]
-    else:
-        args.append("--")
-    return args + inner
 
 
 def sandbox_environment(spec: SubmitSpec, work: Path) -> dict[str, str]:
@@ -294,28 +121,29 @@ def _duration(seconds: int) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def supervisor_config(spec: SubmitSpec, argv: list[str], cgroup: dict | None, wall: int) -> dict:
-    """What the supervisor needs (``.run/supervisor.json``): the sandbox's command line, its
-    bounds and the words for each one it may have to enforce."""
+def start_request(spec: SubmitSpec, work: Path) -> dict:
+    """What the helper's ``start`` is asked: who, with what, within which bounds, and the words
+    for each bound it may have to enforce."""
     from django.conf import settings
 
     bounds = spec.bounds
     run_as = spec.run_as or RunAs(RunAs.TRUSTED)
-    rlimits = {"FSIZE": bounds.disk_bytes, "CORE": 0}
-    if run_as.switches:
-        # Per account on the host, across its cases (the cgroup bounds each case): a ceiling on
-        # what a user's many cases fork together. Never on the service's own account.
-        rlimits["NPROC"] = settings.GRIDGATE_CASE_NPROC
+    wall = wall_seconds(spec)
     return {
-        "argv": argv,
-        "cgroup": cgroup,
-        "rlimits": rlimits,
+        "case_id": spec.case_id,
+        "account": {"uid": run_as.uid} if run_as.switches else None,
+        "env": sandbox_environment(spec, work),
+        "network": run_as.network,
+        "shared_campaign": spec.campaign_id if spec.shared_dir is not None and spec.shared_dir.is_dir() else None,
+        "bounds": {
+            "memory_bytes": bounds.memory_bytes,
+            "cpu": bounds.cpu,
+            "tasks": bounds.tasks,
+            "disk_bytes": bounds.disk_bytes,
+        },
         "wall_seconds": wall,
-        "disk_bytes": bounds.disk_bytes,
-        "disk_interval": settings.GRIDGATE_CASE_DISK_CHECK_SECONDS,
         "grace": settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS,
-        "network": "slirp" if run_as.network and shutil.which("bwrap") else "none",
-        "slirp4netns": shutil.which("slirp4netns") or "slirp4netns",
+        "disk_interval": settings.GRIDGATE_CASE_DISK_CHECK_SECONDS,
         "messages": {
             "memory": f"the command ran out of memory: the class allows {_gb(bounds.memory_bytes)} "
             "and the kernel killed a process of the case",
@@ -329,11 +157,22 @@ def supervisor_config(spec: SubmitSpec, argv: list[str], cgroup: dict | None, wa
     }
 
 
+def _time_option(minimum: int, maximum: int, default: int | None) -> LaunchOption:
+    return LaunchOption(
+        "time",
+        "Wall time (minutes)",
+        [],
+        str(default) if default is not None else None,
+        minimum=minimum,
+        maximum=maximum,
+    )
+
+
 class LocalBackend(ExecutionBackend):
     name = "local"
     kinds = ("local",)
     runs_as_user = True
-    host_bound = True  # liveness is read from this host's /proc: only this host polls or cancels
+    host_bound = True  # liveness is this host's lock: only this host polls or cancels
 
     def find(self, spec: SubmitSpec) -> str | None:
         pid_file = run_dir(spec.workspace) / "pid"
@@ -344,8 +183,6 @@ class LocalBackend(ExecutionBackend):
         return f"local:{pid}"
 
     def submit(self, spec: SubmitSpec) -> str:
-        from django.conf import settings
-
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         if spec.bounds is None:  # pragma: no cover - the core always sets them
@@ -360,71 +197,21 @@ class LocalBackend(ExecutionBackend):
         try:
             rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(rdir, 0o700)  # the control files are the service's alone (R-CASE-8)
-            for name in ("exit_status", "cancelled", "stdout", "stderr", "pid", "limit", "results_fetched"):
+            for name in CONTROL_FILES:
                 (rdir / name).unlink(missing_ok=True)
             work = files.prepare_run_dir(
-                rdir,
-                spec.inputs_dir,
-                spec.shared_dir,
-                run_as=spec.run_as,
-                shared="mount" if shutil.which("bwrap") else "link",
+                rdir, spec.inputs_dir, spec.shared_dir, shared="mount" if shutil.which("bwrap") else "link"
             )
-            command = rdir / "command.sh"
-            _write_private(command, spec.command)
-            if run_as.network:
-                _write_private(rdir / "resolv.conf", SLIRP_DNS, mode=0o644)  # bound over /etc/resolv.conf
+            files.write_private(rdir / "command.sh", spec.command.encode("utf-8", "surrogateescape"))
         except OSError as exc:
             raise BackendError(f"cannot prepare the working directory: {exc}") from None
-        bounds = spec.bounds
-        cgroup = None
-        if os.geteuid() == 0 and settings.GRIDGATE_CASE_CGROUP != "off":
-            try:
-                cgroup = supervisor.create_cgroup(
-                    settings.GRIDGATE_CASE_CGROUP,
-                    f"case-{spec.case_id}",
-                    memory_bytes=bounds.memory_bytes,
-                    tasks=bounds.tasks,
-                    cpu=bounds.cpu,
-                )
-            except supervisor.CgroupError as exc:
-                raise BackendError(
-                    f"the case's memory, task and CPU bounds cannot be set up: {exc} (docs/operations.md, "
-                    "'Bounds'; GRIDGATE_CASE_CGROUP=off runs cases without them)"
-                ) from None
-        # R-BACK-1: never the worker's environment (tokens, SECRET_KEY, DATABASE_URL…).
-        argv = sandbox_argv(spec, work, sandbox_environment(spec, work), command=command, bounds=bounds)
-        config = supervisor_config(spec, argv, cgroup, wall_seconds(spec))
-        _write_private(rdir / "supervisor.json", json.dumps(config))
-        # Double fork: the intermediate shell exits at once (reaped here), and setsid makes the
-        # supervisor a session leader of its own, reparented to init. The web or worker process
-        # that launched the case is never its parent, so it leaves no zombie there and a worker
-        # restart or a SIGTERM to the worker's group does not reach it.
-        try:
-            proc = subprocess.run(
-                ["/bin/sh", "-c", 'setsid "$@" </dev/null >/dev/null 2>&1 & echo $!', "gridgate-launch"]
-                + [sys.executable, "-I", "-S", str(SUPERVISOR), str(rdir)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={"PATH": files.DEFAULT_PATH},
-                check=True,
-            )
-            pid = int(proc.stdout.strip())
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            raise BackendError(f"cannot start the command: {exc}") from None
-        (rdir / "pid").write_text(str(pid))
+        # R-BACK-1: the sandbox gets the case's variables only, never the worker's environment.
+        pid = as_root.call("start", start_request(spec, work), timeout=120)["pid"]
+        files.write_private(rdir / "pid", str(pid).encode())
         return f"local:{pid}"
-
-    @staticmethod
-    def _pid(job: JobRef) -> int:
-        try:
-            return int(job.remote_id.split(":", 1)[1])
-        except (IndexError, ValueError):
-            raise BackendError(f"not a local job id: {job.remote_id!r}") from None
 
     def poll(self, job: JobRef) -> BackendState:
         rdir = run_dir(job.workspace)
-        pid = self._pid(job)
         cores = 1
         # The status is decided before the output is read: a command that ends between the two
         # reads would otherwise be finalized without the output it wrote last (R-CASE-5).
@@ -444,7 +231,7 @@ class LocalBackend(ExecutionBackend):
                 )
             else:
                 status, message = BackendStatus.FAILED, f"the command exited with status {code}"
-        elif _is_ours(pid, rdir):
+        elif supervisor_alive(rdir):
             status, message = BackendStatus.RUNNING, ""
         else:
             # Gone without writing its status: killed from outside or the host rebooted.
@@ -459,19 +246,16 @@ class LocalBackend(ExecutionBackend):
         execution_time = None
         if started is not None:
             execution_time = max(0.0, (ended or time.time()) - started)
-        return BackendState(
-            status=status,
-            progress=None,
-            execution_time=execution_time,
-            cores=cores,
-            message=message,
-        )
+        return BackendState(status=status, progress=None, execution_time=execution_time, cores=cores, message=message)
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
-        files.sync_live(run_dir(job.workspace) / "work", job.workspace / "live", globs)
+        as_root.call("collect", {"case_id": job.case_id, "what": "live", "globs": list(globs or [])}, timeout=3600)
 
     def fetch_final(self, job: JobRef) -> None:
-        files.fetch_results(run_dir(job.workspace), job.workspace / "results", max_bytes=job.max_result_bytes)
+        if (run_dir(job.workspace) / "results_fetched").exists():
+            return  # a retry whose outcome was not recorded: the results are in, the work is gone
+        request = {"case_id": job.case_id, "what": "results", "max_bytes": job.max_result_bytes}
+        as_root.call("collect", request, timeout=24 * 3600)
 
     def cancel(self, job: JobRef) -> None:
         """R-CASE-8: stop the whole tree. A run directory that vanished is "already gone": the
@@ -479,34 +263,17 @@ class LocalBackend(ExecutionBackend):
         from django.conf import settings
 
         rdir = run_dir(job.workspace)
-        pid = self._pid(job)
         if (rdir / "exit_status").exists():
             raise AlreadyFinished("the command had already finished")
         try:
-            (rdir / "cancelled").write_text("cancelled\n")
+            files.write_private(rdir / "cancelled", b"cancelled\n")
         except FileNotFoundError:
-            pass  # the run directory is gone; whatever still runs under this pid is stopped below
-        if not _is_ours(pid, rdir):
-            return  # already gone
-        try:
-            os.kill(pid, signal.SIGUSR1)  # the supervisor stops the command: SIGTERM, grace, SIGKILL
-        except ProcessLookupError:
-            return
-        except PermissionError as exc:
-            raise BackendError(f"cannot stop process {pid}: {exc}") from None
-        deadline = time.monotonic() + settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS + 10
-        while time.monotonic() < deadline and _is_ours(pid, rdir):
-            time.sleep(0.05)
-        # A supervisor that did not stop in time (or a run started by an older version): SIGKILL
-        # the group. bwrap dying takes its whole pid namespace with it, so a process that trapped
-        # SIGTERM or left the group ends too.
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _group_alive(pid):
-            time.sleep(0.05)
+            pass  # the run directory is gone; the helper stops what still runs through its cgroup
+        else:
+            if not supervisor_alive(rdir):
+                return  # already gone
+        grace = settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS
+        as_root.call("stop", {"case_id": job.case_id, "grace": grace}, timeout=grace + 60)
 
     def launch_options(self, pool) -> LaunchOptions:
         """The wall time in minutes (issue 36); its range and default are the class's
@@ -523,11 +290,9 @@ class LocalBackend(ExecutionBackend):
         return LaunchOptions(options=options, degraded=answer.degraded, message=answer.message)
 
     def purge(self, job: JobRef) -> None:
-        """A cgroup its supervisor could not remove (it was killed) goes with the case."""
-        from django.conf import settings
-
-        if os.geteuid() == 0 and settings.GRIDGATE_CASE_CGROUP != "off":
-            supervisor.remove_cgroup(settings.GRIDGATE_CASE_CGROUP, f"case-{job.case_id}")
+        """The working directory and a cgroup its supervisor could not remove (it was killed)."""
+        if run_dir(job.workspace).exists():
+            as_root.call("clean", {"case_id": job.case_id}, timeout=3600)
 
     def doctor(self, pool=None) -> list[Check]:
         from django.conf import settings
@@ -544,16 +309,7 @@ class LocalBackend(ExecutionBackend):
                 else "bwrap is missing: apt install bubblewrap (only trusted pools run without it)",
             )
         )
-        checks.append(
-            Check(
-                "run as the owner",
-                os.geteuid() == 0 or trusted,
-                "the worker runs as root and switches to each case's account"
-                if os.geteuid() == 0
-                else "the worker is not root: only trusted pools can run cases (docs/operations.md)",
-            )
-        )
-        checks.append(_bounds_check(trusted))
+        checks.append(as_root.helper_check(trusted, cgroup=True))
         network = pool is not None and pool.network
         slirp = shutil.which("slirp4netns")
         checks.append(

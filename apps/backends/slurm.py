@@ -32,14 +32,12 @@ itself is used, which suits a single-node cluster.
 
 from __future__ import annotations
 
-import logging
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from apps.backends import files, sbatch
+from apps.backends import as_root, files, sbatch
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
@@ -54,8 +52,6 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
-
-log = logging.getLogger(__name__)
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
 
@@ -156,6 +152,11 @@ def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> s
         raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
         raise timeout_error(f"{args[0]} did not answer within {TIMEOUT} s", timeout=True) from None
+    return checked(proc, args, check=check, timeout_error=timeout_error)
+
+
+def checked(proc, args: list[str], *, check: bool = True, timeout_error=BackendError) -> subprocess.CompletedProcess:
+    """``proc``'s outcome as :func:`run` reports it (also for the sbatch the privileged helper ran)."""
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         text = f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}"
@@ -232,46 +233,58 @@ class SlurmBackend(ExecutionBackend):
         """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
         so squeue/sacct show the user and file permissions apply; its working directory is
         that account's (0700) and the run directory is the service's (0711: the job reaches its
-        own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 and no
-        other account reads them (issue 36): ``job.sh`` (the command, which may carry a secret)
-        ends up the job's account's, ``manifest.json`` stays the service's. ``run_as`` None or
-        trusted: submitted as the service's own account, which then owns them all."""
+        own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 or
+        0640 and no other account reads them (issue 36): ``job.sh`` (the command, which may carry
+        a secret) ends up the job's account's, ``manifest.json`` stays the service's, the output
+        files are the account's and readable by the service's group. The service prepares the
+        run directory; the privileged helper hands it over and submits (``sbatch`` verb).
+        ``run_as`` None or trusted: submitted by the service as itself, which then owns them all."""
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
         run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
         try:
             files.service_run_dir(rdir, 0o711)  # traverse only: the job reaches its own work/
-            files.prepare_run_dir(
-                rdir, spec.inputs_dir, spec.shared_dir, run_as=run_as, shared="copy" if run_as else "link"
-            )
-            for name in ("stdout", "stderr"):
-                # Written by slurmstepd as the job's user: created here, owned by it.
-                files.write_private(rdir / name)
-                if run_as:
-                    os.chown(rdir / name, run_as.uid, run_as.gid, follow_symlinks=False)
+            if (rdir / "work").exists() and run_as:
+                self._helper("clean", spec.case_id, spec.pool_remote)  # a retry: the account's work/
+            files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir, shared="copy" if run_as else "link")
             script = rdir / "job.sh"
             text = self.job_script(spec, rdir)  # ScriptError (unsafe value): nothing written or submitted
             files.write_private(script, text.encode())  # 0600: the command may carry a secret (issue 36)
+            if not run_as:
+                for name in ("stdout", "stderr"):
+                    files.write_private(rdir / name)
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
-        identity = [f"--uid={run_as.uid}", f"--gid={run_as.gid}"] if run_as else []
         # A timed-out sbatch may have queued the job: uncertain, never a failure (the retry
         # looks the job up by name first, R-CASE-1).
-        # So is an sbatch that says it lost its controller ("Socket timed out"): see ``run``.
-        out = run(["sbatch", "--parsable", *identity, str(script)], timeout_error=SubmitUncertain).stdout.strip()
+        # So is an sbatch that says it lost its controller ("Socket timed out"): see ``checked``.
+        if run_as:
+            account = {"uid": run_as.uid}
+            answer = self._helper("sbatch", spec.case_id, spec.pool_remote, account=account, timeout=TIMEOUT)
+            if answer.get("timeout"):
+                raise SubmitUncertain(f"sbatch did not answer within {TIMEOUT} s", timeout=True)
+            proc = subprocess.CompletedProcess(["sbatch"], answer["returncode"], answer["stdout"], answer["stderr"])
+            out = checked(proc, ["sbatch"], timeout_error=SubmitUncertain).stdout.strip()
+        else:
+            out = run(["sbatch", "--parsable", str(script)], timeout_error=SubmitUncertain).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out!r} instead of a job id")
-        if run_as:
-            # The script is the job's account's own once sbatch has read it, not before: root's
-            # sbatch checks partition access with root's credentials, so an account that could
-            # rewrite the #SBATCH lines before it reads them could pick any partition (R-BACK-6).
-            try:
-                os.chown(script, run_as.uid, run_as.gid, follow_symlinks=False)
-            except OSError as exc:  # the job is queued: a script left the service's is no failure
-                log.warning("case %s: job.sh stays the service's (%s)", spec.case_id, exc)
         return job_id
+
+    @staticmethod
+    def _helper(verb: str, case_id: str, pool_remote: dict, **request) -> dict:
+        """One call of the privileged helper about this case's run directory (issue 36). A
+        ``timeout`` in the request is sbatch's own; the call waits a little longer."""
+        root = (pool_remote or {}).get("working_root")
+        where = {"kind": "slurm", "working_root": root}
+        return as_root.call(
+            verb,
+            {"case_id": case_id, "run": where, **request},
+            timeout=request["timeout"] + 30 if "timeout" in request else 24 * 3600,
+            working_roots=[root] if root else (),
+        )
 
     # -- observation -----------------------------------------------------------------------
     def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
@@ -358,12 +371,12 @@ class SlurmBackend(ExecutionBackend):
         return out
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
-        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-        files.sync_live(rdir / "work", job.workspace / "live", globs)
+        self._helper("collect", job.case_id, job.pool_remote, what="live", globs=list(globs or []))
 
     def fetch_final(self, job: JobRef) -> None:
-        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-        files.fetch_results(rdir, job.workspace / "results", max_bytes=job.max_result_bytes)
+        if (run_dir_for(job.case_id, job.workspace, job.pool_remote) / "results_fetched").exists():
+            return  # a retry whose outcome was not recorded: the results are in, the work is gone
+        self._helper("collect", job.case_id, job.pool_remote, what="results", max_bytes=job.max_result_bytes)
 
     def cancel(self, job: JobRef) -> None:
         state = self.poll_many([job])[job.remote_id]
@@ -372,9 +385,13 @@ class SlurmBackend(ExecutionBackend):
         run(["scancel", job.remote_id])
 
     def purge(self, job: JobRef) -> None:
-        """The run directory goes (SPEC §8, ``manage.py cleanup``); already gone is fine."""
+        """The run directory goes (SPEC §8, ``manage.py cleanup``); already gone is fine. Its
+        ``work/`` is the account's: the privileged helper removes it first."""
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
         try:
-            shutil.rmtree(run_dir_for(job.case_id, job.workspace, job.pool_remote))
+            if (rdir / "work").exists():
+                self._helper("clean", job.case_id, job.pool_remote)
+            shutil.rmtree(rdir)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -412,7 +429,7 @@ class SlurmBackend(ExecutionBackend):
         return sbatch.pin_class_partition(answer, resource_class)
 
     def doctor(self, pool=None) -> list[Check]:
-        checks = []
+        checks = [as_root.helper_check(pool is not None and pool.trusted, cgroup=False)]
         for command in ("sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"):
             found = shutil.which(command)
             checks.append(

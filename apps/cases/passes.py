@@ -557,6 +557,7 @@ def build_spec(case: Case) -> SubmitSpec:
         launch_options=dict(case.launch_options or {}),
         observability_globs=list(case.observability_globs or []),
         shared_dir=workspace.campaign_shared_dir(case.campaign_id) if case.campaign_id else None,
+        campaign_id=str(case.campaign_id) if case.campaign_id else None,
         run_as=run_as(case),
         bounds=case_bounds(resource_class),
     )

@@ -42,11 +42,11 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
     :class:`Unavailable` when the host lacks the account the link names.
     """
     if pool.trusted:
-        if os.geteuid() != 0:
+        if os.geteuid() != 0 and not settings.GRIDGATE_PRIVILEGED_COMMAND:
             return RunAs(RunAs.TRUSTED, network=pool.network)
-        # The service runs as root (it must, to switch to owners' accounts): a trusted pool's
-        # command must never run as root (bwrap started by root keeps every capability, and
-        # root's sbatch queues a root job), so it runs as the unprivileged sandbox account.
+        # The service can switch accounts (it is root, or has the privileged helper's sudo rule):
+        # a trusted pool's command then runs as the unprivileged sandbox account, never as root
+        # or as the service itself, whose files (var/, the secret key) it could otherwise read.
         return _sandbox_account(pool, fallback="nobody")
     uid = unix_uid_for(user)
     if uid is not None:

@@ -17,6 +17,8 @@ from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fi
 def real_backends(settings, cases_root):  # noqa: F811
     settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True  # the doubles speak plain http on 127.0.0.1
+    # The test accounts are system accounts (useradd --system): below the production floor of 1000.
+    settings.GRIDGATE_CASE_MIN_UID = 100
 
 
 def wait_for_terminal(case, *, timeout: float = 60.0, poll_every: float = 0.2):

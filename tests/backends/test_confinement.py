@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from apps.backends import files
+from apps.backends import files, privileged
 from apps.backends.remote_common import confined_target, safe_relative
 
 
@@ -29,10 +29,14 @@ def test_provider_key_through_a_symlink_in_the_workspace_is_refused(tmp_path):
     assert confined_target(results, "x/owned.txt") is None
 
 
-def test_copy_results_never_follows_links_and_sync_never_reads_a_linked_progress(tmp_path):
-    rdir = tmp_path / "run"
+def test_collecting_results_never_follows_links_and_live_files_never_read_a_linked_progress(tmp_path):
+    """The privileged helper's ``collect`` (root, in production) over a tree the command owns."""
+    case = "0b4f6c1e-2d3a-4e5f-8a9b-0c1d2e3f4a5b"
+    config = privileged.Config(cases_root=str(tmp_path), service_uid=os.geteuid(), service_gid=os.getegid())
+    rdir = tmp_path / case / ".run"
     work = rdir / "work"
     (work / ".gridgate").mkdir(parents=True)
+    rdir.chmod(0o700)
     (rdir / "manifest.json").write_text("{}")
     secret = tmp_path / "secret.txt"
     secret.write_text("0.5")
@@ -41,10 +45,12 @@ def test_copy_results_never_follows_links_and_sync_never_reads_a_linked_progress
     (work / ".gridgate" / "progress").symlink_to(secret)
     os.mkfifo(work / "fifo")  # a FIFO would block a naive reader forever
     (work / "real.txt").write_text("ok")
-    results, live = tmp_path / "results", tmp_path / "live"
-    assert files.copy_results(rdir, results) == ["real.txt"]
-    assert files.sync_live(work, live, ["*"]) == ["real.txt"]
+    live = tmp_path / case / "live"
+    assert privileged.collect(config, {"case_id": case, "what": "live", "globs": ["*"]}) == {"copied": ["real.txt"]}
     assert not (live / ".gridgate" / "progress").exists()
+    assert privileged.collect(config, {"case_id": case, "what": "results"}) == {"copied": ["real.txt"]}
+    assert (tmp_path / case / "results" / "real.txt").read_text() == "ok"
+    assert not work.exists()  # dropped once the results are in (issue 36)
 
 
 def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):
@@ -59,7 +65,7 @@ def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):
 
 def test_a_hard_link_planted_in_the_workspace_is_never_read(tmp_path):
     """R-CASE-8: a hard link can name a file its creator could not read (protected_hardlinks off)."""
-    from apps.backends.files import open_regular
+    from apps.backends.privileged import open_regular
 
     secret = tmp_path / "root-only"
     secret.write_text("secret")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from apps.backends.local import _group_alive, run_dir
+from apps.backends.local import run_dir
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
@@ -72,6 +72,18 @@ def marker_processes(marker: str) -> list[int]:
         if marker.encode() in cmdline and state != "Z":
             found.append(int(entry))
     return found
+
+
+def _group_alive(pgid: int) -> bool:
+    """Some process of the group is still running (zombies have finished)."""
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def zombie_children() -> list[int]:

@@ -1,0 +1,1303 @@
+"""The one part of Gridgate that runs as root: the account switch, and what must be done with
+another account's files (R-CASE-8, issue 36).
+
+The web and worker processes run as the service's own unprivileged account. For the few things
+only root can do they run this file, through one sudo rule (``GRIDGATE_PRIVILEGED_COMMAND``,
+docs/deployment.md), as a fresh interpreter that imports nothing of the project and nothing
+outside the standard library (``python3 -I -S``): no Django, no pickle, no SDK runs as root. A
+service that itself runs as root (a single-host test set-up) calls it the same way without
+sudo. Each call is ``<verb>`` with one JSON request on stdin; the answer is one JSON object on
+stdout (exit status 2 and ``{"error"}`` for a refusal).
+
+What it trusts under sudo: nothing the caller says about where things are or who may run.
+Its configuration is :data:`CONFIG_FILE` (root's, writable by nobody else) and every request is
+checked against it: a case id is a UUID; the account exists, is not root, not the service, and
+has a uid of at least ``min_uid`` unless it is one of the named sandbox accounts; every path is
+reached from a configured root one component at a time without following a symlink; files of the
+service's or of a user's tree are opened ``O_NOFOLLOW``, never as hard links, never as anything
+but regular files; what it writes into the service's tree is created anew and handed to the
+service. The command line it runs is built here from those checked values, never taken from
+the caller. Without sudo the configuration comes with the request (the caller is root already, or
+runs trusted cases as itself and can switch to nobody).
+
+Verbs:
+- ``start``: a local case whose run directory the service prepared: hand its working directory
+  to the case's account, make its cgroup (memory, tasks, CPU), and start the supervisor that
+  runs the sandbox (bubblewrap) and watches the bounds (:class:`Supervisor`), detached;
+- ``stop``: ask a local case's supervisor to stop the command (a cancel);
+- ``collect``: copy a case's results (or live files) from its working directory, which its
+  account owns, into its workspace, which the service owns; after the results, drop the working
+  directory;
+- ``clean``: remove a case's working directory and any cgroup left behind;
+- ``sbatch``: a Slurm case: hand its working directory and output files to its account and
+  submit its job script as that account;
+- ``version``: the protocol this copy speaks and whether its configuration loads (doctor).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import pwd
+import re
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: a request names the protocol it was written for: a helper installed from an older or newer
+#: checkout refuses it (reinstall it with the checkout, docs/deployment.md)
+PROTOCOL = 1
+CONFIG_FILE = "/etc/gridgate/privileged.json"
+CASE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+JOB_ID = re.compile(r"[0-9]{1,12}")
+#: the largest command, environment and job script a request may carry
+MAX_TEXT = 1 << 20
+#: fds the sandbox's command line refers to (dup'ed there in the sandbox's process)
+COMMAND_FD, INFO_FD, BLOCK_FD, RESOLV_FD, WORK_FD, SHARED_FD = 3, 4, 5, 6, 7, 8
+CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+#: how long slirp4netns may take to plumb a sandbox's network before the case fails
+NETWORK_SETUP_SECONDS = 20
+COMMAND_IN_SANDBOX = "/gridgate/command.sh"
+#: slirp4netns's built-in DNS forwarder: the only name server of a case with the network
+SLIRP_RESOLV = b"nameserver 10.0.2.3\n"
+#: /etc entries a shell command needs (users, libraries, locale, alternatives such as awk, TLS
+#: roots, name resolution); the rest of /etc (a deployment's env files) stays out of sight.
+ETC_ENTRIES = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+)
+#: top-level system directories, bound read-only (or recreated as the symlinks they are on
+#: merged-/usr systems). Not /opt, /srv or /home: deployments live there.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: top-level names of a working directory that are never results: the campaign's shared inputs
+#: and Gridgate's own control files
+NOT_RESULTS = ("shared", ".gridgate")
+PROGRESS_FILE = ".gridgate/progress"
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Refused(Exception):
+    """The request is not one this helper carries out; the message says why."""
+
+
+class TooLarge(Refused):
+    """The results hold more than the case may bring back."""
+
+
+# -- configuration ---------------------------------------------------------------------------------
+@dataclass
+class Config:
+    """Where things are and who may run (from :data:`CONFIG_FILE` under sudo)."""
+
+    cases_root: str
+    service_uid: int
+    service_gid: int
+    min_uid: int = 1000
+    sandbox_accounts: list[str] = field(default_factory=list)
+    working_roots: list[str] = field(default_factory=list)
+    cgroup: str = "gridgate"
+    nproc: int = 4096
+    #: the Slurm client's configuration file, when not the default (SLURM_CONF)
+    slurm_conf: str | None = None
+
+    @classmethod
+    def from_dict(cls, data) -> Config:
+        if not isinstance(data, dict):
+            raise Refused("the configuration is not a JSON object")
+        try:
+            config = cls(
+                cases_root=str(data["cases_root"]),
+                service_uid=int(data["service_uid"]),
+                service_gid=int(data["service_gid"]),
+                min_uid=int(data.get("min_uid", 1000)),
+                sandbox_accounts=[str(name) for name in data.get("sandbox_accounts", [])],
+                working_roots=[str(root) for root in data.get("working_roots", [])],
+                cgroup=str(data.get("cgroup", "gridgate")),
+                nproc=int(data.get("nproc", 4096)),
+                slurm_conf=str(data["slurm_conf"]) if data.get("slurm_conf") else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Refused(f"the configuration is incomplete or malformed ({exc})") from None
+        for root in [config.cases_root, *config.working_roots, *([config.slurm_conf] if config.slurm_conf else [])]:
+            if not root.startswith("/"):
+                raise Refused(f"configured root {root!r} is not an absolute path")
+        return config
+
+
+def via_sudo() -> bool:
+    """Run as root by sudo on behalf of another account (sudo sets SUDO_UID itself; the caller
+    cannot choose it without a SETENV rule, which the documented rule does not give)."""
+    return os.geteuid() == 0 and os.environ.get("SUDO_UID", "0") != "0"
+
+
+def load_config(request: dict) -> Config:
+    if not via_sudo():
+        return Config.from_dict(request.get("config"))
+    try:
+        fd = os.open(CONFIG_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Refused(f"cannot read {CONFIG_FILE}: {exc.strerror} (docs/deployment.md)") from None
+    with os.fdopen(fd) as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise Refused(f"{CONFIG_FILE} must be root's and writable by nobody else")
+        try:
+            config = Config.from_dict(json.load(handle))
+        except ValueError as exc:
+            raise Refused(f"{CONFIG_FILE} is not valid JSON ({exc})") from None
+    if int(os.environ["SUDO_UID"]) != config.service_uid:
+        raise Refused("only the service account named in the configuration may call this helper")
+    return config
+
+
+# -- checked values ------------------------------------------------------------------------------
+def case_id(request: dict) -> str:
+    value = request.get("case_id")
+    if not isinstance(value, str) or not CASE_ID.fullmatch(value):
+        raise Refused("case_id must be a case's UUID")
+    return value
+
+
+def account(config: Config, request: dict):
+    """The passwd entry of the account the case runs as, or None for no switch (the service's
+    own account: only when the helper itself is not root)."""
+    wanted = request.get("account")
+    if wanted is None:
+        if os.geteuid() == 0:
+            raise Refused("as root, a case always runs as an account of its own")
+        return None
+    try:
+        entry = pwd.getpwuid(int(wanted["uid"]))
+    except (KeyError, TypeError, ValueError):
+        raise Refused(f"no account with uid {wanted!r} on this host") from None
+    if entry.pw_uid == 0 or entry.pw_uid == config.service_uid:
+        raise Refused("cases never run as root or as the service's own account")
+    if entry.pw_uid < config.min_uid and entry.pw_name not in config.sandbox_accounts:
+        raise Refused(
+            f"uid {entry.pw_uid} ({entry.pw_name}) is a system account (below {config.min_uid}): "
+            "cases run as users' own accounts or a named sandbox account"
+        )
+    if os.geteuid() != 0:
+        raise Refused("switching to another account needs root (the helper is not run by sudo or as root)")
+    return entry
+
+
+def _positive_int(request: dict, key: str, maximum: int = 1 << 62, minimum: int = 1) -> int:
+    value = request.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise Refused(f"{key} must be a whole number from {minimum} to {maximum}")
+    return value
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str) or "\x00" in value or len(value) > MAX_TEXT:
+        raise Refused(f"{what} must be text without NUL, at most {MAX_TEXT} characters")
+    return value
+
+
+# -- paths reached without following links ---------------------------------------------------------
+def open_dir(root: str, *parts: str, create: bool = False, owner: tuple[int, int] | None = None) -> int:
+    """An fd on ``root/parts…``: ``root`` is a configured path (the operator's: it may be a
+    symlink to a shared file system), each part below it is opened ``O_NOFOLLOW`` (and made
+    0700, handed to ``owner``, when ``create``)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            if part in ("", ".", "..") or "/" in part or "\x00" in part:
+                raise Refused(f"invalid path component {part!r}")
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+                except FileExistsError:
+                    pass
+            try:
+                inner = os.open(part, _DIR, dir_fd=fd)
+            except OSError as exc:
+                problem = f"{part!r} under {root} is not a directory reached without a link ({exc.strerror})"
+                raise Refused(problem) from None
+            os.close(fd)
+            fd = inner
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(name, *, dir_fd: int | None = None) -> int | None:
+    """An fd on ``name`` if it is a regular file with one name, reached without following a
+    symlink, else None (a symlink, a hard link, a FIFO, a device, a directory, or nothing)."""
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    # A hard link is no symlink, but it can name a file its maker could not read (a root-only file
+    # on the same file system where protected_hardlinks is off): never one.
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def untrusted_files(dir_fd: int, skip_top: tuple[str, ...] = ()):
+    """(relative path, directory fd, name) of the entries under the directory ``dir_fd``, walked
+    through directory fds without following any symlink."""
+    for dirpath, dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        rel_dir = os.path.normpath(dirpath)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d not in skip_top]
+            filenames = [f for f in filenames if f not in skip_top]
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield (name if rel_dir == "." else f"{rel_dir}/{name}"), fd, name
+
+
+def data_extents(fd: int, size: int):
+    """(start, end) of each stretch of ``fd`` that holds data (the whole file where the file
+    system cannot tell holes apart)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return  # nothing but a hole up to the end
+            yield offset, size
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        offset = end
+
+
+def copy_sparse(src: int, out: int) -> None:
+    """The content of ``src`` into ``out``; holes stay holes (an 8 GiB sparse file storing
+    nothing is copied as nothing, issue 36)."""
+    size = os.fstat(src).st_size
+    for start, end in data_extents(src, size):
+        position = start
+        while position < end:
+            chunk = os.pread(src, min(1 << 20, end - position), position)
+            if not chunk:
+                break
+            os.pwrite(out, chunk, position)
+            position += len(chunk)
+    os.ftruncate(out, size)
+
+
+def sha256_fd(fd: int) -> str:
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_into(root_fd: int, rel: str, src: int, owner: tuple[int, int]) -> None:
+    """Copy ``src`` to ``rel`` below the directory ``root_fd`` (the service's), every directory
+    reached ``O_NOFOLLOW`` (made 0700 and the service's when missing), the file made anew under a
+    temporary name, handed to the service and renamed into place: nothing is written through a
+    link planted there, and a failure leaves complete files only."""
+    parts = rel.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+                os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            inner = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        name = parts[-1]
+        part = f".{name}.part"
+        try:
+            os.unlink(part, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            copy_sparse(src, out)
+            os.fchown(out, *owner)
+        finally:
+            os.close(out)
+        os.replace(part, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def give_tree(dir_fd: int, entry, *, service_uid: int) -> None:
+    """Hand the tree under ``dir_fd`` (prepared by the service) to the account ``entry``, the
+    top 0700. Every entry is opened without following a link and changed through its fd; a tree
+    holding anything but the service's (or already the account's) directories and single-named
+    regular files is refused: nothing else changes hands."""
+    uid, gid = entry.pw_uid, entry.pw_gid
+    for _dirpath, _dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        _check_owned(os.fstat(fd), service_uid, uid, "a directory")
+        os.fchown(fd, uid, gid)
+        for name in filenames:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                continue  # a link changes nothing: it is never followed
+            file_fd = open_regular(name, dir_fd=fd)
+            if file_fd is None:
+                raise Refused(f"the working directory holds {name!r}, which is not a single regular file")
+            try:
+                _check_owned(os.fstat(file_fd), service_uid, uid, name)
+                os.fchown(file_fd, uid, gid)
+            finally:
+                os.close(file_fd)
+    os.fchmod(dir_fd, 0o700)
+
+
+def _check_owned(info, service_uid: int, uid: int, what: str) -> None:
+    if info.st_uid not in (service_uid, uid):
+        raise Refused(f"the working directory holds {what} of uid {info.st_uid}, neither the service's nor the case's")
+
+
+# -- where a case's run directory is --------------------------------------------------------------
+def run_dir(config: Config, request: dict) -> int:
+    """An fd on the case's run directory, which the service made: ``<cases root>/<case>/.run``
+    (local, and Slurm pools without a working root) or ``<working root>/<case>`` (Slurm)."""
+    case = case_id(request)
+    where = request.get("run") or {"kind": "local"}
+    root = where.get("working_root") if isinstance(where, dict) else None
+    if root is not None:
+        if root not in config.working_roots:
+            raise Refused(f"{root!r} is not a working root of this site's Slurm pools")
+        fd = open_dir(root, case)
+    else:
+        fd = open_dir(config.cases_root, case, ".run")
+    info = os.fstat(fd)
+    if info.st_uid != config.service_uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise Refused("the run directory is not the service's own (or others may write it)")
+    return fd
+
+
+# -- cgroups (v2 unified, or v1 per controller) ---------------------------------------------------
+class CgroupError(Refused):
+    """The case's cgroup cannot be made: the message says what to set up (docs/operations.md)."""
+
+
+def _mounts() -> tuple[str | None, dict[str, str]]:
+    """The cgroup2 mount point (if any) and the v1 mount point of each controller."""
+    unified, v1 = None, {}
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) < 5 or len(rest) < 3:
+                continue
+            if rest[0] == "cgroup2" and unified is None:
+                unified = fields[4]
+            elif rest[0] == "cgroup":
+                for option in rest[2].split(","):
+                    if option in CONTROLLERS:
+                        v1.setdefault(option, fields[4])
+    return unified, v1
+
+
+def _v2_root(unified: str | None) -> str | None:
+    """The unified hierarchy, when it carries the memory and pids controllers."""
+    if unified is None:
+        return None
+    try:
+        available = Path(unified, "cgroup.controllers").read_text().split()
+    except OSError:
+        return None
+    return unified if {"memory", "pids"} <= set(available) else None
+
+
+def _write(path: Path, value) -> None:
+    path.write_text(f"{value}\n")
+
+
+def _cgroup_base(base: str) -> list[str]:
+    parts = [part for part in base.split("/") if part]
+    if not parts or any(part in (".", "..") for part in parts):
+        raise CgroupError(f"the cgroup base {base!r} is not a path below the cgroup mount")
+    return parts
+
+
+def create_cgroup(base: str, name: str, *, memory_bytes: int, tasks: int, cpu: float) -> dict:
+    """Create (or reuse, on a retried start) the case's cgroup with its bounds; returns what
+    :class:`Cgroup` needs: ``{"version", "dirs"}``. ``base`` is relative to the cgroup mount
+    (``gridgate``: a hierarchy of its own at the top, as docker's cgroupfs driver makes)."""
+    unified, v1 = _mounts()
+    root = _v2_root(unified)
+    quota = max(1000, math.ceil(cpu * CPU_PERIOD_US))
+    try:
+        if root is not None:
+            parent = Path(root)
+            for part in _cgroup_base(base):
+                # Controllers reach a child only when every ancestor hands them down.
+                _enable_v2_controllers(parent)
+                parent = parent / part
+                parent.mkdir(exist_ok=True)
+            _enable_v2_controllers(parent)
+            leaf = parent / name
+            leaf.mkdir(exist_ok=True)
+            _write(leaf / "memory.max", memory_bytes)
+            if (leaf / "memory.swap.max").exists():
+                _write(leaf / "memory.swap.max", 0)
+            _write(leaf / "pids.max", tasks)
+            if (leaf / "cpu.max").exists():
+                _write(leaf / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            return {"version": 2, "dirs": {"unified": str(leaf)}}
+        missing = [c for c in ("memory", "pids") if c not in v1]
+        if missing:
+            raise CgroupError(
+                f"no cgroup hierarchy with the {' and '.join(missing)} controller is mounted on this host"
+            )
+        dirs = {}
+        for controller in CONTROLLERS:
+            if controller in v1:
+                leaf = Path(v1[controller], *_cgroup_base(base), name)
+                leaf.mkdir(parents=True, exist_ok=True)
+                dirs[controller] = leaf
+        memory = dirs["memory"]
+        _write(memory / "memory.limit_in_bytes", memory_bytes)
+        if (memory / "memory.memsw.limit_in_bytes").exists():
+            _write(memory / "memory.memsw.limit_in_bytes", memory_bytes)  # no escape into swap
+        _write(dirs["pids"] / "pids.max", tasks)
+        if "cpu" in dirs:
+            _write(dirs["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
+            _write(dirs["cpu"] / "cpu.cfs_quota_us", quota)
+        return {"version": 1, "dirs": {controller: str(path) for controller, path in dirs.items()}}
+    except OSError as exc:
+        raise CgroupError(f"cannot create the case's cgroup under {base!r}: {exc.strerror or exc}") from None
+
+
+def remove_cgroup(base: str, name: str) -> None:
+    """Remove a case's cgroup left behind (its supervisor was killed); nothing if there is none."""
+    unified, v1 = _mounts()
+    root = _v2_root(unified)
+    mounts = [root] if root is not None else [v1[c] for c in CONTROLLERS if c in v1]
+    found = {
+        str(i): str(Path(mount, *_cgroup_base(base), name))
+        for i, mount in enumerate(mounts)
+        if Path(mount, *_cgroup_base(base), name).is_dir()
+    }
+    if found:
+        Cgroup(2 if root is not None else 1, found).remove()
+
+
+def _enable_v2_controllers(directory: Path) -> None:
+    available = set((directory / "cgroup.controllers").read_text().split())
+    enabled = set((directory / "cgroup.subtree_control").read_text().split())
+    wanted = [c for c in CONTROLLERS if c in available and c not in enabled]
+    if wanted:
+        try:
+            _write(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+        except OSError as exc:
+            raise CgroupError(
+                f"cannot enable {', '.join(wanted)} below {directory} ({exc.strerror}): with systemd, run "
+                "the worker with Delegate=yes and point GRIDGATE_CASE_CGROUP below its own cgroup"
+            ) from None
+
+
+class Cgroup:
+    """One case's cgroup as the supervisor uses it: enter, read what the kernel refused or
+    killed, stop everything in it, remove it."""
+
+    def __init__(self, version: int, dirs: dict[str, str]):
+        self.version = version
+        self.by_controller = {controller: Path(path) for controller, path in dirs.items()}
+        self.dirs = list(self.by_controller.values())
+
+    def _file(self, controller: str, name: str) -> Path:
+        return self.by_controller.get(controller, self.dirs[0]) / name
+
+    def enter(self, pid: int) -> None:
+        for directory in self.dirs:
+            _write(directory / "cgroup.procs", pid)
+
+    def _counter(self, path: Path, key: str) -> int:
+        try:
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def oom_kills(self) -> int:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        return self._counter(self._file("memory", name), "oom_kill")
+
+    def forks_refused(self) -> int:
+        return self._counter(self._file("pids", "pids.events"), "max")
+
+    def pids(self) -> set[int]:
+        out = set()
+        for directory in self.dirs:
+            try:
+                out.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def signal(self, signum: int) -> None:
+        if signum == signal.SIGKILL and self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+            try:
+                _write(self.dirs[0] / "cgroup.kill", 1)
+                return
+            except OSError:
+                pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    def remove(self) -> None:
+        """Kill what is left and remove the directories (a cgroup with a process cannot go)."""
+        for _ in range(50):
+            if not self.pids():
+                break
+            self.signal(signal.SIGKILL)
+            time.sleep(0.1)
+        for directory in self.dirs:
+            for _ in range(20):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+# -- the sandbox's command line ----------------------------------------------------------------------
+def _bind_system(args: list[str], *, network: bool) -> None:
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--perms", "0755", "--dir", "/etc"]  # bwrap makes missing parents 0700: the account could not enter
+    for name in ETC_ENTRIES:
+        if name == "resolv.conf" and network:
+            args += ["--perms", "0644", "--ro-bind-data", str(RESOLV_FD), "/etc/resolv.conf"]
+        else:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+
+
+def _dirs(args: list[str], path: Path, below: Path | None = None) -> None:
+    """Create ``path``'s ancestors (below ``below``) 0755 in the sandbox, so the account can
+    reach its working directory by its absolute path too."""
+    for parent in reversed(path.parents):
+        if parent == Path("/") or (below is not None and not parent.is_relative_to(below)) or parent == below:
+            continue
+        args += ["--perms", "0755", "--dir", str(parent)]
+
+
+def sandbox_argv(
+    config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
+) -> list[str]:
+    """The command line that runs the case's command (fd 3) as ``entry``'s account in its
+    sandbox (R-CASE-8, issue 36). Its working directory and the campaign's shared inputs are
+    bound from the fds this helper opened (``/proc/self/fd/N``): no path the service could swap
+    for a link is resolved by bwrap. With the network, bwrap reports on fd 4 and waits on fd 5."""
+    inner = ["env", "--default-signal=TERM", "/bin/sh", COMMAND_IN_SANDBOX]
+    work = Path(config.cases_root, case, ".run", "work")
+    bwrap = shutil.which("bwrap", path=DEFAULT_PATH)
+    if bwrap is None:
+        if entry is not None:
+            raise Refused("bubblewrap (bwrap) is not installed: cases cannot run in a sandbox (apt install bubblewrap)")
+        # A trusted single-user pool without bubblewrap (a developer's laptop): the service's own
+        # account, a cleared environment, no sandbox, the host's network (docs/operations.md).
+        variables = [f"{name}={value}" for name, value in sorted(env.items())]
+        command = ["env", "--default-signal=TERM", "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
+        return ["/usr/bin/env", "-i", *variables, "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *command]
+    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
+    # Issue 36: never the host's network namespace, whose loopback holds the database.
+    args.append("--unshare-net")
+    if network:
+        args += ["--info-fd", str(INFO_FD), "--block-fd", str(BLOCK_FD)]
+    _bind_system(args, network=network)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    # Private and bounded: tmpfs pages count against the case's memory anyway.
+    args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]  # noqa: S108 - private
+    args += ["--perms", "0755", "--dir", str(Path(COMMAND_IN_SANDBOX).parent)]
+    args += ["--perms", "0444", "--ro-bind-data", str(COMMAND_FD), COMMAND_IN_SANDBOX]
+    # Of the cases root, only this case's working directory exists in the sandbox.
+    root = Path(config.cases_root)
+    _dirs(args, root)
+    args += ["--perms", "0755", "--tmpfs", str(root)]
+    _dirs(args, work, below=root)
+    args += ["--bind", f"/proc/self/fd/{WORK_FD}", str(work)]
+    if shared:
+        args += ["--ro-bind", f"/proc/self/fd/{SHARED_FD}", str(work / "shared")]
+    args += ["--chdir", str(work), "--clearenv"]
+    for name, value in sorted(env.items()):
+        args += ["--setenv", name, value]
+    if entry is not None:
+        # bwrap drops every capability of a root caller; setpriv needs these two to switch to
+        # the account, then clears them all (and the bounding set) before the command starts.
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        args += [
+            "setpriv",
+            f"--reuid={entry.pw_uid}",
+            f"--regid={entry.pw_gid}",
+            "--init-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ]
+    else:
+        args.append("--")
+    return args + inner
+
+
+# -- the supervisor ------------------------------------------------------------------------------
+def disk_usage(dir_fd: int, *fds: int) -> int:
+    """Bytes the tree under ``dir_fd`` and the open files ``fds`` hold on disk (allocated
+    blocks: a sparse file costs what it stores); symlinks are never followed."""
+    total = sum(os.fstat(fd).st_blocks * 512 for fd in fds)
+    for _dirpath, _dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        total += os.fstat(fd).st_blocks * 512
+        for name in filenames:
+            try:
+                total += os.stat(name, dir_fd=fd, follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _write_at(dir_fd: int, name: str, text: str) -> None:
+    """A control file of the run directory, written anew and renamed into place (mode 0644: the
+    service reads it), never through a link."""
+    part = f".{name}.part"
+    try:
+        os.unlink(part, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    os.replace(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _new_file(dir_fd: int, name: str, owner: tuple[int, int], mode: int = 0o600) -> int:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    os.fchown(fd, *owner)
+    return fd
+
+
+class Supervisor:
+    """Runs the sandbox and stays beside it until it ends: the cgroup, the rlimits, the wall time
+    and disk bound, slirp4netns, and the files that say how it ended (``limit``, then
+    ``exit_status``). Holds ``lock`` (flock) for its whole life: that is how the service, which
+    cannot see root's processes everywhere, tells it is alive. SIGUSR1 stops the command."""
+
+    def __init__(self, plan: dict, fds: dict[int, int], rdir_fd: int, work_fd: int, cgroup: Cgroup | None):
+        self.plan = plan
+        self.fds = fds
+        self.rdir_fd = rdir_fd
+        self.work_fd = work_fd
+        self.cgroup = cgroup
+        self.stop_requested = False
+        self.child = 0
+        self.slirp = None
+        self.reason = None
+
+    def start(self) -> None:
+        fds = dict(self.fds)
+        network = self.plan["network"] and "bwrap" in os.path.basename(self.plan["argv"][0])
+        if network:
+            info_r, fds[INFO_FD] = os.pipe2(os.O_CLOEXEC)
+            fds[BLOCK_FD], block_w = os.pipe2(os.O_CLOEXEC)
+        # Above every target number first, so no dup2 below overwrites a source not yet moved.
+        high = {target: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 20) for target, fd in fds.items()}
+        if network:
+            os.close(fds[INFO_FD])
+            os.close(fds[BLOCK_FD])
+        pid = os.fork()
+        if pid == 0:  # the sandbox's process
+            try:
+                if self.cgroup is not None:
+                    self.cgroup.enter(os.getpid())
+                import resource
+
+                for name, value in self.plan["rlimits"].items():
+                    resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (value, value))
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+                for target, fd in high.items():
+                    os.dup2(fd, target)  # dup2 clears close-on-exec on the copy
+                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))
+                argv = self.plan["argv"]
+                os.execv(argv[0], argv)  # noqa: S606 - the sandbox's command line, no shell
+            finally:
+                os._exit(127)
+        self.child = pid
+        for fd in high.values():
+            os.close(fd)
+        if network:
+            self._plumb_network(info_r, block_w)
+
+    def _plumb_network(self, info_r: int, block_w: int) -> None:
+        """Give the sandbox's network namespace its route out (never the host's loopback), then
+        let bwrap go on (it waits on --block-fd until then)."""
+        data = b""
+        deadline = time.monotonic() + NETWORK_SETUP_SECONDS
+        child_pid = None
+        while child_pid is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(info_r, 4096)
+            if not chunk:
+                break
+            data += chunk
+            try:
+                child_pid = int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                continue
+        os.close(info_r)
+        if child_pid is None:
+            os.close(block_w)
+            return  # bwrap failed before creating the sandbox: its exit status says so
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        self.exit_r, self.exit_w = os.pipe2(os.O_CLOEXEC)
+        slirp = shutil.which("slirp4netns", path=DEFAULT_PATH)
+        try:
+            self.slirp = subprocess.Popen(
+                [
+                    slirp or "slirp4netns",
+                    "--configure",
+                    "--mtu=65520",
+                    "--disable-host-loopback",
+                    f"--ready-fd={ready_w}",
+                    f"--exit-fd={self.exit_r}",
+                    str(child_pid),
+                    "tap0",
+                ],
+                pass_fds=(ready_w, self.exit_r),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:
+            self.slirp = None
+        os.close(ready_w)
+        ok = False
+        if self.slirp is not None:
+            ready, _, _ = select.select([ready_r], [], [], NETWORK_SETUP_SECONDS)
+            ok = bool(ready) and os.read(ready_r, 1) == b"1"
+        os.close(ready_r)
+        if not ok:
+            self._limit("network")
+            self.stop_requested = True
+        else:
+            os.write(block_w, b"1")
+        os.close(block_w)
+
+    def _limit(self, reason: str) -> None:
+        message = self.plan["messages"].get(reason, reason)
+        _write_at(self.rdir_fd, "limit", json.dumps({"reason": reason, "message": message}))
+        self.reason = reason
+
+    def _exited(self):
+        pid, status = os.waitpid(self.child, os.WNOHANG)
+        return os.waitstatus_to_exitcode(status) if pid else None
+
+    def stop(self) -> int:
+        """SIGTERM to the command (its process group and cgroup), SIGKILL after the grace."""
+        try:
+            os.killpg(os.getpgid(0), signal.SIGTERM)  # we and bwrap ignore it; the command does not
+        except OSError:
+            pass
+        if self.cgroup is not None:
+            self.cgroup.signal(signal.SIGTERM)
+        deadline = time.monotonic() + float(self.plan["grace"])
+        while time.monotonic() < deadline:
+            code = self._exited()
+            if code is not None:
+                return code
+            time.sleep(0.05)
+        try:
+            os.kill(self.child, signal.SIGKILL)  # bwrap: its pid namespace goes with it
+        except OSError:
+            pass
+        if self.cgroup is not None:
+            self.cgroup.signal(signal.SIGKILL)
+        return os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
+
+    def watch(self) -> int:
+        """Wait for the command, stopping it at the first bound it crosses."""
+        started = time.monotonic()
+        wall = float(self.plan["wall_seconds"])
+        disk = self.plan["disk_bytes"]
+        disk_every = float(self.plan["disk_interval"])
+        next_disk = started + disk_every
+        while True:
+            code = self._exited()
+            if code is not None:
+                break
+            now = time.monotonic()
+            if self.stop_requested:
+                return self.stop()  # a cancel (or a failed network set-up): no bound to record
+            if now - started >= wall:
+                self._limit("wall_time")
+            elif self.cgroup is not None and self.cgroup.oom_kills():
+                self._limit("memory")
+            elif self.cgroup is not None and self.cgroup.forks_refused():
+                self._limit("tasks")
+            elif now >= next_disk:
+                next_disk = now + disk_every
+                if disk_usage(self.work_fd, self.fds[1], self.fds[2]) > disk:
+                    self._limit("disk")
+            if self.reason:
+                return self.stop()
+            time.sleep(0.2)
+        # Ended on its own: an OOM kill or a refused fork along the way still fails the case,
+        # whatever the shell's last command returned (as Slurm records OUT_OF_MEMORY).
+        if self.cgroup is not None and self.cgroup.oom_kills():
+            self._limit("memory")
+        elif self.cgroup is not None and self.cgroup.forks_refused():
+            self._limit("tasks")
+        return code
+
+    def finish(self, code: int) -> None:
+        if self.slirp is not None:
+            os.close(self.exit_w)  # slirp4netns ends when its exit fd closes
+            try:
+                self.slirp.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.slirp.kill()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        # As a shell reports a signal: 128 + its number.
+        _write_at(self.rdir_fd, "exit_status", str(code if code >= 0 else 128 - code))
+
+
+# -- verbs ----------------------------------------------------------------------------------------
+def start(config: Config, request: dict) -> dict:
+    """Check the request, hand the working directory over, make the cgroup, open everything the
+    sandbox needs, then detach the supervisor; answers its pid once it holds its lock."""
+    case = case_id(request)
+    entry = account(config, request)
+    env = request.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.fullmatch(k) for k in env):
+        raise Refused("env must map variable names to text")
+    env = {name: _text(value, f"the variable {name}") for name, value in env.items()}
+    # slirp4netns plumbs a namespace root made; unprivileged (a trusted laptop pool) the sandbox
+    # keeps no network at all rather than the host's.
+    network = bool(request.get("network")) and os.geteuid() == 0
+    bounds = request.get("bounds") or {}
+    memory = _positive_int(bounds, "memory_bytes")
+    tasks = _positive_int(bounds, "tasks", 1 << 22)
+    disk = _positive_int(bounds, "disk_bytes")
+    cpu = bounds.get("cpu")
+    if isinstance(cpu, bool) or not isinstance(cpu, int | float) or not 0 < cpu <= 65536:
+        raise Refused("bounds.cpu must be a number of cores above 0")
+    messages = request.get("messages") or {}
+    if not isinstance(messages, dict):
+        raise Refused("messages must be an object")
+    messages = {str(key): _text(value, "a message")[:2000] for key, value in messages.items()}
+    plan = {
+        "network": network,
+        "wall_seconds": _positive_int(request, "wall_seconds"),
+        "grace": _positive_int(request, "grace", 3600, minimum=0),
+        "disk_interval": _positive_int(request, "disk_interval", 3600),
+        "disk_bytes": disk,
+        "messages": messages,
+        "rlimits": {"FSIZE": disk, "CORE": 0, **({"NPROC": config.nproc} if entry is not None else {})},
+    }
+    rdir_fd = run_dir(config, request)
+    opened = [rdir_fd]
+    try:
+        work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
+        opened.append(work_fd)
+        if entry is not None:
+            give_tree(work_fd, entry, service_uid=config.service_uid)
+        command_fd = open_regular("command.sh", dir_fd=rdir_fd)
+        if command_fd is None:
+            raise Refused("the run directory holds no command.sh (a single regular file)")
+        opened.append(command_fd)
+        fds = {COMMAND_FD: command_fd, WORK_FD: work_fd}
+        shared = request.get("shared_campaign")
+        if shared is not None:
+            if not isinstance(shared, str) or not CASE_ID.fullmatch(shared):
+                raise Refused("shared_campaign must be a campaign's UUID")
+            fds[SHARED_FD] = open_dir(config.cases_root, "campaigns", shared, "shared")
+            opened.append(fds[SHARED_FD])
+        if network:
+            fds[RESOLV_FD] = os.memfd_create("resolv.conf", os.MFD_CLOEXEC)
+            os.write(fds[RESOLV_FD], SLIRP_RESOLV)
+            os.lseek(fds[RESOLV_FD], 0, os.SEEK_SET)
+            opened.append(fds[RESOLV_FD])
+        service = (config.service_uid, config.service_gid)
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        opened.append(devnull)
+        stdout = _new_file(rdir_fd, "stdout", service)
+        opened.append(stdout)
+        stderr = _new_file(rdir_fd, "stderr", service)
+        opened.append(stderr)
+        fds.update({0: devnull, 1: stdout, 2: stderr})
+        for name in ("exit_status", "limit"):
+            try:
+                os.unlink(name, dir_fd=rdir_fd)
+            except FileNotFoundError:
+                pass
+        plan["argv"] = sandbox_argv(
+            config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory
+        )
+        cgroup = None
+        if entry is not None and config.cgroup != "off":
+            cgroup = Cgroup(**create_cgroup(config.cgroup, f"case-{case}", memory_bytes=memory, tasks=tasks, cpu=cpu))
+        lock = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rdir_fd)
+        opened.append(lock)
+        return {"pid": _detach(plan, fds, rdir_fd, work_fd, cgroup, lock)}
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _detach(plan, fds, rdir_fd, work_fd, cgroup, lock) -> int:
+    """Double fork: the supervisor is a session leader of its own, reparented to init, so the
+    process that asked for it (a worker, a web process) is never its parent. Its pid comes back
+    once it holds the lock."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    first = os.fork()
+    if first == 0:
+        try:
+            os.close(ready_r)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a cancel's SIGTERM is for the command
+            supervisor = Supervisor(plan, fds, rdir_fd, work_fd, cgroup)
+
+            def stop_now(signum, frame):
+                supervisor.stop_requested = True
+
+            signal.signal(signal.SIGUSR1, stop_now)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.fchdir(rdir_fd)  # how ``stop`` recognises it: root, in this run directory
+            for fd in (0, 1, 2):
+                os.dup2(fds[0], fd)  # nothing of the caller's pipes: it waits for none of this
+            os.write(ready_w, str(os.getpid()).encode())
+            os.close(ready_w)
+            try:
+                supervisor.start()
+                code = supervisor.watch()
+            except Exception as exc:  # the watch itself broke: the case fails saying so
+                failure = {"reason": "supervisor", "message": f"the case could not run: {exc}"}
+                _write_at(rdir_fd, "limit", json.dumps(failure))
+                code = 1
+                if supervisor.child:
+                    try:
+                        os.kill(supervisor.child, signal.SIGKILL)
+                        os.waitpid(supervisor.child, 0)
+                    except OSError:
+                        pass
+            supervisor.finish(code)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.waitpid(first, 0)
+    answer = b""
+    while chunk := os.read(ready_r, 64):
+        answer += chunk
+    os.close(ready_r)
+    if not answer:
+        raise Refused("the supervisor did not start")
+    return int(answer)
+
+
+def supervisor_pid(rdir_fd: int) -> int | None:
+    """The pid of the live supervisor of this run directory: read from ``pid`` (the service's
+    file), and trusted only for a root process of this helper whose working directory is this
+    very directory (compared by inode: the service cannot point it at another process)."""
+    try:
+        with os.fdopen(os.open("pid", _READ, dir_fd=rdir_fd)) as handle:
+            pid = int(handle.read(32).strip())
+    except (OSError, ValueError):
+        return None
+    here = os.fstat(rdir_fd)
+    try:
+        there = os.stat(f"/proc/{pid}/cwd")
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    ours = os.fsencode(os.path.abspath(__file__)) in cmdline and b"start" in cmdline
+    if (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino) or uids[:1] != [str(os.geteuid())] or not ours:
+        return None
+    return pid
+
+
+def stop(config: Config, request: dict) -> dict:
+    """A cancel: SIGUSR1 to the case's supervisor, which stops the command (SIGTERM, the grace,
+    SIGKILL) and records its end; SIGKILL to its whole group if it does not end in time."""
+    grace = _positive_int(request, "grace", 3600, minimum=0)
+    try:
+        rdir_fd = run_dir(config, request)
+    except Refused:
+        # The run directory is gone (removed by hand) or not the service's: the case's cgroup
+        # still holds its processes, and taking them takes the supervisor's child with them.
+        if os.geteuid() == 0 and config.cgroup != "off":
+            remove_cgroup(config.cgroup, f"case-{case_id(request)}")
+        return {"stopped": False}
+    try:
+        pid = supervisor_pid(rdir_fd)
+        if pid is None:
+            return {"stopped": False}
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + grace + 10
+        while time.monotonic() < deadline and supervisor_pid(rdir_fd) == pid:
+            time.sleep(0.05)
+        if supervisor_pid(rdir_fd) == pid:
+            os.killpg(pid, signal.SIGKILL)
+            if config.cgroup != "off":
+                remove_cgroup(config.cgroup, f"case-{case_id(request)}")
+        return {"stopped": True}
+    finally:
+        os.close(rdir_fd)
+
+
+def collect(config: Config, request: dict) -> dict:
+    """Copy the case's results (what the command created or changed: not its unchanged inputs,
+    not ``shared/`` or ``.gridgate/``) or its live files (the globs and the progress marker)
+    from its working directory into ``<case>/results`` or ``<case>/live``, the service's. Never
+    more than ``max_bytes`` of results on disk. After the results, the working directory goes."""
+    case = case_id(request)
+    what = request.get("what")
+    if what not in ("results", "live"):
+        raise Refused("what must be results or live")
+    globs = request.get("globs") or []
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        raise Refused("globs must be a list of patterns")
+    max_bytes = request.get("max_bytes")
+    if max_bytes is not None:
+        max_bytes = _positive_int(request, "max_bytes")
+    service = (config.service_uid, config.service_gid)
+    rdir_fd = run_dir(config, request)
+    opened = [rdir_fd]
+    try:
+        if what == "results" and _exists(rdir_fd, "results_fetched"):
+            return {"copied": []}
+        try:
+            work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
+        except OSError:
+            raise Refused("the working directory is gone: results cannot be fetched") from None
+        opened.append(work_fd)
+        target_fd = open_dir(config.cases_root, case, what, create=True, owner=service)
+        opened.append(target_fd)
+        manifest = {}
+        if what == "results":
+            manifest_fd = open_regular("manifest.json", dir_fd=rdir_fd)
+            if manifest_fd is None:
+                raise Refused("the run directory holds no inputs manifest")
+            with os.fdopen(manifest_fd) as handle:
+                try:
+                    manifest = json.load(handle)
+                except ValueError:
+                    raise Refused("the inputs manifest is not valid JSON") from None
+        import fnmatch
+
+        patterns = [*globs, PROGRESS_FILE]
+        copied, stored = [], 0
+        skip = NOT_RESULTS if what == "results" else ("shared",)
+        for rel, dir_fd, name in untrusted_files(work_fd, skip):
+            if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
+                continue
+            fd = open_regular(name, dir_fd=dir_fd)
+            if fd is None:
+                continue
+            try:
+                if what == "results":
+                    # Only an input can be unchanged: a new file is never read twice.
+                    if rel in manifest and manifest[rel] == sha256_fd(fd):
+                        continue
+                    stored += os.fstat(fd).st_blocks * 512
+                    if max_bytes is not None and stored > max_bytes:
+                        raise TooLarge(
+                            f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
+                            f"{rel!r} and what follows it were not brought back"
+                        )
+                write_into(target_fd, rel, fd, service)
+            finally:
+                os.close(fd)
+            copied.append(rel)
+        if what == "results":
+            # Between the copy and the removal: a retry (an outcome not recorded) finds it done.
+            os.close(_new_file(rdir_fd, "results_fetched", service))
+            shutil.rmtree("work", dir_fd=rdir_fd, ignore_errors=True)
+        return {"copied": copied}
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def human_size(n: int) -> str:
+    return f"{n / (1 << 30):g} GB" if n >= 1 << 30 else f"{n / (1 << 20):g} MB"
+
+
+def clean(config: Config, request: dict) -> dict:
+    """The case's working directory and any cgroup left behind go (``manage.py cleanup``)."""
+    case = case_id(request)
+    try:
+        rdir_fd = run_dir(config, request)
+    except Refused:
+        rdir_fd = None  # nothing left to clean (or not the service's: not ours to touch)
+    if rdir_fd is not None:
+        try:
+            shutil.rmtree("work", dir_fd=rdir_fd, ignore_errors=True)
+        finally:
+            os.close(rdir_fd)
+    if os.geteuid() == 0 and config.cgroup != "off":
+        remove_cgroup(config.cgroup, f"case-{case}")
+    return {}
+
+
+def sbatch(config: Config, request: dict) -> dict:
+    """Submit a Slurm case as its account: its working directory becomes the account's, its
+    output files the account's (readable by the service's group, which drains them), and its job
+    script, read here through an fd (never a path the service could swap for a link), goes to
+    root's ``sbatch --uid --gid`` on stdin. The script is the account's once sbatch has read it:
+    root's sbatch checks partitions with root's credentials, so an account able to rewrite the
+    #SBATCH lines first could choose any."""
+    entry = account(config, request)
+    if entry is None:
+        raise Refused("a Slurm case runs as an account of its own")
+    rdir_fd = run_dir(config, request)
+    opened = [rdir_fd]
+    try:
+        work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
+        opened.append(work_fd)
+        give_tree(work_fd, entry, service_uid=config.service_uid)
+        for name in ("stdout", "stderr"):
+            os.close(_new_file(rdir_fd, name, (entry.pw_uid, config.service_gid), 0o640))
+        script_fd = open_regular("job.sh", dir_fd=rdir_fd)
+        if script_fd is None:
+            raise Refused("the run directory holds no job.sh (a single regular file)")
+        opened.append(script_fd)
+        script = os.read(script_fd, MAX_TEXT + 1)
+        if len(script) > MAX_TEXT:
+            raise Refused("the job script is too long")
+        try:
+            proc = subprocess.run(
+                ["sbatch", "--parsable", f"--uid={entry.pw_uid}", f"--gid={entry.pw_gid}"],
+                input=script,
+                capture_output=True,
+                timeout=_positive_int(request, "timeout", 600),
+                env=_client_env(config),
+                check=False,
+            )
+        except FileNotFoundError:
+            raise Refused("sbatch is not installed on this host") from None
+        except subprocess.TimeoutExpired:
+            return {"timeout": True}
+        os.fchown(script_fd, entry.pw_uid, entry.pw_gid)
+        return {
+            "returncode": proc.returncode,
+            "stdout": proc.stdout.decode(errors="replace"),
+            "stderr": proc.stderr.decode(errors="replace"),
+        }
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _client_env(config: Config) -> dict:
+    """The Slurm client's environment: PATH and the configured slurm.conf, nothing of the
+    caller's (a slurm.conf of the caller's choosing would load plugins of its choosing)."""
+    env = {"PATH": DEFAULT_PATH}
+    if config.slurm_conf:
+        env["SLURM_CONF"] = config.slurm_conf
+    return env
+
+
+def version(config: Config, request: dict) -> dict:
+    """The protocol, whether this helper runs as root, and (asked by doctor) whether it can make
+    and remove a probe cgroup with the memory and pids controllers."""
+    answer = {"protocol": PROTOCOL, "cases_root": config.cases_root, "root": os.geteuid() == 0}
+    if request.get("probe_cgroup") and os.geteuid() == 0 and config.cgroup != "off":
+        name = f"doctor-{os.getpid()}"
+        try:
+            create_cgroup(config.cgroup, name, memory_bytes=1 << 30, tasks=16, cpu=1)
+            remove_cgroup(config.cgroup, name)
+            answer["cgroup"] = "ok"
+        except CgroupError as exc:
+            answer["cgroup"] = str(exc)
+    return answer
+
+
+VERBS = {"start": start, "stop": stop, "collect": collect, "clean": clean, "sbatch": sbatch, "version": version}
+
+
+def main(argv: list[str]) -> int:
+    def answer(body: dict, code: int = 0) -> int:
+        sys.stdout.write(json.dumps(body))
+        sys.stdout.flush()
+        return code
+
+    if len(argv) != 2 or argv[1] not in VERBS:
+        return answer({"error": f"usage: {os.path.basename(argv[0])} {{{'|'.join(VERBS)}}} < request.json"}, 2)
+    try:
+        request = json.loads(sys.stdin.read(4 * MAX_TEXT))
+        if not isinstance(request, dict):
+            raise Refused("the request is not a JSON object")
+        if request.get("version") != PROTOCOL:
+            raise Refused(
+                f"this helper speaks protocol {PROTOCOL}, the request {request.get('version')!r}: install the "
+                "helper from the same checkout as the service (docs/deployment.md)"
+            )
+        config = load_config(request)
+        return answer(VERBS[argv[1]](config, request))
+    except TooLarge as exc:
+        return answer({"error": str(exc), "too_large": True}, 2)
+    except Refused as exc:
+        return answer({"error": str(exc)}, 2)
+    except (OSError, ValueError) as exc:
+        return answer({"error": f"{type(exc).__name__}: {exc}"}, 2)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

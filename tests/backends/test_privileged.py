@@ -1,0 +1,286 @@
+"""Issue 36: the privileged helper is the only root code, and it trusts nothing its caller says.
+
+The first tests ask it, as root, to do what a compromised service would ask: switch to root or a
+system account, reach outside the cases root, follow a link the service planted, hand over a
+file that is not the service's, signal a process a forged pid file names. The last one runs a
+real worker as an unprivileged service account whose only way to root is the documented sudo
+rule (root, bwrap and sudo needed; required under CI)."""
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from apps.backends import as_root, privileged
+from apps.cases.models import Case, CaseStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE_ACCOUNT = "gridgate-svc"
+#: where the sudo test's service keeps its workspaces: named in the helper's own configuration
+SUDO_CASES_ROOT = Path("/var/tmp/gridgate-sudo-tests/cases")
+
+
+def config(tmp_path, **changes) -> privileged.Config:
+    fields = {"cases_root": str(tmp_path), "service_uid": os.geteuid(), "service_gid": os.getegid(), "min_uid": 100}
+    fields.update(changes)
+    return privileged.Config(**fields)
+
+
+def case_dirs(tmp_path) -> tuple[str, Path]:
+    case = str(uuid.uuid4())
+    rdir = tmp_path / case / ".run"
+    (rdir / "work").mkdir(parents=True)
+    rdir.chmod(0o700)
+    return case, rdir
+
+
+@pytest.fixture
+def account(sandbox_host):
+    return sandbox_host["gridgate-test1"]
+
+
+def test_the_helper_never_switches_to_root_the_service_or_a_system_account(tmp_path, sandbox_host):
+    settings = config(tmp_path, service_uid=sandbox_host["gridgate-test2"].pw_uid, min_uid=1000)
+    for uid, why in (
+        (0, "root"),
+        (sandbox_host["gridgate-test2"].pw_uid, "the service"),
+        (pwd.getpwnam("daemon").pw_uid, "system account"),
+        (4_000_000_000, "no account"),
+    ):
+        with pytest.raises(privileged.Refused) as refused:
+            privileged.account(settings, {"account": {"uid": uid}})
+        assert why in str(refused.value), uid
+    named = config(tmp_path, min_uid=1000, sandbox_accounts=["gridgate-sandbox"])
+    sandbox = sandbox_host["gridgate-sandbox"]
+    assert privileged.account(named, {"account": {"uid": sandbox.pw_uid}}).pw_uid == sandbox.pw_uid
+
+
+@pytest.mark.parametrize("case", ["../../etc", "/etc", "not-a-uuid", "", None, 7])
+def test_a_case_id_that_is_not_a_uuid_is_refused(tmp_path, case):
+    with pytest.raises(privileged.Refused):
+        privileged.run_dir(config(tmp_path), {"case_id": case})
+
+
+def test_a_run_directory_that_is_a_link_or_not_the_services_is_refused(tmp_path, account):
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    shutil.rmtree(rdir)
+    rdir.symlink_to("/etc", target_is_directory=True)  # the service swapped it for a link
+    with pytest.raises(privileged.Refused):
+        privileged.run_dir(settings, {"case_id": case})
+    rdir.unlink()
+    rdir.mkdir(mode=0o700)
+    os.chown(rdir, account.pw_uid, account.pw_gid)  # someone else's
+    with pytest.raises(privileged.Refused, match="not the service's"):
+        privileged.run_dir(settings, {"case_id": case})
+    os.chown(rdir, os.geteuid(), os.getegid())
+    rdir.chmod(0o777)  # others may write it
+    with pytest.raises(privileged.Refused):
+        privileged.run_dir(settings, {"case_id": case})
+
+
+def test_a_working_directory_holding_a_hard_link_or_someone_elses_file_is_not_handed_over(tmp_path, account):
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    work = rdir / "work"
+    secret = tmp_path / "root-only"
+    secret.write_text("secret")
+    secret.chmod(0o600)
+    os.link(secret, work / "looks-like-an-input")
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(privileged.Refused, match="not a single regular file"):
+            privileged.give_tree(fd, account, service_uid=settings.service_uid)
+        (work / "looks-like-an-input").unlink()
+        other = work / "theirs"
+        other.write_text("x")
+        os.chown(other, pwd.getpwnam("daemon").pw_uid, 0)
+        with pytest.raises(privileged.Refused, match="neither the service's nor the case's"):
+            privileged.give_tree(fd, account, service_uid=settings.service_uid)
+    finally:
+        os.close(fd)
+    assert secret.stat().st_uid == 0 and secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_stop_never_signals_a_process_a_forged_pid_file_names(tmp_path):
+    """The pid file is the service's: it may name any process. Only a root process of this
+    helper sitting in this very run directory is signalled."""
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    bystander = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    try:
+        (rdir / "pid").write_text(str(bystander.pid))
+        assert privileged.stop(settings, {"case_id": case, "grace": 0}) == {"stopped": False}
+        assert bystander.poll() is None  # untouched
+        (rdir / "pid").write_text("1")
+        assert privileged.stop(settings, {"case_id": case, "grace": 0}) == {"stopped": False}
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_collecting_results_replaces_a_link_planted_in_the_workspace_and_writes_nothing_through_it(tmp_path):
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    (rdir / "manifest.json").write_text("{}")
+    (rdir / "work" / "out.txt").write_text("result")
+    results = tmp_path / case / "results"
+    results.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep")
+    (results / "out.txt").symlink_to(target)  # planted by the service, which owns results/
+    assert privileged.collect(settings, {"case_id": case, "what": "results"}) == {"copied": ["out.txt"]}
+    assert target.read_text() == "keep"
+    assert not (results / "out.txt").is_symlink() and (results / "out.txt").read_text() == "result"
+
+
+def test_without_sudo_the_helper_answers_a_refusal_as_json_and_under_sudo_ignores_the_callers_configuration(tmp_path):
+    """What the helper tells its caller, and that under sudo (SUDO_UID set by sudo) only its
+    own file counts: a request naming '/' as its cases root gets nothing from it."""
+    request = {"version": privileged.PROTOCOL, "config": {"cases_root": "/", "service_uid": 0, "service_gid": 0}}
+    helper = [sys.executable, "-I", "-S", str(as_root.HELPER)]
+    refused = subprocess.run(
+        [*helper, "start"], input=json.dumps({**request, "case_id": "../x"}), capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "UUID" in json.loads(refused.stdout)["error"]
+    env = {"PATH": privileged.DEFAULT_PATH, "SUDO_UID": "4242"}
+    as_sudo = subprocess.run([*helper, "version"], input=json.dumps(request), capture_output=True, text=True, env=env)
+    answer = json.loads(as_sudo.stdout)
+    if Path(privileged.CONFIG_FILE).exists():
+        assert "service account named in the configuration" in answer["error"]
+    else:
+        assert privileged.CONFIG_FILE in answer["error"]
+    old = dict(request, version=privileged.PROTOCOL - 1)
+    skewed = subprocess.run([*helper, "version"], input=json.dumps(old), capture_output=True, text=True)
+    assert "install the helper from the same checkout" in json.loads(skewed.stdout)["error"]
+
+
+# -- a real unprivileged service, root only through sudo -------------------------------------------
+@pytest.fixture
+def sudo_service(sandbox_host):
+    """The service account, the documented sudo rule for this checkout's helper, and the
+    helper's own configuration (root's files, as docs/deployment.md has them)."""
+    if shutil.which("sudo") is None:
+        from tests.backends.conftest import _required_or_skip
+
+        _required_or_skip("sudo is not installed (apt install sudo)")
+    try:
+        service = pwd.getpwnam(SERVICE_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_ACCOUNT])
+        service = pwd.getpwnam(SERVICE_ACCOUNT)
+    rule = Path("/etc/sudoers.d/gridgate-tests")
+    python = "/usr/bin/python3"
+    rule.write_text(f"{SERVICE_ACCOUNT} ALL=(root) NOPASSWD: {python} -I -S {as_root.HELPER} *\n")
+    rule.chmod(0o440)
+    conf = Path(privileged.CONFIG_FILE)
+    conf.parent.mkdir(mode=0o755, exist_ok=True)
+    conf.write_text(
+        json.dumps(
+            {
+                "cases_root": str(SUDO_CASES_ROOT),
+                "service_uid": service.pw_uid,
+                "service_gid": service.pw_gid,
+                "min_uid": 100,
+                "sandbox_accounts": ["gridgate-sandbox"],
+            }
+        )
+    )
+    conf.chmod(0o644)
+    shutil.rmtree(SUDO_CASES_ROOT, ignore_errors=True)
+    SUDO_CASES_ROOT.mkdir(parents=True)
+    SUDO_CASES_ROOT.chmod(0o711)
+    os.chown(SUDO_CASES_ROOT, service.pw_uid, service.pw_gid)
+    yield service, f"sudo -n {python} -I -S {as_root.HELPER}"
+    rule.unlink(missing_ok=True)
+    conf.unlink(missing_ok=True)
+    shutil.rmtree(SUDO_CASES_ROOT.parent, ignore_errors=True)
+
+
+def as_service(service, code: str, env: dict) -> subprocess.CompletedProcess:
+    """``code`` in a Django process of the service account (no capability, its own groups only)."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={service.pw_uid}", f"--regid={service.pw_gid}", "--clear-groups", "--inh-caps=-all"]
+        + [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_unprivileged_worker_runs_a_case_as_its_owner_through_the_sudo_rule(
+    sudo_service, settings, link_account, owner, local_pool
+):
+    """The worker is the service account; its one way to root is the helper's sudo rule. The
+    case runs as its owner, comes back with its results, and the helper refuses the same
+    service a switch to root."""
+    service, command = sudo_service
+    settings.GRIDGATE_CASES_ROOT = SUDO_CASES_ROOT
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "local"}
+    link_account(owner, "gridgate-test1")
+    from apps.cases import services
+
+    case = services.create_case(
+        owner=owner, resource_class=local_pool.classes.get(), name="c", command="id -u > uid.txt; cat in.txt; echo ok"
+    )
+    (SUDO_CASES_ROOT / str(case.id) / "inputs" / "in.txt").write_text("input\n")
+    for path in [SUDO_CASES_ROOT / str(case.id), *(SUDO_CASES_ROOT / str(case.id)).rglob("*")]:
+        os.chown(path, service.pw_uid, service.pw_gid)  # the web (the service) made them
+    services.launch_case(case)
+    var = SUDO_CASES_ROOT.parent / "var"  # pytest's tmp_path is root's alone
+    var.mkdir()
+    os.chown(var, service.pw_uid, service.pw_gid)
+    db = connection.settings_dict
+    env = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "SECRET_KEY": "sudo-test-" + "k" * 40,
+        "GRIDGATE_VAR_DIR": str(var),
+        "GRIDGATE_CASES_ROOT": str(SUDO_CASES_ROOT),
+        "GRIDGATE_PRIVILEGED_COMMAND": command,
+        "GRIDGATE_CASE_MIN_UID": "100",
+        "GRIDGATE_CASE_BACKENDS": "local=local",
+    }
+    worker = f"""
+import os, time
+from apps.cases import passes
+from apps.cases.models import Case
+assert os.geteuid() != 0
+passes.submit_pass(case_ids=["{case.id}"])
+for _ in range(600):
+    passes.poll_pass(case_ids=["{case.id}"])
+    if Case.objects.get(pk="{case.id}").is_terminal:
+        break
+    time.sleep(0.2)
+"""
+    ran = as_service(service, worker, env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    case = Case.objects.get(pk=case.id)
+    assert case.status == CaseStatus.DONE, case.last_error
+    workspace = SUDO_CASES_ROOT / str(case.id)
+    assert int((workspace / "results" / "uid.txt").read_text()) == pwd.getpwnam("gridgate-test1").pw_uid
+    assert (workspace / "results" / "uid.txt").stat().st_uid == service.pw_uid  # the service's copy
+    assert (workspace / "stdout.log").read_text() == "input\nok\n"
+    assert not (workspace / ".run" / "work").exists()
+    # The same service asks for root: refused by the helper, whatever its request says.
+    probe = f"""
+from apps.backends import as_root
+try:
+    as_root.call("start", {{"case_id": "{case.id}", "account": {{"uid": 0}}}}, timeout=60)
+except Exception as exc:
+    print("REFUSED", exc)
+"""
+    asked = as_service(service, probe, env)
+    assert "REFUSED" in asked.stdout and "root" in asked.stdout, asked.stdout + asked.stderr
