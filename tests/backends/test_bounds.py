@@ -243,13 +243,24 @@ def test_tmp_is_private_and_no_larger_than_the_class_memory(make_case, bounded):
     assert int(result(case, "tmp.txt")) == GiB
 
 
-def test_the_cases_cgroup_is_gone_once_it_ends(make_case, bounded, settings):
-    case = launched(make_case(resource_class=bounded(), command="sleep 2"))
+def test_the_cases_cgroup_holds_the_class_bounds_and_is_gone_once_it_ends(make_case, bounded, settings):
+    rc = bounded(memory=1, max_tasks=64)
+    rc.cpu = "0.5"
+    rc.save()
+    case = launched(make_case(resource_class=rc, command="sleep 3"))
     unified, v1 = privileged._mounts()
     root = privileged._v2_root(unified)
     mounts = [root] if root else [v1[c] for c in privileged.CONTROLLERS if c in v1]
     dirs = [Path(mount, settings.GRIDGATE_CASE_CGROUP, f"case-{case.id}") for mount in mounts]
     assert dirs and all(d.is_dir() for d in dirs)
+    limits = {}
+    for directory in dirs:
+        for name in ("memory.max", "memory.limit_in_bytes", "pids.max", "cpu.max", "cpu.cfs_quota_us"):
+            if (directory / name).exists():
+                limits[name] = (directory / name).read_text().split()[0]
+    assert limits.get("memory.max", limits.get("memory.limit_in_bytes")) == str(GiB)
+    assert limits["pids.max"] == "64"
+    assert limits.get("cpu.max", limits.get("cpu.cfs_quota_us")) == "50000"  # half a core
     assert all(d.name == f"case-{case.id}" for d in dirs)
     case = wait_for_terminal(case)
     assert case.status == CaseStatus.DONE, case.last_error

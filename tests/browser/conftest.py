@@ -95,6 +95,7 @@ def site(live_server, settings, tmp_path):
     settings.GRIDGATE_TASKS_EAGER = True  # scheduling tasks run inline once their transaction commits
     settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
     settings.GRIDGATE_CASE_BACKENDS = {"local": "local"}
+    settings.GRIDGATE_CASE_MIN_UID = 100  # the linked test accounts are system accounts (useradd --system)
     settings.GRIDGATE_CASE_POLL_SECONDS = 1
     settings.GRIDGATE_CASE_SYNC_SECONDS = 1
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 0
