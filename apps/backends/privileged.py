@@ -990,17 +990,18 @@ def start(config: Config, request: dict) -> dict:
 
 
 def _detach(plan, fds, rdir_fd, work_fd, cgroup, lock) -> int:
-    """Double fork: the supervisor is a session leader of its own, reparented to init, so the
-    process that asked for it (a worker, a web process) is never its parent. Its pid comes back
-    once it holds the lock."""
+    """Double fork: the supervisor is reparented to init, so the process that asked for it (a
+    worker, a web process) is never its parent, and leads a session and process group of its own
+    (its pid is the group's id: a cancel's last resort kills that group). Its pid comes back once
+    it holds the lock."""
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     first = os.fork()
     if first == 0:
         try:
             os.close(ready_r)
-            os.setsid()
             if os.fork() != 0:
                 os._exit(0)
+            os.setsid()
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a cancel's SIGTERM is for the command
             supervisor = Supervisor(plan, fds, rdir_fd, work_fd, cgroup)
 
@@ -1085,7 +1086,10 @@ def stop(config: Config, request: dict) -> dict:
         while time.monotonic() < deadline and supervisor_pid(rdir_fd) == pid:
             time.sleep(0.05)
         if supervisor_pid(rdir_fd) == pid:
-            os.killpg(pid, signal.SIGKILL)
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the supervisor leads its own group
+            except ProcessLookupError:
+                pass
             if config.cgroup != "off":
                 remove_cgroup(config.cgroup, f"case-{case_id(request)}")
         return {"stopped": True}
