@@ -124,6 +124,10 @@ class Config:
     nproc: int = 4096
     #: the Slurm client's configuration file, when not the default (SLURM_CONF)
     slurm_conf: str | None = None
+    #: when set, cases run only as members of one of these groups
+    allowed_groups: list[str] = field(default_factory=list)
+    #: never as a member of these (administrators: a case would run with their groups)
+    forbidden_groups: list[str] = field(default_factory=lambda: ["root", "sudo", "wheel", "adm"])
 
     @classmethod
     def from_dict(cls, data) -> Config:
@@ -140,6 +144,8 @@ class Config:
                 cgroup=str(data.get("cgroup", "gridgate")),
                 nproc=int(data.get("nproc", 4096)),
                 slurm_conf=str(data["slurm_conf"]) if data.get("slurm_conf") else None,
+                allowed_groups=[str(name) for name in data.get("allowed_groups", [])],
+                forbidden_groups=[str(name) for name in data.get("forbidden_groups", ["root", "sudo", "wheel", "adm"])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise Refused(f"the configuration is incomplete or malformed ({exc})") from None
@@ -150,9 +156,22 @@ class Config:
 
 
 def via_sudo() -> bool:
-    """Run as root by sudo on behalf of another account (sudo sets SUDO_UID itself; the caller
-    cannot choose it without a SETENV rule, which the documented rule does not give)."""
-    return os.geteuid() == 0 and os.environ.get("SUDO_UID", "0") != "0"
+    """Run as root on behalf of another account: by sudo (which sets SUDO_UID itself; the caller
+    cannot choose it without a SETENV rule, which the documented rule does not give), or by any
+    other way up (doas, pkexec, a setuid wrapper) that leaves a sign: a real uid that is not root,
+    or a parent that is not root's. Then only :data:`CONFIG_FILE` counts."""
+    if os.geteuid() != 0:
+        return False
+    if os.getuid() != 0 or os.environ.get("SUDO_UID", "0") != "0":
+        return True
+    if any(os.environ.get(name) for name in ("DOAS_USER", "PKEXEC_UID")):
+        return True
+    try:
+        status = Path(f"/proc/{os.getppid()}/status").read_text()
+        real = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+    except (OSError, StopIteration, IndexError):
+        return True  # who asked cannot be told: take the cautious reading
+    return real != "0"
 
 
 def load_config(request: dict) -> Config:
@@ -202,6 +221,19 @@ def account(config: Config, request: dict):
             f"uid {entry.pw_uid} ({entry.pw_name}) is a system account (below {config.min_uid}): "
             "cases run as users' own accounts or a named sandbox account"
         )
+    import grp
+
+    groups = set()
+    for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
+        try:
+            groups.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    if config.allowed_groups and not groups & set(config.allowed_groups):
+        raise Refused(f"{entry.pw_name} is in none of the groups whose members cases may run as")
+    admin = sorted(groups & set(config.forbidden_groups))
+    if admin:
+        raise Refused(f"{entry.pw_name} is an administrator (member of {', '.join(admin)})")
     if os.geteuid() != 0:
         raise Refused("switching to another account needs root (the helper is not run by sudo or as root)")
     return entry
@@ -267,17 +299,123 @@ def open_regular(name, *, dir_fd: int | None = None) -> int | None:
     return fd
 
 
+#: how deep a tree may nest before it is refused (the walks below hold one fd per level)
+MAX_DEPTH = 256
+_SUBDIR = _DIR | os.O_NONBLOCK
+
+
+class TooDeep(Refused):
+    """A tree nested deeper than :data:`MAX_DEPTH`."""
+
+
+def walk(top_fd: int, skip_top: tuple[str, ...] = ()):
+    """(relative directory, its fd, its file names) for each directory under ``top_fd``, depth
+    first, its own first. Every directory is opened relative to its parent's fd with
+    ``O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK``, so an entry swapped for a link, a FIFO or a device
+    between the listing and the open is skipped, never followed or blocked on (os.fwalk opens
+    before it checks). Iterative: a tree deeper than MAX_DEPTH raises :class:`TooDeep` instead of
+    exhausting the stack or the fds. The fds are closed as the walk moves on."""
+    stack = [("", os.dup(top_fd), None)]
+    try:
+        while stack:
+            rel, fd, pending = stack[-1]
+            if pending is None:
+                subdirs, names = [], []
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        if not rel and entry.name in skip_top:
+                            continue
+                        if entry.is_dir(follow_symlinks=False):
+                            subdirs.append(entry.name)
+                        else:
+                            names.append(entry.name)
+                stack[-1] = (rel, fd, sorted(subdirs, reverse=True))
+                yield rel, fd, sorted(names)
+                continue
+            if not pending:
+                os.close(fd)
+                stack.pop()
+                continue
+            name = pending.pop()
+            if len(stack) > MAX_DEPTH:
+                raise TooDeep(f"the tree is nested deeper than {MAX_DEPTH} directories")
+            try:
+                child = os.open(name, _SUBDIR, dir_fd=fd)
+            except OSError:
+                continue  # gone, or no longer a directory: nothing of it is read
+            stack.append((f"{rel}/{name}" if rel else name, child, None))
+    finally:
+        for _rel, fd, _pending in stack:
+            os.close(fd)
+
+
 def untrusted_files(dir_fd: int, skip_top: tuple[str, ...] = ()):
-    """(relative path, directory fd, name) of the entries under the directory ``dir_fd``, walked
-    through directory fds without following any symlink."""
-    for dirpath, dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-        rel_dir = os.path.normpath(dirpath)
-        if rel_dir == ".":
-            dirnames[:] = [d for d in dirnames if d not in skip_top]
-            filenames = [f for f in filenames if f not in skip_top]
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield (name if rel_dir == "." else f"{rel_dir}/{name}"), fd, name
+    """(relative path, directory fd, name) of the entries under the directory ``dir_fd`` (see
+    :func:`walk`)."""
+    for rel, fd, names in walk(dir_fd, skip_top):
+        for name in names:
+            yield (f"{rel}/{name}" if rel else name), fd, name
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove ``name`` under ``parent_fd`` and everything below it, following no link. A level
+    past MAX_DEPTH is first moved up to the top (a rename within the tree), so a tree of any
+    depth goes with at most MAX_DEPTH fds open."""
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    top = os.open(name, _SUBDIR, dir_fd=parent_fd)
+    moved = 0
+    try:
+        while True:
+            stack = [os.dup(top)]
+            try:
+                while stack:
+                    fd = stack[-1]
+                    child = None
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            if entry.is_dir(follow_symlinks=False):
+                                child = entry.name
+                                break
+                            os.unlink(entry.name, dir_fd=fd)
+                    if child is None:
+                        os.close(stack.pop())
+                        if stack:
+                            # Empty now: the parent removes it by the name it found it under.
+                            _rmdir_empty_children(stack[-1])
+                        continue
+                    if len(stack) >= MAX_DEPTH:
+                        moved += 1
+                        os.rename(child, f".gridgate-deep-{os.getpid()}-{moved}", src_dir_fd=fd, dst_dir_fd=top)
+                        continue
+                    try:
+                        stack.append(os.open(child, _SUBDIR, dir_fd=fd))
+                    except OSError:
+                        os.unlink(child, dir_fd=fd)  # swapped for a link meanwhile: the link goes
+            finally:
+                for fd in stack:
+                    os.close(fd)
+            with os.scandir(top) as entries:
+                if not any(True for _ in entries):
+                    break
+    finally:
+        os.close(top)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+def _rmdir_empty_children(fd: int) -> None:
+    with os.scandir(fd) as entries:
+        names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    for name in names:
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass  # not empty yet: its turn comes
 
 
 def data_extents(fd: int, size: int):
@@ -360,7 +498,7 @@ def give_tree(dir_fd: int, entry, *, service_uid: int) -> None:
     holding anything but the service's (or already the account's) directories and single-named
     regular files is refused: nothing else changes hands."""
     uid, gid = entry.pw_uid, entry.pw_gid
-    for _dirpath, _dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+    for _rel, fd, filenames in walk(dir_fd):
         _check_owned(os.fstat(fd), service_uid, uid, "a directory")
         os.fchown(fd, uid, gid)
         for name in filenames:
@@ -389,17 +527,22 @@ def run_dir(config: Config, request: dict) -> int:
     (local, and Slurm pools without a working root) or ``<working root>/<case>`` (Slurm)."""
     case = case_id(request)
     where = request.get("run") or {"kind": "local"}
-    root = where.get("working_root") if isinstance(where, dict) else None
+    if not isinstance(where, dict):
+        raise Refused("run must be an object")
+    root = where.get("working_root")
     if root is not None:
         if root not in config.working_roots:
             raise Refused(f"{root!r} is not a working root of this site's Slurm pools")
         fd = open_dir(root, case)
     else:
         fd = open_dir(config.cases_root, case, ".run")
+    # A Slurm job traverses its run directory to its work/ (0711); a local one is the service's
+    # alone (0700), so nothing of the account's reaches what lies around its working directory.
+    closed = stat.S_IWGRP | stat.S_IWOTH if where.get("kind") == "slurm" else 0o077
     info = os.fstat(fd)
-    if info.st_uid != config.service_uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if info.st_uid != config.service_uid or info.st_mode & closed:
         os.close(fd)
-        raise Refused("the run directory is not the service's own (or others may write it)")
+        raise Refused("the run directory is not the service's own (or others may open it)")
     return fd
 
 
@@ -626,20 +769,28 @@ def sandbox_argv(
     config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
 ) -> list[str]:
     """The command line that runs the case's command (fd 3) as ``entry``'s account in its
-    sandbox (R-CASE-8, issue 36). Its working directory and the campaign's shared inputs are
-    bound from the fds this helper opened (``/proc/self/fd/N``): no path the service could swap
-    for a link is resolved by bwrap. With the network, bwrap reports on fd 4 and waits on fd 5."""
-    inner = ["env", "--default-signal=TERM", "/bin/sh", COMMAND_IN_SANDBOX]
+    sandbox (R-CASE-8, issue 36).
+
+    Its working directory and the campaign's shared inputs are bound from the fds this helper
+    opened (``--bind-fd``, which also closes them: no handle on the host's tree reaches the
+    command), so no path the service could swap for a link is resolved by bwrap. The step that
+    is still root inside the sandbox (``setpriv``, with only CAP_SETUID and CAP_SETGID) runs
+    with an empty environment: the case's variables (``LD_PRELOAD`` would be one) are set by
+    ``env -i`` after the switch, as the account. With the network, bwrap reports on fd 4 and
+    waits on fd 5."""
+    variables = [f"{name}={value}" for name, value in sorted(env.items())]
     work = Path(config.cases_root, case, ".run", "work")
+    # Into the working directory as the account (root without CAP_DAC_OVERRIDE may not enter it).
+    inner = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables]
+    inner += ["/bin/sh", "-c", 'cd "$0" && exec /bin/sh "$1"', str(work), COMMAND_IN_SANDBOX]
     bwrap = shutil.which("bwrap", path=DEFAULT_PATH)
     if bwrap is None:
         if entry is not None:
             raise Refused("bubblewrap (bwrap) is not installed: cases cannot run in a sandbox (apt install bubblewrap)")
         # A trusted single-user pool without bubblewrap (a developer's laptop): the service's own
         # account, a cleared environment, no sandbox, the host's network (docs/operations.md).
-        variables = [f"{name}={value}" for name, value in sorted(env.items())]
-        command = ["env", "--default-signal=TERM", "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
-        return ["/usr/bin/env", "-i", *variables, "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *command]
+        command = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables, "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
+        return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *command]
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
     # Issue 36: never the host's network namespace, whose loopback holds the database.
     args.append("--unshare-net")
@@ -656,18 +807,16 @@ def sandbox_argv(
     _dirs(args, root)
     args += ["--perms", "0755", "--tmpfs", str(root)]
     _dirs(args, work, below=root)
-    args += ["--bind", f"/proc/self/fd/{WORK_FD}", str(work)]
+    args += ["--bind-fd", str(WORK_FD), str(work)]
     if shared:
-        args += ["--ro-bind", f"/proc/self/fd/{SHARED_FD}", str(work / "shared")]
-    args += ["--chdir", str(work), "--clearenv"]
-    for name, value in sorted(env.items()):
-        args += ["--setenv", name, value]
+        args += ["--ro-bind-fd", str(SHARED_FD), str(work / "shared")]
+    args += ["--chdir", "/", "--clearenv"]
     if entry is not None:
-        # bwrap drops every capability of a root caller; setpriv needs these two to switch to
-        # the account, then clears them all (and the bounding set) before the command starts.
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        # bwrap run by root keeps root's capabilities unless told: only the two setpriv needs to
+        # switch to the account; setpriv then clears them all (and the bounding set).
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
         args += [
-            "setpriv",
+            "/usr/bin/setpriv",
             f"--reuid={entry.pw_uid}",
             f"--regid={entry.pw_gid}",
             "--init-groups",
@@ -685,7 +834,7 @@ def disk_usage(dir_fd: int, *fds: int) -> int:
     """Bytes the tree under ``dir_fd`` and the open files ``fds`` hold on disk (allocated
     blocks: a sparse file costs what it stores); symlinks are never followed."""
     total = sum(os.fstat(fd).st_blocks * 512 for fd in fds)
-    for _dirpath, _dirnames, filenames, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+    for _rel, fd, filenames in walk(dir_fd):
         total += os.fstat(fd).st_blocks * 512
         for name in filenames:
             try:
@@ -759,7 +908,7 @@ class Supervisor:
                 signal.signal(signal.SIGUSR1, signal.SIG_DFL)
                 for target, fd in high.items():
                     os.dup2(fd, target)  # dup2 clears close-on-exec on the copy
-                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))
+                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))  # the targets: 0 … 8
                 argv = self.plan["argv"]
                 os.execv(argv[0], argv)  # noqa: S606 - the sandbox's command line, no shell
             finally:
@@ -802,6 +951,10 @@ class Supervisor:
                     "--configure",
                     "--mtu=65520",
                     "--disable-host-loopback",
+                    # It parses the case's packets as root: its own mount namespace with every
+                    # capability but binding low ports dropped, and a syscall filter.
+                    "--enable-sandbox",
+                    "--enable-seccomp",
                     f"--ready-fd={ready_w}",
                     f"--exit-fd={self.exit_r}",
                     str(child_pid),
@@ -942,6 +1095,19 @@ def start(config: Config, request: dict) -> dict:
     rdir_fd = run_dir(config, request)
     opened = [rdir_fd]
     try:
+        # First, before anything changes: one supervisor per run directory. The lock stays with
+        # the open file the supervisor inherits, held from here to its end.
+        lock = os.open(
+            "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=rdir_fd
+        )
+        opened.append(lock)
+        info = os.fstat(lock)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise Refused("the run directory's lock is not a single regular file")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refused("this case is running already") from None
         work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
         opened.append(work_fd)
         if entry is not None:
@@ -981,15 +1147,13 @@ def start(config: Config, request: dict) -> dict:
         cgroup = None
         if entry is not None and config.cgroup != "off":
             cgroup = Cgroup(**create_cgroup(config.cgroup, f"case-{case}", memory_bytes=memory, tasks=tasks, cpu=cpu))
-        lock = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=rdir_fd)
-        opened.append(lock)
-        return {"pid": _detach(plan, fds, rdir_fd, work_fd, cgroup, lock)}
+        return {"pid": _detach(plan, fds, rdir_fd, work_fd, cgroup)}
     finally:
         for fd in opened:
             os.close(fd)
 
 
-def _detach(plan, fds, rdir_fd, work_fd, cgroup, lock) -> int:
+def _detach(plan, fds, rdir_fd, work_fd, cgroup) -> int:
     """Double fork: the supervisor is reparented to init, so the process that asked for it (a
     worker, a web process) is never its parent, and leads a session and process group of its own
     (its pid is the group's id: a cancel's last resort kills that group). Its pid comes back once
@@ -1009,7 +1173,6 @@ def _detach(plan, fds, rdir_fd, work_fd, cgroup, lock) -> int:
                 supervisor.stop_requested = True
 
             signal.signal(signal.SIGUSR1, stop_now)
-            fcntl.flock(lock, fcntl.LOCK_EX)
             os.fchdir(rdir_fd)  # how ``stop`` recognises it: root, in this run directory
             for fd in (0, 1, 2):
                 os.dup2(fds[0], fd)  # nothing of the caller's pipes: it waits for none of this
@@ -1039,7 +1202,7 @@ def _detach(plan, fds, rdir_fd, work_fd, cgroup, lock) -> int:
     os.close(ready_r)
     if not answer:
         raise Refused("the supervisor did not start")
-    return int(answer)
+    return int(answer)  # the lock is the supervisor's now: closing our fd leaves it held
 
 
 def supervisor_pid(rdir_fd: int) -> int | None:
@@ -1140,31 +1303,44 @@ def collect(config: Config, request: dict) -> dict:
         patterns = [*globs, PROGRESS_FILE]
         copied, stored = [], 0
         skip = NOT_RESULTS if what == "results" else ("shared",)
-        for rel, dir_fd, name in untrusted_files(work_fd, skip):
-            if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
-                continue
-            fd = open_regular(name, dir_fd=dir_fd)
-            if fd is None:
-                continue
-            try:
-                if what == "results":
-                    # Only an input can be unchanged: a new file is never read twice.
-                    if rel in manifest and manifest[rel] == sha256_fd(fd):
+        # Only what the case's account owns comes back: on a shared file system it could move
+        # into work/ another account's file from a directory both may write.
+        owner = os.fstat(work_fd).st_uid
+        try:
+            for rel, dir_fd, name in untrusted_files(work_fd, skip):
+                if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
+                    continue
+                fd = open_regular(name, dir_fd=dir_fd)
+                if fd is None:
+                    continue
+                try:
+                    if os.fstat(fd).st_uid != owner:
                         continue
-                    stored += os.fstat(fd).st_blocks * 512
-                    if max_bytes is not None and stored > max_bytes:
-                        raise TooLarge(
-                            f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
-                            f"{rel!r} and what follows it were not brought back"
-                        )
-                write_into(target_fd, rel, fd, service)
-            finally:
-                os.close(fd)
-            copied.append(rel)
+                    if what == "results":
+                        # Only an input can be unchanged: a new file is never read twice.
+                        if rel in manifest and manifest[rel] == sha256_fd(fd):
+                            continue
+                        stored += os.fstat(fd).st_blocks * 512
+                        if max_bytes is not None and stored > max_bytes:
+                            raise TooLarge(
+                                f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
+                                f"{rel!r} and what follows it were not brought back"
+                            )
+                        write_into(target_fd, rel, fd, service)
+                    else:
+                        try:
+                            write_into(target_fd, rel, fd, service)
+                        except OSError:
+                            continue  # a live copy that cannot land (a directory there): the next sync tries
+                finally:
+                    os.close(fd)
+                copied.append(rel)
+        except TooDeep as exc:
+            raise TooLarge(f"the working directory is not brought back: {exc}") from None
         if what == "results":
             # Between the copy and the removal: a retry (an outcome not recorded) finds it done.
             os.close(_new_file(rdir_fd, "results_fetched", service))
-            shutil.rmtree("work", dir_fd=rdir_fd, ignore_errors=True)
+            remove_tree(rdir_fd, "work")
         return {"copied": copied}
     finally:
         for fd in opened:
@@ -1187,26 +1363,26 @@ def clean(config: Config, request: dict) -> dict:
     """The case's working directory and any cgroup left behind go (``manage.py cleanup``)."""
     case = case_id(request)
     try:
-        rdir_fd = run_dir(config, request)
-    except Refused:
-        rdir_fd = None  # nothing left to clean (or not the service's: not ours to touch)
-    if rdir_fd is not None:
         try:
-            shutil.rmtree("work", dir_fd=rdir_fd, ignore_errors=True)
+            rdir_fd = run_dir(config, request)
+        except Refused:
+            return {}  # nothing left to clean (or not the service's: not ours to touch)
+        try:
+            remove_tree(rdir_fd, "work")
         finally:
             os.close(rdir_fd)
-    if os.geteuid() == 0 and config.cgroup != "off":
-        remove_cgroup(config.cgroup, f"case-{case}")
+    finally:
+        if os.geteuid() == 0 and config.cgroup != "off":
+            remove_cgroup(config.cgroup, f"case-{case}")
     return {}
 
 
 def sbatch(config: Config, request: dict) -> dict:
     """Submit a Slurm case as its account: its working directory becomes the account's, its
     output files the account's (readable by the service's group, which drains them), and its job
-    script, read here through an fd (never a path the service could swap for a link), goes to
-    root's ``sbatch --uid --gid`` on stdin. The script is the account's once sbatch has read it:
-    root's sbatch checks partitions with root's credentials, so an account able to rewrite the
-    #SBATCH lines first could choose any."""
+    script, read here through an fd (never a path the service could swap for a link), goes on
+    stdin to ``sbatch`` run as that account. The script is the account's once sbatch has read
+    it."""
     entry = account(config, request)
     if entry is None:
         raise Refused("a Slurm case runs as an account of its own")
@@ -1226,9 +1402,23 @@ def sbatch(config: Config, request: dict) -> dict:
         if len(script) > MAX_TEXT:
             raise Refused("the job script is too long")
         try:
+            # sbatch runs as the account itself (MUNGE vouches for it), not as root with --uid:
+            # root's sbatch would judge the script's #SBATCH lines (a partition, --priority, a
+            # negative --nice) with root's authority.
             proc = subprocess.run(
-                ["sbatch", "--parsable", f"--uid={entry.pw_uid}", f"--gid={entry.pw_gid}"],
+                [
+                    "/usr/bin/setpriv",
+                    f"--reuid={entry.pw_uid}",
+                    f"--regid={entry.pw_gid}",
+                    "--init-groups",
+                    "--inh-caps=-all",
+                    "--bounding-set=-all",
+                    "--",
+                    "sbatch",
+                    "--parsable",
+                ],
                 input=script,
+                cwd="/",
                 capture_output=True,
                 timeout=_positive_int(request, "timeout", 600),
                 env=_client_env(config),
@@ -1299,7 +1489,7 @@ def main(argv: list[str]) -> int:
         return answer({"error": str(exc), "too_large": True}, 2)
     except Refused as exc:
         return answer({"error": str(exc)}, 2)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the caller gets an answer, not a traceback
         return answer({"error": f"{type(exc).__name__}: {exc}"}, 2)
 
 

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 
 from apps.backends.registry import NoBackend, backend_name_for_kind
+from apps.core import credentials
 
 ASK = "Ask an administrator to finish setting it up."
 NOT_YET = "Cases cannot run on this pool yet:"
@@ -37,8 +38,12 @@ def case_readiness(pool) -> Readiness:
     except NoBackend:
         return Readiness(False, "This pool does not run cases.", runs_cases=False)
     remote = pool.remote_config()
+    # A credential the service will not read (a name without the GRIDGATE_CRED_ prefix, from a
+    # pool saved before that rule) is as missing as an unset one.
     missing_credentials = [
-        key for key, env_name in remote.items() if key.endswith("_env") and env_name and not os.environ.get(env_name)
+        key
+        for key, env_name in remote.items()
+        if key.endswith("_env") and env_name and (credentials.name_problem(env_name) or not os.environ.get(env_name))
     ]
     if missing_credentials:
         return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")

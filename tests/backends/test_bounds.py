@@ -237,6 +237,32 @@ def test_the_command_is_in_no_command_line_on_the_host(make_case, bounded):
     assert (rdir / "command.sh").stat().st_mode & 0o777 == 0o600
 
 
+def test_the_command_holds_no_file_descriptor_but_its_standard_ones(make_case, bounded):
+    """Review finding: the host directories bound into the sandbox were also open fds of the
+    command, and ``openat(fd, "..")`` walks the host's tree from one. Nothing but 0, 1, 2 (and
+    the listing's own) is open when the command starts."""
+    case = run(make_case, bounded(), "ls /proc/self/fd > fds.txt")
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert set(result(case, "fds.txt").split()) <= {"0", "1", "2", "3"}
+
+
+def test_the_cases_variables_are_set_after_the_switch_never_for_root(sandbox_host, tmp_path):
+    """Review finding: the case's variables were bwrap's --setenv, i.e. the environment of the
+    root setpriv inside the sandbox, so an LD_PRELOAD among them (a compromised service chooses
+    them) ran as root. Root's steps get an empty environment and only two capabilities; the
+    variables are set by env -i after the switch."""
+    entry = sandbox_host["gridgate-test1"]
+    config = privileged.Config(cases_root=str(tmp_path), service_uid=0, service_gid=0)
+    argv = privileged.sandbox_argv(
+        config, "c", entry, {"LD_PRELOAD": "/evil.so"}, network=False, shared=False, tmp_bytes=GiB
+    )
+    assert "--setenv" not in argv and "--clearenv" in argv
+    switch = argv.index("/usr/bin/setpriv")
+    assert argv[switch - 7 : switch - 1] == ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    assert argv.index("LD_PRELOAD=/evil.so") > argv.index("--", switch)
+    assert argv[argv.index("--", switch) + 1 : argv.index("--", switch) + 3] == ["/usr/bin/env", "-i"]
+
+
 def test_tmp_is_private_and_no_larger_than_the_class_memory(make_case, bounded):
     case = run(make_case, bounded(memory=1), "df -B1 --output=size /tmp | tail -n 1 > tmp.txt")
     assert case.status == CaseStatus.DONE, case.last_error

@@ -284,3 +284,82 @@ except Exception as exc:
 """
     asked = as_service(service, probe, env)
     assert "REFUSED" in asked.stdout and "root" in asked.stdout, asked.stdout + asked.stderr
+
+
+# -- review findings ------------------------------------------------------------------------------
+def nest(top: Path, depth: int) -> Path:
+    """``depth`` nested directories under ``top`` (by fds: the path is too long for one call)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    os.close(fd)
+    return top
+
+
+def test_a_tree_deeper_than_any_walk_is_refused_for_results_and_still_removed(tmp_path):
+    """A 3000-level tree raised RecursionError in the walks and rmtree: the fetch failed on every
+    retry and clean never removed the tree or the cgroup."""
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    (rdir / "manifest.json").write_text("{}")
+    nest(rdir / "work", 3000)
+    with pytest.raises(privileged.TooLarge, match="nested deeper"):
+        privileged.collect(settings, {"case_id": case, "what": "results"})
+    assert privileged.clean(settings, {"case_id": case}) == {}
+    assert not (rdir / "work").exists()
+
+
+def test_a_second_start_of_a_running_case_changes_nothing_and_is_refused(tmp_path, account):
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    lock = os.open(rdir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    import fcntl
+
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as a live supervisor holds it
+    (rdir / "stdout").write_text("the running case's output")
+    request = {"case_id": case, "account": {"uid": account.pw_uid}, "wall_seconds": 1, "disk_interval": 1, "grace": 0}
+    try:
+        with pytest.raises(privileged.Refused, match="running already"):
+            privileged.start(settings, request | {"bounds": BOUNDS})
+    finally:
+        os.close(lock)
+    assert (rdir / "stdout").read_text() == "the running case's output"
+    assert (rdir / "work").stat().st_uid == os.geteuid()  # not handed over either
+
+
+BOUNDS = {"memory_bytes": 1 << 30, "cpu": 1, "tasks": 64, "disk_bytes": 1 << 30}
+
+
+def test_an_administrator_account_is_never_switched_to(tmp_path, sandbox_host):
+    import grp
+
+    try:
+        group = grp.getgrnam("adm")
+    except KeyError:
+        pytest.skip("no adm group on this host")
+    member = sandbox_host["gridgate-test2"]
+    subprocess.run(["usermod", "-aG", "adm", member.pw_name], check=True)
+    try:
+        with pytest.raises(privileged.Refused, match="administrator"):
+            privileged.account(config(tmp_path), {"account": {"uid": member.pw_uid}})
+    finally:
+        subprocess.run(["gpasswd", "-d", member.pw_name, group.gr_name], capture_output=True)
+
+
+def test_collecting_skips_a_file_the_cases_account_does_not_own(tmp_path, account):
+    """On a shared file system the account could move into work/ another account's file (from a
+    directory both may write): it is not brought back."""
+    settings = config(tmp_path)
+    case, rdir = case_dirs(tmp_path)
+    (rdir / "manifest.json").write_text("{}")
+    work = rdir / "work"
+    (work / "mine.txt").write_text("mine")
+    (work / "theirs.txt").write_text("someone else's")
+    for path in (work, work / "mine.txt"):
+        os.chown(path, account.pw_uid, account.pw_gid)
+    os.chown(work / "theirs.txt", pwd.getpwnam("daemon").pw_uid, 0)
+    assert privileged.collect(settings, {"case_id": case, "what": "results"}) == {"copied": ["mine.txt"]}
