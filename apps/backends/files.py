@@ -21,16 +21,15 @@ import stat
 from pathlib import Path
 
 from apps.backends.base import BackendError
-from apps.backends.privileged import human_size, open_regular
 
-PROGRESS_FILE = ".gridgate/progress"
+# One definition of each, the helper's (it imports nothing of the project).
+from apps.backends.privileged import DEFAULT_PATH, NOT_RESULTS, PROGRESS_FILE, human_size, open_regular
+
+__all__ = ["DEFAULT_PATH", "NOT_RESULTS", "PROGRESS_FILE", "open_regular"]
+
 #: the only worker environment variables a case command inherits (R-BACK-1: the worker's
 #: environment holds provider tokens, SECRET_KEY, DATABASE_URL… and none of it may reach a case).
 INHERITED_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-#: top-level names of a working directory that are never results: the campaign's shared inputs
-#: (R-CASE-6 of campaigns: never downloaded back) and Gridgate's own control files.
-NOT_RESULTS = ("shared", ".gridgate")
 
 
 def _hash(path: Path) -> str:
@@ -61,11 +60,8 @@ def walk_files(root: Path, *, skip_top: tuple[str, ...] = ()):
 
 
 # -- reading a tree the command owns (R-CASE-8) ------------------------------------------------------
-# The command's working directory belongs to its account, which may swap any file or directory
-# for a symlink at any moment (e.g. between a check and an open). Everything read from it goes
-# through directory file descriptors (``os.fwalk``) and ``O_NOFOLLOW`` opens, so no path is ever
-# resolved twice and no symlink is followed, whoever the service runs as.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# What the service writes in a workspace is never written through a link planted there. (The
+# command's own tree is read by the privileged helper, through fds and O_NOFOLLOW opens.)
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 

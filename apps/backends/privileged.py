@@ -94,7 +94,7 @@ ETC_ENTRIES = (
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: top-level names of a working directory that are never results: the campaign's shared inputs
-#: and Gridgate's own control files
+#: (never downloaded back) and Gridgate's own control files
 NOT_RESULTS = ("shared", ".gridgate")
 PROGRESS_FILE = ".gridgate/progress"
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -765,6 +765,20 @@ def _dirs(args: list[str], path: Path, below: Path | None = None) -> None:
         args += ["--perms", "0755", "--dir", str(parent)]
 
 
+def switch_to(entry) -> list[str]:
+    """The command prefix that becomes ``entry``'s account (its groups from /etc/group) with no
+    capability left, not even in the bounding set."""
+    return [
+        "/usr/bin/setpriv",
+        f"--reuid={entry.pw_uid}",
+        f"--regid={entry.pw_gid}",
+        "--init-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
+
+
 def sandbox_argv(
     config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
 ) -> list[str]:
@@ -815,15 +829,7 @@ def sandbox_argv(
         # bwrap run by root keeps root's capabilities unless told: only the two setpriv needs to
         # switch to the account; setpriv then clears them all (and the bounding set).
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
-        args += [
-            "/usr/bin/setpriv",
-            f"--reuid={entry.pw_uid}",
-            f"--regid={entry.pw_gid}",
-            "--init-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--",
-        ]
+        args += switch_to(entry)
     else:
         args.append("--")
     return args + inner
@@ -1406,17 +1412,7 @@ def sbatch(config: Config, request: dict) -> dict:
             # root's sbatch would judge the script's #SBATCH lines (a partition, --priority, a
             # negative --nice) with root's authority.
             proc = subprocess.run(
-                [
-                    "/usr/bin/setpriv",
-                    f"--reuid={entry.pw_uid}",
-                    f"--regid={entry.pw_gid}",
-                    "--init-groups",
-                    "--inh-caps=-all",
-                    "--bounding-set=-all",
-                    "--",
-                    "sbatch",
-                    "--parsable",
-                ],
+                [*switch_to(entry), "sbatch", "--parsable"],
                 input=script,
                 cwd="/",
                 capture_output=True,

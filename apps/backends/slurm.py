@@ -230,7 +230,8 @@ class SlurmBackend(ExecutionBackend):
         )
 
     def submit(self, spec: SubmitSpec) -> str:
-        """R-CASE-8: the job is submitted as the case's account (root's ``sbatch --uid/--gid``),
+        """R-CASE-8: the job is submitted as the case's account (``sbatch`` run as that account
+        by the privileged helper),
         so squeue/sacct show the user and file permissions apply; its working directory is
         that account's (0700) and the run directory is the service's (0711: the job reaches its
         own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 or
