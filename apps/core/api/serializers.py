@@ -1,35 +1,9 @@
 """The shared serializer base: model rules run once, in ``Model.clean()``, for admin and API."""
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models, transaction
 from rest_framework import serializers
 
 _DATETIME = serializers.DateTimeField()
-
-
-def plain_int(value, low: int, high: int) -> bool:
-    """Whether DRF's ``IntegerField(min_value=low, max_value=high)`` takes ``value`` unchanged:
-    a JSON integer (not a bool, which DRF refuses) within the bounds."""
-    return type(value) is int and low <= value <= high
-
-
-def plain_text(value, max_length: int) -> bool:
-    """Whether DRF's ``CharField(max_length=max_length, allow_blank=True)`` takes ``value``
-    unchanged: a string within the length, with nothing for it to trim, and only printable ASCII
-    (no NUL or surrogate for its validators to refuse)."""
-    if type(value) is not str or len(value) > max_length:
-        return False
-    return value.isascii() and value.isprintable() and value == value.strip()
-
-
-def validate_as_drf(serializer: serializers.Serializer, attrs: dict):
-    """``serializer.validate(attrs)``, its errors shaped as DRF's ``run_validation`` shapes them
-    (a message that names no field under ``non_field_errors``): for the request bodies' common
-    path, which skips DRF's field objects but not the serializer's own ``validate``."""
-    try:
-        return serializer.validate(attrs)
-    except (serializers.ValidationError, DjangoValidationError) as exc:
-        raise serializers.ValidationError(detail=serializers.as_serializer_error(exc)) from None
 
 
 def times(*values) -> list:

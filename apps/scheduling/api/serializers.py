@@ -1,8 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.fields import empty
 
-from apps.core.api.serializers import ValidatedModelSerializer, plain_int, times
+from apps.core.api.serializers import ValidatedModelSerializer, times
 from apps.resources.models import ResourcePool
 from apps.scheduling.models import Device, Job
 
@@ -123,20 +122,6 @@ class JobSubmitSerializer(serializers.Serializer):
         if not isinstance(value, dict):
             raise serializers.ValidationError("Must be a JSON object.")
         return value
-
-    def run_validation(self, data=empty):
-        """The common body (a JSON object with a payload object, shots within bounds, no device
-        or a null one) taken as it is; anything else goes through DRF's field-by-field validation,
-        which gives that same result for it (tests/core/test_serializer_fields.py compares the
-        two) and its messages for the rest. DRF built and bound the three field objects for every
-        submission: 0.13 ms of its ~1.9 ms of web CPU (issue 15, bench/http_load.py)."""
-        if type(data) is dict and type(data.get("payload")) is dict and plain_int(data.get("shots"), 1, MAX_SHOTS):
-            device = data.get("device", empty)
-            if device is empty:
-                return {"payload": data["payload"], "shots": data["shots"]}
-            if device is None:
-                return {"payload": data["payload"], "shots": data["shots"], "device": None}
-        return super().run_validation(data)
 
 
 class JobLogsSerializer(serializers.Serializer):

@@ -1,7 +1,6 @@
 from rest_framework import serializers
-from rest_framework.fields import empty
 
-from apps.core.api.serializers import plain_int, plain_text, times, validate_as_drf
+from apps.core.api.serializers import times
 from apps.sessions.models import RevocationReason, Session
 
 EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
@@ -56,7 +55,6 @@ class SessionSerializer(serializers.ModelSerializer):
 
 
 MAX_SLOTS = 1_000_000
-TEXT_FIELDS = (*EXTERNAL_ID_ALIASES, "user")
 
 
 class SessionCreateSerializer(serializers.Serializer):
@@ -69,25 +67,6 @@ class SessionCreateSerializer(serializers.Serializer):
     scheduler_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
     slurm_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
     user = serializers.CharField(max_length=150, required=False, help_text="Username (service principals only).")
-
-    def run_validation(self, data=empty):
-        """The common body (a JSON object of a class id, slots within bounds or none, and texts
-        that need no trimming; other keys are ignored, as DRF ignores them) taken as it is, then
-        ``validate``; anything else goes through DRF's field-by-field validation, which gives that
-        same result for it (tests/core/test_serializer_fields.py compares the two) and its
-        messages for the rest. DRF built and bound the six field objects for every acquire: ~0.13
-        ms of web CPU, as for a job submission (issue 15, bench/http_load.py)."""
-        if (
-            type(data) is dict
-            and plain_int(data.get("resource_class"), 1, 2**63 - 1)
-            and plain_int(data.get("slots", 1), 1, MAX_SLOTS)
-        ):
-            texts = {name: data[name] for name in TEXT_FIELDS if name in data}
-            limits = {name: self._declared_fields[name].max_length for name in texts}
-            if all(plain_text(value, limits[name]) for name, value in texts.items()) and texts.get("user") != "":
-                attrs = {"resource_class": data["resource_class"], "slots": data.get("slots", 1), **texts}
-                return validate_as_drf(self, attrs)
-        return super().run_validation(data)
 
     def validate(self, attrs):
         given = {attrs.pop(name).strip() for name in EXTERNAL_ID_ALIASES if attrs.get(name, "").strip()}
