@@ -1,8 +1,10 @@
 """Admission throughput under 32 concurrent clients (SPEC §9, R-SESS-1).
 
-Service: ``apps.sessions.services.admit`` (pool row lock, expiry, idempotency check, capacity and
-quota sums, insert with the launch spec). Baseline: raw psycopg doing only the same lock, sum
-and insert. Both run here, now, on the same database; the figure that matters is the ratio.
+Service: ``apps.sessions.services.admit`` (the class lookup with the access check, then the
+conditional UPDATE of the pool's usage counters inserting the session with its launch spec).
+Baseline: raw psycopg doing only a lock of the pool row, the sum of its active sessions' slots
+and the insert, in one transaction. Both run here, now, on the same database; the figure that
+matters is the ratio.
 """
 
 import multiprocessing
@@ -110,8 +112,8 @@ def main() -> int:
                         conn.execute(
                             "INSERT INTO compute_sessions_session (id, user_id, resource_class_id, pool_id, slots, "
                             "external_id, status, created_at, last_activity_at, expires_at, idle_expires_at, "
-                            "revocation_reason, vruntime, launch_spec) VALUES "
-                            "(%s, %s, %s, %s, %s, '', 'active', %s, %s, %s, %s, '', 0, '{}')",
+                            "revocation_reason, vruntime, launch_spec, cpu, memory, gpu) VALUES "
+                            "(%s, %s, %s, %s, %s, '', 'active', %s, %s, %s, %s, '', 0, '{}', 1, 1, 0)",
                             (
                                 uuid.uuid4(),
                                 user.pk,
@@ -138,8 +140,9 @@ def main() -> int:
             ("baseline", baseline_worker, baseline_pool),
             ("service", service_worker, pools["bench-service"]),
         ):
-            if i:  # every round starts from an empty pool
+            if i:  # every round starts from an empty pool (the recount zeroes its usage counters)
                 Session.objects.filter(pool=pool).delete()
+                services.recount_usage()
             rounds[label].append(run(f"{label}{i}", worker))
             if label == "baseline":
                 over_baseline = max(over_baseline, max(0, used(pool) - SLOTS_TOTAL))

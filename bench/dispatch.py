@@ -113,7 +113,7 @@ def measure(pool_id):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from apps.scheduling import services
+    from apps.scheduling import passes
     from apps.scheduling.models import Job, JobStatus
 
     times, queries = [], []
@@ -121,7 +121,7 @@ def measure(pool_id):
         connection.queries_log.clear()  # a full log (9 000 entries) would make the count wrong
         with CaptureQueriesContext(connection) as ctx:
             start = time.perf_counter()
-            job = services.dispatch_once(pool_id)
+            job = passes.dispatch_once(pool_id)
             times.append(time.perf_counter() - start)
         queries.append(len(ctx))
         assert job is not None

@@ -35,7 +35,7 @@ def simulate(strategy):
     from django.utils import timezone
 
     from apps.resources.models import ResourceClass, ResourcePool
-    from apps.scheduling import services
+    from apps.scheduling import passes, services
     from apps.scheduling.drivers import DriverState
     from apps.scheduling.models import Device, Job
     from apps.sessions import services as session_services
@@ -59,7 +59,7 @@ def simulate(strategy):
             )
         else:  # through the service: catch-up (R-SCHED-2) applies to the first job
             for _ in range(jobs):
-                services.submit_job(user=session.user, session=session, payload={}, shots=1)
+                services.submit_job(user=session.user, session_id=session.pk, payload={}, shots=1)
         return session
 
     steady = [open_session(w, DISPATCHES, f"steady-{w}", bulk=True) for w in WEIGHTS]
@@ -77,12 +77,12 @@ def simulate(strategy):
             total_weight = sum(WEIGHTS) + weight + sum(w for _, w, *_ in newcomers)
             # Its first round: sum-of-weights dispatches, in which its share is `weight` turns.
             newcomers.append([session.pk, weight, 0, total_weight])
-        job = services.dispatch_once(pool.pk)
-        services.submit_claimed(job)
+        job = passes.dispatch_once(pool.pk)
+        passes.submit_claimed(job)
         runtime = min(rng.paretovariate(1.5), 50.0) if strategy == "usage_fair" else 1.0
         longest = max(longest, runtime)
         job.refresh_from_db()
-        services._finish(job, DriverState("completed", runtime_seconds=runtime), expect_remote_id=job.remote_id)
+        passes._finish(job, DriverState("completed", runtime_seconds=runtime), expect_remote_id=job.remote_id)
         if job.session_id in served:
             served[job.session_id] += runtime if strategy == "usage_fair" else 1
             for a, b in worst:
@@ -129,13 +129,13 @@ def fresh_pool(name, capacity=1):
 
 def run_one(pool):
     """Dispatch one job, hand it to the device, complete it: the served session id."""
-    from apps.scheduling import services
+    from apps.scheduling import passes
     from apps.scheduling.drivers import DriverState
 
-    job = services.dispatch_once(pool.pk)
-    services.submit_claimed(job)
+    job = passes.dispatch_once(pool.pk)
+    passes.submit_claimed(job)
     job.refresh_from_db()
-    services._finish(job, DriverState("completed", runtime_seconds=1.0), expect_remote_id=job.remote_id)
+    passes._finish(job, DriverState("completed", runtime_seconds=1.0), expect_remote_id=job.remote_id)
     return job.session_id
 
 
@@ -151,7 +151,7 @@ def drained_arrivals():
 
         def submit(session, n):
             for _ in range(n):
-                services.submit_job(user=session.user, session=session, payload={}, shots=1)
+                services.submit_job(user=session.user, session_id=session.pk, payload={}, shots=1)
 
         submit(a, 8 * w_a)
         for _ in range(8 * w_a):
@@ -172,7 +172,7 @@ def drained_arrivals():
 
 
 def qrmi_pattern():
-    from apps.scheduling import services
+    from apps.scheduling import passes, services
     from apps.scheduling.drivers import DriverState
     from apps.scheduling.models import Job
     from apps.sessions import services as session_services
@@ -184,30 +184,30 @@ def qrmi_pattern():
         for i in range(clients)
     ]
     for session in qrmi:
-        services.submit_job(user=user, session=session, payload={}, shots=1)
+        services.submit_job(user=user, session_id=session.pk, payload={}, shots=1)
     running: list[Job] = []
     served: list = []
 
     def step():
         while len(running) < capacity:  # fill the device
-            job = services.dispatch_once(pool.pk)
+            job = passes.dispatch_once(pool.pk)
             if job is None:
                 break
-            services.submit_claimed(job)
+            passes.submit_claimed(job)
             job.refresh_from_db()
             running.append(job)
             served.append(job.session_id)
         job = running.pop(0)  # the oldest run ends; a QRMI client submits its next job at once
-        services._finish(job, DriverState("completed", runtime_seconds=1.0), expect_remote_id=job.remote_id)
+        passes._finish(job, DriverState("completed", runtime_seconds=1.0), expect_remote_id=job.remote_id)
         if job.session_id in {s.pk for s in qrmi}:
             session = next(s for s in qrmi if s.pk == job.session_id)
-            services.submit_job(user=user, session=session, payload={}, shots=1)
+            services.submit_job(user=user, session_id=session.pk, payload={}, shots=1)
 
     while len(served) < before:
         step()
     newcomer = session_services.admit(user=user, resource_class=klass, slots=1, external_id="new").session
     for _ in range(after):
-        services.submit_job(user=user, session=newcomer, payload={}, shots=1)
+        services.submit_job(user=user, session_id=newcomer.pk, payload={}, shots=1)
     mark = len(served)
     while len(served) < mark + after:
         step()

@@ -73,7 +73,7 @@ def main() -> int:
                 time.sleep(0.02)
         sequence = analog_sequence(atoms=2)
         for _ in range(JOBS):
-            services.submit_job(user=session.user, session=session, payload={"sequence": sequence}, shots=100)
+            services.submit_job(user=session.user, session_id=session.pk, payload={"sequence": sequence}, shots=100)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and Job.objects.filter(status__in=["pending", "running"]).exists():
             time.sleep(0.5)

@@ -32,7 +32,7 @@ def submit(sessions, sequence, count: int) -> list[int]:
     ids = []
     for i in range(count):
         session = sessions[i % len(sessions)]
-        job = services.submit_job(user=session.user, session=session, payload={"sequence": sequence}, shots=10)
+        job = services.submit_job(user=session.user, session_id=session.pk, payload={"sequence": sequence}, shots=10)
         ids.append(job.pk)
     return ids
 

@@ -9,13 +9,13 @@ table:
 
 ============================  ================================================================
 pools, devices, heartbeats    small tables (one row per pool / device / worker host)
-slots and quota used          ``sessions.selectors.active_usage`` (``sessions_active_pool``)
+slots and quota used          the pool rows' usage counters (``apps.sessions.statements``)
 jobs per state / device       status IN (pending, running): ``jobs_unfinished_session``
 cases per state               status IN (prepared, pending, running): ``cases_case_unfinished``
 latency histograms            ``JobLatencyBucket``: a few rows per pool, counted at the event
 ============================  ================================================================
 
-Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
+Six queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
 ``bench/metrics_scrape.py`` measures it with 100 000 finished jobs. Finished jobs and cases
 are not counted here: that would scan the history on every scrape (the accounting API and
 the utilization page report them).
@@ -23,7 +23,7 @@ the utilization page report them).
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Sum
 from django.utils import timezone
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from apps.cases.models import Case, CaseStatus
@@ -31,7 +31,6 @@ from apps.core.models import WorkerHeartbeat
 from apps.resources.models import ResourcePool
 from apps.scheduling.latency import BUCKETS
 from apps.scheduling.models import UNFINISHED, Device, Job, JobLatencyBucket, JobStatus, LatencyKind
-from apps.sessions.selectors import active_usage
 
 #: case states reported (the unfinished ones); "submitting" is prepared with a launch requested
 CASE_STATES = ("prepared", "submitting", CaseStatus.PENDING, CaseStatus.RUNNING)
@@ -60,7 +59,17 @@ class StateCollector:
         pools = {
             pool.pk: pool
             for pool in ResourcePool.objects.order_by("name").only(
-                "pk", "name", "slots_total", "quota_cpu", "quota_memory", "quota_gpu"
+                "pk",
+                "name",
+                "slots_total",
+                "quota_cpu",
+                "quota_memory",
+                "quota_gpu",
+                "slots_used",
+                "cpu_used",
+                "memory_used",
+                "gpu_used",
+                "usage_repairs",
             )
         }
         names = {pk: pool.name for pk, pool in pools.items()}
@@ -88,18 +97,23 @@ class StateCollector:
             "Resources held by the pool's active sessions (their classes' cpu, memory in GB, gpu).",
             labels=["pool", "resource"],
         )
-        usage = active_usage(pools)
-        for pk, pool in pools.items():
+        repairs = CounterMetricFamily(
+            "gridgate_pool_usage_repairs",
+            "Times the expiry sweep found the pool's usage counters differing from its active sessions "
+            "and repaired them (anything but 0 means sessions were changed behind admission's back).",
+            labels=["pool"],
+        )
+        for pool in pools.values():
             if pool.slots_total is not None:
                 total.add_metric([pool.name], pool.slots_total)
-            held = usage[pk]
-            used.add_metric([pool.name], held.slots)
+            used.add_metric([pool.name], pool.slots_used)
             for resource, field in QUOTA_RESOURCES:
-                value = {"cpu": held.cpu, "memory_gb": held.memory, "gpu": held.gpu}[resource]
+                value = {"cpu": pool.cpu_used, "memory_gb": pool.memory_used, "gpu": pool.gpu_used}[resource]
                 quota_used.add_metric([pool.name, resource], float(value or 0))
                 if pool.has_quota:  # the model's rule (ResourcePool.has_quota), not a copy of it
                     quota.add_metric([pool.name, resource], float(getattr(pool, field) or 0))
-        yield from (total, used, quota, quota_used)
+            repairs.add_metric([pool.name], pool.usage_repairs)
+        yield from (total, used, quota, quota_used, repairs)
 
     def _jobs(self, names, now):
         jobs = GaugeMetricFamily("gridgate_jobs", "Unfinished jobs per pool and state.", labels=["pool", "status"])

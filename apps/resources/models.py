@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinLengthValidator, MinValueValidator
 from django.db import models, router, transaction
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.utils.translation import gettext_lazy as _
 
 from apps.resources import remote as remote_rules
@@ -72,34 +73,25 @@ class ResourcePoolQuerySet(models.QuerySet):
             return self
         if not user.is_authenticated:
             return self.none()
-        through_users = ResourcePool.users.through.objects.filter(user_id=user.pk)
-        through_groups = ResourcePool.groups.through.objects.filter(group__user=user.pk)
-        return self.filter(
-            Q(public=True)
-            | Q(pk__in=through_users.values("resourcepool_id"))
-            | Q(pk__in=through_groups.values("resourcepool_id"))
-        )
+        return self.filter(pk__in=RawSQL(*visible_pools_sql(user)))  # noqa: S611 (names from _meta; values are parameters)
 
 
-def visible_to_sql(user, pool: str = "p") -> tuple[str, list]:
-    """R-POOL-8 as a SQL condition on the pool table aliased ``pool``, with its parameters: the
-    rule of ``visible_to`` for hand-written statements (session admission, issue 15), which
-    cannot afford the ORM's cost of building that filter on every request.
-    tests/resources/test_visibility.py checks that both select the same pools for every kind of
-    grant; change them together.
+def visible_pools_sql(user) -> tuple[str, list]:
+    """R-POOL-8, written once: the ids of the pools a signed-in user who is not staff may see and
+    use, as a SELECT with its parameters. ``visible_to`` filters on it, and so does session
+    admission's hand-written class lookup (``apps.sessions.statements``)::
+
+        SELECT id FROM pool WHERE public
+            OR granted to the user OR granted to one of the user's groups
     """
-    if user.is_staff:
-        return "TRUE", []
-    if not user.is_authenticated:
-        return "FALSE", []
     users = ResourcePool.users.through._meta.db_table
     groups = ResourcePool.groups.through._meta.db_table
     members = get_user_model().groups.through._meta.db_table
     return (
-        f"({pool}.public"  # noqa: S608 (table names from _meta; values are parameters)
-        f" OR EXISTS (SELECT 1 FROM {users} g WHERE g.resourcepool_id = {pool}.id AND g.user_id = %s)"
+        f"SELECT v.id FROM {ResourcePool._meta.db_table} v WHERE v.public"  # noqa: S608 (names from _meta)
+        f" OR EXISTS (SELECT 1 FROM {users} g WHERE g.resourcepool_id = v.id AND g.user_id = %s)"
         f" OR EXISTS (SELECT 1 FROM {groups} pg JOIN {members} m ON m.group_id = pg.group_id"
-        f" WHERE pg.resourcepool_id = {pool}.id AND m.user_id = %s))",
+        f" WHERE pg.resourcepool_id = v.id AND m.user_id = %s)",
         [user.pk, user.pk],
     )
 
@@ -161,6 +153,18 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     groups = models.ManyToManyField(Group, blank=True, related_name="granted_pools")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # -- what the pool's active sessions hold (R-SESS-1) --
+    # Kept by the statements that admit and end sessions (apps/sessions/statements.py), in the
+    # same statement as the session's own change; the expiry sweep recounts them from the
+    # sessions and repairs a drift (``usage_repairs``). Plain integers, no CHECK: a drift below
+    # zero must be repairable, never an error in a release. save() never writes them.
+    slots_used = models.IntegerField(default=0, editable=False)
+    cpu_used = models.DecimalField("CPU used", max_digits=12, decimal_places=3, default=Decimal(0), editable=False)
+    memory_used = models.IntegerField("memory used (GB)", default=0, editable=False)
+    gpu_used = models.IntegerField("GPU used", default=0, editable=False)
+    usage_repairs = models.IntegerField(
+        default=0, editable=False, help_text=_("Times the expiry sweep's recount found the usage counters off.")
+    )
 
     objects = ResourcePoolQuerySet.as_manager()
 
@@ -208,6 +212,20 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
 
     def __str__(self):
         return self.name
+
+    USAGE_FIELDS = frozenset({"slots_used", "cpu_used", "memory_used", "gpu_used", "usage_repairs"})
+
+    def save(self, *args, **kwargs):
+        # Admission and revocation change the usage counters while an operator edits the pool:
+        # saving an edited pool writes every other column, never the counters it read (they
+        # would undo every admission and release in between).
+        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+            kwargs["update_fields"] = [
+                field.name
+                for field in self._meta.concrete_fields
+                if not field.primary_key and field.name not in self.USAGE_FIELDS
+            ]
+        super().save(*args, **kwargs)
 
     @classmethod
     def from_db(cls, db, field_names, values):

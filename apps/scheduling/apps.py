@@ -10,12 +10,12 @@ class SchedulingConfig(AppConfig):
         from django.conf import settings
 
         from apps.core import ticker
-        from apps.scheduling import device_status, services
+        from apps.scheduling import device_status, passes, services
         from apps.scheduling.drivers import emulator
         from apps.sessions import hooks
 
         # R-SCHED-5 safety net: poll and dispatch every pool with unfinished jobs every second.
-        ticker.register("scheduling.sweep", services.sweep, every=lambda: settings.GRIDGATE_DISPATCH_TICK)
+        ticker.register("scheduling.sweep", passes.sweep, every=lambda: settings.GRIDGATE_DISPATCH_TICK)
         # Issue 17: emulator runs whose worker died are re-run, lost tasks re-sent (every beat).
         ticker.register(
             "scheduling.emulator_recovery",

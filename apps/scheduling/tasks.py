@@ -1,4 +1,4 @@
-"""django-q2 entry points for scheduling (thin; the work is in services)."""
+"""django-q2 entry points for scheduling (thin; the work is in passes)."""
 
 import os
 
@@ -6,18 +6,18 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.scheduling import device_status, services
+from apps.scheduling import device_status, passes
 from apps.scheduling.drivers import emulator
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 
 
 def run_pool(pool_id: int) -> dict:
     """Event task: a job was submitted or finished, a device came online, a cancel was asked."""
-    return services.run_pool(pool_id)
+    return passes.run_pool(pool_id)
 
 
 def sweep() -> dict:
-    return services.sweep()
+    return passes.sweep()
 
 
 def check_device_status(device_id: int) -> str:
@@ -61,5 +61,5 @@ def run_emulation(remote_id: str) -> str:
         run.save(update_fields=["status", "result", "error", "logs", "runtime_seconds", "finished_at"])
     # The device is free now: poll this job at once (not at its next scheduled poll) and refill.
     Job.objects.filter(remote_id=run.remote_id, status=JobStatus.RUNNING).update(next_poll_at=None)
-    services.run_pool(run.device.pool_id)
+    passes.run_pool(run.device.pool_id)
     return run.status

@@ -1,11 +1,9 @@
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
 
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.sessions import services
 from apps.sessions.models import Session, SessionStatus
-from apps.sessions.selectors import active_usage
 
 
 @admin.register(Session)
@@ -52,7 +50,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected sessions (frees their slots now)", permissions=["change"])
     def revoke_sessions(self, request, queryset):
-        revoked = sum(services.revoke(session) for session in queryset.filter(status=SessionStatus.ACTIVE))
+        revoked = services.revoke(session_ids=queryset.filter(status=SessionStatus.ACTIVE).values_list("pk", flat=True))
         self.message_user(request, f"Revoked {revoked} session(s).", messages.SUCCESS)
 
 
@@ -60,38 +58,22 @@ class PoolAdminWithSlots(ResourcePoolAdmin):
     """The pool page with slot usage (sessions are a separate app; resources does not import it)."""
 
     def get_list_display(self, request):
-        return [*super().get_list_display(request), "slots_used"]
+        return [*super().get_list_display(request), "slots_in_use"]
 
     def get_readonly_fields(self, request, obj=None):
-        return [*super().get_readonly_fields(request, obj), "slots_used"]
+        return [*super().get_readonly_fields(request, obj), "slots_in_use"]
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = [list(f) for f in super().get_fieldsets(request, obj)]
         for name, options in fieldsets:
             if name == "Capacity":
-                options["fields"] = [*options["fields"], "slots_used"]
+                options["fields"] = [*options["fields"], "slots_in_use"]
         return [tuple(f) for f in fieldsets]
 
-    def get_changelist(self, request, **kwargs):
-        return _PoolUsageChangeList
-
     @admin.display(description="slots used / total")
-    def slots_used(self, obj):
-        used = getattr(obj, "_slots_used", None)
-        if used is None and obj.pk:
-            used = active_usage([obj.pk])[obj.pk].slots
+    def slots_in_use(self, obj):
         total = obj.slots_total if obj.slots_total is not None else "∞"
-        return f"{used or 0} / {total}"
-
-
-class _PoolUsageChangeList(ChangeList):
-    """The pool list reads every listed pool's usage in one query (``active_usage``)."""
-
-    def get_results(self, request):
-        super().get_results(request)
-        used = active_usage(pool.pk for pool in self.result_list)
-        for pool in self.result_list:
-            pool._slots_used = used[pool.pk].slots
+        return f"{obj.slots_used} / {total}"
 
 
 admin.site.unregister(ResourcePool)

@@ -2,7 +2,7 @@
 
 - ``register_busy_condition(fn)``: ``fn()`` returns a ``Q`` (usually ``Exists(...)``) true for
   sessions that have pending or running work; such sessions are never idle-expired (R-SESS-3).
-  The Q must be pure (no per-call values): admission compiles it once per process.
+  The Q must be pure (no per-call values).
 - ``sessions_revoked``: sent after sessions were revoked (released, revoked by staff, expired),
   with ``session_ids`` and ``reason``; receivers cancel pending jobs and ask running ones to stop
   (R-SESS-3, R-SESS-4).
@@ -16,26 +16,16 @@ from django.dispatch import Signal
 sessions_revoked = Signal()
 
 _busy_conditions: list[Callable[[], Q]] = []
-_version = 0
 
 
 def register_busy_condition(condition: Callable[[], Q]) -> None:
-    global _version
     if condition not in _busy_conditions:
         _busy_conditions.append(condition)
-        _version += 1
 
 
 def unregister_busy_condition(condition: Callable[[], Q]) -> None:
-    global _version
     if condition in _busy_conditions:
         _busy_conditions.remove(condition)
-        _version += 1
-
-
-def busy_version() -> int:
-    """Changes whenever the set of conditions changes (compiled queries depend on it)."""
-    return _version
 
 
 def busy_q() -> Q | None:

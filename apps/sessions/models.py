@@ -1,6 +1,7 @@
 """Sessions: a user's claim on a pool's capacity (SPEC §4)."""
 
 import uuid
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -54,6 +55,12 @@ class Session(models.Model):
     # Denormalized from the class: admission sums active sessions per pool under the pool lock.
     pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="sessions")
     slots = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    # What the session holds of its pool's quota: its class's resources when it was admitted. The
+    # pool's usage counters add them at admission and take the same amounts back when it ends,
+    # whatever happens to the class meanwhile (R-SESS-1).
+    cpu = models.DecimalField(max_digits=10, decimal_places=3, default=Decimal(0), editable=False)
+    memory = models.PositiveIntegerField(default=0, editable=False)
+    gpu = models.PositiveIntegerField(default=0, editable=False)
     external_id = models.CharField(
         max_length=128, blank=True, default="", help_text="Scheduler job id (e.g. Slurm's), for idempotency."
     )
@@ -87,7 +94,7 @@ class Session(models.Model):
             ),
         ]
         indexes = [
-            # Admission: SUM(slots) of the active sessions of one pool, under the pool lock.
+            # The expiry sweep's recount of each pool's usage (apps.sessions.statements).
             models.Index(fields=["pool", "slots"], condition=Q(status="active"), name="sessions_active_pool"),
             # Admission's "anything due in this pool?" probe and the expiry sweep (partial: only
             # active sessions are ever due). Not idle_expires_at: every job submission renews it,

@@ -10,7 +10,6 @@ from pathlib import Path
 from django.conf import settings
 
 from apps.resources.models import ResourcePool, fmt
-from apps.sessions.selectors import active_usage
 
 EXAMPLES_DIR = Path(settings.BASE_DIR) / "examples"
 
@@ -43,20 +42,16 @@ class PoolGauge:
 
 
 def pool_gauges(pools: list[ResourcePool]) -> dict[int, PoolGauge]:
-    """Slots used/total and quota used per pool, in one query whatever the number of pools.
-
-    The same sums as admission (R-SESS-1) and the slots endpoints (R-SESS-6): ``active_usage``.
-    """
-    used = active_usage(pool.pk for pool in pools)
+    """Slots used/total and quota used per pool: the pools' usage counters, which admission
+    (R-SESS-1) and the slots endpoints (R-SESS-6) read too."""
     gauges = {}
     for pool in pools:
-        usage = used[pool.pk]
-        gauge = PoolGauge(slots=Meter("slots", usage.slots, pool.slots_total))
+        gauge = PoolGauge(slots=Meter("slots", pool.slots_used, pool.slots_total))
         if pool.has_quota:
             gauge.quota = [
-                Meter("CPU", usage.cpu, pool.quota_cpu),
-                Meter("memory (GB)", usage.memory, pool.quota_memory),
-                Meter("GPU", usage.gpu, pool.quota_gpu or 0),
+                Meter("CPU", pool.cpu_used, pool.quota_cpu),
+                Meter("memory (GB)", pool.memory_used, pool.quota_memory),
+                Meter("GPU", pool.gpu_used, pool.quota_gpu or 0),
             ]
         gauges[pool.pk] = gauge
     return gauges

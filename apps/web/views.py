@@ -36,7 +36,6 @@ from apps.scheduling import services as job_services
 from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
-from apps.sessions.selectors import seen_or_404
 from apps.web import charts
 from apps.web.errors import REFUSALS, Refusal, error_text, refusal, refuse
 from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm, UtilizationForm
@@ -162,7 +161,7 @@ def session_detail(request, pk):
 @require_POST
 def session_release(request, pk):
     session = get_object_or_404(_sessions(request.user), pk=pk)
-    if session_services.release(session):
+    if session_services.release(user=request.user, session_id=session.pk):
         messages.success(request, "Session released: its slots are free again.")
     else:
         session.refresh_from_db()
@@ -173,7 +172,7 @@ def session_release(request, pk):
 @login_required
 @require_POST
 def job_submit(request, pk):
-    session = seen_or_404(job_services.session_for_submission(pk), request.user)
+    session = get_object_or_404(_sessions(request.user), pk=pk)
     form = JobSubmitForm(request.POST, request.FILES, examples=bundled_examples())
     if not form.is_valid():
         text = "The job was not submitted: " + " ".join(
@@ -183,7 +182,10 @@ def job_submit(request, pk):
         return redirect("web:session-detail", pk=session.pk)
     try:
         job = job_services.submit_job(  # R-JOB-1 owner and status checks: the service's
-            user=request.user, session=session, payload=form.cleaned_data["payload"], shots=form.cleaned_data["shots"]
+            user=request.user,
+            session_id=session.pk,
+            payload=form.cleaned_data["payload"],
+            shots=form.cleaned_data["shots"],
         )
     except REFUSALS as exc:  # a driver's InvalidPayload included: its words go to the details
         session.refresh_from_db()

@@ -25,7 +25,7 @@ def test_usage_per_user_and_pool(api, staff, owner, member, pool):
     with time_machine.travel(start, tick=False):
         session = services.admit(user=owner, resource_class=pool.classes.get(), slots=2).session
     with time_machine.travel(start + timedelta(hours=3), tick=False):
-        services.release(session)
+        services.release(user=session.user, session_id=session.pk)
     for i, (status, wait, runtime) in enumerate(
         [(JobStatus.COMPLETED, 1, 4.0), (JobStatus.COMPLETED, 3, 6.0), (JobStatus.FAILED, 5, None)]
     ):

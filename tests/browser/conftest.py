@@ -116,7 +116,7 @@ class Worker(threading.Thread):
 
     def run(self):
         from apps.cases import passes
-        from apps.scheduling import services as scheduling
+        from apps.scheduling import passes as scheduling
 
         try:
             while not self.stopping.wait(0.25):

@@ -64,7 +64,7 @@ def test_pool_queue_admin_lists_queues_with_their_waiting_jobs(admin_client, own
     pool = ResourcePool.objects.create(name="qpu", public=True, slots_total=4)
     ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
     Device.objects.create(pool=pool, name="parked", driver="fake", online=False)  # R-DEV-1: a pool that runs jobs
-    services.submit_job(user=owner, session=open_session(pool, owner), payload={"sequence": "{}"}, shots=1)
+    services.submit_job(user=owner, session_id=open_session(pool, owner).pk, payload={"sequence": "{}"}, shots=1)
     PoolQueue.objects.get_or_create(pool=pool)
     response = admin_client.get("/admin/scheduling/poolqueue/?q=qpu")
     assert response.status_code == 200

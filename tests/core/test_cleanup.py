@@ -19,7 +19,7 @@ def test_cleanup_prunes_old_ended_sessions_jobs_and_keys_only(owner, capsys):
     pool = ResourcePool.objects.create(name="p", public=True)
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
     old_ended = services.admit(user=owner, resource_class=klass).session
-    services.release(old_ended)
+    services.release(user=old_ended.user, session_id=old_ended.pk)
     kept_active = services.admit(user=owner, resource_class=klass).session
     long_ago = timezone.now() - timedelta(days=200)
     Session.objects.filter(pk=old_ended.pk).update(revoked_at=long_ago)

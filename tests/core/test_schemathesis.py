@@ -36,7 +36,7 @@ def world(owner, staff):
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
     Device.objects.create(pool=pool, name="fake1", driver="fake", config={"script": ["running", "completed"]})
     session = session_services.admit(user=owner, resource_class=klass).session
-    job_services.submit_job(user=owner, session=session, payload={"sequence": "{}"}, shots=1)
+    job_services.submit_job(user=owner, session_id=session.pk, payload={"sequence": "{}"}, shots=1)
     return {"owner": issue_token(owner)[1], "staff": issue_token(staff)[1]}
 
 

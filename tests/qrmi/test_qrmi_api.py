@@ -333,7 +333,7 @@ def test_r_qrmi_3_sessions_and_jobs_appear_in_the_main_api(qpu, qrmi, alice, api
 def test_r_qrmi_3_qrmi_jobs_are_fairly_scheduled_with_api_jobs(qpu, qrmi, alice, bob, api, settings):
     """Two one-slot sessions, one from QRMI and one from the API, with several jobs each: the
     weighted-fair dispatcher alternates between them."""
-    from apps.scheduling.services import dispatch_once
+    from apps.scheduling.passes import dispatch_once
 
     Device.objects.filter(pool=qpu).update(driver="fake", config={"script": ["running", "completed"]})
     qrmi_session = Session.objects.get(pk=acquire(qrmi, slurm_job_id="q").json()["id"])

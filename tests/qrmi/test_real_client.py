@@ -23,7 +23,7 @@ from django.db import connection
 from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling import device_status
-from apps.scheduling import services as scheduling
+from apps.scheduling import passes as scheduling
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import RevocationReason, Session, SessionStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble

@@ -1,29 +1,18 @@
-"""R-POOL-8 has two writings: ``ResourcePool.objects.visible_to`` (the ORM's) and
-``visible_to_sql`` (session admission's hand-written statement, issue 15). They must select the
-same pools for every kind of access: public, granted to the user, granted to one of their groups,
-staff, and none of these."""
+"""R-POOL-8: who sees and may use which pool, for every kind of access (public, granted to the
+user, granted to one of their groups, staff, none of these), through the ORM's ``visible_to`` and
+through session admission, whose class lookup uses the same rule (``visible_pools_sql``)."""
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, Group, User
-from django.db import connection
 
-from apps.resources.models import ResourcePool, visible_to_sql
+from apps.resources.models import ResourceClass, ResourcePool
+from apps.sessions import services
 
 pytestmark = pytest.mark.django_db
 
 
-def pools_by_sql(user) -> set[str]:
-    condition, params = visible_to_sql(user, "p")
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT p.name FROM {ResourcePool._meta.db_table} p WHERE {condition}", params)  # noqa: S608
-        return {name for (name,) in cursor.fetchall()}
-
-
-def pools_by_orm(user) -> set[str]:
-    return set(ResourcePool.objects.visible_to(user).values_list("name", flat=True))
-
-
-def test_visible_to_sql_selects_the_pools_visible_to_selects_for_every_kind_of_access():
+@pytest.fixture
+def access():
     alice, bob, carol = (User.objects.create_user(name) for name in ("alice", "bob", "carol"))
     admin = User.objects.create_user("admin", is_staff=True)
     team, other_team = Group.objects.create(name="team"), Group.objects.create(name="other-team")
@@ -36,14 +25,35 @@ def test_visible_to_sql_selects_the_pools_visible_to_selects_for_every_kind_of_a
     both = ResourcePool.objects.create(name="both")
     both.users.add(bob)
     both.groups.add(team)
-
-    expected = {
+    for pool in ResourcePool.objects.all():
+        ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=1, default=True)
+    return {
         alice: {"open", "alice-only", "team-only", "both"},
         bob: {"open", "both"},
         carol: {"open"},
         admin: {"open", "closed", "alice-only", "team-only", "both"},
-        AnonymousUser(): set(),
     }
-    for user, names in expected.items():
-        assert pools_by_orm(user) == names, user
-        assert pools_by_sql(user) == names, user
+
+
+def test_visible_to_selects_public_granted_and_group_granted_pools_and_staff_sees_all(access):
+    for user, names in access.items():
+        assert set(ResourcePool.objects.visible_to(user).values_list("name", flat=True)) == names, user
+    assert not ResourcePool.objects.visible_to(AnonymousUser()).exists()
+
+
+def test_admission_admits_on_exactly_the_pools_the_user_may_use(access):
+    for user, names in access.items():
+        for pool in ResourcePool.objects.all():
+            choice = services.UsableClass(pool_name=pool.name)
+            if pool.name in names:
+                assert services.admit(user=user, resource_class=choice).created, (user, pool)
+            else:
+                with pytest.raises(services.NoSuchClass):
+                    services.admit(user=user, resource_class=choice)
+
+
+def test_visible_to_works_inside_a_subquery(access):
+    """The rule is a self-contained subquery: it stays right where the ORM nests the pool table."""
+    alice = User.objects.get(username="alice")
+    classes = ResourceClass.objects.filter(pool__in=ResourcePool.objects.visible_to(alice))
+    assert set(classes.values_list("pool__name", flat=True)) == access[alice]

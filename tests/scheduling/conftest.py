@@ -29,7 +29,7 @@ def parked_device(qpu_pool):
 def complete(job, runtime=1.0):
     """Finish a dispatched job as a device would (frees the device)."""
     from apps.scheduling.drivers import DriverState
-    from apps.scheduling.services import _finish
+    from apps.scheduling.passes import _finish
 
     job.refresh_from_db()
     assert _finish(

@@ -25,7 +25,7 @@ def _changelist(admin_client) -> tuple[str, int]:
 
 def test_admin_job_list_shows_why_a_pending_job_waits(admin_client, owner, qpu_pool, parked_device, open_session):
     session = open_session(qpu_pool, owner)
-    submit_job(user=owner, session=session, payload=EXAMPLE["payload"], shots=10)
+    submit_job(user=owner, session_id=session.pk, payload=EXAMPLE["payload"], shots=10)
     page, _ = _changelist(admin_client)
     assert "Waiting because" in page
     assert 'class="field-waiting_because">no device online (#1)<' in page  # its one device is offline
@@ -35,11 +35,11 @@ def test_admin_job_list_queries_do_not_grow_with_jobs(
     admin_client, owner, member, qpu_pool, parked_device, open_session
 ):
     session = open_session(qpu_pool, owner)
-    submit_job(user=owner, session=session, payload=EXAMPLE["payload"], shots=10)
+    submit_job(user=owner, session_id=session.pk, payload=EXAMPLE["payload"], shots=10)
     _, few = _changelist(admin_client)
     other = open_session(qpu_pool, member)
     for target in (session, other) * 5:
-        submit_job(user=target.user, session=target, payload=EXAMPLE["payload"], shots=10)
+        submit_job(user=target.user, session_id=target.pk, payload=EXAMPLE["payload"], shots=10)
     _, many = _changelist(admin_client)
     assert many <= few + 1  # +1: a second session's row in the ranking query at most
 

@@ -6,12 +6,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
+from apps.core.retry import retry_aborted
 from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling import services
+from apps.scheduling import passes, services
 from apps.scheduling.drivers.fake import FakeDriver
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions import services as session_services
-from apps.sessions.services import retry_aborted
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -31,7 +31,7 @@ def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member,
         for user, slots in ((owner, 1), (member, 3), (owner, 2))
     ]
     for i in range(60):
-        services.submit_job(user=sessions[i % 3].user, session=sessions[i % 3], payload={"i": i}, shots=1)
+        services.submit_job(user=sessions[i % 3].user, session_id=sessions[i % 3].pk, payload={"i": i}, shots=1)
 
     submissions: list[int] = []
     overfills: list[str] = []
@@ -53,7 +53,7 @@ def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member,
     def worker(_):
         try:
             for _ in range(60):
-                services.run_pool(pool.pk)
+                passes.run_pool(pool.pk)
                 # Every running job due for a poll at once: a bulk UPDATE racing the other
                 # threads' passes, which PostgreSQL may pick as a deadlock victim (as it may pick a
                 # pass, which run_pool absorbs): run again then, as the services do.

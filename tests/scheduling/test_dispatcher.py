@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.scheduling import selectors, services
+from apps.scheduling import passes, selectors, services
 from apps.scheduling.drivers.fake import FakeDriver
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 from apps.sessions import services as session_services
@@ -19,18 +19,18 @@ def make_polls_due():
 
 
 def submit(session, n=1):
-    return [services.submit_job(user=session.user, session=session, payload={"i": i}, shots=5) for i in range(n)]
+    return [services.submit_job(user=session.user, session_id=session.pk, payload={"i": i}, shots=5) for i in range(n)]
 
 
 def test_a_pass_runs_a_job_to_completion(qpu_pool, fake_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)  # dispatch + submit
+    passes.run_pool(qpu_pool.pk)  # dispatch + submit
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.remote_id == f"fake-{job.pk}"
     make_polls_due()
-    services.run_pool(qpu_pool.pk)  # poll: running
+    passes.run_pool(qpu_pool.pk)  # poll: running
     make_polls_due()
-    services.run_pool(qpu_pool.pk)  # poll: completed
+    passes.run_pool(qpu_pool.pk)  # poll: completed
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and job.result == {"counts": {"0": 5}}
     assert job.started_at and job.finished_at and job.runtime_seconds == 1.0
@@ -40,7 +40,7 @@ def test_jobs_on_a_device_are_polled_not_resubmitted_after_restart(
     qpu_pool, fake_device, open_session, owner, monkeypatch
 ):
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     # A new worker starts: it must poll the job on the device, never submit it again.
     Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
@@ -48,17 +48,17 @@ def test_jobs_on_a_device_are_polled_not_resubmitted_after_restart(
     polled = []
     original_poll = FakeDriver.poll
     monkeypatch.setattr(FakeDriver, "poll", lambda self, d, r: polled.append(r) or original_poll(self, d, r))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     assert polled == [job.remote_id]
 
 
 def test_claim_without_recorded_submission_is_adopted_not_duplicated(qpu_pool, fake_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
-    claimed = services.dispatch_once(qpu_pool.pk)
-    services.submit_claimed(claimed)
+    claimed = passes.dispatch_once(qpu_pool.pk)
+    passes.submit_claimed(claimed)
     # The worker died after the driver accepted the job but before recording the remote id.
     Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.remote_id == f"fake-{job.pk}"
     assert DriverRun.objects.filter(remote_id__startswith="fake-").count() == 1
@@ -72,11 +72,11 @@ def test_a_claim_whose_worker_died_is_taken_over_after_the_short_job_lease(
     settings.GRIDGATE_JOB_LEASE_SECONDS = 30
     time_machine.move_to(timezone.now(), tick=False)
     (job,) = submit(open_session(qpu_pool, owner))
-    claimed = services.dispatch_once(qpu_pool.pk)  # ... and the worker dies here
+    claimed = passes.dispatch_once(qpu_pool.pk)  # ... and the worker dies here
     assert claimed.pk == job.pk
-    assert services.poll_running(qpu_pool.pk) == 0  # still its worker's
+    assert passes.poll_running(qpu_pool.pk) == 0  # still its worker's
     time_machine.shift(timedelta(seconds=31))
-    assert services.poll_running(qpu_pool.pk) == 1
+    assert passes.poll_running(qpu_pool.pk) == 1
     job.refresh_from_db()
     assert job.remote_id == f"fake-{job.pk}" and job.lease_until is None
 
@@ -94,7 +94,7 @@ def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
 
     settings.GRIDGATE_JOB_LEASE_SECONDS = 2  # renewed every 0.5 s
     (job,) = submit(open_session(qpu_pool, owner))
-    claimed = services.dispatch_once(qpu_pool.pk)
+    claimed = passes.dispatch_once(qpu_pool.pk)
     first_lease = Job.objects.get(pk=job.pk).lease_until
     seen = {}
     original = FakeDriver.submit
@@ -108,7 +108,7 @@ def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
 
         def other_worker():
             try:
-                seen["taken"] = services.poll_running(qpu_pool.pk)
+                seen["taken"] = passes.poll_running(qpu_pool.pk)
             finally:
                 connection.close()
 
@@ -118,7 +118,7 @@ def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
         return original(self, device, job)
 
     monkeypatch.setattr(FakeDriver, "submit", slow_submit)
-    services.submit_claimed(claimed)
+    passes.submit_claimed(claimed)
     assert seen["lease"] > first_lease + timedelta(seconds=1)  # renewed during the call
     assert seen["taken"] == 0  # the other worker found it claimed
     assert DriverRun.objects.filter(remote_id=f"fake-{job.pk}").count() == 1
@@ -138,7 +138,7 @@ def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a
     settings.GRIDGATE_JOB_LEASE_SECONDS = 2  # renewed every 0.5 s
     Device.objects.filter(pk=fake_device.pk).update(max_concurrent_jobs=3)
     jobs = submit(open_session(qpu_pool, owner, slots=3), 3)
-    services.run_pool(qpu_pool.pk)  # all three on the device
+    passes.run_pool(qpu_pool.pk)  # all three on the device
     assert Job.objects.filter(status=JobStatus.RUNNING).exclude(remote_id="").count() == 3
     make_polls_due()
     seen = {}
@@ -154,7 +154,7 @@ def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a
 
             def other_worker():
                 try:
-                    seen["taken"] = services.poll_running(qpu_pool.pk)
+                    seen["taken"] = passes.poll_running(qpu_pool.pk)
                 finally:
                     connection.close()
 
@@ -164,7 +164,7 @@ def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a
         return original(self, device, remote_id)
 
     monkeypatch.setattr(FakeDriver, "poll", slow_first_poll)
-    assert services.poll_running(qpu_pool.pk) == 3
+    assert passes.poll_running(qpu_pool.pk) == 3
     assert seen["taken"] == 0  # the jobs waiting their turn in the slow batch were still claimed
     # Every answer was recorded and every claim ended with the pass.
     assert not Job.objects.filter(lease_until__isnull=False).exists()
@@ -185,7 +185,7 @@ def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_ho
 
     settings.GRIDGATE_JOB_LEASE_SECONDS = 2
     (job,) = submit(open_session(qpu_pool, owner))
-    claimed_by_a = services.dispatch_once(qpu_pool.pk)  # ... and A stalls here, past its lease
+    claimed_by_a = passes.dispatch_once(qpu_pool.pk)  # ... and A stalls here, past its lease
     Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
     calls = []
     original = FakeDriver.submit
@@ -196,7 +196,7 @@ def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_ho
 
             def worker_a():
                 try:
-                    services.submit_claimed(claimed_by_a)
+                    passes.submit_claimed(claimed_by_a)
                 finally:
                     connection.close()
 
@@ -206,7 +206,7 @@ def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_ho
         return original(self, device, submitted)
 
     monkeypatch.setattr(FakeDriver, "submit", counting_submit)
-    assert services.poll_running(qpu_pool.pk) == 1  # B (this thread) takes the lapsed claim over
+    assert passes.poll_running(qpu_pool.pk) == 1  # B (this thread) takes the lapsed claim over
     assert calls == [threading.current_thread().name]  # submitted once, by B
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.cancel_requested_at is None
@@ -220,16 +220,16 @@ def test_a_cancel_of_a_job_whose_hand_over_was_never_recorded_reaches_the_device
     the pass that takes the claim over adopts the device's run and stops it there, instead of
     marking the job cancelled while the run goes on unseen on a slot given to another job."""
     (job,) = submit(open_session(qpu_pool, owner))
-    services.submit_claimed(services.dispatch_once(qpu_pool.pk))
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))
     Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
     services.cancel_job(Job.objects.get(pk=job.pk))
-    services.run_pool(qpu_pool.pk)  # takes the claim over: adopts the run
+    passes.run_pool(qpu_pool.pk)  # takes the claim over: adopts the run
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.remote_id == f"fake-{job.pk}"
-    assert services.free_devices(qpu_pool.pk) == []  # the device is still the job's
+    assert passes.free_devices(qpu_pool.pk) == []  # the device is still the job's
     for _ in range(5):  # the next polls pass the cancel on and see it end
         make_polls_due()
-        services.run_pool(qpu_pool.pk)
+        passes.run_pool(qpu_pool.pk)
         job.refresh_from_db()
         if job.status != JobStatus.RUNNING:
             break
@@ -246,9 +246,9 @@ def test_a_worker_whose_claim_was_taken_over_changes_nothing_of_the_job(
     from apps.scheduling.drivers import DriverState, TransientDriverError
 
     (job,) = submit(open_session(qpu_pool, owner))
-    claimed = services.dispatch_once(qpu_pool.pk)
+    claimed = passes.dispatch_once(qpu_pool.pk)
     if step in ("running", "poll error"):
-        services.submit_claimed(claimed)
+        passes.submit_claimed(claimed)
         claimed.refresh_from_db()
     Job.objects.filter(pk=job.pk).update(
         lease_owner="the-new-holder", lease_until=timezone.now() + timedelta(seconds=30)
@@ -256,12 +256,12 @@ def test_a_worker_whose_claim_was_taken_over_changes_nothing_of_the_job(
     before = Job.objects.values().get(pk=job.pk)
     interval = timedelta(seconds=2)
     if step == "requeue":
-        services._requeue(claimed, TransientDriverError("late"))
+        passes._requeue(claimed, TransientDriverError("late"))
     elif step == "permanent failure":
-        services._finish(claimed, DriverState("failed", error="late"), expect_remote_id="", owner=claimed.lease_owner)
+        passes._finish(claimed, DriverState("failed", error="late"), expect_remote_id="", owner=claimed.lease_owner)
     elif step == "give up":
-        claimed.attempts = services.MAX_TRANSIENT_ATTEMPTS
-        services._requeue(claimed, TransientDriverError("late"))
+        claimed.attempts = passes.MAX_TRANSIENT_ATTEMPTS
+        passes._requeue(claimed, TransientDriverError("late"))
     else:
         if step == "poll error":
             FakeDriver.poll, original = (
@@ -269,7 +269,7 @@ def test_a_worker_whose_claim_was_taken_over_changes_nothing_of_the_job(
                 FakeDriver.poll,
             )
         try:
-            services._poll_claimed(claimed, interval)
+            passes._poll_claimed(claimed, interval)
         finally:
             if step == "poll error":
                 FakeDriver.poll = original
@@ -284,7 +284,7 @@ def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session
     )
     session = open_session(qpu_pool, owner, slots=2)
     (job,) = submit(session)
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     session.refresh_from_db()
     assert job.status == JobStatus.PENDING and job.device is None and job.attempts == 1
@@ -292,7 +292,7 @@ def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session
     assert session.vruntime == 0  # the dispatch charge (1/2) was refunded
     assert selectors.queue_info([job])[job.pk][0] == selectors.TURN
     Job.objects.filter(pk=job.pk).update(not_before=None)
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.remote_id
 
@@ -300,7 +300,7 @@ def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session
 def test_permanent_driver_error_fails_the_job_with_the_error(qpu_pool, open_session, owner):
     Device.objects.create(pool=qpu_pool, name="broken", driver="fake", config={"fail_submit": "permanent"})
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "permanent" in job.error and job.finished_at
 
@@ -308,9 +308,9 @@ def test_permanent_driver_error_fails_the_job_with_the_error(qpu_pool, open_sess
 def test_transient_poll_errors_keep_the_job_running(qpu_pool, open_session, owner):
     Device.objects.create(pool=qpu_pool, name="f", driver="fake", config={"fail_polls": 1})
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     Job.objects.filter(pk=job.pk).update(next_poll_at=None)
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and "poll" in job.error
 
@@ -322,11 +322,11 @@ def test_cancel_pending_is_immediate(qpu_pool, parked_device, open_session, owne
 
 def test_cancel_running_is_requested_then_done_by_the_worker(qpu_pool, fake_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job = services.cancel_job(Job.objects.get(pk=job.pk))
     assert job.status == JobStatus.RUNNING and job.cancel_requested_at
     make_polls_due()
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED
 
@@ -346,7 +346,7 @@ def test_repeated_cancel_of_a_running_job_is_409(qpu_pool, fake_device, open_ses
     from apps.core.api.exceptions import Conflict
 
     (job,) = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     services.cancel_job(job)
     with pytest.raises(Conflict):
         services.cancel_job(job)
@@ -355,8 +355,8 @@ def test_repeated_cancel_of_a_running_job_is_409(qpu_pool, fake_device, open_ses
 def test_revoking_a_session_cancels_pending_and_stops_running_jobs(qpu_pool, fake_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     running, pending = submit(session, 2)
-    services.dispatch_once(qpu_pool.pk)
-    session_services.revoke(session)
+    passes.dispatch_once(qpu_pool.pk)
+    session_services.revoke(session_ids=[session.pk])
     running.refresh_from_db(), pending.refresh_from_db()
     assert pending.status == JobStatus.CANCELLED and "manual" in pending.error
     assert running.status == JobStatus.RUNNING and running.cancel_requested_at
@@ -400,7 +400,7 @@ def test_inaccessible_pool_dispatches_nothing(qpu_pool, fake_device, open_sessio
     submit(open_session(qpu_pool, owner))
     qpu_pool.is_accessible = False
     qpu_pool.save()
-    assert services.dispatch_once(qpu_pool.pk) is None
+    assert passes.dispatch_once(qpu_pool.pk) is None
 
 
 def test_queue_positions_follow_the_weighted_order(qpu_pool, parked_device, open_session, owner, member):
@@ -419,8 +419,8 @@ def test_queue_positions_follow_the_weighted_order(qpu_pool, parked_device, open
 
     dispatched = []
     for _ in range(6):
-        job = services.dispatch_once(qpu_pool.pk)
-        services.submit_claimed(job)
+        job = passes.dispatch_once(qpu_pool.pk)
+        passes.submit_claimed(job)
         complete(job)
         dispatched.append(job.pk)
     assert dispatched == order
@@ -430,7 +430,7 @@ def test_sweep_is_registered_with_the_shared_tick_loop(db):
     from apps.core import ticker
 
     periodic = ticker.registered()["scheduling.sweep"]
-    assert periodic.func is services.sweep and periodic.every() == 1
+    assert periodic.func is passes.sweep and periodic.every() == 1
 
 
 def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, open_session, owner, settings):
@@ -444,10 +444,10 @@ def test_finished_emulation_is_polled_at_once_and_the_device_refilled(qpu_pool, 
     from tests.scheduling.pulser_sequences import analog_sequence
 
     first, second = (
-        services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=20)
+        services.submit_job(user=session.user, session_id=session.pk, payload={"sequence": analog_sequence()}, shots=20)
         for _ in range(2)
     )
-    services.run_pool(qpu_pool.pk)  # dispatches the first (its run task is not executed here)
+    passes.run_pool(qpu_pool.pk)  # dispatches the first (its run task is not executed here)
     Job.objects.filter(pk=first.pk).update(next_poll_at=timezone.now() + timedelta(minutes=5))
     assert tasks.run_emulation(f"emu-{first.pk}") == "completed"
     first.refresh_from_db(), second.refresh_from_db()
@@ -474,14 +474,14 @@ def test_queue_position_counts_jobs_not_in_the_listing(qpu_pool, parked_device, 
 
 def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device, open_session, owner):
     from apps.scheduling.drivers import DriverState
-    from apps.scheduling.services import _finish
+    from apps.scheduling.passes import _finish
 
     qpu_pool.strategy = "usage_fair"
     qpu_pool.save()
     session = open_session(qpu_pool, owner, slots=2)
     submit(session)
-    job = services.dispatch_once(qpu_pool.pk)
-    services.submit_claimed(job)
+    job = passes.dispatch_once(qpu_pool.pk)
+    passes.submit_claimed(job)
     job.refresh_from_db()
     _finish(job, DriverState("failed", error="boom", runtime_seconds=8.0), expect_remote_id=job.remote_id)
     _finish(job, DriverState("failed", error="boom", runtime_seconds=8.0), expect_remote_id=job.remote_id)
@@ -500,10 +500,10 @@ def test_emulator_run_whose_worker_died_too_often_fails_its_job_and_frees_the_de
     device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     (job,) = [
         services.submit_job(
-            user=owner, session=open_session(qpu_pool, owner), payload={"sequence": analog_sequence()}, shots=5
+            user=owner, session_id=open_session(qpu_pool, owner).pk, payload={"sequence": analog_sequence()}, shots=5
         )
     ]
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     DriverRun.objects.filter(remote_id=f"emu-{job.pk}").update(
         status="running",
         attempts=settings.GRIDGATE_EMULATOR_MAX_ATTEMPTS,
@@ -511,7 +511,7 @@ def test_emulator_run_whose_worker_died_too_often_fails_its_job_and_frees_the_de
     )
     assert emulator.recover_runs()["failed"] == 1
     make_polls_due()
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "died 3 times" in job.error
     assert not Job.objects.filter(device=device, status=JobStatus.RUNNING).exists()

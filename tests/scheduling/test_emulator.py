@@ -32,19 +32,21 @@ def test_pulser_job_completes_with_counts_summing_to_shots(
 def test_emulator_failure_is_recorded_on_the_job(
     qpu_pool, owner, open_session, django_capture_on_commit_callbacks, settings
 ):
-    from apps.scheduling import services
+    from apps.scheduling import passes, services
     from apps.scheduling.models import DriverRun
 
     settings.GRIDGATE_TASKS_EAGER = True
     Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     session = open_session(qpu_pool, owner)
-    job = services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=10)
+    job = services.submit_job(
+        user=session.user, session_id=session.pk, payload={"sequence": analog_sequence()}, shots=10
+    )
     # The sequence is corrupted on the device side after submission (validated, then broken).
     Job.objects.filter(pk=job.pk).update(payload={"sequence": "{}"})
     job.refresh_from_db()
-    claimed = services.dispatch_once(qpu_pool.pk)
+    claimed = passes.dispatch_once(qpu_pool.pk)
     with django_capture_on_commit_callbacks(execute=True):
-        services.submit_claimed(claimed)
+        passes.submit_claimed(claimed)
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "Pulser" in job.error
     assert DriverRun.objects.get(remote_id=job.remote_id).status == "failed"
@@ -168,11 +170,11 @@ def test_duplicate_deliveries_of_a_run_execute_it_once(qpu_pool, monkeypatch, se
 
     from django.db import connection
 
-    from apps.scheduling import services, tasks
+    from apps.scheduling import passes, tasks
     from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
 
-    monkeypatch.setattr(services, "run_pool", lambda pool_id: {})
+    monkeypatch.setattr(passes, "run_pool", lambda pool_id: {})
     executed = []
     lock = threading.Lock()
 
@@ -204,11 +206,11 @@ def test_duplicate_deliveries_of_a_run_execute_it_once(qpu_pool, monkeypatch, se
 def test_worker_presumed_dead_does_not_overwrite_the_rerun(qpu_pool, monkeypatch, sent, settings):
     """A worker that stalled past DEAD_AFTER but lived: its run was started again elsewhere; its
     late outcome is discarded (the compare-and-set on ``attempts``)."""
-    from apps.scheduling import services, tasks
+    from apps.scheduling import passes, tasks
     from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
 
-    monkeypatch.setattr(services, "run_pool", lambda pool_id: {})
+    monkeypatch.setattr(passes, "run_pool", lambda pool_id: {})
     device, run = running_run(qpu_pool, started_ago=0, beat_ago=None, attempts=0, status="queued")
 
     def stalled(stale):
@@ -258,15 +260,15 @@ def test_job_whose_emulation_worker_died_completes_after_the_rerun(
 
     from django.utils import timezone
 
-    from apps.scheduling import services
+    from apps.scheduling import passes, services
     from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
 
     Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     session = open_session(qpu_pool, owner)
-    job = services.submit_job(user=owner, session=session, payload={"sequence": analog_sequence()}, shots=10)
+    job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence()}, shots=10)
     with django_capture_on_commit_callbacks(execute=False):  # the task is lost with its worker
-        services.run_pool(qpu_pool.pk)
+        passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     # A worker started it, then was killed: its heartbeat stopped long ago.
     DriverRun.objects.filter(remote_id=job.remote_id).update(

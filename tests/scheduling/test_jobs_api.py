@@ -57,7 +57,7 @@ def test_a_service_principal_sees_the_session_but_cannot_submit_in_it(api, owner
 
 def test_submission_to_a_revoked_session_is_403(api, owner, qpu_pool, open_session):
     session = open_session(qpu_pool, owner)
-    session_services.release(session)
+    session_services.release(user=session.user, session_id=session.pk)
     response = post_job(api(owner), session)
     assert response.status_code == 403 and "revoked" in response.json()["detail"]
 

@@ -1,5 +1,5 @@
-"""Issue 15: a session its owner submitted into before is taken from the web process's memory
-(``known_session``: no lookup statement), and nothing remembered is trusted: the submission's
+"""A session its owner submitted into before is taken from the web process's memory
+(``apps.scheduling.known``: no lookup statement), and nothing remembered is trusted: the submission's
 statement inserts only while the session is still the caller's and active and the pool and its
 devices are the rows the payload was checked against (R-DEV-1); anything else gives the answer
 the path without memory gives. PostgreSQL only (the versions are its ``xmin``), in autocommit
@@ -14,9 +14,8 @@ from rest_framework.test import APIClient
 
 from apps.accounts.services import issue_token
 from apps.resources.models import ResourcePool
-from apps.scheduling import services
+from apps.scheduling import known, services
 from apps.scheduling.models import Device, Job, PoolQueue
-from apps.sessions.models import Session
 from apps.sessions.services import release
 from tests.scheduling.pulser_sequences import analog_sequence
 
@@ -26,8 +25,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 @pytest.fixture(autouse=True)
 def no_memory_from_other_tests(settings):
     settings.GRIDGATE_TASKS_EAGER = False
-    services._known_sessions.clear()
-    services._known_pools.clear()
+    known.clear()
 
 
 @pytest.fixture
@@ -41,7 +39,7 @@ def remembered(qpu_pool, emulator, open_session, owner):
     session = open_session(qpu_pool, owner)
     client = client_of(owner)
     assert submit(client, session).status_code == 201
-    assert services.known_session(session.pk, owner) is not None
+    assert known.recall(session.pk, owner.pk, None) is not None
     return session, client
 
 
@@ -105,10 +103,10 @@ def test_a_session_ended_since_it_was_remembered_is_refused_as_without_memory(re
     """R-JOB-1: the same 403 either way, and a payload refused in an ended session is still a 403
     (the path without memory checks the session first)."""
     session, client = remembered
-    release(Session.objects.get(pk=session.pk))
+    release(user=session.user, session_id=session.pk)
     from_memory = submit(client, session)
     refused_payload = submit(client, session, analog_sequence(6))  # more atoms than the device's 4
-    services._known_sessions.clear()
+    known.clear()
     fresh = submit(client, session)
     assert from_memory.status_code == refused_payload.status_code == fresh.status_code == 403
     assert from_memory.json() == refused_payload.json() == fresh.json()
@@ -118,7 +116,7 @@ def test_a_session_ended_since_it_was_remembered_is_refused_as_without_memory(re
 def test_a_payload_refused_in_a_remembered_session_gets_the_same_400(remembered):
     session, client = remembered
     from_memory = submit(client, session, analog_sequence(6))
-    services._known_sessions.clear()
+    known.clear()
     fresh = submit(client, session, analog_sequence(6))
     assert from_memory.status_code == fresh.status_code == 400
     assert from_memory.json() == fresh.json()
@@ -136,9 +134,8 @@ def test_a_session_read_inside_a_transaction_block_is_not_remembered(qpu_pool, e
     under the same ``xmin``: only a lookup in autocommit (the rows committed) is remembered."""
     session = open_session(qpu_pool, owner)
     with transaction.atomic():
-        found = services.session_for_submission(session.pk)
-        services.submit_job(user=owner, session=found, payload={"sequence": analog_sequence(2)}, shots=1)
-    assert services.known_session(session.pk, owner) is None
-    found = services.session_for_submission(session.pk)
-    services.submit_job(user=owner, session=found, payload={"sequence": analog_sequence(2)}, shots=1)
-    assert services.known_session(session.pk, owner).pool_devices[0].pk == emulator.pk
+        services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
+    assert known.recall(session.pk, owner.pk, None) is None
+    services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
+    assert known.recall(session.pk, owner.pk, None).devices[0].pk == emulator.pk
+    assert known.recall(session.pk, owner.pk, "another pool") is None

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from apps.scheduling import latency, services
+from apps.scheduling import latency, passes, services
 from apps.scheduling.drivers import TransientDriverError
 from apps.scheduling.drivers.fake import FakeDriver
 from apps.scheduling.models import JobLatencyBucket, LatencyKind
@@ -25,11 +25,11 @@ def counts(pool, kind) -> dict:
 def test_dispatch_observes_the_queue_wait_and_the_hand_over(qpu_pool, fake_device, open_session, owner):
     with time_machine.travel(T0, tick=False) as clock:
         session = open_session(qpu_pool, owner)
-        services.submit_job(user=owner, session=session, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
         clock.move_to(T0 + timedelta(seconds=7))
-        job = services.dispatch_once(qpu_pool.pk)
+        job = passes.dispatch_once(qpu_pool.pk)
         clock.move_to(T0 + timedelta(seconds=7.2))
-        services.submit_claimed(job)
+        passes.submit_claimed(job)
     assert counts(qpu_pool, LatencyKind.QUEUE_WAIT) == {10: (1, 7.0)}
     ((le, (n, total)),) = counts(qpu_pool, LatencyKind.DISPATCH).items()
     assert (le, n) == (0.25, 1) and total == pytest.approx(0.2)
@@ -41,8 +41,8 @@ def test_a_failed_hand_over_is_not_a_dispatch_latency(qpu_pool, fake_device, ope
 
     monkeypatch.setattr(FakeDriver, "submit", refuse)
     session = open_session(qpu_pool, owner)
-    services.submit_job(user=owner, session=session, payload={}, shots=1)
-    services.submit_claimed(services.dispatch_once(qpu_pool.pk))  # requeued
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))  # requeued
     assert counts(qpu_pool, LatencyKind.DISPATCH) == {}
     assert sum(n for n, _ in counts(qpu_pool, LatencyKind.QUEUE_WAIT).values()) == 1
 
@@ -63,8 +63,8 @@ def test_a_hand_over_recorded_by_another_worker_is_counted_by_that_worker_only(
 
     monkeypatch.setattr(FakeDriver, "submit", submit_and_lose_the_race)
     session = open_session(qpu_pool, owner)
-    services.submit_job(user=owner, session=session, payload={}, shots=1)
-    services.submit_claimed(services.dispatch_once(qpu_pool.pk))
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))
     assert counts(qpu_pool, LatencyKind.DISPATCH) == {}
 
 

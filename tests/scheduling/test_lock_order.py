@@ -9,10 +9,12 @@ import pytest
 from django.db import OperationalError, connection
 
 from apps.core.exceptions import Unavailable
+from apps.core.retry import retry_aborted
 from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling import services
+from apps.scheduling import passes, services, statements
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions import services as session_services
+from apps.sessions import statements as session_statements
 from apps.sessions.models import Session, SessionStatus
 
 
@@ -43,7 +45,7 @@ def test_revocations_racing_dispatch_neither_deadlock_nor_leave_work_behind(owne
     ]
     for session in sessions:
         for _ in range(6):
-            services.submit_job(user=session.user, session=session, payload={}, shots=1)
+            services.submit_job(user=session.user, session_id=session.pk, payload={}, shots=1)
     errors: list[BaseException] = []
     guard = threading.Lock()
     done = threading.Event()
@@ -51,7 +53,7 @@ def test_revocations_racing_dispatch_neither_deadlock_nor_leave_work_behind(owne
     def dispatcher(_):
         try:
             while not done.is_set():
-                job = services.dispatch_once(pool.pk)
+                job = passes.dispatch_once(pool.pk)
                 if job is None:
                     Job.objects.filter(pool=pool, status=JobStatus.RUNNING).update(status=JobStatus.COMPLETED)
                     if not Job.objects.filter(pool=pool, status=JobStatus.PENDING).exists():
@@ -67,7 +69,7 @@ def test_revocations_racing_dispatch_neither_deadlock_nor_leave_work_behind(owne
     def revoker(part):
         try:
             for session in sessions[part::2]:
-                session_services.release(session)
+                session_services.release(user=session.user, session_id=session.pk)
         except BaseException as exc:  # noqa: BLE001
             with guard:
                 errors.append(exc)
@@ -98,7 +100,7 @@ def test_an_aborted_transaction_is_run_again():
             raise aborted("40P01")
         return "done"
 
-    assert session_services.retry_aborted(flaky) == "done"
+    assert retry_aborted(flaky) == "done"
     assert len(calls) == 3
 
 
@@ -107,7 +109,7 @@ def test_a_transaction_aborted_every_time_is_a_503():
         raise aborted("40001")
 
     with pytest.raises(Unavailable):
-        session_services.retry_aborted(always)
+        retry_aborted(always)
 
 
 def test_other_database_errors_are_not_retried():
@@ -118,7 +120,7 @@ def test_other_database_errors_are_not_retried():
         raise OperationalError("connection refused")
 
     with pytest.raises(OperationalError):
-        session_services.retry_aborted(broken)
+        retry_aborted(broken)
     assert len(calls) == 1
 
 
@@ -127,19 +129,18 @@ def test_other_database_errors_are_not_retried():
 def test_release_losing_to_a_deadlock_answers_503_json(
     api, owner, service_principal, releaser, qpu_pool, open_session, monkeypatch
 ):
-    """The owner's one-statement release and the principal's lookup-then-release alike."""
+    """The owner's release and the principal's (a lookup first) alike."""
     session = open_session(qpu_pool, owner)
 
     def deadlocked(*args, **kwargs):
         raise aborted("40P01")
 
-    monkeypatch.setattr(session_services, "_end_if_active", deadlocked)
+    monkeypatch.setattr(session_statements, "end_sessions", deadlocked)
     response = api(owner if releaser == "owner" else service_principal).delete(f"/api/v1/sessions/{session.pk}/")
     assert response.status_code == 503
     assert response["Content-Type"].startswith("application/json") and "try again" in response.json()["detail"]
 
 
-@pytest.mark.postgres  # the single-statement submission is PostgreSQL's
 @pytest.mark.django_db
 def test_job_submission_losing_to_a_deadlock_answers_503_json(
     api, owner, qpu_pool, fake_device, open_session, monkeypatch
@@ -149,6 +150,6 @@ def test_job_submission_losing_to_a_deadlock_answers_503_json(
     def deadlocked(*args, **kwargs):
         raise aborted("40P01")
 
-    monkeypatch.setattr(services, "_update_and_insert", deadlocked)
+    monkeypatch.setattr(statements, "renew_and_insert", deadlocked)
     response = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
     assert response.status_code == 503 and "try again" in response.json()["detail"]

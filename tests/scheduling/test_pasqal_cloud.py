@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.scheduling import device_status, services
+from apps.scheduling import device_status, passes, services
 from apps.scheduling.drivers import PermanentDriverError, TransientDriverError
 from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver, mapped
 from apps.scheduling.models import Device, Job, JobStatus
@@ -36,11 +36,13 @@ def cloud_device(qpu_pool, cloud):
 def run_to_the_end(pool, rounds=5):
     for _ in range(rounds):
         Job.objects.update(next_poll_at=None)
-        services.run_pool(pool.pk)
+        passes.run_pool(pool.pk)
 
 
 def submit(session, shots=50):
-    return services.submit_job(user=session.user, session=session, payload={"sequence": analog_sequence()}, shots=shots)
+    return services.submit_job(
+        user=session.user, session_id=session.pk, payload={"sequence": analog_sequence()}, shots=shots
+    )
 
 
 def test_pasqal_cloud_job_runs_as_one_batch_of_one_job_with_counts_equal_to_shots(
@@ -89,7 +91,7 @@ def test_r_sched_3_pasqal_cloud_lost_answer_is_adopted_by_tag_not_resubmitted(
 ):
     job = submit(open_session(qpu_pool, owner))
     cloud.drop("/api/v1/batches", method="POST")  # the batch is created; the answer never arrives
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING and job.attempts == 1
     Job.objects.filter(pk=job.pk).update(not_before=None)
@@ -103,7 +105,7 @@ def test_r_sched_3_pasqal_cloud_worker_restart_polls_and_never_submits_twice(
     qpu_pool, cloud_device, cloud, open_session, owner
 ):
     job = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
     run_to_the_end(qpu_pool)
     job.refresh_from_db()

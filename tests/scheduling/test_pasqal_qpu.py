@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from apps.scheduling import device_status, selectors, services
+from apps.scheduling import device_status, passes, selectors, services
 from apps.scheduling.drivers.pasqal_qpu import PasqalQpuDriver
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
@@ -39,18 +39,18 @@ def polls_due():
 def run_to_the_end(pool, rounds=5):
     for _ in range(rounds):
         polls_due()
-        services.run_pool(pool.pk)
+        passes.run_pool(pool.pk)
 
 
 def submit(session, shots=100, atoms=2):
     return services.submit_job(
-        user=session.user, session=session, payload={"sequence": analog_sequence(atoms=atoms)}, shots=shots
+        user=session.user, session_id=session.pk, payload={"sequence": analog_sequence(atoms=atoms)}, shots=shots
     )
 
 
 def test_pasqal_qpu_job_runs_to_done_with_counts_equal_to_shots(qpu_pool, qpu, qpu_double, open_session, owner):
     job = submit(open_session(qpu_pool, owner), shots=100, atoms=3)
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING and job.remote_id == "100"
     sent = qpu_double.jobs[100]
@@ -128,7 +128,7 @@ def test_a_device_taken_offline_by_an_operator_stays_offline_while_the_qpu_is_up
 def test_a_qpu_that_went_down_since_the_last_check_is_not_sent_the_job(qpu_pool, qpu, qpu_double, open_session, owner):
     qpu_double.operational = "DOWN"  # the status pass has not seen it yet; the submission checks
     job = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     qpu.refresh_from_db()
     assert job.status == JobStatus.PENDING and qpu_double.posts() == 0
@@ -149,7 +149,7 @@ def test_a_5xx_burst_is_retried_with_back_off(qpu_pool, qpu, qpu_double, open_se
 def test_an_unreachable_qpu_is_a_transient_error_and_the_job_waits(qpu_pool, qpu, qpu_double, open_session, owner):
     qpu_double.fault("/api/v1/jobs", status=503, times=10, method="POST")
     job = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING and job.attempts == 1 and "503" in job.error
     assert DriverRun.objects.get(remote_id=f"gridgate-job-{job.pk}").status == "unsent"
@@ -161,7 +161,7 @@ def test_a_lost_answer_to_a_post_is_found_on_the_qpu_not_resubmitted(qpu_pool, q
     run_to_the_end(qpu_pool)  # a job the device knows: uid 100
     job = submit(session)
     qpu_double.drop("/api/v1/jobs", method="POST")  # the QPU creates uid 101; the answer is lost
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING and job.attempts == 1  # transient: back in the queue
     assert qpu_double.jobs[101]["context"]["pasqman_job_id"] == f"gridgate-job-{job.pk}"
@@ -179,12 +179,12 @@ def test_a_lost_post_the_qpu_never_got_is_sent_again(qpu_pool, qpu, qpu_double, 
     submit(session)
     run_to_the_end(qpu_pool)
     job = submit(session)
-    claimed = services.dispatch_once(qpu_pool.pk)
+    claimed = passes.dispatch_once(qpu_pool.pk)
     # An earlier attempt recorded its intent, and its POST never reached the QPU.
     DriverRun.objects.create(
         remote_id=f"gridgate-job-{job.pk}", device=qpu, payload=job.payload, shots=job.shots, status="submitting"
     )
-    services.submit_claimed(claimed)
+    passes.submit_claimed(claimed)
     job.refresh_from_db()
     assert job.remote_id == "101" and qpu_double.posts() == 2
 
@@ -194,9 +194,9 @@ def test_a_lost_answer_that_cannot_be_looked_up_fails_instead_of_running_twice(
 ):
     job = submit(open_session(qpu_pool, owner))
     qpu_double.drop("/api/v1/jobs", method="POST")  # no uid known on this device yet
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     Job.objects.filter(pk=job.pk).update(not_before=None)
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and "not submitted again" in job.error
     assert qpu_double.posts() == 1
@@ -206,7 +206,7 @@ def test_r_sched_3_worker_restart_resumes_polling_and_never_submits_twice(
     qpu_pool, qpu, qpu_double, open_session, owner
 ):
     job = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     # A worker restarts with the job on the QPU: its lease is stale, it polls it.
     Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
@@ -219,7 +219,7 @@ def test_r_sched_3_answer_recorded_but_not_the_job_is_adopted_after_restart(
     qpu_pool, qpu, qpu_double, open_session, owner
 ):
     job = submit(open_session(qpu_pool, owner))
-    services.run_pool(qpu_pool.pk)
+    passes.run_pool(qpu_pool.pk)
     # The worker died between the QPU's answer and the job's row: the claim is found stale.
     Job.objects.filter(pk=job.pk).update(remote_id="", lease_until=timezone.now() - timedelta(seconds=1))
     run_to_the_end(qpu_pool)

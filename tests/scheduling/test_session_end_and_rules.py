@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling import services
+from apps.scheduling import passes, services
 from apps.scheduling.models import Device, JobStatus
 from apps.sessions import services as session_services
 from apps.sessions.models import Session
@@ -59,8 +59,10 @@ def test_max_lifetime_expiry_cancels_the_sessions_jobs(qpu_pool, fake_device, op
     start = timezone.now()
     with time_machine.travel(start, tick=False):
         session = open_session(qpu_pool, owner)
-        running, pending = (services.submit_job(user=owner, session=session, payload={}, shots=1) for _ in range(2))
-        services.run_pool(qpu_pool.pk)
+        running, pending = (
+            services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1) for _ in range(2)
+        )
+        passes.run_pool(qpu_pool.pk)
     with time_machine.travel(start + timedelta(seconds=qpu_pool.max_lifetime + 1), tick=False):
         session_services.expire_due_sessions()
     session.refresh_from_db()
@@ -77,7 +79,7 @@ def test_pending_jobs_counts_every_job_the_device_could_take(api, qpu_pool, open
     two = Device.objects.create(pool=qpu_pool, name="two", driver="fake", online=False)
     session = open_session(qpu_pool, owner)
     for target in (None, None, one, two, two):
-        services.submit_job(user=owner, session=session, payload={}, shots=1, target_device=target)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1, device_id=target and target.pk)
     rows = {d["name"]: d for d in api(staff).get("/api/v1/devices/").json()["results"]}
     assert (rows["one"]["pending_jobs"], rows["two"]["pending_jobs"]) == (3, 4)
     assert rows["one"]["running_jobs"] == rows["two"]["running_jobs"] == 0

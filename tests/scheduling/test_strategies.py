@@ -2,7 +2,7 @@
 
 import pytest
 
-from apps.scheduling import services
+from apps.scheduling import passes, services
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import Session
 from tests.scheduling.conftest import complete
@@ -11,15 +11,17 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(session, n=1, shots=10):
-    return [services.submit_job(user=session.user, session=session, payload={"n": i}, shots=shots) for i in range(n)]
+    return [
+        services.submit_job(user=session.user, session_id=session.pk, payload={"n": i}, shots=shots) for i in range(n)
+    ]
 
 
 def dispatch_and_finish(pool, runtime=1.0):
     """One dispatch on a one-job device, then completion: returns the dispatched job."""
-    job = services.dispatch_once(pool.pk)
+    job = passes.dispatch_once(pool.pk)
     if job is None:
         return None
-    services.submit_claimed(job)
+    passes.submit_claimed(job)
     complete(job, runtime)
     return job
 
@@ -63,8 +65,8 @@ def test_usage_fair_charges_measured_device_time(qpu_pool, fake_device, open_ses
     submit(quick, 200)
     turns = {slow.pk: 0, quick.pk: 0}
     for _ in range(110):
-        job = services.dispatch_once(qpu_pool.pk)
-        services.submit_claimed(job)
+        job = passes.dispatch_once(qpu_pool.pk)
+        passes.submit_claimed(job)
         complete(job, runtime=10.0 if job.session_id == slow.pk else 1.0)
         turns[job.session_id] += 1
     # Equal slots, 10x the device time per job: about ten quick jobs per slow one.
@@ -78,7 +80,7 @@ def test_usage_fair_charges_nothing_at_dispatch(qpu_pool, fake_device, open_sess
     qpu_pool.save()
     session = open_session(qpu_pool, owner)
     submit(session)
-    services.dispatch_once(qpu_pool.pk)
+    passes.dispatch_once(qpu_pool.pk)
     session.refresh_from_db()
     assert session.vruntime == 0
 
@@ -115,12 +117,12 @@ def test_returning_session_does_not_cash_in_idle_time(qpu_pool, fake_device, ope
 def test_running_job_is_never_preempted(qpu_pool, fake_device, open_session, owner, member):
     low = open_session(qpu_pool, owner, slots=1)
     submit(low, 1)
-    running = services.dispatch_once(qpu_pool.pk)
-    services.submit_claimed(running)
+    running = passes.dispatch_once(qpu_pool.pk)
+    passes.submit_claimed(running)
     Session.objects.filter(pk=low.pk).update(vruntime=1e9)
     high = open_session(qpu_pool, member, slots=50)
     submit(high, 3)
-    assert services.dispatch_once(qpu_pool.pk) is None  # the only device is busy
+    assert passes.dispatch_once(qpu_pool.pk) is None  # the only device is busy
     running.refresh_from_db()
     assert running.status == JobStatus.RUNNING and running.device_id == fake_device.pk
 
@@ -130,7 +132,7 @@ def test_device_capacity_and_offline_devices(qpu_pool, fake_device, open_session
     offline = Device.objects.create(pool=qpu_pool, name="off", driver="fake", online=False)
     session = open_session(qpu_pool, owner)
     submit(session, 5)
-    claimed = [services.dispatch_once(qpu_pool.pk) for _ in range(3)]
+    claimed = [passes.dispatch_once(qpu_pool.pk) for _ in range(3)]
     assert claimed[2] is None
     assert {j.device_id for j in claimed[:2]} == {fake_device.pk}
     assert not Job.objects.filter(device=offline).exists()

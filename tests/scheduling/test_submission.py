@@ -1,11 +1,12 @@
 """R-JOB-1 submission: the owner and status checks live in ``submit_job``; no pool-wide lock;
-a constant, small number of SQL statements; a coalesced dispatcher wake-up (R-SCHED-5)."""
+a constant, small number of SQL statements (``apps.scheduling.statements``, tested here
+directly); a coalesced dispatcher wake-up (R-SCHED-5)."""
 
 import pytest
 from django.db import connection
 
-from apps.core.exceptions import Forbidden
-from apps.scheduling import services
+from apps.core.exceptions import Forbidden, NotFound
+from apps.scheduling import known, passes, services, statements
 from apps.scheduling.models import Job, PoolQueue
 from apps.sessions.models import Session
 from apps.sessions.services import release
@@ -14,35 +15,54 @@ from apps.sessions.services import release
 def test_submit_job_refuses_a_session_of_another_user(qpu_pool, fake_device, open_session, owner, member):
     session = open_session(qpu_pool, owner)
     with pytest.raises(Forbidden):
-        services.submit_job(user=member, session=session, payload={}, shots=1)
+        services.submit_job(user=member, session_id=session.pk, payload={}, shots=1)
     assert not Job.objects.exists()
 
 
 def test_submit_job_refuses_an_ended_session(qpu_pool, fake_device, open_session, owner):
     session = open_session(qpu_pool, owner)
-    release(session)
+    release(user=session.user, session_id=session.pk)
     session.refresh_from_db()
     with pytest.raises(Forbidden, match="revoked"):
-        services.submit_job(user=owner, session=session, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert not Job.objects.exists()
 
 
-def test_submit_job_refuses_a_session_that_ended_after_the_caller_read_it(qpu_pool, fake_device, open_session, owner):
-    """The caller's copy says active; the database says revoked: the UPDATE's own check wins."""
+def test_submit_job_refuses_a_session_that_ended_after_it_was_read(
+    qpu_pool, fake_device, open_session, owner, monkeypatch
+):
+    """The lookup said active; the session ended before the insert: the statement's own check
+    wins, and the submission answers as for an ended session."""
     session = open_session(qpu_pool, owner)
-    stale = services.session_for_submission(session.pk)
-    release(session)
+    read = statements.target
+
+    def read_then_release(session_id, pool_name):
+        found = read(session_id, pool_name)
+        if found.status == "active":
+            release(user=session.user, session_id=session.pk)
+        return found
+
+    monkeypatch.setattr(statements, "target", read_then_release)
     with pytest.raises(Forbidden, match="revoked"):
-        services.submit_job(user=owner, session=stale, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert not Job.objects.exists()
+
+
+def test_an_unknown_or_malformed_session_is_not_found(qpu_pool, fake_device, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    for session_id in ("not-a-uuid", "8a1b0e0c-0000-4000-8000-000000000000"):
+        with pytest.raises(NotFound):
+            services.submit_job(user=owner, session_id=session_id, payload={}, shots=1)
+    with pytest.raises(NotFound, match="on pool 'other'"):
+        services.submit_job(user=owner, session_id=session.pk, pool_name="other", payload={}, shots=1)
 
 
 def test_submitted_job_is_stored_as_save_would_store_it(qpu_pool, fake_device, open_session, owner):
-    """The hand-written renew-and-insert statement (issue 15) stores every column of the job as
-    ``save()`` would: read back, nothing differs from the instance it returned."""
+    """The hand-written renew-and-insert statement stores every column of the job as ``save()``
+    would: read back, nothing differs from the instance it returned."""
     session = open_session(qpu_pool, owner)
     payload = {"sequence": {"nested": [1, 2.5, None, "é"]}, "flag": True}
-    job = services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload=payload, shots=7)
+    job = services.submit_job(user=owner, session_id=session.pk, payload=payload, shots=7)
     stored = Job.objects.get(pk=job.pk)
     for field in Job._meta.concrete_fields:
         assert getattr(stored, field.attname) == getattr(job, field.attname), field.name
@@ -50,80 +70,64 @@ def test_submitted_job_is_stored_as_save_would_store_it(qpu_pool, fake_device, o
     assert stored.session_id == session.pk and stored.user_id == owner.pk and stored.pool_id == qpu_pool.pk
 
 
-def test_session_for_submission_brings_the_pool_and_its_queue_flag_in_one_statement(
+def test_the_lookup_brings_the_session_its_pool_and_the_pools_devices_in_one_statement(
     qpu_pool, fake_device, open_session, owner, django_assert_num_queries
 ):
-    session = open_session(qpu_pool, owner)
-    assert services.session_for_submission(session.pk).pool.name == "qpu"  # no queue row yet: None cached
-    PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False, "vtime": 3.5})
-    with django_assert_num_queries(1):
-        found = services.session_for_submission(session.pk, pool_name="qpu")
-        assert found.pk == session.pk and found.pool.queue.vtime == 3.5 and not found.pool.queue.awaiting_work
-    assert services.session_for_submission(session.pk, pool_name="other") is None
-    assert services.session_for_submission("not-a-uuid") is None
-
-
-def test_session_for_submission_brings_the_pools_devices_in_the_models_order(
-    qpu_pool, fake_device, open_session, owner, django_assert_num_queries
-):
-    """The devices every submission checks its payload against come with the session (a row
-    per device), as the ORM reads them: in the model's order, every column converted."""
+    """The devices every submission checks its payload against come with the session (a row per
+    device), as the ORM reads them: in the model's order, every column converted."""
     from apps.scheduling.models import Device
 
     Device.objects.create(pool=qpu_pool, name="b-emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
     Device.objects.create(pool=qpu_pool, name="a-emu", driver="emulator", config={"max_atoms": 4}, online=False)
     session = open_session(qpu_pool, owner)
     with django_assert_num_queries(1):
-        found = services.session_for_submission(session.pk)
+        found = statements.target(session.pk, "qpu")
     expected = list(Device.objects.filter(pool=qpu_pool))
-    assert [d.name for d in found.pool_devices] == ["a-emu", "b-emu", "fake1"] == [d.name for d in expected]
-    for got, want in zip(found.pool_devices, expected, strict=True):
+    assert [d.name for d in found.devices] == ["a-emu", "b-emu", "fake1"] == [d.name for d in expected]
+    for got, want in zip(found.devices, expected, strict=True):
         for field in Device._meta.concrete_fields:
             assert getattr(got, field.attname) == getattr(want, field.attname), field.name
-    assert found.pk == session.pk and found.pool.pk == qpu_pool.pk
+    assert (found.session_id, found.user_id, found.status) == (session.pk, owner.pk, "active")
+    assert found.pool.pk == qpu_pool.pk and found.pool.name == "qpu"
+    assert statements.target(session.pk, "other") is None
 
 
-def test_a_pool_without_devices_refuses_the_job_from_the_joined_lookup(qpu_pool, open_session, owner):
+def test_a_pool_without_devices_refuses_the_job(qpu_pool, open_session, owner):
     session = open_session(qpu_pool, owner)
-    found = services.session_for_submission(session.pk)
-    assert found.pool_devices == [] and found.pk == session.pk
+    assert statements.target(session.pk, None).devices == []
     with pytest.raises(services.InvalidPayload, match="no device"):
-        services.submit_job(user=owner, session=found, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert not Job.objects.exists()
 
 
-def test_a_submission_checks_the_devices_that_came_with_its_session(
-    qpu_pool, fake_device, open_session, owner, monkeypatch
+def test_a_job_naming_a_device_is_checked_by_that_device_of_the_sessions_pool_only(
+    qpu_pool, fake_device, open_session, owner
 ):
-    """The payload check uses the devices read with the session (any database), and reads them
-    itself only for a session that did not come from session_for_submission."""
+    from django.core.exceptions import ValidationError
+
     session = open_session(qpu_pool, owner)
-    found = services.session_for_submission(session.pk)
-    monkeypatch.setattr(services, "_pool_devices", lambda pool_id: pytest.fail("devices read again"))
-    services.submit_job(user=owner, session=found, payload={}, shots=1)
-    monkeypatch.undo()
-    checked = []
-    monkeypatch.setattr(services, "_pool_devices", lambda pool_id: checked.append(pool_id) or [fake_device])
-    services.submit_job(user=owner, session=session, payload={}, shots=1)
-    assert checked == [qpu_pool.pk] and Job.objects.count() == 2
+    job = services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1, device_id=fake_device.pk)
+    assert job.target_device_id == fake_device.pk
+    with pytest.raises(ValidationError, match="Not a device of this session's pool"):
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1, device_id=fake_device.pk + 100)
 
 
 def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session, owner):
     session = open_session(qpu_pool, owner)
     before = session.idle_expires_at
-    services.submit_job(user=owner, session=session, payload={}, shots=1)
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     session.refresh_from_db()
     assert session.idle_expires_at > before
 
 
 @pytest.mark.postgres
 def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool, fake_device, open_session, owner):
-    """Issue 15: no index holds a column every submission writes (the idle deadline, the last
-    activity), so PostgreSQL renews the session without writing into its indexes (a HOT update,
-    counted by the transaction's statistics) instead of writing an entry into each of the
-    table's indexes (eleven then) for every job."""
+    """No index holds a column every submission writes (the idle deadline, the last activity), so
+    PostgreSQL renews the session without writing into its indexes (a HOT update, counted by the
+    transaction's statistics) instead of writing an entry into each of the table's indexes for
+    every job."""
     session = open_session(qpu_pool, owner)
-    services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload={}, shots=1)
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
 
     def updates():  # (rows updated, of them in place) in this transaction
         with connection.cursor() as cursor:
@@ -136,7 +140,7 @@ def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool,
             return cursor.fetchone()
 
     before = updates()
-    services.submit_job(user=owner, session=services.session_for_submission(session.pk), payload={}, shots=1)
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     after = updates()
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
 
@@ -146,19 +150,17 @@ def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool,
 def test_submit_job_costs_at_most_two_statements_with_the_lookup(
     qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
 ):
-    """The common path: session lookup (pool, wake-up flag and the pool's devices for the
-    payload check joined), and one statement that updates the session (checks, idle renewal,
-    catch-up) and inserts the job (no BEGIN/COMMIT round trips). The dispatcher is already
-    awake (a device is busy), so no wake-up is sent."""
+    """The common path: the session lookup (with the pool and its devices for the payload
+    check), and one statement that updates the session (checks, idle renewal, catch-up) and
+    inserts the job (no BEGIN/COMMIT round trips). The dispatcher is already awake (a device is
+    busy), so no wake-up is sent."""
     settings.GRIDGATE_TASKS_EAGER = False
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
-    with django_assert_max_num_queries(2):
-        fresh = services.session_for_submission(session.pk)
-        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
-    with django_assert_max_num_queries(2):  # a second job (no catch-up) costs the same
-        fresh = services.session_for_submission(session.pk)
-        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+    for _ in range(2):  # a second job (no catch-up) costs the same
+        known.clear()
+        with django_assert_max_num_queries(2):
+            services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert Job.objects.count() == 2
 
 
@@ -167,9 +169,8 @@ def test_submit_job_costs_at_most_two_statements_with_the_lookup(
 def test_rest_submission_costs_at_most_three_statements(
     qpu_pool, fake_device, open_session, owner, django_assert_max_num_queries, settings
 ):
-    """Issue 15 (at most 4), the whole REST stack with a real token: the token lookup, the
-    session with the pool's devices (owner first: no permission lookup for one's own session),
-    one insert."""
+    """SPEC §9 (at most 4), the whole REST stack with a real token: the token lookup, the session
+    with the pool's devices (no permission lookup for one's own session), one insert."""
     from rest_framework.test import APIClient
 
     from apps.accounts.services import issue_token
@@ -180,6 +181,7 @@ def test_rest_submission_costs_at_most_three_statements(
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(owner)[1]}")
     for _ in range(2):
+        known.clear()
         with django_assert_max_num_queries(3):
             response = client.post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
         assert response.status_code == 201, response.content
@@ -191,7 +193,7 @@ def test_submission_takes_no_lock_on_the_pool_queue(qpu_pool, fake_device, open_
 
     session = open_session(qpu_pool, owner)
     with CaptureQueriesContext(connection) as ctx:
-        services.submit_job(user=owner, session=session, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert not [q["sql"] for q in ctx.captured_queries if "FOR UPDATE" in q["sql"]]
 
 
@@ -205,8 +207,7 @@ def test_submissions_wake_an_idle_dispatcher_once(
     session = open_session(qpu_pool, owner)
     for _ in range(5):
         with django_capture_on_commit_callbacks(execute=True):
-            fresh = services.session_for_submission(session.pk)
-            services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+            services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert sent == [("apps.scheduling.tasks.run_pool", (qpu_pool.pk,))]
     assert not PoolQueue.objects.get(pool=qpu_pool).awaiting_work
 
@@ -215,13 +216,12 @@ def test_no_wake_up_while_every_device_is_busy(
     qpu_pool, fake_device, open_session, owner, monkeypatch, django_capture_on_commit_callbacks
 ):
     session = open_session(qpu_pool, owner)
-    services.submit_job(user=owner, session=session, payload={}, shots=1)
-    services.run_pool(qpu_pool.pk)  # the device takes the job: it is busy now
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    passes.run_pool(qpu_pool.pk)  # the device takes the job: it is busy now
     sent = []
     monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
     with django_capture_on_commit_callbacks(execute=True):
-        fresh = services.session_for_submission(session.pk)
-        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert sent == []  # the job-finished event will dispatch it
 
 
@@ -230,13 +230,12 @@ def test_dispatcher_left_idle_is_woken_again_by_the_next_submission(
 ):
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.create(pool=qpu_pool, awaiting_work=False)
-    services.run_pool(qpu_pool.pk)  # nothing to run, the device is free: awaiting work
+    passes.run_pool(qpu_pool.pk)  # nothing to run, the device is free: awaiting work
     assert PoolQueue.objects.get(pool=qpu_pool).awaiting_work
     sent = []
     monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
     with django_capture_on_commit_callbacks(execute=True):
-        fresh = services.session_for_submission(session.pk)
-        services.submit_job(user=owner, session=fresh, payload={}, shots=1)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     assert len(sent) == 1
 
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from apps.scheduling import services
+from apps.scheduling import passes, services
 from apps.scheduling.models import Job, JobStatus, PoolQueue
 from apps.sessions.models import Session
 from tests.scheduling.conftest import complete
@@ -14,14 +14,14 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(session, n=1):
-    return [services.submit_job(user=session.user, session=session, payload={"n": i}, shots=1) for i in range(n)]
+    return [services.submit_job(user=session.user, session_id=session.pk, payload={"n": i}, shots=1) for i in range(n)]
 
 
 def turn(pool):
     """One dispatch on the pool's single one-job device, then completion: the served session."""
-    job = services.dispatch_once(pool.pk)
+    job = passes.dispatch_once(pool.pk)
     assert job is not None
-    services.submit_claimed(job)
+    passes.submit_claimed(job)
     complete(job)
     return job.session_id
 
@@ -81,7 +81,7 @@ def test_pool_virtual_time_is_the_served_sessions_vruntime_before_the_charge(
     submit(b, 3)
     seen = []
     for _ in range(6):
-        session_id = services.dispatch_once(qpu_pool.pk).session_id
+        session_id = passes.dispatch_once(qpu_pool.pk).session_id
         before = vtime(qpu_pool)
         seen.append(before)
         Job.objects.filter(session_id=session_id, status=JobStatus.RUNNING).update(status=JobStatus.COMPLETED)
@@ -138,14 +138,14 @@ def test_fifo_within_a_session_survives_a_transient_driver_error(qpu_pool, fake_
     fake_device.save()
     session = open_session(qpu_pool, owner)
     first, second = submit(session, 2)
-    job = services.dispatch_once(qpu_pool.pk)
+    job = passes.dispatch_once(qpu_pool.pk)
     assert job.pk == first.pk
-    services.submit_claimed(job)  # transient: back in the queue, with a back-off
+    passes.submit_claimed(job)  # transient: back in the queue, with a back-off
     first.refresh_from_db()
     assert first.status == JobStatus.PENDING and first.not_before is not None
-    assert services.dispatch_once(qpu_pool.pk) is None  # the second job waits behind it
+    assert passes.dispatch_once(qpu_pool.pk) is None  # the second job waits behind it
     Job.objects.filter(pk=first.pk).update(not_before=first.not_before - timedelta(minutes=5))
-    assert services.dispatch_once(qpu_pool.pk).pk == first.pk
+    assert passes.dispatch_once(qpu_pool.pk).pk == first.pk
     assert vruntime(session) == pytest.approx(1.0)  # refunded once, charged once
 
 
@@ -154,9 +154,9 @@ def test_backoff_of_one_session_does_not_hold_other_sessions(qpu_pool, fake_devi
     fake_device.save()
     a, b = open_session(qpu_pool, owner), open_session(qpu_pool, member)
     submit(a)
-    services.submit_claimed(services.dispatch_once(qpu_pool.pk))  # a's job: transient, back-off
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))  # a's job: transient, back-off
     submit(b)
-    assert services.dispatch_once(qpu_pool.pk).session_id == b.pk
+    assert passes.dispatch_once(qpu_pool.pk).session_id == b.pk
 
 
 def test_fifo_pool_keeps_a_sessions_order_across_a_transient_error(qpu_pool, fake_device, open_session, owner):
@@ -166,7 +166,7 @@ def test_fifo_pool_keeps_a_sessions_order_across_a_transient_error(qpu_pool, fak
     fake_device.save()
     session = open_session(qpu_pool, owner)
     first, _second = submit(session, 2)
-    services.submit_claimed(services.dispatch_once(qpu_pool.pk))
-    assert services.dispatch_once(qpu_pool.pk) is None
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))
+    assert passes.dispatch_once(qpu_pool.pk) is None
     Job.objects.filter(pk=first.pk).update(not_before=None)
-    assert services.dispatch_once(qpu_pool.pk).pk == first.pk
+    assert passes.dispatch_once(qpu_pool.pk).pk == first.pk

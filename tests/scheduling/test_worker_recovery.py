@@ -131,7 +131,9 @@ def test_worker_runs_an_emulator_job_to_completion(broker, clusters, qpu_pool, o
     clusters.start("solo", broker)
     Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")
     session = open_session(qpu_pool, owner)
-    job = services.submit_job(user=owner, session=session, payload={"sequence": analog_sequence(atoms=3)}, shots=50)
+    job = services.submit_job(
+        user=owner, session_id=session.pk, payload={"sequence": analog_sequence(atoms=3)}, shots=50
+    )
     done = wait_until(lambda: Job.objects.get(pk=job.pk).status in (JobStatus.COMPLETED, JobStatus.FAILED), 120)
     job.refresh_from_db()
     assert done and job.status == JobStatus.COMPLETED, (job.status, job.error, clusters.log("solo"))
@@ -154,7 +156,7 @@ def test_cluster_killed_mid_simulation_loses_nothing(broker, clusters, qpu_pool,
     session = open_session(qpu_pool, owner)
     # 12 atoms for 5.5 µs: seconds of simulation, long enough to be killed in the middle.
     payload = {"sequence": custom_sequence(rows=3, columns=4, duration=5500)}
-    job = services.submit_job(user=owner, session=session, payload=payload, shots=20)
+    job = services.submit_job(user=owner, session_id=session.pk, payload=payload, shots=20)
 
     def started():
         return DriverRun.objects.filter(remote_id=f"emu-{job.pk}", status="running").first()

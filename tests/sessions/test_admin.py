@@ -42,7 +42,7 @@ def test_pool_admin_shows_slots_used(admin_client, session, member):
     other = ResourceClass.objects.create(pool=session.pool, name="other", cpu=1, memory=1)
     services.admit(user=member, resource_class=other, slots=2)
     ended = services.admit(user=member, resource_class=other, slots=4).session
-    services.release(ended)
+    services.release(user=ended.user, session_id=ended.pk)
     page = admin_client.get("/admin/resources/resourcepool/").content.decode()
     assert "5 / 10" in page and '<td class="field-class_count">2</td>' in page
     assert "5 / 10" in admin_client.get(f"/admin/resources/resourcepool/{session.pool_id}/change/").content.decode()

@@ -9,6 +9,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling.models import Device
+from apps.scheduling.services import submit_job
 from apps.sessions import hooks, services
 from apps.sessions.models import Session
 
@@ -41,6 +43,12 @@ def admit(pool, user, **kwargs):
     return services.admit(user=user, resource_class=pool.classes.get(), **kwargs).session
 
 
+def submit(session):
+    """Activity: a job submitted into the session (R-SESS-3), which renews its idle deadline."""
+    Device.objects.get_or_create(pool_id=session.pool_id, name="fake", defaults={"driver": "fake"})
+    submit_job(user=session.user, session_id=session.pk, payload={}, shots=1)
+
+
 def test_idle_session_without_jobs_is_revoked_after_idle_timeout(pool, owner):
     start = timezone.now()
     with time_machine.travel(start, tick=False):
@@ -69,19 +77,20 @@ def test_absolute_expiry_applies_even_with_unfinished_work(pool, owner, busy):
         session = admit(pool, owner, external_id="busy-2")
         for minutes in range(5, 60, 5):  # activity keeps renewing the idle deadline ...
             with time_machine.travel(start + timedelta(minutes=minutes), tick=False):
-                services.touch(session)
+                submit(session)
     with time_machine.travel(start + timedelta(seconds=3601), tick=False):
         services.expire_due_sessions()
     session.refresh_from_db()
     assert (session.status, session.revocation_reason) == ("revoked", "max_lifetime")
 
 
-def test_activity_renews_the_idle_deadline(pool, owner):
+def test_activity_renews_the_idle_deadline(pool, owner, settings):
+    settings.GRIDGATE_TASKS_EAGER = False  # the job stays pending: the session is busy, not renewed
     start = timezone.now()
     with time_machine.travel(start, tick=False):
         session = admit(pool, owner)
     with time_machine.travel(start + timedelta(seconds=500), tick=False):
-        services.touch(session)
+        submit(session)
     with time_machine.travel(start + timedelta(seconds=700), tick=False):
         services.expire_due_sessions()
     session.refresh_from_db()
@@ -145,8 +154,8 @@ def test_revocation_is_announced_for_job_cancellation(pool, owner):
     hooks.sessions_revoked.connect(receiver)
     try:
         session = admit(pool, owner)
-        services.revoke(session)
-        services.revoke(session)  # second revoke changes nothing and announces nothing
+        services.revoke(session_ids=[session.pk])
+        services.revoke(session_ids=[session.pk])  # second revoke changes nothing and announces nothing
     finally:
         hooks.sessions_revoked.disconnect(receiver)
     assert received == [([session.pk], "manual")]

@@ -208,7 +208,7 @@ def test_submit_a_bundled_example_and_see_its_counts_as_a_chart(
     assert "submitted with 100 shots" in response.content.decode()
     job = Job.objects.get(session=session)
     assert job.payload == EXAMPLE["payload"]
-    from apps.scheduling.services import run_pool
+    from apps.scheduling.passes import run_pool
 
     for _ in range(5):  # the worker's passes: poll until the scripted device reports completion
         run_pool(qpu_pool.pk)
@@ -247,7 +247,7 @@ def test_job_in_a_released_session_is_refused_with_403_in_words(web, owner, qpu_
     session = open_session(qpu_pool, owner)
     from apps.sessions.services import release
 
-    release(session)
+    release(user=session.user, session_id=session.pk)
     response = web(owner).post(
         reverse("web:job-submit", args=[session.pk]), {"example": "bell-like-analog", "shots": 5}, follow=True
     )
@@ -263,7 +263,9 @@ def _submit(session, n=1):
 
     # R-DEV-1 refuses jobs on a pool without any device: an offline one lets them wait.
     Device.objects.get_or_create(pool=session.pool, name="parked", defaults={"driver": "fake", "online": False})
-    return [submit_job(user=session.user, session=session, payload=EXAMPLE["payload"], shots=10) for _ in range(n)]
+    return [
+        submit_job(user=session.user, session_id=session.pk, payload=EXAMPLE["payload"], shots=10) for _ in range(n)
+    ]
 
 
 def test_job_list_shows_pending_reason_and_position_and_keeps_polling(web, owner, qpu_pool, open_session):

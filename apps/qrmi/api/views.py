@@ -7,7 +7,6 @@ integer job ids, string user ids, Warden's status names, results as a JSON strin
 """
 
 import json
-import uuid
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
@@ -17,6 +16,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.exceptions import Forbidden
 from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
 from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid
 from apps.qrmi.permissions import HasMungeIdentity
@@ -26,7 +26,8 @@ from apps.scheduling import services as scheduling
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions import services as sessions
-from apps.sessions.models import Session, is_service_principal
+from apps.sessions.models import is_service_principal
+from apps.sessions.selectors import slots_usage
 
 SESSION_HEADER = "X-Warden-Session"
 
@@ -81,29 +82,12 @@ class QrmiView(APIView):
             )
         return self.request.user
 
-    def session_from_header(self, *, for_submission: bool = False) -> Session:
+    def session_id_from_header(self) -> str:
         raw = self.request.headers.get(SESSION_HEADER, "").strip()
         if not raw:
             # 403 as in Warden (an authorization failure there, not a malformed request).
             raise PermissionDenied(f"Missing '{SESSION_HEADER}' header (the session id acquire returned).")
-        return self.session(raw, for_submission=for_submission)
-
-    def session(self, raw: str, *, for_submission: bool = False) -> Session:
-        try:
-            session_id = uuid.UUID(raw)
-        except ValueError:
-            raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.") from None
-        # By the pool's name, not self.pool: one statement instead of two on every release and job.
-        if for_submission:  # from memory if the caller submitted into it before (known_session)
-            pool = self.kwargs["pool"]
-            session = scheduling.known_session(session_id, self.request.user, pool_name=pool)
-            session = session or scheduling.session_for_submission(session_id, pool_name=pool)
-        else:
-            on_pool = Session.objects.select_related("pool").filter(pool__name=self.kwargs["pool"])
-            session = on_pool.filter(pk=session_id).first()
-        if session is None:
-            raise NotFound(f"No session '{raw}' on pool '{self.kwargs['pool']}'.")
-        return session
+        return raw
 
     def usable_pool(self) -> ResourcePool:
         """The pool, if the caller may use it, like ``GET /resource-pools/{id}/slots/`` (R-POOL-8,
@@ -184,23 +168,26 @@ class SessionsView(QrmiView):
         )
 
     def delete(self, request, pool):
-        return release(self, self.session_from_header())
+        return release(self, self.session_id_from_header())
 
 
 class SessionView(QrmiView):
     """``DELETE sessions/<id>`` (qrmi 0.26.4's release)."""
 
     def delete(self, request, pool, session_id):
-        return release(self, self.session(session_id))
+        return release(self, session_id)
 
 
-def release(view: QrmiView, session: Session) -> Response:
+def release(view: QrmiView, session_id: str) -> Response:
     """R-SESS-4 through R-QRMI-1: service uids or the owner's uid; idempotent; 200 ``{"id"}``
     (the client treats 204 or an empty object as a failure)."""
-    if not (view.is_service() or session.user_id == getattr(view.request.user, "pk", None)):
-        raise PermissionDenied(f"Unix uid {view.uid} may not release session {session.pk}.")
-    sessions.release(session)
-    return Response({"id": str(session.pk)})
+    try:
+        sessions.release(
+            user=view.request.user, session_id=session_id, pool_name=view.kwargs["pool"], as_service=view.is_service()
+        )
+    except Forbidden:
+        raise PermissionDenied(f"Unix uid {view.uid} may not release session {session_id}.") from None
+    return Response({"id": session_id})
 
 
 class JobsView(QrmiView):
@@ -218,13 +205,14 @@ class JobsView(QrmiView):
         """R-QRMI-2/3: the uid must be the session owner's; then R-JOB-1 submission and fair
         scheduling like any job."""
         user = self.caller()
-        session = self.session_from_header(for_submission=True)
+        session_id = self.session_id_from_header()
         body = TaskSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
             job = scheduling.submit_job(  # R-JOB-1 owner and status checks: the service's (403)
                 user=user,
-                session=session,
+                session_id=session_id,
+                pool_name=self.kwargs["pool"],
                 payload={"sequence": body.validated_data["sequence"]},
                 shots=body.validated_data["shots"],
             )
@@ -275,7 +263,7 @@ class SlotsView(QrmiView):
         pool = self.usable_pool()
         if pool.slots_total is None:
             raise NotFound(f"Pool '{pool.name}' has no slot capacity (slots_total is not set).")
-        usage = sessions.slots_usage(pool)
+        usage = slots_usage(pool)
         return Response(
             {
                 "qpu_slots_total": usage["slots_total"],

@@ -2,7 +2,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -14,8 +15,7 @@ from apps.scheduling.api.filters import DeviceFilter, JobFilter
 from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer, JobSerializer, JobSubmitSerializer
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
-from apps.sessions.models import Session
-from apps.sessions.selectors import seen_or_404, visible_or_404
+from apps.sessions.models import Session, is_service_principal
 
 
 class DeviceViewSet(viewsets.ModelViewSet):
@@ -91,16 +91,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 class SessionJobsView(APIView):
     """``POST /sessions/{id}/jobs/``: submit a job in your active session (R-JOB-1)."""
 
-    def _session(self, request, pk) -> Session:
-        return visible_or_404(Session.objects.select_related("pool"), request.user, pk)
-
-    def _session_for_submission(self, request, pk) -> Session:
-        # Other users' sessions are 404; owner and status are the service's (R-JOB-1). One the
-        # caller submitted into before through this process comes from memory (checked by the
-        # submission's statement: known_session).
-        known = services.known_session(pk, request.user)
-        return known or seen_or_404(services.session_for_submission(pk), request.user)
-
     @extend_schema(
         request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}
     )
@@ -108,31 +98,29 @@ class SessionJobsView(APIView):
         return idempotent(request, lambda: self._submit(request, pk))
 
     def _submit(self, request, pk):
-        session = self._session_for_submission(request, pk)
         body = JobSubmitSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        target = None
-        if body.validated_data.get("device") is not None:
-            target = Device.objects.filter(pool_id=session.pool_id, pk=body.validated_data["device"]).first()
-            if target is None:
-                raise ValidationError({"device": ["Not a device of this session's pool."]})
         try:
-            job = services.submit_job(
+            job = services.submit_job(  # R-JOB-1: owner and status are the service's checks
                 user=request.user,
-                session=session,
+                session_id=pk,
                 payload=body.validated_data["payload"],
                 shots=body.validated_data["shots"],
-                target_device=target,
+                device_id=body.validated_data.get("device"),
             )
+        except services.NotYourSession:
+            if not is_service_principal(request.user):
+                raise NotFound() from None  # other users' sessions do not exist for the caller
+            raise
         except DriverError as exc:  # InvalidPayload, or a driver that cannot judge the payload
             raise ValidationError({"payload": [str(exc)]}) from None
         # pending_reason and queue_position stay null here: computing them reads the pool's queue,
-        # which would double the statements of a submission (at most 4, issue 12); GET the job.
+        # which would double the statements of a submission; GET the job.
         data = JobSerializer(job, context={"queue_info": {}}).data
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=JobSerializer(many=True))
     def get(self, request, pk):
-        session = self._session(request, pk)
+        session = get_object_or_404(Session.objects.visible_to(request.user), pk=pk)
         jobs = list(session.jobs.select_related("pool").order_by("created_at", "id")[:500])
         return Response(JobSerializer(jobs, many=True, context={"queue_info": selectors.queue_info(jobs)}).data)

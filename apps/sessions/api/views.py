@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.api.permissions import IsStaff
+from apps.core.exceptions import Forbidden
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
 from apps.resources.selectors import visible_classes
@@ -15,6 +16,7 @@ from apps.sessions import services
 from apps.sessions.api.filters import SessionFilter
 from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer, SlotsSerializer
 from apps.sessions.models import Session, is_service_principal
+from apps.sessions.selectors import slots_usage
 
 CONFLICT = OpenApiResponse(description="No capacity (with slots_available) or a different session for the id.")
 
@@ -62,8 +64,7 @@ class SessionViewSet(
                 raise ValidationError({"user": [f"No user named '{data['user']}'."]})
         # The class must be usable by the session's user: a service principal opens sessions for
         # granted users on pools it need not see itself (docs/architecture.md, "Who may do what").
-        # The lookup, that access check and the pool lock are one statement in admit() (issue
-        # 15's budget); the reasons for a miss are looked up after.
+        # admit() checks it in its class lookup; the reasons for a miss are looked up after.
         try:
             admission = services.admit(
                 user=target,
@@ -85,14 +86,10 @@ class SessionViewSet(
 
     def destroy(self, request, *args, **kwargs):
         """R-SESS-4: release (owner, service principal, staff). Idempotent: always 204."""
-        # The owner's common path costs one lookup: the principal check (two permission queries
-        # for a non-staff user) only runs for somebody else's session.
-        if services.release_own(request.user, kwargs["pk"]):  # the owner's common path: one statement
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        session = get_object_or_404(Session, pk=kwargs["pk"])
-        if session.user_id != request.user.pk and not is_service_principal(request.user):
-            raise NotFound()  # other users' sessions do not exist for the caller
-        services.release(session)
+        try:
+            services.release(user=request.user, session_id=kwargs["pk"])
+        except Forbidden:
+            raise NotFound() from None  # other users' sessions do not exist for the caller
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses=SessionSerializer)
@@ -100,7 +97,7 @@ class SessionViewSet(
     def revoke(self, request, pk=None):
         """R-SESS-4: staff revocation (reason ``manual``); frees the slots at once."""
         session = self.get_object()
-        services.revoke(session)
+        services.revoke(session_ids=[session.pk])
         session.refresh_from_db()
         return Response(SessionSerializer(session).data)
 
@@ -116,4 +113,4 @@ class PoolSlotsView(APIView):
                 {"detail": f"Pool '{pool.name}' has no slot capacity (slots_total is not set)."},
                 status=status.HTTP_404_NOT_FOUND,
             )
-        return Response(services.slots_usage(pool))
+        return Response(slots_usage(pool))

@@ -1,0 +1,407 @@
+"""The scheduling worker's passes (SPEC §5): poll what runs, dispatch to free devices.
+
+Claim, commit, call, record: every state change happens in a short transaction guarded by a
+compare-and-set on the job's status; driver calls (submit, poll, cancel) happen with no
+transaction open (R-SCHED-4). The request path (submission, cancellation) is
+``apps.scheduling.services``; the tasks and the ticker call these.
+"""
+
+import logging
+import threading
+import uuid
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.db.models import Case, Count, F, OuterRef, Q, Subquery, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from apps.core.retry import is_retryable
+from apps.resources.models import ResourcePool
+from apps.scheduling import latency
+from apps.scheduling.drivers import DriverState, PermanentDriverError, TransientDriverError, get_driver
+from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
+from apps.scheduling.strategies import strategy_for
+from apps.sessions.models import Session
+
+log = logging.getLogger(__name__)
+
+
+def lease() -> timedelta:
+    """A claim not renewed for this long belongs to a dead worker (GRIDGATE_JOB_LEASE_SECONDS)."""
+    return timedelta(seconds=settings.GRIDGATE_JOB_LEASE_SECONDS)
+
+
+def claim_token() -> str:
+    """A claim's owner (``Job.lease_owner``): one per dispatch or poll pass."""
+    return uuid.uuid4().hex
+
+
+@contextmanager
+def kept_claimed(job_ids, owner: str):
+    """Renew, every quarter of the lease, the claims ``owner`` still holds among ``job_ids``,
+    while driver calls run (one hand-over, or a whole poll pass).
+
+    A provider call may take minutes (a QPU's timeouts and retries); without renewal the lease
+    would have to outlast the slowest call, and a job whose worker died would wait that long
+    (it was 5 minutes). A poll pass calls the provider for up to POLL_BATCH jobs one after the
+    other, so the whole batch is renewed, not only the job whose call runs: else the later jobs
+    of a slow batch lapse and another worker claims them too. One UPDATE per renewal whatever the
+    batch size, and none at all unless the calls outlast a quarter of the lease (the common, fast
+    pass costs a thread start and no statement). Only rows still carrying ``owner`` are renewed:
+    a job already recorded (its claim cleared) or taken over by another worker stays as it is."""
+    job_ids = list(job_ids)
+    stop = threading.Event()
+
+    def beat():
+        try:
+            period = settings.GRIDGATE_JOB_LEASE_SECONDS / 4
+            while not stop.wait(period):
+                try:
+                    Job.objects.filter(id__in=job_ids, lease_owner=owner, status=JobStatus.RUNNING).update(
+                        lease_until=timezone.now() + lease()
+                    )
+                except Exception:  # the database is away: the claims may lapse; the writes check them
+                    log.warning("renewing the claims of %s on %s jobs failed", owner, len(job_ids), exc_info=True)
+                    connection.close()  # a connection the outage broke: the next renewal opens a new one
+        finally:
+            connection.close()  # this thread's own connection, if it opened one
+
+    thread = threading.Thread(target=beat, name=f"job-claims-{owner[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+MAX_TRANSIENT_ATTEMPTS = 5
+DISPATCH_BATCH = 100
+POLL_BATCH = 200
+
+
+def _lock_queue(pool_id: int) -> PoolQueue:
+    PoolQueue.objects.get_or_create(pool_id=pool_id)
+    return PoolQueue.objects.select_for_update().get(pool_id=pool_id)
+
+
+# -- dispatch --------------------------------------------------------------------------------
+def running_count():
+    """Running jobs of the outer device, counted on ``jobs_running_device`` (only running rows):
+    the cost does not grow with the jobs the device ever ran."""
+    running = Job.objects.filter(device_id=OuterRef("pk"), status=JobStatus.RUNNING)
+    return Coalesce(Subquery(running.order_by().values("device_id").annotate(n=Count("pk")).values("n")[:1]), 0)
+
+
+def free_devices(pool_id: int) -> list[Device]:
+    """Online devices of the pool below ``max_concurrent_jobs``."""
+    devices = Device.objects.filter(pool_id=pool_id, online=True).annotate(running=running_count())
+    return [d for d in devices if d.running < d.max_concurrent_jobs]
+
+
+def dispatch_once(pool_id: int) -> Job | None:
+    """Claim the next job of the pool for a free device (R-SCHED-1/3/4), or None.
+
+    The pool's queue row is locked for the duration (dispatch is serialized per pool, which
+    keeps the weighted order exact); several workers dispatch different pools in parallel.
+    Lock order pool queue → session → job, as everywhere: the candidate is read without a
+    lock, then its session row is locked (its slots and vruntime are read there for the charge
+    and for V), then the job is claimed by a compare-and-set, so a job cancelled meanwhile is
+    never dispatched.
+    """
+    with transaction.atomic():
+        queue = _lock_queue(pool_id)
+        pool = ResourcePool.objects.only("is_accessible", "strategy").get(pk=pool_id)
+        if not pool.is_accessible:
+            return None
+        free = free_devices(pool_id)
+        if not free:
+            _set_awaiting(queue, False)  # the job-finished event will dispatch
+            return None
+        strategy = strategy_for(pool.strategy)
+        now = timezone.now()
+        owner = claim_token()
+        for _ in range(3):  # a candidate cancelled under our feet: take the next one
+            job = strategy.next_job(pool_id, [d.pk for d in free], now)
+            if job is None:
+                _set_awaiting(queue, True)  # a device is free: the next submission wakes us
+                return None
+            slots, vruntime = (
+                Session.objects.select_for_update().values_list("slots", "vruntime").get(pk=job.session_id)
+            )
+            if job.target_device_id:
+                device = next(d for d in free if d.pk == job.target_device_id)
+            else:  # least loaded first, then by id: spreads jobs across devices
+                device = min(free, key=lambda d: (d.running / d.max_concurrent_jobs, d.pk))
+            claimed = Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(
+                status=JobStatus.RUNNING,
+                device=device,
+                scheduled_at=now,
+                lease_owner=owner,
+                lease_until=now + lease(),
+                next_poll_at=now,
+                not_before=None,
+            )
+            if claimed:
+                break
+        else:
+            return None
+        latency.observe(pool_id, LatencyKind.QUEUE_WAIT, (now - job.created_at).total_seconds())
+        charge = strategy.dispatch_charge(job, slots)
+        if charge:
+            strategy.charge(job, charge)
+        # R-SCHED-2: V = max(V, vruntime of the session served, before its charge).
+        queue.vtime = max(queue.vtime, vruntime)
+        queue.last_dispatch_at = now
+        queue.awaiting_work = False
+        queue.save(update_fields=["vtime", "last_dispatch_at", "awaiting_work"])
+    job.refresh_from_db()
+    job.device = device
+    job._dispatch_charge = charge
+    return job
+
+
+def _set_awaiting(queue: PoolQueue, value: bool) -> None:
+    if queue.awaiting_work != value:
+        PoolQueue.objects.filter(pk=queue.pk).update(awaiting_work=value)
+        queue.awaiting_work = value
+
+
+def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
+    """Hand a job claimed by ``job.lease_owner`` to its device's driver (no transaction open),
+    then record it.
+
+    ``taken_over``: a poll pass took over a hand-over whose outcome was never recorded (its worker
+    died); the caller renews the claim. The device may already run the job, so a cancel recorded
+    meanwhile does not short-cut it: the drivers' idempotent submit adopts the run (or starts it),
+    the remote id is recorded, and the next poll passes the cancel on to the device. Finishing it
+    here would leave a device run nobody sees and hand its slot to another job."""
+    device = job.device
+    owner = job.lease_owner
+    # Compare-and-set on the claim, owner included: a worker whose claim lapsed (it stalled past
+    # the lease) and was taken over by another worker, who may be submitting it right now, loses
+    # here and never calls the driver a second time (two paid QPU jobs). A cancel recorded between
+    # the claim and this hand-over wins too (issue 18 item 7): the user saw the job pending and
+    # asked to cancel it; it must never reach the device. A cancel landing after this line is a
+    # running job's cancel (R-JOB-2).
+    ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner)
+    if not taken_over:
+        ours = ours.filter(cancel_requested_at=None)
+    handed_over = ours.update(lease_until=timezone.now() + lease())
+    if not handed_over:
+        # Still ours and cancelled: finish it. Another worker's claim now: theirs to hand over or
+        # cancel, nothing to do here (finishing it would cancel a job they may be submitting).
+        _finish(job, DriverState("cancelled", error="Cancelled before it started."), expect_remote_id="", owner=owner)
+        return
+    try:
+        with nullcontext() if taken_over else kept_claimed([job.pk], owner):
+            remote_id = get_driver(device.driver).submit(device, job)
+    except PermanentDriverError as exc:
+        _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="", owner=owner)
+        return
+    except Exception as exc:  # TransientDriverError, and anything unexpected: retry, bounded
+        _requeue(job, exc)
+        return
+    with transaction.atomic():
+        # Whoever holds the claim now: the remote id is a fact (a taker-over's idempotent submit
+        # adopts the same run), so it is recorded; its claim ends with it.
+        accepted = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="").update(
+            remote_id=remote_id,
+            lease_owner="",
+            lease_until=None,
+            # A cancel recorded before the remote id: the next poll passes it on at once.
+            next_poll_at=Case(When(cancel_requested_at__isnull=False, then=None), default=F("next_poll_at")),
+        )
+        if accepted and job.scheduled_at:
+            latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
+    job.remote_id = remote_id
+
+
+def _requeue(job: Job, exc: Exception) -> None:
+    """R-JOB-3: a transient failure returns the job to the queue and refunds the session.
+
+    The job keeps its place: it stays the session's oldest pending job, and its back-off
+    (``not_before``) holds the whole session's queue (``strategies.in_backoff``), so the
+    session's next job does not overtake it (R-SCHED-3 FIFO within a session).
+    """
+    attempts = job.attempts + 1
+    if attempts >= MAX_TRANSIENT_ATTEMPTS:
+        _finish(
+            job,
+            DriverState("failed", error=f"Gave up after {attempts} transient failures: {exc}"),
+            expect_remote_id="",
+            owner=job.lease_owner,
+        )
+        return
+    now = timezone.now()
+    charge = getattr(job, "_dispatch_charge", None)
+    if charge is None:  # a recovered claim: recompute what its dispatch charged
+        pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
+        slots = Session.objects.values_list("slots", flat=True).get(pk=job.session_id)
+        charge = strategy_for(pool.strategy).dispatch_charge(job, slots)
+    with transaction.atomic():
+        # Lock order session → job (as revocation): lock the session before touching the job.
+        Session.objects.select_for_update().filter(pk=job.session_id).values_list("pk").first()
+        # Only while the claim is ours: a worker that took the lapsed claim over may be submitting
+        # the job now; putting it back in the queue would dispatch it a second time.
+        requeued = Job.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=job.lease_owner
+        ).update(
+            status=JobStatus.PENDING,
+            device=None,
+            scheduled_at=None,
+            lease_owner="",
+            lease_until=None,
+            attempts=attempts,
+            not_before=now + timedelta(seconds=min(2**attempts, 60)),
+            error=f"transient: {exc}"[:2000],
+        )
+        if requeued and charge:
+            Session.objects.filter(pk=job.session_id).update(vruntime=F("vruntime") - charge)
+    log.warning("job %s: transient driver error, back in the queue (attempt %s): %s", job.pk, attempts, exc)
+
+
+def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str | None = None) -> bool:
+    """Record a terminal state once (compare-and-set on status and remote id, and on the claim's
+    ``owner`` when given: a job not yet handed over is finished only by its claim's holder)."""
+    now = timezone.now()
+    status = {"completed": JobStatus.COMPLETED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED}[
+        state.status
+    ]
+    same = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id=expect_remote_id)
+    if owner is not None:
+        same = same.filter(lease_owner=owner)
+    with transaction.atomic():
+        updated = same.update(
+            status=status,
+            finished_at=now,
+            started_at=job.started_at or (now if state.started else None),
+            result=state.result if status == JobStatus.COMPLETED else None,
+            error=state.error[:4000],
+            logs=(job.logs + state.logs)[-100_000:],
+            runtime_seconds=state.runtime_seconds,
+            lease_owner="",
+            lease_until=None,
+        )
+    if updated and state.runtime_seconds:
+        # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
+        # job ran too). In its own transaction, after the job row's, taking the session first:
+        # lock order session → job, as revocation and dispatch.
+        pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
+        strategy = strategy_for(pool.strategy)
+        if strategy.charge_at_completion:
+            with transaction.atomic():
+                slots = Session.objects.select_for_update().values_list("slots", flat=True).get(pk=job.session_id)
+                if Job.objects.filter(pk=job.pk, charged=False).update(charged=True):
+                    job.runtime_seconds = state.runtime_seconds
+                    strategy.charge(job, strategy.completion_charge(job, slots))
+    return bool(updated)
+
+
+def poll_running(pool_id: int) -> int:
+    """Poll the pool's running jobs that are due (R-SCHED-3: before dispatching new ones).
+
+    Jobs are claimed with a lease (skip_locked) under one owner token per pass, so several workers
+    share them; the whole batch's claim is renewed while the pass works (``kept_claimed``). A job
+    claimed for dispatch whose submission outcome was never recorded (its worker died) is
+    submitted again, which the drivers' idempotent submit turns into adopting the existing run.
+    """
+    now = timezone.now()
+    interval = timedelta(seconds=settings.GRIDGATE_JOB_POLL_INTERVAL)
+    owner = claim_token()
+    with transaction.atomic():
+        due = (
+            Job.objects.filter(pool_id=pool_id, status=JobStatus.RUNNING)
+            .filter(Q(next_poll_at__isnull=True) | Q(next_poll_at__lte=now))
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+            .select_for_update(skip_locked=True)
+            .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
+        )
+        ids = list(due.values_list("id", flat=True)[:POLL_BATCH])
+        Job.objects.filter(id__in=ids).update(lease_owner=owner, lease_until=now + lease())
+    if not ids:
+        return 0
+    with kept_claimed(ids, owner):
+        for job in Job.objects.filter(id__in=ids).select_related("device"):
+            _poll_claimed(job, interval)
+    return len(ids)
+
+
+def _poll_claimed(job: Job, interval: timedelta) -> None:
+    """One job of a poll pass: hand it over if its submission was never recorded, else ask its
+    device how it is (and pass on a cancel), and record the answer."""
+    if not job.remote_id:
+        submit_claimed(job, taken_over=True)
+        return
+    driver = get_driver(job.device.driver)
+    try:
+        if job.cancel_requested_at:
+            driver.cancel(job.device, job.remote_id)
+        state = driver.poll(job.device, job.remote_id)
+    except PermanentDriverError as exc:
+        _finish(job, DriverState("failed", error=str(exc)), expect_remote_id=job.remote_id)
+        return
+    except Exception as exc:
+        # Transient, like on submit: a driver bug or a dropped connection while polling says
+        # nothing about the job itself, which may well still be running on the device. Poll
+        # again later (R-JOB-3); only the driver's PermanentDriverError fails the job.
+        if not isinstance(exc, TransientDriverError):
+            log.exception("job %s: unexpected error while polling; polling again later", job.pk)
+        Job.objects.filter(pk=job.pk, remote_id=job.remote_id, lease_owner=job.lease_owner).update(
+            lease_owner="",
+            lease_until=None,
+            next_poll_at=timezone.now() + interval * 2,
+            error=f"poll: {type(exc).__name__}: {exc}"[:2000],
+        )
+        return
+    if state.status == "running":
+        # Only while the claim is ours: never end the claim of a worker that took it over.
+        update = {"lease_owner": "", "lease_until": None, "next_poll_at": timezone.now() + interval}
+        if state.started and job.started_at is None:
+            update["started_at"] = timezone.now()
+        if state.logs:
+            update["logs"] = (job.logs + state.logs)[-100_000:]
+        Job.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, remote_id=job.remote_id, lease_owner=job.lease_owner
+        ).update(**update)
+    else:
+        _finish(job, state, expect_remote_id=job.remote_id)
+
+
+def run_pool(pool_id: int) -> dict:
+    """One pass for a pool: poll what runs, then fill free devices. Idempotent and bounded."""
+    polled = poll_running(pool_id)
+    dispatched = 0
+    while dispatched < DISPATCH_BATCH:
+        try:
+            job = dispatch_once(pool_id)
+        except OperationalError as exc:
+            if not is_retryable(exc):
+                raise
+            # Aborted (deadlock victim): nothing was claimed; the next event or sweep goes on.
+            log.warning("pool %s: dispatch aborted by the database (%s)", pool_id, exc.__cause__.sqlstate)
+            break
+        if job is None:
+            break
+        submit_claimed(job)
+        dispatched += 1
+    return {"polled": polled, "dispatched": dispatched}
+
+
+def active_pool_ids() -> list[int]:
+    """Pools with unfinished jobs (the sweep's work list)."""
+    return list(Job.objects.filter(status__in=UNFINISHED).order_by().values_list("pool_id", flat=True).distinct())
+
+
+def sweep() -> dict:
+    """Safety net behind the events (R-SCHED-5): a pass over every pool with unfinished jobs."""
+    totals = {"pools": 0, "polled": 0, "dispatched": 0}
+    for pool_id in active_pool_ids():
+        outcome = run_pool(pool_id)
+        totals["pools"] += 1
+        totals["polled"] += outcome["polled"]
+        totals["dispatched"] += outcome["dispatched"]
+    return totals
