@@ -278,6 +278,9 @@ GRIDGATE_IDEMPOTENCY_LEASE_SECONDS = env_int("GRIDGATE_IDEMPOTENCY_LEASE_SECONDS
 GRIDGATE_RETENTION_DAYS = env_int("GRIDGATE_RETENTION_DAYS", 90, minimum=1)
 # Run enqueued tasks inline instead of through the broker (tests only).
 GRIDGATE_TASKS_EAGER = env_bool("GRIDGATE_TASKS_EAGER", False)
+# bench/http_load.py's write floor (SPEC §9): mounts POST /api/v1/bench/write-floor/, which inserts
+# a row into a table only that bench creates. Never a deployment setting: it is no feature.
+GRIDGATE_BENCH_WRITE_FLOOR = env_bool("GRIDGATE_BENCH_WRITE_FLOOR", False)
 # Scheduler cadences (seconds): the ticker's period and how often a running job is polled.
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)

@@ -1,7 +1,9 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.core.api.views import WriteFloorView
 from apps.metrics.views import metrics
 
 urlpatterns = [
@@ -16,6 +18,12 @@ urlpatterns = [
     path("api/v1/", include("apps.accounting.api.urls")),
     path("api/v1/", include("apps.backends.api.urls")),
     path("api/v1/", include("apps.cases.api.urls")),
+    # bench/http_load.py's write floor: no route at all unless the bench's server asks for it.
+    *(
+        [path("api/v1/bench/write-floor/", WriteFloorView.as_view(), name="bench-write-floor")]
+        if settings.GRIDGATE_BENCH_WRITE_FLOOR
+        else []
+    ),
     path("metrics", metrics, name="metrics"),  # Prometheus (docs/metrics.md); not under /api/
     path("qrmi/<str:pool>/", include("apps.qrmi.api.urls")),  # R-QRMI-1: a Warden per pool
     # The user pages take the rest of the site (after /admin/ and /api/).

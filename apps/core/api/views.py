@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -57,3 +57,29 @@ class HealthView(APIView):
                 "worker": {"alive": alive, "last_heartbeat": last},
             }
         )
+
+
+#: The write floor's table: bench/http_load.py creates it in its own database and drops it after,
+#: so that the product carries no model and no migration for it.
+WRITE_FLOOR_TABLE = "bench_write_floor"
+WRITE_FLOOR_TABLE_SQL = (
+    f"CREATE TABLE IF NOT EXISTS {WRITE_FLOOR_TABLE} (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+)
+
+
+class WriteFloorView(APIView):
+    """bench/http_load.py's write floor (SPEC §9): an authenticated request through the API's own
+    authentication and permission that inserts one small row and commits, and does nothing else.
+
+    Every write path's commit waits for PostgreSQL's WAL flush, so write figures are judged
+    against a request that pays that flush and nothing more. Mounted only with
+    GRIDGATE_BENCH_WRITE_FLOOR (config/urls.py), on a database holding WRITE_FLOOR_TABLE.
+    """
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        # Autocommit (no ATOMIC_REQUESTS): the INSERT is its own transaction, committed as
+        # durably as an acquire's or a submission's (the server's synchronous_commit).
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {WRITE_FLOOR_TABLE} DEFAULT VALUES")
+        return Response(status=status.HTTP_204_NO_CONTENT)
