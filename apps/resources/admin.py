@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import PoolKind, ResourceClass, ResourcePool
+from apps.resources.models import PoolKind, ResourceClass
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -54,8 +54,10 @@ class ResourceClassInline(admin.TabularInline):
     ]
 
 
-@admin.register(ResourcePool)
 class ResourcePoolAdmin(admin.ModelAdmin):
+    """The pool page's own part. Registered once, by apps.scheduling.admin, as the subclass that
+    adds the sessions' slot usage and the devices inline: resources imports neither app."""
+
     list_display = [
         "name",
         "kind",

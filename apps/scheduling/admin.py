@@ -11,6 +11,7 @@ from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, selectors, services
 from apps.scheduling.devices import FIELDS, validate_driver_settings
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus, PoolQueue
+from apps.sessions.admin import PoolAdminWithSlots
 
 
 class DeviceForm(forms.ModelForm):
@@ -48,11 +49,12 @@ class DeviceInline(admin.TabularInline):
         return getattr(obj, "pending_jobs", 0)
 
 
-PoolAdminBase = type(admin.site._registry[ResourcePool])
+@admin.register(ResourcePool)
+class PoolAdmin(PoolAdminWithSlots):
+    """The pool page, composed here and registered once (STYLE rule 9): the resources app's pool
+    and classes, the sessions app's slot usage, and this app's devices inline."""
 
-
-class PoolAdminWithDevices(PoolAdminBase):
-    inlines = [*PoolAdminBase.inlines, DeviceInline]
+    inlines = [*PoolAdminWithSlots.inlines, DeviceInline]
 
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)
@@ -60,10 +62,6 @@ class PoolAdminWithDevices(PoolAdminBase):
             for device in formset.new_objects + [obj for obj, _ in formset.changed_objects]:
                 if device.online:
                     services.set_device_online(device, True)
-
-
-admin.site.unregister(ResourcePool)
-admin.site.register(ResourcePool, PoolAdminWithDevices)
 
 
 @admin.register(Device)

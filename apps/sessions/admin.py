@@ -2,7 +2,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 
 from apps.resources.admin import ResourcePoolAdmin
-from apps.resources.models import ResourcePool
 from apps.sessions import services
 from apps.sessions.models import Session, SessionStatus
 from apps.sessions.selectors import active_usage
@@ -57,7 +56,8 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 class PoolAdminWithSlots(ResourcePoolAdmin):
-    """The pool page with slot usage (sessions are a separate app; resources does not import it)."""
+    """The pool page with slot usage (sessions are a separate app; resources does not import it).
+    Registered by apps.scheduling.admin, which adds the devices inline."""
 
     def get_list_display(self, request):
         return [*super().get_list_display(request), "slots_used"]
@@ -92,7 +92,3 @@ class _PoolUsageChangeList(ChangeList):
         used = active_usage(pool.pk for pool in self.result_list)
         for pool in self.result_list:
             pool._slots_used = used[pool.pk].slots
-
-
-admin.site.unregister(ResourcePool)
-admin.site.register(ResourcePool, PoolAdminWithSlots)
