@@ -46,6 +46,7 @@ from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
 from apps.core.exceptions import ServiceError
+from apps.core.tasks import enqueue
 from apps.resources.launch import case_bounds, launch_spec
 from apps.resources.selectors import run_as_for
 
@@ -99,6 +100,25 @@ def job_ref(case: Case) -> JobRef:
         pool_remote=case.resource_class.pool.remote or {},
         max_result_bytes=case_bounds(case.resource_class).disk_bytes,
     )
+
+
+# -- requests for a worker -------------------------------------------------------------------------
+# Each names its task by dotted path (apps.cases.tasks imports this module, never the reverse),
+# sent once the transaction commits: the worker must see the rows that caused it.
+def enqueue_submit(case_ids) -> None:
+    """Submit these cases soon, in a worker: the upload and the provider call never run in the
+    request that launched them (R-CASE-1)."""
+    enqueue("apps.cases.tasks.submit_cases", [str(case_id) for case_id in case_ids])
+
+
+def enqueue_poll(case_ids) -> None:
+    """Poll these cases soon, in a worker (never in the request: R-CASE-2)."""
+    enqueue("apps.cases.tasks.poll_cases", [str(case_id) for case_id in case_ids])
+
+
+def enqueue_refresh(case_ids) -> None:
+    """A user asked to refresh these cases: poll and sync them soon, in a worker (R-CASE-2)."""
+    enqueue("apps.cases.tasks.refresh_cases", [str(case_id) for case_id in case_ids])
 
 
 @dataclass
@@ -691,8 +711,6 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
             _cancel_orphan(backend, case, spec, remote_id)
         return False
     if remote_id:
-        from apps.cases.tasks import enqueue_poll  # tasks imports passes: imported at call time
-
         enqueue_poll([case.id])
     elif transient and backend is not None and spec is not None:
         # The last attempt was uncertain too: the provider may have queued a job after all.

@@ -15,7 +15,7 @@ from apps.backends.base import AlreadyFinished, BackendError
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
-from apps.cases import passes, tasks, workspace
+from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core.exceptions import Conflict, Invalid, NotFound, ServiceError, TooManyRequests
 from apps.resources.selectors import can_use_pool
@@ -156,7 +156,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             options=locked.launch_options,
             at=now,
         )
-        tasks.enqueue_submit([locked.pk])  # sent once this commits: the worker must see the request
+        passes.enqueue_submit([locked.pk])  # sent once this commits: the worker must see the request
     return locked
 
 
@@ -213,7 +213,7 @@ def cancel_case(case: Case) -> Case:
         # no download: R-CASE-2). Recording it, and fetching results before "done" (R-CASE-4),
         # is the worker's job: poll it now.
         Case.objects.filter(pk=case.pk, status__in=list(ACTIVE)).update(next_poll_at=timezone.now())
-        tasks.enqueue_poll([case.id])
+        passes.enqueue_poll([case.id])
         case.refresh_from_db()
         if case.status in TERMINAL:
             raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
@@ -254,7 +254,7 @@ def _request_cancel_on_run_host(case: Case) -> Case:
         if asked:
             message = f"cancel requested; the worker on {case.run_host} stops it"
             _event(case, kind=CaseEvent.Kind.CANCEL, message=message)
-        tasks.enqueue_poll([case.pk])
+        passes.enqueue_poll([case.pk])
     case.refresh_from_db()
     if not asked and case.status in TERMINAL:  # it ended before the request (not through it)
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
@@ -293,7 +293,7 @@ def refresh_case(case: Case) -> Case:
     )
     case.refresh_from_db()
     if case.status in ACTIVE and case.remote_id:
-        tasks.enqueue_refresh([case.id])
+        passes.enqueue_refresh([case.id])
     return case
 
 

@@ -5,8 +5,9 @@ imports ``services``. Cadence design (docs/operations.md, "Case passes"): django
 fire at most once a minute, so
 
 - events enqueue work at once through the one enqueue helper (``apps.core.tasks.enqueue``, sent
-  once the transaction commits): a launch enqueues the submit step of that case
-  (``enqueue_submit``), a submission its first poll (``enqueue_poll``);
+  once the transaction commits), called by name from ``passes`` so that ``passes`` needs no
+  import of this module: a launch enqueues the submit step of that case
+  (``passes.enqueue_submit``), a submission its first poll (``passes.enqueue_poll``);
 - the shared tick loop (``apps.core.ticker``: each worker's ticker process, one holder per site
   through a lease) runs
   :func:`run_passes` every ``GRIDGATE_CASE_TICK_INTERVAL`` seconds: the safety net for a lost
@@ -19,25 +20,8 @@ from __future__ import annotations
 import logging
 
 from apps.cases import passes
-from apps.core.tasks import enqueue
 
 logger = logging.getLogger(__name__)
-
-
-def enqueue_submit(case_ids) -> None:
-    """Submit these cases soon, in a worker: the upload and the provider call never run in the
-    request that launched them (R-CASE-1)."""
-    enqueue("apps.cases.tasks.submit_cases", [str(case_id) for case_id in case_ids])
-
-
-def enqueue_poll(case_ids) -> None:
-    """Poll these cases soon, in a worker (never in the request: R-CASE-2)."""
-    enqueue("apps.cases.tasks.poll_cases", [str(case_id) for case_id in case_ids])
-
-
-def enqueue_refresh(case_ids) -> None:
-    """A user asked to refresh these cases: poll and sync them soon, in a worker (R-CASE-2)."""
-    enqueue("apps.cases.tasks.refresh_cases", [str(case_id) for case_id in case_ids])
 
 
 def submit_cases(case_ids) -> str:

@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 
 from apps.qrmi.models import UnixAccount
 
@@ -17,18 +18,16 @@ class UnixAccountInline(admin.StackedInline):
     verbose_name_plural = "Unix account (MUNGE / QRMI)"
 
 
-# Extend whatever admin the User model has (Django's UserAdmin or another app's subclass)
-# instead of replacing it.
-_base = type(admin.site._registry[User]) if admin.site.is_registered(User) else admin.ModelAdmin
-if admin.site.is_registered(User):
-    admin.site.unregister(User)
+# Django's auth app registers its UserAdmin for User; this subclass replaces that registration
+# (Django's documented way to extend the user page) and is the only one Gridgate makes.
+admin.site.unregister(User)
 
 
 @admin.register(User)
-class UserWithUnixAccountAdmin(_base):
-    inlines = [*getattr(_base, "inlines", []), UnixAccountInline]
-    list_display = [*_base.list_display, "unix_uid"]
-    search_fields = [*_base.search_fields, "=unix_account__unix_uid"]
+class UserWithUnixAccountAdmin(UserAdmin):
+    inlines = [*UserAdmin.inlines, UnixAccountInline]
+    list_display = [*UserAdmin.list_display, "unix_uid"]
+    search_fields = [*UserAdmin.search_fields, "=unix_account__unix_uid"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("unix_account")

@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import PoolKind, ResourceClass, ResourcePool
+from apps.resources.models import PoolKind, ResourceClass, fmt
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -54,14 +54,17 @@ class ResourceClassInline(admin.TabularInline):
     ]
 
 
-@admin.register(ResourcePool)
 class ResourcePoolAdmin(admin.ModelAdmin):
+    """The pool page's own part, with what its active sessions hold (the usage counters on its
+    row). Registered once, by apps.scheduling.admin, as the subclass that adds the devices
+    inline: resources does not import scheduling."""
+
     list_display = [
         "name",
         "kind",
         "public",
         "default",
-        "slots_total",
+        "slots_in_use",
         "strategy",
         "is_accessible",
         "trusted",
@@ -71,11 +74,24 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     list_filter = ["kind", "public", "default", "strategy", "is_accessible", "trusted", "network"]
     search_fields = ["name", "accessibility_message"]
     filter_horizontal = ["users", "groups"]
-    readonly_fields = ["created_at", "updated_at"]
+    readonly_fields = ["created_at", "updated_at", "slots_in_use", "quota_in_use", "usage_repairs"]
     inlines = [ResourceClassInline]
     fieldsets = [
         (None, {"fields": ["name", "kind", "public", "default", "remote"]}),
-        ("Capacity", {"fields": ["quota_cpu", "quota_memory", "quota_gpu", "slots_total"]}),
+        (
+            "Capacity",
+            {
+                "fields": [
+                    "quota_cpu",
+                    "quota_memory",
+                    "quota_gpu",
+                    "slots_total",
+                    "slots_in_use",
+                    "quota_in_use",
+                    "usage_repairs",
+                ]
+            },
+        ),
         ("Sessions and scheduling", {"fields": ["strategy", "idle_timeout", "max_lifetime"]}),
         ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
         ("Accessibility", {"fields": ["is_accessible", "accessibility_message"]}),
@@ -96,6 +112,19 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     @admin.display(description="classes", ordering="_class_count")
     def class_count(self, obj):
         return obj._class_count
+
+    @admin.display(description="slots used / total", ordering="slots_used")
+    def slots_in_use(self, obj):
+        total = obj.slots_total if obj.slots_total is not None else "∞"
+        return f"{obj.slots_used} / {total}"
+
+    @admin.display(description="quota used (CPU, memory GB, GPU)")
+    def quota_in_use(self, obj):
+        if not obj.has_quota:
+            return "no quota"
+        held = (fmt(obj.cpu_used), obj.memory_used, obj.gpu_used)
+        limits = (fmt(obj.quota_cpu), obj.quota_memory, obj.quota_gpu or 0)
+        return ", ".join(f"{used} / {limit}" for used, limit in zip(held, limits, strict=True))
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -1,17 +1,38 @@
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
+from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, selectors, services
+from apps.scheduling.devices import FIELDS, validate_driver_settings
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus, PoolQueue
+
+
+class DeviceForm(forms.ModelForm):
+    """The device's driver rules (apps.scheduling.devices), on the device page and the pool's
+    devices inline alike."""
+
+    def clean(self):
+        cleaned = super().clean()
+        # A field that failed its own validation is reported as it is; the driver's rules are
+        # checked once the values they depend on parse.
+        if not any(self.has_error(name) for name in FIELDS):
+            try:
+                validate_driver_settings(cleaned, self.instance)
+            except ValidationError as exc:
+                self.add_error(None, exc)
+        return cleaned
 
 
 class DeviceInline(admin.TabularInline):
     model = Device
+    form = DeviceForm
     extra = 0
     fields = ["name", "driver", "config", "online", "max_concurrent_jobs", "running_jobs", "pending_jobs"]
     readonly_fields = ["running_jobs", "pending_jobs"]
@@ -28,11 +49,12 @@ class DeviceInline(admin.TabularInline):
         return getattr(obj, "pending_jobs", 0)
 
 
-PoolAdminBase = type(admin.site._registry[ResourcePool])
+@admin.register(ResourcePool)
+class PoolAdmin(ResourcePoolAdmin):
+    """The pool page, composed here and registered once (STYLE rule 9): the resources app's pool,
+    classes and usage, and this app's devices inline."""
 
-
-class PoolAdminWithDevices(PoolAdminBase):
-    inlines = [*PoolAdminBase.inlines, DeviceInline]
+    inlines = [*ResourcePoolAdmin.inlines, DeviceInline]
 
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)
@@ -42,12 +64,9 @@ class PoolAdminWithDevices(PoolAdminBase):
                     services.set_device_online(device, True)
 
 
-admin.site.unregister(ResourcePool)
-admin.site.register(ResourcePool, PoolAdminWithDevices)
-
-
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
+    form = DeviceForm
     list_display = [
         "name",
         "pool",

@@ -1,7 +1,5 @@
 from django.contrib import admin, messages
 
-from apps.resources.admin import ResourcePoolAdmin
-from apps.resources.models import ResourcePool
 from apps.sessions import services
 from apps.sessions.models import Session, SessionStatus
 
@@ -52,29 +50,3 @@ class SessionAdmin(admin.ModelAdmin):
     def revoke_sessions(self, request, queryset):
         revoked = services.revoke(session_ids=queryset.filter(status=SessionStatus.ACTIVE).values_list("pk", flat=True))
         self.message_user(request, f"Revoked {revoked} session(s).", messages.SUCCESS)
-
-
-class PoolAdminWithSlots(ResourcePoolAdmin):
-    """The pool page with slot usage (sessions are a separate app; resources does not import it)."""
-
-    def get_list_display(self, request):
-        return [*super().get_list_display(request), "slots_in_use"]
-
-    def get_readonly_fields(self, request, obj=None):
-        return [*super().get_readonly_fields(request, obj), "slots_in_use"]
-
-    def get_fieldsets(self, request, obj=None):
-        fieldsets = [list(f) for f in super().get_fieldsets(request, obj)]
-        for name, options in fieldsets:
-            if name == "Capacity":
-                options["fields"] = [*options["fields"], "slots_in_use"]
-        return [tuple(f) for f in fieldsets]
-
-    @admin.display(description="slots used / total")
-    def slots_in_use(self, obj):
-        total = obj.slots_total if obj.slots_total is not None else "∞"
-        return f"{obj.slots_used} / {total}"
-
-
-admin.site.unregister(ResourcePool)
-admin.site.register(ResourcePool, PoolAdminWithSlots)

@@ -300,7 +300,7 @@ def test_refresh_is_throttled_per_case_and_never_polls_in_the_request(api, owner
     """R-CASE-2: a refresh enqueues the passes for a worker and answers the recorded state."""
     settings.GRIDGATE_CASE_REFRESH_SECONDS = 60
     sent = []
-    monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append([str(i) for i in ids]))
+    monkeypatch.setattr("apps.cases.passes.enqueue_refresh", lambda ids: sent.append([str(i) for i in ids]))
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")

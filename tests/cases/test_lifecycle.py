@@ -353,7 +353,7 @@ def test_r_case_6_cancel_in_the_uncertain_submit_back_off_stops_the_provider_job
 def test_r_case_2_refresh_enqueues_the_passes_and_answers_from_the_database(make_case, monkeypatch):
     case = launched(make_case())
     sent = []
-    monkeypatch.setattr("apps.cases.tasks.enqueue_refresh", lambda ids: sent.append(list(ids)))
+    monkeypatch.setattr("apps.cases.passes.enqueue_refresh", lambda ids: sent.append(list(ids)))
     polls = FakeBackend.calls.get("poll", 0)
     refreshed = services.refresh_case(case)
     assert refreshed.status == CaseStatus.PENDING

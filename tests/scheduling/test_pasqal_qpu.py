@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from apps.scheduling import device_status, passes, selectors, services
+from apps.scheduling.devices import validate_driver_settings
 from apps.scheduling.drivers.pasqal_qpu import PasqalQpuDriver
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
@@ -260,8 +261,10 @@ def test_r_dev_1_sequences_are_checked_against_the_qpus_own_specs(qpu_pool, qpu,
 def test_a_pasqal_qpu_device_runs_one_job_at_a_time(qpu_pool, qpu_double, api, staff):
     device = Device(pool=qpu_pool, name="q", driver="pasqal_qpu", config={"url": qpu_double.url}, max_concurrent_jobs=2)
     with pytest.raises(ValidationError) as caught:
-        device.full_clean()
+        validate_driver_settings({}, device)
     assert "max_concurrent_jobs" in caught.value.message_dict
+    with pytest.raises(ValidationError, match="one job at a time"):
+        device.full_clean()  # the database constraint backs the driver's rule
     response = api(staff).post(
         "/api/v1/devices/",
         {

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from apps.core.api.serializers import ValidatedModelSerializer, times
 from apps.resources.models import ResourcePool
+from apps.scheduling.devices import validate_driver_settings
 from apps.scheduling.models import Device, Job
 
 
@@ -30,6 +31,10 @@ class DeviceSerializer(ValidatedModelSerializer):
         # Written by the worker's status pass for real QPUs (pasqal_qpu, pasqal_cloud).
         read_only_fields = ["provider_status", "provider_message", "provider_checked_at"]
         validators = []  # (pool, name) uniqueness: the model's full_clean reports it
+
+    def validate(self, attrs):
+        validate_driver_settings(attrs, self.instance or Device())
+        return attrs
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
