@@ -5,10 +5,9 @@ and what the session is charged, at dispatch (``weighted_fair``) or at completio
 (``usage_fair``). ``fifo`` charges nothing.
 """
 
-from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q
 
-from apps.scheduling.models import Job, JobStatus, PoolQueue
+from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
 
 
@@ -104,26 +103,3 @@ STRATEGIES = {cls.name: cls() for cls in (Fifo, WeightedFair, UsageFair)}
 
 def strategy_for(name: str) -> Strategy:
     return STRATEGIES[name]
-
-
-def caught_up_vruntime_sql(session: str) -> str:
-    """R-SCHED-2, as the SQL value of ``vruntime`` in the session UPDATE of a submission (the
-    session's table is named ``session`` there): a session that becomes runnable (no pending
-    job before this one) starts at max(its vruntime, the pool's virtual time V); a session that
-    already had work pending keeps its vruntime::
-
-        CASE WHEN the session has a pending job THEN vruntime
-             ELSE max(vruntime, the pool queue's vtime, or 0) END
-
-    V is read without locking the pool's queue row: a dispatch committing meanwhile only moves
-    V by the vruntime of a session it served, which the next arrival then sees. Written by hand
-    with the submission statement it belongs to (issue 15, ``services._update_and_insert``).
-    """
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"  # SQLite's scalar max()
-    return (
-        f"CASE WHEN EXISTS (SELECT 1 FROM {Job._meta.db_table} j"  # noqa: S608 (names from _meta)
-        f" WHERE j.session_id = {session}.id AND j.status = '{JobStatus.PENDING}')"
-        f" THEN {session}.vruntime"
-        f" ELSE {greatest}({session}.vruntime, COALESCE((SELECT q.vtime FROM {PoolQueue._meta.db_table} q"
-        f" WHERE q.pool_id = {session}.pool_id), 0)) END"
-    )

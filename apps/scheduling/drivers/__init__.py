@@ -1,96 +1,44 @@
-"""Device drivers: one small contract, one module per driver, one registry.
+"""Device drivers: one small contract (``base``), one module per driver, one registry.
 
-The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database transaction
-(R-SCHED-4) and never reads a driver's own state names.
+The registry names each driver by its dotted path and imports it when asked for (STYLE rule 8,
+as the execution backends' registry): this package imports none of its drivers, so a driver
+may import what it needs (the status pass, the models) without an import circle.
 """
 
-from dataclasses import dataclass
+from django.utils.module_loading import import_string
 
+from apps.scheduling.drivers.base import (
+    DeviceDriver,
+    DriverError,
+    DriverState,
+    InvalidPayload,
+    PermanentDriverError,
+    ProviderStatus,
+    TransientDriverError,
+)
 
-class DriverError(Exception):
-    """Base of the errors a driver raises."""
+__all__ = [
+    "DeviceDriver",
+    "DriverError",
+    "DriverState",
+    "InvalidPayload",
+    "PermanentDriverError",
+    "ProviderStatus",
+    "TransientDriverError",
+    "get_driver",
+]
 
-
-class TransientDriverError(DriverError):
-    """Try again later: the job goes back to the queue and the session is not charged (R-JOB-3)."""
-
-
-class PermanentDriverError(DriverError):
-    """The job cannot run: it fails with this message (R-JOB-3)."""
-
-
-class InvalidPayload(DriverError):
-    """Refused at submission with a 400 and this message."""
-
-
-@dataclass
-class DriverState:
-    """What a poll says. ``status`` is one of running, completed, failed, cancelled."""
-
-    status: str
-    result: dict | None = None
-    error: str = ""
-    logs: str = ""
-    runtime_seconds: float | None = None
-    started: bool = False
-
-
-@dataclass
-class ProviderStatus:
-    """What a real device's provider says about it (the worker's status pass, never a request):
-    ``status`` is ``up``, ``down`` or ``unreachable``; ``specs`` its Pulser device when known."""
-
-    status: str
-    message: str = ""
-    specs: dict | None = None
-
-
-class DeviceDriver:
-    name = ""
-    # A device of a driver with a provider is online only while the provider says it is up, and
-    # its specs come from the provider (SPEC §5); the worker asks it through ``check_status``.
-    has_provider = False
-    # The most jobs the device may run at once, whatever its ``max_concurrent_jobs`` (None: no cap).
-    max_concurrency: int | None = None
-
-    def validate_config(self, config: dict) -> list[str]:
-        return []
-
-    def validate_payload(self, device, payload: dict, shots: int) -> None:
-        """Raise InvalidPayload when the job could never run on this device."""
-
-    def submit(self, device, job) -> str:
-        """Start the job; return its remote id. Must be idempotent per job: a retried submit of
-        the same job returns the existing remote id instead of starting it twice."""
-        raise NotImplementedError
-
-    def poll(self, device, remote_id: str) -> DriverState:
-        raise NotImplementedError
-
-    def cancel(self, device, remote_id: str) -> None:
-        raise NotImplementedError
-
-    def specs(self, device) -> dict:
-        return {"driver": self.name}
-
-    def check_status(self, device) -> ProviderStatus | None:
-        """Ask the provider whether the device is operational (worker only; may be slow)."""
-        return None
+DRIVERS = {
+    "fake": "apps.scheduling.drivers.fake.FakeDriver",
+    "emulator": "apps.scheduling.drivers.emulator.EmulatorDriver",
+    "pasqal_qpu": "apps.scheduling.drivers.pasqal_qpu.PasqalQpuDriver",
+    "pasqal_cloud": "apps.scheduling.drivers.pasqal_cloud.PasqalCloudDriver",
+}
 
 
 def get_driver(name: str) -> DeviceDriver:
-    from apps.scheduling.drivers.emulator import EmulatorDriver
-    from apps.scheduling.drivers.fake import FakeDriver
-    from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver
-    from apps.scheduling.drivers.pasqal_qpu import PasqalQpuDriver
-
-    registry = {
-        "fake": FakeDriver(),
-        "emulator": EmulatorDriver(),
-        "pasqal_qpu": PasqalQpuDriver(),
-        "pasqal_cloud": PasqalCloudDriver(),
-    }
     try:
-        return registry[name]
+        path = DRIVERS[name]
     except KeyError:
         raise PermanentDriverError(f"Unknown device driver '{name}'.") from None
+    return import_string(path)()

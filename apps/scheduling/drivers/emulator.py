@@ -21,7 +21,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.core.exceptions import Unavailable
-from apps.scheduling.drivers import DeviceDriver, DriverState, PermanentDriverError
+from apps.scheduling.drivers.base import DeviceDriver, DriverState, PermanentDriverError
 from apps.scheduling.drivers.sequences import load_sequence, validate_sequence
 from apps.scheduling.models import DriverRun
 

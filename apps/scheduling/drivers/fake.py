@@ -12,7 +12,7 @@ Device ``config``:
 
 from django.db import transaction
 
-from apps.scheduling.drivers import DeviceDriver, DriverState, PermanentDriverError, TransientDriverError
+from apps.scheduling.drivers.base import DeviceDriver, DriverState, PermanentDriverError, TransientDriverError
 from apps.scheduling.models import DriverRun
 
 KNOWN = {"script", "fail_submit", "fail_submit_times", "fail_polls", "runtime_seconds", "result"}

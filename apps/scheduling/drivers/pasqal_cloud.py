@@ -30,7 +30,7 @@ from datetime import datetime
 
 from apps.core import credentials
 from apps.core.exceptions import Unavailable
-from apps.scheduling.drivers import (
+from apps.scheduling.drivers.base import (
     DeviceDriver,
     DriverState,
     PermanentDriverError,

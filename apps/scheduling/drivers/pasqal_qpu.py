@@ -35,7 +35,8 @@ import httpx
 from apps.core import credentials
 from apps.core.exceptions import Unavailable
 from apps.resources.remote import ENV_NAME
-from apps.scheduling.drivers import (
+from apps.scheduling.device_status import record_status
+from apps.scheduling.drivers.base import (
     DeviceDriver,
     DriverState,
     PermanentDriverError,
@@ -276,8 +277,6 @@ class PasqalQpuDriver(DeviceDriver):
     def _require_up(self, client, device):
         operational = str(client.call("GET", "/system/operational").get("operational_status", "")).upper()
         if operational != "UP":
-            from apps.scheduling.device_status import record_status
-
             record_status(device, ProviderStatus("down", message=f"QPU operational status: {operational or 'missing'}"))
             raise TransientDriverError("The QPU is down; the job waits until it is up again.")
 

@@ -17,7 +17,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 
-from apps.scheduling.drivers import InvalidPayload
+from apps.scheduling.drivers.base import InvalidPayload
 
 DEVICES_KEPT = 32  # parsed Pulser devices kept per process: a site has a handful of device specs
 SPECS_KEPT_BYTES = 64 * 1024  # real specs are ~2 KB; larger ones (forged layouts) are parsed, not kept

@@ -1,0 +1,78 @@
+"""The contract every device driver implements, and what drivers raise and return.
+
+The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database transaction
+(R-SCHED-4) and never reads a driver's own state names.
+"""
+
+from dataclasses import dataclass
+
+
+class DriverError(Exception):
+    """Base of the errors a driver raises."""
+
+
+class TransientDriverError(DriverError):
+    """Try again later: the job goes back to the queue and the session is not charged (R-JOB-3)."""
+
+
+class PermanentDriverError(DriverError):
+    """The job cannot run: it fails with this message (R-JOB-3)."""
+
+
+class InvalidPayload(DriverError):
+    """Refused at submission with a 400 and this message."""
+
+
+@dataclass
+class DriverState:
+    """What a poll says. ``status`` is one of running, completed, failed, cancelled."""
+
+    status: str
+    result: dict | None = None
+    error: str = ""
+    logs: str = ""
+    runtime_seconds: float | None = None
+    started: bool = False
+
+
+@dataclass
+class ProviderStatus:
+    """What a real device's provider says about it (the worker's status pass, never a request):
+    ``status`` is ``up``, ``down`` or ``unreachable``; ``specs`` its Pulser device when known."""
+
+    status: str
+    message: str = ""
+    specs: dict | None = None
+
+
+class DeviceDriver:
+    name = ""
+    # A device of a driver with a provider is online only while the provider says it is up, and
+    # its specs come from the provider (SPEC §5); the worker asks it through ``check_status``.
+    has_provider = False
+    # The most jobs the device may run at once, whatever its ``max_concurrent_jobs`` (None: no cap).
+    max_concurrency: int | None = None
+
+    def validate_config(self, config: dict) -> list[str]:
+        return []
+
+    def validate_payload(self, device, payload: dict, shots: int) -> None:
+        """Raise InvalidPayload when the job could never run on this device."""
+
+    def submit(self, device, job) -> str:
+        """Start the job; return its remote id. Must be idempotent per job: a retried submit of
+        the same job returns the existing remote id instead of starting it twice."""
+        raise NotImplementedError
+
+    def poll(self, device, remote_id: str) -> DriverState:
+        raise NotImplementedError
+
+    def cancel(self, device, remote_id: str) -> None:
+        raise NotImplementedError
+
+    def specs(self, device) -> dict:
+        return {"driver": self.name}
+
+    def check_status(self, device) -> ProviderStatus | None:
+        """Ask the provider whether the device is operational (worker only; may be slow)."""
+        return None
