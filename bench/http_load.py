@@ -380,7 +380,7 @@ def main() -> int:
     subprocess.run([str(ROOT / "scripts/munge-local.sh"), "start"], capture_output=True)
     # The write floor's route, here and in the server started below (which inherits the environment).
     os.environ.update(DEBUG="false", ALLOWED_HOSTS="127.0.0.1,testserver", GRIDGATE_BENCH_WRITE_FLOOR="true")
-    conninfo = django_on_bench_database("gridgate_bench_http")
+    conninfo = django_on_bench_database(os.environ.get("GRIDGATE_BENCH_HTTP_DB", "gridgate_bench_http"))
     if conninfo is None:
         print("http_load: skipped (needs PostgreSQL: set DATABASE_URL or start it on 127.0.0.1:5432)")
         return 0

@@ -121,3 +121,62 @@ def test_release_waits_for_a_briefly_locked_session_instead_of_skipping_it(qpu, 
         holder.join()
         connection.close()
     assert Session.objects.get(pk=session.pk).status == "revoked"
+
+
+def test_concurrent_admissions_and_releases_keep_the_pools_usage_equal_to_its_sessions(owner):
+    """R-SESS-1 with the usage counters: admissions and releases racing on one quota pool never
+    pass its limits, and the counters end equal to what the active sessions hold."""
+    from decimal import Decimal
+
+    from apps.sessions import statements
+
+    pool = ResourcePool.objects.create(
+        name="quota", kind="local", slots_total=12, quota_cpu=Decimal("6"), quota_memory=100, quota_gpu=4
+    )
+    small = ResourceClass.objects.create(pool=pool, name="small", cpu=Decimal("0.5"), memory=1, default=True)
+    large = ResourceClass.objects.create(pool=pool, name="large", cpu=Decimal("1.5"), memory=2, gpu=1)
+    rng = random.Random(11)
+    plans = [[(rng.choice([small, large]), rng.randint(1, 3), rng.random() < 0.6) for _ in range(8)] for _ in range(32)]
+    barrier = threading.Barrier(32)
+    done = threading.Event()
+    seen = []
+
+    def client(plan):
+        try:
+            barrier.wait(timeout=30)
+        except threading.BrokenBarrierError:
+            pass
+        try:
+            for klass, slots, release in plan:
+                try:
+                    session = services.admit(user=owner, resource_class=klass, slots=slots).session
+                except services.CapacityExceeded:
+                    continue
+                if release:
+                    services.release(user=owner, session_id=session.pk)
+        finally:
+            connection.close()
+
+    def watch():
+        try:
+            while not done.is_set():
+                held = ResourcePool.objects.values_list("slots_used", "cpu_used", "memory_used", "gpu_used").get(
+                    pk=pool.pk
+                )
+                seen.append(held)
+        finally:
+            connection.close()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(max_workers=32) as executor:
+        list(executor.map(client, plans))
+    done.set()
+    watcher.join()
+
+    assert seen and all(s <= 12 and c <= 6 and m <= 100 and g <= 4 for s, c, m, g in seen)
+    assert statements.drifted_pools() == []
+    pool.refresh_from_db()
+    active = Session.objects.active().filter(pool=pool)
+    assert pool.slots_used == (active.aggregate(n=Sum("slots"))["n"] or 0)
+    assert pool.cpu_used == (active.aggregate(n=Sum("cpu"))["n"] or 0)

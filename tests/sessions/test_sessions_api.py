@@ -37,6 +37,7 @@ def test_no_capacity_is_409_with_slots_available(api, owner, qpu):
 
 
 def test_second_identical_request_returns_existing_session(api, owner, qpu):
+    """R-SESS-2: the scheduler job identifies the session, whichever alias names it."""
     first = open_session(api(owner), qpu, slots=2, slurm_job_id="4242")
     second = open_session(api(owner), qpu, slots=2, scheduler_job_id="4242")
     assert (first.status_code, second.status_code) == (201, 200)
@@ -154,8 +155,11 @@ def test_staff_sees_all_sessions_with_filters(api, owner, staff, qpu):
     assert body["count"] == 1
 
 
-def test_slots_endpoint_reports_usage(api, owner, qpu):
+def test_slots_endpoint_reports_total_used_and_available_slots(api, owner, qpu):
+    """R-SESS-6: what external load sensors and a licence sync read; released slots are free."""
     open_session(api(owner), qpu, slots=3)
+    released = open_session(api(owner), qpu, slots=1).json()["id"]
+    assert api(owner).delete(f"/api/v1/sessions/{released}/").status_code == 204
     assert api(owner).get(f"/api/v1/resource-pools/{qpu.pk}/slots/").json() == {
         "slots_total": 4,
         "slots_used": 3,
@@ -164,6 +168,7 @@ def test_slots_endpoint_reports_usage(api, owner, qpu):
 
 
 def test_slots_endpoint_is_404_without_slots_total(api, owner, local_pool):
+    """R-SESS-6: a pool that counts no slots has nothing to report."""
     assert api(owner).get(f"/api/v1/resource-pools/{local_pool.pk}/slots/").status_code == 404
 
 
@@ -172,6 +177,7 @@ def test_slots_endpoint_hides_invisible_pools(api, outsider, qpu):
 
 
 def test_accessible_needs_no_authentication_and_does_not_block_admission(api, owner, staff, qpu):
+    """R-SESS-5: only the bool and the message, to anyone; staff set it; a hint, not a gate."""
     api(staff).put(f"/api/v1/resource-pools/{qpu.pk}/accessible/", {"is_accessible": False, "message": "down"})
     assert api(None).get(f"/api/v1/resource-pools/{qpu.pk}/accessible/").json() == {
         "is_accessible": False,
