@@ -117,7 +117,7 @@ def caught_up_vruntime_sql(session: str) -> str:
 
     V is read without locking the pool's queue row: a dispatch committing meanwhile only moves
     V by the vruntime of a session it served, which the next arrival then sees. Written by hand
-    with the submission statement it belongs to (issue 15, ``services._update_and_insert``).
+    with the submission statement it belongs to.
     """
     greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"  # SQLite's scalar max()
     return (

@@ -102,7 +102,7 @@ class JobSerializer(serializers.ModelSerializer):
             "queue_position": position,
         }
 
-    # Null once the job left the queue (issue 16: the schema said non-nullable).
+    # Null once the job left the queue: declared, or the schema says non-nullable.
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_pending_reason(self, obj) -> str | None:
         return self._info(obj)[0]

@@ -8,7 +8,7 @@ EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
 
 class SessionSerializer(serializers.ModelSerializer):
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    # "" while the session is active: declared so the schema's enum includes it (issue 16, item 5).
+    # "" while the session is active: declared so the schema's enum includes it.
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
 
     class Meta:
