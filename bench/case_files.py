@@ -1,4 +1,4 @@
-"""A running case's page with a huge workspace (issue 36): 10 files against 50 000.
+"""A running case's page with a huge workspace: 10 files against 50 000.
 
 The case page's live fragment is asked for every 2 s while the case runs, by every open tab. It
 once listed the whole workspace (a walk, a stat and a sort of every file, then a link for each),

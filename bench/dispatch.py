@@ -2,8 +2,8 @@
 
 1. 1 000 vs 100 000 pending jobs in 1 000 sessions, weighted_fair and fifo: the dispatch
    queries are index-backed, so the time per dispatch must not grow with the backlog.
-2. The same 1 000 pending jobs with no finished job vs 200 000 finished jobs on the device
-   (issue 12): dispatch, ``GET /devices/`` and ``devices_with_load`` must cost the same
+2. The same 1 000 pending jobs with no finished job vs 200 000 finished jobs on the device:
+   dispatch, ``GET /devices/`` and ``devices_with_load`` must cost the same
    (ratio ≤ 1.5), with a constant query count.
 """
 
@@ -194,7 +194,7 @@ def history(user) -> None:
         add_history(pool, klass, user, device, rows)
         populate(pool, klass, user, 1)
         targeted = Session.objects.filter(pool=pool, status="active").first()
-        Job.objects.bulk_create(  # the issue's 50 targeted pending jobs
+        Job.objects.bulk_create(  # 50 pending jobs targeted at the device
             Job(
                 session=targeted,
                 pool=pool,

@@ -6,12 +6,11 @@ of the dispatch sequence against the bound 1/w_i + 1/w_j, the Jain index of S_i/
 newcomer's turns in its first round against its share + 1.
 usage_fair: the same sessions with heavy-tailed (Pareto) job durations measured in device time;
 S_i is device time served, the bound is (longest job)/w_i + (longest job)/w_j.
-drained arrivals (issue 12): A runs 8·w_A jobs and drains; B arrives into the empty queue with
-8·w_B jobs; A queues 8·w_A more. B's turns in the next 8·(w_A + w_B) against its share + 1.
-QRMI pattern (issue 12): four sessions that each submit one job, wait for it, submit the next
-(their queue is empty while their job runs) share a four-job device; a backlogged session
-arrives. Its turns in its first round against share + 1, and the Jain index of S_i/w_i over
-the dispatches after it arrived.
+drained arrivals: A runs 8·w_A jobs and drains; B arrives into the empty queue with 8·w_B jobs; A
+queues 8·w_A more. B's turns in the next 8·(w_A + w_B) against its share + 1. QRMI pattern: four
+sessions that each submit one job, wait for it, submit the next (their queue is empty while their
+job runs) share a four-job device; a backlogged session arrives. Its turns in its first round
+against share + 1, and the Jain index of S_i/w_i over the dispatches after it arrived.
 """
 
 import random

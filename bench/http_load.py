@@ -1,4 +1,4 @@
-"""HTTP throughput of the production server (SPEC §9, issue 15).
+"""HTTP throughput of the production server (SPEC §9).
 
 Starts what `make run` starts (gunicorn with config/gunicorn.conf.py) on a PostgreSQL bench
 database, then drives 8 and 32 concurrent keep-alive clients (processes) for a fixed time per

@@ -1,4 +1,4 @@
-"""/metrics scrape benchmark (issue 17): the scrape must not slow down with history.
+"""/metrics scrape benchmark: the scrape must not slow down with history.
 
 A site with 4 pools, 8 devices, 40 active sessions, 400 pending and 8 running jobs and 200
 unfinished cases is scraped (median of 30 scrapes through the view, SQL statements counted);

@@ -1,4 +1,4 @@
-"""Dispatch throughput across pools with one and with two worker clusters (issue 17).
+"""Dispatch throughput across pools with one and with two worker clusters.
 
 4 pools × 2 emulator devices (one job at a time each), trivial jobs (1 atom, 100 ns, 10 shots):
 the jobs completed per second from the first submission to the last completion, with one

@@ -135,19 +135,19 @@ def env_database(name: str, default_sqlite: Path) -> dict:
         config["ENGINE"] = "config.postgresql"  # Django's, with batches within the parameter limit
         config.setdefault("OPTIONS", {})
         config["OPTIONS"].setdefault("connect_timeout", 5)
-        # Prepared statements (issue 15): PostgreSQL parses and plans every statement it is sent
-        # as text; a job submission cost it 1.28 ms of CPU that way. Bound on the server, a
-        # statement run this many times on one connection is prepared there and then only
-        # executed: 0.54 ms, and 15-20 % more submissions and cycles per second
-        # (docs/deployment.md). "off" keeps Django's client-side binding, for PgBouncer in
-        # transaction mode without prepared-statement support (max_prepared_statements = 0).
+        # Prepared statements: PostgreSQL parses and plans every statement it is sent as text, most
+        # of its CPU per job submission. Bound on the server, a statement run this many times on
+        # one connection is prepared there and then only executed, which serves more submissions
+        # and cycles per second (docs/deployment.md, "Database connections"). "off" keeps Django's
+        # client-side binding, for PgBouncer in transaction mode without prepared-statement support
+        # (max_prepared_statements = 0).
         threshold = env_prepare_threshold("DATABASE_PREPARE_THRESHOLD", 5)
         if threshold is not None:
             config["OPTIONS"].update(server_side_binding=True, prepare_threshold=threshold)
-    # Persistent connections (issue 15): a new PostgreSQL connection per request cost 12-22 % of
-    # the request time. Each web thread and worker process keeps its own; 0 closes after every
-    # request. The health check pings a reused connection once per request, so a restarted
-    # database costs one error-free reconnect instead of a 500.
+    # Persistent connections: a new PostgreSQL connection per request was a sizeable share of the
+    # request time (docs/deployment.md). Each web thread and worker process keeps its own; 0 closes
+    # after every request. The health check pings a reused connection once per request, so a
+    # restarted database costs one error-free reconnect instead of a 500.
     config["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 600, minimum=0)
     config["CONN_HEALTH_CHECKS"] = env_bool("CONN_HEALTH_CHECKS", True)
     return config

@@ -2,10 +2,9 @@
 
 Processes and threads: requests wait on PostgreSQL and munged, so a few threads per process
 overlap those waits; the CPU work needs processes, since one process's threads take turns on its
-GIL. 4 processes x 4 threads served 5-13 % more than 2 x 8 with the same 16 threads on 2 cores
-(bench/http_load.py, interleaved runs, 8 clients: REST cycles 262-269/s against 243/s, sequences
-never sent before 371-382 against 338/s, the floors 1075-1081 against 1025 req/s; the same
-ratios to the floor), for ~60 MB more memory (the processes share the preloaded application).
+GIL. 4 processes x 4 threads served more than 2 x 8 with the same 16 threads on 2 cores, at the
+same ratios to the floor (bench/http_load.py, interleaved runs; docs/deployment.md has the
+figures), for a little more memory (the processes share the preloaded application).
 Each thread keeps its own persistent database connection (CONN_MAX_AGE): size PostgreSQL's
 max_connections for workers x threads per host. Every value can be overridden by an environment
 variable.
@@ -17,7 +16,7 @@ bind = f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
 worker_class = "gthread"
 workers = int(os.environ.get("GRIDGATE_WEB_WORKERS", "4"))
 threads = int(os.environ.get("GRIDGATE_WEB_THREADS", "4"))
-# runserver's listen backlog of 10 reset a third of the connections of a 60-way burst.
+# runserver's listen backlog of 10 reset connections of a burst (docs/deployment.md).
 backlog = int(os.environ.get("GRIDGATE_WEB_BACKLOG", "2048"))
 # SIGTERM: stop accepting, finish in-flight requests for up to the grace period, then exit.
 graceful_timeout = int(os.environ.get("GRIDGATE_STOP_GRACE", "30"))

@@ -78,7 +78,7 @@ MIDDLEWARE = [
     # Static files from the web process itself (collected into STATIC_ROOT), before anything
     # that would touch the session or the database.
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    # Early, so it also sees the error pages of the middleware below (issue 16: never HTML on API paths).
+    # Early, so it also sees the error pages of the middleware below (never HTML on API paths).
     "apps.core.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -128,11 +128,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-# API tokens (issue 36, apps.accounts): each login issues one, valid this many days.
+# API tokens (apps.accounts): each login issues one, valid this many days.
 GRIDGATE_TOKEN_DAYS = env_int("GRIDGATE_TOKEN_DAYS", 90, minimum=1)
 
-# Login throttling with django-axes (issue 36): the web login, the admin login and the token
-# endpoint. Failures are stored in the database, so every web process and host counts the same.
+# Login throttling with django-axes: the web login, the admin login and the token endpoint.
+# Failures are stored in the database, so every web process and host counts the same.
 GRIDGATE_LOGIN_FAILURE_LIMIT = env_int("GRIDGATE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
 GRIDGATE_LOGIN_COOLOFF_MINUTES = env_int("GRIDGATE_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
 # Reverse proxies in front of the web processes that append the client's address to
@@ -179,7 +179,7 @@ LOGOUT_REDIRECT_URL = "web:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # Hashed, expiring tokens (issue 36): `Authorization: Token <key>`, one statement per request.
+        # Hashed, expiring tokens: `Authorization: Token <key>`, one statement per request.
         "apps.accounts.authentication.ApiTokenAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
@@ -235,8 +235,8 @@ if _redis_url:
     from urllib.parse import urlparse
 
     if not urlparse(_redis_url).password and not env_bool("GRIDGATE_REDIS_ALLOW_NO_AUTH", False):
-        # Issue 36: a task is a pickle signed with SECRET_KEY; whoever may write to the broker can
-        # drop or replay tasks, and with the key run code as the worker (root on case hosts).
+        # A task is a pickle signed with SECRET_KEY; whoever may write to the broker can drop or
+        # replay tasks, and with the key run code as the worker (root on case hosts).
         from django.core.exceptions import ImproperlyConfigured
 
         raise ImproperlyConfigured(
@@ -247,13 +247,13 @@ if _redis_url:
         )
     Q_CLUSTER.pop("orm")
     # Bounded waits: redis-py has none by default, so a Redis host that drops packets (rather
-    # than refusing) would hold a request's post-commit enqueue for minutes (issue 17). The
-    # URL's own socket_connect_timeout / socket_timeout win; the broker's BLPOP waits 1 s.
+    # than refusing) would hold a request's post-commit enqueue for minutes. The URL's own
+    # socket_connect_timeout / socket_timeout win; the broker's BLPOP waits 1 s.
     Q_CLUSTER["redis"] = with_query_defaults(_redis_url, socket_connect_timeout="2", socket_timeout="5")
 
 # Gridgate's own settings.
-# This worker's host identity (issue 17): heartbeats, leases and local-backend host affinity. Two
-# processes on one machine may claim distinct identities (the scale-out test does).
+# This worker's host identity: heartbeats, leases and local-backend host affinity. Two processes on
+# one machine may claim distinct identities (the scale-out test does).
 GRIDGATE_WORKER_HOST = env_str("GRIDGATE_WORKER_HOST", socket.gethostname())[:60]
 # Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
 # graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
@@ -285,8 +285,8 @@ GRIDGATE_BENCH_WRITE_FLOOR = env_bool("GRIDGATE_BENCH_WRITE_FLOOR", False)
 GRIDGATE_DISPATCH_TICK = env_int("GRIDGATE_DISPATCH_TICK", 1, minimum=1)
 GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
 # How long a worker's claim on a job (its hand-over to the device, or one poll) lasts without
-# renewal: a worker that dies mid-call leaves the job to the others after this (issue 17). A live
-# worker renews it every quarter while a provider call runs, however long the call.
+# renewal: a worker that dies mid-call leaves the job to the others after this. A live worker
+# renews it every quarter while a provider call runs, however long the call.
 GRIDGATE_JOB_LEASE_SECONDS = env_int("GRIDGATE_JOB_LEASE_SECONDS", 30, minimum=2)
 # How often the worker asks a real QPU's provider (pasqal_qpu, pasqal_cloud) whether it is up.
 GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15, minimum=1)
@@ -327,10 +327,10 @@ GRIDGATE_CASE_TICK_INTERVAL = env_int("GRIDGATE_CASE_TICK_INTERVAL", 5, minimum=
 # long a cancelled local case gets between SIGTERM and SIGKILL (docs/operations.md).
 GRIDGATE_SANDBOX_USER = env_str("GRIDGATE_SANDBOX_USER", "gridgate-sandbox")
 GRIDGATE_CASE_CANCEL_GRACE_SECONDS = env_int("GRIDGATE_CASE_CANCEL_GRACE_SECONDS", 10, minimum=0)
-# Issue 36, a local case's bounds (docs/operations.md "Bounds"): the cgroup hierarchy its cgroup is
-# made in, relative to the cgroup mount ("off": no cgroup, no memory/task/CPU bound); how much of
-# each log is kept; the processes one account may run at once across its cases on a host
-# (RLIMIT_NPROC, above any class's max_tasks); how often the disk bound is measured.
+# A local case's bounds (docs/operations.md "Bounds"): the cgroup hierarchy its cgroup is made in,
+# relative to the cgroup mount ("off": no cgroup, no memory/task/CPU bound); how much of each log
+# is kept; the processes one account may run at once across its cases on a host (RLIMIT_NPROC,
+# above any class's max_tasks); how often the disk bound is measured.
 GRIDGATE_CASE_CGROUP = env_str("GRIDGATE_CASE_CGROUP", "gridgate").strip("/")
 if GRIDGATE_CASE_CGROUP != "off" and (
     not GRIDGATE_CASE_CGROUP
@@ -346,7 +346,7 @@ if GRIDGATE_CASE_CGROUP != "off" and (
 GRIDGATE_CASE_MAX_LOG_MB = env_int("GRIDGATE_CASE_MAX_LOG_MB", 64, minimum=1)
 GRIDGATE_CASE_NPROC = env_int("GRIDGATE_CASE_NPROC", 4096, minimum=16)
 GRIDGATE_CASE_DISK_CHECK_SECONDS = env_int("GRIDGATE_CASE_DISK_CHECK_SECONDS", 5, minimum=1)
-# Issue 36: what only root may do (the account switch, another account's files) goes through the
+# What only root may do (the account switch, another account's files) goes through the
 # privileged helper (apps/backends/privileged.py). On a site whose web and worker run as the
 # service's own account: the sudo rule that runs its root-owned copy (docs/deployment.md), e.g.
 # "sudo -n /usr/bin/python3 -I -S /usr/local/libexec/gridgate-privileged". Unset: this checkout's
@@ -363,8 +363,8 @@ GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UID
 GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
 
-# /metrics (issue 17, docs/metrics.md): a bearer token and/or the client networks allowed to scrape.
-# With neither set the endpoint answers 404: it is never open by default. With both, both apply.
+# /metrics (docs/metrics.md): a bearer token and/or the client networks allowed to scrape. With
+# neither set the endpoint answers 404: it is never open by default. With both, both apply.
 GRIDGATE_METRICS_TOKEN = env_str("GRIDGATE_METRICS_TOKEN", "") or ""
 if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
     from django.core.exceptions import ImproperlyConfigured

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 User = get_user_model()
 
 
-#: what an operator is granted to manage pools, classes and devices (issue 36: staff alone is not)
+#: what an operator is granted to manage pools, classes and devices (staff alone is not)
 OPERATOR_PERMISSIONS = [
     f"{action}_{model}"
     for action in ("add", "change", "delete")
@@ -153,7 +153,7 @@ _TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAV
 def statement_budget(django_assert_max_num_queries):
     """``with statement_budget(4): …`` fails if the block runs more than 4 SQL statements of work.
 
-    Issue 15's budgets count statements that read or write rows; Django 5.2 also logs a
+    SPEC §9's budgets count statements that read or write rows; Django 5.2 also logs a
     transaction's BEGIN and COMMIT as queries, so the outer limit leaves room for one transaction
     and the inner check counts the rest.
     """
@@ -171,8 +171,8 @@ def statement_budget(django_assert_max_num_queries):
 
 @pytest.fixture
 def broker_down(monkeypatch):
-    """django-q2's broker pointed at Redis on a closed loopback port (issue 17: a broker outage,
-    or GRIDGATE_REDIS_URL set wrong): every ``async_task`` fails to connect."""
+    """django-q2's broker pointed at Redis on a closed loopback port (a broker outage, or
+    GRIDGATE_REDIS_URL set wrong): every ``async_task`` fails to connect."""
     import socket
 
     from django_q.conf import Conf

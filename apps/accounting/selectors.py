@@ -20,7 +20,7 @@ from apps.scheduling.models import Job
 from apps.sessions.models import Session
 
 # Accepted period bounds: outside them ``until - 30 days`` and the SQL interval arithmetic overflow
-# (``?until=0001-01-01`` was a 500, issue 16 item 4). A date out of range is the client's error.
+# (``?until=0001-01-01`` was a 500). A date out of range is the client's error.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
@@ -105,7 +105,7 @@ def usage(since: datetime, until: datetime, *, pool_id: int | None = None, usern
     return out
 
 
-# -- utilization over time (issue 17 item 6: the operators' charts) --------------------------------
+# -- utilization over time (the operators' charts) -------------------------------------------------
 #: Bucket widths tried in order: the first that cuts the period into at most MAX_BUCKETS buckets.
 STEPS = [timedelta(minutes=m) for m in (5, 15, 60, 180, 360, 720, 1440, 7 * 1440)]
 MAX_BUCKETS = 60

@@ -1,5 +1,5 @@
-"""API tokens for operators (issue 36): who holds which, until when, and revoking them. A key is
-never shown here: only its digest is stored, and tokens are issued by logging in."""
+"""API tokens for operators: who holds which, until when, and revoking them. A key is never shown
+here: only its digest is stored, and tokens are issued by logging in."""
 
 from django.contrib import admin
 from django.utils import timezone

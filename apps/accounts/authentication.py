@@ -1,4 +1,4 @@
-"""``Authorization: Token <key>`` against hashed, expiring tokens (issue 36)."""
+"""``Authorization: Token <key>`` against hashed, expiring tokens."""
 
 from django.utils import timezone
 from rest_framework.authentication import TokenAuthentication

@@ -1,5 +1,5 @@
 """The login forms of the user pages and the admin, saying so when django-axes refused the attempt
-(issue 36) instead of "wrong password" (which would send a person to retype it, in vain)."""
+instead of "wrong password" (which would send a person to retype it, in vain)."""
 
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm

@@ -1,5 +1,5 @@
-"""Login throttling with django-axes (issue 36): the web login, the admin login and the token
-endpoint all go through ``authenticate()``, where axes' backend refuses a locked-out client.
+"""Login throttling with django-axes: the web login, the admin login and the token endpoint all go
+through ``authenticate()``, where axes' backend refuses a locked-out client.
 
 Attempts are counted per **username and client address together** (``AXES_LOCKOUT_PARAMETERS``
 in config/settings.py): by username alone, anyone could lock a user out from everywhere by

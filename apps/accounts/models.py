@@ -4,7 +4,7 @@ from django.utils import timezone
 
 
 class ApiToken(models.Model):
-    """A key for ``Authorization: Token <key>`` (issue 36), stored only as its SHA-256 digest.
+    """A key for ``Authorization: Token <key>``, stored only as its SHA-256 digest.
 
     The key is shown once, in the response that creates it (``services.issue_token``): whoever
     reads the database (a backup, a replica, the admin) holds nothing that authenticates. A plain

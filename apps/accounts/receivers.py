@@ -1,5 +1,5 @@
-"""Issue 36: a password change revokes every API token of the user, from any path that changes it
-(the admin's password forms, ``manage.py changepassword``, ``set_password()`` + ``save()`` in code).
+"""A password change revokes every API token of the user, from any path that changes it (the
+admin's password forms, ``manage.py changepassword``, ``set_password()`` + ``save()`` in code).
 
 ``set_password()`` keeps the new raw password in ``_password`` until ``save()`` has run, and
 ``post_save`` fires inside that ``save()``: so ``_password`` tells a real change apart from a hash

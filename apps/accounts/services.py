@@ -1,4 +1,4 @@
-"""API tokens and the token login (issue 36). Views, the admin, commands and tests call these."""
+"""API tokens and the token login. Views, the admin, commands and tests call these."""
 
 import hashlib
 import secrets

@@ -1,5 +1,5 @@
 """How the service asks for what only root may do: one call of the privileged helper
-(``apps/backends/privileged.py``) per operation, a JSON request in, a JSON answer out (issue 36).
+(``apps/backends/privileged.py``) per operation, a JSON request in, a JSON answer out.
 
 ``GRIDGATE_PRIVILEGED_COMMAND`` is the helper's command line: on a site whose web and worker run
 as the service's own account, the one sudo rule that runs a root-owned copy of the helper
@@ -81,9 +81,9 @@ def call(verb: str, request: dict, *, timeout: float, working_roots=()) -> dict:
 
 
 def helper_check(trusted: bool, *, cgroup: bool) -> Check:
-    """doctor's line (issue 36): the helper answers, speaks this protocol, runs as root (or the
-    pool is trusted: it runs as the service) and, for local cases, can make a cgroup with the
-    memory and pids controllers."""
+    """doctor's line: the helper answers, speaks this protocol, runs as root (or the pool is
+    trusted: it runs as the service) and, for local cases, can make a cgroup with the memory and
+    pids controllers."""
     try:
         answer = call("version", {"probe_cgroup": cgroup}, timeout=60)
     except BackendError as exc:

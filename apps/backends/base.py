@@ -208,10 +208,10 @@ class RunAs:
 
 @dataclass(frozen=True)
 class CaseBounds:
-    """What one case may use, from its class (issue 36). The local backend enforces all of it
-    (cgroup, rlimits, wall time, disk watch: ``apps.backends.privileged``); every backend that
-    copies results back stops at ``disk_bytes``. ``wall_seconds`` is the class's default, which a
-    launch option may raise up to ``max_wall_seconds``."""
+    """What one case may use, from its class. The local backend enforces all of it (cgroup,
+    rlimits, wall time, disk watch: ``apps.backends.privileged``); every backend that copies
+    results back stops at ``disk_bytes``. ``wall_seconds`` is the class's default, which a launch
+    option may raise up to ``max_wall_seconds``."""
 
     memory_bytes: int
     cpu: float
@@ -271,7 +271,7 @@ class JobRef:
     remote_id: str
     workspace: Path
     pool_remote: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    #: results brought back never hold more than this on disk (the class's storage, issue 36)
+    #: results brought back never hold more than this on disk (the class's storage)
     max_result_bytes: int | None = None
 
 
@@ -338,9 +338,9 @@ class ExecutionBackend(ABC):
     runs_as_user: bool = False
     #: True for backends whose job lives on the worker host that submitted it (local: a process
     #: checked through /proc). Its cases are pinned to that host (``Case.run_host``) and claimed
-    #: only by its workers (issue 17). Others are reachable from any host. Either way every web
-    #: and worker host must see one cases root (docs/deployment.md): the web writes inputs and
-    #: serves logs and results there, and any worker host may submit a not-yet-pinned launch.
+    #: only by its workers. Others are reachable from any host. Either way every web and worker
+    #: host must see one cases root (docs/deployment.md): the web writes inputs and serves logs and
+    #: results there, and any worker host may submit a not-yet-pinned launch.
     host_bound: bool = False
     #: pool kinds this backend can serve (the registry decides which one actually does).
     kinds: tuple[str, ...] = ()

@@ -72,10 +72,10 @@ def open_for_write(path: Path, flags: int = _WRITE_FLAGS) -> int:
 
 def write_private(path: Path, data: bytes = b"") -> None:
     """Write a control file of a run directory (``job.sh``, ``manifest.json``, ``stdout``…) as a
-    new file, mode 0600, the service's (issue 36: a job script holds the user's command, which may
-    carry a secret, and was 0644). Created with ``O_EXCL | O_NOFOLLOW`` after removing any old
-    one: never written through a symlink, nor into an earlier file that another account may own
-    or still hold open. The caller hands it to the job's account when that account must own it."""
+    new file, mode 0600, the service's (a job script holds the user's command, which may carry a
+    secret). Created with ``O_EXCL | O_NOFOLLOW`` after removing any old one: never written through
+    a symlink, nor into an earlier file that another account may own or still hold open. The caller
+    hands it to the job's account when that account must own it."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     with os.fdopen(fd, "wb") as handle:
@@ -127,7 +127,7 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, sha
     ``shared``: how the campaign's shared inputs appear as ``work/shared``: ``"link"`` (a symlink,
     for a command that can reach the cases root), ``"copy"`` (a command running as a user account
     cannot, R-CASE-8) or ``"mount"`` (the sandbox binds it there). The tree is the service's: the
-    privileged helper hands it to the case's account when it starts the case (issue 36).
+    privileged helper hands it to the case's account when it starts the case.
     """
     work = run_dir / "work"
     if work.exists():
@@ -147,7 +147,7 @@ def prepare_run_dir(run_dir: Path, inputs: Path, shared_dir: Path | None, *, sha
         else:
             (work / "shared").mkdir()
     (work / ".gridgate").mkdir(exist_ok=True)
-    # The service's record of what the inputs were: only the service reads it (issue 36).
+    # The service's record of what the inputs were: only the service reads it.
     write_private(run_dir / "manifest.json", json.dumps(manifest, sort_keys=True).encode())
     return work
 
@@ -170,7 +170,7 @@ def case_environment(spec) -> dict[str, str]:
 
 
 def log_cap_bytes() -> int:
-    """How much of each of a case's logs is kept (``GRIDGATE_CASE_MAX_LOG_MB``, issue 36)."""
+    """How much of each of a case's logs is kept (``GRIDGATE_CASE_MAX_LOG_MB``)."""
     from django.conf import settings
 
     return settings.GRIDGATE_CASE_MAX_LOG_MB * 1024 * 1024
@@ -212,7 +212,7 @@ def drain_log(source: Path, log: Path, *, cap: int, limit: int | None = 4 << 20)
     """Append what ``source`` holds past the size of ``log`` (the workspace log) to it, in 1 MiB
     chunks, at most ``limit`` bytes this call (``None``: to the end, for the last poll of a
     finished job) and never past ``cap``: a gigabyte of output costs a worker a chunk of memory,
-    not a gigabyte (issue 36).
+    not a gigabyte.
 
     The offset lives on disk, not in memory, so a restarted worker resumes exactly where the last
     one stopped; the log is locked while it is read and written, so two workers draining at once

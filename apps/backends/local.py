@@ -9,21 +9,21 @@ R-CASE-8 — the command reaches nothing but its own working directory:
   ``/proc/<worker>/environ``), a cleared environment plus the case's variables, read-only system
   directories, a private ``/tmp`` no larger than the class's memory and, of the cases root, only
   its own ``.run/work`` (its account's, mode 0700).
-- Issue 36 — its own network namespace, always: only its own loopback, unless the pool allows
-  the network; then slirp4netns routes it out with the host's loopback out of reach (the host's
-  PostgreSQL, Redis and web port listen there).
-- Issue 36 — bounded: its cgroup holds the class's memory, tasks and CPU; rlimits bound a file's
-  size and an account's processes; a wall time and a disk bound stop it. Results come back within
-  the class's storage, sparse files as sparse; logs are drained in chunks up to
-  ``GRIDGATE_CASE_MAX_LOG_MB``; the working directory is dropped once the results are fetched.
-- Issue 36 — the service is not root. What needs root (handing the working directory to the
-  account, the cgroup, starting the sandbox as the account, reading the account's files back,
-  stopping its processes) is the privileged helper's (``apps/backends/privileged.py``, through
-  :mod:`apps.backends.as_root`), which checks every request. This module prepares the run
-  directory as the service (its inputs, ``command.sh``: the command is a file, never an argument,
-  since every account on the host reads every command line) and reads what the supervisor
-  writes there (``stdout``/``stderr``, ``limit``, ``exit_status``). Nothing lives only in the
-  memory of the process that started the case, so a restarted worker reads the outcome from disk.
+- Its own network namespace, always: only its own loopback, unless the pool allows the network;
+  then slirp4netns routes it out with the host's loopback out of reach (the host's PostgreSQL,
+  Redis and web port listen there).
+- Bounded: its cgroup holds the class's memory, tasks and CPU; rlimits bound a file's size and an
+  account's processes; a wall time and a disk bound stop it. Results come back within the class's
+  storage, sparse files as sparse; logs are drained in chunks up to ``GRIDGATE_CASE_MAX_LOG_MB``;
+  the working directory is dropped once the results are fetched.
+- The service is not root. What needs root (handing the working directory to the account, the
+  cgroup, starting the sandbox as the account, reading the account's files back, stopping its
+  processes) is the privileged helper's (``apps/backends/privileged.py``, through
+  :mod:`apps.backends.as_root`), which checks every request. This module prepares the run directory
+  as the service (its inputs, ``command.sh``: the command is a file, never an argument, since every
+  account on the host reads every command line) and reads what the supervisor writes there
+  (``stdout``/``stderr``, ``limit``, ``exit_status``). Nothing lives only in the memory of the
+  process that started the case, so a restarted worker reads the outcome from disk.
 - Cancel: the helper asks the supervisor to stop the command (SIGTERM to its process group and
   cgroup), then SIGKILL after ``GRIDGATE_CASE_CANCEL_GRACE_SECONDS``; bwrap dying takes its whole
   pid namespace with it, so a command that trapped SIGTERM or left the process group still ends.
@@ -32,7 +32,7 @@ The remote id is ``local:<supervisor pid>``. The supervisor holds an flock on ``
 its life: that lock, not the pid (which may be recycled, and which the service may not see under
 ``hidepid``), says whether the case still runs. Liveness is this host's, so the backend is
 ``host_bound``: a case is pinned to the worker host that starts its process (``Case.run_host``)
-and only that host's workers poll, sync or cancel it (issue 17).
+and only that host's workers poll, sync or cancel it.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class LocalBackend(ExecutionBackend):
         as_root.call("stop", {"case_id": job.case_id, "grace": grace}, timeout=grace + 60)
 
     def launch_options(self, pool) -> LaunchOptions:
-        """The wall time in minutes (issue 36); its range and default are the class's
+        """The wall time in minutes; its range and default are the class's
         (:meth:`pin_class_overrides`)."""
         return LaunchOptions(options=[_time_option(1, 7 * 24 * 60, None)])
 

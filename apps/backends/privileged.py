@@ -1,5 +1,5 @@
 """The one part of Gridgate that runs as root: the account switch, and what must be done with
-another account's files (R-CASE-8, issue 36).
+another account's files (R-CASE-8).
 
 The web and worker processes run as the service's own unprivileged account. For the few things
 only root can do they run this file, through one sudo rule (``GRIDGATE_PRIVILEGED_COMMAND``,
@@ -437,7 +437,7 @@ def data_extents(fd: int, size: int):
 
 def copy_sparse(src: int, out: int) -> None:
     """The content of ``src`` into ``out``; holes stay holes (an 8 GiB sparse file storing
-    nothing is copied as nothing, issue 36)."""
+    nothing is copied as nothing)."""
     size = os.fstat(src).st_size
     for start, end in data_extents(src, size):
         position = start
@@ -783,7 +783,7 @@ def sandbox_argv(
     config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
 ) -> list[str]:
     """The command line that runs the case's command (fd 3) as ``entry``'s account in its
-    sandbox (R-CASE-8, issue 36).
+    sandbox (R-CASE-8).
 
     Its working directory and the campaign's shared inputs are bound from the fds this helper
     opened (``--bind-fd``, which also closes them: no handle on the host's tree reaches the
@@ -806,7 +806,7 @@ def sandbox_argv(
         command = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables, "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
         return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *command]
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
-    # Issue 36: never the host's network namespace, whose loopback holds the database.
+    # Never the host's network namespace, whose loopback holds the database.
     args.append("--unshare-net")
     if network:
         args += ["--info-fd", str(INFO_FD), "--block-fd", str(BLOCK_FD)]

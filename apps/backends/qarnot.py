@@ -743,7 +743,7 @@ def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:
     workspace log does not hold yet. ``<stream>.base`` is the log's size when the spool was last
     trimmed; what the log gained since then was delivered and is dropped from the spool. A
     caller that discards its answer leaves the spool as is: the next poll returns it again."""
-    folder = state_dir(workspace, STATE_DIR)  # 0700: the spool holds the job's output (issue 36)
+    folder = state_dir(workspace, STATE_DIR)  # 0700: the spool holds the job's output
     log = workspace / f"{stream}.log"
     base_file = folder / f"{stream}.base"
     spool_fd = files.open_for_write(folder / f"{stream}.spool", os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)

@@ -1,4 +1,4 @@
-"""Is a pool's case backend set up here? A cheap answer for the user pages (issue 18, item 3).
+"""Is a pool's case backend set up here? A cheap answer for the user pages.
 
 ``doctor`` (R-BACK-5) asks the provider and is for operators; the pages must not call a provider
 on every load. This module answers from what this host knows without the network: the pool's kind

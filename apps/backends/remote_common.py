@@ -125,8 +125,8 @@ def confined_target(root: Path, rel: str) -> Path | None:
 # -- the backend's own state in a case workspace (FirecREST, Qarnot) ------------------------------
 # Manifests of the inputs' hashes, what was synced, Qarnot's output spool (the job's stdout): the
 # service's alone. The case directory is traversable by every account (0711), so the state
-# directory is 0700 and its files 0600 (issue 36: they were 0755 and 0644, readable by anyone who
-# knew the case id, which the provider's job name shows).
+# directory is 0700 and its files 0600 (0755 and 0644 made them readable by anyone who knew the
+# case id, which the provider's job name shows).
 def state_dir(workspace: Path, name: str) -> Path:
     """``workspace/name``, the backend's state directory, created (or closed, if an earlier
     version made it 0755) 0700."""

@@ -235,11 +235,11 @@ class SlurmBackend(ExecutionBackend):
         so squeue/sacct show the user and file permissions apply; its working directory is
         that account's (0700) and the run directory is the service's (0711: the job reaches its
         own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 or
-        0640 and no other account reads them (issue 36): ``job.sh`` (the command, which may carry
-        a secret) ends up the job's account's, ``manifest.json`` stays the service's, the output
-        files are the account's and readable by the service's group. The service prepares the
-        run directory; the privileged helper hands it over and submits (``sbatch`` verb).
-        ``run_as`` None or trusted: submitted by the service as itself, which then owns them all."""
+        0640 and no other account reads them: ``job.sh`` (the command, which may carry a secret)
+        ends up the job's account's, ``manifest.json`` stays the service's, the output files are
+        the account's and readable by the service's group. The service prepares the run directory;
+        the privileged helper hands it over and submits (``sbatch`` verb). ``run_as`` None or
+        trusted: submitted by the service as itself, which then owns them all."""
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
@@ -251,7 +251,7 @@ class SlurmBackend(ExecutionBackend):
             files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir, shared="copy" if run_as else "link")
             script = rdir / "job.sh"
             text = self.job_script(spec, rdir)  # ScriptError (unsafe value): nothing written or submitted
-            files.write_private(script, text.encode())  # 0600: the command may carry a secret (issue 36)
+            files.write_private(script, text.encode())  # 0600: the command may carry a secret
             if not run_as:
                 for name in ("stdout", "stderr"):
                     files.write_private(rdir / name)
@@ -276,8 +276,8 @@ class SlurmBackend(ExecutionBackend):
 
     @staticmethod
     def _helper(verb: str, case_id: str, pool_remote: dict, **request) -> dict:
-        """One call of the privileged helper about this case's run directory (issue 36). A
-        ``timeout`` in the request is sbatch's own; the call waits a little longer."""
+        """One call of the privileged helper about this case's run directory. A ``timeout`` in the
+        request is sbatch's own; the call waits a little longer."""
         root = (pool_remote or {}).get("working_root")
         where = {"kind": "slurm", "working_root": root}
         return as_root.call(

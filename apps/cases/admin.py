@@ -128,7 +128,7 @@ class CaseAdmin(admin.ModelAdmin):
         entries = workspace.file_entries(listing, listing.paths[:ADMIN_FILES])
         if not entries:
             return "no files yet"
-        # Names are the command's: shown escaped, linked percent-encoded (issue 36).
+        # Names are the command's: shown escaped, linked percent-encoded.
         rows = format_html_join(
             "",
             '<div><a href="{}">{}</a> ({} bytes)</div>',

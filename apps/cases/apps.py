@@ -14,7 +14,7 @@ class CasesConfig(AppConfig):
 
         # R-CASE-2: the submit/poll/sync passes every few seconds, between event-triggered polls.
         ticker.register("cases.passes", tasks.run_passes, every=lambda: settings.GRIDGATE_CASE_TICK_INTERVAL)
-        # Issue 17: the cases pinned to this host (local processes), in every host's own loop.
+        # The cases pinned to this host (local processes), in every host's own loop.
         ticker.register(
             "cases.host_passes",
             tasks.run_host_passes,

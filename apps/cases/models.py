@@ -91,7 +91,7 @@ class Case(models.Model):
     next_sync_at = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
-    # -- host affinity (issue 17): a host-bound backend's case (local: a process on one machine)
+    # -- host affinity: a host-bound backend's case (local: a process on one machine)
     # is pinned to the worker host that starts it; only that host's workers claim it afterwards.
     run_host = models.CharField(
         max_length=60,
@@ -119,8 +119,8 @@ class Case(models.Model):
                 condition=Q(status="prepared", launch_requested_at__isnull=False),
                 name="cases_case_launch_due",
             ),
-            # Orphan cancel claim (issue 17): status = cancelled AND cancel_requested_at IS NOT NULL
-            # AND remote_id = '' ORDER BY cancel_requested_at: a handful of rows, never the history.
+            # Orphan cancel claim: status = cancelled AND cancel_requested_at IS NOT NULL AND
+            # remote_id = '' ORDER BY cancel_requested_at: a handful of rows, never the history.
             models.Index(
                 fields=["cancel_requested_at"],
                 condition=Q(status="cancelled", cancel_requested_at__isnull=False, remote_id=""),

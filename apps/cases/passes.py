@@ -78,7 +78,7 @@ def worker_id() -> str:
 
 
 def this_host() -> str:
-    """The worker host identity cases are pinned to (``Case.run_host``, issue 17)."""
+    """The worker host identity cases are pinned to (``Case.run_host``)."""
     return settings.GRIDGATE_WORKER_HOST[: Case._meta.get_field("run_host").max_length]
 
 
@@ -140,9 +140,9 @@ def _lease_free(now: datetime) -> Q:
 def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, host_only: bool = False) -> list:
     """Lease up to ``batch`` due cases to ``owner``; returns their ids (R-CASE-2).
 
-    Host affinity (issue 17): a case pinned to a worker host (``run_host``: a local process) is
-    claimed only on that host, whose /proc alone tells whether it runs; another host would find
-    no process and fail it. ``host_only`` claims only this host's pinned cases (the per-host loop).
+    Host affinity: a case pinned to a worker host (``run_host``: a local process) is claimed only
+    on that host, whose /proc alone tells whether it runs; another host would find no process and
+    fail it. ``host_only`` claims only this host's pinned cases (the per-host loop).
     """
     host = this_host()
     queryset = Case.objects.filter(_lease_free(now))
@@ -458,9 +458,9 @@ def poll_pass(
 
 
 def _carry_out_cancels(backend, cases: list[Case]) -> None:
-    """A cancel asked on another host than the one running a host-bound case (R-CASE-6, issue
-    17) is carried out here, on the run host, before the poll that then reports it cancelled.
-    A failed attempt is retried at the next poll; the poll itself goes on."""
+    """A cancel asked on another host than the one running a host-bound case (R-CASE-6) is carried
+    out here, on the run host, before the poll that then reports it cancelled. A failed attempt is
+    retried at the next poll; the poll itself goes on."""
     for case in cases:
         if case.cancel_requested_at is None:
             continue
@@ -613,7 +613,7 @@ def submit_pass(
 def orphan_cancel_pass(
     *, now: datetime | None = None, owner: str | None = None, batch: int = 20, host_only: bool = False
 ):
-    """Stop what a cancelled launch may have started on this host (R-CASE-6, issue 17).
+    """Stop what a cancelled launch may have started on this host (R-CASE-6).
 
     A case cancelled while prepared, with its launch requested and pinned to this host, from a
     process on another host (``cancel_requested_at``, set by ``services.cancel_case``): the worker
@@ -720,9 +720,9 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
 
 
 def _pin_to_this_host(case: Case, owner: str) -> None:
-    """Issue 17: pin a host-bound case to this host before its process starts (never after: a
-    worker dying in between would leave a process no host claims). A retry is then this host's
-    too. Compare-and-set on the launch lease: a lost lease stops the attempt."""
+    """Pin a host-bound case to this host before its process starts (never after: a worker dying in
+    between would leave a process no host claims). A retry is then this host's too. Compare-and-set
+    on the launch lease: a lost lease stops the attempt."""
     host = this_host()
     pinned = Case.objects.filter(
         pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED, run_host__in=["", host]

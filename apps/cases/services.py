@@ -177,9 +177,9 @@ def cancel_case(case: Case) -> Case:
             elsewhere = launched and case.run_host not in ("", passes.this_host())
             message = ""
             if elsewhere:
-                # Issue 17: pinned to another host, whose worker may have started the process and
-                # died before recording it. Only that host's /proc can find it: record the
-                # request for its per-host pass (passes.orphan_cancel_pass), never try it here.
+                # Pinned to another host, whose worker may have started the process and died before
+                # recording it. Only that host's /proc can find it: record the request for its
+                # per-host pass (passes.orphan_cancel_pass), never try it here.
                 Case.objects.filter(pk=case.pk).update(cancel_requested_at=now)
                 case.cancel_requested_at = now
                 message = f"the worker on {case.run_host} stops any process its launch started"
@@ -242,10 +242,10 @@ def cancel_case(case: Case) -> Case:
 
 
 def _request_cancel_on_run_host(case: Case) -> Case:
-    """Issue 17: a local case's process runs on another host (``run_host``), whose /proc alone can
-    stop it. Record the request and make the case due: that host's next poll cancels the process
-    and records "cancelled" (within GRIDGATE_CASE_TICK_INTERVAL). Idempotent: a repeat keeps the
-    first request's time."""
+    """A local case's process runs on another host (``run_host``), whose /proc alone can stop it.
+    Record the request and make the case due: that host's next poll cancels the process and records
+    "cancelled" (within GRIDGATE_CASE_TICK_INTERVAL). Idempotent: a repeat keeps the first
+    request's time."""
     now = timezone.now()
     with transaction.atomic():
         asked = Case.objects.filter(pk=case.pk, status__in=list(ACTIVE), cancel_requested_at__isnull=True).update(

@@ -66,6 +66,6 @@ def run_passes(*, host_only: bool = False) -> str:
 
 
 def run_host_passes() -> str:
-    """Issue 17: the passes over the cases pinned to this worker host (local processes), run by
-    every host's ticker (``per_host=True`` in ``apps.core.ticker``) whichever host holds the shared loop."""
+    """The passes over the cases pinned to this worker host (local processes), run by every host's
+    ticker (``per_host=True`` in ``apps.core.ticker``) whichever host holds the shared loop."""
     return run_passes(host_only=True)

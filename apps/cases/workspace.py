@@ -113,7 +113,7 @@ class FileListing:
     is listed (JSON escapes it, pages show it through :func:`apps.core.text.printable`, links
     percent-encode it). A name with bytes that are not UTF-8 cannot be written in JSON, a URL
     or a page without being changed into another name, so it is counted in ``unlisted`` and
-    not served: the command should rename it (issue 36)."""
+    not served: the command should rename it."""
 
     base: Path
     paths: list[str] = field(default_factory=list)
@@ -237,8 +237,8 @@ def save_uploads(dest: Path, uploads) -> list[str]:
                             f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB)."
                         )
                     handle.write(chunk)
-        # Never overwrite an earlier input silently (issue 16, item 7): link, which fails on an
-        # existing name even when two uploads race, and undo this call's links on a refusal.
+        # Never overwrite an earlier input silently: link, which fails on an existing name even
+        # when two uploads race, and undo this call's links on a refusal.
         placed = []
         try:
             for name in names:
@@ -259,7 +259,7 @@ def save_uploads(dest: Path, uploads) -> list[str]:
 
 def append_logs(root: Path, stdout: str, stderr: str) -> None:
     """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly), each log
-    kept within ``GRIDGATE_CASE_MAX_LOG_MB`` (issue 36), never through a symlink (R-CASE-8)."""
+    kept within ``GRIDGATE_CASE_MAX_LOG_MB``, never through a symlink (R-CASE-8)."""
     for name, text in (("stdout.log", stdout), ("stderr.log", stderr)):
         if text:
             files.append_log(root / name, text.encode("utf-8", "surrogateescape"), cap=files.log_cap_bytes())

@@ -1,5 +1,5 @@
-"""Operators' view of coordination state (issue 16): ticker leases and idempotency keys, read-only,
-with an action to release what is stuck."""
+"""Operators' view of coordination state: ticker leases and idempotency keys, read-only, with an
+action to release what is stuck."""
 
 from django.contrib import admin
 from django.utils import timezone
@@ -36,7 +36,7 @@ class HeldFilter(admin.SimpleListFilter):
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     """One row per worker host. A host retired for good keeps its row, which /metrics reports as
-    an ever older heartbeat (the "worker dead" alert): delete the row here (issue 17)."""
+    an ever older heartbeat (the "worker dead" alert): delete the row here."""
 
     list_display = ["name", "seen_at", "age"]
     search_fields = ["name"]

@@ -2,10 +2,10 @@
 
 It holds every user's workspace. Other accounts on the host may traverse it (a Slurm job running
 as its owner reaches its own ``<case>/.run/work/``) but never list it: the case ids it would list
-are the names under which each case's files can then be reached (R-CASE-8, issue 36). Web
-requests, the worker heartbeat and ``manage.py doctor`` may each be the first to create it, so
-they all go through :func:`ensure_cases_root`. It lives in ``apps.core`` because the heartbeat
-(core), the backends and the case workspaces all need it, and core imports neither of the others.
+are the names under which each case's files can then be reached (R-CASE-8). Web requests, the
+worker heartbeat and ``manage.py doctor`` may each be the first to create it, so they all go
+through :func:`ensure_cases_root`. It lives in ``apps.core`` because the heartbeat (core), the
+backends and the case workspaces all need it, and core imports neither of the others.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Service credentials: environment variables whose names carry one prefix (R-BACK-1, issue 36).
+"""Service credentials: environment variables whose names carry one prefix (R-BACK-1).
 
 A pool's ``remote`` and a device's ``config`` name the variables that hold their credentials
 (``token_env``, ``client_secret_env``, ``auth_env`` …), and the service sends each value to a URL

@@ -1,4 +1,4 @@
-"""Worker hosts and the cases root they share (issue 17).
+"""Worker hosts and the cases root they share.
 
 Every web and worker host reads and writes case workspaces under ``GRIDGATE_CASES_ROOT``, whatever
 the backend: remote backends' cases are polled, synced and finalized by any worker host; a local
@@ -37,7 +37,7 @@ def write_marker(host: str, now: datetime) -> None:
     path = marker_path(host)
     try:
         # The heartbeat is often the first to need the root (a worker starts before any case
-        # exists): it must not be the one that leaves it 0755 (issue 36).
+        # exists): it must not be the one that leaves it 0755.
         ensure_cases_root()
     except CasesRootError as exc:
         # Not a reason to lose the marker (doctor would then also call the root unshared);

@@ -4,7 +4,7 @@ A repeat by the same user with the same key and the same request returns the fir
 (with ``Idempotent-Replayed: true``); the same key with a different request gets 409. Keys are
 kept at least 24 h (``IDEMPOTENCY_RETENTION``; pruned by ``manage.py cleanup``).
 
-A killed request never leaves a key stuck (issue 16, item 2), in one of two ways:
+A killed request never leaves a key stuck, in one of two ways:
 
 - **One transaction** (the default): the key row, the work and the stored response commit
   together. A request killed mid-way rolls all of it back (PostgreSQL ends the transaction with the

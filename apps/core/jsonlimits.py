@@ -1,4 +1,4 @@
-"""JSON documents from clients, with a nesting limit (issue 16, item 1).
+"""JSON documents from clients, with a nesting limit.
 
 Python's ``json`` module recurses once per nesting level: a body nested ~1,000 levels deep raised
 ``RecursionError`` (a 500) in the parser, and a shallower one that parsed could still blow the

@@ -1,4 +1,4 @@
-"""Never HTML on ``/api/`` or ``/qrmi/`` (issue 16, item 6).
+"""Never HTML on ``/api/`` or ``/qrmi/``.
 
 DRF's exception handler covers errors raised inside an API view. This middleware covers the rest:
 Django's request-body guards raised while a view parses (``RequestDataTooBig``, ``TooManyFieldsSent``,

@@ -17,7 +17,7 @@ def heartbeat() -> str:
     """Record that this worker is alive: its ticker process calls it every
     ``GRIDGATE_WORKER_HEARTBEAT_SECONDS`` (apps.core.ticker). The host also writes its marker
     under the cases root first, so ``manage.py doctor`` can tell whether every live host shares
-    that root (issue 17; a failed write is doctor's to report, not a crash)."""
+    that root (a failed write is doctor's to report, not a crash)."""
     from apps.core import hosts
 
     name = settings.GRIDGATE_WORKER_HOST

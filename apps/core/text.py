@@ -20,8 +20,8 @@ _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def printable(name: str) -> str:
     """``name`` with every character of :data:`HIDDEN_IN_NAMES` written as its escape (``\\n``,
-    ``\\x1b``, ``\\u202e``), for showing a name a command chose (issue 36). A backslash stays as
-    is, so a shown name is not always the name: links carry the real one."""
+    ``\\x1b``, ``\\u202e``), for showing a name a command chose. A backslash stays as is, so a
+    shown name is not always the name: links carry the real one."""
 
     def escape(match: re.Match) -> str:
         char = match.group()

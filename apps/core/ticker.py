@@ -7,8 +7,8 @@ schedules: each worker cluster runs one long-lived **ticker process** beside it
 runs the passes, the others retry every second. A thread of the ticker renews the lease every
 second whatever the passes are doing (a slow provider call must not hand the loop to a second
 cluster), so the lease expires only when the process is gone or stuck: another cluster's ticker
-takes over within the lease plus a second, and a running loop has no gap (issue 17; it replaced
-a ~55 s loop on a minutely schedule, absent ~60 s after its holder died and 5 s of every minute).
+takes over within the lease plus a second, and a running loop has no gap (it replaced a ~55 s loop
+on a minutely schedule, absent ~60 s after its holder died and 5 s of every minute).
 
 Apps register their passes in ``AppConfig.ready``. The passes are safe to run anywhere at any time
 (their own claims and leases): the lease only avoids wasted work. Some work can only be done on

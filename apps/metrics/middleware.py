@@ -1,4 +1,4 @@
-"""HTTP request latency by route (issue 17): a prometheus-client Histogram fed by a middleware.
+"""HTTP request latency by route: a prometheus-client Histogram fed by a middleware.
 
 Labels are bounded whatever clients send: ``route`` is the URL *pattern* Django resolved
 (``/api/v1/sessions/<uuid:pk>/jobs/``), never the path with its ids; a request that resolved to

@@ -2,7 +2,7 @@
 
 libmunge (Debian ``libmunge2``, installed with ``munge``) is called through ctypes: one
 ``munge_decode`` is a round trip on munged's Unix socket. The ``unmunge`` binary costs a fork and
-exec per request (~7 ms, most of a QRMI request); the Python bindings on PyPI (``pymunge``) have
+exec per request, most of a QRMI request's time; the Python bindings on PyPI (``pymunge``) have
 not been released since 2018.
 
 munged remembers every credential it decoded until the credential expires: a second decode of the

@@ -80,8 +80,8 @@ def batch_directives(resource_class: ResourceClass) -> list[str]:
 
 
 def case_bounds(resource_class: ResourceClass) -> CaseBounds:
-    """What one case of the class may use (issue 36): its memory, CPU and tasks, its wall time
-    (default and maximum) and its storage (disk and results)."""
+    """What one case of the class may use: its memory, CPU and tasks, its wall time (default and
+    maximum) and its storage (disk and results)."""
     return CaseBounds(
         memory_bytes=resource_class.memory * GB,
         cpu=float(resource_class.cpu),

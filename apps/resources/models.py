@@ -370,7 +370,7 @@ class ResourceClass(_CleanEnforcedConstraints, models.Model):
         help_text=_("A local case's working directory, and any case's results, never hold more."),
     )
     default_storage = models.PositiveIntegerField("default storage (GB)", default=1)
-    # A local case's bounds beside cpu and memory (issue 36, enforced by apps.backends.privileged).
+    # A local case's bounds beside cpu and memory (enforced by apps.backends.privileged).
     max_tasks = models.PositiveIntegerField(
         "max tasks",
         default=512,

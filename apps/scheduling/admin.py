@@ -178,7 +178,7 @@ class JobAdmin(admin.ModelAdmin):
 @admin.register(PoolQueue)
 class PoolQueueAdmin(admin.ModelAdmin):
     """Read-only: one row per pool whose lock serializes its dispatch; operators read when the pool
-    last dispatched and how much waits, to spot a stuck queue (issue 16)."""
+    last dispatched and how much waits, to spot a stuck queue."""
 
     list_display = ["pool", "last_dispatch_at", "pending", "running"]
     list_select_related = ["pool"]

@@ -16,7 +16,7 @@ class SchedulingConfig(AppConfig):
 
         # R-SCHED-5 safety net: poll and dispatch every pool with unfinished jobs every second.
         ticker.register("scheduling.sweep", passes.sweep, every=lambda: settings.GRIDGATE_DISPATCH_TICK)
-        # Issue 17: emulator runs whose worker died are re-run, lost tasks re-sent (every beat).
+        # Emulator runs whose worker died are re-run, lost tasks re-sent (every beat).
         ticker.register(
             "scheduling.emulator_recovery",
             emulator.recover_runs,

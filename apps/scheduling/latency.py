@@ -15,8 +15,8 @@ a count over retained jobs grows with history (a sequential scan of every finish
 scrape) and goes *down* when cleanup deletes old jobs, which Prometheus reads as a counter
 reset and turns into a spike in ``rate()``. Here each observation is one single-row UPDATE
 (under the pool queue lock for the queue wait, so it adds no contention there) and a scrape
-reads a few rows per pool. Measured (bench/metrics_scrape.py, 100 000 finished jobs): the whole
-scrape 14 ms; the per-bucket ``count(*) FILTER`` over retained jobs alone 67 ms, and growing.
+reads a few rows per pool, while a per-bucket ``count(*) FILTER`` over retained jobs alone would
+cost more than the whole scrape and keep growing (bench/metrics_scrape.py; docs/metrics.md).
 An observation is one more single-row UPDATE in a transaction that commits anyway.
 """
 

@@ -120,7 +120,7 @@ class Job(models.Model):
     next_poll_at = models.DateTimeField(null=True, blank=True)
     # A worker's claim (hand-over to the device, or one poll pass): who holds it, until when. The
     # claim's writes compare the owner, so a worker whose claim lapsed and was taken over never
-    # hands the job over a second time (issue 17: a second paid QPU job).
+    # hands the job over a second time (a second paid QPU job).
     lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
     charged = models.BooleanField(default=False, help_text="usage_fair: device time charged to the session.")
@@ -201,9 +201,9 @@ class DriverRun(models.Model):
         null=True, blank=True, help_text="Last sign of life of the worker running it (emulator)."
     )
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Emulator recovery (emulator.recover_runs, issue 17): how many times a worker started the
-    # run (a run found dead after MAX_ATTEMPTS starts is failed, not re-run), and when and how
-    # often its task was last sent to the broker (a queued run nobody started is sent again).
+    # Emulator recovery (emulator.recover_runs): how many times a worker started the run (a run
+    # found dead after MAX_ATTEMPTS starts is failed, not re-run), and when and how often its task
+    # was last sent to the broker (a queued run nobody started is sent again).
     attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started the run (emulator).")
     worker = models.CharField(
         max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
@@ -252,7 +252,7 @@ class LatencyKind(models.TextChoices):
 
 
 class JobLatencyBucket(models.Model):
-    """One bucket of a per-pool latency histogram, counted when the event happens (issue 17).
+    """One bucket of a per-pool latency histogram, counted when the event happens.
 
     Written by ``apps.scheduling.latency.observe`` and read by ``/metrics``. Counting at the
     event, not from the job rows at scrape time, keeps the counts monotonic (Prometheus counters:

@@ -184,9 +184,9 @@ def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
     # Compare-and-set on the claim, owner included: a worker whose claim lapsed (it stalled past
     # the lease) and was taken over by another worker, who may be submitting it right now, loses
     # here and never calls the driver a second time (two paid QPU jobs). A cancel recorded between
-    # the claim and this hand-over wins too (issue 18 item 7): the user saw the job pending and
-    # asked to cancel it; it must never reach the device. A cancel landing after this line is a
-    # running job's cancel (R-JOB-2).
+    # the claim and this hand-over wins too: the user saw the job pending and asked to cancel it;
+    # it must never reach the device. A cancel landing after this line is a running job's cancel
+    # (R-JOB-2).
     ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner)
     if not taken_over:
         ours = ours.filter(cancel_requested_at=None)

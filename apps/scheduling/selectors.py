@@ -93,8 +93,8 @@ def _snapshots(listed: dict[int, set]) -> dict[int, "_QueueSnapshot"]:
     """The queue snapshot of each pool, rebuilt only when the pool's queue changed.
 
     Reading every pending job of a pool on every list read made the first page of the job list
-    grow with the backlog (4.7x at 10 000 pending). The version is one index probe per pool: the
-    last dispatch and the newest pending job (a submission or a dispatch changes it); a
+    grow with the backlog (bench/api_lists.py measures it). The version is one index probe per
+    pool: the last dispatch and the newest pending job (a submission or a dispatch changes it); a
     cancellation or revocation alone is seen within ``SNAPSHOT_MAX_AGE`` seconds, or at once when
     a listed job is missing from the snapshot.
     """

@@ -1,4 +1,4 @@
-"""Errors in user language for the user pages (issue 18, item 5).
+"""Errors in user language for the user pages.
 
 The API answers with status codes and the services' exact words; a person at the pages needs to
 know what went wrong and what to do. ``refusal(exc, what)`` turns any exception a service, a form

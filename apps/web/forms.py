@@ -10,7 +10,7 @@ from apps.core import jsonlimits
 from apps.web.selectors import case_classes
 
 # The database's integer range: a larger number typed in a form is a form error, not a 500
-# ("integer out of range", issue 16 item 3).
+# ("integer out of range").
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
 

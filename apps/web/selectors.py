@@ -70,7 +70,7 @@ def bundled_examples() -> dict[str, dict]:
 
 @dataclass
 class PoolUse:
-    """What a pool takes, in the words of the home page (issue 18, item 3)."""
+    """What a pool takes, in the words of the home page."""
 
     takes_jobs: bool
     devices: int

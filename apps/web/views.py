@@ -319,8 +319,9 @@ def _case(request, pk):
 
 def _case_live_context(case) -> dict:
     """Status, progress, log tails and events: the database and two log tails only. The files
-    are not listed here (issue 36): this fragment is asked for every 2 s while the case runs, and
-    listing a 50 000-file workspace took seconds each time. They are their own part, :func:`case_files`."""
+    are not listed here: this fragment is asked for every 2 s while the case runs, and listing a
+    workspace of tens of thousands of files took seconds each time. They are their own part,
+    :func:`case_files`."""
     root = workspace.case_dir(case.id)
     return {
         "case": case,
@@ -358,7 +359,7 @@ def case_files(request, pk):
     entries = workspace.file_entries(listing, page.object_list)
     for entry in entries:
         # The name as the command wrote it goes into the link (percent-encoded); the page shows
-        # it with control characters escaped (issue 36).
+        # it with control characters escaped.
         entry["url"] = reverse("case-file", kwargs={"pk": case.id, "path": entry["path"]})
         entry["shown"] = printable(entry["path"])
         entry["group"] = entry["path"].split("/", 1)[0] if "/" in entry["path"] else "logs"
@@ -433,7 +434,7 @@ def case_refresh(request, pk):
 @login_required
 @require_GET
 def utilization(request):
-    """Staff: per-pool pictures of a period (issue 17 item 6), from the accounting selector."""
+    """Staff: per-pool pictures of a period, from the accounting selector."""
     if not request.user.is_staff:
         raise PermissionDenied("The utilization charts are for staff.")
     form = UtilizationForm(request.GET or {"period": "24h"})

@@ -1,6 +1,6 @@
-"""The utilization selector behind the operators' charts (issue 17 item 6): slots held, device
-time held, queue wait p50/p95 and jobs and cases per state, per pool and per bucket, from known
-data with exact answers, in a constant number of queries."""
+"""The utilization selector behind the operators' charts: slots held, device time held, queue wait
+p50/p95 and jobs and cases per state, per pool and per bucket, from known data with exact answers,
+in a constant number of queries."""
 
 from datetime import timedelta
 

@@ -1,4 +1,4 @@
-"""Issue 36: operators see who holds which token until when, revoke them, and never see a key."""
+"""Operators see who holds which token until when, revoke them, and never see a key."""
 
 import pytest
 

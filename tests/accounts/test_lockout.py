@@ -1,5 +1,5 @@
-"""Issue 36: failed logins are throttled by django-axes, per username and client address, on the
-token endpoint (429 JSON), the user pages' login and the admin login (a page that says why)."""
+"""Failed logins are throttled by django-axes, per username and client address, on the token
+endpoint (429 JSON), the user pages' login and the admin login (a page that says why)."""
 
 from datetime import timedelta
 

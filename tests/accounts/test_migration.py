@@ -1,4 +1,4 @@
-"""Issue 36: the upgrade moves DRF's plaintext tokens into hashed ApiTokens and drops their table."""
+"""The upgrade moves DRF's plaintext tokens into hashed ApiTokens and drops their table."""
 
 import hashlib
 import importlib

@@ -1,4 +1,4 @@
-"""Issue 36: common and all-digit passwords are refused wherever passwords are validated."""
+"""Common and all-digit passwords are refused wherever passwords are validated."""
 
 import pytest
 from django.contrib.auth import get_user_model

@@ -1,4 +1,4 @@
-"""Issue 36: a changed password revokes every API token of the user, whichever path changed it."""
+"""A changed password revokes every API token of the user, whichever path changed it."""
 
 import pytest
 from django.contrib.auth import get_user_model

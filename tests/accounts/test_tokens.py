@@ -1,4 +1,4 @@
-"""Issue 36: API tokens are stored hashed, expire, and cost one statement per request."""
+"""API tokens are stored hashed, expire, and cost one statement per request."""
 
 import hashlib
 from datetime import timedelta

@@ -1,6 +1,6 @@
-"""Issue 36: a local case reaches nothing but its workspace, and no more of the host than its class
-gives it. Each test is one of the issue's attacks, run as a real case in bubblewrap as a linked
-account (root, bwrap, slirp4netns; required under CI)."""
+"""A local case reaches nothing but its workspace, and no more of the host than its class gives it.
+Each test is one attack on those bounds, run as a real case in bubblewrap as a linked account
+(root, bwrap, slirp4netns; required under CI)."""
 
 import json
 import os
@@ -116,7 +116,7 @@ def external_address() -> str | None:
 
 
 def test_a_case_reaches_no_service_on_the_hosts_loopback(make_case, bounded):
-    """The issue's first attack: psql, Redis and the web port on 127.0.0.1 from inside a case of a
+    """The host's loopback: psql, Redis and the web port on 127.0.0.1 from inside a case of a
     pool left at its default (no network)."""
     web = Listener("127.0.0.1")
     try:
@@ -187,7 +187,7 @@ def test_a_working_directory_past_the_class_storage_stops_the_case(make_case, bo
 
 
 def test_a_sparse_file_comes_back_sparse(make_case, bounded):
-    """The issue's 8 GiB sparse file: it stores nothing, and its result stores nothing either."""
+    """An 8 GiB sparse file: it stores nothing, and its result stores nothing either."""
     case = run(make_case, bounded(max_storage=10, default_storage=1), "truncate -s 8G sparse.bin; echo x > real.txt")
     assert case.status == CaseStatus.DONE, case.last_error
     copy = workspace.case_dir(case.id) / "results" / "sparse.bin"

@@ -50,7 +50,7 @@ def test_collecting_results_never_follows_links_and_live_files_never_read_a_link
     assert not (live / ".gridgate" / "progress").exists()
     assert privileged.collect(config, {"case_id": case, "what": "results"}) == {"copied": ["real.txt"]}
     assert (tmp_path / case / "results" / "real.txt").read_text() == "ok"
-    assert not work.exists()  # dropped once the results are in (issue 36)
+    assert not work.exists()  # dropped once the results are in
 
 
 def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):

@@ -57,7 +57,7 @@ def test_log_drain_resumes_from_the_workspace_log_size_and_keeps_bytes(tmp_path)
 
 
 def test_a_log_is_kept_up_to_its_cap_with_a_note_and_never_grows_past_it(tmp_path):
-    """Issue 36: what a case prints past GRIDGATE_CASE_MAX_LOG_MB is not kept, and says so once."""
+    """What a case prints past GRIDGATE_CASE_MAX_LOG_MB is not kept, and says so once."""
     source, local = tmp_path / "stdout", tmp_path / "stdout.log"
     source.write_bytes(b"x" * 3000)
     files.drain_log(source, local, cap=1000, limit=None)

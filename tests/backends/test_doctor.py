@@ -33,7 +33,7 @@ def test_doctor_fake_backend_passes(settings, tmp_path):
 
 
 def test_doctor_creates_a_missing_cases_root_0711_before_any_backend_check(settings, tmp_path):
-    """Issue 36: the local backend's check made the root with the umask's 0755 when doctor ran first."""
+    """The local backend's check made the root with the umask's 0755 when doctor ran first."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
     code, out = doctor("--backend", "local")
     assert "OK    [site] cases root: " in out and "created, mode 0711" in out
@@ -114,7 +114,7 @@ def heartbeat_as(host: str, root):
 
 
 def test_doctor_sees_every_live_worker_hosts_marker_on_a_shared_cases_root(settings, tmp_path):
-    """Issue 17: remote-backend workspaces are read and written by any worker host."""
+    """Remote-backend workspaces are read and written by any worker host."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "shared"
     heartbeat_as("host-a", tmp_path / "shared")
     heartbeat_as("host-b", tmp_path / "shared")
@@ -166,8 +166,8 @@ def test_doctor_accepts_a_marker_an_nfs_cache_still_shows_from_an_earlier_beat(s
 
 
 def test_doctor_checks_the_shared_root_for_local_cases_too(settings, tmp_path):
-    """Issue 17: the web writes a local case's inputs and serves its results from the cases root,
-    and any worker host may submit its launch: local cases need the shared root as well."""
+    """The web writes a local case's inputs and serves its results from the cases root, and any
+    worker host may submit its launch: local cases need the shared root as well."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
     heartbeat_as("host-b", tmp_path / "b")
     code, out = doctor("--backend", "local")

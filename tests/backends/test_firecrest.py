@@ -102,8 +102,8 @@ def test_firecrest_case_runs_shows_live_files_and_ends_done_with_results(fc_pool
 
 
 def test_the_backends_state_in_the_workspace_is_the_services_alone(fc_pool, make_case, double):
-    """Issue 36: ``.firecrest/`` (the inputs' hashes, what was synced) was 0755 with 0644 files in
-    a case directory every account may traverse (0711)."""
+    """``.firecrest/`` (the inputs' hashes, what was synced) was 0755 with 0644 files in a case
+    directory every account may traverse (0711)."""
     case = launch(make_case, fc_pool, "true")
     assert case.status == CaseStatus.PENDING, case.last_error
     state = workspace.case_dir(case.id) / ".firecrest"
@@ -333,8 +333,8 @@ def test_r_back_6_unreachable_firecrest_allows_only_the_configured_partition(fc_
 
 
 def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_case, api, owner):
-    """Issue 11: FirecREST's first partition ("normal") was the form's default and silently
-    replaced the class's "debug". Now the class's partition is the only choice, healthy or not."""
+    """FirecREST's first partition ("normal") was the form's default and silently replaced the
+    class's "debug". Now the class's partition is the only choice, healthy or not."""
     from django.core.cache import cache
 
     cache.clear()
@@ -401,7 +401,7 @@ def test_secret_in_a_pool_remote_is_refused(fc_pool):
         ).credentials()
 
 
-# -- provider facts of the real FirecREST v2 server (issue 14; PROVIDERS.md "observed") ----------
+# -- provider facts of the real FirecREST v2 server (PROVIDERS.md "observed") --------------------
 
 
 def running(make_case, pool, double, command="while [ ! -e go ]; do sleep 0.1; done", **kwargs):

@@ -24,7 +24,8 @@ SECRETS = {
     "QARNOT_TOKEN": "qarnot-token-4711",
     "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
 }
-#: the attack from issue 11, plus what a command could try with the absolute cases root
+#: a command reading the service's environment and its neighbours' inputs, plus what it could try
+#: with the absolute cases root
 ATTACK = (
     "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
     "cat ../../../*/inputs/* > loot.txt; cat {root}/*/inputs/* {root}/*/.run/work/* >> loot.txt; "
@@ -107,9 +108,9 @@ def linked(link_account, owner, member):
 def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_processes(
     api, owner, member, local_pool, linked, monkeypatch, cases_root
 ):
-    """R-CASE-8: the issue's attack, as a real case: the service's variables (set in this worker
-    process) and another user's inputs stay out of reach, /proc shows only the case's own
-    processes, and the case's account owns its files."""
+    """R-CASE-8: ``ATTACK`` as a real case: the service's variables (set in this worker process)
+    and another user's inputs stay out of reach, /proc shows only the case's own processes, and the
+    case's account owns its files."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     rc = local_pool.classes.get()
@@ -136,7 +137,7 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
     work = run_dir(workspace.case_dir(victim)) / "work"
     assert work.stat().st_uid == linked["member"].pw_uid and (work.stat().st_mode & 0o777) == 0o700
     assert (work / "victim.txt").stat().st_uid == linked["member"].pw_uid
-    # Issue 36: the attacker's was dropped once its results came back.
+    # The attacker's was dropped once its results came back.
     assert not (run_dir(workspace.case_dir(attacker)) / "work").exists()
     assert api(member).post(f"/api/v1/cases/{victim}/cancel/").status_code == 200
 

@@ -69,7 +69,7 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
         remote["cluster_url"] = os.environ["GRIDGATE_LIVE_QARNOT_CLUSTER_URL"]
     assert env["GRIDGATE_LIVE_QARNOT_TOKEN"] not in str(remote)
-    # Only GRIDGATE_CRED_* variables may hold credentials (issue 36).
+    # Only GRIDGATE_CRED_* variables may hold credentials (R-BACK-1).
     monkeypatch.setenv("GRIDGATE_CRED_LIVE_QARNOT_TOKEN", env["GRIDGATE_LIVE_QARNOT_TOKEN"])
     pool = ResourcePool.objects.create(name="live-qarnot", kind="qarnot", public=True, remote=remote)
     ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=2, default=True)
@@ -94,7 +94,7 @@ def test_live_firecrest_round_trip(make_case, monkeypatch):
         "client_id_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_ID",
         "client_secret_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_SECRET",
     }
-    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (issue 36)
+    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (R-BACK-1)
         monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_FIRECREST_{name}", env[f"GRIDGATE_LIVE_FIRECREST_{name}"])
     if os.environ.get("GRIDGATE_LIVE_FIRECREST_PARTITION"):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]

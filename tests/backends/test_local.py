@@ -130,8 +130,8 @@ def test_output_written_just_before_exit_is_never_lost(make_case):
 def test_r_back_6_the_local_backend_declares_only_its_wall_time_so_anything_else_is_400(
     api, owner, local_pool, make_case
 ):
-    """The issue's example on the local backend: refused at creation and at launch; nothing runs.
-    Its one option, ``time`` (minutes), is a whole number within the class's maximum (issue 36)."""
+    """Hostile batch options on the local backend: refused at creation and at launch; nothing runs.
+    Its one option, ``time`` (minutes), is a whole number within the class's maximum."""
     hostile = {"partition": "gpu-premium", "time": "365-00:00:00"}
     client = api(owner)
     body = {"name": "x", "resource_class": local_pool.classes.get().pk, "command": "true", "launch_options": hostile}
@@ -148,7 +148,7 @@ def test_r_back_6_the_local_backend_declares_only_its_wall_time_so_anything_else
 
 
 def test_a_local_case_started_on_one_host_is_never_polled_by_another(make_case):
-    """Issue 17: host B would find no process in its /proc and fail the case; it never claims it."""
+    """Host B would find no process in its /proc and fail the case; it never claims it."""
     from django.test import override_settings
 
     with override_settings(GRIDGATE_WORKER_HOST="host-a"):

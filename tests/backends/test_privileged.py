@@ -1,4 +1,4 @@
-"""Issue 36: the privileged helper is the only root code, and it trusts nothing its caller says.
+"""The privileged helper is the only root code, and it trusts nothing its caller says.
 
 The first tests ask it, as root, to do what a compromised service would ask: switch to root or a
 system account, reach outside the cases root, follow a link the service planted, hand over a

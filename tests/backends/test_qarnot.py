@@ -107,8 +107,8 @@ def test_qarnot_case_runs_shows_live_files_and_ends_done_with_results(q_pool, ma
 
 
 def test_the_backends_state_and_output_spool_in_the_workspace_are_the_services_alone(q_pool, make_case, double):
-    """Issue 36: ``.qarnot/`` (the inputs' hashes, the job's stdout spool) was 0755 with 0644
-    files in a case directory every account may traverse (0711)."""
+    """``.qarnot/`` (the inputs' hashes, the job's stdout spool) was 0755 with 0644 files in a case
+    directory every account may traverse (0711)."""
     case = poll_until(launch(make_case, q_pool, "echo spooled-output"), lambda c: c.is_terminal)
     assert case.status == CaseStatus.DONE, case.last_error
     state = workspace.case_dir(case.id) / qb.STATE_DIR
@@ -356,7 +356,7 @@ def test_doctor_checks_each_prerequisite_without_printing_the_token(q_pool, doub
     assert "FAIL  [qarnot pool=qarnot] storage" in capsys.readouterr().out
 
 
-# -- Qarnot as its SDK describes it (issue 14) -------------------------------------------------
+# -- Qarnot as its SDK describes it ------------------------------------------------------------
 def test_cancel_racing_completion_keeps_the_output(q_pool, make_case, double, api, owner):
     """R-CASE-6 + R-CASE-5: the task ends before Stop; the cancel's final-state check reads the
     SDK's one-shot ``fresh_stdout``; the output still lands in the log, once."""

@@ -50,8 +50,8 @@ def test_hostile_environment_values_reach_the_shell_as_one_literal_word(value, t
 
 @pytest.mark.parametrize("value", ["debug\n#SBATCH --uid=0", "debug\ntouch pwned", "$(id)", "`id`", "a b", "'x'"])
 def test_a_launch_option_value_outside_the_safe_alphabet_is_refused_not_rendered(value):
-    """R-BACK-6 (issue 11, "tests that can fail"): SAFE_VALUE accepting anything, newlines
-    included, lets a second #SBATCH line or a command into the script; this test then fails."""
+    """R-BACK-6, a test that can fail: SAFE_VALUE accepting anything, newlines included, lets a
+    second #SBATCH line or a command into the script; this test then fails."""
     with pytest.raises(sbatch.ScriptError):
         render(launch_options={"partition": value})
 

@@ -148,7 +148,7 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     assert not any(value in env for value in secrets.values())
     assert "0815" not in (results / "loot.txt").read_text()
     assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
-    assert not (working_root / "scratch" / attacker / "work").exists()  # dropped once fetched (issue 36)
+    assert not (working_root / "scratch" / attacker / "work").exists()  # dropped once fetched
     work = working_root / "scratch" / victim / "work"
     assert work.stat().st_uid == victim_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
     subprocess.run(["scancel", victim_job], capture_output=True, check=False)
@@ -167,9 +167,9 @@ def read_as(account, path: Path) -> subprocess.CompletedProcess:
 def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_case(
     slurm_pool, make_case, owner_account, sandbox_host, working_root
 ):
-    """Issue 36: job.sh (the command, with whatever secret it carries) and manifest.json were
-    0644 in a run directory any account may traverse. Both are 0600 now: job.sh the job's
-    account's, manifest.json the service's; sbatch still reads the script (the job runs)."""
+    """``job.sh`` (the command, with whatever secret it carries) and manifest.json were 0644 in a
+    run directory any account may traverse. Both are 0600 now: job.sh the job's account's,
+    manifest.json the service's; sbatch still reads the script (the job runs)."""
     command = "echo token=secret-4711 > /dev/null; cat in.txt > out.txt"
     case = make_case(resource_class=slurm_pool.classes.get(), command=command)
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
@@ -312,7 +312,7 @@ def test_doctor_checks_pass_on_the_local_cluster(slurm_pool):
 
 
 def test_r_back_6_the_issue_example_is_400_on_slurm_naming_the_partitions_and_times(slurm_pool, make_case, api, owner):
-    """Issue 11: {"partition": "gpu-premium", "time": "365-00:00:00"} went straight into #SBATCH."""
+    """Hostile batch options: {"partition": "gpu-premium", "time": "365-00:00:00"} went straight into #SBATCH."""
     case = make_case(resource_class=slurm_pool.classes.get(), command="true")
     response = api(owner).post(
         f"/api/v1/cases/{case.id}/launch/",

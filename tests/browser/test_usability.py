@@ -1,4 +1,4 @@
-"""Issue 18 in a real Chromium: keyboard focus and text selections survive live updates, no page
+"""Usability in a real Chromium: keyboard focus and text selections survive live updates, no page
 scrolls sideways at phone width, unconfigured backends do not look usable, the launch dialog never
 lands on Launch, and the forms keep what was typed, confirm what ends something and say what they
 send. No fixed sleeps: every wait is on a response or a condition, bounded by TIMEOUT_MS."""

@@ -1,6 +1,6 @@
-"""Issue 17 item 6 in a real Chromium: a staff user follows the admin's link to the utilization
-page, picks a day with known activity, and the charts are drawn (SVG columns, points and bars)
-with their numbers readable; the page fits a phone. The screenshot goes to the README
+"""The utilization page in a real Chromium: a staff user follows the admin's link to the
+utilization page, picks a day with known activity, and the charts are drawn (SVG columns, points
+and bars) with their numbers readable; the page fits a phone. The screenshot goes to the README
 (``make screenshots`` writes docs/screenshots/utilization.png)."""
 
 import pytest

@@ -188,8 +188,8 @@ def test_r_case_7_symlink_out_of_the_workspace_is_refused(api, owner, local_pool
 
 
 def test_files_list_is_paginated_in_path_order_with_the_total(api, owner, local_pool):
-    """Issue 36: the standard page shape ({"count", "next", "previous", "results"}, plus
-    ``unlisted``), by path, however the walk met the files."""
+    """The standard page shape ({"count", "next", "previous", "results"}, plus ``unlisted``), by
+    path, however the walk met the files."""
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     results = workspace.case_dir(case_id) / "results"
@@ -219,7 +219,7 @@ def test_a_page_of_files_holds_at_most_500(api, owner, local_pool):
 
 
 def test_files_named_with_control_characters_are_listed_and_served_and_undecodable_ones_counted(api, owner, local_pool):
-    """Issue 36: a command may name its files anything; the API never answers 500 for them."""
+    """A command may name its files anything; the API never answers 500 for them."""
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     results = workspace.case_dir(case_id) / "results"
@@ -507,9 +507,9 @@ def test_r_back_6_a_newline_in_a_launch_option_is_400(api, owner, local_pool):
 
 
 def test_launch_key_of_a_request_that_died_is_free_again_at_once(api, owner, local_pool, monkeypatch):
-    """Issue 16, item 2: the launch records itself in one transaction with its Idempotency-Key
-    (a worker submits later), so a request killed inside its work leaves no key behind: the retry
-    with the same key launches at once instead of answering 409 for 24 hours."""
+    """The launch records itself in one transaction with its Idempotency-Key (a worker submits
+    later), so a request killed inside its work leaves no key behind: the retry with the same key
+    launches at once instead of answering 409 for 24 hours."""
     from apps.core.models import IdempotencyKey
 
     case_id = create(api(owner), local_pool.classes.get()).json()["id"]
@@ -543,7 +543,7 @@ def raw_multipart(files: dict[str, bytes], **fields) -> tuple[bytes, str]:
 
 @pytest.mark.parametrize("name", ["../evil.txt", "sub/a.txt", "..\\\\evil.txt", "/etc/passwd", ".."])
 def test_upload_name_with_a_directory_part_is_refused_naming_the_file(api, owner, local_pool, name):
-    """Issue 16, item 7 (R-CASE-7): no silent cut to the base name."""
+    """R-CASE-7: no silent cut to the base name."""
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]
     body, content_type = raw_multipart({name: b"x"})

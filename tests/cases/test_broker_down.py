@@ -1,4 +1,4 @@
-"""Issue 17: a case launch while the broker is down answers 202; the tick loop submits it."""
+"""A case launch while the broker is down answers 202; the tick loop submits it."""
 
 import pytest
 

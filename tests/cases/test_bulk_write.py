@@ -1,5 +1,5 @@
 """A poll pass's write-back is one UPDATE … FROM (VALUES …) on PostgreSQL, split when a pass has
-more values than a statement takes (issue 15 review: server-side binding's 65 535 parameters)."""
+more values than a statement takes (server-side binding's 65 535 parameters)."""
 
 import pytest
 from django.db import connection

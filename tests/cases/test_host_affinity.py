@@ -1,6 +1,6 @@
-"""Issue 17, host affinity: a host-bound backend's case (local: a process seen only in its host's
-/proc) is pinned to the worker host that starts it, and only that host's workers claim it.
-Hosts are distinct GRIDGATE_WORKER_HOST identities (override_settings)."""
+"""Host affinity: a host-bound backend's case (local: a process seen only in its host's /proc) is
+pinned to the worker host that starts it, and only that host's workers claim it. Hosts are distinct
+GRIDGATE_WORKER_HOST identities (override_settings)."""
 
 import threading
 
@@ -187,7 +187,7 @@ def started_then_killed(make_case, monkeypatch):
 
 
 def test_a_launch_cancelled_from_another_host_is_stopped_by_the_run_hosts_pass(make_case, host_bound, monkeypatch):
-    """R-CASE-6, issue 17: the web on host W cannot see host A's process; host A's pass stops it."""
+    """R-CASE-6: the web on host W cannot see host A's process; host A's pass stops it."""
     case, job = started_then_killed(make_case, monkeypatch)
     with override_settings(GRIDGATE_WORKER_HOST="web-w"):
         answered = services.cancel_case(case)

@@ -1,4 +1,4 @@
-"""Case workspaces on disk: the cases root's mode (issue 36) and what a workspace listing holds."""
+"""Case workspaces on disk: the cases root's mode and what a workspace listing holds."""
 
 import logging
 import os
@@ -37,8 +37,8 @@ def test_cases_root_is_0711_after_the_first_case_even_when_it_did_not_exist(make
 
 
 def test_a_worker_heartbeat_before_any_case_leaves_the_cases_root_0711(make_case, cases_root):
-    """Issue 36: the heartbeat's marker was the first to create the root, 0755, and the case code
-    only set 0711 on a root it created itself, so the root stayed listable by every account."""
+    """The heartbeat's marker was the first to create the root, 0755, and the case code only set
+    0711 on a root it created itself, so the root stayed listable by every account."""
     hosts.write_marker("host-a", datetime.now(UTC))
     assert mode(cases_root) == 0o711
     make_case()

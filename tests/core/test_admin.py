@@ -1,4 +1,4 @@
-"""Admin pages for stuck coordination state (issue 16): leases, idempotency keys, pool queues."""
+"""Admin pages for stuck coordination state: leases, idempotency keys, pool queues."""
 
 from datetime import timedelta
 
@@ -30,7 +30,7 @@ def test_lease_admin_lists_filters_and_expires_a_stuck_lease(admin_client):
 
 
 def test_worker_heartbeat_admin_lists_hosts_and_deletes_a_retired_one(admin_client):
-    """Issue 17: a retired host's heartbeat would keep the "worker dead" alert firing."""
+    """A retired host's heartbeat would keep the "worker dead" alert firing."""
     WorkerHeartbeat.objects.create(name="retired-host", seen_at=timezone.now() - timedelta(days=3))
     response = admin_client.get("/admin/core/workerheartbeat/")
     assert response.status_code == 200 and "retired-host" in response.content.decode()

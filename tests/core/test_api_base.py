@@ -41,7 +41,7 @@ def test_heartbeat_task_records_the_worker(db):
 
 
 def test_heartbeat_comes_from_the_ticker_not_a_minutely_schedule(db):
-    """Issue 17: the ticker process beats every few seconds, so heartbeat age means something."""
+    """The ticker process beats every few seconds, so heartbeat age means something."""
     from django_q.models import Schedule
 
     assert not Schedule.objects.filter(name="gridgate.heartbeat").exists()

@@ -1,5 +1,5 @@
-"""One enqueue helper (issue 17): every task goes through ``apps.core.tasks.enqueue`` (after
-commit, broker errors logged, never raised into a request)."""
+"""One enqueue helper: every task goes through ``apps.core.tasks.enqueue`` (after commit, broker
+errors logged, never raised into a request)."""
 
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """One JSON error shape on /api/ and /qrmi/: anything a client sent is a 4xx with a message, a
-transient database failure a 503, and never an HTML page (issue 16, items 1 and 6; SPEC §10)."""
+transient database failure a 503, and never an HTML page (SPEC §10)."""
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile

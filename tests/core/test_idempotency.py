@@ -1,6 +1,5 @@
-"""Idempotency-Key bound to the work (issue 16, item 2; SPEC §7, §10): a request killed mid-way
-leaves no stuck key, concurrent repeats run the work once, a response lost after the commit is
-replayed."""
+"""Idempotency-Key bound to the work (SPEC §7, §10): a request killed mid-way leaves no stuck key,
+concurrent repeats run the work once, a response lost after the commit is replayed."""
 
 import os
 import signal
@@ -136,7 +135,7 @@ def test_concurrent_repeats_with_one_key_run_the_work_once_and_all_get_its_answe
 
 @pytest.mark.django_db
 def test_response_lost_after_the_commit_is_replayed_not_redone(api, owner, local_pool, monkeypatch):
-    """Issue 17's duplicate: the work committed, then the response failed (a 500); the retry with
+    """A duplicate request: the work committed, then the response failed (a 500); the retry with
     the same key must get the first answer, not a second session."""
     real_render = JSONRenderer.render
     failed = []

@@ -1,5 +1,5 @@
-"""Issue 15 review: with server-side binding every value is a statement parameter, and PostgreSQL
-takes at most 65 535; the backend declares it so that Django batches what it builds."""
+"""With server-side binding every value is a statement parameter, and PostgreSQL takes at most 65
+535; the backend declares it so that Django batches what it builds."""
 
 import io
 from datetime import timedelta

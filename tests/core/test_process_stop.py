@@ -1,5 +1,5 @@
-"""Issue 15 / SPEC §10: stopping the web or worker process with SIGTERM (or Ctrl-C of `make run`)
-ends it and everything it started within its grace period. Bounded waits, no timing assertions."""
+"""SPEC §10: stopping the web or worker process with SIGTERM (or Ctrl-C of `make run`) ends it and
+everything it started within its grace period. Bounded waits, no timing assertions."""
 
 import os
 import signal
@@ -97,8 +97,8 @@ def test_supervisor_stops_a_cooperative_command_cleanly(tmp_path):
 
 
 def test_supervisor_stops_the_ticker_when_the_cluster_dies():
-    """Issue 17: `manage.py worker` runs the cluster and the ticker side by side; a ticker left
-    alone would beat the heartbeat of a worker that runs no tasks. One exits: both end."""
+    """`manage.py worker` runs the cluster and the ticker side by side; a ticker left alone would
+    beat the heartbeat of a worker that runs no tasks. One exits: both end."""
     survivor = "import time; time.sleep(600)"
     crash = "import sys, time; time.sleep(0.5); sys.exit(3)"
     runner = (

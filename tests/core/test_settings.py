@@ -55,7 +55,7 @@ def _run(args, **env):
 
 
 def test_web_app_refuses_to_start_with_debug_off_and_no_allowed_hosts(tmp_path):
-    """Issue 15: a start-up message instead of 400 to every request."""
+    """A start-up message instead of 400 to every request."""
     result = _run(["-c", "import config.wsgi"], DEBUG="false", GRIDGATE_VAR_DIR=str(tmp_path))
     assert result.returncode != 0
     assert "ALLOWED_HOSTS is empty and DEBUG is off" in result.stderr
@@ -100,7 +100,7 @@ def test_https_settings_follow_gridgate_https(monkeypatch):
 
 
 def test_persistent_connections_come_from_the_environment(monkeypatch):
-    """Issue 15: CONN_MAX_AGE / CONN_HEALTH_CHECKS, persistent by default."""
+    """CONN_MAX_AGE / CONN_HEALTH_CHECKS, persistent by default."""
     monkeypatch.delenv("CONN_MAX_AGE", raising=False)
     monkeypatch.delenv("CONN_HEALTH_CHECKS", raising=False)
     config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
@@ -112,9 +112,9 @@ def test_persistent_connections_come_from_the_environment(monkeypatch):
 
 
 def test_postgres_statements_are_prepared_by_default_and_can_be_turned_off(monkeypatch):
-    """Issue 15: server-side binding with psycopg's prepare threshold (5 by default); "off" keeps
-    Django's client-side binding (PgBouncer in transaction mode without prepared statements);
-    SQLite has neither."""
+    """Server-side binding with psycopg's prepare threshold (5 by default); "off" keeps Django's
+    client-side binding (PgBouncer in transaction mode without prepared statements); SQLite has
+    neither."""
     monkeypatch.setenv("GRIDGATE_TEST_DB_URL", "postgres://gridgate@db.example:5432/gridgate")
     monkeypatch.delenv("DATABASE_PREPARE_THRESHOLD", raising=False)
     config = env_database("GRIDGATE_TEST_DB_URL", Path("/tmp/x.sqlite3"))
@@ -137,8 +137,8 @@ def test_postgres_statements_are_prepared_by_default_and_can_be_turned_off(monke
 @pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_statement_repeated_on_a_connection_is_prepared_on_the_server():
-    """Issue 15: what the settings ask for takes effect: after the threshold, PostgreSQL holds the
-    statement prepared (it is executed, not parsed and planned again), through the ORM."""
+    """What the settings ask for takes effect: after the threshold, PostgreSQL holds the statement
+    prepared (it is executed, not parsed and planned again), through the ORM."""
     import uuid
 
     from django.db import connection
@@ -155,7 +155,7 @@ def test_a_statement_repeated_on_a_connection_is_prepared_on_the_server():
 
 
 def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_naming_both(tmp_path):
-    """Issue 17 review: one late beat must not get a live emulation re-run."""
+    """One late beat must not get a live emulation re-run."""
     load = ["-c", "import config.settings"]
     refused = _run(
         load,
@@ -176,8 +176,8 @@ def test_emulator_dead_after_below_twice_the_heartbeat_is_refused_at_start_namin
 
 
 def test_a_redis_broker_without_a_password_is_refused_at_start(tmp_path):
-    """Issue 36: a writer to the broker queues tasks for the workers; the URL must carry
-    credentials unless the operator says nobody else can reach that Redis."""
+    """A writer to the broker queues tasks for the workers; the URL must carry credentials unless
+    the operator says nobody else can reach that Redis."""
     load = ["-c", "import config.settings"]
     refused = _run(load, GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_REDIS_URL="redis://127.0.0.1:6379/0")
     assert refused.returncode != 0 and "GRIDGATE_REDIS_ALLOW_NO_AUTH" in refused.stderr
@@ -192,8 +192,8 @@ def test_a_redis_broker_without_a_password_is_refused_at_start(tmp_path):
 
 
 def test_a_case_pass_batch_beyond_what_a_statement_can_name_is_refused_at_start(tmp_path):
-    """Issue 15 review: a pass names its cases in IN lists, a parameter each (PostgreSQL takes
-    65 535 per statement with server-side binding): refused at start, not in every pass."""
+    """A pass names its cases in IN lists, a parameter each (PostgreSQL takes 65 535 per statement
+    with server-side binding): refused at start, not in every pass."""
     refused = _run(["-c", "import config.settings"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_CASE_PASS_BATCH="70000")
     assert refused.returncode != 0 and "GRIDGATE_CASE_PASS_BATCH" in refused.stderr
     accepted = _run(["-c", "import config.settings"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_CASE_PASS_BATCH="10000")

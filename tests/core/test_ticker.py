@@ -1,5 +1,5 @@
-"""The tick loop (issue 17): one ticker process per cluster, one holder per site through a short
-lease renewed every second, taken over within seconds of the holder's death, no gap each minute."""
+"""The tick loop: one ticker process per cluster, one holder per site through a short lease renewed
+every second, taken over within seconds of the holder's death, no gap each minute."""
 
 import threading
 import time
@@ -79,8 +79,8 @@ def test_a_stuck_step_gives_the_loop_up(monkeypatch):
 
 
 def test_the_lease_counts_as_held_only_within_its_length_since_the_last_renewal(settings, monkeypatch):
-    """Issue 17 review: a keeper hung in a database call (no error, no renewal) must not leave
-    ``holding`` true: the lease expires in the database and another cluster may take it."""
+    """A keeper hung in a database call (no error, no renewal) must not leave ``holding`` true: the
+    lease expires in the database and another cluster may take it."""
     settings.GRIDGATE_TICK_LEASE_SECONDS = 5
     now = [100.0]
     monkeypatch.setattr(ticker, "clock", lambda: now[0])
@@ -94,9 +94,9 @@ def test_the_lease_counts_as_held_only_within_its_length_since_the_last_renewal(
 
 
 def test_a_renewal_that_hung_then_succeeded_restarts_the_database_contact_clock(monkeypatch):
-    """Review of issue 17: dropped packets make the renewal hang without an error, then succeed;
-    that outage must count like one that raised, or recovery would judge every live emulation
-    (whose heartbeats could not be written meanwhile) dead at once."""
+    """Dropped packets make the renewal hang without an error, then succeed; that outage must count
+    like one that raised, or recovery would judge every live emulation (whose heartbeats could not
+    be written meanwhile) dead at once."""
     from apps.core import tasks
 
     now = [1000.0]
@@ -285,8 +285,8 @@ def test_reversing_the_ticker_migration_recreates_no_schedule_for_the_removed_ti
 
 
 def test_each_host_runs_its_own_passes_while_another_host_holds_the_shared_loop(passes, settings):
-    """Issue 17: work only one host can do (its local processes) runs in every host's ticker,
-    whoever holds the shared loop; the shared passes only in the holder's."""
+    """Work only one host can do (its local processes) runs in every host's ticker, whoever holds
+    the shared loop; the shared passes only in the holder's."""
     shared, per_host = [], []
     passes.register("shared", lambda: shared.append(1), every=lambda: 0)
     passes.register("mine", lambda: per_host.append(settings.GRIDGATE_WORKER_HOST), every=lambda: 0, per_host=True)

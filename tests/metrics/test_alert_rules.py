@@ -1,5 +1,5 @@
-"""Issue 17 item 5: the documented alert rules and configuration are valid YAML, name metrics
-that /metrics exports, and (when promtool is installed) pass promtool's own checks."""
+"""The documented alert rules and configuration are valid YAML, name metrics that /metrics exports,
+and (when promtool is installed) pass promtool's own checks."""
 
 import os
 import re

@@ -1,5 +1,5 @@
-"""Issue 17 item 5: several gunicorn worker processes, one /metrics that counts them all
-(prometheus-client's multiprocess mode, set up by config/gunicorn.conf.py)."""
+"""Several gunicorn worker processes, one /metrics that counts them all (prometheus-client's
+multiprocess mode, set up by config/gunicorn.conf.py)."""
 
 import os
 import runpy

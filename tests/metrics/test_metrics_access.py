@@ -1,4 +1,4 @@
-"""Issue 17 item 5: /metrics is never open by default; a bearer token and/or client networks."""
+"""/metrics is never open by default; a bearer token and/or client networks."""
 
 import ipaddress
 import os

@@ -1,4 +1,4 @@
-"""Issue 17 item 5: /metrics read by prometheus-client's own parser, with known values set up."""
+"""/metrics read by prometheus-client's own parser, with known values set up."""
 
 from datetime import UTC, datetime, timedelta
 

@@ -1,4 +1,4 @@
-"""Issue 17 item 5: HTTP request latency by route: the resolved URL pattern, never the raw path."""
+"""HTTP request latency by route: the resolved URL pattern, never the raw path."""
 
 import uuid
 

@@ -357,7 +357,7 @@ def test_r_qrmi_3_qrmi_jobs_are_fairly_scheduled_with_api_jobs(qpu, qrmi, alice,
     assert set(order[:2]) == both and set(order[2:]) == both
 
 
-# -- pool access on every route (R-POOL-8, issue 11 item 8) --------------------------------------
+# -- pool access on every route (R-POOL-8) -------------------------------------------------------
 @pytest.fixture
 def private_qpu(qpu, bob):
     """The QPU pool made private and granted to bob's group only (alice may not use it)."""
@@ -404,8 +404,8 @@ def other_qpu(db):
 
 
 def test_r_qrmi_1_a_session_is_found_only_under_its_own_pool(qpu, other_qpu, qrmi, alice, open_qrmi_session):
-    """Issue 11, "tests that can fail": the session lookup not filtered by pool would let a
-    session of pool fresnel submit to and be released through /qrmi/orion/."""
+    """A test that can fail: the session lookup not filtered by pool would let a session of pool
+    fresnel submit to and be released through /qrmi/orion/."""
     session = open_qrmi_session()
     response = qrmi(USER_UID).post(
         "/qrmi/orion/jobs",
@@ -433,7 +433,7 @@ def test_r_dev_1_task_start_with_an_unmeasured_or_parametrized_sequence_is_400(q
     assert not Job.objects.exists()
 
 
-# -- user_id parsing (issue 16, item 8) ----------------------------------------------------------
+# -- user_id parsing -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "user_id", ["\u0666\u0665\u0665\u0663\u0664", "65534\n", " 65534", "65534 ", "+1", "-1", "1e3", ""]
 )

@@ -1,5 +1,5 @@
-"""Issue 15 / SPEC §9: QRMI acquire, release and job submission cost at most 4 SQL statements
-with real MUNGE credentials, and a job route looks the caller's Unix account up once."""
+"""SPEC §9: QRMI acquire, release and job submission cost at most 4 SQL statements with real MUNGE
+credentials, and a job route looks the caller's Unix account up once."""
 
 import pytest
 from django.db import connection

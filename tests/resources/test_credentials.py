@@ -1,6 +1,6 @@
-"""Issue 36: staff → SECRET_KEY → root. A pool or device names the variables holding its
-credentials and the URL they are sent to; only GRIDGATE_CRED_* variables may be named, and only
-staff holding the model's permission write pools, classes and devices."""
+"""Staff → SECRET_KEY → root. A pool or device names the variables holding its credentials and the
+URL they are sent to; only GRIDGATE_CRED_* variables may be named, and only staff holding the
+model's permission write pools, classes and devices."""
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

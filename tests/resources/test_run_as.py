@@ -30,7 +30,7 @@ def test_linked_user_runs_as_their_own_account(owner, local_pool):
     UnixAccount.objects.create(user=owner, unix_uid=me.pw_uid)
     run_as = run_as_for(owner, local_pool)
     assert (run_as.mode, run_as.uid, run_as.gid, run_as.name) == (RunAs.OWNER, me.pw_uid, me.pw_gid, me.pw_name)
-    assert run_as.switches and not run_as.network  # issue 36: no network unless the pool allows it
+    assert run_as.switches and not run_as.network  # no network unless the pool allows it
 
 
 def test_unlinked_user_is_refused_with_what_to_ask_an_operator(owner, local_pool):

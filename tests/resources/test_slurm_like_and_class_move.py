@@ -1,5 +1,5 @@
 """R-POOL-4/5/6 for both Slurm-like kinds (slurm and firecrest alike), the whole-CPU rounding of
-legacy rows, and a class that never moves to another pool (issue 12, items 7 and 8)."""
+legacy rows, and a class that never moves to another pool."""
 
 from decimal import Decimal
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("GRIDGATE_SCALEOUT_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 #: short cadences, leases and heartbeats, so recovery happens within the test's bounds. Settings
-#: that do not exist on a given revision are ignored (the recovery ones arrive with issue 17 item 1).
+#: that do not exist on a given revision are ignored (an older revision lacks the recovery ones).
 FAST = {
     "GRIDGATE_Q_WORKERS": "2",
     "GRIDGATE_STOP_GRACE": "5",

@@ -1,10 +1,10 @@
-"""Issue 17, item 3: scale-out. Two production web processes and two worker clusters (separate
-processes, worker hosts ``host-a`` and ``host-b``) on one PostgreSQL database and one Redis,
-loopback only; four pools with two emulator devices each and a pool of local cases; a burst of
-sessions, jobs and cases from eight clients through both web processes. Then: every job ran
-exactly once (its run started once, ``DriverRun.attempts``), no device was ever over capacity, no
-case was processed twice, no remote job is duplicated; and with one cluster SIGKILLed while it
-runs an emulation, the other finishes the work, starting again exactly the runs the dead one held.
+"""Scale-out. Two production web processes and two worker clusters (separate processes, worker
+hosts ``host-a`` and ``host-b``) on one PostgreSQL database and one Redis, loopback only; four
+pools with two emulator devices each and a pool of local cases; a burst of sessions, jobs and cases
+from eight clients through both web processes. Then: every job ran exactly once (its run started
+once, ``DriverRun.attempts``), no device was ever over capacity, no case was processed twice, no
+remote job is duplicated; and with one cluster SIGKILLed while it runs an emulation, the other
+finishes the work, starting again exactly the runs the dead one held.
 
 Bounded: at most a few hundred requests, and every wait is a bounded poll (about 90 s in all on
 a quiet 2-core machine). Under CI a missing Redis or PostgreSQL fails the test; elsewhere it is

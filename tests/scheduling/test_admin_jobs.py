@@ -1,4 +1,4 @@
-"""The admin's job list tells operators why a job waits (issue 18, item 9), in constant queries."""
+"""The admin's job list tells operators why a job waits, in constant queries."""
 
 import json
 from pathlib import Path
@@ -45,7 +45,7 @@ def test_admin_job_list_queries_do_not_grow_with_jobs(
 
 
 def test_driver_run_admin_shows_which_worker_ran_an_emulation_and_how_often(admin_client, qpu_pool):
-    """Issue 17: an operator sees a re-run emulation's attempts and its last worker."""
+    """An operator sees a re-run emulation's attempts and its last worker."""
     from apps.scheduling.models import Device, DriverRun
 
     device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator")

@@ -1,5 +1,5 @@
-"""Issue 17: enqueueing happens after commit, and a broker failure never turns a committed request
-into a 500; the tick loop's passes do the work anyway."""
+"""Enqueueing happens after commit, and a broker failure never turns a committed request into a
+500; the tick loop's passes do the work anyway."""
 
 import pytest
 
@@ -57,9 +57,9 @@ def test_cancel_while_the_broker_is_down_answers_200(api, owner, qpu_pool, open_
 
 
 def test_a_silent_redis_fails_the_enqueue_within_its_socket_timeouts(monkeypatch):
-    """Issue 17: a Redis that accepts connections and never answers (a wedged server, a proxy in
-    between) fails an enqueue within the socket timeouts the settings add to GRIDGATE_REDIS_URL,
-    instead of holding the committed request for the minutes redis-py waits by default."""
+    """A Redis that accepts connections and never answers (a wedged server, a proxy in between)
+    fails an enqueue within the socket timeouts the settings add to GRIDGATE_REDIS_URL, instead of
+    holding the committed request for the minutes redis-py waits by default."""
     import os
     import socket
     import subprocess

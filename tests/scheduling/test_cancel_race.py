@@ -1,4 +1,4 @@
-"""Issue 18 item 7: a cancel recorded before the dispatcher hands a job to its device wins.
+"""A cancel recorded before the dispatcher hands a job to its device wins.
 
 The user saw the job pending and pressed Cancel; the dispatcher had just claimed it (the job reads
 running) but not yet called the driver. The job must never reach the device."""

@@ -67,7 +67,7 @@ def test_claim_without_recorded_submission_is_adopted_not_duplicated(qpu_pool, f
 def test_a_claim_whose_worker_died_is_taken_over_after_the_short_job_lease(
     qpu_pool, fake_device, open_session, owner, settings, time_machine
 ):
-    """Issue 17: a worker killed between the claim and the hand-over holds the job for
+    """A worker killed between the claim and the hand-over holds the job for
     GRIDGATE_JOB_LEASE_SECONDS (30 s), not minutes; then any pass hands it over, once."""
     settings.GRIDGATE_JOB_LEASE_SECONDS = 30
     time_machine.move_to(timezone.now(), tick=False)
@@ -86,8 +86,8 @@ def test_a_claim_whose_worker_died_is_taken_over_after_the_short_job_lease(
 def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
     qpu_pool, fake_device, open_session, owner, settings, monkeypatch
 ):
-    """Issue 17: the claim is renewed while a driver call runs, so a short lease never lets a
-    second worker take a job whose call is merely slow (and submit it twice)."""
+    """The claim is renewed while a driver call runs, so a short lease never lets a second worker
+    take a job whose call is merely slow (and submit it twice)."""
     import threading
 
     from django.db import connection
@@ -129,8 +129,8 @@ def test_a_slow_provider_call_keeps_its_claim_past_the_lease(
 def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a_second_worker(
     qpu_pool, fake_device, open_session, owner, settings, monkeypatch
 ):
-    """Issue 17: a poll pass claims its whole batch and renews the whole batch while it calls the
-    provider job after job, so the jobs later in a slow batch never lapse to another worker."""
+    """A poll pass claims its whole batch and renews the whole batch while it calls the provider
+    job after job, so the jobs later in a slow batch never lapse to another worker."""
     import threading
 
     from django.db import connection
@@ -176,9 +176,9 @@ def test_a_poll_batch_whose_provider_calls_outlast_the_lease_is_never_taken_by_a
 def test_a_job_whose_claim_was_taken_over_is_never_submitted_again_by_its_old_holder(
     qpu_pool, fake_device, open_session, owner, settings, monkeypatch
 ):
-    """Issue 17: worker A claims a job and stalls past the lease; worker B takes the claim over
-    and submits the job. A waking up meanwhile must neither submit it a second time (two paid QPU
-    jobs) nor record it cancelled: the claim is B's now."""
+    """Worker A claims a job and stalls past the lease; worker B takes the claim over and submits
+    the job. A waking up meanwhile must neither submit it a second time (two paid QPU jobs) nor
+    record it cancelled: the claim is B's now."""
     import threading
 
     from django.db import connection
@@ -492,7 +492,7 @@ def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device
 def test_emulator_run_whose_worker_died_too_often_fails_its_job_and_frees_the_device(
     qpu_pool, open_session, owner, settings
 ):
-    """Issue 17 poison pill: after GRIDGATE_EMULATOR_MAX_ATTEMPTS starts that all died."""
+    """Poison pill: after GRIDGATE_EMULATOR_MAX_ATTEMPTS starts that all died."""
     from apps.scheduling.drivers import emulator
     from apps.scheduling.models import DriverRun
     from tests.scheduling.pulser_sequences import analog_sequence

@@ -52,7 +52,7 @@ def test_emulator_failure_is_recorded_on_the_job(
     assert DriverRun.objects.get(remote_id=job.remote_id).status == "failed"
 
 
-# -- a worker killed mid-emulation (issue 16 item 9, issue 17 item 1) -------------------------------
+# -- a worker killed mid-emulation ------------------------------------------------------------------
 def running_run(qpu_pool, *, started_ago: float, beat_ago: float | None, attempts: int = 1, status="running"):
     from datetime import timedelta
 
@@ -163,8 +163,8 @@ def test_queued_run_no_worker_started_is_sent_again_with_a_growing_delay(qpu_poo
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_duplicate_deliveries_of_a_run_execute_it_once(qpu_pool, monkeypatch, settings):
-    """Issue 17: the broker's retry, a resend by recover_runs and Redis's at-most-once hand-out can
-    all deliver run_emulation twice; the compare-and-set on ``queued`` runs it once."""
+    """The broker's retry, a resend by recover_runs and Redis's at-most-once hand-out can all
+    deliver run_emulation twice; the compare-and-set on ``queued`` runs it once."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -286,10 +286,10 @@ def test_job_whose_emulation_worker_died_completes_after_the_rerun(
 def test_after_a_database_outage_runs_are_judged_dead_only_once_contact_has_lasted_dead_after(
     qpu_pool, sent, settings, monkeypatch
 ):
-    """Issue 17 review: during a database outage no worker can beat, so when the database comes
-    back every live run looks dead. The recovery pass judges deaths only once its ticker has had
-    database contact for DEAD_AFTER: the live workers have beaten again by then, and only the
-    run whose worker really died is re-run."""
+    """During a database outage no worker can beat, so when the database comes back every live run
+    looks dead. The recovery pass judges deaths only once its ticker has had database contact for
+    DEAD_AFTER: the live workers have beaten again by then, and only the run whose worker really
+    died is re-run."""
     from datetime import timedelta
 
     from django.db import OperationalError

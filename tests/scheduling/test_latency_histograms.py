@@ -1,5 +1,5 @@
-"""Issue 17 item 5: the queue-wait and dispatch-latency histograms are counted when the job is
-dispatched and handed over (apps.scheduling.latency), per pool, monotonic."""
+"""The queue-wait and dispatch-latency histograms are counted when the job is dispatched and handed
+over (apps.scheduling.latency), per pool, monotonic."""
 
 from datetime import UTC, datetime, timedelta
 

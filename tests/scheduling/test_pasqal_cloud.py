@@ -174,7 +174,7 @@ def test_live_pasqal_cloud_specs_with_real_credentials(qpu_pool, monkeypatch):
     if not project:
         pytest.skip("set GRIDGATE_LIVE_PASQAL_PROJECT_ID and GRIDGATE_LIVE_PASQAL_TOKEN to run against Pasqal Cloud")
     config = {"project_id": project, "device_type": os.environ.get("GRIDGATE_LIVE_PASQAL_DEVICE", "FRESNEL")}
-    # Only GRIDGATE_CRED_* variables may hold credentials (issue 36): the live ones are copied there.
+    # Only GRIDGATE_CRED_* variables may hold credentials (R-BACK-1): the live ones are copied there.
     for name in ("TOKEN", "USERNAME", "PASSWORD"):
         if os.environ.get(f"GRIDGATE_LIVE_PASQAL_{name}"):
             monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_PASQAL_{name}", os.environ[f"GRIDGATE_LIVE_PASQAL_{name}"])

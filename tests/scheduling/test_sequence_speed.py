@@ -1,4 +1,4 @@
-"""Issue 15: Pulser validates submitted sequences with its compiled (fastjsonschema) validator."""
+"""Pulser validates submitted sequences with its compiled (fastjsonschema) validator."""
 
 
 def test_pulser_uses_the_compiled_schema_validator():

@@ -1,6 +1,6 @@
-"""Rules at the edge of sessions and scheduling that a one-line change used to break silently
-(issue 12, item 7): the idempotent 409 on a class mismatch, the GPU quota, the max_lifetime
-expiry of a busy session, and who may open a session for whom (item 6)."""
+"""Rules at the edge of sessions and scheduling that a one-line change used to break silently:
+the idempotent 409 on a class mismatch, the GPU quota, the max_lifetime expiry of a busy
+session, and who may open a session for whom."""
 
 from datetime import timedelta
 
@@ -73,8 +73,8 @@ def test_max_lifetime_expiry_cancels_the_sessions_jobs(qpu_pool, fake_device, op
 
 
 def test_pending_jobs_counts_every_job_the_device_could_take(api, qpu_pool, open_session, owner, staff):
-    """R-JOB-4 / item 6: untargeted jobs count for every online device of the pool; jobs that
-    name another device do not."""
+    """R-JOB-4: untargeted jobs count for every online device of the pool; jobs that name another
+    device do not."""
     one = Device.objects.create(pool=qpu_pool, name="one", driver="fake", online=False)
     two = Device.objects.create(pool=qpu_pool, name="two", driver="fake", online=False)
     session = open_session(qpu_pool, owner)

@@ -37,8 +37,8 @@ def vruntime(session):
 def test_arrival_into_an_empty_queue_takes_at_most_its_share_plus_one(
     qpu_pool, fake_device, open_session, owner, member
 ):
-    """The issue's newcomer burst: A runs 8 jobs and drains; B arrives while nobody has work
-    pending and queues 8; A queues 8 more. B gets about half the next 8 turns, never all."""
+    """The newcomer burst: A runs 8 jobs and drains; B arrives while nobody has work pending and
+    queues 8; A queues 8 more. B gets about half the next 8 turns, never all."""
     a = open_session(qpu_pool, owner, external_id="a")
     submit(a, 8)
     assert [turn(qpu_pool) for _ in range(8)] == [a.pk] * 8

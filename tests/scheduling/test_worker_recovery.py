@@ -1,7 +1,7 @@
 """Real worker clusters (``manage.py worker``: qcluster + ticker, in subprocesses), on the ORM
-broker and on Redis (issue 17): a job runs to completion, and a cluster killed with SIGKILL mid-simulation loses
-nothing: the other cluster's ticker takes the loop over, its recovery pass re-runs the run, and the
-job completes. Short cadences come from the environment; every wait is a bounded poll.
+broker and on Redis: a job runs to completion, and a cluster killed with SIGKILL mid-simulation
+loses nothing: the other cluster's ticker takes the loop over, its recovery pass re-runs the run,
+and the job completes. Short cadences come from the environment; every wait is a bounded poll.
 
 Redis is the machine's (127.0.0.1:6379), database index 7 only (flushed before and after, never
 FLUSHALL). Under CI (CI=true) a Redis that does not answer fails these tests instead of skipping
@@ -146,9 +146,9 @@ def test_worker_runs_an_emulator_job_to_completion(broker, clusters, qpu_pool, o
 
 
 def test_cluster_killed_mid_simulation_loses_nothing(broker, clusters, qpu_pool, owner, open_session):
-    """Issue 17: SIGKILL the cluster running a simulation; the other cluster re-runs it (the
-    heartbeat stopped: not the broker's retry, 6 minutes later) and the job completes. With the ORM
-    broker the killed cluster's task stays locked until that retry, and is then skipped."""
+    """SIGKILL the cluster running a simulation; the other cluster re-runs it (the heartbeat
+    stopped: not the broker's retry, 6 minutes later) and the job completes. With the ORM broker
+    the killed cluster's task stays locked until that retry, and is then skipped."""
     clusters.start("kill-a", broker)
     clusters.start("kill-b", broker)
     assert wait_until(lambda: beating("kill-a") and beating("kill-b"), 120), clusters.log("kill-a")

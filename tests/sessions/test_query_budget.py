@@ -1,5 +1,5 @@
-"""Issue 15 / SPEC §9: the common acquire and release over REST cost at most 4 SQL statements,
-token authentication included (transactional tests: no test savepoints inflate the count)."""
+"""SPEC §9: the common acquire and release over REST cost at most 4 SQL statements, token
+authentication included (transactional tests: no test savepoints inflate the count)."""
 
 import pytest
 from rest_framework.test import APIClient

@@ -1,5 +1,5 @@
-"""A case's file list on the pages (issue 36): any name a command can make is shown safely or
-counted, never a 500; the file list is its own, paginated part, never in the 2 s live fragment."""
+"""A case's file list on the pages: any name a command can make is shown safely or counted, never a
+500; the file list is its own, paginated part, never in the 2 s live fragment."""
 
 import os
 
@@ -46,7 +46,7 @@ def client_without_raising(user) -> Client:
 def test_a_file_named_with_a_newline_or_any_control_character_is_listed_and_the_page_answers_200(
     web, cases_root, owner, local_pool, name
 ):
-    """Issue 36: a newline made the file's link a NoReverseMatch, a 500 on the case page."""
+    """A newline made the file's link a NoReverseMatch, a 500 on the case page."""
     case = _case(owner, local_pool)
     (workspace.case_dir(case.id) / "results" / name).write_bytes(b"odd-content")
     client = client_without_raising(owner)

@@ -35,8 +35,8 @@ def queries(client, url, **extra) -> int:
     return len(ctx.captured_queries)
 
 
-#: what a person must never read in a message of the pages (issue 18, item 5): HTTP codes, Python
-#: exception texts, parser and schema internals
+#: what a person must never read in a message of the pages: HTTP codes, Python exception texts,
+#: parser and schema internals
 TECHNICAL = (
     "(400)",
     "(403)",
@@ -551,7 +551,7 @@ def test_case_page_shows_the_providers_note_on_a_waiting_case(web, cases_root, o
     assert "Slurm: JobHeldAdmin" in web(owner).get(reverse("web:case-list")).content.decode()
 
 
-# -- bad input in forms (issue 16) ---------------------------------------------------------------
+# -- bad input in forms --------------------------------------------------------------------------
 @pytest.mark.parametrize("field", ["slots", "resource_class"])
 def test_session_form_number_beyond_the_database_range_is_refused_in_words(web, owner, qpu_pool, field):
     data = {"resource_class": qpu_pool.classes.get().pk, "slots": 1, field: "99999999999999999999"}

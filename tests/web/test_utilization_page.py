@@ -1,6 +1,6 @@
-"""The operators' utilization page (issue 17 item 6): staff only, the period chosen in a form
-whose hostile input is a form error (never a 500), the known day's numbers on the page, and a
-query count that does not grow with the data."""
+"""The operators' utilization page: staff only, the period chosen in a form whose hostile input is
+a form error (never a 500), the known day's numbers on the page, and a query count that does not
+grow with the data."""
 
 import pytest
 from django.db import connection

@@ -87,7 +87,7 @@ class LaunchSerializer(serializers.Serializer):
 
 
 class CaseEventSerializer(serializers.ModelSerializer):
-    # "" for events that are not transitions: declared so the schema's enum includes it (issue 16).
+    # "" for events that are not transitions: declared so the schema's enum includes it.
     from_status = serializers.ChoiceField(choices=CaseStatus.choices, allow_blank=True, read_only=True)
     to_status = serializers.ChoiceField(choices=CaseStatus.choices, allow_blank=True, read_only=True)
 

@@ -154,8 +154,8 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["get"], url_path="files", pagination_class=FilePagination, filterset_fields=None)
     def files(self, request, pk=None):
         """Workspace files ``{"path", "size"}`` (inputs, live, results, logs) in path order, a page
-        at a time (a case may hold tens of thousands, issue 36); ``unlisted`` counts the files
-        whose names are not UTF-8 text, which are neither listed nor served."""
+        at a time (a case may hold tens of thousands); ``unlisted`` counts the files whose names
+        are not UTF-8 text, which are neither listed nor served."""
         case = self.get_object()
         listing = workspace.file_listing(workspace.case_dir(case.id))
         page = self.paginate_queryset(listing.paths)  # sizes are read for this page only
@@ -179,8 +179,8 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             raise NotFound("No such file.")
         content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
         # The name a command chose may end with a newline, which Django's Content-Disposition
-        # check lets through (its "$" matches before it) into a BadHeaderError, a 500 (issue 36);
-        # and a saved file named with control characters helps nobody.
+        # check lets through (its "$" matches before it) into a BadHeaderError, a 500; and a saved
+        # file named with control characters helps nobody.
         filename = HIDDEN_IN_NAMES.sub("_", target.name)
         return FileResponse(handle, as_attachment=True, filename=filename, content_type=content_type)
 

@@ -1,4 +1,4 @@
-"""The API's parsers: JSON with a nesting limit (issue 16, item 1), multipart refusing path-like file names (item 7)."""
+"""The API's parsers: JSON with a nesting limit, multipart refusing path-like file names."""
 
 import html
 
@@ -26,7 +26,7 @@ class DepthLimitedJSONParser(JSONParser):
 
 class _NamedFilesParser(DjangoMultiPartParser):
     """Django's multipart parser cuts a file name to its last path component, silently: an upload
-    named ``../x`` or ``dir/x`` landed as ``x`` (issue 16, item 7). Such names are refused instead."""
+    named ``../x`` or ``dir/x`` landed as ``x``. Such names are refused instead."""
 
     def sanitize_file_name(self, file_name):
         raw = html.unescape(file_name)

@@ -11,10 +11,10 @@ def model_permission(model, action: str) -> str:
 class StaffWithModelPermissionOrReadOnly(BasePermission):
     """Reads for any authenticated user (views scope the queryset); writes for staff who hold the
     model's Django permission (add, change or delete; a superuser holds them all), exactly as the
-    admin asks. Being staff is not enough (issue 36): pools, classes and devices name the
-    credentials the service sends and where it sends them, so operators grant that to whom
-    they choose (admin → Users or Groups → permissions). A view may ask for more through
-    ``write_permissions(request)`` (a pool PATCH that also edits its classes)."""
+    admin asks. Being staff is not enough: pools, classes and devices name the credentials the
+    service sends and where it sends them, so operators grant that to whom they choose (admin →
+    Users or Groups → permissions). A view may ask for more through ``write_permissions(request)``
+    (a pool PATCH that also edits its classes)."""
 
     message = "You need staff status and the permission to change this (ask an operator)."
 

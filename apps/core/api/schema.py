@@ -1,4 +1,4 @@
-"""The OpenAPI schema's shared error responses (issue 16, item 5; SPEC §7, §10).
+"""The OpenAPI schema's shared error responses (SPEC §7, §10).
 
 Every operation documents the error codes the API can answer with, all in the one JSON error
 shape: ``{"detail": "…"}`` plus optional fields (``slots_available``, ``status``, ``limit_bytes``),

@@ -11,7 +11,7 @@ class AcquireSerializer(serializers.Serializer):
     ``scheduler_job_id`` and ``qpu_slots`` (R-QRMI-1)."""
 
     # ASCII digits only, whole string: ``\d`` would take Arabic-Indic digits and ``$`` a trailing
-    # newline, and CharField would trim it (issue 16, item 8). Bounded like ``UnixAccount.unix_uid``.
+    # newline, and CharField would trim it. Bounded like ``UnixAccount.unix_uid``.
     user_id = serializers.RegexField(
         r"\A[0-9]{1,10}\Z",
         trim_whitespace=False,

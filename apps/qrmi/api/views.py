@@ -142,7 +142,8 @@ class SessionsView(QrmiView):
                 f"to uid {data['uid']} (its Unix uid field in the admin)."
             )
         # The pool, its default class, the user's access and the pool lock: one statement in
-        # admit() (issue 15's budget); the reasons for a miss are looked up only on a miss.
+        # admit() (SPEC §9's budget of 4 statements); the reasons for a miss are looked up only on
+        # a miss.
         try:
             admission = sessions.admit(
                 user=user,

@@ -147,9 +147,9 @@ RECOVERY_BATCH = 200
 
 
 def recover_runs(now=None) -> dict:
-    """Issue 17: no emulator run is lost or failed because a worker died. Called by the tick
-    loop (``scheduling.emulator_recovery``) every few seconds; safe to run anywhere, any time
-    (every change is a compare-and-set).
+    """No emulator run is lost or failed because a worker died. Called by the tick loop
+    (``scheduling.emulator_recovery``) every few seconds; safe to run anywhere, any time (every
+    change is a compare-and-set).
 
     - A **running** run whose heartbeat is older than ``GRIDGATE_EMULATOR_DEAD_AFTER`` lost its
       worker (killed, OOM, django-q2's task timeout): it goes back to ``queued`` and its task is

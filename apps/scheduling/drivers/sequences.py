@@ -38,9 +38,8 @@ def quiet_pulser():
     saw on entry, so two threads' blocks that overlap put back each other's lists: a warning
     escaped to the server's log under bench/http_load.py's load, and an unlucky order leaves
     "ignore everything" installed for good. Pulser's reading is CPU-bound Python, which one
-    process's threads run one at a time anyway (the GIL), so the lock costs no throughput:
-    REST submissions of sequences never sent before, 0.43 and 0.45 of the floor with it against
-    0.43 and 0.41 without (bench/http_load.py, 8 clients, interleaved).
+    process's threads run one at a time anyway (the GIL), so the lock costs no throughput
+    (bench/http_load.py's sequences never sent before measure it).
     """
     with _quiet_lock, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -51,11 +50,10 @@ def pulser_deserializer():
     """Pulser's abstract-representation deserializer, set to parse each device's specs once.
 
     Every abstract sequence carries a full copy of its device's specs, and Pulser rebuilds and
-    re-validates that device (its calibrated layouts included) for every sequence it reads:
-    0.35 of the 1.5 ms that R-DEV-1 cost per submission (bench/http_load.py's sequence on
-    AnalogDevice). The specs are the same few texts for every user of a device, and a Pulser
-    device is a frozen dataclass, so one parsed copy per distinct text (its canonical JSON) is
-    shared. Specs that Pulser refuses raise as before and are not remembered; a client that
+    re-validates that device (its calibrated layouts included) for every sequence it reads, a
+    good part of what R-DEV-1 costs per submission. The specs are the same few texts for every
+    user of a device, and a Pulser device is a frozen dataclass, so one parsed copy per distinct
+    text (its canonical JSON) is shared. Specs that Pulser refuses raise as before and are not remembered; a client that
     sends many distinct specs only pushes others out of the bounded cache, and specs larger than
     ``SPECS_KEPT_BYTES`` (forged calibrated layouts) are parsed and dropped with the request, so
     the cache holds at most ~32 x 64 KB of text and its devices. Nothing in Gridgate or Pulser's
@@ -127,13 +125,12 @@ def validate_sequence(payload, shots: int, device, *, where: str, max_atoms: int
     text's SHA-256 digest (never the text: a sequence may be megabytes). Clients send the same
     text again as a rule: Pulser's QRMI connection submits one task per entry of a job's
     ``job_params``, each with the same sequence (runs beyond the device's ``max_runs``, or
-    repeats); so do array jobs. Reading it was about 1.5 ms of a submission's 4.7 ms of web CPU
-    under bench/http_load.py's load: remembered, REST submissions of the same sequence went from
-    0.32 to 0.44 of the floor's rate (four interleaved runs). Refusals are not remembered (their
-    message names the Gridgate device), and the shots are checked on every submission. At most
-    ``PASSED_KEPT`` per device, the least recently used forgotten first; the device is held
-    weakly, so a device Pulser no longer uses (specs a QPU no longer reports, pushed out of
-    ``pulser_deserializer``'s cache) takes its outcomes with it.
+    repeats); so do array jobs. Reading it was a third of a submission's web CPU under load
+    (bench/http_load.py's ``submits`` measure what remembering it saves). Refusals are not
+    remembered (their message names the Gridgate device), and the shots are checked on every
+    submission. At most ``PASSED_KEPT`` per device, the least recently used forgotten first; the
+    device is held weakly, so a device Pulser no longer uses (specs a QPU no longer reports,
+    pushed out of ``pulser_deserializer``'s cache) takes its outcomes with it.
     """
     text = sequence_text(payload)
     key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), max_atoms)

@@ -44,11 +44,11 @@ class Command(BaseCommand):
         return out
 
     def site_checks(self) -> list:
-        """The cases root is 0711, closed to other accounts (issue 36), and every live worker host
-        sees the same one, whatever the backend (issue 17). Remote backends' cases are polled and
-        finalized by any host; a local case's inputs are written and its logs and results served
-        by the web processes, and a launch not yet pinned is submitted by any worker host. One
-        host alone passes: it sees its own marker."""
+        """The cases root is 0711, closed to other accounts, and every live worker host sees the
+        same one, whatever the backend. Remote backends' cases are polled and finalized by any
+        host; a local case's inputs are written and its logs and results served by the web
+        processes, and a launch not yet pinned is submitted by any worker host. One host alone
+        passes: it sees its own marker."""
         from apps.core.cases_root import cases_root_check
         from apps.core.hosts import shared_root_check
 

@@ -62,7 +62,7 @@ class Command(BaseCommand):
                 ),
             ),
             ("events of finished cases", CaseEvent.objects.filter(at__lt=cutoff, case__status__in=CASE_TERMINAL)),
-            # Issue 36: an expired token no longer authenticates (each login issues a new one).
+            # An expired token no longer authenticates (each login issues a new one).
             ("expired API tokens", ApiToken.objects.filter(expires_at__lte=now)),
             # django-axes writes one per successful page login; its failure counts expire by themselves.
             ("login records", AccessLog.objects.filter(attempt_time__lt=cutoff)),
