@@ -6,6 +6,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from apps.accounts.models import ApiToken
 from apps.accounts.services import digest_of
+from apps.accounts.statements import token_with_user
 
 
 class ApiTokenAuthentication(TokenAuthentication):
@@ -19,9 +20,8 @@ class ApiTokenAuthentication(TokenAuthentication):
     model = ApiToken
 
     def authenticate_credentials(self, key):
-        try:
-            token = ApiToken.objects.select_related("user").get(digest=digest_of(key))
-        except ApiToken.DoesNotExist:
+        token = token_with_user(digest_of(key))
+        if token is None:
             raise AuthenticationFailed("Invalid token.")
         if token.expires_at <= timezone.now():
             raise AuthenticationFailed("Token expired: log in again at /api/v1/auth/token/ for a new one.")

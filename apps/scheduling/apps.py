@@ -28,5 +28,7 @@ class SchedulingConfig(AppConfig):
             device_status.enqueue_checks,
             every=lambda: settings.GRIDGATE_DEVICE_STATUS_INTERVAL,
         )
+        # The repair behind the revocation's announcement: jobs of sessions that ended unfinished.
+        ticker.register("scheduling.ended_sessions", services.cancel_jobs_of_ended_sessions, every=lambda: 60)
         hooks.register_busy_condition(services.busy_condition)
         hooks.sessions_revoked.connect(services.on_sessions_revoked, dispatch_uid="scheduling.cancel_jobs")

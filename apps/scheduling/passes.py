@@ -24,7 +24,7 @@ from apps.scheduling import latency
 from apps.scheduling.drivers import DriverState, PermanentDriverError, TransientDriverError, get_driver
 from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
 from apps.scheduling.strategies import strategy_for
-from apps.sessions.models import Session
+from apps.sessions.models import Session, SessionStatus
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,16 @@ def dispatch_once(pool_id: int) -> Job | None:
             if job is None:
                 _set_awaiting(queue, True)  # a device is free: the next submission wakes us
                 return None
-            slots, vruntime = (
-                Session.objects.select_for_update().values_list("slots", "vruntime").get(pk=job.session_id)
+            slots, vruntime, status = (
+                Session.objects.select_for_update().values_list("slots", "vruntime", "status").get(pk=job.session_id)
             )
+            if status != SessionStatus.ACTIVE:
+                # Its session ended and the announcement that cancels its jobs was lost (the
+                # process died after the revocation committed): a job of an ended session never runs.
+                Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(
+                    status=JobStatus.CANCELLED, finished_at=now, error="Session ended."
+                )
+                continue
             if job.target_device_id:
                 device = next(d for d in free if d.pk == job.target_device_id)
             else:  # least loaded first, then by id: spreads jobs across devices

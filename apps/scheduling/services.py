@@ -183,6 +183,24 @@ def on_sessions_revoked(sender, session_ids, reason, **kwargs):
         enqueue("apps.scheduling.tasks.run_pool", pool_id)
 
 
+def cancel_jobs_of_ended_sessions() -> int:
+    """The repair behind the revocation's announcement (:func:`on_sessions_revoked`): jobs still
+    unfinished in sessions that ended, should the announcement have been lost (the process died
+    between the revocation's commit and it). Every minute; driven by the unfinished jobs (a
+    partial index), never by the history of sessions."""
+    left = Q(status=JobStatus.PENDING) | Q(status=JobStatus.RUNNING, cancel_requested_at__isnull=True)
+    ended = list(
+        Job.objects.filter(left, session__status=SessionStatus.REVOKED)
+        .order_by()
+        .values_list("session_id", flat=True)
+        .distinct()
+    )
+    if ended:
+        log.warning("%d ended session(s) still had unfinished jobs: cancelling them", len(ended))
+        on_sessions_revoked(sender=None, session_ids=ended, reason="ended")
+    return len(ended)
+
+
 # -- devices -----------------------------------------------------------------------------------
 def delete_device(device: Device) -> None:
     """A device goes only when nothing runs on it (its jobs' ``device`` would go null while

@@ -6,6 +6,9 @@
 - ``sessions_revoked``: sent after sessions were revoked (released, revoked by staff, expired),
   with ``session_ids`` and ``reason``; receivers cancel pending jobs and ask running ones to stop
   (R-SESS-3, R-SESS-4).
+- ``batch_capacity_changed``: sent with ``pool_ids`` once a session that holds no scheduler job
+  (a REST or web session) was admitted or ended on pools with a Slurm licence: the slots a batch
+  scheduler may hand out changed (the licences app syncs the licence).
 """
 
 from collections.abc import Callable
@@ -14,6 +17,7 @@ from django.db.models import Q
 from django.dispatch import Signal
 
 sessions_revoked = Signal()
+batch_capacity_changed = Signal()
 
 _busy_conditions: list[Callable[[], Q]] = []
 

@@ -19,7 +19,7 @@ from apps.core.retry import retry_aborted
 from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, fmt
 from apps.sessions import statements
-from apps.sessions.hooks import busy_q, sessions_revoked
+from apps.sessions.hooks import batch_capacity_changed, busy_q, sessions_revoked
 from apps.sessions.models import RevocationReason, Session, is_service_principal
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,11 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
             return Admission(_same_or_conflict(same, chosen.pk, slots), False)
     session = _new_session(user, chosen, slots, external_id, now)
     try:
-        if statements.insert_if_it_fits(session):
-            return Admission(session, True)
-        if _expired_any(chosen.pool_id, now) and statements.insert_if_it_fits(session):
+        if statements.insert_if_it_fits(session) or (
+            _expired_any(chosen.pool_id, now) and statements.insert_if_it_fits(session)
+        ):
+            if chosen.pool.slurm_licence and not external_id:
+                batch_capacity_changed.send(sender=Session, pool_ids=[chosen.pool_id])
             return Admission(session, True)
     except IntegrityError:
         same = _existing(user, external_id) if external_id else None
@@ -175,20 +177,27 @@ def _refusal(session: Session) -> CapacityExceeded:
 
 # -- ending sessions ------------------------------------------------------------------------
 def _end(session_ids, reason: str, now: datetime, *, user_id: int | None = None) -> list:
-    """The revocation statement and its announcement (the scheduling app cancels the ended
-    sessions' jobs), in one transaction, run again if the database aborts it."""
+    """The revocation statement (run again if the database aborts it), then its announcement:
+    the scheduling app cancels the ended sessions' jobs, the licences app syncs a licence.
 
-    def run():
-        with transaction.atomic():
-            ended = statements.end_sessions(session_ids, reason, now, user_id=user_id)
-            if ended:
-                sessions_revoked.send(sender=Session, session_ids=ended, reason=reason)
-            return ended
-
-    ended = retry_aborted(run)
-    if ended:
-        log.info("revoked %d session(s): %s", len(ended), reason)
-    return ended
+    Outside a caller's transaction the statement commits on its own, so the pool's row is
+    locked for the statement only, never while the announcement's statements go back and forth
+    (every admission and release of the pool queues on that row). A job submitted meanwhile is
+    in the announcement's reach: a submission's statement needs the session active, so it either
+    committed before (and the announcement cancels its job) or stores nothing. Should the process
+    die between the two, the dispatcher never starts a job of an ended session and the
+    scheduling app's repair cancels what is left within a minute
+    (``apps.scheduling.services.cancel_jobs_of_ended_sessions``).
+    """
+    ended = retry_aborted(lambda: statements.end_sessions(session_ids, reason, now, user_id=user_id))
+    if not ended:
+        return []
+    log.info("revoked %d session(s): %s", len(ended), reason)
+    sessions_revoked.send(sender=Session, session_ids=[session.id for session in ended], reason=reason)
+    licensed = {session.pool_id for session in ended if session.slurm_licence and not session.external_id}
+    if licensed:
+        batch_capacity_changed.send(sender=Session, pool_ids=sorted(licensed))
+    return [session.id for session in ended]
 
 
 def _session_id(value) -> uuid.UUID:
@@ -220,7 +229,8 @@ def release(*, user, session_id, pool_name: str | None = None, as_service: bool 
     owner_id = session.values_list("user_id", flat=True).first()
     if owner_id is None:
         raise NotFound("No such session." if pool_name is None else f"No session '{session_id}' on pool '{pool_name}'.")
-    if owner_id != user.pk and not (as_service or is_service_principal(user)):
+    # ``as_service`` first: a QRMI service uid's user is looked up only if asked for.
+    if not as_service and owner_id != user.pk and not is_service_principal(user):
         raise Forbidden(f"Session {session_id} belongs to another user.")
     return bool(_end([session_id], RevocationReason.RELEASED, now))
 

@@ -17,9 +17,11 @@ pool's row lock held for the statement only. SQLite has no data-modifying CTE: t
 statements in the (IMMEDIATE) transaction that serializes every writer.
 """
 
+import uuid
 from collections import defaultdict
 from contextlib import nullcontext
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.db import connection, transaction
 
@@ -165,15 +167,25 @@ def room(session: Session) -> dict:
     }
 
 
-def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -> list:
+class Ended(NamedTuple):
+    """A session :func:`end_sessions` ended, with what its pool's Slurm licence depends on."""
+
+    id: uuid.UUID
+    pool_id: int
+    external_id: str
+    slurm_licence: str
+
+
+def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -> list[Ended]:
     """End the active sessions among ``session_ids`` (only ``user_id``'s, when given) and give
-    what they held back to their pools; return the ids this call ended (R-SESS-3/4)::
+    what they held back to their pools; return those this call ended (R-SESS-3/4)::
 
         WITH ended AS (UPDATE session SET status = 'revoked', revoked_at = now, revocation_reason
                         WHERE id IN session_ids AND status = 'active' [AND user_id = user_id]
-                        RETURNING id, pool_id, slots, cpu, memory, gpu),
-             freed AS (UPDATE pool SET slots_used -= their sum, ... FROM ended GROUP BY pool)
-        SELECT id FROM ended
+                        RETURNING id, pool_id, external_id, slots, cpu, memory, gpu),
+             freed AS (UPDATE pool SET slots_used -= their sum, ... FROM ended GROUP BY pool
+                        RETURNING id, slurm_licence)
+        SELECT ended.id, pool_id, external_id, slurm_licence FROM ended JOIN freed
 
     A compare-and-set on ``status``: of two concurrent revokers one ends the session. It waits for
     a row lock a job submission holds on the session, so a submission racing it is either before
@@ -199,10 +211,10 @@ def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -
     if user_id is not None:
         update += " AND user_id = %s"
         params.append(user_id)
-    update += " RETURNING id, pool_id, slots, cpu, memory, gpu"
+    update += " RETURNING id, pool_id, external_id, slots, cpu, memory, gpu"
     give_back = (
         f"UPDATE {pools} SET slots_used = slots_used - %s, cpu_used = ROUND(cpu_used - %s, 3),"  # noqa: S608 (names from _meta)
-        " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE id = %s"
+        " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE id = %s RETURNING slurm_licence"
     )
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -211,22 +223,24 @@ def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -
                 f" freed AS (UPDATE {pools} p SET slots_used = p.slots_used - f.slots, cpu_used = p.cpu_used - f.cpu,"
                 " memory_used = p.memory_used - f.memory, gpu_used = p.gpu_used - f.gpu"
                 " FROM (SELECT pool_id, SUM(slots) AS slots, SUM(cpu) AS cpu, SUM(memory) AS memory, SUM(gpu) AS gpu"
-                " FROM ended GROUP BY pool_id) f WHERE p.id = f.pool_id)"
-                " SELECT id FROM ended",
+                " FROM ended GROUP BY pool_id) f WHERE p.id = f.pool_id RETURNING p.id, p.slurm_licence)"
+                " SELECT e.id, e.pool_id, e.external_id, f.slurm_licence FROM ended e JOIN freed f ON f.id = e.pool_id",
                 params,
             )
-            return [pk.to_python(row[0]) for row in cursor.fetchall()]
+            return [Ended(pk.to_python(row[0]), *row[1:]) for row in cursor.fetchall()]
         with transaction.atomic(savepoint=False):
             cursor.execute(update, params)
             rows = cursor.fetchall()
             freed = defaultdict(lambda: [0, Decimal(0), 0, 0])
-            for _, pool_id, *held in rows:
+            for _, pool_id, _, *held in rows:
                 freed[pool_id] = [
                     total + Decimal(str(value)) for total, value in zip(freed[pool_id], held, strict=True)
                 ]
+            licences = {}
             for pool_id, held in freed.items():
                 cursor.execute(give_back, [int(held[0]), held[1], int(held[2]), int(held[3]), pool_id])
-        return [pk.to_python(row[0]) for row in rows]
+                licences[pool_id] = cursor.fetchone()[0]
+        return [Ended(pk.to_python(row[0]), row[1], row[2], licences[row[1]]) for row in rows]
 
 
 def _recount_sql(where: str) -> str:

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.accounts.models import ApiToken
-from apps.accounts.services import issue_token
+from apps.accounts.services import digest_of, issue_token
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +95,17 @@ def test_wrong_credentials_stay_a_400_with_drfs_message(member):
     assert response.status_code == 400
     assert response.json() == {"non_field_errors": ["Unable to log in with provided credentials."]}
     assert not ApiToken.objects.exists()
+
+
+def test_the_token_lookup_reads_the_token_and_its_user_as_stored(member):
+    """The hand-written statement of every API request (apps/accounts/statements.py)."""
+    from apps.accounts.statements import token_with_user
+
+    token, key = issue_token(member, name="ci")
+    found = token_with_user(digest_of(key))
+    assert found.pk == token.pk and found.user.pk == member.pk
+    for field in type(token)._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(token, field.attname), field.name
+    for field in type(member)._meta.concrete_fields:
+        assert getattr(found.user, field.attname) == getattr(member, field.attname), field.name
+    assert token_with_user(digest_of("not a key")) is None

@@ -114,3 +114,39 @@ def test_service_principal_cannot_open_a_hidden_class_for_a_user_without_access(
     )
     assert response.status_code == 400  # neither may use it: the class is not revealed
     assert not Session.objects.exists()
+
+
+@pytest.mark.parametrize("strategy", ["fifo", "weighted_fair"])
+def test_a_job_whose_session_ended_unannounced_is_never_dispatched(
+    qpu_pool, fake_device, open_session, owner, strategy
+):
+    """The revocation commits before its announcement cancels the session's jobs: should the
+    process die in between, the dispatcher still never starts a job of an ended session (the fair
+    strategies pick among active sessions only; FIFO's candidate is cancelled under its lock)."""
+    from apps.scheduling.models import Job
+    from apps.sessions import statements as session_statements
+
+    ResourcePool.objects.filter(pk=qpu_pool.pk).update(strategy=strategy)
+    session = open_session(qpu_pool, owner)
+    job = services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    session_statements.end_sessions([session.pk], "released", timezone.now())  # no announcement
+    assert passes.dispatch_once(qpu_pool.pk) is None
+    job = Job.objects.get(pk=job.pk)
+    assert job.device_id is None and job.status == ("cancelled" if strategy == "fifo" else "pending")
+
+
+def test_the_repair_cancels_what_ended_sessions_left_unfinished(qpu_pool, fake_device, open_session, owner, settings):
+    from django.utils import timezone
+
+    from apps.scheduling.models import Job
+    from apps.sessions import statements as session_statements
+
+    settings.GRIDGATE_TASKS_EAGER = False
+    session = open_session(qpu_pool, owner)
+    running, pending = (services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1) for _ in range(2))
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))
+    session_statements.end_sessions([session.pk], "released", timezone.now())  # no announcement
+    assert services.cancel_jobs_of_ended_sessions() == 1
+    running, pending = Job.objects.get(pk=running.pk), Job.objects.get(pk=pending.pk)
+    assert pending.status == "cancelled" and running.cancel_requested_at is not None
+    assert services.cancel_jobs_of_ended_sessions() == 0  # the running one's cancel is with its device

@@ -223,7 +223,7 @@ def test_one_revocation_ends_sessions_of_several_pools_and_gives_each_pool_its_s
         services.admit(user=owner, resource_class=local_pool.classes.get(), slots=4).session,
     ]
     ended = statements.end_sessions([s.pk for s in sessions], "manual", timezone.now())
-    assert sorted(ended) == sorted(s.pk for s in sessions)
+    assert sorted(e.id for e in ended) == sorted(s.pk for s in sessions)
     assert usage(quota_pool) == (0, Decimal("0"), 0, 0) and usage(local_pool)[0] == 0
     assert statements.end_sessions([s.pk for s in sessions], "manual", timezone.now()) == []
 
