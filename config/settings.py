@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "apps.cases",
     "apps.web",
     "apps.qrmi",
+    "apps.licences",
     "apps.metrics",
 ]
 
@@ -362,6 +363,14 @@ GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = env_int("GRIDGATE_LAUNCH_OPTIONS_CACHE_S
 GRIDGATE_MUNGE_SERVICE_UIDS = frozenset(env_int_list("GRIDGATE_MUNGE_SERVICE_UIDS", [0]))
 GRIDGATE_MUNGE_LIBRARY = env_str("GRIDGATE_MUNGE_LIBRARY", "libmunge.so.2")
 GRIDGATE_MUNGE_SOCKET = env_str("GRIDGATE_MUNGE_SOCKET", "")
+
+# Slurm licences kept equal to QPU pools' free slots (docs/qrmi.md, "Slurm licences"): the clusters
+# a licence is made for (empty: the cluster of the worker's own slurm.conf), the slurm.conf the
+# worker's sacctmgr reads (empty: Slurm's default or SLURM_CONF), the reconcile pass's period.
+GRIDGATE_LICENCE_CLUSTERS = env_list("GRIDGATE_LICENCE_CLUSTERS", [])
+GRIDGATE_LICENCE_SLURM_CONF = env_str("GRIDGATE_LICENCE_SLURM_CONF", "")
+GRIDGATE_LICENCE_RECONCILE_SECONDS = env_int("GRIDGATE_LICENCE_RECONCILE_SECONDS", 60, minimum=5)
+GRIDGATE_LICENCE_SACCTMGR_TIMEOUT = env_int("GRIDGATE_LICENCE_SACCTMGR_TIMEOUT", 30, minimum=1)
 
 # /metrics (docs/metrics.md): a bearer token and/or the client networks allowed to scrape. With
 # neither set the endpoint answers 404: it is never open by default. With both, both apply.

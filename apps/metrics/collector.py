@@ -9,13 +9,14 @@ table:
 
 ============================  ================================================================
 pools, devices, heartbeats    small tables (one row per pool / device / worker host)
+licences                      ``LicenceState``: one row per pool with a Slurm licence
 slots and quota used          the pool rows' usage counters (``apps.sessions.statements``)
 jobs per state / device       status IN (pending, running): ``jobs_unfinished_session``
 cases per state               status IN (prepared, pending, running): ``cases_case_unfinished``
 latency histograms            ``JobLatencyBucket``: a few rows per pool, counted at the event
 ============================  ================================================================
 
-Six queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
+Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
 ``bench/metrics_scrape.py`` measures it with 100 000 finished jobs. Finished jobs and cases
 are not counted here: that would scan the history on every scrape (the accounting API and
 the utilization page report them).
@@ -28,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from apps.cases.models import Case, CaseStatus
 from apps.core.models import WorkerHeartbeat
+from apps.licences.models import LicenceState
 from apps.resources.models import ResourcePool
 from apps.scheduling.latency import BUCKETS
 from apps.scheduling.models import UNFINISHED, Device, Job, JobLatencyBucket, JobStatus, LatencyKind
@@ -78,6 +80,7 @@ class StateCollector:
         yield from self._latency(names)
         yield from self._cases(names)
         yield from self._workers(now)
+        yield from self._licences(names, now)
 
     # -- families -------------------------------------------------------------------------
     def _pools(self, pools):
@@ -114,6 +117,31 @@ class StateCollector:
                     quota.add_metric([pool.name, resource], float(getattr(pool, field) or 0))
             repairs.add_metric([pool.name], pool.usage_repairs)
         yield from (total, used, quota, quota_used, repairs)
+
+    def _licences(self, names, now):
+        count = GaugeMetricFamily(
+            "gridgate_licence_count",
+            "The count of the pool's Slurm licence as Gridgate last set or read it (0: closed).",
+            labels=["pool", "licence"],
+        )
+        failures = GaugeMetricFamily(
+            "gridgate_licence_sync_failures",
+            "Failed syncs of the pool's Slurm licence in a row (sacctmgr or slurmdbd failing); 0 when the last worked.",
+            labels=["pool"],
+        )
+        age = GaugeMetricFamily(
+            "gridgate_licence_synced_age_seconds",
+            "Seconds since Slurm last held the count the pool's licence should have.",
+            labels=["pool"],
+        )
+        for state in LicenceState.objects.exclude(licence="", failures=0):
+            pool = names.get(state.pool_id, str(state.pool_id))
+            if state.licence and state.count is not None:
+                count.add_metric([pool, state.licence], state.count)
+            failures.add_metric([pool], state.failures)
+            if state.synced_at is not None:
+                age.add_metric([pool], max(0.0, (now - state.synced_at).total_seconds()))
+        yield from (count, failures, age)
 
     def _jobs(self, names, now):
         jobs = GaugeMetricFamily("gridgate_jobs", "Unfinished jobs per pool and state.", labels=["pool", "status"])

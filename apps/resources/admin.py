@@ -86,6 +86,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
                     "quota_memory",
                     "quota_gpu",
                     "slots_total",
+                    "slurm_licence",
                     "slots_in_use",
                     "quota_in_use",
                     "usage_repairs",

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.core.validators import MinLengthValidator, MinValueValidator
+from django.core.validators import MinLengthValidator, MinValueValidator, RegexValidator
 from django.db import models, router, transaction
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
@@ -117,6 +117,23 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         validators=[MinValueValidator(1)],
         help_text=_("Session capacity in slots; empty means unlimited."),
     )
+    slurm_licence = models.CharField(
+        "Slurm licence",
+        max_length=64,
+        blank=True,
+        default="",
+        validators=[
+            RegexValidator(
+                r"\A[A-Za-z0-9_.-]+@[A-Za-z0-9_.-]+\Z",
+                _("A remote licence as Slurm names it, name@server (e.g. qpu_fresnel@gridgate)."),
+            )
+        ],
+        help_text=_(
+            "A Slurm remote licence (name@server, e.g. qpu_fresnel@gridgate) whose count Gridgate keeps equal to "
+            "the slots Slurm may hand out: jobs ask for it with sbatch -L and wait for free slots in Slurm's "
+            "queue (docs/qrmi.md, 'Slurm licences'). Empty: none."
+        ),
+    )
     strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.WEIGHTED_FAIR)
     idle_timeout = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)], help_text=_("Seconds."))
     max_lifetime = models.PositiveIntegerField(
@@ -185,6 +202,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
                 condition=Q(default=True),
                 name="resources_pool_single_default",
                 violation_error_message="At most one pool is the default pool.",
+            ),
+            models.UniqueConstraint(
+                fields=["slurm_licence"],
+                condition=~Q(slurm_licence=""),
+                name="resources_pool_unique_slurm_licence",
+                violation_error_message="Another pool already keeps this Slurm licence.",
             ),
             models.CheckConstraint(
                 condition=Q(default=False)
@@ -291,6 +314,11 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             errors.setdefault("trusted", []).append(
                 "A trusted pool runs cases as the service's own account: it cannot be public (R-CASE-8). "
                 "Grant it to its users instead."
+            )
+        # A licence counts slots: a pool without slot capacity has nothing to hand out.
+        if self.slurm_licence and self.slots_total is None:
+            errors.setdefault("slurm_licence", []).append(
+                "A Slurm licence counts the pool's slots: set slots_total first (docs/qrmi.md, 'Slurm licences')."
             )
         # R-POOL-1: one default pool, and it is usable by everyone without limits.
         if self.default:

@@ -190,7 +190,7 @@ def test_worker_heartbeat_age(families):
 def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     site, metrics_on, client, django_assert_num_queries, owner
 ):
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     more = ResourcePool.objects.create(name="more", kind="local", public=True, slots_total=3)
     more_class = ResourceClass.objects.create(pool=more, name="c", cpu=1, memory=1, default=True)
@@ -201,5 +201,5 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
         for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 20
     )
     latency.observe(more.pk, LatencyKind.QUEUE_WAIT, 1)
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(7):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")

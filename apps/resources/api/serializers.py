@@ -117,6 +117,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "quota",
             "remote",
             "slots_total",
+            "slurm_licence",
             "strategy",
             "idle_timeout",
             "max_lifetime",

@@ -55,7 +55,13 @@ class Command(BaseCommand):
         # Before any backend's check: those create a missing root with the umask's mode.
         root_ok, root_message = cases_root_check()
         ok, message = shared_root_check()
-        return [registry.Check("cases root", root_ok, root_message), registry.Check("cases root shared", ok, message)]
+        checks = [registry.Check("cases root", root_ok, root_message), registry.Check("cases root shared", ok, message)]
+        if ResourcePool.objects.exclude(slurm_licence="").exists():
+            from apps.licences import sacctmgr
+
+            # Pools with a Slurm licence: their counts are set through slurmdbd (docs/qrmi.md).
+            checks.append(registry.Check("slurm licences", *sacctmgr.check()))
+        return checks
 
     def handle(self, *args, backend=None, pool=None, **options):
         failed = 0

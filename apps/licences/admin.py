@@ -1,0 +1,26 @@
+from django.contrib import admin, messages
+
+from apps.licences.models import LicenceState
+from apps.licences.services import request_sync
+
+
+@admin.register(LicenceState)
+class LicenceStateAdmin(admin.ModelAdmin):
+    """What the licence sync last pushed to Slurm for each pool, why, and whether sacctmgr
+    answered (the pool's licence itself is set on the pool's page)."""
+
+    list_display = ["pool", "licence", "count", "reason", "synced_at", "failures", "error"]
+    list_filter = ["failures"]
+    list_select_related = ["pool"]
+    search_fields = ["pool__name", "licence"]
+    readonly_fields = ["pool", "licence", "count", "reason", "synced_at", "error", "failures", "pending_since"]
+    actions = ["sync_now"]
+
+    def has_add_permission(self, request):
+        return False  # made by the sync
+
+    @admin.action(description="Sync the selected pools' licences now", permissions=["change"])
+    def sync_now(self, request, queryset):
+        pool_ids = list(queryset.values_list("pool_id", flat=True))
+        request_sync(pool_ids)
+        self.message_user(request, f"Asked for a sync of {len(pool_ids)} licence(s).", messages.SUCCESS)

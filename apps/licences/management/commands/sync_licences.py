@@ -1,0 +1,62 @@
+"""``manage.py sync_licences [--dry-run] [--pool NAME]``: bring the Slurm licences of the pools
+in line now, or show what that would do (docs/qrmi.md, "Slurm licences").
+
+On a host of the Slurm controller, run it every minute from cron or a systemd timer as the
+fail-closed guard: when Gridgate's database cannot be reached it sets every licence Gridgate
+made to 0 (and exits 1), so Slurm starts no job whose acquire could not be answered.
+"""
+
+import sys
+
+from django.core.management.base import BaseCommand
+from django.db import DatabaseError
+
+from apps.licences import passes, sacctmgr
+from apps.licences.sacctmgr import Licence, SlurmError
+from apps.resources.models import ResourcePool
+
+
+class Command(BaseCommand):
+    help = "Sync each pool's Slurm licence count with its free slots (or show what would change with --dry-run)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--dry-run", action="store_true", help="Show the wanted and current counts only.")
+        parser.add_argument("--pool", help="Only this pool (by name).")
+
+    def handle(self, *args, dry_run=False, pool=None, **options):
+        try:
+            pools = ResourcePool.objects.exclude(slurm_licence="").order_by("name")
+            if pool:
+                pools = pools.filter(name=pool)
+            pools = list(pools)
+        except DatabaseError as exc:
+            self.stderr.write(f"Gridgate's database cannot be reached: {exc}")
+            if dry_run:
+                names = ", ".join(str(licence) for licence in sacctmgr.ours()) or "none"
+                self.stdout.write(f"would close (count 0) every licence Gridgate made: {names}")
+            else:
+                closed = passes.close_all(f"sync_licences: the database cannot be reached ({exc})")
+                self.stdout.write(f"closed (count 0): {', '.join(closed) or 'none'}")
+            sys.exit(1)
+        if not pools:
+            self.stdout.write("no pool has a Slurm licence" + (f" named {pool!r}" if pool else ""))
+            return
+        failed = 0
+        for each in pools:
+            count, reason = passes.wanted(each)
+            try:
+                current = sacctmgr.count(Licence.parse(each.slurm_licence))
+            except SlurmError as exc:
+                self.stdout.write(self.style.ERROR(f"{each.name}: {each.slurm_licence}: {exc}"))
+                failed += 1
+                continue
+            have = "missing" if current is None else str(current)
+            line = f"{each.name}: {each.slurm_licence}: Slurm has {have}, wanted {count} ({reason})"
+            if dry_run:
+                self.stdout.write(line)
+                continue
+            outcome = passes.sync_pool(each.pk)
+            failed += outcome == "failed"
+            self.stdout.write(f"{line}: {outcome}")
+        if failed:
+            sys.exit(1)

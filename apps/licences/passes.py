@@ -1,0 +1,134 @@
+"""The licence sync: a pool's Slurm licence kept equal to the slots Slurm may hand out.
+
+**The accounting model.** A session that holds a scheduler job id (``external_id``: a batch
+job's, acquired by its prolog or the SPANK plugin) got its slots because its job held the licence:
+Slurm already counts them as licences in use. Every other session (REST, the web pages) holds
+slots Slurm knows nothing of. So the licence's count is::
+
+    count = slots_total − slots held by active sessions without a scheduler job id
+
+and a job that Slurm started with ``-L <licence>:N`` finds N slots at its acquire: Slurm hands out
+at most ``count`` licences, and only sessions of batch jobs, each within its job's licences, take
+the rest. Fail closed: while the pool is not accessible, has no device or none online, the count is
+0 and ``reason`` says why. The remaining race: a REST session admitted between a job's start and
+its prolog's acquire takes a slot that job was counting on (the job's acquire then gets 409); the
+count falls as soon as the session is admitted, so only jobs Slurm had already started can meet it.
+
+**When.** After each admission and release of a non-batch session on a licensed pool, after a
+pool or device is saved (``services``), coalesced and off the request path; and every
+``GRIDGATE_LICENCE_RECONCILE_SECONDS`` (60) for every licensed pool, which also repairs a count
+changed in Slurm by hand. One sync per pool at a time (a lease); a change while one runs makes it
+run again. A failing sacctmgr leaves Slurm's count as it is, counts the failure
+(``gridgate_licence_sync_failures``, the admin) and is retried by the next event or pass.
+"""
+
+import logging
+import uuid
+from datetime import timedelta
+
+from django.db import DatabaseError
+from django.db.models import Sum
+from django.utils import timezone
+
+from apps.core.tasks import acquire_lease, release_lease
+from apps.licences import sacctmgr
+from apps.licences.models import LicenceState
+from apps.licences.sacctmgr import Licence, SlurmError
+from apps.resources.models import ResourcePool
+from apps.scheduling.models import Device
+from apps.sessions.models import Session
+
+log = logging.getLogger(__name__)
+
+LEASE = timedelta(minutes=5)  # longer than a sync's sacctmgr calls take, even timing out
+AGAIN = 5  # syncs in a row for changes that arrive while one runs; the next event takes the rest
+
+
+def wanted(pool: ResourcePool) -> tuple[int, str]:
+    """The count the pool's licence should have now, and why (the module's accounting model)."""
+    if not pool.is_accessible:
+        message = f": {pool.accessibility_message}" if pool.accessibility_message else ""
+        return 0, f"the pool is not accessible{message}"
+    online = list(Device.objects.filter(pool=pool).values_list("online", flat=True))
+    if not online:
+        return 0, "the pool has no device"
+    if not any(online):
+        return 0, "no device of the pool is online"
+    if pool.slots_total is None:
+        return 0, "the pool counts no slots (slots_total is not set)"
+    held = Session.objects.active().filter(pool=pool, external_id="").aggregate(n=Sum("slots"))["n"] or 0
+    return max(0, pool.slots_total - held), f"{pool.slots_total} slots, {held} held by sessions of no batch job"
+
+
+def sync_pool(pool_id: int) -> str:
+    """Bring the pool's licence in Slurm to :func:`wanted`; what was done, for the logs."""
+    owner = uuid.uuid4().hex
+    name = f"licence-sync:{pool_id}"
+    if not acquire_lease(name, owner, LEASE):
+        # Another sync of this pool is running: it runs again for this change.
+        LicenceState.objects.filter(pool_id=pool_id).update(pending_since=timezone.now())
+        return "running elsewhere"
+    try:
+        outcome = "nothing to do"
+        for _ in range(AGAIN):
+            LicenceState.objects.filter(pool_id=pool_id).update(pending_since=None)
+            outcome = _sync(pool_id)
+            if not LicenceState.objects.filter(pool_id=pool_id, pending_since__isnull=False).exists():
+                break
+        return outcome
+    finally:
+        release_lease(name, owner)
+
+
+def _sync(pool_id: int) -> str:
+    pool = ResourcePool.objects.filter(pk=pool_id).first()
+    if pool is None:
+        return "pool gone"
+    state, _ = LicenceState.objects.get_or_create(pool_id=pool_id)
+    try:
+        if state.licence and state.licence != pool.slurm_licence:
+            # Renamed or removed: the old licence hands out nothing more.
+            sacctmgr.set_count(Licence.parse(state.licence), 0)
+            LicenceState.objects.filter(pk=pool_id).update(licence="", count=None)
+        if not pool.slurm_licence:
+            return "no licence"
+        count, reason = wanted(pool)
+        done = sacctmgr.set_count(Licence.parse(pool.slurm_licence), count)
+    except SlurmError as exc:
+        LicenceState.objects.filter(pk=pool_id).update(error=str(exc)[:1000], failures=state.failures + 1)
+        log.warning("pool %s: licence %s not synced: %s", pool.name, pool.slurm_licence or state.licence, exc)
+        return "failed"
+    LicenceState.objects.filter(pk=pool_id).update(
+        licence=pool.slurm_licence, count=count, reason=reason, synced_at=timezone.now(), error="", failures=0
+    )
+    if done != "unchanged":
+        log.info("pool %s: licence %s count %s (%s): %s", pool.name, pool.slurm_licence, count, done, reason)
+    return done
+
+
+def reconcile() -> dict:
+    """Every licensed pool synced (drift repaired); on a database outage, every licence Gridgate
+    made is closed (count 0) instead: Slurm must not start jobs whose acquire cannot be answered."""
+    try:
+        pool_ids = list(ResourcePool.objects.exclude(slurm_licence="").values_list("pk", flat=True)) + list(
+            LicenceState.objects.exclude(licence="").values_list("pool_id", flat=True)
+        )
+    except DatabaseError as exc:
+        return {"closed": close_all(f"Gridgate's database cannot be reached: {exc}")}
+    outcomes = {}
+    for pool_id in sorted(set(pool_ids)):
+        outcomes[pool_id] = sync_pool(pool_id)
+    return outcomes
+
+
+def close_all(reason: str) -> list[str]:
+    """Set every licence Gridgate made to 0 (fail closed)."""
+    closed = []
+    for licence in sacctmgr.ours():
+        try:
+            sacctmgr.set_count(licence, 0)
+            closed.append(str(licence))
+        except SlurmError as exc:
+            log.error("licence %s could not be closed: %s", licence, exc)
+    log.error("closed %d Slurm licence(s): %s", len(closed), reason)
+    return closed
