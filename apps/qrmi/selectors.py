@@ -6,12 +6,12 @@ user's cases as the account :func:`unix_uid_for` names (through
 """
 
 from apps.qrmi.models import UnixAccount
+from apps.qrmi.statements import active_user_for_uid
 
 
 def user_for_uid(uid: int):
-    """The active user linked to Unix ``uid``, or None."""
-    account = UnixAccount.objects.select_related("user").filter(unix_uid=uid, user__is_active=True).first()
-    return account.user if account else None
+    """The active user linked to Unix ``uid``, or None (one statement: every QRMI request asks)."""
+    return active_user_for_uid(uid)
 
 
 def unix_uid_for(user) -> int | None:

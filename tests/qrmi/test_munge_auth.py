@@ -92,3 +92,19 @@ def test_r_qrmi_2_service_uids_come_from_the_setting(cred, settings):
     settings.GRIDGATE_MUNGE_SERVICE_UIDS = frozenset({65534})
     assert munge.decode(cred(65534)).is_service
     assert not munge.decode(cred(0)).is_service
+
+
+@pytest.mark.django_db
+def test_the_uid_lookup_finds_the_active_user_linked_to_it_only(django_user_model):
+    """The hand-written statement of every MUNGE request (apps/qrmi/statements.py)."""
+    from apps.qrmi.models import UnixAccount
+    from apps.qrmi.selectors import user_for_uid
+
+    alice = django_user_model.objects.create_user("alice", email="a@example.org")
+    gone = django_user_model.objects.create_user("gone", is_active=False)
+    UnixAccount.objects.create(user=alice, unix_uid=1000)
+    UnixAccount.objects.create(user=gone, unix_uid=1001)
+    found = user_for_uid(1000)
+    for field in django_user_model._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(alice, field.attname), field.name
+    assert user_for_uid(1001) is None and user_for_uid(1002) is None
