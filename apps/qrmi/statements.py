@@ -13,8 +13,8 @@ _USER = Columns(get_user_model(), "u")
 def active_user_for_uid(uid: int):
     """The active user linked to Unix ``uid``, or None::
 
-        SELECT user.* FROM unix account JOIN user ON user.id = account.user_id
-         WHERE account.unix_uid = uid AND user.is_active
+    SELECT user.* FROM unix account JOIN user ON user.id = account.user_id
+     WHERE account.unix_uid = uid AND user.is_active
     """
     found = fetch_one(
         f"SELECT {_USER.sql} FROM {UnixAccount._meta.db_table} a"  # noqa: S608 (names from _meta)
