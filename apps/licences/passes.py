@@ -9,10 +9,11 @@ slots Slurm knows nothing of. So the licence's count is::
 
 and a job that Slurm started with ``-L <licence>:N`` finds N slots at its acquire: Slurm hands out
 at most ``count`` licences, and only sessions of batch jobs, each within its job's licences, take
-the rest. Fail closed: while the pool is not accessible, has no device or none online, the count is
-0 and ``reason`` says why. The remaining race: a REST session admitted between a job's start and
-its prolog's acquire takes a slot that job was counting on (the job's acquire then gets 409); the
-count falls as soon as the session is admitted, so only jobs Slurm had already started can meet it.
+the rest. Fail closed: while the pool is not "online" (``scheduling.selectors.pool_status``: not
+accessible, paused, without a device online and not paused) the count is 0 and ``reason`` says
+why. The remaining race: a REST session admitted between a job's start and its prolog's acquire
+takes a slot that job was counting on (the job's acquire then gets 409); the count falls as soon
+as the session is admitted, so only jobs Slurm had already started can meet it.
 
 **When.** After each admission and release of a non-batch session on a licensed pool, after a
 pool or device is saved (``services``), coalesced and off the request path; and every
@@ -35,7 +36,7 @@ from apps.licences import sacctmgr
 from apps.licences.models import LicenceState
 from apps.licences.sacctmgr import Licence, SlurmError
 from apps.resources.models import ResourcePool
-from apps.scheduling.models import Device
+from apps.scheduling.selectors import pool_status
 from apps.sessions.models import Session
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,9 @@ AGAIN = 5  # syncs in a row for changes that arrive while one runs; the next eve
 
 def wanted(pool: ResourcePool) -> tuple[int, str]:
     """The count the pool's licence should have now, and why (the module's accounting model)."""
-    if not pool.is_accessible:
-        message = f": {pool.accessibility_message}" if pool.accessibility_message else ""
-        return 0, f"the pool is not accessible{message}"
-    online = list(Device.objects.filter(pool=pool).values_list("online", flat=True))
-    if not online:
-        return 0, "the pool has no device"
-    if not any(online):
-        return 0, "no device of the pool is online"
+    state = pool_status(pool)
+    if state.status != "online":
+        return 0, f"the pool is {state.status}: {state.reason}"
     if pool.slots_total is None:
         return 0, "the pool counts no slots (slots_total is not set)"
     held = Session.objects.active().filter(pool=pool, external_id="").aggregate(n=Sum("slots"))["n"] or 0

@@ -17,3 +17,8 @@ def user_for_uid(uid: int):
 def unix_uid_for(user) -> int | None:
     """The Unix uid linked to ``user``, or None when the user has no linked account."""
     return UnixAccount.objects.filter(user_id=user.pk).values_list("unix_uid", flat=True).first()
+
+
+def uids_of(user_ids) -> dict[int, int]:
+    """``{user id: linked Unix uid}`` for those of ``user_ids`` that have one (one query)."""
+    return dict(UnixAccount.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "unix_uid"))

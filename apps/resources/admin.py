@@ -95,7 +95,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         ),
         ("Sessions and scheduling", {"fields": ["strategy", "idle_timeout", "max_lifetime"]}),
         ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
-        ("Accessibility", {"fields": ["is_accessible", "accessibility_message"]}),
+        ("Accessibility", {"fields": ["is_accessible", "accessibility_message", "paused_reason"]}),
         ("Access (private pools)", {"fields": ["users", "groups"]}),
         ("History", {"fields": ["created_at", "updated_at"]}),
     ]

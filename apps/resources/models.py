@@ -141,6 +141,16 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     )
     is_accessible = models.BooleanField(default=True)
     accessibility_message = models.CharField(max_length=500, blank=True, default="")
+    paused_reason = models.CharField(
+        "paused (reason)",
+        max_length=500,
+        blank=True,
+        default="",
+        help_text=_(
+            "Calibration or maintenance: sessions are still admitted and jobs still accepted, but they wait "
+            "until this is cleared; QRMI's status() reports the pool paused with this reason. Empty: not paused."
+        ),
+    )
     # -- how cases run (R-CASE-8) --
     sandbox_unlinked = models.BooleanField(
         "run unlinked users in the sandbox account",

@@ -72,6 +72,7 @@ class DeviceAdmin(admin.ModelAdmin):
         "pool",
         "driver",
         "online",
+        "paused_reason",
         "provider_status",
         "provider_checked_at",
         "max_concurrent_jobs",

@@ -32,6 +32,14 @@ class Device(models.Model):
     driver = models.CharField(max_length=16, choices=DriverName.choices, default=DriverName.EMULATOR)
     config = models.JSONField(default=dict, blank=True, help_text="Driver settings (no secrets).")
     online = models.BooleanField(default=True)
+    paused_reason = models.CharField(
+        "paused (reason)",
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="Calibration or maintenance: the device takes no job until this is cleared (jobs wait). "
+        "Empty: not paused.",
+    )
     max_concurrent_jobs = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     # Written by the worker's status pass for drivers with a provider (pasqal_qpu, pasqal_cloud):
     # the device is online only while its provider reports it up, and its specs are the

@@ -97,8 +97,8 @@ def running_count():
 
 
 def free_devices(pool_id: int) -> list[Device]:
-    """Online devices of the pool below ``max_concurrent_jobs``."""
-    devices = Device.objects.filter(pool_id=pool_id, online=True).annotate(running=running_count())
+    """Online devices of the pool, not paused, below ``max_concurrent_jobs``."""
+    devices = Device.objects.filter(pool_id=pool_id, online=True, paused_reason="").annotate(running=running_count())
     return [d for d in devices if d.running < d.max_concurrent_jobs]
 
 
@@ -114,9 +114,9 @@ def dispatch_once(pool_id: int) -> Job | None:
     """
     with transaction.atomic():
         queue = _lock_queue(pool_id)
-        pool = ResourcePool.objects.only("is_accessible", "strategy").get(pk=pool_id)
-        if not pool.is_accessible:
-            return None
+        pool = ResourcePool.objects.only("is_accessible", "paused_reason", "strategy").get(pk=pool_id)
+        if not pool.is_accessible or pool.paused_reason:
+            return None  # jobs wait: the sweep dispatches them once the pool resumes
         free = free_devices(pool_id)
         if not free:
             _set_awaiting(queue, False)  # the job-finished event will dispatch

@@ -2,8 +2,9 @@
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
-from django.db.models import F, Func, OuterRef, Q, Subquery
+from django.db.models import Count, F, Func, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
@@ -13,6 +14,7 @@ NO_DEVICE = "no device online"
 DEVICE_DOWN = "device down"  # its provider (a real QPU) reports it down or cannot be reached
 BUSY = "devices busy"
 NOT_ACCESSIBLE = "pool not accessible"
+PAUSED = "paused"  # the pool or every usable device is paused (calibration, maintenance)
 TURN = "waiting for its turn"
 
 
@@ -35,6 +37,53 @@ def devices_with_load(queryset=None):
         Q(target_device__isnull=True) | Q(target_device_id=OuterRef("pk"))
     )
     return queryset.annotate(running_jobs=_count(running), pending_jobs=_count(pending))
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What a pool can do now, as QRMI's ``status()`` reports it: ``online`` (it runs jobs),
+    ``paused`` (calibration or maintenance: sessions and jobs are taken, jobs wait) or ``offline``
+    (not accessible, or no device to run on), with the reason; ``busy`` when every usable device
+    runs all it may; the pending jobs, and the running ones."""
+
+    status: str
+    reason: str
+    busy: bool
+    pending_jobs: int
+    running_jobs: int
+    capacity: int  # jobs the usable devices may run at once
+
+
+def pool_status(pool) -> PoolStatus:
+    """The one definition of a pool's state for schedulers and clients (QRMI ``accessible`` and
+    ``status``, the Slurm licence): two queries, the devices and a count of unfinished jobs."""
+    devices = list(Device.objects.filter(pool_id=pool.pk).values_list("online", "paused_reason", "max_concurrent_jobs"))
+    jobs = Job.objects.filter(pool_id=pool.pk, status__in=[JobStatus.PENDING, JobStatus.RUNNING]).aggregate(
+        pending=Count("pk", filter=Q(status=JobStatus.PENDING)), running=Count("pk", filter=Q(status=JobStatus.RUNNING))
+    )
+    online = [(paused, capacity) for is_online, paused, capacity in devices if is_online]
+    usable = [capacity for paused, capacity in online if not paused]
+    if not pool.is_accessible:
+        status, reason = "offline", pool.accessibility_message or "the pool is not accessible"
+    elif pool.paused_reason:
+        status, reason = "paused", pool.paused_reason
+    elif not devices:
+        status, reason = "offline", "the pool has no device"
+    elif not online:
+        status, reason = "offline", "no device of the pool is online"
+    elif not usable:
+        status, reason = "paused", next(paused for paused, _ in online)
+    else:
+        status, reason = "online", ""
+    capacity = sum(usable)
+    return PoolStatus(
+        status=status,
+        reason=reason,
+        busy=status == "online" and jobs["running"] >= capacity,
+        pending_jobs=jobs["pending"],
+        running_jobs=jobs["running"],
+        capacity=capacity,
+    )
 
 
 def queue_info(jobs) -> dict[int, tuple[str, int]]:
@@ -74,8 +123,12 @@ def queue_info(jobs) -> dict[int, tuple[str, int]]:
         usable = devices.get(job.pool_id, [])
         if not pool.is_accessible:
             reason = NOT_ACCESSIBLE
+        elif pool.paused_reason:
+            reason = PAUSED
         elif not usable:
             reason = DEVICE_DOWN if job.pool_id in down_pools else NO_DEVICE
+        elif all(d.paused_reason for d in usable):
+            reason = PAUSED
         elif all(d.running_jobs >= d.max_concurrent_jobs for d in usable):
             reason = BUSY
         else:

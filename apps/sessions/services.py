@@ -207,11 +207,25 @@ def _session_id(value) -> uuid.UUID:
         raise NotFound("No such session.") from None
 
 
-def release(*, user, session_id, pool_name: str | None = None, as_service: bool = False) -> bool:
+@dataclass(frozen=True)
+class Released:
+    """What :func:`release` did: ``ended`` (this call ended the session; false when it had ended
+    already, and so is the object) and ``session`` as it is now, when the call read it (someone
+    else's session, or one on a named pool); None on the owner's one-statement path."""
+
+    ended: bool
+    session: Session | None = None
+
+    def __bool__(self):
+        return self.ended
+
+
+def release(*, user, session_id, pool_name: str | None = None, as_service: bool = False) -> Released:
     """R-SESS-4: the owner, or whoever acts for others (a service principal; on the QRMI routes a
-    service uid, ``as_service``), ends the session with reason ``released``. Idempotent: False
-    when it had already ended. NotFound: no such session (on the pool named ``pool_name``);
-    Forbidden: someone else's, for a caller who may not act for others.
+    service uid, ``as_service``), ends the session with reason ``released``. Idempotent: the
+    answer is false when it had already ended (its first ``revoked_at`` stays). NotFound: no such
+    session (on the pool named ``pool_name``); Forbidden: someone else's, for a caller who may not
+    act for others.
 
     The owner's common path is the revocation statement alone, restricted to the owner's
     sessions; anything else is looked up first.
@@ -222,17 +236,20 @@ def release(*, user, session_id, pool_name: str | None = None, as_service: bool 
         and user.pk is not None
         and _end([session_id], RevocationReason.RELEASED, now, user_id=user.pk)
     ):
-        return True
-    session = Session.objects.filter(pk=session_id)
+        return Released(True)
+    found = Session.objects.filter(pk=session_id)
     if pool_name is not None:
-        session = session.filter(pool__name=pool_name)
-    owner_id = session.values_list("user_id", flat=True).first()
-    if owner_id is None:
-        raise NotFound("No such session." if pool_name is None else f"No session '{session_id}' on pool '{pool_name}'.")
+        found = found.filter(pool__name=pool_name)
+    session = found.first()
+    if session is None:
+        raise NotFound("No such session." if pool_name is None else f"No such session on pool '{pool_name}'.")
     # ``as_service`` first: a QRMI service uid's user is looked up only if asked for.
-    if not as_service and owner_id != user.pk and not is_service_principal(user):
-        raise Forbidden(f"Session {session_id} belongs to another user.")
-    return bool(_end([session_id], RevocationReason.RELEASED, now))
+    if not as_service and session.user_id != user.pk and not is_service_principal(user):
+        raise Forbidden("This session belongs to another user.")
+    ended = bool(_end([session_id], RevocationReason.RELEASED, now))
+    if ended:
+        session.status, session.revoked_at, session.revocation_reason = "revoked", now, RevocationReason.RELEASED
+    return Released(ended, session)
 
 
 def revoke(*, session_ids, reason: str = RevocationReason.MANUAL) -> int:

@@ -40,7 +40,7 @@ def test_an_inaccessible_pool_closes_its_licence_in_slurm(real_licences, license
     pool.is_accessible, pool.accessibility_message = False, "calibration"
     pool.save()
     assert sacctmgr.count(real_licences) == 0
-    assert LicenceState.objects.get(pool=licensed_pool).reason == "the pool is not accessible: calibration"
+    assert LicenceState.objects.get(pool=licensed_pool).reason == "the pool is offline: calibration"
 
 
 def test_a_failing_sacctmgr_is_counted_and_the_next_pass_repairs_it(real_licences, licensed_pool, settings, tmp_path):
@@ -144,7 +144,7 @@ def test_jobs_wait_in_slurms_queue_for_the_licence_and_every_acquire_finds_its_s
     else:
         pytest.fail(f"the jobs did not all end within 240 s: {live}")
     outputs = {job: (outdir / f"{job}.out").read_text() for job in job_ids}
-    assert all("acquire 201" in out and "release 200" in out for out in outputs.values()), outputs
+    assert all("acquire 200" in out and "release 200" in out for out in outputs.values()), outputs
     assert "Licenses" in reasons, reasons
     connection.close()
     held = sorted(Session.objects.filter(pool=licensed_pool).values_list("created_at", "revoked_at"))

@@ -74,11 +74,11 @@ def test_a_pool_without_room_for_slurm_work_closes_its_licence_and_says_why(lice
     ResourcePool.objects.filter(pk=licensed_pool.pk).update(is_accessible=False, accessibility_message="calibration")
     assert passes.sync_pool(licensed_pool.pk) == "created"
     state = LicenceState.objects.get(pool=licensed_pool)
-    assert (state.count, state.reason) == (0, "the pool is not accessible: calibration")
+    assert (state.count, state.reason) == (0, "the pool is offline: calibration")
     ResourcePool.objects.filter(pk=licensed_pool.pk).update(is_accessible=True)
     Device.objects.filter(pool=licensed_pool).update(online=False)
     passes.sync_pool(licensed_pool.pk)
-    assert LicenceState.objects.get(pool=licensed_pool).reason == "no device of the pool is online"
+    assert LicenceState.objects.get(pool=licensed_pool).reason == "the pool is offline: no device of the pool is online"
     Device.objects.filter(pool=licensed_pool).update(online=True)
     passes.sync_pool(licensed_pool.pk)
     assert fake_slurm.counts[licensed_pool.slurm_licence] == 2

@@ -9,7 +9,7 @@ from apps.qrmi import munge
 
 pytestmark = [pytest.mark.munge, pytest.mark.django_db]
 
-SLOTS = "/qrmi/fresnel/qpu-slots"
+SLOTS = "/qrmi/fresnel/status"  # any route that needs a credential; a service uid may read it
 
 
 def test_r_qrmi_2_valid_credential_identifies_the_calling_uid(cred):

@@ -115,7 +115,7 @@ def test_release_waits_for_a_briefly_locked_session_instead_of_skipping_it(qpu, 
     holder.start()
     locked.wait(timeout=10)
     try:
-        assert services.release(user=session.user, session_id=session.pk) is True
+        assert services.release(user=session.user, session_id=session.pk).ended is True
     finally:
         done.set()
         holder.join()

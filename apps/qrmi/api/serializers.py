@@ -43,4 +43,18 @@ class TaskSerializer(serializers.Serializer):
     def validate_sequence(self, value):
         if not isinstance(value, (str, dict)) or not value:
             raise serializers.ValidationError("Must be a Pulser sequence's abstract representation (a JSON string).")
+        if _is_cudaq_ahs(value):
+            raise serializers.ValidationError(
+                "A CUDA-Q analog (AHS) program is not accepted here: send the Pulser sequence's abstract "
+                "representation (build it with Pulser for the device of qpu/specs, e.g. with "
+                "pulser's converters from AHS programs) (docs/qrmi.md)."
+            )
         return value
+
+
+def _is_cudaq_ahs(value) -> bool:
+    """A CUDA-Q AHS program (``setup.ahs_register`` and ``hamiltonian``), which Warden converts
+    to Pulser with the QPU's specs: told apart without parsing the whole string."""
+    if isinstance(value, dict):
+        return "hamiltonian" in value and "setup" in value
+    return '"hamiltonian"' in value and '"ahs_register"' in value

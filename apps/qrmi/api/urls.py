@@ -8,7 +8,9 @@ from apps.qrmi.api import views
 app_name = "qrmi"
 
 urlpatterns = [
+    path("", views.RootView.as_view(), name="root"),
     path("accessible", views.AccessibleView.as_view(), name="accessible"),
+    path("status", views.StatusView.as_view(), name="status"),
     path("sessions", views.SessionsView.as_view(), name="sessions"),
     path("sessions/<str:session_id>", views.SessionView.as_view(), name="session"),
     path("jobs", views.JobsView.as_view(), name="jobs"),

@@ -2,36 +2,43 @@
 
 R-QRMI-3: nothing here has state of its own. Acquire and release are ``apps.sessions.services``
 admissions and releases, tasks are ``apps.scheduling.services`` jobs; this module only speaks
-the wire protocol the unmodified ``qrmi`` client expects (see docs/qrmi.md): no trailing slashes,
-integer job ids, string user ids, Warden's status names, results as a JSON string.
+the wire protocol of the unmodified ``qrmi`` clients, qrmi 0.26.4 and the next (Warden's
+QPU-slots branch), on the same routes (docs/qrmi.md, "The routes"): no trailing slashes, integer
+job ids, string user ids, Warden's status names and fields, results as a JSON string,
+validation errors as Warden's 422 ``detail`` list. A session id from ``X-Warden-Session`` is
+never repeated in an answer but its own session's.
 """
 
 import json
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.api.serializers import times
 from apps.core.exceptions import Forbidden
+from apps.core.exceptions import NotFound as NoSuchObject
 from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
 from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid
 from apps.qrmi.permissions import HasMungeIdentity
+from apps.qrmi.selectors import uids_of
 from apps.resources.models import ResourcePool
 from apps.resources.selectors import can_use_pool
 from apps.scheduling import services as scheduling
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
+from apps.scheduling.selectors import pool_status
 from apps.sessions import services as sessions
-from apps.sessions.models import is_service_principal
+from apps.sessions.models import Session, is_service_principal
 from apps.sessions.selectors import slots_usage
 
 SESSION_HEADER = "X-Warden-Session"
 
-# Warden's status names, the only ones the client knows (anything else reads as an error).
+# Warden's status names, the only ones the client knows (anything else reads as an error). A job
+# dispatched to a device that has not started it yet is still PENDING, as Warden reports it.
 STATUS = {
     JobStatus.PENDING: "PENDING",
     JobStatus.RUNNING: "RUNNING",
@@ -39,15 +46,63 @@ STATUS = {
     JobStatus.CANCELLED: "CANCELED",
     JobStatus.FAILED: "ERROR",
 }
+NO_LOGS = "There are no logs for this job"  # Warden's answer for a job without logs
 
 
 def job_body(job: Job, uid: int) -> dict:
-    """The job shape of the protocol: ``results`` is a JSON *string* (Pulser parses it) or null
-    while there is nothing to read."""
+    """The job shape of the protocol (Warden's fields): ``results`` is a JSON *string* (Pulser
+    parses it) or null while there is nothing to read."""
     results = None
     if job.status == JobStatus.COMPLETED and isinstance(job.result, dict):
         results = json.dumps({"counter": job.result.get("counts", {})})
-    return {"id": job.pk, "user_id": str(uid), "status": STATUS[job.status], "results": results}
+    state = STATUS[job.status]
+    if job.status == JobStatus.RUNNING and job.started_at is None:
+        state = "PENDING"
+    created_at, started_at, finished_at = times(job.created_at, job.started_at, job.finished_at)
+    return {
+        "id": job.pk,
+        "user_id": str(uid),
+        "session_id": str(job.session_id),
+        "status": state,
+        "results": results,
+        "shots": job.shots,
+        "created_at": created_at,
+        "started_at": started_at,
+        "ended_at": finished_at,
+    }
+
+
+def session_body(session: Session, uid: int | None) -> dict:
+    """The session shape of the protocol (Warden's fields, both job id names)."""
+    created_at, idle_expires_at, expires_at, revoked_at = times(
+        session.created_at, session.idle_expires_at, session.expires_at, session.revoked_at
+    )
+    return {
+        "id": str(session.pk),
+        "user_id": None if uid is None else str(uid),
+        "scheduler_job_id": session.external_id or None,
+        "slurm_job_id": session.external_id or None,
+        "qpu_slots": session.slots,
+        "created_at": created_at,
+        "idle_expires_at": idle_expires_at,
+        "expires_at": expires_at,
+        "revoked_at": revoked_at,
+        "revocation_reason": str(session.revocation_reason) or None,
+    }
+
+
+def warden_422(exc: ValidationError | ParseError) -> Response:
+    """A validation error as Warden's (FastAPI's) 422 ``{"detail": [{"type", "loc", "msg"}]}``,
+    without the ``input`` FastAPI adds: it would repeat what the request sent."""
+    if isinstance(exc, ParseError):
+        return Response({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc.detail)}]}, status=422)
+    errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+    detail = []
+    for field, messages in errors.items():
+        where = ["body"] if field == "non_field_errors" else ["body", field]
+        for message in messages if isinstance(messages, list) else [messages]:
+            detail.append({"type": "value_error", "loc": where, "msg": str(message)})
+    return Response({"detail": detail}, status=422)
 
 
 @extend_schema(exclude=True)  # a foreign protocol, documented in docs/qrmi.md, not in the API schema
@@ -56,6 +111,11 @@ class QrmiView(APIView):
 
     authentication_classes = [QrmiMungeAuthentication]
     permission_classes = [HasMungeIdentity]
+
+    def handle_exception(self, exc):
+        if isinstance(exc, (ValidationError, ParseError)):
+            return warden_422(exc)
+        return super().handle_exception(exc)
 
     @property
     def pool(self) -> ResourcePool:
@@ -89,17 +149,6 @@ class QrmiView(APIView):
             raise PermissionDenied(f"Missing '{SESSION_HEADER}' header (the session id acquire returned).")
         return raw
 
-    def usable_pool(self) -> ResourcePool:
-        """The pool, if the caller may use it, like ``GET /resource-pools/{id}/slots/`` (R-POOL-8,
-        §10 "QRMI routes included"): service uids see every pool (the SPANK plugin acts for
-        everyone); an unlinked uid is 403 (it can use no pool); a user who may not use the pool
-        gets the same 404 as an unknown pool, so a private pool's existence is not disclosed."""
-        if self.is_service():
-            return self.pool
-        if not can_use_pool(self.caller(), self.pool):
-            raise NotFound(f"No pool '{self.kwargs['pool']}'.")
-        return self.pool
-
     def own_job(self, job_id: int) -> Job:
         """Other users' jobs are 404, like everywhere in Gridgate."""
         job = Job.objects.filter(pk=job_id, pool__name=self.kwargs["pool"], user=self.caller()).first()
@@ -108,25 +157,120 @@ class QrmiView(APIView):
         return job
 
 
-class AccessibleView(QrmiView):
-    """``GET accessible``: no authentication (the client sends none)."""
+class OpenView(QrmiView):
+    """The routes Warden serves without a credential (the clients and schedulers' sensors send
+    none): they say how the pool is, never whose sessions or jobs it holds."""
 
     authentication_classes = []
     permission_classes = [AllowAny]
 
+
+class RootView(OpenView):
+    """``GET ""``: Warden's greeting."""
+
     def get(self, request, pool):
-        default = "" if self.pool.is_accessible else f"Pool '{self.pool.name}' is not accessible."
+        return Response({"message": f"Gridgate's QPU endpoint for pool '{self.pool.name}' is operational."})
+
+
+def status_fields(pool: ResourcePool) -> dict:
+    """qrmi 0.25's ``status()``: online, offline or paused (calibration, maintenance) with the
+    reason, busy, the pending jobs and the capacity in slots."""
+    state = pool_status(pool)
+    usage = slots_usage(pool)
+    return {
+        "status": state.status,
+        "status_reason": state.reason,
+        "busy": state.busy,
+        "pending_job_count": state.pending_jobs,
+        "qpu_slots_total": usage["slots_total"],
+        "qpu_slots_used": usage["slots_used"] if usage["slots_total"] is not None else None,
+        "qpu_slots_available": usage["slots_available"],
+    }
+
+
+class AccessibleView(OpenView):
+    """``GET accessible``: ``is_accessible`` and ``message`` (qrmi 0.26.4), and the status
+    fields of the next client."""
+
+    def get(self, request, pool):
+        pool = self.pool
+        default = "" if pool.is_accessible else f"Pool '{pool.name}' is not accessible."
         return Response(
-            {"is_accessible": self.pool.is_accessible, "message": self.pool.accessibility_message or default}
+            {
+                "is_accessible": pool.is_accessible,
+                "message": pool.accessibility_message or default,
+                **status_fields(pool),
+            }
+        )
+
+
+class StatusView(QrmiView):
+    """``GET status`` (service uids, as Warden's admins): the pending jobs, the running ones and
+    the open sessions, with the pool's status."""
+
+    LIMIT = 1000
+
+    def get(self, request, pool):
+        if not self.is_service():
+            raise PermissionDenied(f"Unix uid {self.uid} may not read the status: only service uids do.")
+        pool = self.pool
+        running = list(
+            Job.objects.filter(pool=pool, status=JobStatus.RUNNING).order_by("scheduled_at", "id")[: self.LIMIT]
+        )
+        open_sessions = list(Session.objects.active().filter(pool=pool).order_by("created_at", "id")[: self.LIMIT])
+        uids = uids_of({job.user_id for job in running} | {session.user_id for session in open_sessions})
+
+        def current(job):
+            started_at, scheduled_at = times(job.started_at, job.scheduled_at)
+            return {
+                "id": job.pk,
+                "session_id": str(job.session_id),
+                "user_id": str(uids.get(job.user_id, "")),
+                "started_at": started_at or scheduled_at,
+                "backend_id": job.remote_id or None,
+            }
+
+        fields = status_fields(pool)
+        return Response(
+            {
+                "pending_jobs_count": fields["pending_job_count"],
+                "current_job": current(running[0]) if running else None,
+                "running_jobs": [current(job) for job in running],
+                "open_sessions": [session_body(session, uids.get(session.user_id)) for session in open_sessions],
+                **fields,
+            }
         )
 
 
 class SessionsView(QrmiView):
     """``POST sessions`` (acquire) and ``DELETE sessions`` with ``X-Warden-Session`` (release)."""
 
+    LIST_LIMIT = 1000
+
+    def get(self, request, pool):
+        """Warden's recovery list (service uids): the pool's sessions, filtered by ``user_id``
+        (a uid), ``scheduler_job_id`` (or ``slurm_job_id``) and ``active`` (true/false)."""
+        if not self.is_service():
+            raise PermissionDenied(f"Unix uid {self.uid} may not list sessions: only service uids do.")
+        listed = Session.objects.filter(pool__name=self.kwargs["pool"])
+        query = request.query_params
+        if query.get("user_id"):
+            user = user_for_uid(_uid_or_422(query["user_id"]))
+            if user is None:
+                return Response([])
+            listed = listed.filter(user=user)
+        job = query.get("scheduler_job_id") or query.get("slurm_job_id")
+        if job:
+            listed = listed.filter(external_id=job)
+        if query.get("active") is not None:
+            listed = listed.filter(status="active" if _boolean_or_422(query["active"]) else "revoked")
+        found = list(listed.order_by("-created_at", "id")[: self.LIST_LIMIT])
+        uids = uids_of({session.user_id for session in found})
+        return Response([session_body(session, uids.get(session.user_id)) for session in found])
+
     def post(self, request, pool):
         """R-QRMI-1/3: admission, idempotency and 409s of R-SESS-1/2, on the pool's default class;
-        201 new session, 200 the active one of the same scheduler job."""
+        200 for a new session and for the active one of the same scheduler job alike, as Warden."""
         if not self.is_service():
             raise PermissionDenied(
                 f"Unix uid {self.uid} may not acquire sessions: only service uids (the SPANK plugin or "
@@ -157,16 +301,7 @@ class SessionsView(QrmiView):
                     f"User '{user.username}' (uid {data['uid']}) may not use pool '{self.pool.name}'."
                 ) from None
             raise PermissionDenied(f"Pool '{self.pool.name}' has no default class to open sessions on.") from None
-        session = admission.session
-        return Response(
-            {
-                "id": str(session.pk),
-                "user_id": str(data["uid"]),
-                "scheduler_job_id": session.external_id,
-                "qpu_slots": session.slots,
-            },
-            status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
-        )
+        return Response(session_body(admission.session, data["uid"]))
 
     def delete(self, request, pool):
         return release(self, self.session_id_from_header())
@@ -180,15 +315,23 @@ class SessionView(QrmiView):
 
 
 def release(view: QrmiView, session_id: str) -> Response:
-    """R-SESS-4 through R-QRMI-1: service uids or the owner's uid; idempotent; 200 ``{"id"}``
-    (the client treats 204 or an empty object as a failure)."""
+    """R-SESS-4 through R-QRMI-1: service uids or the owner's uid; idempotent (the first
+    ``revoked_at`` stays); 200 with the session (the client treats 204 or an empty object as a
+    failure). Neither a 404 nor a 403 repeats the id the client sent."""
     try:
-        sessions.release(
+        released = sessions.release(
             user=view.request.user, session_id=session_id, pool_name=view.kwargs["pool"], as_service=view.is_service()
         )
     except Forbidden:
-        raise PermissionDenied(f"Unix uid {view.uid} may not release session {session_id}.") from None
-    return Response({"id": session_id})
+        raise PermissionDenied(f"Unix uid {view.uid} may not release this session: it is another user's.") from None
+    except NoSuchObject:
+        raise NotFound(f"No such session on pool '{view.kwargs['pool']}'.") from None
+    session = released.session
+    if not view.request.auth.is_service and session.user_id == view.request.user.pk:
+        owner = view.uid  # the owner releasing its own session
+    else:  # a service uid's user is never looked up: the owner's uid is
+        owner = uids_of([session.user_id]).get(session.user_id)
+    return Response(session_body(session, owner))
 
 
 class JobsView(QrmiView):
@@ -219,6 +362,10 @@ class JobsView(QrmiView):
             )
         except DriverError as exc:
             raise ValidationError({"sequence": [str(exc)]}) from None
+        except NoSuchObject:
+            raise NotFound(f"No such session on pool '{self.kwargs['pool']}'.") from None
+        except scheduling.NotYourSession:
+            raise PermissionDenied("Session belongs to another user.") from None
         if settings.GRIDGATE_TASKS_EAGER:
             job.refresh_from_db()  # the inline dispatcher (tests, demos) may have run it already
         return Response(job_body(job, self.uid))
@@ -243,27 +390,29 @@ class JobLogsView(QrmiView):
         logs = job.logs
         if job.error:
             logs += ("" if not logs or logs.endswith("\n") else "\n") + f"error: {job.error}\n"
-        return Response({"logs": logs})
+        return Response({"logs": logs or NO_LOGS})
 
 
-class SpecsView(QrmiView):
-    """``GET qpu/specs``: the Pulser device the pool's device runs (the emulator: its configured
-    ``pulser_device``), as a JSON string; its name is what sequences must target."""
+class SpecsView(OpenView):
+    """``GET qpu/specs`` (open, as Warden's): the Pulser device the pool's device runs (the
+    emulator: its configured ``pulser_device``; a QPU: its specs as last read), as a JSON string;
+    its name is what sequences must target."""
 
     def get(self, request, pool):
-        device = self.usable_pool().devices.order_by("-online", "id").first()
+        device = self.pool.devices.order_by("-online", "id").first()
         if device is None:
             raise NotFound(f"Pool '{self.pool.name}' has no device.")
         return Response({"specs": json.dumps(get_driver(device.driver).specs(device))})
 
 
-class SlotsView(QrmiView):
-    """``GET qpu-slots``: R-SESS-6 usage with Warden's names; 404 when slots are not managed."""
+class SlotsView(OpenView):
+    """``GET qpu-slots`` (open, as Warden's: the next client and the schedulers' load sensors send
+    no credential): R-SESS-6 usage with Warden's names; 404 when slots are not managed."""
 
     def get(self, request, pool):
-        pool = self.usable_pool()
+        pool = self.pool
         if pool.slots_total is None:
-            raise NotFound(f"Pool '{pool.name}' has no slot capacity (slots_total is not set).")
+            raise NotFound("QPU slots are not configured.")
         usage = slots_usage(pool)
         return Response(
             {
@@ -272,3 +421,16 @@ class SlotsView(QrmiView):
                 "qpu_slots_available": usage["slots_available"],
             }
         )
+
+
+def _uid_or_422(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= 2**31 - 1):
+        raise ValidationError({"user_id": ['A Unix uid: ASCII digits only, e.g. "1000".']})
+    return int(text)
+
+
+def _boolean_or_422(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false", "1", "0"):
+        raise ValidationError({"active": ["true or false."]})
+    return lowered in ("true", "1")

@@ -123,6 +123,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "max_lifetime",
             "is_accessible",
             "accessibility_message",
+            "paused_reason",
             "sandbox_unlinked",
             "trusted",
             "network",

@@ -21,6 +21,7 @@ class DeviceSerializer(ValidatedModelSerializer):
             "driver",
             "config",
             "online",
+            "paused_reason",
             "max_concurrent_jobs",
             "provider_status",
             "provider_message",
