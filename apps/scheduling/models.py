@@ -82,10 +82,14 @@ class JobStatus(models.TextChoices):
     COMPLETED = "completed", "Completed"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    # The answer to its submission was lost and the provider cannot say whether it created the
+    # job: it was not sent again, so that it never runs twice. An operator looks it up on the
+    # provider's side (its tag: Job.run_tag) and submits it again if it never ran.
+    UNKNOWN = "unknown", "Unknown (ask an operator)"
 
 
 UNFINISHED = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
-TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.UNKNOWN})
 
 
 class Job(models.Model):

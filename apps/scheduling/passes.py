@@ -21,7 +21,13 @@ from django.utils import timezone
 from apps.core.retry import is_retryable
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency
-from apps.scheduling.drivers import DriverState, PermanentDriverError, TransientDriverError, get_driver
+from apps.scheduling.drivers import (
+    DriverState,
+    PermanentDriverError,
+    TransientDriverError,
+    UndecidedSubmission,
+    get_driver,
+)
 from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, LatencyKind, PoolQueue
 from apps.scheduling.strategies import strategy_for
 from apps.sessions.models import Session, SessionStatus
@@ -206,6 +212,10 @@ def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
     try:
         with nullcontext() if taken_over else kept_claimed([job.pk], owner):
             remote_id = get_driver(device.driver).submit(device, job)
+    except UndecidedSubmission as exc:
+        log.error("job %s: %s", job.pk, exc)
+        _finish(job, DriverState("unknown", error=str(exc)), expect_remote_id="", owner=owner)
+        return
     except PermanentDriverError as exc:
         _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="", owner=owner)
         return
@@ -275,9 +285,12 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
     """Record a terminal state once (compare-and-set on status and remote id, and on the claim's
     ``owner`` when given: a job not yet handed over is finished only by its claim's holder)."""
     now = timezone.now()
-    status = {"completed": JobStatus.COMPLETED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED}[
-        state.status
-    ]
+    status = {
+        "completed": JobStatus.COMPLETED,
+        "failed": JobStatus.FAILED,
+        "cancelled": JobStatus.CANCELLED,
+        "unknown": JobStatus.UNKNOWN,
+    }[state.status]
     same = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id=expect_remote_id)
     if owner is not None:
         same = same.filter(lease_owner=owner)

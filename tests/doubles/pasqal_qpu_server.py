@@ -11,9 +11,16 @@ sum to ``nb_run``; ``PUT /jobs/{uid}/cancel`` cancels an unfinished job and answ
 one with 400 and code ``3003``.
 
 Faults: ``fault(path_part, status=…, times=…, method=…)`` answers the next matching requests
-with that status (a 5xx burst); ``drop(path_part, method=…, times=…)`` carries the request out and
-then closes the connection without an answer (a POST whose answer is lost). ``auth`` (header,
-value) makes every request without that header a 401.
+with that status (a 5xx burst); with ``after=True`` it carries the request out first (a POST the
+QPU created the job for, then failed to answer); ``drop(path_part, method=…, times=…)`` carries
+the request out and then closes the connection without an answer (a POST whose answer is lost).
+``restart()`` loses every job and gives uids again from the first (a QPU API restarted on an
+empty store). ``auth`` (header, value) makes every request without that header a 401.
+``client`` (id, secret) makes it an identity provider too: ``POST /token`` (client credentials)
+issues bearer tokens, and every QPU API request needs one of them (401 otherwise);
+``expire_tokens()`` makes those issued so far invalid; ``token_requests`` counts the grants.
+``posted`` lists the ``pasqman_job_id`` tag of every job created, so a test counts the POSTs that
+reached the QPU for each Gridgate job.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class Fault:
     status: int | None
     times: int
     drop: bool = False
+    after: bool = False
 
 
 def analog_device_specs() -> dict:
@@ -46,21 +54,30 @@ def analog_device_specs() -> dict:
     return json.loads(pulser.devices.AnalogDevice.to_abstract_repr())
 
 
+FIRST_UID = 100
+
+
 def envelope(data, code=200, message="OK."):
     return jsonify({"code": code, "message": message, "data": data}), code
 
 
 class QpuDouble:
-    def __init__(self, *, specs: dict | None = None, auth: tuple[str, str] | None = None):
+    def __init__(
+        self, *, specs: dict | None = None, auth: tuple[str, str] | None = None, client: tuple[str, str] | None = None
+    ):
         self.specs = specs if specs is not None else analog_device_specs()
         self.auth = auth
+        self.client = client
+        self.tokens: set[str] = set()
+        self.token_requests = 0
         self.operational = "UP"
         self.jobs: dict[int, dict] = {}
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str]] = []
         self.fail_next = 0  # the next N jobs to finish end in ERROR
         self.hold = False  # jobs stay RUNNING while True (a long run)
-        self._next_uid = 100
+        self._next_uid = FIRST_UID
+        self.posted: list[str] = []
         self._lock = threading.Lock()
         self._server = None
         self.app = self._make_app()
@@ -80,8 +97,16 @@ class QpuDouble:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_port}"
 
-    def fault(self, path_part, *, status=503, times=1, method=None):
-        self.faults.append(Fault(path_part, method, status, times))
+    def fault(self, path_part, *, status=503, times=1, method=None, after=False):
+        self.faults.append(Fault(path_part, method, status, times, after=after))
+
+    def expire_tokens(self) -> None:
+        self.tokens.clear()
+
+    def restart(self) -> None:
+        with self._lock:
+            self.jobs.clear()
+            self._next_uid = FIRST_UID
 
     def drop(self, path_part, *, times=1, method=None):
         self.faults.append(Fault(path_part, method, None, times, drop=True))
@@ -94,9 +119,9 @@ class QpuDouble:
             self._end(self.jobs[uid], status)
 
     # -- behaviour -------------------------------------------------------------------------
-    def _take(self, drop: bool) -> Fault | None:
+    def _take(self, drop: bool, after: bool = False) -> Fault | None:
         for fault in self.faults:
-            if fault.times <= 0 or fault.drop != drop or fault.path_part not in request.path:
+            if fault.times <= 0 or fault.drop != drop or fault.after != after or fault.path_part not in request.path:
                 continue
             if fault.method and fault.method != request.method:
                 continue
@@ -128,7 +153,11 @@ class QpuDouble:
         @app.before_request
         def before():
             double.calls.append((request.method, request.path))
+            if request.path == "/token":
+                return None
             if double.auth and request.headers.get(double.auth[0]) != double.auth[1]:
+                return envelope(None, 401, "Unauthorized")
+            if double.client and request.headers.get("Authorization", "").removeprefix("Bearer ") not in double.tokens:
                 return envelope(None, 401, "Unauthorized")
             fault = double._take(drop=False)
             if fault is not None:
@@ -137,12 +166,30 @@ class QpuDouble:
 
         @app.after_request
         def after(response):
+            late = double._take(drop=False, after=True)
+            if late is not None:  # the work is done; the answer is an error
+                failed = jsonify({"code": late.status, "message": f"injected fault {late.status}", "data": None})
+                failed.status_code = late.status
+                return failed
             if double._take(drop=True) is not None:
                 # The QPU did the work; the client never hears back.
                 sock = request.environ.get("werkzeug.socket")
                 if sock is not None:
                     sock.shutdown(socket.SHUT_RDWR)
             return response
+
+        @app.post("/token")
+        def token():
+            form = request.form
+            if (form.get("grant_type"), form.get("client_id"), form.get("client_secret")) != (
+                "client_credentials",
+                *double.client,
+            ):
+                return jsonify({"error": "invalid_client"}), 401
+            double.token_requests += 1
+            issued = f"tok-{double.token_requests}"
+            double.tokens.add(issued)
+            return jsonify({"access_token": issued, "token_type": "Bearer", "expires_in": 300})
 
         @app.get("/api/v1/system")
         def system():
@@ -164,6 +211,7 @@ class QpuDouble:
                 uid = double._next_uid
                 double._next_uid += 1
                 context = body.get("context") or {}
+                double.posted.append(context.get("pasqman_job_id"))
                 job = {
                     "uid": uid,
                     "batch_id": context.get("batch_id"),

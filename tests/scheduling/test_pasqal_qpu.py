@@ -43,6 +43,15 @@ def run_to_the_end(pool, rounds=5):
         passes.run_pool(pool.pk)
 
 
+def finished_one(pool, session) -> Job:
+    """A job run to its end on the QPU: the device has a uid on record."""
+    done = submit(session)
+    run_to_the_end(pool)
+    done.refresh_from_db()
+    assert done.status == JobStatus.COMPLETED
+    return done
+
+
 def submit(session, shots=100, atoms=2):
     return services.submit_job(
         user=session.user, session_id=session.pk, payload={"sequence": analog_sequence(atoms=atoms)}, shots=shots
@@ -136,24 +145,36 @@ def test_a_qpu_that_went_down_since_the_last_check_is_not_sent_the_job(qpu_pool,
     assert qpu.online is False and qpu.provider_status == "down"
 
 
-def test_a_5xx_burst_is_retried_with_back_off(qpu_pool, qpu, qpu_double, open_session, owner):
+def test_a_5xx_burst_is_retried_and_the_job_runs_once(qpu_pool, qpu, qpu_double, open_session, owner):
+    """A 5xx to a POST may come after the QPU created the job: each retry first looks for it
+    (the device's last recorded job is there, the next uid is not), then sends it again."""
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)
     qpu_double.fault("/api/v1/jobs", status=503, times=2, method="POST")
-    qpu_double.fault("/api/v1/jobs/100", status=502, times=3, method="GET")
-    job = submit(open_session(qpu_pool, owner), shots=10)
-    run_to_the_end(qpu_pool)
+    qpu_double.fault("/api/v1/jobs/101", status=502, times=3, method="GET")
+    job = submit(session, shots=10)
+    for _ in range(6):
+        Job.objects.filter(pk=job.pk).update(not_before=None)
+        run_to_the_end(qpu_pool, rounds=1)
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and sum(job.result["counts"].values()) == 10
-    assert qpu_double.posts() == 3  # two refused, one accepted: one job on the QPU
-    assert len(qpu_double.jobs) == 1 and job.attempts == 0
+    assert qpu_double.posts() == 4  # the first job's, two refused, one accepted
+    assert qpu_double.posted.count(f"gridgate-job-{job.pk}") == 1  # one job on the QPU
 
 
 def test_an_unreachable_qpu_is_a_transient_error_and_the_job_waits(qpu_pool, qpu, qpu_double, open_session, owner):
-    qpu_double.fault("/api/v1/jobs", status=503, times=10, method="POST")
+    """Nothing reached the QPU (the connection was refused): the job waits and is sent again."""
     job = submit(open_session(qpu_pool, owner))
+    url = qpu_double.url
+    Device.objects.filter(pk=qpu.pk).update(config={**qpu.config, "url": "http://127.0.0.1:9", "retries": 0})
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
-    assert job.status == JobStatus.PENDING and job.attempts == 1 and "503" in job.error
-    assert DriverRun.objects.get(remote_id=f"gridgate-job-{job.pk}").status == "unsent"
+    assert job.status == JobStatus.PENDING and job.attempts == 1 and "cannot reach" in job.error
+    Device.objects.filter(pk=qpu.pk).update(config={**qpu.config, "url": url})
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and qpu_double.posts() == 1
 
 
 def test_a_lost_answer_to_a_post_is_found_on_the_qpu_not_resubmitted(qpu_pool, qpu, qpu_double, open_session, owner):
@@ -190,8 +211,8 @@ def test_a_lost_post_the_qpu_never_got_is_sent_again(qpu_pool, qpu, qpu_double, 
     assert job.remote_id == "101" and qpu_double.posts() == 2
 
 
-def test_a_lost_answer_that_cannot_be_looked_up_fails_instead_of_running_twice(
-    qpu_pool, qpu, qpu_double, open_session, owner
+def test_a_lost_answer_that_cannot_be_looked_up_ends_unknown_instead_of_running_twice(
+    qpu_pool, qpu, qpu_double, open_session, owner, api
 ):
     job = submit(open_session(qpu_pool, owner))
     qpu_double.drop("/api/v1/jobs", method="POST")  # no uid known on this device yet
@@ -199,8 +220,42 @@ def test_a_lost_answer_that_cannot_be_looked_up_fails_instead_of_running_twice(
     Job.objects.filter(pk=job.pk).update(not_before=None)
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
-    assert job.status == JobStatus.FAILED and "not submitted again" in job.error
+    assert job.status == JobStatus.UNKNOWN and "not submitted again" in job.error
+    assert f"gridgate-job-{job.pk}" in job.error  # the tag an operator looks for
     assert qpu_double.posts() == 1
+    assert api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["status"] == "unknown"
+    assert not Job.objects.filter(device=qpu, status=JobStatus.RUNNING).exists()  # the device is free
+
+
+def test_a_5xx_after_the_qpu_created_the_job_is_adopted_not_sent_again(qpu_pool, qpu, qpu_double, open_session, owner):
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)
+    job = submit(session)
+    qpu_double.fault("/api/v1/jobs", status=502, method="POST", after=True)  # created, then 502
+    passes.run_pool(qpu_pool.pk)
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert qpu_double.posted.count(f"gridgate-job-{job.pk}") == 1
+
+
+def test_a_lost_answer_after_the_qpu_api_restarted_ends_unknown_never_twice(
+    qpu_pool, qpu, qpu_double, open_session, owner
+):
+    """The QPU API came back on an empty store: its uids start again, so the uid after the last
+    one Gridgate recorded proves nothing. The job the lost POST created is not sent again."""
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)
+    qpu_double.restart()
+    job = submit(session)
+    qpu_double.drop("/api/v1/jobs", method="POST")
+    passes.run_pool(qpu_pool.pk)
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    passes.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.UNKNOWN
+    assert qpu_double.posted.count(f"gridgate-job-{job.pk}") == 1
 
 
 def test_r_sched_3_worker_restart_resumes_polling_and_never_submits_twice(
@@ -238,6 +293,30 @@ def test_specs_come_from_the_qpu_through_the_status_pass(qpu_pool, qpu_double, a
     response = api(owner).get(f"/api/v1/devices/{device.pk}/specs/")
     assert response.status_code == 200 and response.json()["name"] == "AnalogDevice"
     assert response.json() == qpu_double.specs
+
+
+def test_specs_the_pinned_pulser_cannot_read_take_the_device_down_and_the_routes_answer_503(
+    qpu_pool, qpu, qpu_double, api, owner, open_session
+):
+    """A QPU may report specs of a newer Pulser. The status pass takes the device down with the
+    reason (jobs wait); its specs route, the QRMI specs route and a submission answer 503 with it,
+    never a 500."""
+    session = open_session(qpu_pool, owner)
+    qpu_double.specs = {**qpu_double.specs, "channels": [{"id": "rydberg_global", "basis": "a new basis"}]}
+    assert device_status.check_device(qpu) == "down"
+    qpu.refresh_from_db()
+    assert not qpu.online and "cannot read the specs" in qpu.provider_message
+    Device.objects.filter(pk=qpu.pk).update(provider_specs=qpu_double.specs)  # as if stored before
+    for response in (
+        api(owner).get(f"/api/v1/devices/{qpu.pk}/specs/"),
+        api(owner).post(
+            f"/api/v1/sessions/{session.pk}/jobs/",
+            {"payload": {"sequence": analog_sequence()}, "shots": 10},
+            format="json",
+        ),
+        api(None).get(f"/qrmi/{qpu_pool.name}/qpu/specs"),
+    ):
+        assert response.status_code == 503 and "cannot read the specs" in response.json()["detail"]
 
 
 def test_r_dev_1_sequences_are_checked_against_the_qpus_own_specs(qpu_pool, qpu, qpu_double, api, owner, open_session):
@@ -303,6 +382,62 @@ def test_the_auth_header_value_comes_from_the_environment_only(qpu_pool, monkeyp
         double.stop()
 
 
+@pytest.fixture
+def keycloak_qpu(qpu_pool, monkeypatch):
+    """A QPU API behind the centre's identity provider (OAuth2 client credentials, as Warden)."""
+    from apps.scheduling.drivers import pasqal_qpu
+
+    monkeypatch.setattr(pasqal_qpu, "TOKENS", pasqal_qpu.BearerTokens())  # no token from another test
+    monkeypatch.setenv("GRIDGATE_CRED_QPU_CLIENT", "warden")
+    monkeypatch.setenv("GRIDGATE_CRED_QPU_SECRET", "s3cret-VALUE")
+    double = QpuDouble(client=("warden", "s3cret-VALUE")).start()
+    device = Device.objects.create(
+        pool=qpu_pool,
+        name="fresnel",
+        driver="pasqal_qpu",
+        config={
+            "url": double.url,
+            "token_url": f"{double.url}/token",
+            "client_id_env": "GRIDGATE_CRED_QPU_CLIENT",
+            "client_secret_env": "GRIDGATE_CRED_QPU_SECRET",
+            "backoff": 0,
+        },
+    )
+    yield device, double
+    double.stop()
+
+
+def test_the_qpu_api_gets_a_bearer_token_from_the_identity_provider_once_and_reuses_it(
+    keycloak_qpu, qpu_pool, open_session, owner
+):
+    device, double = keycloak_qpu
+    assert device_status.check_device(device) == "up"
+    job = submit(open_session(qpu_pool, owner))
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert double.token_requests == 1  # one grant for the status pass, the submission and the polls
+
+
+def test_a_401_gets_a_fresh_token_and_one_retry_and_the_job_is_sent_once(keycloak_qpu, qpu_pool, open_session, owner):
+    device, double = keycloak_qpu
+    device_status.check_device(device)
+    double.expire_tokens()  # the identity provider revoked it (or it expired early)
+    job = submit(open_session(qpu_pool, owner))
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and double.token_requests == 2
+    assert double.posted.count(f"gridgate-job-{job.pk}") == 1
+
+
+def test_refused_client_credentials_say_so_without_the_secret(keycloak_qpu, monkeypatch):
+    device, double = keycloak_qpu
+    monkeypatch.setenv("GRIDGATE_CRED_QPU_SECRET", "wrong-VALUE")
+    assert device_status.check_device(device) == "unreachable"
+    device.refresh_from_db()
+    assert "invalid_client" in device.provider_message and "VALUE" not in device.provider_message
+
+
 def test_pasqal_qpu_config_is_validated(qpu_pool):
     problems = PasqalQpuDriver().validate_config(
         {"url": "ftp://x", "auth_header": "Authorization", "retries": 99, "x": 1}
@@ -310,3 +445,17 @@ def test_pasqal_qpu_config_is_validated(qpu_pool):
     text = " ".join(problems)
     assert "unknown key 'x'" in text and "'url'" in text and "auth_env" in text and "'retries'" in text
     assert PasqalQpuDriver().validate_config({"url": "https://qpu.example.org"}) == []
+    oauth = {
+        "url": "https://qpu.example.org",
+        "token_url": "https://sso.example.org/realms/hpc/protocol/openid-connect/token",
+        "client_id_env": "GRIDGATE_CRED_QPU_CLIENT",
+        "client_secret_env": "GRIDGATE_CRED_QPU_SECRET",
+    }
+    assert PasqalQpuDriver().validate_config(oauth) == []
+    text = " ".join(PasqalQpuDriver().validate_config({**oauth, "client_secret_env": "SECRET_KEY", "token_url": "x"}))
+    assert (
+        "'client_secret_env' must name a variable whose name starts with GRIDGATE_CRED_" in text
+        and "'token_url'" in text
+    )
+    text = " ".join(PasqalQpuDriver().validate_config({"url": "https://q", "client_id_env": "GRIDGATE_CRED_X"}))
+    assert "go with 'token_url'" in text

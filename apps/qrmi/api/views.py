@@ -45,6 +45,7 @@ STATUS = {
     JobStatus.COMPLETED: "DONE",
     JobStatus.CANCELLED: "CANCELED",
     JobStatus.FAILED: "ERROR",
+    JobStatus.UNKNOWN: "ERROR",  # the client stops waiting; the logs say an operator is asked
 }
 NO_LOGS = "There are no logs for this job"  # Warden's answer for a job without logs
 

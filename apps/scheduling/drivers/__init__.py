@@ -15,6 +15,7 @@ from apps.scheduling.drivers.base import (
     PermanentDriverError,
     ProviderStatus,
     TransientDriverError,
+    UndecidedSubmission,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "PermanentDriverError",
     "ProviderStatus",
     "TransientDriverError",
+    "UndecidedSubmission",
     "get_driver",
 ]
 

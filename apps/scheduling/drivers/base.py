@@ -19,13 +19,19 @@ class PermanentDriverError(DriverError):
     """The job cannot run: it fails with this message (R-JOB-3)."""
 
 
+class UndecidedSubmission(PermanentDriverError):
+    """The submission's answer was lost and the provider cannot tell whether it created the job:
+    the job ends ``unknown`` for an operator, never submitted a second time."""
+
+
 class InvalidPayload(DriverError):
     """Refused at submission with a 400 and this message."""
 
 
 @dataclass
 class DriverState:
-    """What a poll says. ``status`` is one of running, completed, failed, cancelled."""
+    """What a poll says. ``status`` is one of running, completed, failed, cancelled (or unknown:
+    the job's fate cannot be known, see ``UndecidedSubmission``)."""
 
     status: str
     result: dict | None = None

@@ -39,7 +39,7 @@ from apps.scheduling.drivers.base import (
 )
 from apps.scheduling.drivers.emulator import configured_device
 from apps.scheduling.drivers.emulator import pulser_device as named_pulser_device
-from apps.scheduling.drivers.sequences import device_from_specs, validate_sequence
+from apps.scheduling.drivers.sequences import provider_device, specs_problem, validate_sequence
 from apps.scheduling.models import DriverRun
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class PasqalCloudDriver(DeviceDriver):
     def pulser_device(self, device):
         config = device.config or {}
         if device.provider_specs:
-            return device_from_specs(device.provider_specs)
+            return provider_device(device.provider_specs, where=f"device '{device.name}'")
         if config.get("pulser_device"):
             return configured_device(device, config["pulser_device"])
         raise Unavailable(
@@ -218,9 +218,11 @@ class PasqalCloudDriver(DeviceDriver):
             return ProviderStatus("down", message=f"Pasqal Cloud does not offer {config['device_type']} now")
         try:
             parsed = json.loads(raw) if isinstance(raw, str) else raw
-            device_from_specs(parsed)
+            problem = specs_problem(parsed)
         except Exception as exc:
             return ProviderStatus("down", message=f"unreadable specs for {config['device_type']}: {type(exc).__name__}")
+        if problem:
+            return ProviderStatus("down", message=f"{config['device_type']}: {problem}")
         return ProviderStatus("up", message=f"{config['device_type']} offered by Pasqal Cloud", specs=parsed)
 
     # -- jobs ------------------------------------------------------------------------------

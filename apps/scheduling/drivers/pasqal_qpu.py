@@ -7,25 +7,33 @@ Pulser device; ``GET /system/operational`` â†’ ``UP``/``DOWN``; ``POST /jobs`` â
 code containing 3003 means "already finished". The QPU runs one job at a time (a new job drops
 the running one), so a device of this driver has ``max_concurrent_jobs`` = 1.
 
-Device ``config``: ``url`` (the QPU API's base, without ``/api/v1``), optional ``auth_header``
-(e.g. ``Authorization``) and ``auth_env`` (the name of the environment variable holding its
-value: secrets never go in the database), ``timeout`` (seconds per request, default 10),
+Device ``config``: ``url`` (the QPU API's base, without ``/api/v1``); its authentication, either
+OAuth2 client credentials as Warden's client does it (``token_url``, the centre's identity
+provider's token endpoint, ``client_id_env`` and ``client_secret_env``, the names of the
+environment variables holding them, optional ``scope``: a bearer token, fetched again when the
+QPU API answers 401) or a static header (``auth_header``, e.g. ``Authorization``, and ``auth_env``,
+the variable holding its value): secrets never go in the database; ``timeout`` (seconds per
+request, default 10),
 ``retries`` (extra attempts on 5xx and connection errors, default 3), ``backoff`` (first pause
 between attempts in seconds, doubled each time, default 1).
 
 Lost answers. ``POST /jobs`` is not idempotent and the API has no list endpoint, so the driver
 writes its intent (a ``DriverRun`` keyed by Gridgate's stable run id, also sent as
-``context.pasqman_job_id``) before sending. If the answer is lost after the request left (a
-dropped connection, a read timeout), the next attempt does not resend: it walks the QPU's job
-uids forward from the highest uid this device has seen and adopts the job whose
-``pasqman_job_id`` is ours. It resends only when the QPU shows it never created the job (the walk
-reaches a uid the QPU does not have without finding ours); when it cannot tell (no uid known yet
-for this device, a job without its context, the walk too long), the job fails with a message
-saying so rather than risk running it twice.
+``context.pasqman_job_id``) before sending, and commits it. If the answer is lost after the
+request left (a dropped connection, a read timeout, a 5xx: the QPU may have created the job
+before failing), or the worker died between the POST and recording its answer, the next attempt
+does not resend: it walks the QPU's job uids forward from the highest uid this device recorded
+(after checking that job is still there with its own tag: a QPU API restarted on an empty store
+gives its uids again) and adopts the job whose ``pasqman_job_id`` is ours. It resends only when
+the QPU shows it never created the job (the walk reaches a uid the QPU does not have without
+finding ours); when it cannot tell (no uid recorded yet for this device, uids that started again,
+a job without its context, a walk too long), the job ends ``unknown`` for an operator rather than
+risk running it twice (``UndecidedSubmission``).
 """
 
 import json
 import logging
+import threading
 import time
 from datetime import datetime
 from urllib.parse import urlparse
@@ -42,13 +50,26 @@ from apps.scheduling.drivers.base import (
     PermanentDriverError,
     ProviderStatus,
     TransientDriverError,
+    UndecidedSubmission,
 )
-from apps.scheduling.drivers.sequences import device_from_specs, validate_sequence
+from apps.scheduling.drivers.sequences import provider_device, specs_problem, validate_sequence
 from apps.scheduling.models import DriverRun
 
 log = logging.getLogger(__name__)
 
-KNOWN = {"url", "auth_header", "auth_env", "timeout", "retries", "backoff"}
+KNOWN = {
+    "url",
+    "auth_header",
+    "auth_env",
+    "token_url",
+    "client_id_env",
+    "client_secret_env",
+    "scope",
+    "timeout",
+    "retries",
+    "backoff",
+}
+TOKEN_LEEWAY = 30  # seconds before a token's expiry it is fetched again (half its life when shorter)
 HEADER_NAME = ENV_NAME  # letters, digits, underscores; dashes allowed below
 CANNOT_CANCEL = "3003"  # the QPU's code for "this job can no longer be cancelled"
 UID_WALK = 50  # how far past the last known uid a lost submission is looked for
@@ -71,11 +92,61 @@ class QpuError(Exception):
         return self.status is None or self.status >= 500 or self.status == 429
 
 
+class BearerTokens:
+    """OAuth2 client-credentials tokens for the QPU API, from the centre's identity provider
+    (Keycloak at the sites Warden serves), as Warden's QPU client gets them: fetched once per
+    (token URL, client id) and process, reused until shortly before they expire, fetched again at
+    once when the QPU API answers 401. The secret is read from its variable at each fetch and
+    never kept beside the token."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def get(self, config: dict, timeout: float, *, fresh: bool = False) -> str:
+        try:
+            client_id = credentials.read(config.get("client_id_env"), "QPU API client id")
+            secret = credentials.read(config.get("client_secret_env"), "QPU API client secret")
+        except credentials.CredentialError as exc:  # names the variable, never a value
+            raise QpuError(str(exc)) from None
+        key = (config["token_url"], client_id)
+        with self._lock:
+            cached = self._tokens.get(key)
+            if cached and not fresh and cached[1] > time.monotonic():
+                return cached[0]
+        form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret}
+        if config.get("scope"):
+            form["scope"] = config["scope"]
+        try:
+            response = httpx.post(config["token_url"], data=form, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise QpuError(f"cannot reach the identity provider for a QPU API token: {type(exc).__name__}") from None
+        body = _json(response)
+        if response.status_code >= 400 or not isinstance(body.get("access_token"), str):
+            reason = str(body.get("error") or response.status_code)[:100]
+            status = response.status_code if response.status_code >= 400 else 502
+            raise QpuError(f"the identity provider refused a QPU API token: {reason}", status=status)
+        life = float(body.get("expires_in") or 60)
+        if life <= 2 * TOKEN_LEEWAY:
+            log.warning("QPU API tokens live %s s only: each is kept for half of that", life)
+        keep = life - TOKEN_LEEWAY if life > 2 * TOKEN_LEEWAY else life / 2
+        with self._lock:
+            self._tokens[key] = (body["access_token"], time.monotonic() + keep)
+        return body["access_token"]
+
+
+TOKENS = BearerTokens()
+
+
 class QpuClient:
     """Small synchronous client of the QPU API: timeouts on every call, retries with back-off
-    on 5xx and connection errors (``POST`` only while the request surely did not leave)."""
+    on 5xx and connection errors (``POST`` only while the request surely did not leave); a static
+    header (``auth_header``/``auth_env``) or OAuth2 client-credentials bearer tokens
+    (``token_url``, ``client_id_env``, ``client_secret_env``), a 401 answered once with a fresh
+    token."""
 
     def __init__(self, config: dict):
+        self.config = config
         self.base = config["url"].rstrip("/") + "/api/v1"
         self.timeout = float(config.get("timeout", 10))
         self.retries = int(config.get("retries", 3))
@@ -87,13 +158,19 @@ class QpuClient:
             except credentials.CredentialError as exc:  # names the variable, never a value
                 raise QpuError(str(exc)) from None
 
+    def _headers(self, fresh: bool) -> dict:
+        if not self.config.get("token_url"):
+            return self.headers
+        return {"Authorization": f"Bearer {TOKENS.get(self.config, self.timeout, fresh=fresh)}"}
+
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         """The ``data`` of the envelope; raises QpuError."""
         resend = method != "POST"
         attempt = 0
+        fresh = False
         while True:
             try:
-                with httpx.Client(timeout=self.timeout, headers=self.headers) as client:
+                with httpx.Client(timeout=self.timeout, headers=self._headers(fresh)) as client:
                     response = client.request(method, self.base + path, json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing reached the QPU
                 error = QpuError(f"cannot reach the QPU API: {type(exc).__name__}")
@@ -102,6 +179,9 @@ class QpuClient:
                 if not resend:
                     raise error from None
             else:
+                if response.status_code == 401 and self.config.get("token_url") and not fresh:
+                    fresh = True  # refused before it did anything: once more with a new token
+                    continue
                 envelope = _json(response)
                 if response.status_code < 400 and _code(envelope) < 400:
                     data = envelope.get("data")
@@ -111,8 +191,10 @@ class QpuClient:
                     f"QPU API {method} {path}: {status} {str(envelope.get('message', ''))[:200]}".strip(),
                     status=status,
                     body=envelope,
+                    # A 5xx to a POST may come after the QPU created the job: never sent again.
+                    sent=not resend and status >= 500,
                 )
-                if not error.transient:
+                if not error.transient or error.sent:
                     raise error
             if attempt >= self.retries:
                 raise error
@@ -182,6 +264,20 @@ class PasqalQpuDriver(DeviceDriver):
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append("'url' must be the QPU API's http(s) URL, e.g. http://qpu.example.org:8000")
         header, env = config.get("auth_header"), config.get("auth_env")
+        token_url = config.get("token_url")
+        if token_url is not None:
+            parsed_token = urlparse(token_url) if isinstance(token_url, str) else None
+            if parsed_token is None or parsed_token.scheme not in ("http", "https") or not parsed_token.netloc:
+                problems.append("'token_url' must be the identity provider's http(s) token endpoint")
+            if header is not None:
+                problems.append(
+                    "'token_url' (OAuth2 bearer tokens) and 'auth_header' (a static header) exclude each other"
+                )
+            for key in ("client_id_env", "client_secret_env"):
+                if credentials.name_problem(config.get(key)):
+                    problems.append(f"'{key}' {credentials.name_problem(config.get(key))}")
+        elif "client_id_env" in config or "client_secret_env" in config or "scope" in config:
+            problems.append("'client_id_env', 'client_secret_env' and 'scope' go with 'token_url'")
         if (header is None) != (env is None):
             problems.append("'auth_header' and 'auth_env' go together (the header and the variable holding its value)")
         if header is not None and (not isinstance(header, str) or not HEADER_NAME.match(header.replace("-", "_"))):
@@ -203,7 +299,7 @@ class PasqalQpuDriver(DeviceDriver):
                 f"The specs of QPU device '{device.name}' are not known yet: the worker reads them from the QPU "
                 "(GET /system) on its status pass. Try again shortly."
             )
-        return device_from_specs(device.provider_specs)
+        return provider_device(device.provider_specs, where=f"QPU device '{device.name}'")
 
     def specs(self, device):
         self.pulser_device(device)  # 503 until the worker has read them
@@ -227,6 +323,9 @@ class PasqalQpuDriver(DeviceDriver):
                 specs = None
         if not isinstance(specs, dict):
             specs = None
+        problem = specs_problem(specs) if specs is not None else ""
+        if problem:
+            return ProviderStatus("down", message=problem)
         status = "up" if operational == "UP" else "down"
         return ProviderStatus(status, message=f"QPU operational status: {operational or 'missing'}", specs=specs)
 
@@ -282,17 +381,43 @@ class PasqalQpuDriver(DeviceDriver):
 
     def _find_lost(self, client, device, stable: str) -> dict | None:
         """The job a lost submission created, if the QPU has it; None when the QPU shows it never
-        created it; PermanentDriverError when it cannot tell (see the module docstring)."""
-        known = [
-            int(x) for x in DriverRun.objects.filter(device=device).values_list("external_id", flat=True) if x.isdigit()
-        ]
-        undecided = PermanentDriverError(
-            "The QPU's answer to this job's submission was lost and the QPU API cannot list its jobs: the job was "
-            "not submitted again, so that it never runs twice. Submit it again if the QPU did not run it."
+        created it; UndecidedSubmission when it cannot tell (see the module docstring).
+
+        The walk from the last uid this device recorded is only evidence while the QPU's uids
+        are the ones Gridgate knew: that last job must still be there, with its own tag. A QPU
+        API that lost its jobs (restarted on an empty store) gives uids again from its start, so
+        a missing uid past the last one would prove nothing: the job is left undecided.
+        """
+        known = sorted(
+            (int(uid), tag)
+            for uid, tag in DriverRun.objects.filter(device=device).values_list("external_id", "remote_id")
+            if uid.isdigit()
+        )
+        undecided = UndecidedSubmission(
+            "The QPU's answer to this job's submission was lost and the QPU cannot tell whether it created the job: "
+            f"it was not submitted again, so that it never runs twice. An operator looks for the tag {stable} "
+            "in the QPU's jobs (context.pasqman_job_id) and submits it again if the QPU never ran it."
         )
         if not known:
             raise undecided
-        for uid in range(max(known) + 1, max(known) + 1 + UID_WALK):
+        last_uid, last_tag = known[-1]
+        try:
+            last = client.call("GET", f"/jobs/{last_uid}")
+        except QpuError as exc:
+            if exc.status in (400, 404):
+                log.warning(
+                    "lost submission %s: the QPU no longer has job %s (its ids started again?)", stable, last_uid
+                )
+                raise undecided from None
+            raise
+        if not isinstance(last.get("context"), dict) or last["context"].get("pasqman_job_id") != last_tag:
+            log.warning(
+                "lost submission %s: the QPU's job %s is not the one recorded (its ids started again?)",
+                stable,
+                last_uid,
+            )
+            raise undecided
+        for uid in range(last_uid + 1, last_uid + 1 + UID_WALK):
             try:
                 job = client.call("GET", f"/jobs/{uid}")
             except QpuError as exc:

@@ -17,6 +17,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 
+from apps.core.exceptions import Unavailable
 from apps.scheduling.drivers.base import InvalidPayload
 
 DEVICES_KEPT = 32  # parsed Pulser devices kept per process: a site has a handful of device specs
@@ -114,6 +115,28 @@ def device_from_specs(specs):
     text = specs if isinstance(specs, str) else json.dumps(specs)
     with quiet_pulser():
         return deserialize_device(text)
+
+
+def specs_problem(specs) -> str:
+    """Why the pinned Pulser cannot read ``specs`` ("" when it can): a provider may report specs
+    of a newer Pulser. The status pass takes such a device down with this reason, and the request
+    path answers 503 with it (``provider_device``), never a 500."""
+    from pulser import __version__
+
+    try:
+        device_from_specs(specs)
+    except Exception as exc:  # Pulser raises what its schema, its dataclasses or json raise
+        return f"Pulser {__version__} cannot read the specs the provider reports ({type(exc).__name__}: {exc})"[:500]
+    return ""
+
+
+def provider_device(specs, *, where: str):
+    """The Pulser device of the specs a provider reported, for a request: 503 when Pulser cannot
+    read them."""
+    try:
+        return device_from_specs(specs)
+    except Exception:
+        raise Unavailable(f"{where} cannot be used now: {specs_problem(specs)}") from None
 
 
 def validate_sequence(payload, shots: int, device, *, where: str, max_atoms: int | None = None) -> None:
