@@ -11,7 +11,7 @@ from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, selectors, services
 from apps.scheduling.devices import FIELDS, validate_driver_settings
-from apps.scheduling.models import Device, DriverRun, Job, JobStatus, PoolQueue
+from apps.scheduling.models import Device, DriverRun, Job, JobStatus, OpenBatch, PoolQueue
 
 
 class DeviceForm(forms.ModelForm):
@@ -226,8 +226,29 @@ class DriverRunAdmin(admin.ModelAdmin):
     list_display = ["remote_id", "device", "status", "attempts", "worker", "heartbeat_at", "started_at", "finished_at"]
     list_select_related = ["device"]
     list_filter = ["status", "device__driver"]
-    search_fields = ["remote_id", "worker"]
+    search_fields = ["remote_id", "worker", "external_id", "batch_id"]
     readonly_fields = [f.name for f in DriverRun._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(OpenBatch)
+class OpenBatchAdmin(admin.ModelAdmin):
+    """Read-only: the Pasqal Cloud batches kept open for sessions that stream jobs
+    (``open_batches``); the worker closes each when its session ends."""
+
+    list_display = ["batch_id", "device", "session", "creator", "opened_at", "closed_at"]
+    list_select_related = ["device"]
+    list_filter = ["device"]
+    search_fields = ["batch_id", "creator"]
+    readonly_fields = [f.name for f in OpenBatch._meta.fields]
 
     def has_add_permission(self, request):
         return False

@@ -11,7 +11,7 @@ class SchedulingConfig(AppConfig):
 
         from apps.core import ticker
         from apps.scheduling import device_status, passes, services
-        from apps.scheduling.drivers import emulator
+        from apps.scheduling.drivers import emulator, pasqal_cloud
         from apps.sessions import hooks
 
         # R-SCHED-5 safety net: poll and dispatch every pool with unfinished jobs every second.
@@ -30,5 +30,7 @@ class SchedulingConfig(AppConfig):
         )
         # The repair behind the revocation's announcement: jobs of sessions that ended unfinished.
         ticker.register("scheduling.ended_sessions", services.cancel_jobs_of_ended_sessions, every=lambda: 60)
+        # Pasqal Cloud batches left open for sessions that ended are closed (a task when any).
+        ticker.register("scheduling.open_batches", pasqal_cloud.enqueue_batch_closes, every=lambda: 5)
         hooks.register_busy_condition(services.busy_condition)
         hooks.sessions_revoked.connect(services.on_sessions_revoked, dispatch_uid="scheduling.cancel_jobs")

@@ -197,6 +197,9 @@ class DriverRun(models.Model):
 
     remote_id = models.CharField(max_length=128, primary_key=True)
     external_id = models.CharField(max_length=128, blank=True, default="", help_text="The provider's id of the run.")
+    batch_id = models.CharField(
+        max_length=128, blank=True, default="", help_text="The open batch the run is added to (pasqal_cloud)."
+    )
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="runs")
     payload = models.JSONField()
     shots = models.PositiveIntegerField()
@@ -228,10 +231,36 @@ class DriverRun(models.Model):
         indexes = [
             # emulator.recover_runs, every few seconds: the live runs only.
             models.Index(fields=["status"], condition=Q(status__in=["queued", "running"]), name="driverruns_live"),
+            # pasqal_cloud, a job added to an open batch: the batch's runs already recorded.
+            models.Index(fields=["batch_id"], condition=~Q(batch_id=""), name="driverruns_batch"),
         ]
 
     def __str__(self):
         return f"{self.remote_id} ({self.status})"
+
+
+class OpenBatch(models.Model):
+    """A Pasqal Cloud batch left open for one session's jobs on one device (the pasqal_cloud
+    driver's ``open_batches``): each job of the session is added to it, and it is closed when the
+    session ends. ``batch_id`` is blank while the job that creates it (``creator``) awaits
+    the provider's answer."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="open_batches")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="open_batches")
+    batch_id = models.CharField(max_length=128, blank=True, default="", help_text="The provider's id of the batch.")
+    creator = models.CharField(max_length=128, help_text="The run (DriverRun id) that creates the batch.")
+    opened_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device", "session"], condition=Q(closed_at__isnull=True), name="openbatch_one_per_session"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.batch_id or 'batch being created'} (session {self.session_id})"
 
 
 class PoolQueue(models.Model):

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.scheduling import device_status, passes
-from apps.scheduling.drivers import emulator
+from apps.scheduling.drivers import emulator, pasqal_cloud
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 
 
@@ -24,6 +24,11 @@ def check_device_status(device_id: int) -> str:
     """Ask one device's provider whether it is operational (enqueued by the status pass)."""
     device = Device.objects.filter(pk=device_id).first()
     return device_status.check_device(device) if device else "gone"
+
+
+def close_open_batches() -> int:
+    """Close the Pasqal Cloud batches of sessions that ended (enqueued by the tick)."""
+    return pasqal_cloud.close_ended_batches()
 
 
 def run_emulation(remote_id: str) -> str:

@@ -1,6 +1,9 @@
-"""The pasqal_cloud driver through the real pasqal-cloud SDK, against a local double of the
-cloud API (SPEC §5, R-DEV-1, R-JOB-2/3, R-SCHED-3). A live test runs only with real credentials."""
+"""The pasqal_cloud driver through the real pasqal-cloud SDK (SPEC §5, R-DEV-1, R-JOB-2/3,
+R-SCHED-3), against one double of the cloud API served two ways: over HTTP on loopback, and
+through the SDK's own ``BaseMockServer`` on Pasqal Cloud's real endpoint names. A live test runs
+only with real credentials."""
 
+import json
 import os
 from datetime import timedelta
 
@@ -8,18 +11,20 @@ import pytest
 from django.utils import timezone
 
 from apps.scheduling import device_status, passes, services
-from apps.scheduling.drivers import PermanentDriverError, TransientDriverError
+from apps.scheduling.drivers import PermanentDriverError, TransientDriverError, pasqal_cloud
 from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver, mapped
-from apps.scheduling.models import Device, Job, JobStatus
+from apps.scheduling.models import Device, Job, JobStatus, OpenBatch
+from apps.sessions import services as sessions
+from tests.doubles.pasqal_cloud_mock import SdkMockCloud
 from tests.doubles.pasqal_cloud_server import CloudDouble
 from tests.scheduling.pulser_sequences import analog_sequence
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def cloud(monkeypatch):
-    double = CloudDouble().start()
+@pytest.fixture(params=[CloudDouble, SdkMockCloud], ids=["loopback", "sdk-mock-server"])
+def cloud(request, monkeypatch):
+    double = request.param().start()
     monkeypatch.setenv("GRIDGATE_CRED_CLOUD_USER", double.username)
     monkeypatch.setenv("GRIDGATE_CRED_CLOUD_PASSWORD", double.password)
     yield double
@@ -110,6 +115,127 @@ def test_r_sched_3_pasqal_cloud_worker_restart_polls_and_never_submits_twice(
     run_to_the_end(qpu_pool)
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and cloud.creations() == 1
+
+
+@pytest.fixture
+def streaming_device(qpu_pool, cloud):
+    config = cloud.config(open_batches=True)
+    device = Device.objects.create(pool=qpu_pool, name="fresnel-open", driver="pasqal_cloud", config=config)
+    assert device_status.check_device(device) == "up"
+    return device
+
+
+def submit_each(session, count, rounds=4):
+    jobs = []
+    for shots in range(10, 10 + count):
+        jobs.append(submit(session, shots=shots))
+        run_to_the_end(session.pool, rounds=rounds)
+    return [Job.objects.get(pk=job.pk) for job in jobs]
+
+
+def test_open_batches_stream_a_sessions_jobs_into_one_batch_closed_when_the_session_ends(
+    qpu_pool, streaming_device, cloud, open_session, owner, member, admin_client
+):
+    session = open_session(qpu_pool, owner)
+    jobs = submit_each(session, 3)
+    assert [job.status for job in jobs] == [JobStatus.COMPLETED] * 3
+    (batch,) = cloud.batches.values()
+    assert batch["open"] and [j["id"] for j in cloud.jobs_of(batch["id"])] == [job.remote_id for job in jobs]
+    assert [sum(job.result["counts"].values()) for job in jobs] == [10, 11, 12]
+    assert cloud.creations() == 1 and cloud.additions() == 2
+
+    other = submit_each(open_session(qpu_pool, member), 1)[0]  # another session: a batch of its own
+    assert other.status == JobStatus.COMPLETED and len(cloud.batches) == 2
+
+    assert pasqal_cloud.close_ended_batches() == 0  # the sessions are open: their batches stay open
+    sessions.revoke(session_ids=[session.pk])
+    assert pasqal_cloud.enqueue_batch_closes() is True
+    assert pasqal_cloud.close_ended_batches() == 1
+    assert cloud.batches[batch["id"]]["open"] is False
+    assert OpenBatch.objects.get(batch_id=batch["id"]).closed_at is not None
+    assert [b["open"] for b in cloud.batches.values()] == [False, True]
+    page = admin_client.get("/admin/scheduling/openbatch/")  # operators see them, read-only
+    assert page.status_code == 200 and batch["id"] in page.content.decode()
+
+
+def test_open_batches_a_lost_answer_to_an_addition_is_adopted_by_the_sequences_name(
+    qpu_pool, streaming_device, cloud, open_session, owner
+):
+    session = open_session(qpu_pool, owner)
+    first = submit_each(session, 1)[0]
+    second = submit(session, shots=20)
+    cloud.drop("/jobs", method="POST")  # the job is added; the answer never arrives
+    passes.run_pool(qpu_pool.pk)
+    second.refresh_from_db()
+    assert second.status == JobStatus.PENDING and second.attempts == 1
+    Job.objects.filter(pk=second.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    second.refresh_from_db()
+    assert second.status == JobStatus.COMPLETED and sum(second.result["counts"].values()) == 20
+    (batch,) = cloud.batches.values()
+    assert cloud.additions() == 1 and len(cloud.jobs_of(batch["id"])) == 2
+    assert [j["id"] for j in cloud.jobs_of(batch["id"])] == [first.remote_id, second.remote_id]
+
+
+def test_open_batches_an_addition_that_failed_is_sent_again_once(
+    qpu_pool, streaming_device, cloud, open_session, owner
+):
+    session = open_session(qpu_pool, owner)
+    submit_each(session, 1)
+    second = submit(session, shots=20)
+    cloud.fault("/jobs", status=503, method="POST")  # refused before anything was added
+    passes.run_pool(qpu_pool.pk)
+    Job.objects.filter(pk=second.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    second.refresh_from_db()
+    (batch,) = cloud.batches.values()
+    assert second.status == JobStatus.COMPLETED and len(cloud.jobs_of(batch["id"])) == 2
+
+
+def test_open_batches_a_lost_addition_never_adopts_another_runs_job_in_the_batch(
+    qpu_pool, streaming_device, cloud, open_session, owner
+):
+    session = open_session(qpu_pool, owner)
+    submit_each(session, 1)
+    second = submit(session, shots=20)
+    cloud.fault("/jobs", status=503, method="POST")  # refused: never added
+    passes.run_pool(qpu_pool.pk)
+    (batch_id,) = cloud.batches
+    # Another worker's job lands in the batch meanwhile, its answer not recorded yet.
+    cloud.add_jobs(batch_id, [{"runs": 5, "sequence": json.dumps({"name": "gridgate-job-999999"})}])
+    Job.objects.filter(pk=second.pk).update(not_before=None)
+    run_to_the_end(qpu_pool)
+    second.refresh_from_db()
+    assert second.status == JobStatus.COMPLETED and sum(second.result["counts"].values()) == 20
+    assert len(cloud.jobs_of(batch_id)) == 3
+
+
+def test_open_batches_a_timed_out_batch_gives_way_to_the_sessions_next_one(
+    qpu_pool, streaming_device, cloud, open_session, owner
+):
+    session = open_session(qpu_pool, owner)
+    first = submit_each(session, 1)[0]
+    (old,) = cloud.batches
+    cloud.time_out(old)  # Pasqal Cloud ends an open batch no job came to
+    second = submit_each(session, 1)[0]
+    assert second.status == JobStatus.COMPLETED and cloud.batches[old]["status"] == "TIMED_OUT"
+    new = next(b for b in cloud.batches.values() if b["id"] != old)
+    assert new["open"] and [j["id"] for j in cloud.jobs_of(new["id"])] == [second.remote_id]
+    assert first.remote_id != second.remote_id
+    assert [(b.batch_id, b.closed_at is None) for b in OpenBatch.objects.order_by("pk")] == [
+        (old, False),
+        (new["id"], True),
+    ]
+
+
+def test_open_batches_a_job_meeting_a_batch_another_job_is_creating_goes_in_a_batch_of_its_own(
+    qpu_pool, streaming_device, cloud, open_session, owner
+):
+    session = open_session(qpu_pool, owner)
+    OpenBatch.objects.create(device=streaming_device, session=session, creator="gridgate-job-0")
+    job = submit_each(session, 1)[0]
+    (batch,) = cloud.batches.values()
+    assert job.status == JobStatus.COMPLETED and batch["open"] is False
 
 
 def test_pasqal_cloud_device_down_when_the_device_type_is_not_offered(qpu_pool, cloud_device, cloud):

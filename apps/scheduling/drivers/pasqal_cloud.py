@@ -1,8 +1,11 @@
 """The ``pasqal_cloud`` driver: Pasqal Cloud (remote QPUs and cloud emulators) through the
 ``pasqal-cloud`` SDK.
 
-A Gridgate job becomes one closed batch with one job of ``shots`` runs on the configured device
-type; polls read that job, its counts come from the job's results; cancel cancels the job.
+A Gridgate job becomes a Pasqal Cloud job of ``shots`` runs on the configured device type, in a
+closed batch of its own, or, with ``open_batches``, in one batch left open for the whole session:
+the session's jobs are added to it as they come (Pasqal Cloud keeps the batch on the device
+between them) and it is closed when the session ends. Polls read the job, its counts come from
+the job's results; cancel cancels the job.
 
 Device ``config``:
 - ``project_id``: the Pasqal Cloud project the batches are billed to;
@@ -12,15 +15,19 @@ Device ``config``:
 - ``pulser_device``: for a cloud emulator whose specs Pasqal Cloud does not publish, the Pulser
   device sequences must be built for (default: the specs Pasqal Cloud gives for the device type);
 - ``endpoint``, ``account_endpoint``, ``token_endpoint``: other API and authentication URLs
-  (another region, or a test double); Pasqal Cloud's own by default.
+  (another region, or a test double); Pasqal Cloud's own by default;
+- ``open_batches``: ``true`` to stream each session's jobs into one open batch (default false).
 
 SDK errors map to the scheduler's: a 5xx, 408, 429, a lost connection or a failed token request
 is transient (the job goes back to the queue, R-JOB-3); another 4xx is permanent. The SDK's own
 exceptions derive from ``BaseException``, hence the explicit list below.
 
-Lost answers: each batch carries the tag ``gridgate-job-<id>`` and the intent is recorded before
-``create_batch``; a later attempt whose first answer was lost looks the batch up by that tag
-and adopts it instead of creating a second one.
+Lost answers: the intent is recorded before every request that creates a job (``DriverRun``,
+``submitting``), the batch a job creates carries the tag ``gridgate-job-<id>``, and every job's
+sequence is named ``gridgate-job-<id>``. A later attempt whose first answer was lost looks the
+job up (the batch by its tag, or the job in the open batch it was added to by its sequence's
+name) and adopts it instead of sending it again. A batch Pasqal Cloud no longer takes jobs in
+(closed, timed out) is recorded closed and the job opens the session's next one.
 """
 
 import json
@@ -28,8 +35,12 @@ import logging
 import warnings
 from datetime import datetime
 
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
 from apps.core import credentials
 from apps.core.exceptions import Unavailable
+from apps.core.tasks import enqueue
 from apps.scheduling.drivers.base import (
     DeviceDriver,
     DriverState,
@@ -40,7 +51,7 @@ from apps.scheduling.drivers.base import (
 from apps.scheduling.drivers.emulator import configured_device
 from apps.scheduling.drivers.emulator import pulser_device as named_pulser_device
 from apps.scheduling.drivers.sequences import provider_device, specs_problem, validate_sequence
-from apps.scheduling.models import DriverRun
+from apps.scheduling.models import DriverRun, OpenBatch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,7 @@ KNOWN = {
     "endpoint",
     "account_endpoint",
     "token_endpoint",
+    "open_batches",
 }
 TRANSIENT_STATUS = {408, 425, 429}
 STATES = {"PENDING": "running", "RUNNING": "running", "DONE": "completed", "ERROR": "failed", "CANCELED": "cancelled"}
@@ -84,7 +96,8 @@ def mapped(exc: BaseException, doing: str) -> Exception:
     import requests
     from pasqal_cloud.authentication import TokenProviderError
 
-    response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
+    # The SDK wraps the HTTPError, some of its errors as the cause, others only as the context.
+    response = getattr(exc, "response", None) or getattr(exc.__cause__ or exc.__context__, "response", None)
     status = getattr(response, "status_code", None)
     summary = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     message = f"Pasqal Cloud, {doing}: {summary}"
@@ -146,6 +159,68 @@ def client(config: dict):
             raise mapped(exc, "signing in") from None
 
 
+def named(sequence, tag: str) -> str:
+    """The sequence as sent, named after its run (Pulser's abstract representation has a free
+    ``name``): how a job added to an open batch is told apart from the batch's others when the
+    answer to its addition was lost."""
+    data = json.loads(sequence) if isinstance(sequence, str) else dict(sequence)
+    return json.dumps({**data, "name": tag})
+
+
+def ours(sdk, batch_id: str, tag: str, jobs) -> str | None:
+    """The id of the job named ``tag`` among a batch's jobs, looking only at jobs no run of
+    this batch recorded yet (usually one: the last added)."""
+    recorded = set(
+        DriverRun.objects.filter(batch_id=batch_id).exclude(external_id="").values_list("external_id", flat=True)
+    )
+    for job in reversed(jobs):
+        if job.id not in recorded and json.loads(job.sequence or "{}").get("name") == tag:
+            return job.id
+    return None
+
+
+def open_batch_for(device, job, tag: str) -> OpenBatch | None:
+    """The session's open batch on the device; one is reserved for this run to create when
+    there is none. None when another run is creating it right now: this job goes alone."""
+    batch = OpenBatch.objects.filter(device=device, session_id=job.session_id, closed_at=None).first()
+    if batch is None:
+        try:
+            with transaction.atomic():
+                return OpenBatch.objects.create(device=device, session_id=job.session_id, creator=tag)
+        except IntegrityError:
+            return None
+    return batch if batch.batch_id or batch.creator == tag else None
+
+
+def close_ended_batches() -> int:
+    """Close the open batches of sessions that ended (a task, enqueued by the tick when there
+    are some): Pasqal Cloud then runs what the batch holds and takes no more jobs. A failure to
+    reach it is tried again on the next tick; a batch it already closed or timed out is done."""
+    closed = 0
+    for batch in OpenBatch.objects.filter(closed_at=None).exclude(session__status="active").select_related("device"):
+        if batch.batch_id:
+            try:
+                client(batch.device.config or {}).close_batch(batch.batch_id)
+            except TransientDriverError as exc:
+                log.warning("Pasqal Cloud batch %s not closed yet: %s", batch.batch_id, exc)
+                continue
+            except sdk_errors() as exc:
+                error = mapped(exc, f"closing batch {batch.batch_id}")
+                if isinstance(error, TransientDriverError):
+                    log.warning("%s: tried again on the next tick", error)
+                    continue
+        closed += OpenBatch.objects.filter(pk=batch.pk, closed_at=None).update(closed_at=timezone.now())
+    return closed
+
+
+def enqueue_batch_closes() -> bool:
+    """The tick's part: one task when a session with an open batch has ended."""
+    if OpenBatch.objects.filter(closed_at=None).exclude(session__status="active").exists():
+        enqueue("apps.scheduling.tasks.close_open_batches")
+        return True
+    return False
+
+
 def _seconds(start, end) -> float | None:
     try:
         return max((datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds(), 0.0)
@@ -176,6 +251,8 @@ class PasqalCloudDriver(DeviceDriver):
             not isinstance(config["pulser_device"], str) or named_pulser_device(config["pulser_device"]) is None
         ):
             problems.append("'pulser_device' must name a Pulser device")
+        if not isinstance(config.get("open_batches", False), bool):
+            problems.append("'open_batches' must be true or false")
         for key in ("endpoint", "account_endpoint", "token_endpoint"):
             value = config.get(key)
             if value is not None and (not isinstance(value, str) or not value.startswith(("https://", "http://"))):
@@ -228,38 +305,80 @@ class PasqalCloudDriver(DeviceDriver):
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, device, job):
         from pasqal_cloud.device import DeviceTypeName
-        from pasqal_cloud.utils.filters import BatchFilters
 
         config = device.config or {}
         tag = run_tag(job)
-        run, created = DriverRun.objects.get_or_create(
+        run, _ = DriverRun.objects.get_or_create(
             remote_id=tag, defaults={"device": device, "payload": job.payload, "shots": job.shots, "status": "prepared"}
         )
         if run.external_id:
             return run.external_id
         sdk = client(config)
-        sequence = job.payload["sequence"]
         try:
-            if run.status == "submitting":  # an earlier create_batch left and its answer was lost
-                found = sdk.get_batches(filters=BatchFilters(tag=tag)).results
+            if run.status == "submitting":  # an earlier attempt left and its answer was lost
+                found = self._find_lost(sdk, device, run)
                 if found:
-                    log.warning("lost submission %s found on Pasqal Cloud as batch %s: adopted", tag, found[0].id)
-                    return self._record(run, found[0].ordered_jobs[0].id)
-            DriverRun.objects.filter(pk=tag).update(status="submitting")
+                    log.warning("lost submission %s found on Pasqal Cloud as job %s: adopted", tag, found[0])
+                    return self._record(run, *found)
+            batch = open_batch_for(device, job, tag) if config.get("open_batches") else None
+            if batch is not None and batch.batch_id:
+                found = self._add(sdk, device, job, run, batch)
+                if found:
+                    return self._record(run, *found)
+                batch = open_batch_for(device, job, tag)  # that batch had been closed: a new one
+            DriverRun.objects.filter(pk=tag).update(status="submitting", batch_id="")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                batch = sdk.create_batch(
-                    sequence if isinstance(sequence, str) else json.dumps(sequence),
-                    jobs=[{"runs": job.shots}],
+                created = sdk.create_batch(
+                    None,
+                    jobs=[{"runs": job.shots, "serialized_sequence": named(job.payload["sequence"], tag)}],
+                    open=batch is not None and batch.creator == tag,
                     device_type=DeviceTypeName(config["device_type"]),
                     tags=[tag],
                 )
         except sdk_errors() as exc:
-            raise mapped(exc, "submitting the batch") from None
-        return self._record(run, batch.ordered_jobs[0].id)
+            raise mapped(exc, "submitting the job") from None
+        return self._record(run, created.ordered_jobs[0].id, created.id if created.open else "")
 
-    def _record(self, run, job_id: str) -> str:
-        DriverRun.objects.filter(pk=run.pk).update(external_id=str(job_id), status="submitted")
+    def _add(self, sdk, device, job, run, batch) -> tuple[str, str] | None:
+        """Add the job to the session's open batch; None when Pasqal Cloud no longer takes jobs
+        in it (closed, or timed out for want of jobs), which is then recorded closed."""
+        from pasqal_cloud.errors import JobCreationError
+
+        DriverRun.objects.filter(pk=run.pk).update(status="submitting", batch_id=batch.batch_id)
+        try:
+            answer = sdk.add_jobs(
+                batch.batch_id, [{"runs": job.shots, "serialized_sequence": named(job.payload["sequence"], run.pk)}]
+            )
+        except JobCreationError as exc:
+            error = mapped(exc, f"adding a job to batch {batch.batch_id}")
+            if isinstance(error, TransientDriverError) or sdk.get_batch(batch.batch_id).open:
+                raise error from None
+            log.info("%s: the batch no longer takes jobs, the session's next one is opened", error)
+            OpenBatch.objects.filter(pk=batch.pk).update(closed_at=timezone.now())
+            return None
+        job_id = ours(sdk, batch.batch_id, run.pk, answer.ordered_jobs)
+        if job_id is None:  # the batch answered without it: never added, so never sent twice
+            raise TransientDriverError(f"Pasqal Cloud did not list job {run.pk} in batch {batch.batch_id}.")
+        return job_id, batch.batch_id
+
+    def _find_lost(self, sdk, device, run) -> tuple[str, str] | None:
+        """The job an attempt whose answer was lost left on Pasqal Cloud: in the open batch it
+        was added to (told apart by its sequence's name), or the batch it created (by its tag)."""
+        from pasqal_cloud.utils.filters import BatchFilters
+
+        if run.batch_id:
+            job_id = ours(sdk, run.batch_id, run.pk, sdk.get_batch(run.batch_id).ordered_jobs)
+            return (job_id, run.batch_id) if job_id else None
+        found = sdk.get_batches(filters=BatchFilters(tag=run.pk)).results
+        if not found:
+            return None
+        return found[0].ordered_jobs[0].id, found[0].id if found[0].open else ""
+
+    def _record(self, run, job_id: str, batch_id: str = "") -> str:
+        DriverRun.objects.filter(pk=run.pk).update(external_id=str(job_id), batch_id=batch_id, status="submitted")
+        if batch_id:  # the batch this run opened, now known
+            OpenBatch.objects.filter(creator=run.pk, batch_id="").update(batch_id=batch_id)
         return str(job_id)
 
     def poll(self, device, remote_id):
