@@ -5,13 +5,17 @@ a failure; elsewhere the tests skip with the reason."""
 import functools
 import os
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
+from apps.scheduling import passes as scheduling
 from apps.scheduling.models import Device
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +119,53 @@ def open_qrmi_session(qpu, alice):
         ).session
 
     return make
+
+
+@pytest.fixture
+def live_qpu(munged, live_server, settings, django_user_model):
+    """A live Gridgate for the end-to-end client tests (``live_server``, on a port chosen at
+    runtime) whose tasks run eagerly in its request threads, with a ticker thread sweeping the
+    pools every half second like the workers' ``scheduling.tick``: a submitted job is
+    dispatched, emulated and polled to completion by the code the workers run. Yields the QPU
+    pool, the user linked to uid 65534, and the pool's QRMI base URL."""
+    need("" if os.getuid() == 0 else "the end-to-end test runs the user's part as uid 65534 (setpriv needs root)")
+    probe = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={USER_UID}",
+            f"--regid={USER_UID}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import qrmi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    need(
+        ""
+        if probe.returncode == 0
+        else f"uid {USER_UID} cannot run {sys.executable} with qrmi (the interpreter, the venv and their parent "
+        f"folders must be readable by it): {probe.stderr.strip()[-300:]}"
+    )
+    settings.GRIDGATE_TASKS_EAGER = True
+    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=2)
+    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    user = django_user_model.objects.create_user("nobody-user")
+    UnixAccount.objects.create(user=user, unix_uid=USER_UID)
+    stop = threading.Event()
+
+    def tick():  # the workers' sweep (R-SCHED-5's safety net): polls what the events did not
+        try:
+            while not stop.wait(0.5):
+                scheduling.sweep()
+        finally:
+            connection.close()
+
+    ticker = threading.Thread(target=tick, name="ticker", daemon=True)
+    ticker.start()
+    yield pool, user, f"{live_server.url}/qrmi/{pool.name}"
+    stop.set()
+    ticker.join(timeout=30)

@@ -1,9 +1,7 @@
 """The unmodified qrmi 0.26.4 client against a live Gridgate (SPEC §7b, R-QRMI-1/2/3).
 
-A live server (pytest-django's ``live_server``, on a port chosen at runtime) runs the worker's
-tasks eagerly in its request threads (``GRIDGATE_TASKS_EAGER``), and a ticker thread sweeps the
-pools every half second like the workers' ``scheduling.tick``, so a submitted job is dispatched,
-emulated and polled to completion by the code the workers run. The client runs in
+A live server (``live_qpu`` in conftest.py: the worker's tasks run eagerly, a ticker thread
+sweeps the pools) dispatches, emulates and polls each job by the code the workers run. The client runs in
 subprocesses, exactly as on a cluster: the SPANK plugin's part (is_accessible, acquire, release)
 as root, the user's Pulser program as uid 65534 (``setpriv``), each signing its requests with the
 real munged.
@@ -14,70 +12,20 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
-from apps.qrmi.models import UnixAccount
-from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling import device_status
-from apps.scheduling import passes as scheduling
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import RevocationReason, Session, SessionStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
-from tests.qrmi.conftest import USER_UID, need
+from tests.qrmi.conftest import USER_UID
 
 pytestmark = [pytest.mark.munge, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 CLIENT = Path(__file__).with_name("qrmi_client.py")
 RESOURCE = "fresnel"  # the QPU resource name a site configures in Slurm (qpu.conf)
-
-
-@pytest.fixture
-def live_qpu(munged, live_server, settings, django_user_model):
-    need("" if os.getuid() == 0 else "the end-to-end test runs the user's part as uid 65534 (setpriv needs root)")
-    probe = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={USER_UID}",
-            f"--regid={USER_UID}",
-            "--clear-groups",
-            sys.executable,
-            "-c",
-            "import qrmi",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    need(
-        ""
-        if probe.returncode == 0
-        else f"uid {USER_UID} cannot run {sys.executable} with qrmi (the interpreter, the venv and their parent "
-        f"folders must be readable by it): {probe.stderr.strip()[-300:]}"
-    )
-    settings.GRIDGATE_TASKS_EAGER = True
-    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=2)
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
-    user = django_user_model.objects.create_user("nobody-user")
-    UnixAccount.objects.create(user=user, unix_uid=USER_UID)
-    stop = threading.Event()
-
-    def tick():  # the workers' sweep (R-SCHED-5's safety net): polls what the events did not
-        try:
-            while not stop.wait(0.5):
-                scheduling.sweep()
-        finally:
-            connection.close()
-
-    ticker = threading.Thread(target=tick, name="ticker", daemon=True)
-    ticker.start()
-    yield pool, user, f"{live_server.url}/qrmi/{pool.name}"
-    stop.set()
-    ticker.join(timeout=30)
 
 
 def client(mode: str, url: str, *, uid: int = 0, token: str = "", **extra) -> dict:
