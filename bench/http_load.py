@@ -2,8 +2,9 @@
 
 Starts what `make run` starts (gunicorn with config/gunicorn.conf.py) on a PostgreSQL bench
 database, then drives 8 and 32 concurrent keep-alive clients (processes) for a fixed time per
-scenario, over REST (token) and QRMI (real MUNGE credentials, all made with `munge -n` before the
-timed window):
+scenario, over REST with a static token ("rest"), REST with the identity provider's JWT as a bearer
+token ("jwt": signed by a loopback issuer whose keys the server reads once, issue 33), and QRMI
+(real MUNGE credentials, all made with `munge -n` before the timed window):
 
 - floor:   an authenticated request through the same stack that runs one SELECT
            (REST: GET /api/v1/ with a token; QRMI: the same with X-Munge-Cred instead)
@@ -68,7 +69,7 @@ UID = 65534  # "nobody": exists everywhere, so munge accepts credentials made fo
 POOL = "bench-http"
 SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; "granian" to compare
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
-PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,qrmi").split(",")  # "rest" for a quicker A/B
+PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,jwt,qrmi").split(",")  # "rest" for a quicker A/B
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
 # BENCH_HTTP_KINDS="cycles" for a quicker A/B of one figure (both floors are always measured).
 MEASURED = os.environ.get("BENCH_HTTP_KINDS", "cycles,submits,distinct").split(",")
@@ -144,12 +145,12 @@ def scenario_worker(args):
         t0 = time.perf_counter()
         try:
             if kind == "floor":
-                headers = ctx["auth"] if proto == "rest" else munge(creds_user)
+                headers = ctx["auth"] if proto != "qrmi" else munge(creds_user)
                 ok = client.call("GET", "/api/v1/", headers)[0] == 200
             elif kind == "write_floor":
-                headers = ctx["auth"] if proto == "rest" else munge(creds_user)
+                headers = ctx["auth"] if proto != "qrmi" else munge(creds_user)
                 ok = client.call("POST", WRITE_FLOOR, headers)[0] == 204
-            elif kind == "cycles" and proto == "rest":
+            elif kind == "cycles" and proto != "qrmi":
                 status, body = client.call(
                     "POST", "/api/v1/sessions/", ctx["auth"], {"resource_class": ctx["class_id"], "slots": 1}
                 )
@@ -167,7 +168,7 @@ def scenario_worker(args):
                     ok = client.call("DELETE", f"/qrmi/{POOL}/sessions/{sid}", munge(creds))[0] == 200
             else:
                 sequence = next(distinct) if kind == "distinct" else ctx["sequence"]
-                if proto == "rest":
+                if proto != "qrmi":
                     body = {"payload": {"sequence": sequence}, "shots": 10}
                     ok = client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
                 else:
@@ -272,6 +273,7 @@ def statements_per_request(token_key, class_id, session_id, sequence, root_creds
     from django.test.utils import CaptureQueriesContext
 
     client = DjangoClient(HTTP_AUTHORIZATION=f"Token {token_key}")
+    client.get("/api/v1/")  # the token's first use in a minute records it: counted apart from requests
     counts = {}
 
     def count(label, call):
@@ -386,6 +388,7 @@ def main() -> int:
         return 0
     from django.contrib.auth import get_user_model
 
+    from apps.accounts.models import Identity
     from apps.accounts.services import issue_token
     from apps.core.api.views import WRITE_FLOOR_TABLE, WRITE_FLOOR_TABLE_SQL
     from apps.qrmi.models import UnixAccount
@@ -393,6 +396,7 @@ def main() -> int:
     from apps.scheduling.models import Device, Job
     from apps.sessions import services
     from apps.sessions.models import Session
+    from tests.doubles.jwks_server import Issuer
 
     Job.objects.filter(pool__name=POOL).delete()
     Session.objects.filter(pool__name=POOL).delete()
@@ -404,6 +408,16 @@ def main() -> int:
     UnixAccount.objects.update_or_create(user=user, defaults={"unix_uid": UID})
     _, key = issue_token(user, name="bench http_load")
     auth = {"Authorization": f"Token {key}"}
+    # The identity provider's keys, served on loopback for the server to read; the same user's
+    # identity there, and a JWT valid for the whole run.
+    issuer = Issuer().start()
+    Identity.objects.update_or_create(issuer=issuer.url, subject="bench-http", defaults={"user": user})
+    os.environ.update(
+        GRIDGATE_OIDC_ISSUER=issuer.url,
+        GRIDGATE_OIDC_JWKS_ENDPOINT=f"{issuer.url}/jwks",
+        GRIDGATE_OIDC_CLIENT_ID="gridgate",
+    )
+    bearer_auth = {"Authorization": f"Bearer {issuer.token(sub='bench-http', lifetime=6 * 3600)}"}
     sequence = sequence_repr()
     max_clients = max(CLIENTS)
     sessions = [
@@ -477,7 +491,12 @@ def main() -> int:
                             need = int(CRED_RATE * window / clients * (2 if kind == "cycles" else 1)) + 10
                             contexts = []
                             for i in range(clients):
-                                ctx = {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
+                                ctx = {
+                                    "auth": bearer_auth if proto == "jwt" else auth,
+                                    "class_id": klass.pk,
+                                    "session": sessions[i],
+                                    "sequence": sequence,
+                                }
                                 if proto == "qrmi":
                                     if kind == "cycles":
                                         ctx["creds"] = munge_batch(0, need)
@@ -517,12 +536,18 @@ def main() -> int:
                             f"to floor {ratio_to(rounds, floor_rounds, requests)}, "
                             f"to write floor {ratio_to(rounds, write_floor_rounds, requests)}"
                         )
+            if "jwt" in PROTOCOLS and "rest" in PROTOCOLS:
+                print("    JWT bearer to static token, same scenario and rounds (target >= 0.90):")
+                for kind in KINDS:
+                    ratio = ratio_to(figures[("jwt", kind)][2], figures[("rest", kind)][2])
+                    print(f"      {kind.replace('_', ' '):11s} {ratio}")
             print(f"    disk meanwhile ({probe_where}): {disk}")
         print(
             "  targets: acquire+release and submission each >= 0.50 of the write floor per request; "
             ">= 160 cycles/s and >= 350 submissions/s"
         )
     finally:
+        issuer.stop()
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=60)
@@ -534,6 +559,7 @@ def main() -> int:
     Job.objects.filter(pool__name=POOL).delete()
     Session.objects.filter(pool__name=POOL).delete()
     ResourcePool.objects.filter(name=POOL).delete()
+    Identity.objects.filter(user=user).delete()
     return 0
 
 

@@ -45,6 +45,13 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
     return value
 
 
+def env_choice(name: str, default: str, choices: list[str]) -> str:
+    value = (os.environ.get(name) or default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r} must be one of: {', '.join(choices)}.")
+    return value
+
+
 def env_prepare_threshold(name: str, default: int) -> int | None:
     """A whole number of executions before psycopg prepares a statement, or ``off`` (None)."""
     raw = os.environ.get(name, "")

@@ -1,5 +1,6 @@
 """Gridgate settings. Everything deployment-specific comes from environment variables."""
 
+import re
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 from config.env import (
     embedded_secret_key,
     env_bool,
+    env_choice,
     env_database,
     env_int,
     env_int_list,
@@ -85,6 +87,10 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Users signed in with the identity provider are sent back to it (prompt=none) once their
+    # ID token is older than OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS: an account disabled there loses
+    # the user pages then. Only for sessions signed in with the provider.
+    "mozilla_django_oidc.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -97,7 +103,10 @@ AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username and address before any password is checked, and needs
     # the request (authenticate(request=...): every login path here passes it).
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Local passwords, as GRIDGATE_PASSWORD_LOGIN allows them (below).
+    "apps.accounts.backends.PasswordBackend",
+    # Sign-in with the centre's identity provider, when GRIDGATE_OIDC_ISSUER is set.
+    "apps.accounts.oidc.OidcBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -131,6 +140,51 @@ AUTH_PASSWORD_VALIDATORS = [
 
 # API tokens (apps.accounts): each login issues one, valid this many days.
 GRIDGATE_TOKEN_DAYS = env_int("GRIDGATE_TOKEN_DAYS", 90, minimum=1)
+GRIDGATE_TOKEN_MAX_DAYS = env_int("GRIDGATE_TOKEN_MAX_DAYS", 365, minimum=1)
+
+# Local passwords (docs/identity.md): "on" for everyone, "staff" for staff and superusers only
+# (break-glass accounts beside the identity provider), "off" for nobody. Every password path
+# (user pages, admin, POST /api/v1/auth/token/) follows it: apps.accounts.backends.
+GRIDGATE_PASSWORD_LOGIN = env_choice("GRIDGATE_PASSWORD_LOGIN", "on", ["on", "staff", "off"])
+
+# Sign-in with the centre's OpenID Connect provider (mozilla-django-oidc, authorization code +
+# PKCE) and API bearer tokens it issues, validated here against its keys (docs/identity.md). Off
+# while GRIDGATE_OIDC_ISSUER is empty. The endpoints default to Keycloak's under the issuer.
+GRIDGATE_OIDC_ISSUER = (env_str("GRIDGATE_OIDC_ISSUER") or "").rstrip("/")
+GRIDGATE_OIDC_NAME = env_str("GRIDGATE_OIDC_NAME", "the centre's sign-in")
+_oidc = f"{GRIDGATE_OIDC_ISSUER}/protocol/openid-connect"
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("GRIDGATE_OIDC_AUTHORIZATION_ENDPOINT", f"{_oidc}/auth")
+OIDC_OP_TOKEN_ENDPOINT = env_str("GRIDGATE_OIDC_TOKEN_ENDPOINT", f"{_oidc}/token")
+OIDC_OP_USER_ENDPOINT = env_str("GRIDGATE_OIDC_USERINFO_ENDPOINT", f"{_oidc}/userinfo")
+OIDC_OP_JWKS_ENDPOINT = env_str("GRIDGATE_OIDC_JWKS_ENDPOINT", f"{_oidc}/certs")
+OIDC_RP_CLIENT_ID = env_str("GRIDGATE_OIDC_CLIENT_ID", "gridgate")
+OIDC_RP_CLIENT_SECRET = env_str("GRIDGATE_OIDC_CLIENT_SECRET", "")
+OIDC_RP_SIGN_ALGO = env_str("GRIDGATE_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("GRIDGATE_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("GRIDGATE_OIDC_RENEW_SECONDS", 900, minimum=30)
+OIDC_TIMEOUT = 10
+OIDC_AUTHENTICATE_CLASS = "apps.accounts.oidc.AuthenticateView"
+OIDC_CALLBACK_CLASS = "apps.accounts.oidc.CallbackView"
+LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
+# The API, QRMI and the metrics answer JSON to programs: never a redirect to the provider.
+OIDC_EXEMPT_URLS = [re.compile(r"^/(api|qrmi)/"), "/metrics"]
+# Claims: the username, and the groups (names, or Keycloak's full paths /a/b) that become the
+# user's Django groups at each sign-in, so pool grants to groups follow the provider.
+GRIDGATE_OIDC_USERNAME_CLAIM = env_str("GRIDGATE_OIDC_USERNAME_CLAIM", "preferred_username")
+GRIDGATE_OIDC_GROUPS_CLAIM = env_str("GRIDGATE_OIDC_GROUPS_CLAIM", "groups")
+# API bearer tokens: the audience they must name (Keycloak: an audience mapper), and the least
+# seconds between two fetches of the provider's keys when a token names a key not seen yet.
+GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", OIDC_RP_CLIENT_ID)
+GRIDGATE_OIDC_JWKS_REFRESH_SECONDS = env_int("GRIDGATE_OIDC_JWKS_REFRESH_SECONDS", 30, minimum=1)
+
+# Per-user remote credentials (docs/backends.md, "Per-user credentials"). The Fernet keys that
+# seal the refresh tokens and API tokens users connect, comma-separated: the first seals, every
+# one opens, so a key is rotated by putting the new one first and running
+# `manage.py reseal_connections` before the old one is dropped. Unset: connecting is refused with
+# a message saying so; everything else runs. How long a connect may wait for the provider's answer.
+GRIDGATE_CREDENTIALS_KEY = env_list("GRIDGATE_CREDENTIALS_KEY", [])
+GRIDGATE_CONNECT_FLOW_SECONDS = env_int("GRIDGATE_CONNECT_FLOW_SECONDS", 600, minimum=30)
 
 # Login throttling with django-axes: the web login, the admin login and the token endpoint.
 # Failures are stored in the database, so every web process and host counts the same.
@@ -182,6 +236,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Hashed, expiring tokens: `Authorization: Token <key>`, one statement per request.
         "apps.accounts.authentication.ApiTokenAuthentication",
+        # The identity provider's JWTs: `Authorization: Bearer <jwt>`, checked against its keys.
+        "apps.accounts.oidc.BearerAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
         "rest_framework.authentication.SessionAuthentication",

@@ -25,6 +25,8 @@ urlpatterns = [
         else []
     ),
     path("metrics", metrics, name="metrics"),  # Prometheus (docs/metrics.md); not under /api/
+    # Sign-in with the identity provider (apps/accounts/oidc.py; 404 while none is configured).
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("qrmi/<str:pool>/", include("apps.qrmi.api.urls")),  # R-QRMI-1: a Warden per pool
     # The user pages take the rest of the site (after /admin/ and /api/).
     path("", include("apps.web.urls")),

@@ -77,6 +77,20 @@ def client_for(user) -> APIClient:
     return client
 
 
+def used_token_key(user, **kwargs) -> str:
+    """The key of a new token of ``user`` already used this minute: a request with it costs the
+    token lookup alone, like every request but a token's first in a minute (which also records
+    ``last_used_at``: apps.accounts.services.note_use). For statement budgets of the common request."""
+    from django.utils import timezone
+
+    from apps.accounts.models import ApiToken
+    from apps.accounts.services import issue_token
+
+    token, key = issue_token(user, **kwargs)
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return key
+
+
 @pytest.fixture
 def api():
     """``api(user)`` → an APIClient authenticated as ``user`` (None for anonymous)."""

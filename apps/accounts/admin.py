@@ -1,5 +1,6 @@
-"""API tokens for operators: who holds which, until when, and revoking them. A key is never shown
-here: only its digest is stored, and tokens are issued by logging in."""
+"""API tokens for operators: who holds which, until when, when last used, and revoking them. A key
+is never shown here: only its digest is stored, and tokens are issued to their holders (the token
+login, the "API tokens" page, ``POST /api/v1/auth/tokens/``)."""
 
 from django.contrib import admin
 from django.utils import timezone
@@ -28,16 +29,16 @@ class ExpiryFilter(admin.SimpleListFilter):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "user", "name", "created_at", "expires_at", "valid"]
+    list_display = ["prefix", "user", "name", "created_at", "expires_at", "last_used_at", "valid"]
     list_filter = [ExpiryFilter]
     list_select_related = ["user"]
     search_fields = ["user__username", "^prefix", "name"]
     date_hierarchy = "created_at"
-    fields = readonly_fields = ["user", "prefix", "name", "created_at", "expires_at"]
+    fields = readonly_fields = ["user", "prefix", "name", "created_at", "expires_at", "last_used_at"]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
-        # A key is only ever shown to whoever logs in for it (POST /api/v1/auth/token/).
+        # A key is only ever shown to its holder, who creates it (the token login, the API tokens page).
         return False
 
     def has_change_permission(self, request, obj=None):

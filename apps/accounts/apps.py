@@ -7,6 +7,6 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts and API tokens"
 
     def ready(self):
-        from apps.accounts import receivers
+        from apps.accounts import receivers, schema  # noqa: F401 - schema registers the bearer scheme
 
         receivers.connect()

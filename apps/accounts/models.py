@@ -11,8 +11,9 @@ class ApiToken(models.Model):
     SHA-256 is enough here, unlike for passwords: a key is 256 random bits, not something a person
     chose, so there is nothing to guess, and a fast hash keeps the lookup every API request makes
     to one indexed equality match. Tokens expire (``expires_at``, GRIDGATE_TOKEN_DAYS after they
-    were issued, never extended by use: no write per request) and all of a user's go when their
-    password changes (``receivers``).
+    were issued unless the holder chose another term up to GRIDGATE_TOKEN_MAX_DAYS, never extended
+    by use) and all of a user's go when their password changes (``receivers``). ``last_used_at`` is
+    written at most once a minute per token (``services.note_use``), not on every request.
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
@@ -24,6 +25,11 @@ class ApiToken(models.Model):
     # A default rather than auto_now_add: the migration of DRF's tokens keeps their creation time.
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
+    # To the minute (services.LAST_USED_RESOLUTION): a write per request would double the
+    # statements of every API call for a figure people read in minutes or days.
+    last_used_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When a request last authenticated with it (to the minute)."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -41,3 +47,22 @@ class ApiToken(models.Model):
     @property
     def expired(self) -> bool:
         return self.expires_at <= timezone.now()
+
+
+class Identity(models.Model):
+    """A user's account at the centre's identity provider: the (issuer, subject) pair its tokens
+    carry. Browser sign-in and API bearer tokens find the user by it, never by a username or an
+    e-mail a provider could reassign (apps/accounts/oidc.py)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="identities")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True, help_text="The last browser sign-in.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="accounts_identity_unique")]
+        verbose_name_plural = "identities"
+
+    def __str__(self):
+        return f"{self.subject} at {self.issuer}"

@@ -15,6 +15,9 @@ def token_with_user(digest: str) -> ApiToken | None:
     """The token stored under ``digest`` with its user, or None::
 
     SELECT token.*, user.* FROM token JOIN user ON user.id = token.user_id WHERE token.digest = digest
+
+    ``token.*`` is every concrete column (``Columns``), ``last_used_at`` included: the
+    authentication decides from it whether this request must record its use, without asking again.
     """
     found = fetch_one(
         f"SELECT {_TOKEN.sql}, {_USER.sql} FROM {ApiToken._meta.db_table} t"  # noqa: S608 (names from _meta)

@@ -221,6 +221,40 @@ class CaseBounds:
     disk_bytes: int
 
 
+@dataclass(frozen=True)
+class RemoteIdentity:
+    """Whose provider credential a remote call uses (FirecREST, Qarnot; docs/backends.md,
+    "Per-user credentials"). Resolved by the core from the case owner and the pool; the backend
+    only calls :attr:`token`, so it never touches the database or a stored secret.
+
+    - ``mode``: ``user`` (the case owner's own credential) or ``service`` (the pool's service
+      account, from the environment variables its ``remote`` names);
+    - ``label``: what the case records and shows, e.g. "user ada (subject 5f0c…)" or
+      "service account (GRIDGATE_CRED_FIRECREST_CLIENT_ID)";
+    - ``key``: one per credential: cases sharing it share one status call per pass and one SDK
+      client;
+    - ``token(fresh=False)``: user mode only: a bearer access token (FirecREST) or the API token
+      (Qarnot); ``fresh=True`` refuses a cached one. Raises :class:`CredentialsRequired` when the
+      user must (re)connect first;
+    - ``refused()``: user mode only: the provider refused the credential itself (Qarnot's 401):
+      the connection is marked failed so the user is asked to reconnect; returns the message
+      (naming the page to reconnect at) for the :class:`CredentialsRequired` the backend raises.
+    """
+
+    USER = "user"
+    SERVICE = "service"
+
+    mode: str
+    label: str
+    key: str
+    token: Callable[..., str] | None = field(default=None, repr=False, compare=False)
+    refused: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_user(self) -> bool:
+        return self.mode == self.USER
+
+
 @dataclass
 class SubmitSpec:
     """Everything a backend needs to start a case. Built by the core from the case and its class.
@@ -252,6 +286,8 @@ class SubmitSpec:
     #: submits a second job (R-CASE-1). Raises :class:`LeaseLost` when the launch is no longer
     #: ours: the backend stops there, before submitting anything.
     keepalive: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    #: whose provider credential submits it (remote backends; None: the pool's service account)
+    identity: RemoteIdentity | None = field(default=None, repr=False, compare=False)
 
     @property
     def inputs_dir(self) -> Path:
@@ -273,6 +309,8 @@ class JobRef:
     pool_remote: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     #: results brought back never hold more than this on disk (the class's storage)
     max_result_bytes: int | None = None
+    #: whose provider credential every call about the job uses (the owner's on a per-user pool)
+    identity: RemoteIdentity | None = field(default=None, hash=False, compare=False, repr=False)
 
 
 class BackendError(Exception):
@@ -311,6 +349,16 @@ class SubmitDeferred(SubmitUncertain):
     number of tasks reached"): a temporary refusal, not a failure. The core keeps the case
     prepared and retries later exactly as for an uncertain submission (its ``find`` finds
     nothing, then it submits)."""
+
+
+class CredentialsRequired(BackendError):
+    """The case owner's own credential for a per-user pool is missing, expired or revoked
+    (FirecREST's ``invalid_grant``, Qarnot's 401): nothing can be done for them until they
+    reconnect, and the message says where. Not transient (the same credential fails the same way)
+    and not a failure of the job: a launch fails with this message, a poll keeps the case as it
+    is and says it waits for its owner to reconnect."""
+
+    transient = False
 
 
 class LeaseLost(BackendError):

@@ -2,10 +2,15 @@
 
 Quirks this module absorbs so the core never sees them:
 
-- **Credentials** (R-BACK-1): OIDC client credentials from the environment variables named by the
-  pool's ``client_id_env``/``client_secret_env``; ``ClientCredentialsAuth`` caches the token, so
-  one client is kept per (API, credential) in this process. Values never reach a message:
-  every provider error goes through :func:`remote_common.scrub`.
+- **Credentials** (R-BACK-1): on a per-user pool (``"credentials": "user"``, docs/backends.md
+  "Per-user credentials") every call about a case carries its owner's access token, obtained
+  through the :class:`~apps.backends.base.RemoteIdentity` the core passes in (refresh grant,
+  rotated refresh token stored back); a call without a user identity is refused, never made
+  under the service account (R-CRED-1). On a service pool: OIDC client credentials from the
+  environment variables named by the pool's ``client_id_env``/``client_secret_env``;
+  ``ClientCredentialsAuth`` caches the token. One client is kept per (API, credential) in this
+  process. Values never reach a message: every provider error goes through
+  :func:`remote_common.scrub`.
 - **Remote id = ``<job id>@<system>``**: a class may override the system (``system_name``), and
   the poll pass only has the pool's remote, so the id carries the system it was submitted to.
 - **Job name = case id.** ``find`` asks ``job_info(name=case id)`` before every submission, and a
@@ -49,6 +54,7 @@ from apps.backends.base import (
     JobRef,
     LaunchOption,
     LaunchOptions,
+    RemoteIdentity,
     SubmitSpec,
     SubmitUncertain,
 )
@@ -63,7 +69,7 @@ from apps.backends.remote_common import (
     scrub,
 )
 from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
-from apps.resources.remote import with_defaults
+from apps.resources.remote import USER, authorization_endpoint, credential_mode, with_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -172,15 +178,37 @@ def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
     return job_id, (system if sep and system else default_system)
 
 
-class Session:
-    """One pool's view of FirecREST: the client, the system, the secrets to scrub."""
+class UserTokenAuth:
+    """pyfirecrest's authorization object for a per-user pool: the access token comes from the
+    case owner's :class:`RemoteIdentity` (the core's; it refreshes and stores the rotated refresh
+    token). ``forget()`` makes the next request ask for a fresh one (the 401 retry below)."""
 
-    def __init__(self, remote: dict, system: str | None = None):
+    def __init__(self, identity: RemoteIdentity):
+        self.identity = identity
+        self.timeout = TIMEOUT
+        self.last_token = ""
+        self._fresh = False
+
+    def get_access_token(self) -> str:
+        fresh, self._fresh = self._fresh, False
+        self.last_token = self.identity.token(fresh=fresh)
+        return self.last_token
+
+    def forget(self) -> None:
+        self._fresh = True
+
+
+class Session:
+    """One pool's view of FirecREST for one credential: the client, the system, the secrets to scrub."""
+
+    def __init__(self, remote: dict, system: str | None = None, identity: RemoteIdentity | None = None):
         self.remote = with_defaults("firecrest", remote or {})
         self.api_url = self.remote.get("api_url") or ""
         self.system = system or self.remote.get("system_name") or ""
         self.id_env = self.remote.get("client_id_env")
         self.secret_env = self.remote.get("client_secret_env")
+        self.per_user = credential_mode("firecrest", self.remote) == USER
+        self.identity = identity
         self._client = None
         self.secrets: list[str] = []
 
@@ -192,11 +220,16 @@ class Session:
 
     @property
     def group_key(self) -> tuple:
-        """Cases sharing this key share one status call per pass (R-BACK-4)."""
+        """Cases sharing this key share one status call per pass (R-BACK-4): on a per-user pool,
+        one per user (each user's listing shows only their jobs)."""
+        if self.per_user:
+            return (self.api_url, self.system, "user", self.identity.key if self.identity else "")
         return (self.api_url, self.system, self.id_env, self.secret_env)
 
     @property
     def client(self):
+        if self._client is None and self.per_user:
+            self._client = self._user_client()
         if self._client is None:
             firecrest, Firecrest = _sdk()
             client_id, secret = self.credentials()
@@ -216,6 +249,34 @@ class Session:
             self._client = client
         return self._client
 
+    def _user_client(self):
+        """R-CRED-1: a per-user pool's calls carry the case owner's own token, never the service
+        account's: without a user identity nothing is sent at all."""
+        if self.identity is None or not self.identity.is_user:
+            raise BackendError(
+                "this pool runs jobs under each user's own credentials and no user credential was given: "
+                "refusing to act under the service account (R-CRED-1)"
+            )
+        _firecrest, Firecrest = _sdk()
+        key = (self.api_url, "user", self.identity.key)
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = Firecrest(firecrest_url=self.api_url, authorization=UserTokenAuth(self.identity))
+                client.timeout = TIMEOUT
+                client.num_retries_rate_limit = RATE_LIMIT_RETRIES
+                _clients[key] = client
+            # the latest identity object (same credential) answers the next token requests
+            client._authorization.identity = self.identity
+        return client
+
+    def scrub_values(self) -> list[str]:
+        """What no message may show: the service credential, or the user's current access token."""
+        if self.per_user and self._client is not None:
+            token = getattr(self._client._authorization, "last_token", "")
+            return [token] if token else []
+        return self.secrets
+
     def call(self, what: str, method: str, *args, **kwargs):
         """Call the SDK; every failure becomes a ProviderError whose message is safe to show.
 
@@ -229,7 +290,7 @@ class Session:
             except BackendError:
                 raise
             except Exception as exc:
-                error = provider_error(exc, f"FirecREST {what} failed", self.secrets)
+                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values())
                 if error.status == 401 and not error.permanent and attempt == 1:
                     _forget_token(client)
                     for arg in args:  # an in-memory upload is sent again from its start
@@ -305,7 +366,9 @@ def describe(exc: Exception) -> tuple[int | None, str]:
 def _forget_token(client) -> None:
     """Make pyfirecrest ask the token endpoint again at the next call."""
     auth = getattr(client, "_authorization", None)
-    if auth is not None and hasattr(auth, "_token_expiration_ts"):
+    if isinstance(auth, UserTokenAuth):
+        auth.forget()
+    elif auth is not None and hasattr(auth, "_token_expiration_ts"):
         auth._access_token = None
         auth._token_expiration_ts = None
 
@@ -317,7 +380,7 @@ class FirecrestBackend(ExecutionBackend):
     # -- submission --------------------------------------------------------------------------
     def _session(self, spec: SubmitSpec) -> Session:
         system = spec.environment.get("RSC_FIRECREST_SYSTEM_NAME")  # class override, else pool
-        return Session(spec.pool_remote, system)
+        return Session(spec.pool_remote, system, spec.identity)
 
     def find(self, spec: SubmitSpec) -> str | None:
         session = self._session(spec)
@@ -333,7 +396,7 @@ class FirecrestBackend(ExecutionBackend):
         except BackendError:
             raise
         except Exception as exc:
-            error = provider_error(exc, "FirecREST job lookup failed", session.secrets)
+            error = provider_error(exc, "FirecREST job lookup failed", session.scrub_values())
             if error.status == 404:
                 return None
             if error.status == 401 and not error.permanent:  # "expires too soon": once more, fresh
@@ -454,7 +517,7 @@ class FirecrestBackend(ExecutionBackend):
     def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
         groups: dict[tuple, tuple[Session, list[JobRef]]] = {}
         for job in jobs:
-            session = Session(job.pool_remote)
+            session = Session(job.pool_remote, identity=job.identity)
             _job_id, system = split_remote_id(job.remote_id, session.system)
             session.system = system
             groups.setdefault(session.group_key, (session, []))[1].append(job)
@@ -587,7 +650,7 @@ class FirecrestBackend(ExecutionBackend):
                     yield rel, entry
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, identity=job.identity)
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
         live = job.workspace / "live"
@@ -613,7 +676,7 @@ class FirecrestBackend(ExecutionBackend):
         _save_state(job.workspace, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, identity=job.identity)
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
         manifest = _load_state(job.workspace, "manifest.json")
@@ -646,7 +709,7 @@ class FirecrestBackend(ExecutionBackend):
         with 500 and scancel's message ("Job/step already completing or complete", "Invalid job
         id specified"), older ones with 404: the job's state then decides whether it had already
         ended (R-CASE-6); its output is not read here, so the next poll still brings all of it."""
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, identity=job.identity)
         job_id, session.system = split_remote_id(job.remote_id, session.system)
         try:
             session.call(f"cancel of job {job_id}", "cancel_job", session.system, job_id)
@@ -663,7 +726,7 @@ class FirecrestBackend(ExecutionBackend):
     def purge(self, job: JobRef) -> None:
         """``<working_root>/<case id>`` goes (SPEC §8, ``manage.py cleanup``). Idempotent: when
         the removal is refused, a stat that answers 404 means it was already gone."""
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, identity=job.identity)
         session.system = split_remote_id(job.remote_id, session.system)[1]
         rdir = session.run_dir(job.case_id)
         try:
@@ -683,6 +746,11 @@ class FirecrestBackend(ExecutionBackend):
         )
         session = Session(pool.remote if pool is not None else {})
         configured = session.remote.get("partition")
+        if session.per_user:
+            # No service account to ask with, and the form is cached per pool, not per user: the
+            # pool's own partition (and a class's, pinned later) is what may be chosen.
+            fallback = [Choice(configured, configured)] if configured else []
+            return LaunchOptions(options=[LaunchOption("partition", "Partition", fallback, configured), time_option])
         try:
             partitions = session.call("partition listing", "partitions", session.system)
         except BackendError as exc:
@@ -712,6 +780,8 @@ class FirecrestBackend(ExecutionBackend):
             checks.append(Check("pool", True, "no FirecREST pool configured: nothing more to check"))
             return checks
         session = Session(pool.remote)
+        if session.per_user:
+            return checks + _doctor_per_user(session)
         try:
             session.credentials()
             checks.append(
@@ -789,6 +859,31 @@ class FirecrestBackend(ExecutionBackend):
             except BackendError as exc:
                 checks.append(Check("working_root", False, f"{exc}: fix remote.working_root"))
         return checks
+
+
+def _doctor_per_user(session: Session) -> list[Check]:
+    """A per-user pool has no service account to ask FirecREST with: doctor checks what users need
+    to connect (the sealing key, the authorization endpoint, the public client at the token
+    endpoint); the system, partition and working_root are met by the first user's case."""
+    from apps.backends import oauth, sealing
+
+    checks = [
+        Check(
+            "credentials",
+            sealing.available(),
+            "per-user credentials: GRIDGATE_CREDENTIALS_KEY is set (value not shown)"
+            if sealing.available()
+            else "per-user credentials need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker host: "
+            "users cannot connect without it",
+        )
+    ]
+    endpoint = authorization_endpoint(session.remote)
+    checks.append(
+        Check("authorization", bool(endpoint), f"users connect at {endpoint}" if endpoint else "set authorization_uri")
+    )
+    ok, message = oauth.probe_client(session.remote)
+    checks.append(Check("client", ok, message))
+    return checks
 
 
 #: the allocation record FirecREST/sacct shows for a running job (name "allocation", PENDING)

@@ -6,7 +6,11 @@ Quirks this module absorbs so the core never sees them (each was met on a real a
 - **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
   (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use, never at import or
   in ``launch_options`` without a guard, and kept per (cluster, token) in this process. The token
-  comes from the environment variable named by the pool's ``token_env`` (R-BACK-1).
+  is the case owner's own on a per-user pool (``"credentials": "user"``: pasted once on the
+  connections page, handed in through the core's :class:`~apps.backends.base.RemoteIdentity`;
+  never the service's, R-CRED-1), else the one in the environment variable named by the pool's
+  ``token_env`` (R-BACK-1). A 401 (the SDK's ``UnauthorizedException`` raised without a message:
+  its 403s carry the API's) on a user's token marks their connection failed: they must reconnect.
 - **Room before spending.** There is no quota exception: a full bucket or storage quota surfaces
   as a botocore ``ClientError`` in the middle of an upload. The per-case upload plan is checked
   against ``max_upload_mb`` and ``user_info`` (bucket count, storage bytes) before anything is
@@ -61,10 +65,12 @@ from apps.backends.base import (
     BackendStatus,
     Check,
     Choice,
+    CredentialsRequired,
     ExecutionBackend,
     JobRef,
     LaunchOption,
     LaunchOptions,
+    RemoteIdentity,
     SubmitDeferred,
     SubmitSpec,
     SubmitUncertain,
@@ -82,7 +88,7 @@ from apps.backends.remote_common import (
     scrub,
     state_dir,
 )
-from apps.resources.remote import with_defaults
+from apps.resources.remote import USER, credential_mode, with_defaults
 
 logger = logging.getLogger(__name__)
 sdk_logger = logging.getLogger("apps.backends.qarnot.sdk")  # the SDK prints to stdout otherwise
@@ -171,16 +177,27 @@ def parse_duration(text) -> float | None:
 
 
 class Session:
-    """One pool's view of Qarnot: the lazily built connection and the secret to scrub."""
+    """One pool's view of Qarnot for one credential: the lazily built connection and the secret to scrub."""
 
-    def __init__(self, remote: dict):
+    def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
         self.remote = with_defaults("qarnot", remote or {})
         self.token_env = self.remote.get("token_env")
+        self.per_user = credential_mode("qarnot", self.remote) == USER
+        self.identity = identity
         self._conn = None
         self.secrets: list[str] = []
 
     def token(self) -> str:
-        token = env_secret(self.token_env, "Qarnot token")
+        if self.per_user:
+            # R-CRED-1: the case owner's own token, never the service's.
+            if self.identity is None or not self.identity.is_user:
+                raise BackendError(
+                    "this pool runs tasks under each user's own Qarnot token and no user credential was given: "
+                    "refusing to act under the service account (R-CRED-1)"
+                )
+            token = self.identity.token()
+        else:
+            token = env_secret(self.token_env, "Qarnot token")
         self.secrets = [token]
         return token
 
@@ -223,9 +240,40 @@ class Session:
         except BackendError:
             raise
         except Exception as exc:
+            if self.per_user and token_refused(exc) and self.identity is not None and self.identity.refused:
+                raise CredentialsRequired(self.identity.refused()) from None
             raise BackendError(
                 scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets), transient=unreachable(exc)
             ) from None
+
+
+def token_refused(exc: Exception) -> bool:
+    """A 401: the token itself was refused. The SDK's retry wrapper raises
+    ``UnauthorizedException()`` without arguments for a 401 only; its 403s (``raise_on_error``)
+    carry the API's message. No text is read, only whether there is any."""
+    qarnot = _sdk()
+    return isinstance(exc, qarnot.exceptions.UnauthorizedException) and not exc.args
+
+
+def account_of(remote: dict, token: str) -> str:
+    """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token (a
+    connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
+    qarnot = _sdk()
+    remote = with_defaults("qarnot", remote or {})
+    try:
+        connection = qarnot.connection.Connection(
+            client_token=token,
+            cluster_url=remote.get("cluster_url") or None,
+            cluster_timeout=TIMEOUT,
+            retry_count=RETRY_COUNT,
+            retry_wait=RETRY_WAIT,
+            logger=sdk_logger,
+        )
+        return str(connection.user_info.email or "")
+    except Exception as exc:
+        if token_refused(exc):
+            raise CredentialsRequired("Qarnot refused the token") from None
+        raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
 
 
 def unreachable(exc: Exception) -> bool:
@@ -264,7 +312,7 @@ class QarnotBackend(ExecutionBackend):
 
     # -- submission --------------------------------------------------------------------------
     def find(self, spec: SubmitSpec) -> str | None:
-        return self._find(Session(spec.pool_remote), spec.case_id)
+        return self._find(Session(spec.pool_remote, spec.identity), spec.case_id)
 
     def _find(self, session: Session, case_id: str) -> str | None:
         with session.guard("task lookup"):
@@ -389,7 +437,7 @@ class QarnotBackend(ExecutionBackend):
     def submit(self, spec: SubmitSpec) -> str:
         if not spec.command.strip():
             raise BackendError("the case has no command to run")
-        session = Session(spec.pool_remote)
+        session = Session(spec.pool_remote, spec.identity)
         scheduling = self._scheduling(spec.launch_options)  # unknown value: fails before any upload
         profile = session.remote.get("profile")
         plan = self.plan(session, spec)
@@ -487,7 +535,7 @@ class QarnotBackend(ExecutionBackend):
             return session.conn.retrieve_task(uuid)
 
     def poll(self, job: JobRef) -> BackendState:
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, job.identity)
         task = self._task(session, job.remote_id)
         status = map_state(task.state)
         fresh_out = fresh_err = ""
@@ -551,7 +599,7 @@ class QarnotBackend(ExecutionBackend):
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         """Only new or changed whitelisted objects (by ETag) come down while the task runs."""
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
         live = job.workspace / "live"
         seen = _load_state(job.workspace, "live.json")
@@ -571,7 +619,7 @@ class QarnotBackend(ExecutionBackend):
 
     def fetch_final(self, job: JobRef) -> None:
         """The case's own results bucket only: never the shared inputs, never unchanged inputs."""
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
         manifest = _load_state(job.workspace, "manifest.json")
         results = job.workspace / "results"
@@ -591,7 +639,7 @@ class QarnotBackend(ExecutionBackend):
         "Invalid operation on non-running task", ``UnauthorizedException``): the task's state,
         read again, says whether it had ended (R-CASE-6); the message is never parsed."""
         qarnot = _sdk()
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, job.identity)
         task = self._task(session, job.remote_id)
         try:
             task.abort()
@@ -610,7 +658,7 @@ class QarnotBackend(ExecutionBackend):
         """The case's buckets (inputs, results) and its task record; a campaign's shared bucket
         serves other cases and stays. Idempotent: what is already gone is skipped."""
         qarnot = _sdk()
-        session = Session(job.pool_remote)
+        session = Session(job.pool_remote, job.identity)
         for name in bucket_names(job.case_id):
             if not self._bucket_exists(session, name):
                 continue
@@ -644,6 +692,10 @@ class QarnotBackend(ExecutionBackend):
         threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
         try:
             session = Session(pool.remote if pool is not None else {})
+            if session.per_user:
+                # The catalogue is per account and the form is cached per pool: with no service
+                # token to ask with, no node type is offered (the core constraint still applies).
+                return LaunchOptions(options=[scheduling, LaunchOption("node_type", "Node type", []), ranks, threads])
             hw = _sdk().hardware_constraint
             catalogue = self._catalogue(session)
         except Exception as exc:
@@ -668,6 +720,22 @@ class QarnotBackend(ExecutionBackend):
             checks.append(Check("pool", True, "no Qarnot pool configured: nothing more to check"))
             return checks
         session = Session(pool.remote)
+        if session.per_user:
+            from apps.backends import sealing
+
+            ok = sealing.available()
+            checks.append(
+                Check(
+                    "credentials",
+                    ok,
+                    "per-user Qarnot tokens: GRIDGATE_CREDENTIALS_KEY is set (value not shown); each user's token is "
+                    "checked when they paste it"
+                    if ok
+                    else "per-user Qarnot tokens need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker "
+                    "host: users cannot connect without it",
+                )
+            )
+            return checks
         try:
             session.token()
             checks.append(Check("credentials", True, f"{session.token_env} is set (value not shown)"))

@@ -13,8 +13,10 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from apps.backends import sealing
 from apps.backends.registry import NoBackend, backend_name_for_kind
 from apps.core import credentials
+from apps.resources.remote import USER, credential_mode
 
 ASK = "Ask an administrator to finish setting it up."
 NOT_YET = "Cases cannot run on this pool yet:"
@@ -38,15 +40,23 @@ def case_readiness(pool) -> Readiness:
     except NoBackend:
         return Readiness(False, "This pool does not run cases.", runs_cases=False)
     remote = pool.remote_config()
-    # A credential the service will not read (a name without the GRIDGATE_CRED_ prefix, from a
-    # pool saved before that rule) is as missing as an unset one.
-    missing_credentials = [
-        key
-        for key, env_name in remote.items()
-        if key.endswith("_env") and env_name and (credentials.name_problem(env_name) or not os.environ.get(env_name))
-    ]
-    if missing_credentials:
-        return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
+    if credential_mode(pool.kind, pool.remote) == USER:
+        # Each user's own credential runs their cases (docs/backends.md, "Per-user credentials"):
+        # whether this user is connected is the launch's to say, with the page to connect at.
+        if not sealing.available():
+            return Readiness(False, f"{NOT_YET} it needs each user's own credentials, which cannot be kept yet. {ASK}")
+    else:
+        # A credential the service will not read (a name without the GRIDGATE_CRED_ prefix, from a
+        # pool saved before that rule) is as missing as an unset one.
+        missing_credentials = [
+            key
+            for key, env_name in remote.items()
+            if key.endswith("_env")
+            and env_name
+            and (credentials.name_problem(env_name) or not os.environ.get(env_name))
+        ]
+        if missing_credentials:
+            return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
     if name in ("slurm", "firecrest") and not remote.get("working_root"):
         return Readiness(False, f"{NOT_YET} it has no working directory on the cluster. {ASK}")
     for command in COMMANDS.get(name, ()):

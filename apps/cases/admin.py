@@ -48,7 +48,7 @@ class CaseAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
     list_filter = ["status", "backend", "results_fetched", "resource_class__pool", "run_host"]
     list_select_related = ["owner", "resource_class__pool"]
-    search_fields = ["name", "remote_id", "owner__username", "command"]
+    search_fields = ["name", "remote_id", "remote_identity", "owner__username", "command"]
     date_hierarchy = "created_at"
     inlines = [CaseEventInline]
     actions = ["cancel_cases"]
@@ -70,6 +70,7 @@ class CaseAdmin(admin.ModelAdmin):
         "poll_failures",
         "last_error",
         "status_message",
+        "remote_identity",
         "results_fetched",
         "next_poll_at",
         "next_sync_at",
@@ -83,7 +84,17 @@ class CaseAdmin(admin.ModelAdmin):
         (None, {"fields": ["id", "name", "owner", "campaign", "resource_class", "command"]}),
         (
             "Launch",
-            {"fields": ["launch_options", "observability_globs", "backend", "remote_id", "status", "status_message"]},
+            {
+                "fields": [
+                    "launch_options",
+                    "observability_globs",
+                    "backend",
+                    "remote_id",
+                    "remote_identity",
+                    "status",
+                    "status_message",
+                ]
+            },
         ),
         ("Progress", {"fields": ["progress", "execution_time", "cores", "results_fetched", "workspace_files"]}),
         (

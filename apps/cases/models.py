@@ -83,6 +83,15 @@ class Case(models.Model):
         default="",
         help_text=_("The provider's word on a waiting or running case, e.g. Slurm's pending reason (JobHeldAdmin)."),
     )
+    remote_identity = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text=_(
+            "Whose provider account the remote job runs under: the owner's own (per-user credentials) or the "
+            "pool's service account. Set at submission."
+        ),
+    )
     results_fetched = models.BooleanField(default=False)
     #: set by ``manage.py cleanup`` once the provider side (buckets, run directory) is purged
     remote_purged_at = models.DateTimeField(null=True, blank=True)

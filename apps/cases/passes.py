@@ -29,12 +29,13 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.backends import files
+from apps.backends import connections, files
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
     BackendState,
     BackendStatus,
+    CredentialsRequired,
     JobRef,
     LeaseLost,
     ResultsTooLarge,
@@ -99,7 +100,29 @@ def job_ref(case: Case) -> JobRef:
         workspace=workspace.case_dir(case.id),
         pool_remote=case.resource_class.pool.remote or {},
         max_result_bytes=case_bounds(case.resource_class).disk_bytes,
+        identity=remote_identity(case),
     )
+
+
+_UNRESOLVED = object()
+
+
+def remote_identity(case: Case):
+    """Whose provider credential the case's remote calls use: its owner's own on a per-user pool,
+    else the pool's service account (None for backends without one). Resolved once per case
+    object; a pass resolves all its cases at once (:func:`attach_identities`)."""
+    identity = case.__dict__.get("_remote_identity", _UNRESOLVED)
+    if identity is _UNRESOLVED:
+        identity = connections.identities_for([case])[case.id]
+        case._remote_identity = identity
+    return identity
+
+
+def attach_identities(cases: list[Case]) -> None:
+    """One query for the connections of every per-user case of a pass (none when there is none)."""
+    identities = connections.identities_for(cases)
+    for case in cases:
+        case._remote_identity = identities[case.id]
 
 
 # -- requests for a worker -------------------------------------------------------------------------
@@ -237,7 +260,9 @@ class Leases:
 
 
 def _load(ids, owner) -> list[Case]:
-    return list(Case.objects.filter(id__in=ids, lease_owner=owner).select_related("resource_class__pool"))
+    cases = list(Case.objects.filter(id__in=ids, lease_owner=owner).select_related("resource_class__pool", "owner"))
+    attach_identities(cases)
+    return cases
 
 
 def _record(cases: list[Case], original: dict, owner: str, fields: list[str], events: list[CaseEvent], report):
@@ -322,6 +347,9 @@ def _transition(case: Case, to: str, now: datetime, message: str, events: list[C
 def apply_state(case: Case, result, backend, now: datetime, events: list[CaseEvent]) -> None:
     """Turn one poll answer into the case's new state (in memory; the caller records it)."""
     case.last_polled_at = now
+    if isinstance(result, CredentialsRequired):
+        wait_for_owner(case, result, now, events)
+        return
     if isinstance(result, Exception):
         # R-CASE-3: a failed poll changes nothing but the counters, and backs off.
         case.poll_failures += 1
@@ -368,10 +396,26 @@ def apply_state(case: Case, result, backend, now: datetime, events: list[CaseEve
         _transition(case, CaseStatus.CANCELLED, now, state.message or "cancelled on the provider's side", events)
 
 
+def wait_for_owner(case: Case, exc: CredentialsRequired, now: datetime, events: list[CaseEvent]) -> None:
+    """The owner's own credential for a per-user pool expired or was revoked: nothing can be asked
+    for this case until they reconnect. Not a failed poll and no state change (the job may well
+    be running): the case says it waits for its owner, in its status message and once in its
+    history, and is looked at again when they reconnect (``connections.resume_waiting_cases``
+    makes it due) or after the longest back-off."""
+    note = f"waiting for its owner to reconnect: {exc}"[:500]
+    if note != case.status_message:
+        case.status_message = note
+        events.append(CaseEvent(case_id=case.id, at=now, kind=CaseEvent.Kind.NOTE, message=note))
+    case.next_poll_at = now + timedelta(seconds=settings.GRIDGATE_CASE_MAX_BACKOFF_SECONDS)
+
+
 def finalize(case: Case, backend, now: datetime, events: list[CaseEvent]) -> None:
     """R-CASE-4: done only once fetch_final succeeded; otherwise stay running and retry."""
     try:
         backend.fetch_final(job_ref(case))
+    except CredentialsRequired as exc:  # the results wait for the owner's reconnect, the state too
+        wait_for_owner(case, exc, now, events)
+        return
     except ResultsTooLarge as exc:  # retrying cannot help: the case fails saying why
         case.finished_at = now
         case.next_poll_at = None
@@ -580,6 +624,7 @@ def build_spec(case: Case) -> SubmitSpec:
         campaign_id=str(case.campaign_id) if case.campaign_id else None,
         run_as=run_as(case),
         bounds=case_bounds(resource_class),
+        identity=remote_identity(case),
     )
 
 
@@ -687,15 +732,18 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
     with transaction.atomic():
         fields = {"lease_owner": "", "lease_until": None}
         if remote_id:
+            identity = spec.identity.label if spec is not None and spec.identity is not None else ""
             fields.update(
                 status=CaseStatus.PENDING,
                 remote_id=str(remote_id),
+                remote_identity=identity[:300],
                 submitted_at=now,
                 next_poll_at=now,
                 poll_failures=0,
                 last_error="",
             )
-            message = f"submitted as {remote_id}"
+            # Item 5 of issue 33: the identity the job runs under, in the case's history too.
+            message = f"submitted as {remote_id}" + (f" under {identity}" if identity else "")
         else:
             if transient:
                 error = f"submission failed {attempts} times, last: {error}"
@@ -765,7 +813,7 @@ def _cancel_orphan(backend, case: Case, spec: SubmitSpec, remote_id: str | None)
         remote_id = remote_id or backend.find(spec)
         if not remote_id:
             return True
-        backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote))
+        backend.cancel(JobRef(str(case.id), str(remote_id), spec.workspace, spec.pool_remote, identity=spec.identity))
     except AlreadyFinished:
         return True
     except Exception as exc:

@@ -11,7 +11,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.backends.base import AlreadyFinished, BackendError
+from apps.backends import connections
+from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
@@ -129,6 +130,9 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
     # account this pool may run the command as; checked again when the worker builds the submission.
     passes.run_as(case)
+    # Per-user credentials: refused up front (403 naming the page to connect at) while the owner has
+    # no working connection to the pool; a grant revoked without our knowing fails in the worker.
+    connections.require_connection(case.owner, case.resource_class.pool)
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options
@@ -224,6 +228,9 @@ def cancel_case(case: Case) -> Case:
             status=final or case.status,
             recorded_status=case.status,
         ) from None
+    except CredentialsRequired as exc:
+        # Only the owner's own credential may act on their job at the provider (R-CRED-1).
+        raise Conflict(f"The case cannot be cancelled until its owner reconnects: {exc}.", status=case.status) from None
     except BackendError as exc:
         text = scrub_for(case.resource_class.pool, str(exc))
         Case.objects.filter(pk=case.pk).update(last_error=f"cancel failed: {text}"[:2000])

@@ -268,6 +268,9 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         instance._loaded = {
             name: instance.__dict__.get(name) for name in ("kind", "quota_cpu", "quota_memory", "quota_gpu")
         }
+        instance._loaded["credentials"] = remote_rules.credential_mode(
+            instance.__dict__.get("kind"), instance.__dict__.get("remote")
+        )
         return instance
 
     # -- derived ---------------------------------------------------------------------------
@@ -289,6 +292,23 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         """``remote`` with the documented defaults filled in (e.g. ``token_env``)."""
         return remote_rules.with_defaults(self.kind, self.remote)
 
+    def credentials_changed(self) -> bool:
+        """Whether whose provider credentials run the cases (``remote.credentials``) changed."""
+        loaded = getattr(self, "_loaded", None)
+        if not (self.pk and loaded) or self.kind_changed():
+            return False
+        return loaded.get("credentials") != remote_rules.credential_mode(self.kind, self.remote)
+
+    def has_unfinished_remote_cases(self) -> bool:
+        from django.apps import apps
+
+        case = apps.get_model("cases", "Case")
+        return (
+            case.objects.filter(resource_class__pool=self)
+            .filter(Q(status__in=["pending", "running"]) | Q(status="prepared", launch_requested_at__isnull=False))
+            .exists()
+        )
+
     def kind_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
         return bool(self.pk and loaded and loaded["kind"] != self.kind)
@@ -309,6 +329,13 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         problems = remote_rules.validate_pool_remote(self.kind, self.remote)
         if problems:
             errors["remote"] = problems
+        elif self.credentials_changed() and self.has_unfinished_remote_cases():
+            # R-CRED-2: a submitted job belongs to the provider account it was submitted under (a
+            # user's own, or the service's); polling it under the other would lose it.
+            errors["remote"] = [
+                "'credentials' cannot change while cases of this pool are being submitted or run: their jobs "
+                "belong to the account they were submitted under. Wait until they end (or cancel them) first."
+            ]
 
         if self.quota_cpu is not None or self.quota_memory is not None or self.quota_gpu is not None:
             if self.quota_gpu is None:

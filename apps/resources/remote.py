@@ -93,6 +93,40 @@ def _bool(value: Any) -> bool:
     return value
 
 
+#: whose credentials a remote pool's jobs run under (docs/backends.md, "Per-user credentials")
+USER = "user"
+SERVICE = "service"
+CREDENTIAL_MODES = (USER, SERVICE)
+#: pool kinds whose jobs run under a provider credential, the service's or each user's
+CREDENTIAL_KINDS = ("firecrest", "qarnot")
+#: OAuth client ids and scopes as providers spell them (Keycloak: letters, digits, ``_.:-``)
+CLIENT_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,255}")
+SCOPE = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+( [\x21\x23-\x5B\x5D-\x7E]+)*")
+
+
+def _credential_mode(value: Any) -> str:
+    if value not in CREDENTIAL_MODES:
+        raise RemoteError(
+            "must be 'user' (each user's own credentials: jobs run under the user's account at the provider) "
+            "or 'service' (the pool's service account runs every user's jobs)"
+        )
+    return value
+
+
+def _client_id(value: Any) -> str:
+    value = _text(value)
+    if not CLIENT_ID.fullmatch(value):
+        raise RemoteError("must be an OAuth client id: letters, digits and _ . : @ - only")
+    return value
+
+
+def _scope(value: Any) -> str:
+    value = _text(value)
+    if not SCOPE.fullmatch(value):
+        raise RemoteError("must be OAuth scopes separated by single spaces (e.g. 'openid offline_access')")
+    return value
+
+
 @dataclass(frozen=True)
 class Key:
     check: Callable[[Any], Any]
@@ -111,6 +145,12 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         "working_root": Key(_abs_path),
         "client_id_env": Key(_env_name, default=f"{credentials.PREFIX}FIRECREST_CLIENT_ID"),
         "client_secret_env": Key(_env_name, default=f"{credentials.PREFIX}FIRECREST_CLIENT_SECRET"),
+        # Per-user credentials (docs/backends.md): "user" unless the pool says "service"; pools
+        # saved before the option have "service" written by resources.0007.
+        "credentials": Key(_credential_mode, default=USER),
+        "authorization_uri": Key(_https_url),  # default: Keycloak's, next to token_uri
+        "public_client_id": Key(_client_id, default="gridgate-firecrest"),
+        "scope": Key(_scope, default="openid offline_access"),
     },
     "slurm": {
         "partition": Key(_slurm_name),
@@ -128,6 +168,7 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         "snapshot_interval": Key(_positive_int, default=60),
         "max_upload_mb": Key(_positive_int, default=512),
         "token_env": Key(_env_name, default=f"{credentials.PREFIX}QARNOT_TOKEN"),
+        "credentials": Key(_credential_mode, default=USER),
     },
 }
 
@@ -187,7 +228,37 @@ def validate_pool_remote(kind: str, remote: dict) -> list[str]:
     for key, spec in schema.items():
         if spec.required and key not in remote:
             problems.append(f"'{key}' is required for a {kind} pool")
+    per_user_firecrest = not problems and kind == "firecrest" and credential_mode(kind, remote) == USER
+    if per_user_firecrest and authorization_endpoint(remote) is None:
+        problems.append(
+            "'authorization_uri' is required for per-user credentials ('credentials': 'user') when 'token_uri' "
+            "does not end with /token: set the identity provider's authorization endpoint (Keycloak: "
+            "…/protocol/openid-connect/auth), or 'credentials': 'service' to run jobs under the service account"
+        )
     return problems
+
+
+def credential_mode(kind: str, remote: dict | None) -> str | None:
+    """Whose credentials ``kind``'s jobs run under: ``user``, ``service``, or None for kinds that
+    use no provider credential. A remote without the key is ``user`` (pools saved before the
+    option got ``service`` written by a data migration)."""
+    if kind not in CREDENTIAL_KINDS:
+        return None
+    value = (remote or {}).get("credentials", USER)
+    return value if value in CREDENTIAL_MODES else USER
+
+
+def authorization_endpoint(remote: dict | None) -> str | None:
+    """The identity provider's authorization endpoint for the connect flow: the pool's
+    ``authorization_uri``, else Keycloak's beside the pool's ``token_uri`` (``…/token`` →
+    ``…/auth``), else None."""
+    remote = remote or {}
+    if remote.get("authorization_uri"):
+        return remote["authorization_uri"]
+    token_uri = remote.get("token_uri")
+    if isinstance(token_uri, str) and token_uri.rstrip("/").endswith("/token"):
+        return token_uri.rstrip("/")[: -len("token")] + "auth"
+    return None
 
 
 def with_defaults(kind: str, remote: dict | None) -> dict:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, time, timedelta
 from django import forms
 from django.utils import timezone
 
+from apps.accounts.models import ApiToken
 from apps.core import jsonlimits
 from apps.web.selectors import case_classes
 
@@ -71,6 +72,24 @@ def payload_of(document):
     if isinstance(document, dict) and "sequence" in document:
         return document
     return {"sequence": json.dumps(document)}
+
+
+class TokenCreateForm(forms.Form):
+    """A personal API token's name and term. The term's bounds are the service's
+    (``accounts.services.issue_token``); the page shows them and the browser checks them first."""
+
+    name = forms.CharField(
+        max_length=ApiToken._meta.get_field("name").max_length,
+        help_text="What the token is for: a host, a script, a tool.",
+    )
+    expires_in_days = forms.IntegerField(min_value=1, max_value=MAX_INT, label="Expires in (days)")
+
+    def __init__(self, *args, default_days: int, max_days: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields["expires_in_days"]
+        field.initial = default_days
+        field.widget.attrs["max"] = max_days
+        field.help_text = f"{default_days} unless you choose otherwise; at most {max_days}."
 
 
 class MultipleFileInput(forms.ClearableFileInput):

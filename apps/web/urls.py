@@ -3,6 +3,7 @@ from django.urls import path
 
 from apps.accounts.forms import LoginForm
 from apps.web import views
+from apps.web.connection_urls import urlpatterns as connection_urlpatterns
 
 app_name = "web"
 
@@ -10,7 +11,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path(
         "login/",
-        auth_views.LoginView.as_view(template_name="web/login.html", authentication_form=LoginForm),
+        views.LoginView.as_view(template_name="web/login.html", authentication_form=LoginForm),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -28,5 +29,10 @@ urlpatterns = [
     path("cases/<uuid:pk>/launch/", views.case_launch, name="case-launch"),
     path("cases/<uuid:pk>/cancel/", views.case_cancel, name="case-cancel"),
     path("cases/<uuid:pk>/refresh/", views.case_refresh, name="case-refresh"),
+    path("tokens/", views.token_list, name="token-list"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("utilization/", views.utilization, name="utilization"),
 ]
+
+# Per-user remote credentials (docs/backends.md, "Per-user credentials"): the connections pages.
+urlpatterns += connection_urlpatterns

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -20,14 +22,18 @@ from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounting.selectors import utilization as utilization_of
+from apps.accounts import selectors as token_selectors
+from apps.accounts import services as token_services
 from apps.backends.readiness import case_readiness
 from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
+from apps.core.exceptions import InvalidFields, NotFound
 from apps.core.text import printable
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
@@ -38,7 +44,7 @@ from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
 from apps.web import charts
 from apps.web.errors import REFUSALS, Refusal, error_text, refusal, refuse
-from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm, UtilizationForm
+from apps.web.forms import CaseCreateForm, JobSubmitForm, OpenSessionForm, TokenCreateForm, UtilizationForm
 from apps.web.selectors import bundled_examples, pool_gauges, pool_uses
 
 LIVE_EVERY = "every 2s"  # htmx polling period of live fragments
@@ -430,6 +436,53 @@ def case_refresh(request, pk):
     return redirect("web:case-detail", pk=case.pk)
 
 
+# -- API tokens ----------------------------------------------------------------------------------
+def _token_form(data=None) -> TokenCreateForm:
+    return TokenCreateForm(
+        data, default_days=token_services.default_token_days(), max_days=settings.GRIDGATE_TOKEN_MAX_DAYS
+    )
+
+
+@login_required
+@never_cache  # the answer to a creation holds the key: no browser or proxy may keep a copy
+def token_list(request):
+    """Your API tokens (staff too: everyone's are in the admin) and the form to create one. The new
+    key is in the answer to the creation only, rendered once and kept nowhere (not in the session,
+    not in a message): reloading the page does not show it again."""
+    created, status = None, 200
+    if request.method == "POST":
+        form = _token_form(request.POST)
+        if form.is_valid():
+            try:
+                token, key = token_services.issue_token(
+                    request.user, name=form.cleaned_data["name"], days=form.cleaned_data["expires_in_days"]
+                )
+            except InvalidFields as exc:  # the term's bounds (GRIDGATE_TOKEN_MAX_DAYS)
+                for field, errors in exc.errors.items():
+                    form.add_error(field if field in form.fields else None, errors)
+            else:
+                created, status, form = {"token": token, "key": key}, 201, _token_form()
+        if not created:
+            status = 400
+    elif request.method == "GET":
+        form = _token_form()
+    else:
+        return HttpResponseNotAllowed(["GET", "POST"])
+    tokens = list(token_selectors.tokens_of(request.user)[:LIST_LIMIT])
+    return render(request, "web/token_list.html", {"tokens": tokens, "form": form, "created": created}, status=status)
+
+
+@login_required
+@require_POST
+def token_revoke(request, pk):
+    try:
+        token = token_services.revoke_token(request.user, pk)  # the caller's own alone
+    except NotFound:
+        raise Http404("No such token.") from None
+    messages.success(request, f"Token {token} revoked: its key no longer works.")
+    return redirect("web:token-list")
+
+
 # -- operators -----------------------------------------------------------------------------------
 @login_required
 @require_GET
@@ -465,3 +518,16 @@ def session_end_words(session, viewer) -> str:
     if reason == "max_lifetime":
         return "ended at its maximum lifetime"
     return "ended"
+
+
+class LoginView(auth_views.LoginView):
+    """The login page: the identity provider's button when one is configured, the password form
+    as GRIDGATE_PASSWORD_LOGIN allows (apps/accounts/backends.py refuses what it hides)."""
+
+    def get_context_data(self, **kwargs):
+        return super().get_context_data(
+            oidc_enabled=bool(settings.GRIDGATE_OIDC_ISSUER),
+            oidc_name=settings.GRIDGATE_OIDC_NAME,
+            password_login=settings.GRIDGATE_PASSWORD_LOGIN,
+            **kwargs,
+        )

@@ -34,3 +34,13 @@ def test_the_revoke_action_deletes_the_selected_tokens(admin_client, member, own
     response = admin_client.post(URL, {"action": "revoke", "_selected_action": [revoked.pk]}, follow=True)
     assert "1 token(s) revoked." in response.content.decode()
     assert list(ApiToken.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_the_token_list_shows_when_each_token_was_last_used(admin_client, member):
+    from datetime import UTC, datetime
+
+    used, _ = issue_token(member, name="used")
+    ApiToken.objects.filter(pk=used.pk).update(last_used_at=datetime(2026, 5, 4, 3, 2, tzinfo=UTC))
+    issue_token(member, name="unused")
+    page = admin_client.get(URL).content.decode()
+    assert "column-last_used_at" in page and "May 4, 2026, 3:02" in page

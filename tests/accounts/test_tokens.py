@@ -76,12 +76,66 @@ def test_an_unknown_key_is_refused_with_401(member):
 
 
 def test_token_authentication_costs_exactly_one_statement(member, django_assert_num_queries):
-    """On every API request's path: the token with its user in one SELECT, and no write."""
+    """On every API request's path: the token with its user in one SELECT, and no write (a token
+    already used this minute: its first use in a minute also records it, below)."""
     _, key = issue_token(member)
     client = with_token(key)
+    assert client.get(CHEAP).status_code == 200
     with django_assert_num_queries(1) as context:
         assert client.get(CHEAP).status_code == 200
     assert context.captured_queries[0]["sql"].lstrip().upper().startswith("SELECT")
+
+
+def test_last_used_at_is_set_on_first_use_and_not_rewritten_within_the_minute(member, django_assert_num_queries):
+    token, key = issue_token(member)
+    assert token.last_used_at is None
+    client = with_token(key)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        with django_assert_num_queries(2) as first:  # the lookup, then the one UPDATE
+            assert client.get(CHEAP).status_code == 200
+        assert first.captured_queries[1]["sql"].lstrip().upper().startswith("UPDATE")
+        token.refresh_from_db()
+        assert token.last_used_at == start
+    with time_machine.travel(start + timedelta(seconds=59), tick=False):
+        with django_assert_num_queries(1):  # within the minute: the lookup alone, no write
+            assert client.get(CHEAP).status_code == 200
+        token.refresh_from_db()
+        assert token.last_used_at == start
+    later = start + timedelta(seconds=61)
+    with time_machine.travel(later, tick=False):
+        with django_assert_num_queries(2):  # a minute on: recorded again
+            assert client.get(CHEAP).status_code == 200
+        token.refresh_from_db()
+        assert token.last_used_at == later
+
+
+def test_a_refused_token_records_no_use(member, settings):
+    settings.GRIDGATE_TOKEN_DAYS = 1
+    token, key = issue_token(member)
+    with time_machine.travel(timezone.now() + timedelta(days=1, seconds=1)):
+        assert with_token(key).get(CHEAP).status_code == 401
+    member.is_active = False
+    member.save()
+    assert with_token(key).get(CHEAP).status_code == 401
+    token.refresh_from_db()
+    assert token.last_used_at is None
+
+
+def test_recording_a_use_never_overwrites_a_newer_time_from_a_concurrent_request(member):
+    """Two requests fetched the token while its time was stale; the first recorded its use. The
+    second's UPDATE is conditional on the stored time, so it matches no row."""
+    from apps.accounts.services import note_use
+    from apps.accounts.statements import token_with_user
+
+    token, key = issue_token(member)
+    start = timezone.now()
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=start - timedelta(minutes=5))
+    fetched_by_the_second = token_with_user(digest_of(key))
+    note_use(token_with_user(digest_of(key)), now=start + timedelta(seconds=2))  # the first request
+    note_use(fetched_by_the_second, now=start + timedelta(seconds=1))  # stale to it, not to the row
+    token.refresh_from_db()
+    assert token.last_used_at == start + timedelta(seconds=2)
 
 
 def test_a_login_with_a_stale_token_still_in_the_headers_gets_a_new_token(member):
@@ -102,6 +156,8 @@ def test_the_token_lookup_reads_the_token_and_its_user_as_stored(member):
     from apps.accounts.statements import token_with_user
 
     token, key = issue_token(member, name="ci")
+    token.last_used_at = timezone.now() - timedelta(seconds=30)  # what decides whether to record a use
+    token.save(update_fields=["last_used_at"])
     found = token_with_user(digest_of(key))
     assert found.pk == token.pk and found.user.pk == member.pk
     for field in type(token)._meta.concrete_fields:

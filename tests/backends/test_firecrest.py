@@ -50,6 +50,7 @@ def fc_pool(double):
             "working_root": str(double.fs_root / "scratch"),
             "client_id_env": "GRIDGATE_CRED_FC_ID",
             "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
+            "credentials": "service",
         },
     )
     ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
@@ -131,6 +132,7 @@ def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster
                 "working_root": str(server.fs_root / "scratch"),
                 "client_id_env": "GRIDGATE_CRED_FC_ID",
                 "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
+                "credentials": "service",
             },
         )
         ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
@@ -350,6 +352,7 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
             "working_root": str(double.fs_root / "scratch"),
             "client_id_env": "GRIDGATE_CRED_FC_ID",
             "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
+            "credentials": "service",
         },
     )
     rc = ResourceClass.objects.create(

@@ -152,3 +152,83 @@ def test_double_drop_fault_carries_the_request_out_and_closes_the_connection(dou
     with pytest.raises(requests.ConnectionError):
         submit(double)
     assert len(double.user_jobs()) == 1
+
+
+# -- per-user tokens, as a Keycloak public client with PKCE gets them --------------------------------
+def login(double, name, verifier="v" * 64):
+    """The authorization code flow by hand: (token endpoint's answer, its JSON)."""
+    import base64
+    import hashlib
+    from urllib.parse import parse_qs, urlsplit
+
+    double.add_user(name)
+    double.login_as = name
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(("v" * 64).encode()).digest()).rstrip(b"=").decode()
+    redirect = "http://gridgate.test/connections/callback/"
+    answer = requests.get(
+        double.authorization_uri,
+        params={
+            "response_type": "code", "client_id": double.public_client_id, "redirect_uri": redirect,
+            "scope": "openid offline_access", "state": "s", "code_challenge": challenge,
+            "code_challenge_method": "S256",
+        },
+        allow_redirects=False,
+        timeout=5,
+    )  # fmt: skip
+    code = parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
+    data = {
+        "grant_type": "authorization_code", "client_id": double.public_client_id, "code": code,
+        "redirect_uri": redirect, "code_verifier": verifier,
+    }  # fmt: skip
+    answer = requests.post(double.token_uri, data=data, timeout=5)
+    return answer, answer.json()
+
+
+def test_double_code_exchange_needs_the_verifier_of_the_challenge(double):
+    refused, body = login(double, "ada", verifier="w" * 64)
+    assert refused.status_code == 400 and body["error"] == "invalid_grant"
+    answer, body = login(double, "ada")
+    assert answer.status_code == 200 and body["refresh_token"] and body["id_token"]
+
+
+def test_double_rotates_refresh_tokens_and_a_reuse_ends_the_session(double):
+    _answer, body = login(double, "ada")
+    first = body["refresh_token"]
+
+    def refresh(value):
+        data = {"grant_type": "refresh_token", "client_id": double.public_client_id, "refresh_token": value}
+        return requests.post(double.token_uri, data=data, timeout=5)
+
+    second = refresh(first).json()["refresh_token"]
+    assert second != first
+    reuse = refresh(first)
+    assert reuse.status_code == 400 and reuse.json()["error"] == "invalid_grant"
+    assert refresh(second).json()["error"] == "invalid_grant"  # the whole session ended with the reuse
+
+
+def test_double_revoking_a_user_refuses_their_refresh_and_access_tokens(double):
+    _answer, body = login(double, "ada")
+    double.revoke_user("ada")
+    data = {"grant_type": "refresh_token", "client_id": double.public_client_id, "refresh_token": body["refresh_token"]}
+    assert requests.post(double.token_uri, data=data, timeout=5).json()["error"] == "invalid_grant"
+    answer = requests.get(
+        f"{double.url}/status/systems", headers={"Authorization": f"Bearer {body['access_token']}"}, timeout=5
+    )
+    assert answer.status_code == 401
+
+
+def test_double_refuses_and_records_a_call_about_a_case_under_another_subject(double):
+    """The owner check: a call naming a case with the service account's token (or another user's)
+    is refused and recorded, so a test using the double fails on it."""
+    _answer, body = login(double, "ada")
+    double.expect_owner("case-1", "ada")
+    service = get(double, "/compute/cluster/jobs", name="case-1")
+    assert service.status_code == 403 and "case-1" in double.violations[0]
+    mine = requests.get(
+        f"{double.url}/compute/cluster/jobs",
+        params={"name": "case-1"},
+        headers={"Authorization": f"Bearer {body['access_token']}"},
+        timeout=5,
+    )
+    assert mine.status_code == 200 and len(double.violations) == 1
+    double.violations.clear()  # this test made the violation on purpose

@@ -64,6 +64,7 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
     remote = {
         "profile": os.environ.get("GRIDGATE_LIVE_QARNOT_PROFILE", "docker-batch"),
         "token_env": "GRIDGATE_CRED_LIVE_QARNOT_TOKEN",
+        "credentials": "service",
         "snapshot_interval": 30,
     }
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
@@ -93,6 +94,7 @@ def test_live_firecrest_round_trip(make_case, monkeypatch):
         "working_root": env["GRIDGATE_LIVE_FIRECREST_WORKING_ROOT"],
         "client_id_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_ID",
         "client_secret_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_SECRET",
+        "credentials": "service",
     }
     for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (R-BACK-1)
         monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_FIRECREST_{name}", env[f"GRIDGATE_LIVE_FIRECREST_{name}"])

@@ -54,6 +54,7 @@ def q_pool(double):
             "snapshot_interval": 1,
             "max_upload_mb": 1,
             "token_env": "GRIDGATE_CRED_QARNOT_TOKEN",
+            "credentials": "service",
         },
     )
     ResourceClass.objects.create(pool=pool, name="4c", cpu=4, memory=8, default=True)
@@ -336,7 +337,9 @@ def test_token_in_a_pool_remote_is_refused(q_pool):
     with pytest.raises(ValidationError) as info:
         q_pool.full_clean()
     assert "token_env" in str(info.value) and TOKEN not in str(info.value)
-    session = qb.Session({"profile": "p", "token": "in-remote", "token_env": "GRIDGATE_CRED_UNSET_VARIABLE"})
+    remote = {"profile": "p", "token": "in-remote", "token_env": "GRIDGATE_CRED_UNSET_VARIABLE"}
+    remote["credentials"] = "service"  # the service token's path (a per-user pool reads none)
+    session = qb.Session(remote)
     with pytest.raises(BackendError, match="GRIDGATE_CRED_UNSET_VARIABLE"):
         session.token()
 

@@ -161,3 +161,18 @@ def test_double_answers_max_tasks_with_403_and_missing_credits_with_402(double):
     double.max_tasks = None
     double.credits = False
     assert submit(double).status_code == 402
+
+
+def test_double_hides_another_accounts_tasks_and_records_a_call_about_a_case_of_another_account(double):
+    double.add_account("other-token", "other@example.org")
+    uuid = submit(double).json()["uuid"]
+    other = requests.get(f"{double.url}/tasks/{uuid}", headers={"Authorization": "other-token"}, timeout=5)
+    assert other.status_code == 404  # another account's task does not exist for it
+    double.expect_owner("owned-case", "gridgate@example.org")
+    body = {"name": "owned-case", "profile": "docker-batch", "instanceCount": 1}
+    refused = requests.post(f"{double.url}/tasks", json=body, headers={"Authorization": "other-token"}, timeout=5)
+    assert refused.status_code == 403 and "owned-case" in double.violations[-1]
+    double.revoke("other-token")
+    assert requests.get(f"{double.url}/info", headers={"Authorization": "other-token"}, timeout=5).status_code == 401
+    double.violations.clear()
+    double.case_owners.clear()

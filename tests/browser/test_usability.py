@@ -159,6 +159,7 @@ def test_a_pool_whose_backend_is_not_set_up_says_so_and_cannot_be_launched_on(
             "system_name": "daint",
             "token_uri": "https://auth.example.org/token",
             "working_root": "/scratch/gridgate",
+            "credentials": "service",
         },
     )
     ResourceClass.objects.create(pool=hpc, name="node", cpu=2, memory=4, default=True)

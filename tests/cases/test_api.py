@@ -23,6 +23,7 @@ CASE_FIELDS = {
     "observability_globs",
     "status",
     "remote_id",
+    "remote_identity",
     "progress",
     "execution_time",
     "cores",

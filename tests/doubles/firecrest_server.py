@@ -27,12 +27,31 @@ each pinned by a test in ``tests/backends/test_firecrest_double.py``:
   ``exitCode`` is 0 while running;
 - ``servicesHealth`` is a list (scheduler, ssh, filesystem); ``unhealthy[name] = message``;
 - files over 1 MiB go through the staging endpoints; ``staging = False`` answers them 500.
+
+Per-user tokens (docs/backends.md, "Per-user credentials"), as Keycloak issues them to a public
+client with PKCE: ``add_user(name)`` creates an account (its subject a UUID); ``login_as = name``
+is the browser's session at the provider, so ``GET /auth/authorize`` sends the browser back to
+the redirect URI with a code; ``POST /auth/token`` takes ``authorization_code`` (the verifier
+must hash to the challenge; ``verifiers`` keeps what was sent), ``refresh_token`` (rotated: each
+refresh token works once, a reuse revokes the session's tokens, as "Revoke Refresh Token" with
+reuse 0 does) and ``client_credentials`` (the service account, subject
+``service-account-<client id>``). ``revoke_user(name)`` ends a user's sessions (their refresh and
+access tokens stop working). Access tokens are JWTs with ``sub``, ``preferred_username``, ``iss``.
+
+**The owner check**: ``case_owners[case id] = user name`` declares whose case it is; every call
+that names the case (its job, by name or id; a path under its run directory) must carry that
+user's token, or it is refused (403) and recorded in ``violations``: a test's finalizer asserts
+there are none, so a call under the service account, or under another user, on a per-user pool
+fails the test. Job listings show only the caller's jobs, as FirecREST's do.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import itertools
+import json
 import logging
 import os
 import re
@@ -43,10 +62,12 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlencode
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, redirect, request
 from werkzeug.serving import make_server
 
 API_VERSION = "2.6.0"
@@ -81,6 +102,7 @@ class Job:
     log: str = ""
     allocation_lookups: int = 0
     missing_lookups: int = 0
+    owner: str | None = None  # the subject whose token submitted it
 
 
 class FirecrestDouble:
@@ -102,7 +124,19 @@ class FirecrestDouble:
         self.client_id = client_id
         self.client_secret = client_secret
         self.tokens: dict[str, float] = {}  # token → expiry (epoch seconds)
+        self.token_subjects: dict[str, str] = {}  # access token → subject
         self.token_ttl = 300
+        # -- per-user tokens (the identity provider's side) --
+        self.public_client_id = "gridgate-firecrest"
+        self.users: dict[str, str] = {}  # user name → subject
+        self.login_as: str | None = None
+        self.codes: dict[str, dict] = {}
+        self.refresh_tokens: dict[str, dict] = {}  # refresh token → {sub, name, session, state}
+        self.verifiers: list[str] = []
+        self.grants: list[str] = []  # grant types asked for, in order
+        self.case_owners: dict[str, str] = {}  # case id → user name whose token every call must carry
+        self.violations: list[str] = []
+        self._signing_key = secrets.token_bytes(32)
         self.allocation_records = 0
         self.missing_after_end = 0
         self.unhealthy: dict[str, str] = {}
@@ -154,6 +188,107 @@ class FirecrestDouble:
     @property
     def token_uri(self) -> str:
         return f"{self.url}/auth/token"
+
+    @property
+    def authorization_uri(self) -> str:
+        return f"{self.url}/auth/authorize"
+
+    @property
+    def issuer(self) -> str:
+        return f"{self.url}/realms/hpc"
+
+    # -- the identity provider's accounts --------------------------------------------------------
+    def add_user(self, name: str) -> str:
+        """An account at the provider; returns its subject (a UUID, as Keycloak's user ids)."""
+        self.users[name] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"firecrest-double:{name}"))
+        return self.users[name]
+
+    def subject_of(self, name: str) -> str:
+        return self.users[name]
+
+    def revoke_user(self, name: str) -> None:
+        """End every session of ``name``: refresh tokens refused (invalid_grant), access tokens too."""
+        subject = self.users[name]
+        for record in self.refresh_tokens.values():
+            if record["sub"] == subject:
+                record["state"] = "revoked"
+        for token, owner in list(self.token_subjects.items()):
+            if owner == subject:
+                self.tokens.pop(token, None)
+
+    def live_refresh_tokens(self, name: str) -> list[str]:
+        subject = self.users[name]
+        return [t for t, r in self.refresh_tokens.items() if r["sub"] == subject and r["state"] == "active"]
+
+    def expect_owner(self, case_id, name: str) -> None:
+        """Every call about case ``case_id`` must carry ``name``'s token (see the module's docstring)."""
+        self.case_owners[str(case_id)] = name
+
+    def _jwt(self, claims: dict) -> str:
+        def part(data: dict) -> str:
+            return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+        head = part({"alg": "HS256", "typ": "JWT"}) + "." + part(claims)
+        signature = hmac.new(self._signing_key, head.encode(), hashlib.sha256).digest()
+        return head + "." + base64.urlsafe_b64encode(signature).rstrip(b"=").decode()
+
+    def _issue(self, subject: str, name: str, client: str, *, session: str | None = None, refresh: bool = False):
+        now = time.time()
+        claims = {
+            "iss": self.issuer,
+            "sub": subject,
+            "preferred_username": name,
+            "azp": client,
+            "iat": int(now),
+            "exp": int(now + self.token_ttl),
+            "jti": secrets.token_hex(8),
+        }
+        access = self._jwt(claims)
+        self.tokens[access] = now + self.token_ttl
+        self.token_subjects[access] = subject
+        body = {"access_token": access, "expires_in": self.token_ttl, "token_type": "Bearer"}
+        if refresh:
+            value = secrets.token_urlsafe(32)
+            self.refresh_tokens[value] = {"sub": subject, "name": name, "session": session, "state": "active"}
+            body.update(refresh_token=value, refresh_expires_in=0, id_token=self._jwt({**claims, "aud": client}))
+        return body
+
+    # -- the owner check ----------------------------------------------------------------------------
+    def _case_named(self) -> str | None:
+        """The registered case this request is about, if any: named by its job (id in the path,
+        name in the query or the submitted script) or by a path under its run directory."""
+        texts = [request.path, *request.args.values()]
+        body = request.get_json(silent=True) if request.is_json else None
+        stack = [body]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, str):
+                texts.append(item)
+        match = re.search(r"/compute/[^/]+/jobs/(\d+)", request.path)
+        if match and int(match.group(1)) in self.jobs:
+            texts.append(self.jobs[int(match.group(1))].name)
+        for case_id in self.case_owners:
+            if any(case_id in text for text in texts):
+                return case_id
+        return None
+
+    def _check_owner(self, subject: str | None):
+        case_id = self._case_named()
+        if case_id is None:
+            return None
+        expected = self.users.get(self.case_owners[case_id])
+        if subject != expected:
+            who = next((name for name, sub in self.users.items() if sub == subject), subject)
+            self.violations.append(
+                f"{request.method} {request.path}: case {case_id} belongs to {self.case_owners[case_id]}, "
+                f"the token is {who}'s"
+            )
+            return jsonify({"message": f"token subject {subject} is not the owner of case {case_id}"}), 403
+        return None
 
     # -- test controls ------------------------------------------------------------------------
     def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, body=None, drop=False):
@@ -277,6 +412,7 @@ class FirecrestDouble:
         workdir = str(self._path(body.get("working_directory")))
         name = (re.search(r"^#SBATCH --job-name=(\S+)", script, re.M) or [None, "job"])[1]
         job = Job(job_id=next(self._ids), name=name, workdir=workdir, account=body.get("account"))
+        job.owner = g.get("subject")
         job.hidden_lookups = self.hide_new_jobs
         job.allocation_lookups = self.allocation_records
         job.missing_lookups = self.missing_after_end
@@ -307,6 +443,7 @@ class FirecrestDouble:
 
     def _transfer_job(self, system: str, message: str) -> dict:
         job = Job(job_id=next(self._ids), name="transfer", workdir=str(self.fs_root), transfer=True)
+        job.owner = g.get("subject")
         log = self.fs_root / ".transfer" / f"{job.job_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(message + "\n")
@@ -329,7 +466,7 @@ class FirecrestDouble:
             answer = double._fault(after=False)
             if answer is not None:
                 return answer
-            if request.path == "/auth/token" or request.path.startswith("/_stage/"):
+            if request.path.startswith(("/auth/", "/_stage/")):
                 return None
             header = request.headers.get("Authorization", "")
             expiry = double.tokens.get(header[7:]) if header.startswith("Bearer ") else None
@@ -337,7 +474,8 @@ class FirecrestDouble:
                 return jsonify({"message": "Invalid token"}), 401
             if expiry - time.time() < 30:
                 return jsonify({"message": "Access token expires too soon (less than 30s remaining)"}), 401
-            return None
+            g.subject = double.token_subjects.get(header[7:])
+            return double._check_owner(g.subject)
 
         @app.after_request
         def after(response):
@@ -349,17 +487,73 @@ class FirecrestDouble:
             response.headers["f7t-appversion"] = API_VERSION
             return response
 
+        @app.get("/auth/authorize")
+        def authorize():
+            args = request.args
+            if args.get("client_id") != double.public_client_id:
+                return jsonify({"error": "invalid_client"}), 400
+            if args.get("response_type") != "code" or args.get("code_challenge_method") != "S256":
+                return jsonify({"error": "invalid_request", "error_description": "PKCE S256 is required"}), 400
+            target = args.get("redirect_uri", "")
+            if double.login_as is None:
+                return redirect(f"{target}?{urlencode({'error': 'login_required', 'state': args.get('state', '')})}")
+            code = secrets.token_urlsafe(16)
+            double.codes[code] = {
+                "sub": double.users[double.login_as],
+                "name": double.login_as,
+                "challenge": args.get("code_challenge"),
+                "redirect_uri": target,
+                "offline": "offline_access" in (args.get("scope") or "").split(),
+            }
+            return redirect(f"{target}?{urlencode({'code': code, 'state': args.get('state', '')})}")
+
         @app.post("/auth/token")
         def token():
-            if (
-                request.form.get("grant_type") != "client_credentials"
-                or request.form.get("client_id") != double.client_id
-                or request.form.get("client_secret") != double.client_secret
-            ):
-                return jsonify({"error": "invalid_client", "error_description": "Invalid client credentials"}), 401
-            value = secrets.token_urlsafe(16)
-            double.tokens[value] = time.time() + double.token_ttl
-            return jsonify({"access_token": value, "expires_in": double.token_ttl, "token_type": "Bearer"})
+            form = request.form
+            grant = form.get("grant_type")
+            double.grants.append(grant or "")
+
+            def refused(error, description, status=400):
+                return jsonify({"error": error, "error_description": description}), status
+
+            if grant == "client_credentials":
+                if form.get("client_id") != double.client_id or form.get("client_secret") != double.client_secret:
+                    return refused("invalid_client", "Invalid client credentials", 401)
+                return jsonify(double._issue(f"service-account-{double.client_id}", "", double.client_id))
+            if form.get("client_id") != double.public_client_id:
+                return refused("invalid_client", "Invalid client or Invalid client credentials", 401)
+            if grant == "authorization_code":
+                record = double.codes.pop(form.get("code", ""), None)
+                verifier = form.get("code_verifier", "")
+                double.verifiers.append(verifier)
+                if record is None:
+                    return refused("invalid_grant", "Code not valid")
+                if form.get("redirect_uri") != record["redirect_uri"]:
+                    return refused("invalid_grant", "Incorrect redirect_uri")
+                digest = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+                if not verifier or digest != record["challenge"]:
+                    return refused("invalid_grant", "PKCE verification failed: Code mismatch")
+                session = secrets.token_hex(8)
+                body = double._issue(
+                    record["sub"], record["name"], double.public_client_id, session=session, refresh=record["offline"]
+                )
+                return jsonify(body)
+            if grant == "refresh_token":
+                record = double.refresh_tokens.get(form.get("refresh_token", ""))
+                if record is None or record["state"] == "revoked":
+                    return refused("invalid_grant", "Token is not active")
+                if record["state"] == "used":
+                    # Reuse of a rotated refresh token: Keycloak revokes the whole session.
+                    for other in double.refresh_tokens.values():
+                        if other["session"] == record["session"]:
+                            other["state"] = "revoked"
+                    return refused("invalid_grant", "Maximum allowed refresh token reuse exceeded")
+                record["state"] = "used"
+                body = double._issue(
+                    record["sub"], record["name"], double.public_client_id, session=record["session"], refresh=True
+                )
+                return jsonify(body)
+            return refused("unsupported_grant_type", f"Unsupported grant_type {grant}")
 
         @app.get("/status/systems")
         def systems():
@@ -556,6 +750,8 @@ class FirecrestDouble:
             for job in list(double.jobs.values()):
                 if job.transfer or (name and job.name != name):
                     continue
+                if job.owner != g.get("subject"):
+                    continue  # FirecREST lists the caller's own jobs
                 if job.hidden_lookups > 0:
                     job.hidden_lookups -= 1
                     continue
@@ -568,7 +764,7 @@ class FirecrestDouble:
         def job(system, job_id):
             double._system(system)
             found = double.jobs.get(job_id)
-            if found is None:
+            if found is None or found.owner != g.get("subject"):
                 raise _Error(404, "Job not found")
             if found.hidden_lookups > 0:
                 found.hidden_lookups -= 1
@@ -580,7 +776,7 @@ class FirecrestDouble:
         def cancel(system, job_id):
             double._system(system)
             found = double.jobs.get(job_id)
-            if found is None:
+            if found is None or found.owner != g.get("subject"):
                 # The real server passes scancel's refusal on as a 500, not a 404.
                 raise _Error(500, f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
             state, _code = double._job_state(found)

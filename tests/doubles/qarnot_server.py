@@ -26,6 +26,14 @@ each pinned by a test in ``tests/backends/test_qarnot_double.py``:
   past it answers ``QuotaExceeded`` in the middle of the upload;
 - ``max_tasks``: a submission past it answers 403 "Maximum number of tasks reached";
   ``credits = False``: 402 "not enough credits".
+
+Accounts (per-user tokens, docs/backends.md "Per-user credentials"): ``accounts`` maps each API
+token to its account (an e-mail, what ``/info`` answers and S3's access key id); ``add_account``
+and ``revoke(token)`` (401 from then on, as a token deleted in the console). A task belongs to the
+account that submitted it: another account's calls about it are answered 404, and listings show
+only one's own. **The owner check**: ``expect_owner(case id, e-mail)``: every API call naming the
+case's task (by name or uuid) and every storage request on its buckets must come from that
+account, or it is refused and recorded in ``violations`` (a test's finalizer asserts none).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
-from flask import Flask, jsonify, request
+from flask import Flask, g, jsonify, request
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 from moto.server import DomainDispatcherApplication, create_backend_app
@@ -76,11 +84,15 @@ class Task:
     previous_state: str | None = None
     history: list = field(default_factory=lambda: ["Submitted"])
     runner: threading.Thread | None = None
+    owner: str | None = None  # the account whose token submitted it
 
 
 class QarnotDouble:
     def __init__(self, *, token: str = "qarnot-TOKEN-value-9f8e7d", profiles=("docker-batch",), catalogue=None):  # noqa: S107, E501
         self.token = token
+        self.accounts: dict[str, str] = {token: "gridgate@example.org"}  # API token → account
+        self.case_owners: dict[str, str] = {}  # case id → the account every call about it must come from
+        self.violations: list[str] = []
         self.profiles = list(profiles)
         self.catalogue = (
             catalogue
@@ -151,6 +163,24 @@ class QarnotDouble:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_port}"
 
+    def add_account(self, token: str, email: str) -> None:
+        self.accounts[token] = email
+
+    def revoke(self, token: str) -> None:
+        """The token no longer works (deleted in Qarnot's console): 401 from now on."""
+        self.accounts.pop(token, None)
+
+    def expect_owner(self, case_id, email: str) -> None:
+        self.case_owners[str(case_id)] = email
+
+    def _owner_problem(self, where: str, case_id: str | None, account: str | None) -> str | None:
+        expected = self.case_owners.get(case_id or "")
+        if expected is None or account == expected:
+            return None
+        problem = f"{where}: case {case_id} belongs to {expected}, the call came from {account}"
+        self.violations.append(problem)
+        return problem
+
     def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, body=None):
         self.faults.append(Fault(path_part, method, status, times, delay, after, body))
 
@@ -165,6 +195,19 @@ class QarnotDouble:
 
         def app(environ, start_response):
             request = WsgiRequest(environ)
+            # The owner check on storage: the SDK signs with the account's e-mail as access key id.
+            credential = re.search(r"Credential=([^/]+)/", request.headers.get("Authorization", ""))
+            bucket = request.path.strip("/").split("/")[0]
+            case = re.fullmatch(r"gg-(.+)-(in|out)", bucket)
+            if credential and credential.group(1) == "double":
+                case = None  # the double's own task runner (Qarnot's side), not a client
+            problem = double._owner_problem(
+                f"S3 {request.method} {request.path}", case.group(1) if case else None,
+                credential.group(1) if credential else None,
+            )  # fmt: skip
+            if problem:
+                body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>{problem}</Message></Error>"  # noqa: E501
+                return WsgiResponse(body, status=403, mimetype="application/xml")(environ, start_response)
             quota = double.user.get("quotaBytesBucket")
             is_object = request.method == "PUT" and len(request.path.strip("/").split("/")) > 1
             if is_object and quota is not None and quota >= 0:
@@ -373,7 +416,8 @@ class QarnotDouble:
             answer = fault(after=False)
             if answer is not None:
                 return answer
-            if request.headers.get("Authorization") != double.token:
+            g.account = double.accounts.get(request.headers.get("Authorization", ""))
+            if g.account is None:
                 return jsonify({"message": "Unauthorized"}), 401
             return None
 
@@ -384,7 +428,10 @@ class QarnotDouble:
 
         def task_or_404(uuid):
             task = double.tasks.get(uuid)
-            if task is None:
+            where = f"{request.method} {request.path}"
+            if task is not None and double._owner_problem(where, task.body.get("name"), g.account):
+                return None, (jsonify({"message": "No such task"}), 404)
+            if task is None or task.owner != g.account:
                 return None, (jsonify({"message": "No such task"}), 404)
             return task, None
 
@@ -395,7 +442,8 @@ class QarnotDouble:
         @app.get("/info")
         def info():
             names = double.buckets()
-            return jsonify({"bucketCount": len(names), "usedQuotaBytesBucket": double.used_bytes(), **double.user})
+            used = double.used_bytes()
+            return jsonify({"bucketCount": len(names), "usedQuotaBytesBucket": used, **double.user, "email": g.account})
 
         @app.get("/profiles")
         def profiles():
@@ -411,6 +459,9 @@ class QarnotDouble:
         @app.post("/tasks")
         def submit():
             body = request.get_json()
+            problem = double._owner_problem("POST /tasks", body.get("name"), g.account)
+            if problem:
+                return jsonify({"message": problem}), 403
             if body.get("profile") not in double.profiles:
                 return jsonify({"message": f"Profile {body.get('profile')} not found"}), 400
             for constraint in body.get("hardwareConstraints") or []:
@@ -426,7 +477,7 @@ class QarnotDouble:
             active = [t for t in double.tasks.values() if t.state not in ("Success", "Failure", "Cancelled")]
             if double.max_tasks is not None and len(active) >= double.max_tasks:
                 return jsonify({"message": "Maximum number of tasks reached"}), 403
-            task = Task(uuid=str(uuidlib.uuid4()), body=body)
+            task = Task(uuid=str(uuidlib.uuid4()), body=body, owner=g.account)
             double.tasks[task.uuid] = task
             task.runner = threading.Thread(target=double._run, args=(task,), daemon=True)
             task.runner.start()
@@ -436,7 +487,11 @@ class QarnotDouble:
         def paginate():
             query = request.get_json() or {}
             wanted = _tags_of(query.get("filter"))
-            matching = [t for t in double.tasks.values() if wanted is None or wanted & set(t.body.get("tags") or [])]
+            matching = [
+                t
+                for t in double.tasks.values()
+                if t.owner == g.account and (wanted is None or wanted & set(t.body.get("tags") or []))
+            ]
             start = int(query.get("token") or 0)
             size = int(query.get("maximumResults") or double.page_size)
             size = min(size, double.page_size)
@@ -458,7 +513,11 @@ class QarnotDouble:
 
         @app.delete("/tasks/<uuid>")
         def delete(uuid):
-            double.tasks.pop(uuid, None)
+            if uuid in double.tasks:  # deleting what is gone already is no error
+                _task, missing = task_or_404(uuid)
+                if missing:
+                    return missing
+                double.tasks.pop(uuid, None)
             return "", 204
 
         @app.route("/tasks/<uuid>/<stream>", methods=["GET", "POST"])

@@ -80,7 +80,8 @@ def test_a_row_written_before_the_rule_sends_no_setting_anywhere(monkeypatch, se
     monkeypatch.setenv("SECRET_KEY", "the-web-process-secret-key-4711")
     pool = ResourcePool.objects.create(name="old", kind="qarnot", public=True, remote={"profile": "p"})
     ResourcePool.objects.filter(pk=pool.pk).update(
-        remote={"profile": "p", "token_env": "SECRET_KEY", "cluster_url": listener}  # bypasses clean()
+        # bypasses clean(); a row of before the per-user option: the migration made it "service"
+        remote={"profile": "p", "token_env": "SECRET_KEY", "cluster_url": listener, "credentials": "service"}
     )
     pool.refresh_from_db()
     checks = {check.name: check for check in QarnotBackend().doctor(pool)}

@@ -12,11 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.accounts.services import issue_token
 from apps.resources.models import ResourcePool
 from apps.scheduling import known, services
 from apps.scheduling.models import Device, Job, PoolQueue
 from apps.sessions.services import release
+from tests.conftest import used_token_key
 from tests.scheduling.pulser_sequences import analog_sequence
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -44,7 +44,7 @@ def remembered(qpu_pool, emulator, open_session, owner):
 
 
 def client_of(user) -> APIClient:
-    return APIClient(HTTP_AUTHORIZATION=f"Token {issue_token(user)[1]}")
+    return APIClient(HTTP_AUTHORIZATION=f"Token {used_token_key(user)}")
 
 
 def submit(client, session, sequence=None, shots=1):

@@ -173,13 +173,13 @@ def test_rest_submission_costs_at_most_three_statements(
     with the pool's devices (no permission lookup for one's own session), one insert."""
     from rest_framework.test import APIClient
 
-    from apps.accounts.services import issue_token
+    from tests.conftest import used_token_key
 
     settings.GRIDGATE_TASKS_EAGER = False
     session = open_session(qpu_pool, owner)
     PoolQueue.objects.update_or_create(pool=qpu_pool, defaults={"awaiting_work": False})
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(owner)[1]}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {used_token_key(owner)}")
     for _ in range(2):
         known.clear()
         with django_assert_max_num_queries(3):

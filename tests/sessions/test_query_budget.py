@@ -4,8 +4,8 @@ authentication included (transactional tests: no test savepoints inflate the cou
 import pytest
 from rest_framework.test import APIClient
 
-from apps.accounts.services import issue_token
 from apps.sessions.models import Session, SessionStatus
+from tests.conftest import used_token_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -14,7 +14,7 @@ BUDGET = 4
 
 @pytest.fixture
 def token_client(owner):
-    return APIClient(HTTP_AUTHORIZATION=f"Token {issue_token(owner)[1]}")
+    return APIClient(HTTP_AUTHORIZATION=f"Token {used_token_key(owner)}")
 
 
 def test_rest_acquire_runs_at_most_four_statements(token_client, private_pool, owner, statement_budget):

@@ -1,10 +1,12 @@
-from drf_spectacular.utils import extend_schema
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.backends import registry
-from apps.backends.api.serializers import BackendSerializer, LaunchOptionsSerializer
+from apps.backends import connections, registry
+from apps.backends.api.serializers import BackendSerializer, ConnectionSerializer, LaunchOptionsSerializer
 from apps.backends.services import launch_options_for
 from apps.resources.selectors import visible_classes
 
@@ -24,3 +26,39 @@ class LaunchOptionsView(APIView):
     def get(self, request, pk: int):
         resource_class = get_object_or_404(visible_classes(request.user), pk=pk)
         return Response(launch_options_for(resource_class))
+
+
+def _rows(request):
+    page = connections.connect_page()
+    return [dict(row, connect_url=page) for row in connections.connection_rows(request.user)]
+
+
+class ConnectionListView(APIView):
+    """Your connections (docs/backends.md, "Per-user credentials"): every pool you may use that runs
+    cases under each user's own credentials, with your connection's state. Connecting is a browser
+    flow (``connect_url``); no response ever carries a credential."""
+
+    @extend_schema(responses=ConnectionSerializer(many=True))
+    def get(self, request):
+        return Response(ConnectionSerializer(_rows(request), many=True).data)
+
+
+class ConnectionDetailView(APIView):
+    """Your connection to one pool (by the pool's id); DELETE forgets it (your own alone)."""
+
+    def _row(self, request, pool: int):
+        for row in _rows(request):
+            if row["pool"].pk == pool:
+                return row
+        raise Http404("No pool that takes your own credentials has this id.")
+
+    @extend_schema(responses=ConnectionSerializer)
+    def get(self, request, pool: int):
+        return Response(ConnectionSerializer(self._row(request, pool)).data)
+
+    @extend_schema(
+        responses={204: OpenApiResponse(description="Forgotten."), 404: OpenApiResponse(description="No connection.")}
+    )
+    def delete(self, request, pool: int):
+        connections.disconnect(user=request.user, pool_id=pool)
+        return Response(status=status.HTTP_204_NO_CONTENT)

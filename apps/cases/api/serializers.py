@@ -30,6 +30,7 @@ class CaseSerializer(serializers.ModelSerializer):
             "cores",
             "launch_requested_at",
             "status_message",
+            "remote_identity",
             "submitted_at",
             "started_at",
             "finished_at",

@@ -1,0 +1,49 @@
+"""Operators' view of per-user remote credentials (docs/backends.md, "Per-user credentials").
+
+Staff see whose connection exists, to which pool, as which provider identity, and since when;
+they can delete one (the user then reconnects). The sealed credential is never on any page: the
+field is not editable, not listed and not in any form, and nothing here can open it.
+"""
+
+from django.contrib import admin, messages
+
+from apps.backends.models import RemoteConnection
+
+
+@admin.register(RemoteConnection)
+class RemoteConnectionAdmin(admin.ModelAdmin):
+    list_display = ["user", "pool", "state", "subject", "connected_at", "last_refreshed_at", "failed_at"]
+    list_filter = ["state", "pool"]
+    list_select_related = ["user", "pool"]
+    search_fields = ["user__username", "pool__name", "subject", "provider_username"]
+    date_hierarchy = "connected_at"
+    # Never "sealed_secret": not even its ciphertext is shown (it is not editable, so no form has it).
+    fields = [
+        "user",
+        "pool",
+        "state",
+        "subject",
+        "provider_username",
+        "issuer",
+        "connected_at",
+        "last_refreshed_at",
+        "failed_at",
+        "failure",
+        "updated_at",
+    ]
+    readonly_fields = fields
+    actions = ["delete_selected"]
+
+    def has_add_permission(self, request):
+        return False  # only the user's own connect creates one (the credential is theirs to give)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        self.message_user(
+            request,
+            f"{obj.user}'s connection to {obj.pool} is deleted: their cases there wait until they reconnect.",
+            messages.INFO,
+        )

@@ -1,0 +1,438 @@
+"""Per-user remote credentials: connecting, the identity a case's calls run under, refreshing.
+
+docs/backends.md, "Per-user credentials". A FirecREST or Qarnot pool whose ``remote`` says
+``"credentials": "user"`` runs each case under its owner's own account at the provider:
+
+- **Connect** (once per user and pool). FirecREST: :func:`start_connect` sends the browser to the
+  pool's identity provider (authorization code + PKCE, a public client), :func:`finish_connect`
+  trades the code for tokens and keeps the refresh token. Qarnot: :func:`store_api_token` checks
+  the pasted token against the API and keeps it. Either is sealed (``apps.backends.sealing``);
+  without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
+- **Identity**: :func:`identity_for` / :func:`identities_for` give the backend a
+  :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
+  a ``token()`` that yields the owner's access token (refresh grant, rotated refresh token
+  stored back) or API token. The backend never sees the database or a sealed value.
+- **Expired or revoked** (``invalid_grant``, Qarnot's 401): the connection is marked failed and
+  ``token()`` raises :class:`~apps.backends.base.CredentialsRequired`, whose message names the
+  page to reconnect at. A launch then fails saying so; a poll keeps the case as it is
+  (``apps.cases.passes``). Reconnecting makes the owner's waiting cases due at once.
+
+Access tokens are never stored: each process keeps the ones it obtained in memory
+(``_access_tokens``) until a minute before they expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from functools import partial
+
+from django.db import transaction
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from apps.backends import oauth, sealing
+from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
+from apps.backends.models import ConnectionState, RemoteConnection
+from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
+from apps.resources.remote import SERVICE, USER, credential_mode
+
+logger = logging.getLogger(__name__)
+
+#: an access token is used until this many seconds before it expires (FirecREST refuses one with
+#: less than 30 s left: the backend's MIN_TOKEN_VALIDITY, the same margin)
+MIN_TOKEN_VALIDITY = 60
+
+_access_tokens: dict[tuple[int, int], tuple[str, float]] = {}  # (connection, generation) → (token, expiry)
+_access_lock = threading.Lock()
+
+
+def connect_page() -> str:
+    """The path of the page where a user (re)connects: named in every message that asks them to."""
+    try:
+        return reverse("web:connection-list")
+    except NoReverseMatch:  # the user pages are not mounted (an API-only deployment)
+        return "/connections/"
+
+
+def needs_user_credentials(pool) -> bool:
+    """Whether ``pool`` runs each case under its owner's own credential."""
+    return credential_mode(pool.kind, pool.remote) == USER
+
+
+def service_label(pool) -> str:
+    """How a service-account job records its identity: the credential's variable name, never a value."""
+    remote = pool.remote_config()
+    name = remote.get("client_id_env") if pool.kind == "firecrest" else remote.get("token_env")
+    return f"service account ({name})"
+
+
+def _reconnect(user, pool, why: str) -> str:
+    return f"{user.username}'s connection to pool '{pool.name}' {why}: reconnect at {connect_page()}"
+
+
+# -- the identity a case's provider calls run under -----------------------------------------------
+def identity_for(user, pool) -> RemoteIdentity | None:
+    """``user``'s identity on ``pool`` (one query on a per-user pool, none otherwise); None for
+    pools whose kind uses no provider credential."""
+    mode = credential_mode(pool.kind, pool.remote)
+    if mode is None:
+        return None
+    if mode == SERVICE:
+        return RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
+    connection = RemoteConnection.objects.filter(user=user, pool=pool).first()
+    return _user_identity(user, pool, connection)
+
+
+def identities_for(cases) -> dict:
+    """{case id: identity} for cases whose ``owner`` and ``resource_class.pool`` are loaded: one
+    query for all the per-user ones, so a pass costs the same however many cases it holds."""
+    out, wanted = {}, []
+    for case in cases:
+        pool = case.resource_class.pool
+        mode = credential_mode(pool.kind, pool.remote)
+        if mode == USER:
+            wanted.append(case)
+        else:
+            out[case.id] = (
+                None if mode is None else RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
+            )
+    if wanted:
+        pairs = {(case.owner_id, case.resource_class.pool_id) for case in wanted}
+        rows = RemoteConnection.objects.filter(
+            user_id__in={user for user, _pool in pairs}, pool_id__in={pool for _user, pool in pairs}
+        )
+        found = {(row.user_id, row.pool_id): row for row in rows}
+        for case in wanted:
+            pool = case.resource_class.pool
+            out[case.id] = _user_identity(case.owner, pool, found.get((case.owner_id, pool.pk)))
+    return out
+
+
+def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIdentity:
+    if connection is None:
+        why = "does not exist: the pool runs cases under each user's own credentials"
+        return RemoteIdentity(
+            RemoteIdentity.USER,
+            f"user {user.username} (not connected)",
+            key=f"user:{user.pk}:{pool.pk}:none",
+            token=partial(_refuse, _reconnect(user, pool, why)),
+        )
+    label = (
+        f"user {user.username} (Qarnot account {connection.subject or 'unknown'})"
+        if pool.kind == "qarnot"
+        else f"user {user.username} (subject {connection.subject or 'unknown'})"
+    )
+    key = f"user:{connection.pk}:{connection.generation}"
+    if not connection.is_connected:
+        why = f"failed ({connection.failure or 'the provider refused it'})"
+        return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
+    refused = partial(
+        _refused,
+        connection.pk,
+        connection.generation,
+        _reconnect(user, pool, "was refused by the provider (401: revoked or expired)"),
+    )
+    if pool.kind == "qarnot":
+        token = partial(_api_token, connection.sealed_secret, _reconnect(user, pool, "cannot be read"))
+    else:
+        token = partial(_access_token, connection.pk, connection.generation)
+    return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=token, refused=refused)
+
+
+def _refuse(message: str, *, fresh: bool = False) -> str:
+    raise CredentialsRequired(message)
+
+
+def _api_token(sealed: str, unreadable: str, *, fresh: bool = False) -> str:
+    try:
+        return sealing.unseal(sealed)
+    except sealing.SealingUnavailable:
+        raise BackendError(
+            "stored credentials cannot be opened on this worker: GRIDGATE_CREDENTIALS_KEY is not set", transient=True
+        ) from None
+    except sealing.Unreadable as exc:
+        raise BackendError(f"{unreadable} ({exc})", transient=True) from None
+
+
+def _access_token(connection_id: int, generation: int, *, fresh: bool = False) -> str:
+    """The owner's FirecREST access token: the one this process holds while it has more than
+    ``MIN_TOKEN_VALIDITY`` left, else a refresh grant."""
+    if not fresh:
+        with _access_lock:
+            cached = _access_tokens.get((connection_id, generation))
+        if cached and cached[1] - time.time() > MIN_TOKEN_VALIDITY:
+            return cached[0]
+    return _refresh(connection_id, generation)
+
+
+def _refresh(connection_id: int, generation: int) -> str:
+    """The refresh grant, and the rotated refresh token stored back sealed.
+
+    The token endpoint is called **under the connection's row lock**, the one provider call made
+    with a transaction open, because a refresh token must never be used twice: two workers
+    refreshing the same connection at once would both send the same token, and a provider that
+    rotates them (Keycloak's "Revoke Refresh Token") refuses the second use and may end the whole
+    session. The lock makes the second worker wait and then use the token the first stored. The
+    call is bounded by ``oauth.TIMEOUT``."""
+    failure, answer = None, None
+    with transaction.atomic():
+        connection = (
+            RemoteConnection.objects.select_for_update().select_related("user", "pool").filter(pk=connection_id).first()
+        )
+        if connection is None:
+            raise CredentialsRequired(f"the connection was removed: reconnect at {connect_page()}")
+        user, pool = connection.user, connection.pool
+        if not connection.is_connected:
+            why = f"failed ({connection.failure or 'the provider refused it'})"
+            raise CredentialsRequired(_reconnect(user, pool, why))
+        try:
+            refresh_token = sealing.unseal(connection.sealed_secret)
+        except sealing.SealingUnavailable:
+            raise BackendError(
+                "stored credentials cannot be opened on this worker: GRIDGATE_CREDENTIALS_KEY is not set",
+                transient=True,
+            ) from None
+        except sealing.Unreadable as exc:
+            raise BackendError(f"{_reconnect(user, pool, 'cannot be read')} ({exc})", transient=True) from None
+        try:
+            answer = oauth.refresh(pool.remote_config(), refresh_token)
+        except oauth.OAuthError as exc:
+            if not exc.invalid_grant:
+                # Unreachable or refusing for another reason (a 5xx, a misconfigured client): the
+                # grant may still be good, so the call is retried later, never failed for it.
+                raise BackendError(f"refreshing {user.username}'s token failed: {exc}", transient=True) from None
+            failure = str(exc)
+        else:
+            connection.sealed_secret = sealing.seal(answer.refresh_token)  # the rotated one, sealed
+            connection.last_refreshed_at = timezone.now()
+            connection.save(update_fields=["sealed_secret", "last_refreshed_at", "updated_at"])
+    if failure is not None:
+        mark_failed(connection_id, generation, failure)
+        raise CredentialsRequired(_reconnect(user, pool, f"has expired or was revoked ({failure})"))
+    with _access_lock:
+        _access_tokens[(connection_id, generation)] = (answer.access_token, time.time() + answer.expires_in)
+    return answer.access_token
+
+
+def _refused(connection_id: int, generation: int, message: str) -> str:
+    mark_failed(connection_id, generation, "the provider refused the credential (401)")
+    return message
+
+
+def mark_failed(connection_id: int, generation: int, failure: str) -> None:
+    """The provider refused the credential: the user must reconnect. Compare-and-set on the
+    generation: a reconnect that happened meanwhile is not marked failed."""
+    now = timezone.now()
+    RemoteConnection.objects.filter(pk=connection_id, generation=generation, state=ConnectionState.CONNECTED).update(
+        state=ConnectionState.FAILED, failed_at=now, failure=failure[:500], updated_at=now
+    )
+    with _access_lock:
+        _access_tokens.pop((connection_id, generation), None)
+    logger.info("remote connection %s marked failed: %s", connection_id, failure)
+
+
+def forget_access_tokens() -> None:
+    """Drop every access token this process holds (tests; a key rotation does not need it)."""
+    with _access_lock:
+        _access_tokens.clear()
+
+
+# -- connecting -------------------------------------------------------------------------------------
+def _user_pool(user, pool_id, kind: str):
+    """The pool ``pool_id`` if ``user`` may use it and it takes their own ``kind`` credential."""
+    from apps.resources.models import ResourcePool
+
+    pool = ResourcePool.objects.visible_to(user).filter(pk=pool_id).first()
+    if pool is None:
+        raise NotFound("No such pool.")
+    if not needs_user_credentials(pool):
+        raise Invalid(f"Pool '{pool.name}' runs cases under its service account: there is nothing to connect.")
+    if pool.kind != kind:
+        raise Invalid(f"Pool '{pool.name}' is a {pool.kind} pool: connect it from {connect_page()}.")
+    return pool
+
+
+def start_connect(*, user, pool_id, redirect_uri: str) -> tuple[str, dict]:
+    """FirecREST: (the provider's authorization URL, the flow to keep in the user's session until
+    the callback). The flow holds the PKCE verifier and the state; only the state and the
+    verifier's hash (the challenge) leave this process."""
+    pool = _user_pool(user, pool_id, "firecrest")
+    sealing.require()  # refused before the user is sent anywhere: nothing could be kept afterwards
+    verifier, challenge = oauth.pkce_pair()
+    state = secrets.token_urlsafe(32)
+    try:
+        url = oauth.authorization_url(pool.remote_config(), state=state, challenge=challenge, redirect_uri=redirect_uri)
+    except oauth.OAuthError as exc:
+        raise Unavailable(str(exc)) from None
+    flow = {"state": state, "verifier": verifier, "pool": pool.pk, "user": user.pk, "started": time.time()}
+    return url, flow
+
+
+def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: float) -> RemoteConnection:
+    """FirecREST: the callback half. ``flow`` is the one :func:`start_connect` made, found by the
+    callback's ``state`` in this user's session (so a code from another browser or user is never
+    taken). Trades the code and the PKCE verifier for tokens, checks whose they are, keeps the
+    refresh token sealed."""
+    if flow.get("user") != user.pk:
+        raise Forbidden("This connection was started by another user.")
+    if time.time() - float(flow.get("started") or 0) > max_age:
+        raise Invalid(f"The connection took too long; start again from {connect_page()}.")
+    pool = _user_pool(user, flow.get("pool"), "firecrest")
+    sealing.require()
+    try:
+        answer = oauth.exchange_code(
+            pool.remote_config(), code=code, verifier=flow["verifier"], redirect_uri=redirect_uri
+        )
+    except oauth.OAuthError as exc:
+        if exc.unreachable:
+            raise Unavailable(f"Connecting failed: {exc}. Try again in a moment.") from None
+        raise Invalid(f"Connecting failed: {exc}. Start again from {connect_page()}.") from None
+    if not answer.refresh_token:
+        raise Invalid(
+            "The identity provider gave no refresh token, so Gridgate could not act for you later: ask an "
+            "administrator to allow the 'offline_access' scope for the pool's client."
+        )
+    _check_linked_identity(user, answer.issuer, answer.subject)
+    connection = _store(
+        user,
+        pool,
+        answer.refresh_token,
+        subject=answer.subject,
+        username=answer.username,
+        issuer=answer.issuer,
+    )
+    with _access_lock:
+        _access_tokens[(connection.pk, connection.generation)] = (
+            answer.access_token,
+            time.time() + answer.expires_in,
+        )
+    return connection
+
+
+def store_api_token(*, user, pool_id, token: str) -> RemoteConnection:
+    """Qarnot: the user's API token, checked against the API (its account names the identity the
+    user's cases run under), then kept sealed."""
+    from apps.backends.qarnot import account_of
+
+    pool = _user_pool(user, pool_id, "qarnot")
+    sealing.require()
+    token = (token or "").strip()
+    if not token or len(token) > 4096 or any(ord(char) < 33 for char in token):
+        raise Invalid("Paste the API token exactly as Qarnot's console shows it (one line, no spaces).")
+    try:
+        account = account_of(pool.remote_config(), token)
+    except CredentialsRequired:
+        raise Invalid("Qarnot refused this token: copy it again from your Qarnot account's settings.") from None
+    except BackendError as exc:
+        raise Unavailable(f"Qarnot could not be asked to check the token: {exc}") from None
+    return _store(user, pool, token, subject=account, username="", issuer="")
+
+
+def _check_linked_identity(user, issuer: str, subject: str) -> None:
+    """The operators' identity links (docs/identity.md: the admin's *Identities*, issuer + subject)
+    decide whose provider account a user may connect: a user linked at this issuer must connect as
+    that subject, and a subject linked to another user is never taken."""
+    from django.apps import apps
+
+    if not issuer or not subject:
+        return
+    try:
+        identity = apps.get_model("accounts", "Identity")
+    except LookupError:  # pragma: no cover - the accounts app always has it
+        return
+    rows = list(identity.objects.filter(issuer=issuer, user=user).values_list("subject", flat=True))
+    if rows and subject not in rows:
+        raise Forbidden(
+            f"You are signed in at the identity provider as another account (subject {subject}) than the one "
+            "linked to you here. Sign out there, then connect again as yourself, or ask an operator to check "
+            "your identity link."
+        )
+    if identity.objects.filter(issuer=issuer, subject=subject).exclude(user=user).exists():
+        raise Forbidden(
+            f"The provider account you signed in with (subject {subject}) is linked to another Gridgate user. "
+            "Sign out at the identity provider and connect as yourself."
+        )
+
+
+def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str) -> RemoteConnection:
+    sealed = sealing.seal(secret)
+    now = timezone.now()
+    with transaction.atomic():
+        connection = RemoteConnection.objects.select_for_update().filter(user=user, pool=pool).first()
+        if connection is None:
+            connection = RemoteConnection(user=user, pool=pool, generation=0)
+        connection.sealed_secret = sealed
+        connection.state = ConnectionState.CONNECTED
+        connection.subject, connection.provider_username, connection.issuer = subject, username, issuer
+        connection.connected_at = connection.last_refreshed_at = now
+        connection.failed_at, connection.failure = None, ""
+        connection.generation += 1  # access tokens cached for the previous grant are not used again
+        connection.save()
+        resume_waiting_cases(user, pool)
+    logger.info("user %s connected to pool %s as %s", user.pk, pool.pk, subject or "unknown")
+    return connection
+
+
+def resume_waiting_cases(user, pool) -> list:
+    """The owner's unfinished cases on ``pool`` are made due now and polled within the broker's
+    poll interval: those that waited for this reconnect resume at once (called in the connect's
+    transaction; the poll is sent once it commits)."""
+    from apps.cases.models import ACTIVE, Case
+    from apps.core.tasks import enqueue
+
+    due = Case.objects.filter(owner=user, resource_class__pool=pool, status__in=list(ACTIVE)).exclude(remote_id="")
+    ids = [str(pk) for pk in due.values_list("id", flat=True)]
+    if ids:
+        Case.objects.filter(id__in=ids).update(next_poll_at=timezone.now())
+        enqueue("apps.cases.tasks.poll_cases", ids)
+    return ids
+
+
+def disconnect(*, user, pool_id) -> None:
+    """Forget ``user``'s own credential for a pool (their own alone: another user's is 404). The
+    grant itself stays valid at the provider until it expires or the user revokes it there."""
+    deleted, _ = RemoteConnection.objects.filter(user=user, pool_id=pool_id).delete()
+    if not deleted:
+        raise NotFound("You have no connection to this pool.")
+
+
+def require_connection(user, pool) -> None:
+    """R-launch: on a per-user pool, a case is launched only while its owner is connected; the
+    refusal (403) names the page to connect at. A grant the provider revoked without our knowing
+    is found by the worker, which then fails the launch with the same advice."""
+    if not needs_user_credentials(pool):
+        return
+    connection = RemoteConnection.objects.filter(user=user, pool=pool).only("state", "failure").first()
+    if connection is None:
+        raise Forbidden(
+            f"Pool '{pool.name}' runs cases under your own {pool.get_kind_display()} account: connect it first at "
+            f"{connect_page()}.",
+            connect_url=connect_page(),
+        )
+    if not connection.is_connected:
+        raise Forbidden(
+            f"Your connection to pool '{pool.name}' failed ({connection.failure or 'the provider refused it'}): "
+            f"reconnect at {connect_page()}, then launch again.",
+            connect_url=connect_page(),
+        )
+
+
+# -- what a user sees -----------------------------------------------------------------------------
+def connection_rows(user) -> list[dict]:
+    """Every pool ``user`` may use that runs cases under their own credentials, with their
+    connection (or None): the connections page and ``GET /api/v1/connections/``."""
+    from apps.resources.models import ResourcePool
+
+    pools = [
+        pool for pool in ResourcePool.objects.visible_to(user).order_by("name", "id") if needs_user_credentials(pool)
+    ]
+    found = {row.pool_id: row for row in RemoteConnection.objects.filter(user=user, pool__in=pools)}
+    return [{"pool": pool, "connection": found.get(pool.pk), "flow": CONNECT_FLOWS[pool.kind]} for pool in pools]
+
+
+#: how a user connects to a pool of each kind: sent to the provider's sign-in and back
+#: (``redirect``), or by pasting an API token (``token``); the page shows the matching form
+CONNECT_FLOWS = {"firecrest": "redirect", "qarnot": "token"}

@@ -1,0 +1,45 @@
+"""``manage.py reseal_connections``: re-seal every stored per-user credential under the first key of
+``GRIDGATE_CREDENTIALS_KEY`` (docs/backends.md, "Per-user credentials", key rotation).
+
+Rotation: put the new key first (``GRIDGATE_CREDENTIALS_KEY=new,old``) on every web and worker
+host, run this once, then drop the old key. Each connection is re-sealed under its row lock (a
+worker storing a rotated refresh token meanwhile waits, and its value is never overwritten with
+an older one). A value no configured key opens is reported by id and left as it is; the exit
+status is then 1 (those users reconnect). Nothing secret is printed.
+"""
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from apps.backends import sealing
+from apps.backends.models import RemoteConnection
+
+
+class Command(BaseCommand):
+    help = "Re-seal every stored per-user credential under the first key of GRIDGATE_CREDENTIALS_KEY."
+
+    def handle(self, *args, **options):
+        try:
+            sealing.require()
+        except sealing.SealingUnavailable as exc:
+            raise CommandError(exc.detail) from None
+        resealed, unreadable = 0, []
+        for pk in RemoteConnection.objects.order_by("pk").values_list("pk", flat=True).iterator():
+            with transaction.atomic():
+                connection = RemoteConnection.objects.select_for_update().filter(pk=pk).first()
+                if connection is None:
+                    continue  # disconnected meanwhile
+                try:
+                    connection.sealed_secret = sealing.reseal(connection.sealed_secret)
+                except sealing.Unreadable:
+                    unreadable.append(pk)
+                    continue
+                connection.save(update_fields=["sealed_secret", "updated_at"])
+                resealed += 1
+        self.stdout.write(f"re-sealed {resealed} connection(s) under the first key")
+        if unreadable:
+            ids = ", ".join(map(str, unreadable))
+            raise CommandError(
+                f"{len(unreadable)} connection(s) cannot be opened with any configured key (ids {ids}): "
+                "their users must reconnect (or put the key they were sealed with back into GRIDGATE_CREDENTIALS_KEY)"
+            )

@@ -1,0 +1,133 @@
+"""The connections page: a user's own credentials for pools that run cases under them.
+
+docs/backends.md, "Per-user credentials". Thin, as the other pages: the services of
+``apps.backends.connections`` do the work. FirecREST pools connect through the provider's OAuth2
+flow (a redirect there, back to :func:`connection_callback`); Qarnot pools take the user's API
+token in a form. The flow in progress (its state and PKCE verifier) is kept in the user's server-
+side session between the redirect and the callback, never in a URL or a cookie. No credential is
+ever rendered: not in the page, a message or a redirect.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.backends import connections, sealing
+from apps.web.errors import REFUSALS, refuse
+
+#: the session key of the connect flows in progress (state → flow); a few at most
+FLOWS = "gridgate_connect_flows"
+MAX_FLOWS = 5
+
+
+def _callback_uri(request) -> str:
+    return request.build_absolute_uri(reverse("web:connection-callback"))
+
+
+def _back():
+    return redirect("web:connection-list")
+
+
+def _refuse(request, exc: Exception, what: str) -> None:
+    if isinstance(exc, sealing.SealingUnavailable):
+        messages.error(request, exc.detail)  # the whole reason, in words: nothing to retry
+    else:
+        refuse(request, exc, what)
+
+
+@login_required
+@require_GET
+@never_cache
+def connection_list(request):
+    rows = connections.connection_rows(request.user)
+    context = {"rows": rows, "can_seal": sealing.available()}
+    return render(request, "web/connection_list.html", context)
+
+
+@login_required
+@require_POST
+def connection_connect(request, pool):
+    """FirecREST: start the provider's authorization code flow (PKCE) and send the browser there."""
+    try:
+        url, flow = connections.start_connect(user=request.user, pool_id=pool, redirect_uri=_callback_uri(request))
+    except REFUSALS as exc:
+        _refuse(request, exc, "Connecting")
+        return _back()
+    flows = dict(request.session.get(FLOWS) or {})
+    flows[flow["state"]] = flow
+    # A user who starts several connects keeps the newest few (an abandoned one expires anyway).
+    request.session[FLOWS] = dict(sorted(flows.items(), key=lambda item: item[1]["started"])[-MAX_FLOWS:])
+    return redirect(url)
+
+
+@login_required
+@require_GET
+@never_cache
+def connection_callback(request):
+    """The provider sends the browser back here with ``code`` and ``state`` (or ``error``)."""
+    state = request.GET.get("state", "")
+    flows = dict(request.session.get(FLOWS) or {})
+    flow = flows.pop(state, None) if state else None
+    request.session[FLOWS] = flows  # a state is used once, whatever happens next
+    if flow is None:
+        messages.error(
+            request,
+            "This connection attempt is unknown here or was already used (the page may have been reloaded): "
+            "connect again.",
+        )
+        return _back()
+    if request.GET.get("error"):
+        reason = request.GET.get("error_description") or request.GET["error"]
+        messages.error(request, f"The identity provider did not connect you ({reason[:200]}). Connect again.")
+        return _back()
+    code = request.GET.get("code", "")
+    if not code:
+        messages.error(request, "The identity provider sent no authorization code back: connect again.")
+        return _back()
+    try:
+        connection = connections.finish_connect(
+            user=request.user,
+            flow=flow,
+            code=code,
+            redirect_uri=_callback_uri(request),
+            max_age=settings.GRIDGATE_CONNECT_FLOW_SECONDS,
+        )
+    except REFUSALS as exc:
+        _refuse(request, exc, "Connecting")
+        return _back()
+    who = connection.provider_username or connection.subject or "your account"
+    messages.success(request, f"Connected to {connection.pool.name} as {who}: your cases there run under it.")
+    return _back()
+
+
+@login_required
+@require_POST
+def connection_token(request, pool):
+    """Qarnot: keep the user's API token (checked against Qarnot first)."""
+    try:
+        connection = connections.store_api_token(user=request.user, pool_id=pool, token=request.POST.get("token", ""))
+    except REFUSALS as exc:
+        _refuse(request, exc, "Saving the token")
+        return _back()
+    messages.success(
+        request, f"Token saved for {connection.pool.name} (Qarnot account {connection.subject or 'unknown'})."
+    )
+    return _back()
+
+
+@login_required
+@require_POST
+def connection_disconnect(request, pool):
+    try:
+        connections.disconnect(user=request.user, pool_id=pool)
+    except REFUSALS as exc:
+        _refuse(request, exc, "Disconnecting")
+    else:
+        messages.success(request, "Disconnected: Gridgate no longer holds your credential for that pool.")
+    return _back()
