@@ -217,8 +217,21 @@ class PoolQueueAdmin(admin.ModelAdmin):
         return False
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """What the workers write and operators only read."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(DriverRun)
-class DriverRunAdmin(admin.ModelAdmin):
+class DriverRunAdmin(ReadOnlyAdmin):
     """Read-only: the built-in drivers' runs (emulator, fake). Operators read here which worker
     started an emulation last, how many times (a worker that died is re-run: docs/operations.md,
     "Recovery") and its last heartbeat."""
@@ -229,18 +242,9 @@ class DriverRunAdmin(admin.ModelAdmin):
     search_fields = ["remote_id", "worker", "external_id", "batch_id"]
     readonly_fields = [f.name for f in DriverRun._meta.fields]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(OpenBatch)
-class OpenBatchAdmin(admin.ModelAdmin):
+class OpenBatchAdmin(ReadOnlyAdmin):
     """Read-only: the Pasqal Cloud batches kept open for sessions that stream jobs
     (``open_batches``); the worker closes each when its session ends."""
 
@@ -249,12 +253,3 @@ class OpenBatchAdmin(admin.ModelAdmin):
     list_filter = ["device"]
     search_fields = ["batch_id", "creator"]
     readonly_fields = [f.name for f in OpenBatch._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

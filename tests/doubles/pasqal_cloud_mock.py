@@ -52,14 +52,7 @@ class SdkMockCloud(CloudApi, BaseMockServer):
 
     def config(self, **extra) -> dict:
         """A device ``config`` on Pasqal Cloud's own endpoints (what the mock intercepts)."""
-        return {
-            "project_id": self.project_id,
-            "device_type": "FRESNEL",
-            "username_env": "GRIDGATE_CRED_CLOUD_USER",
-            "password_env": "GRIDGATE_CRED_CLOUD_PASSWORD",
-            "token_endpoint": TOKEN_URL,
-            **extra,
-        }
+        return super().config(token_endpoint=TOKEN_URL, **extra)
 
     # -- requests-mock glue --------------------------------------------------------------------
     def _serve(self, request, context, route, *, signed=True):

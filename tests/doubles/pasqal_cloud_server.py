@@ -102,6 +102,16 @@ class CloudApi:
             return fault
         return None
 
+    def config(self, **extra) -> dict:
+        """A device ``config`` for this project and its account (the transport adds endpoints)."""
+        return {
+            "project_id": self.project_id,
+            "device_type": "FRESNEL",
+            "username_env": "GRIDGATE_CRED_CLOUD_USER",
+            "password_env": "GRIDGATE_CRED_CLOUD_PASSWORD",
+            **extra,
+        }
+
     def authorized(self, header: str | None) -> bool:
         return header == f"Bearer {self.token}"
 
@@ -269,16 +279,12 @@ class CloudDouble(CloudApi):
 
     def config(self, **extra) -> dict:
         """A device ``config`` pointing the SDK at this double."""
-        return {
-            "project_id": self.project_id,
-            "device_type": "FRESNEL",
-            "username_env": "GRIDGATE_CRED_CLOUD_USER",
-            "password_env": "GRIDGATE_CRED_CLOUD_PASSWORD",
-            "endpoint": f"{self.url}/core-fast",
-            "account_endpoint": f"{self.url}/account",
-            "token_endpoint": f"{self.url}/oauth/token",
+        return super().config(
+            endpoint=f"{self.url}/core-fast",
+            account_endpoint=f"{self.url}/account",
+            token_endpoint=f"{self.url}/oauth/token",
             **extra,
-        }
+        )
 
     def _make_app(self):
         import socket

@@ -169,3 +169,33 @@ def live_qpu(munged, live_server, settings, django_user_model):
     yield pool, user, f"{live_server.url}/qrmi/{pool.name}"
     stop.set()
     ticker.join(timeout=30)
+
+
+RESOURCE = "fresnel"  # the QPU resource name a site configures in Slurm (qpu.conf)
+
+
+def run_client(script: Path, mode: str, url: str, *, uid: int = 0, timeout: int = 180, **variables) -> dict:
+    """Run ``script mode`` as ``uid`` (``setpriv``) with a Slurm job's QRMI environment for
+    RESOURCE at ``url`` plus ``variables``, in a throwaway HOME; its last output line, as JSON."""
+    import json
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="qrmi-home-")
+    os.chmod(home, 0o777)  # noqa: S103 - a throwaway HOME the unprivileged uid can write (matplotlib)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "MPLCONFIGDIR": home,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "QRMI_JOB_QPU_RESOURCES": RESOURCE,
+        f"{RESOURCE}_QRMI_WARDEN_URL": url,
+        "QRMI_JOB_UID": str(USER_UID),
+        "QRMI_JOB_ID": "4242",
+        **variables,
+    }
+    command = [sys.executable, str(script), mode]
+    if uid != os.getuid():
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=home)
+    assert done.returncode == 0, f"{script.name} '{mode}' as uid {uid} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])

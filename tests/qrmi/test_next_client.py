@@ -7,10 +7,6 @@ cluster: the SPANK plugin's part (status, acquire, release) as root, the user's 
 """
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,36 +14,17 @@ import pytest
 from apps.scheduling import passes as scheduling
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import RevocationReason, Session, SessionStatus
-from tests.qrmi.conftest import USER_UID
+from tests.qrmi.conftest import RESOURCE, USER_UID, run_client
 
 pytestmark = [pytest.mark.munge, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 CLIENT = Path(__file__).with_name("next_client.py")
-RESOURCE = "fresnel"
 
 
 def next_client(mode: str, url: str, *, uid: int = 0, token: str = "", job_id: str = "4242", **extra) -> dict:
     """Run next_client.py ``mode`` as ``uid`` with a Slurm job's QRMI environment."""
-    home = tempfile.mkdtemp(prefix="qrmi-next-")
-    os.chmod(home, 0o777)  # noqa: S103 - a throwaway HOME the unprivileged uid can write (matplotlib)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "MPLCONFIGDIR": home,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "QRMI_JOB_QPU_RESOURCES": RESOURCE,
-        f"{RESOURCE}_QRMI_WARDEN_URL": url,
-        f"{RESOURCE}_QRMI_JOB_ACQUISITION_TOKEN": token,
-        "QRMI_JOB_UID": str(USER_UID),
-        "QRMI_JOB_ID": job_id,
-        **extra,
-    }
-    command = [sys.executable, str(CLIENT), mode]
-    if uid != os.getuid():
-        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=home)
-    assert done.returncode == 0, f"next client '{mode}' as uid {uid} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    extra[f"{RESOURCE}_QRMI_JOB_ACQUISITION_TOKEN"] = token
+    return run_client(CLIENT, mode, url, uid=uid, QRMI_JOB_ID=job_id, **extra)
 
 
 def test_r_qrmi_next_client_acquires_with_qpu_slots_runs_a_job_and_revokes_with_the_header(live_qpu):

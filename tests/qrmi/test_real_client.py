@@ -7,11 +7,6 @@ as root, the user's Pulser program as uid 65534 (``setpriv``), each signing its 
 real munged.
 """
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,38 +15,18 @@ from apps.scheduling import device_status
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions.models import RevocationReason, Session, SessionStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
-from tests.qrmi.conftest import USER_UID
+from tests.qrmi.conftest import RESOURCE, USER_UID, run_client
 
 pytestmark = [pytest.mark.munge, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 CLIENT = Path(__file__).with_name("qrmi_client.py")
-RESOURCE = "fresnel"  # the QPU resource name a site configures in Slurm (qpu.conf)
 
 
 def client(mode: str, url: str, *, uid: int = 0, token: str = "", **extra) -> dict:
     """Run qrmi_client.py ``mode`` as ``uid`` with a Slurm job's QRMI environment."""
-    home = tempfile.mkdtemp(prefix="qrmi-home-")
-    os.chmod(home, 0o777)  # noqa: S103 - a throwaway HOME the unprivileged uid can write (matplotlib)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "MPLCONFIGDIR": home,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "QRMI_JOB_QPU_RESOURCES": RESOURCE,
-        "QRMI_JOB_QPU_TYPES": "pasqal-local",
-        f"{RESOURCE}_QRMI_WARDEN_URL": url,
-        "QRMI_JOB_UID": str(USER_UID),
-        "QRMI_JOB_ID": "4242",
-        **extra,
-    }
     if token:
-        env[f"{RESOURCE}_QRMI_JOB_ACQUISITION_TOKEN"] = token
-    command = [sys.executable, str(CLIENT), mode]
-    if uid != os.getuid():
-        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=home)
-    assert done.returncode == 0, f"qrmi client '{mode}' as uid {uid} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        extra[f"{RESOURCE}_QRMI_JOB_ACQUISITION_TOKEN"] = token
+    return run_client(CLIENT, mode, url, uid=uid, timeout=120, QRMI_JOB_QPU_TYPES="pasqal-local", **extra)
 
 
 def test_r_qrmi_real_client_acquires_runs_pulser_and_releases(live_qpu):
