@@ -35,6 +35,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
+from apps.accounts import statements
 from apps.accounts.models import Identity
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,7 @@ def group_names(claims: dict) -> set[str]:
 
 def identity_user(subject: str):
     """The user whose identity at the configured issuer is ``subject`` (one statement)."""
-    issuer = settings.GRIDGATE_OIDC_ISSUER
-    return get_user_model().objects.filter(identities__issuer=issuer, identities__subject=subject).first()
+    return statements.identity_user(settings.GRIDGATE_OIDC_ISSUER, subject)
 
 
 class OidcBackend(OIDCAuthenticationBackend):

@@ -1,10 +1,10 @@
-"""The token lookup every API request makes, written by hand (STYLE.md rule 4) beside its
+"""The token lookups every API request makes (a static token's, a bearer JWT's identity), written by hand (STYLE.md rule 4) beside its
 pseudocode, tested directly (tests/accounts/test_tokens.py): built with the ORM, its compilation
 cost more CPU than the rest of a floor request's authentication (docs/deployment.md, "Sizing")."""
 
 from django.contrib.auth import get_user_model
 
-from apps.accounts.models import ApiToken
+from apps.accounts.models import ApiToken, Identity
 from apps.core.rows import Columns, fetch_one
 
 _TOKEN = Columns(ApiToken, "t")
@@ -31,3 +31,21 @@ def token_with_user(digest: str) -> ApiToken | None:
     token, user = found
     token.user = user
     return token
+
+
+def identity_user(issuer: str, subject: str):
+    """The user whose identity at ``issuer`` is ``subject``, or None::
+
+    SELECT user.* FROM identity JOIN user ON user.id = identity.user_id
+     WHERE identity.issuer = issuer AND identity.subject = subject
+
+    (one row at most: the pair is unique). Built with the ORM, this join's compilation made a
+    bearer request dearer than a static token's (docs/identity.md §3).
+    """
+    found = fetch_one(
+        f"SELECT {_USER.sql} FROM {Identity._meta.db_table} i"  # noqa: S608 (names from _meta)
+        f" JOIN {get_user_model()._meta.db_table} u ON u.id = i.user_id WHERE i.issuer = %s AND i.subject = %s",
+        [issuer, subject],
+        _USER,
+    )
+    return None if found is None else found[0]
