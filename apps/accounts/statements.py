@@ -1,6 +1,7 @@
-"""The token lookups every API request makes (a static token's, a bearer JWT's identity), written by hand (STYLE.md rule 4) beside its
-pseudocode, tested directly (tests/accounts/test_tokens.py): built with the ORM, its compilation
-cost more CPU than the rest of a floor request's authentication (docs/deployment.md, "Sizing")."""
+"""The lookups every API request makes (a static token's, a bearer JWT's identity), written by
+hand (STYLE.md rule 4) beside their pseudocode, tested directly (tests/accounts/test_tokens.py,
+test_oidc.py): built with the ORM, their compilation cost more CPU than the rest of a floor
+request's authentication (docs/deployment.md, "Sizing")."""
 
 from django.contrib.auth import get_user_model
 
