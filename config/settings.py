@@ -367,9 +367,11 @@ GRIDGATE_EMULATOR_MAX_ATTEMPTS = env_int("GRIDGATE_EMULATOR_MAX_ATTEMPTS", 3, mi
 GRIDGATE_EMULATOR_REQUEUE_SECONDS = env_int("GRIDGATE_EMULATOR_REQUEUE_SECONDS", 10, minimum=1)
 
 # Cases and execution backends (SPEC §6; cadences in docs/operations.md).
-# Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (runai has none).
+# Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (a kind left out
+# runs no cases).
 GRIDGATE_CASE_BACKENDS = env_mapping(
-    "GRIDGATE_CASE_BACKENDS", {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
+    "GRIDGATE_CASE_BACKENDS",
+    {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot", "runai": "runai"},
 )
 GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1)
 GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)

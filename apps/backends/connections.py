@@ -1,13 +1,14 @@
 """Per-user remote credentials: connecting, the identity a case's calls run under, refreshing.
 
-docs/backends.md, "Per-user credentials". A FirecREST or Qarnot pool whose ``remote`` says
+docs/backends.md, "Per-user credentials". A FirecREST, Qarnot or Run:AI pool whose ``remote`` says
 ``"credentials": "user"`` runs each case under its owner's own account at the provider:
 
 - **Connect** (once per user and pool). FirecREST: :func:`start_connect` sends the browser to the
   pool's identity provider (authorization code + PKCE, a public client), :func:`finish_connect`
   trades the code for tokens and keeps the refresh token. Qarnot: :func:`store_api_token` checks
-  the pasted token against the API and keeps it. Either is sealed (``apps.backends.sealing``);
-  without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
+  the pasted token against the API and keeps it. Run:AI: :func:`store_access_key` checks the
+  user's access key (client id + secret) at the token endpoint and keeps it. Each is sealed
+  (``apps.backends.sealing``); without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
 - **Identity**: :func:`identity_for` / :func:`identities_for` give the backend a
   :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
   a ``token()`` that yields the owner's access token (refresh grant, rotated refresh token
@@ -65,7 +66,7 @@ def needs_user_credentials(pool) -> bool:
 def service_label(pool) -> str:
     """How a service-account job records its identity: the credential's variable name, never a value."""
     remote = pool.remote_config()
-    name = remote.get("client_id_env") if pool.kind == "firecrest" else remote.get("token_env")
+    name = remote.get("client_id_env") if pool.kind in ("firecrest", "runai") else remote.get("token_env")
     return f"service account ({name})"
 
 
@@ -135,7 +136,9 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
         connection.generation,
         _reconnect(user, pool, "was refused by the provider (401: revoked or expired)"),
     )
-    if pool.kind == "qarnot":
+    if pool.kind in ("qarnot", "runai"):
+        # Qarnot: the API token; Run:AI: the user's access key (client id and secret, as JSON),
+        # which the backend trades for short-lived access tokens itself.
         token = partial(_api_token, connection.sealed_secret, _reconnect(user, pool, "cannot be read"))
     else:
         token = partial(_access_token, connection.pk, connection.generation)
@@ -331,6 +334,35 @@ def store_api_token(*, user, pool_id, token: str) -> RemoteConnection:
     return _store(user, pool, token, subject=account, username="", issuer="")
 
 
+def store_access_key(*, user, pool_id, client_id: str, client_secret: str) -> RemoteConnection:
+    """Run:AI: the user's own access key (client id and secret, from *User settings → Access
+    keys*), checked by asking Run:AI for a token with it (the token's subject names the identity
+    the user's cases run under), then kept sealed. An access key rather than a pasted bearer
+    token: Run:AI's tokens live about an hour, cases far longer, and a key can mint new ones."""
+    import json
+
+    from apps.backends.runai import account_of
+
+    pool = _user_pool(user, pool_id, "runai")
+    sealing.require()
+    client_id, client_secret = (client_id or "").strip(), (client_secret or "").strip()
+    for value in (client_id, client_secret):
+        if not value or len(value) > 1024 or any(ord(char) < 33 for char in value):
+            raise Invalid(
+                "Paste the access key's client ID and client secret exactly as Run:AI showed them (one line each)."
+            )
+    try:
+        subject, username = account_of(pool.remote_config(), client_id, client_secret)
+    except CredentialsRequired:
+        raise Invalid(
+            "Run:AI refused this access key: check the client ID and secret (User settings → Access keys)."
+        ) from None
+    except BackendError as exc:
+        raise Unavailable(f"Run:AI could not be asked to check the access key: {exc}") from None
+    secret = json.dumps({"client_id": client_id, "client_secret": client_secret}, sort_keys=True)
+    return _store(user, pool, secret, subject=subject, username=username, issuer="")
+
+
 def _check_linked_identity(user, issuer: str, subject: str) -> None:
     """The operators' identity links (docs/identity.md: the admin's *Identities*, issuer + subject)
     decide whose provider account a user may connect: a user linked at this issuer must connect as
@@ -435,4 +467,4 @@ def connection_rows(user) -> list[dict]:
 
 #: how a user connects to a pool of each kind: sent to the provider's sign-in and back
 #: (``redirect``), or by pasting an API token (``token``); the page shows the matching form
-CONNECT_FLOWS = {"firecrest": "redirect", "qarnot": "token"}
+CONNECT_FLOWS = {"firecrest": "redirect", "qarnot": "token", "runai": "access_key"}

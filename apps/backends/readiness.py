@@ -57,8 +57,10 @@ def case_readiness(pool) -> Readiness:
         ]
         if missing_credentials:
             return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
-    if name in ("slurm", "firecrest") and not remote.get("working_root"):
+    if name in ("slurm", "firecrest", "runai") and not remote.get("working_root"):
         return Readiness(False, f"{NOT_YET} it has no working directory on the cluster. {ASK}")
+    if name == "runai" and not remote.get("image"):
+        return Readiness(False, f"{NOT_YET} it names no container image to run cases in. {ASK}")
     for command in COMMANDS.get(name, ()):
         if shutil.which(command) is None:
             return Readiness(False, f"{NOT_YET} the cluster's tools are not installed here. {ASK}")

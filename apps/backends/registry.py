@@ -1,8 +1,9 @@
 """Which backend serves which pool kind.
 
 ``GRIDGATE_CASE_BACKENDS`` (setting, from the environment as ``kind=name,kind=name``) maps a pool
-kind to a backend name; the default maps ``local``, ``slurm``, ``firecrest`` and ``qarnot`` to their
-backends (``BACKENDS`` below); Run:AI has no case backend.
+kind to a backend name; the default maps every pool kind (``local``, ``slurm``, ``firecrest``,
+``qarnot``, ``runai``) to the backend of the same name (``BACKENDS`` below). A kind the mapping
+leaves out has no case backend: launching there is refused, naming the kinds that run cases.
 """
 
 from __future__ import annotations
@@ -19,16 +20,23 @@ BACKENDS: dict[str, str] = {
     "firecrest": "apps.backends.firecrest:FirecrestBackend",
     "local": "apps.backends.local:LocalBackend",
     "qarnot": "apps.backends.qarnot:QarnotBackend",
+    "runai": "apps.backends.runai:RunaiBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
 
 __all__ = ["BACKENDS", "Check", "NoBackend", "backend_class", "backend_name_for_kind", "describe", "get_backend"]
 
-DEFAULT_KIND_MAP = {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
+DEFAULT_KIND_MAP = {
+    "local": "local",
+    "slurm": "slurm",
+    "firecrest": "firecrest",
+    "qarnot": "qarnot",
+    "runai": "runai",
+}
 
 
 class NoBackend(BackendError):
-    """The pool's kind has no case backend (e.g. Run:AI)."""
+    """The pool's kind has no case backend (``GRIDGATE_CASE_BACKENDS`` leaves it out)."""
 
 
 def kind_map() -> dict[str, str]:

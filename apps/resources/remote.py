@@ -81,6 +81,34 @@ def _abs_path(value: Any) -> str:
     return value
 
 
+#: Kubernetes names (projects, node pools: RFC 1123 labels) and Run:AI cluster ids (UUIDs)
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+#: a container image reference: registry/repository[:tag][@digest], no spaces or shell characters
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
+
+
+def _k8s_name(value: Any) -> str:
+    value = _text(value)
+    if len(value) > 63 or not K8S_NAME.fullmatch(value):
+        raise RemoteError("must be a Kubernetes name: lowercase letters, digits and - (at most 63)")
+    return value
+
+
+def _uuid(value: Any) -> str:
+    value = _text(value)
+    if not UUID.fullmatch(value):
+        raise RemoteError("must be a UUID (the cluster's id as Run:AI shows it)")
+    return value
+
+
+def _image(value: Any) -> str:
+    value = _text(value)
+    if not IMAGE.fullmatch(value):
+        raise RemoteError("must be a container image reference (registry/repository:tag), without spaces")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RemoteError("must be a whole number of at least 1")
@@ -98,7 +126,7 @@ USER = "user"
 SERVICE = "service"
 CREDENTIAL_MODES = (USER, SERVICE)
 #: pool kinds whose jobs run under a provider credential, the service's or each user's
-CREDENTIAL_KINDS = ("firecrest", "qarnot")
+CREDENTIAL_KINDS = ("firecrest", "qarnot", "runai")
 #: OAuth client ids and scopes as providers spell them (Keycloak: letters, digits, ``_.:-``)
 CLIENT_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,255}")
 SCOPE = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+( [\x21\x23-\x5B\x5D-\x7E]+)*")
@@ -159,7 +187,19 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
     },
     "runai": {
         "base_url": Key(_https_url, required=True),
-        "project": Key(_text),
+        "project": Key(_k8s_name),
+        # Cases (docs/backends.md, "runai"): the image every case runs in, the cluster (default:
+        # the project's), the node pool (default: the project's order), and the shared volume the
+        # results come back through: ``host_path`` on the cluster's nodes is ``working_root`` here.
+        "image": Key(_image),
+        "cluster_id": Key(_uuid),
+        "node_pool": Key(_k8s_name),
+        "working_root": Key(_abs_path),
+        "host_path": Key(_abs_path),
+        "mount_path": Key(_abs_path, default="/gridgate"),
+        "client_id_env": Key(_env_name, default=f"{credentials.PREFIX}RUNAI_CLIENT_ID"),
+        "client_secret_env": Key(_env_name, default=f"{credentials.PREFIX}RUNAI_CLIENT_SECRET"),
+        "credentials": Key(_credential_mode, default=USER),
     },
     "qarnot": {
         "profile": Key(_text, required=True),
@@ -234,6 +274,17 @@ def validate_pool_remote(kind: str, remote: dict) -> list[str]:
             "'authorization_uri' is required for per-user credentials ('credentials': 'user') when 'token_uri' "
             "does not end with /token: set the identity provider's authorization endpoint (Keycloak: "
             "…/protocol/openid-connect/auth), or 'credentials': 'service' to run jobs under the service account"
+        )
+    per_user_runai = not problems and kind == "runai" and credential_mode(kind, remote) == USER
+    if per_user_runai and not remote.get("project"):
+        problems.append(
+            "'project' is required for per-user credentials ('credentials': 'user'): each user's access key "
+            "sees its own projects, so the pool names the one its cases run in"
+        )
+    if kind == "runai" and not problems and bool(remote.get("working_root")) != bool(remote.get("host_path")):
+        problems.append(
+            "'working_root' and 'host_path' go together: the shared volume as Gridgate's hosts see it and as "
+            "the cluster's nodes see it"
         )
     return problems
 

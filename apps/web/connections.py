@@ -3,9 +3,10 @@
 docs/backends.md, "Per-user credentials". Thin, as the other pages: the services of
 ``apps.backends.connections`` do the work. FirecREST pools connect through the provider's OAuth2
 flow (a redirect there, back to :func:`connection_callback`); Qarnot pools take the user's API
-token in a form. The flow in progress (its state and PKCE verifier) is kept in the user's server-
-side session between the redirect and the callback, never in a URL or a cookie. No credential is
-ever rendered: not in the page, a message or a redirect.
+token in a form, Run:AI pools the user's access key (client id and secret). The flow in progress
+(its state and PKCE verifier) is kept in the user's server-side session between the redirect and
+the callback, never in a URL or a cookie. No credential is ever rendered: not in the page, a
+message or a redirect.
 """
 
 from __future__ import annotations
@@ -118,6 +119,25 @@ def connection_token(request, pool):
     messages.success(
         request, f"Token saved for {connection.pool.name} (Qarnot account {connection.subject or 'unknown'})."
     )
+    return _back()
+
+
+@login_required
+@require_POST
+def connection_access_key(request, pool):
+    """Run:AI: keep the user's access key (checked against Run:AI's token endpoint first)."""
+    try:
+        connection = connections.store_access_key(
+            user=request.user,
+            pool_id=pool,
+            client_id=request.POST.get("client_id", ""),
+            client_secret=request.POST.get("client_secret", ""),
+        )
+    except REFUSALS as exc:
+        _refuse(request, exc, "Saving the access key")
+        return _back()
+    who = connection.provider_username or connection.subject or "unknown"
+    messages.success(request, f"Access key saved for {connection.pool.name} (Run:AI account {who}).")
     return _back()
 
 

@@ -1,5 +1,5 @@
 """Backends run for real here: local pools use the local backend, Slurm pools the Slurm one,
-FirecREST and Qarnot pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
+FirecREST, Qarnot and Run:AI pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
 
 import os
 import pwd
@@ -15,7 +15,13 @@ from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fi
 
 @pytest.fixture(autouse=True)
 def real_backends(settings, cases_root):  # noqa: F811
-    settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot"}
+    settings.GRIDGATE_CASE_BACKENDS = {
+        "local": "local",
+        "slurm": "slurm",
+        "firecrest": "firecrest",
+        "qarnot": "qarnot",
+        "runai": "runai",
+    }
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True  # the doubles speak plain http on 127.0.0.1
     # The test accounts are system accounts (useradd --system): below the production floor of 1000.
     settings.GRIDGATE_CASE_MIN_UID = 100

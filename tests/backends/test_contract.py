@@ -28,6 +28,16 @@ def test_registry_maps_pool_kinds_to_backends(settings):
     assert isinstance(registry.get_backend(registry.backend_name_for_kind("local")), FakeBackend)
 
 
+def test_every_pool_kind_runs_cases_by_default_runai_included(settings):
+    """Issue 35: a Run:AI pool runs cases (SPEC §6); the default mapping serves every kind."""
+    from apps.backends.runai import RunaiBackend
+
+    settings.GRIDGATE_CASE_BACKENDS = None
+    assert registry.backend_name_for_kind("runai") == "runai"
+    assert isinstance(registry.get_backend("runai"), RunaiBackend)
+    assert {"name": "runai", "kinds": ["runai"]} in registry.describe()
+
+
 def test_launch_options_serialize_to_the_spec_shape():
     body = FakeBackend().launch_options(None).as_dict()
     assert body["degraded"] is False

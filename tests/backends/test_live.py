@@ -1,4 +1,4 @@
-"""Live round trips against real FirecREST and Qarnot accounts (they cost credit).
+"""Live round trips against real FirecREST, Qarnot and Run:AI accounts (they cost credit).
 
 Skipped, with the reason printed (``-rs``), unless the credentials and the opt-in flag are in the
 environment; CI has neither. They assert the three claims the design rests on and a double cannot
@@ -7,6 +7,11 @@ runs, and the full results land on local disk.
 
 - Qarnot: ``GRIDGATE_LIVE_QARNOT=1``, ``GRIDGATE_LIVE_QARNOT_TOKEN``, optionally
   ``GRIDGATE_LIVE_QARNOT_PROFILE`` (default ``docker-batch``) and ``GRIDGATE_LIVE_QARNOT_CLUSTER_URL``.
+- Run:AI: ``GRIDGATE_LIVE_RUNAI=1``, ``GRIDGATE_LIVE_RUNAI_BASE_URL``, ``GRIDGATE_LIVE_RUNAI_CLIENT_ID``,
+  ``GRIDGATE_LIVE_RUNAI_CLIENT_SECRET``, ``GRIDGATE_LIVE_RUNAI_PROJECT``, ``GRIDGATE_LIVE_RUNAI_WORKING_ROOT``
+  (the shared volume as this host sees it) and ``GRIDGATE_LIVE_RUNAI_HOST_PATH`` (the same volume on the
+  cluster's nodes), optionally ``GRIDGATE_LIVE_RUNAI_IMAGE`` (default ``busybox:1.36``) and
+  ``GRIDGATE_LIVE_RUNAI_NODE_POOL``.
 - FirecREST: ``GRIDGATE_LIVE_FIRECREST=1``, ``GRIDGATE_LIVE_FIRECREST_CLIENT_ID``,
   ``GRIDGATE_LIVE_FIRECREST_CLIENT_SECRET``, ``GRIDGATE_LIVE_FIRECREST_API_URL``,
   ``GRIDGATE_LIVE_FIRECREST_TOKEN_URI``, ``GRIDGATE_LIVE_FIRECREST_SYSTEM``,
@@ -102,4 +107,33 @@ def test_live_firecrest_round_trip(make_case, monkeypatch):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]
     pool = ResourcePool.objects.create(name="live-firecrest", kind="firecrest", public=True, remote=remote)
     ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
+    round_trip(pool, make_case)
+
+
+def test_live_runai_round_trip(make_case, monkeypatch):
+    names = [
+        "GRIDGATE_LIVE_RUNAI_BASE_URL",
+        "GRIDGATE_LIVE_RUNAI_CLIENT_ID",
+        "GRIDGATE_LIVE_RUNAI_CLIENT_SECRET",
+        "GRIDGATE_LIVE_RUNAI_PROJECT",
+        "GRIDGATE_LIVE_RUNAI_WORKING_ROOT",
+        "GRIDGATE_LIVE_RUNAI_HOST_PATH",
+    ]
+    env = require("GRIDGATE_LIVE_RUNAI", names)
+    remote = {
+        "base_url": env["GRIDGATE_LIVE_RUNAI_BASE_URL"],
+        "project": env["GRIDGATE_LIVE_RUNAI_PROJECT"],
+        "image": os.environ.get("GRIDGATE_LIVE_RUNAI_IMAGE", "busybox:1.36"),
+        "working_root": env["GRIDGATE_LIVE_RUNAI_WORKING_ROOT"],
+        "host_path": env["GRIDGATE_LIVE_RUNAI_HOST_PATH"],
+        "client_id_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_ID",
+        "client_secret_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_SECRET",
+        "credentials": "service",
+    }
+    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (R-BACK-1)
+        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_RUNAI_{name}", env[f"GRIDGATE_LIVE_RUNAI_{name}"])
+    if os.environ.get("GRIDGATE_LIVE_RUNAI_NODE_POOL"):
+        remote["node_pool"] = os.environ["GRIDGATE_LIVE_RUNAI_NODE_POOL"]
+    pool = ResourcePool.objects.create(name="live-runai", kind="runai", public=True, remote=remote)
+    ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=1, default=True)
     round_trip(pool, make_case)

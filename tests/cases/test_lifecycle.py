@@ -242,19 +242,30 @@ def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progre
     assert case.status == CaseStatus.DONE and case.progress == 1.0
 
 
-def test_runai_pool_has_no_case_backend_and_launch_says_so(owner, db):
+def test_a_runai_pool_runs_cases_and_a_kind_left_out_of_the_mapping_says_so(owner, db, settings):
+    """Issue 35: launching on a Run:AI pool is accepted (the worker submits it to Run:AI); a kind
+    the operators left out of GRIDGATE_CASE_BACKENDS is refused naming the kinds that run cases."""
     from apps.resources.models import ResourceClass, ResourcePool
 
     pool = ResourcePool.objects.create(
-        name="gpu", kind="runai", public=True, remote={"base_url": "https://runai.example.org"}
+        name="gpu",
+        kind="runai",
+        public=True,
+        remote={"base_url": "https://runai.example.org", "credentials": "service"},
     )
     rc = ResourceClass.objects.create(pool=pool, name="a100", cpu=8, memory=64, gpu=1, default=True)
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "fake", "runai": "runai"}
     case = services.create_case(owner=owner, resource_class=rc, name="train", command="python train.py")
-    with pytest.raises(service_errors.Invalid) as refused:
-        services.launch_case(case)
-    assert "runai" in refused.value.detail and "no case backend" in refused.value.detail
+    services.launch_case(case)
     case.refresh_from_db()
-    assert case.status == CaseStatus.PREPARED
+    assert case.backend == "runai" and case.launch_requested_at is not None
+    settings.GRIDGATE_CASE_BACKENDS = {"local": "fake"}
+    other = services.create_case(owner=owner, resource_class=rc, name="train2", command="python train.py")
+    with pytest.raises(service_errors.Invalid) as refused:
+        services.launch_case(other)
+    assert "runai" in refused.value.detail and "no case backend" in refused.value.detail
+    other.refresh_from_db()
+    assert other.status == CaseStatus.PREPARED
 
 
 def test_poll_pass_query_count_does_not_grow_with_cases(make_case):

@@ -1,0 +1,350 @@
+"""The Run:AI backend against the local Run:AI double, with the real runapy client over HTTP
+(issue 35; R-BACK-1, R-BACK-6, R-CASE-1 … 7; docs/backends.md "runai"). A temporary directory
+stands for the shared volume: ``working_root`` here, ``host_path`` on the double's "nodes"."""
+
+import logging
+
+import pytest
+
+from apps.backends import runai as rb
+from apps.backends.base import AlreadyFinished, BackendStatus, JobRef
+from apps.cases import passes, workspace
+from apps.cases.models import Case, CaseStatus
+from apps.core.exceptions import Invalid
+from apps.resources.models import ResourceClass, ResourcePool
+from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.cases.conftest import launched
+from tests.doubles.runai_server import RunaiDouble
+
+pytestmark = pytest.mark.django_db
+
+CLIENT_ID = "gridgate-svc"
+SECRET = "runai-SVC-secret-6e5d4c"
+
+
+@pytest.fixture(scope="module")
+def double():
+    server = RunaiDouble(client_id=CLIENT_ID, client_secret=SECRET).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh(double, monkeypatch):
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", CLIENT_ID)
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", SECRET)
+    monkeypatch.setattr(rb, "BACKOFF", 0.01)
+    monkeypatch.setattr(rb, "TIMEOUT", 3)
+    rb._clients.clear()
+    rb._classes.clear()  # the retry policy is built from BACKOFF
+    double.reset()
+    yield
+    double.reap()
+    rb._clients.clear()
+    rb._classes.clear()
+
+
+@pytest.fixture
+def volume(tmp_path):
+    path = tmp_path / "volume"
+    path.mkdir(mode=0o755)
+    return path
+
+
+def make_pool(double, volume, name="runai", **extra):
+    remote = {
+        "base_url": double.url,
+        "project": "team-a",
+        "image": "registry.example.org/solver:1.2",
+        "working_root": str(volume),
+        "host_path": str(volume),
+        "credentials": "service",
+        **extra,
+    }
+    pool = ResourcePool(name=name, kind="runai", public=True, remote=remote)
+    pool.full_clean()
+    pool.save()
+    return pool
+
+
+@pytest.fixture
+def r_pool(double, volume):
+    pool = make_pool(double, volume)
+    ResourceClass.objects.create(pool=pool, name="a100", cpu="1.5", memory=4, gpu=1, default=True)
+    return pool
+
+
+def launch(make_case, pool, command, *, inputs=None, resource_class=None, **kwargs):
+    case = make_case(resource_class=resource_class or pool.classes.get(), command=command, **kwargs)
+    for name, text in (inputs or {"in.txt": "input\n"}).items():
+        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
+    return launched(case)
+
+
+def poll_until(case, predicate, timeout=60.0):
+    def check():
+        Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+        passes.poll_pass(case_ids=[case.id])
+        case.refresh_from_db()
+        return predicate(case)
+
+    wait_until(check, timeout=timeout, what="case state")
+    return case
+
+
+def job_of(case, pool) -> JobRef:
+    return JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), pool.remote_config())
+
+
+def test_a_runai_case_runs_and_ends_done_with_its_results_on_disk(r_pool, make_case, double, volume):
+    """Lifecycle: submit → pending → running → done, live files while it runs, results copied
+    from the shared volume into results/, logs into stdout.log/stderr.log."""
+    double.hold = {"Running"}
+    case = launch(
+        make_case,
+        r_pool,
+        "cat in.txt > out.txt; mkdir -p out; echo 0.5 > .gridgate/progress; echo partial > out/p.txt; "
+        "echo started; echo warn >&2",
+        observability_globs=["out/*.txt"],
+    )
+    assert case.status == CaseStatus.PENDING, case.last_error
+    workload = double.workloads[case.remote_id]
+    assert workload.name == f"gg-{case.id}" and workload.project["name"] == "team-a"
+    case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
+    double.wait_phase(case.remote_id, {"Running"})
+    wait_until(lambda: (volume / str(case.id) / "work" / "out" / "p.txt").exists(), what="the job's file")
+    passes.sync_pass(case_ids=[case.id])
+    root = workspace.case_dir(case.id)
+    assert (root / "live" / "out" / "p.txt").read_text() == "partial\n"
+    double.hold = set()
+    case = poll_until(case, lambda c: c.is_terminal)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (root / "results" / "out.txt").read_text() == "input\n"
+    assert (root / "results" / "out" / "p.txt").read_text() == "partial\n"
+    assert not (root / "results" / "in.txt").exists()  # an unchanged input is no result
+    assert "started" in (root / "stdout.log").read_text() and "warn" in (root / "stderr.log").read_text()
+
+
+def test_the_workload_asks_whole_cpus_the_class_memory_and_mounts_only_its_own_directory(
+    r_pool, make_case, double, volume
+):
+    case = launch(make_case, r_pool, "true")
+    spec = double.workloads[case.remote_id].body["spec"]
+    assert spec["image"] == "registry.example.org/solver:1.2"
+    assert (spec["command"], spec["args"], spec["workingDir"]) == ("/bin/sh", "/gridgate/job.sh", "/gridgate/work")
+    compute = spec["compute"]
+    assert compute["cpuCoreRequest"] == 2 and compute["cpuMemoryRequest"] == "4G" and compute["gpuDevicesRequest"] == 1
+    assert "gpuPortionRequest" not in {k for k, v in compute.items() if v is not None}
+    (mount,) = spec["storage"]["hostPath"]
+    assert (mount["path"], mount["mountPath"], mount["readOnly"]) == (f"{volume}/{case.id}", "/gridgate", False)
+    env = {item["name"]: item["value"] for item in spec["environmentVariables"]}
+    assert env["GRIDGATE_CASE_ID"] == str(case.id) and env["RSC_REMOTE_KIND"] == "runai"
+    assert spec["backoffLimit"] == 0 and not spec.get("nodePools")  # the project's order of node pools
+    assert (volume / str(case.id)).stat().st_mode & 0o777 == 0o700
+    assert not (volume / str(case.id) / "manifest.json").exists()  # the inputs' hashes stay out of the job's reach
+
+
+def test_a_failed_command_ends_failed_with_runais_phase_message(r_pool, make_case, double):
+    case = wait_for_terminal(launch(make_case, r_pool, "echo oops >&2; exit 3"))
+    assert case.status == CaseStatus.FAILED
+    assert "container exited with code 3" in case.last_error
+    assert "oops" in (workspace.case_dir(case.id) / "stderr.log").read_text()
+
+
+def test_cancel_deletes_the_workload_and_a_finished_one_is_already_finished(r_pool, make_case, double):
+    case = launch(make_case, r_pool, "sleep 30")
+    double.wait_phase(case.remote_id, {"Running"})
+    rb.RunaiBackend().cancel(job_of(case, r_pool))
+    assert ("DELETE", f"/api/v1/workloads/trainings/{case.remote_id}") in double.calls
+    wait_until(lambda: double.workloads[case.remote_id].deleted, what="deletion")
+    assert double.workloads[case.remote_id].proc.poll() is not None
+    done = wait_for_terminal(launch(make_case, r_pool, "true"))
+    with pytest.raises(AlreadyFinished):
+        rb.RunaiBackend().cancel(job_of(done, r_pool))
+
+
+def test_a_workload_deleted_at_runai_ends_the_case_cancelled(r_pool, make_case, double):
+    """GET /workloads/{id} answers 404 for a deleted workload: it is found among the deleted ones."""
+    case = launch(make_case, r_pool, "sleep 30")
+    case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
+    rb.RunaiBackend().cancel(job_of(case, r_pool))  # as if deleted in Run:AI's console
+    wait_until(lambda: double.workloads[case.remote_id].deleted, what="deletion")
+    state = rb.RunaiBackend().poll(job_of(case, r_pool))
+    assert state.status == BackendStatus.CANCELLED and "deleted at Run:AI" in state.message
+
+
+def test_a_token_refused_before_its_exp_is_renewed_mid_poll(r_pool, make_case, double):
+    case = launch(make_case, r_pool, "sleep 1")
+    issued = double.token_requests
+    double.expire_tokens()  # revoked server-side: runapy still thinks its token is good
+    state = rb.RunaiBackend().poll(job_of(case, r_pool))
+    assert state.status in (BackendStatus.PENDING, BackendStatus.RUNNING)
+    assert double.token_requests == issued + 1
+    assert wait_for_terminal(case).status == CaseStatus.DONE
+
+
+def test_runapys_refresher_asks_a_new_token_before_exp(r_pool, make_case, double):
+    """Tokens living less than runapy's 60 s margin are renewed before each call, through the
+    v2 token endpoint (runapy's own v1 request is not used)."""
+    double.token_lifetime = 30
+    case = launch(make_case, r_pool, "true")
+    before = double.token_requests
+    rb.RunaiBackend().poll(job_of(case, r_pool))
+    assert double.token_requests > before
+    assert not any(path == "/api/v1/token" for _method, path in double.calls)
+
+
+def test_429_and_5xx_answers_to_a_poll_are_retried_and_then_answer(r_pool, make_case, double):
+    case = launch(make_case, r_pool, "sleep 1")
+    path = f"/api/v1/workloads/{case.remote_id}$"
+    double.fault(path, status=503, times=1, method="GET")
+    double.fault(path, status=429, times=1, method="GET", headers={"Retry-After": "0"})
+    double.calls.clear()
+    state = rb.RunaiBackend().poll(job_of(case, r_pool))
+    assert state.status in (BackendStatus.PENDING, BackendStatus.RUNNING)
+    assert double.calls.count(("GET", f"/api/v1/workloads/{case.remote_id}")) == 3
+
+
+def test_a_poll_that_keeps_getting_5xx_is_a_failed_poll_not_a_failure(r_pool, make_case, double):
+    case = launch(make_case, r_pool, "sleep 1")
+    double.fault(f"/api/v1/workloads/{case.remote_id}$", status=502, times=10, method="GET")
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "502" in case.last_error
+    double.faults.clear()
+    assert wait_for_terminal(case).status == CaseStatus.DONE
+
+
+def test_a_5xx_answer_to_the_create_is_never_resent_and_the_workload_is_adopted(r_pool, make_case, double):
+    """Run:AI created the workload, then the answer was lost (502 after): one POST, adopted."""
+    double.fault("/api/v1/workloads/trainings$", status=502, times=1, after=True, method="POST")
+    case = launch(make_case, r_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert double.calls.count(("POST", "/api/v1/workloads/trainings")) == 1
+    assert case.remote_id == double.by_case(case.id).id
+
+
+def test_a_create_refused_with_503_and_not_carried_out_is_uncertain_and_retried(r_pool, make_case, double):
+    double.fault("/api/v1/workloads/trainings$", status=503, times=1, method="POST")
+    case = launch(make_case, r_pool, "true")
+    assert case.status == CaseStatus.PREPARED and "not listed" in case.last_error
+    assert double.calls.count(("POST", "/api/v1/workloads/trainings")) == 1
+    Case.objects.filter(pk=case.pk).update(lease_until=None)
+    passes.submit_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING, case.last_error
+
+
+def test_a_4xx_refusal_fails_the_launch_with_runais_message(double, volume, make_case):
+    pool = make_pool(double, volume, name="wrong-pool", project="team-b", node_pool="a100")
+    ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    case = launch(make_case, pool, "true")
+    assert case.status == CaseStatus.FAILED
+    assert "node pool a100 is not assigned to project team-b" in case.last_error
+
+
+def test_an_unknown_phase_keeps_a_running_case_running(r_pool, make_case, double):
+    double.hold = {"Running"}
+    case = launch(make_case, r_pool, "true")
+    case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
+    double.force_phase(case.remote_id, "Quiescing")
+    for _ in range(3):
+        Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+        passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING and case.poll_failures == 0
+    double.force_phase(case.remote_id, None)
+    double.hold = set()
+    assert wait_for_terminal(case).status == CaseStatus.DONE
+
+
+@pytest.mark.parametrize(
+    "phase,status",
+    [
+        ("Pending", "pending"),
+        ("Creating", "pending"),
+        ("Initializing", "pending"),
+        ("Running", "running"),
+        ("Completed", "succeeded"),
+        ("Succeeded", "succeeded"),
+        ("Failed", "failed"),
+        ("Stopped", "cancelled"),
+        ("Deleted", "cancelled"),
+        ("Unknown", "pending"),
+        ("SomethingNew", "pending"),
+        ("", "pending"),
+    ],
+)
+def test_every_runai_phase_maps_to_a_core_status_and_an_unknown_one_never_to_a_failure(phase, status):
+    assert rb.map_phase(phase) == status
+
+
+def test_a_fraction_of_a_gpu_is_sent_as_a_portion_of_each_device(double, volume, make_case):
+    pool = make_pool(double, volume, name="frac")
+    rc = ResourceClass.objects.create(pool=pool, name="2gpu", cpu=2, memory=8, gpu=2, default=True)
+    case = launch(make_case, pool, "true", resource_class=rc, launch_options={"gpu_portion": "0.5"})
+    assert case.status == CaseStatus.PENDING, case.last_error
+    compute = double.workloads[case.remote_id].body["spec"]["compute"]
+    assert (compute["gpuRequestType"], compute["gpuDevicesRequest"], compute["gpuPortionRequest"]) == (
+        "portion",
+        2,
+        0.5,
+    )
+
+
+def test_a_fraction_of_a_gpu_is_refused_for_a_class_without_gpus_and_outside_the_choices(
+    double, volume, make_case, r_pool
+):
+    cpu_only = ResourceClass.objects.create(pool=r_pool, name="cpu", cpu=1, memory=1, gpu=0)
+    with pytest.raises(Invalid) as refused:
+        make_case(resource_class=cpu_only, launch_options={"gpu_portion": "0.5"})
+    assert "gpu_portion" in refused.value.detail and "declared options: project, node_pool" in refused.value.detail
+    with pytest.raises(Invalid) as outside:
+        make_case(resource_class=r_pool.classes.get(name="a100"), launch_options={"gpu_portion": "1.5"})
+    assert "0.25" in outside.value.detail
+    assert not double.workloads
+
+
+def test_results_never_follow_a_symlink_out_of_the_volume(r_pool, make_case, double):
+    case = wait_for_terminal(
+        launch(make_case, r_pool, "ln -s /etc/passwd leak; mkdir d; ln -s /etc d/etc; echo ok > ok")
+    )
+    results = workspace.case_dir(case.id) / "results"
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert [p.name for p in results.rglob("*")] == ["ok"]  # neither link came back, nor what they point at
+
+
+def test_results_over_the_class_storage_fail_the_case_saying_so(r_pool, make_case, double):
+    rc = r_pool.classes.get()
+    rc.max_storage = 1
+    rc.default_storage = 1
+    rc.save()
+    case = wait_for_terminal(launch(make_case, r_pool, "head -c 1100000000 /dev/zero > big 2>/dev/null || true"))
+    assert case.status == CaseStatus.FAILED and "storage limit" in case.last_error
+
+
+def test_secrets_never_reach_logs_events_or_errors(r_pool, make_case, double, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG)
+    case = wait_for_terminal(launch(make_case, r_pool, "exit 1"))
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "wrong-" + SECRET)
+    rb._clients.clear()
+    refused = launch(make_case, r_pool, "true")
+    assert refused.status == CaseStatus.FAILED and "401" in refused.last_error
+    texts = [caplog.text, case.last_error, refused.last_error]
+    texts += [e.message for e in case.events.all()] + [e.message for e in refused.events.all()]
+    for text in texts:
+        assert SECRET not in text
+    tokens = list(double.tokens)
+    assert tokens and not any(token in caplog.text for token in tokens)
+
+
+def test_a_runai_pool_without_image_or_volume_says_it_cannot_run_cases_yet(double, volume):
+    from apps.backends.readiness import case_readiness
+
+    pool = make_pool(double, volume, name="ready")
+    assert case_readiness(pool).ready
+    pool.remote = {k: v for k, v in pool.remote.items() if k != "image"}
+    assert "names no container image" in case_readiness(pool).message
+    pool.remote = {k: v for k, v in pool.remote.items() if k not in ("working_root", "host_path")}
+    assert "no working directory" in case_readiness(pool).message

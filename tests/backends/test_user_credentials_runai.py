@@ -1,0 +1,198 @@
+"""Per-user credentials on Run:AI (issue 35; docs/backends.md "Per-user credentials").
+
+The user saves their own Run:AI access key (client id + secret) once on the connections page; it
+is checked at the token endpoint and kept sealed. The Run:AI double knows several access keys
+(client id → subject) and checks **every call about a case** (its workload, by name or id) against
+the case owner's subject (``expect_owner``); the fixture fails the test on any call that was not.
+"""
+
+import json
+import logging
+
+import pytest
+from cryptography.fernet import Fernet
+from django.contrib.auth import get_user_model
+from django.db import connection as db
+from django.test import Client
+
+from apps.backends import connections
+from apps.backends import runai as rb
+from apps.backends.base import BackendError, JobRef
+from apps.backends.models import ConnectionState, RemoteConnection
+from apps.cases import workspace
+from apps.cases.models import CaseStatus
+from apps.resources.models import ResourceClass, ResourcePool
+from tests.backends.conftest import wait_for_terminal
+from tests.cases.conftest import launched
+from tests.doubles.runai_server import RunaiDouble
+
+pytestmark = pytest.mark.django_db
+
+SERVICE_ID, SERVICE_SECRET = "gridgate-svc", "runai-SVC-secret-6e5d4c"
+ADA_ID, ADA_SECRET = "ada-key", "runai-ada-PERSONAL-secret-1a2b3c"
+BOB_ID, BOB_SECRET = "bob-key", "runai-bob-PERSONAL-secret-4d5e6f"
+KEY = Fernet.generate_key().decode()
+
+
+@pytest.fixture(scope="module")
+def double():
+    server = RunaiDouble(client_id=SERVICE_ID, client_secret=SERVICE_SECRET, subject="svc-gridgate").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh(double, monkeypatch, settings):
+    settings.GRIDGATE_CREDENTIALS_KEY = [KEY]
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", SERVICE_ID)
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", SERVICE_SECRET)
+    monkeypatch.setattr(rb, "BACKOFF", 0.01)
+    rb._clients.clear()
+    double.reset()
+    double.add_client(ADA_ID, ADA_SECRET, "ada-subject", "ada@example.org")
+    double.add_client(BOB_ID, BOB_SECRET, "bob-subject", "bob@example.org")
+    yield
+    double.reap()
+    rb._clients.clear()
+    assert double.violations == []  # every call about a case came from its owner's credential
+
+
+@pytest.fixture
+def ada(db):
+    return get_user_model().objects.create_user("ada", password="pw")
+
+
+@pytest.fixture
+def bob(db):
+    return get_user_model().objects.create_user("bob", password="pw")
+
+
+@pytest.fixture
+def user_pool(double, tmp_path):
+    volume = tmp_path / "volume"
+    volume.mkdir(mode=0o755)
+    pool = ResourcePool(
+        name="runai-users",
+        kind="runai",
+        public=True,
+        remote={
+            "base_url": double.url,
+            "project": "team-a",
+            "image": "registry.example.org/solver:1.2",
+            "working_root": str(volume),
+            "host_path": str(volume),
+        },
+    )
+    pool.full_clean()
+    pool.save()
+    ResourceClass.objects.create(pool=pool, name="gpu", cpu=2, memory=4, gpu=1, default=True)
+    return pool
+
+
+def browser(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def save_key(user, pool, client_id, secret):
+    return browser(user).post(
+        f"/connections/{pool.pk}/access-key/", {"client_id": client_id, "client_secret": secret}, follow=True
+    )
+
+
+def new_case(make_case, user, pool, command, double, subject):
+    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
+    double.expect_owner(case.id, subject)
+    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+    return case
+
+
+def test_a_per_user_runai_pool_names_its_project():
+    pool = ResourcePool(name="p", kind="runai", remote={"base_url": "https://runai.example.org"})
+    with pytest.raises(Exception, match="'project' is required for per-user credentials"):
+        pool.full_clean()
+
+
+def test_a_saved_access_key_runs_that_users_case_under_their_account(user_pool, double, ada, make_case, api):
+    answer = save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    assert "Access key saved for runai-users (Run:AI account ada@example.org)" in answer.content.decode()
+    connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
+    assert connection.subject == "ada-subject" and connection.state == ConnectionState.CONNECTED
+    case = launched(new_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert double.workloads[case.remote_id].owner == "ada-subject"
+    assert case.remote_identity == "user ada (subject ada-subject)"
+    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["remote_identity"] == case.remote_identity
+
+
+def test_two_users_runai_cases_each_use_their_own_access_key(user_pool, double, ada, bob, make_case):
+    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    save_key(bob, user_pool, BOB_ID, BOB_SECRET)
+    mine = launched(new_case(make_case, ada, user_pool, "echo ada", double, "ada-subject"))
+    theirs = launched(new_case(make_case, bob, user_pool, "echo bob", double, "bob-subject"))
+    assert wait_for_terminal(mine).status == wait_for_terminal(theirs).status == CaseStatus.DONE
+    assert double.workloads[mine.remote_id].owner == "ada-subject"
+    assert double.workloads[theirs.remote_id].owner == "bob-subject"
+
+
+def test_an_access_key_runai_refuses_is_not_kept(user_pool, double, ada):
+    answer = save_key(ada, user_pool, ADA_ID, "not-the-secret")
+    assert "Run:AI refused this access key" in answer.content.decode()
+    assert not RemoteConnection.objects.exists()
+
+
+def test_a_revoked_access_key_fails_the_launch_with_the_page_to_reconnect_at(user_pool, double, ada, make_case):
+    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    double.revoke_client(ADA_ID)  # deleted in Run:AI's user settings
+    case = launched(new_case(make_case, ada, user_pool, "true", double, "ada-subject"))
+    assert case.status == CaseStatus.FAILED and "reconnect at /connections/" in case.last_error
+    assert RemoteConnection.objects.get(user=ada).state == ConnectionState.FAILED
+
+
+def test_r_cred_1_a_per_user_runai_pool_never_uses_the_service_key(user_pool, double, ada, make_case):
+    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    case = launched(new_case(make_case, ada, user_pool, "sleep 20", double, "ada-subject"))
+    calls = len(double.calls)
+    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote_config())  # no identity
+    with pytest.raises(BackendError, match="R-CRED-1"):
+        rb.RunaiBackend().poll(job)
+    assert len(double.calls) == calls
+
+
+def test_the_access_key_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(
+    user_pool, double, ada, make_case, api, admin_client, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    saved = save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    connection = RemoteConnection.objects.get(user=ada)
+    case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "exit 2", double, "ada-subject")))
+    with db.cursor() as cursor:
+        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection.pk])
+        (sealed,) = cursor.fetchone()
+    assert ADA_SECRET not in sealed
+    assert json.loads(Fernet(KEY).decrypt(sealed.encode())) == {"client_id": ADA_ID, "client_secret": ADA_SECRET}
+    pages = [
+        saved,
+        browser(ada).get("/connections/"),
+        api(ada).get("/api/v1/connections/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/events/"),
+        admin_client.get("/admin/backends/remoteconnection/"),
+        admin_client.get(f"/admin/backends/remoteconnection/{connection.pk}/change/"),
+    ]
+    for text in [page.content.decode() for page in pages] + [caplog.text, case.last_error]:
+        assert ADA_SECRET not in text and sealed not in text
+
+
+def test_service_account_runai_pools_run_under_the_service_key(user_pool, double, ada, make_case):
+    user_pool.remote = {**user_pool.remote, "credentials": "service"}
+    user_pool.save()
+    case = launched(make_case(user=ada, resource_class=user_pool.classes.get(), command="true"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert case.remote_identity == "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
+    assert double.workloads[case.remote_id].owner == "svc-gridgate"
+    assert connections.identity_for(ada, user_pool).mode == "service"
