@@ -168,11 +168,27 @@ def _client_class():
     sdk = _sdk()
     urllib3 = sdk["urllib3"]
 
+    class Retry(urllib3.Retry):
+        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+            # urllib3 cuts a longer Retry-After down to retry_after_max and still waits that
+            # long, retries included: a pass would sleep 2 × RETRY_AFTER_MAX per call. Give up
+            # instead (the last answer is returned, as when retries run out); the next pass asks.
+            header = response.headers.get("Retry-After") if response is not None else None
+            if header:
+                try:
+                    wait = self.new(retry_after_max=math.inf).parse_retry_after(header)
+                except urllib3.exceptions.InvalidHeader:
+                    wait = 0
+                if wait > RETRY_AFTER_MAX:
+                    cause = urllib3.exceptions.ResponseError(f"Retry-After {header} is over {RETRY_AFTER_MAX} s")
+                    raise urllib3.exceptions.MaxRetryError(_pool, url, cause)
+            return super().increment(method, url, response, error, _pool, _stacktrace)
+
     class Configuration(sdk["Configuration"]):
         def get_retry_object(self):
             # Only idempotent methods, only 429/5xx; the last answer is returned (not raised) so
             # its status reaches the error; Retry-After is honoured but never for long.
-            return urllib3.Retry(
+            return Retry(
                 total=RETRIES,
                 connect=0,
                 backoff_factor=BACKOFF,
@@ -289,6 +305,12 @@ class Session:
         self.secrets = [secret]
         return client_id, secret
 
+    def secret_values(self) -> list[str]:
+        """What :func:`scrub` removes: the access key's secret and the bearer token the client
+        holds now (a provider, a gateway in debug mode, may echo either in an error body)."""
+        token = getattr(self._client, "_token", None)
+        return [*self.secrets, token] if token else list(self.secrets)
+
     @property
     def client(self):
         if self._client is None:
@@ -333,14 +355,15 @@ class Session:
             if self.per_user and self.identity is not None and self.identity.refused:
                 raise CredentialsRequired(self.identity.refused()) from None
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {exc} (check the client id and secret)", self.secrets), status=exc.status
+                scrub(f"Run:AI {what} failed: {exc} (check the client id and secret)", self.secret_values()),
+                status=exc.status,
             ) from None
         except sdk["ApiException"] as exc:
             status = exc.status or None
             text = _message(exc.data if exc.data is not None else exc.body) or str(exc.reason or "")
             transient = status is None or status in RETRY_STATUSES
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {status or 'no answer'} {text}".strip(), self.secrets),
+                scrub(f"Run:AI {what} failed: {status or 'no answer'} {text}".strip(), self.secret_values()),
                 status=status,
                 transient=transient,
             ) from None
@@ -352,7 +375,8 @@ class Session:
             raise RunaiError(f"Run:AI {what} failed: {why}", timeout=timeout, transient=True) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: connection lost ({type(exc).__name__})", self.secrets), transient=True
+                scrub(f"Run:AI {what} failed: connection lost ({type(exc).__name__})", self.secret_values()),
+                transient=True,
             ) from None
 
 
@@ -611,7 +635,7 @@ class RunaiBackend(ExecutionBackend):
             status=status,
             execution_time=float(elapsed) if isinstance(elapsed, (int, float)) else None,
             cores=math.ceil(cores) if cores else None,
-            message=scrub(message, session.secrets)[:1000],
+            message=scrub(message, session.secret_values())[:1000],
         )
 
     def _copy_tree(self, job: JobRef, what: str, globs: list[str]) -> None:

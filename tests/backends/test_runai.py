@@ -3,8 +3,11 @@
 stands for the shared volume: ``working_root`` here, ``host_path`` on the double's "nodes"."""
 
 import logging
+import time
+from types import SimpleNamespace
 
 import pytest
+import urllib3.util.retry
 
 from apps.backends import runai as rb
 from apps.backends.base import AlreadyFinished, BackendStatus, JobRef
@@ -205,6 +208,42 @@ def test_429_and_5xx_answers_to_a_poll_are_retried_and_then_answer(r_pool, make_
     assert double.calls.count(("GET", f"/api/v1/workloads/{case.remote_id}")) == 3
 
 
+def test_a_retry_after_longer_than_the_cap_is_not_waited_for_and_the_next_pass_retries(
+    r_pool, make_case, double, monkeypatch
+):
+    """A ``Retry-After`` up to ``RETRY_AFTER_MAX`` is waited for and the GET asked again; a longer
+    one gives up at once (one request, no wait: a pass stays bounded), the poll counts as failed
+    and the next pass asks again. The sleeps asked for are recorded, not slept."""
+    sleeps = []
+    clock = SimpleNamespace(sleep=sleeps.append, time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(urllib3.util.retry, "time", clock)  # the transport's waits
+    monkeypatch.setattr(rb, "time", clock)  # the backend's own (the token request)
+    double.hold = {"Pending"}
+    case = launch(make_case, r_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    path = f"/api/v1/workloads/{case.remote_id}"
+
+    double.fault(f"{path}$", status=429, times=1, method="GET", headers={"Retry-After": "2"})
+    double.calls.clear()
+    assert rb.RunaiBackend().poll(job_of(case, r_pool)).status == BackendStatus.PENDING
+    assert sleeps == [2] and double.calls.count(("GET", path)) == 2
+
+    sleeps.clear()
+    double.calls.clear()
+    long_wait = str(rb.RETRY_AFTER_MAX * 60)
+    double.fault(f"{path}$", status=429, times=rb.RETRIES + 1, method="GET", headers={"Retry-After": long_wait})
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert double.calls.count(("GET", path)) == 1  # not asked again in this pass
+    assert not [seconds for seconds in sleeps if seconds >= rb.RETRY_AFTER_MAX]
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "429" in case.last_error
+
+    double.faults.clear()  # the API is back: the next pass asks again and goes on
+    double.hold = set()
+    assert wait_for_terminal(case).status == CaseStatus.DONE
+
+
 def test_a_poll_that_keeps_getting_5xx_is_a_failed_poll_not_a_failure(r_pool, make_case, double):
     case = launch(make_case, r_pool, "sleep 1")
     double.fault(f"/api/v1/workloads/{case.remote_id}$", status=502, times=10, method="GET")
@@ -223,6 +262,40 @@ def test_a_5xx_answer_to_the_create_is_never_resent_and_the_workload_is_adopted(
     assert case.status == CaseStatus.PENDING, case.last_error
     assert double.calls.count(("POST", "/api/v1/workloads/trainings")) == 1
     assert case.remote_id == double.by_case(case.id).id
+
+
+def test_a_create_whose_answer_times_out_is_never_resent_and_the_workload_is_adopted(
+    r_pool, make_case, double, monkeypatch
+):
+    """Run:AI created the workload but answered after the client's timeout: urllib3 does not
+    resend a POST on a read timeout, and the workload is found by its name ``gg-<case id>``."""
+    monkeypatch.setattr(rb, "TIMEOUT", 1)
+    double.fault("/api/v1/workloads/trainings$", delay=2.5, times=1, after=True, method="POST")
+    case = launch(make_case, r_pool, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert double.calls.count(("POST", "/api/v1/workloads/trainings")) == 1
+    assert ("GET", "/api/v1/workloads") in double.calls[double.calls.index(("POST", "/api/v1/workloads/trainings")) :]
+    assert case.remote_id == double.by_case(case.id).id
+    assert [w.name for w in double.workloads.values()] == [f"gg-{case.id}"]
+    assert wait_for_terminal(case).status == CaseStatus.DONE
+
+
+def test_a_create_answered_409_adopts_the_workload_of_that_name_instead_of_creating_a_second(r_pool, make_case, double):
+    """The lookup by name before a create can miss the workload another attempt has just created
+    (a worker racing this one, a listing not up to date yet): the create is then answered 409
+    (the name is taken in the project) and the workload of that name is adopted, not failed."""
+    double.hold = {"Pending"}
+    case = launch(make_case, r_pool, "cat in.txt > out.txt")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    double.calls.clear()
+    adopted = rb.RunaiBackend().submit(passes.build_spec(case))  # no lookup first: straight to the create
+    assert adopted == case.remote_id
+    assert double.calls.count(("POST", "/api/v1/workloads/trainings")) == 1  # the one answered 409
+    assert [w.id for w in double.workloads.values()] == [case.remote_id]
+    double.hold = set()
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
 
 
 def test_a_create_refused_with_503_and_not_carried_out_is_uncertain_and_retried(r_pool, make_case, double):
@@ -348,3 +421,51 @@ def test_a_runai_pool_without_image_or_volume_says_it_cannot_run_cases_yet(doubl
     assert "names no container image" in case_readiness(pool).message
     pool.remote = {k: v for k, v in pool.remote.items() if k not in ("working_root", "host_path")}
     assert "no working directory" in case_readiness(pool).message
+
+
+def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_api_or_admin(
+    r_pool, make_case, double, caplog, api, owner, admin_client
+):
+    """R-BACK-1 with a provider that echoes the request's credential in its error answers
+    (``echo_credentials``): the client secret at sign-in, the bearer token in a refused create
+    and in a failed poll. Each error still says what happened, the credential replaced."""
+    caplog.set_level(logging.DEBUG)
+    # Sign-in answered 503, every attempt echoing the client secret: a launch retried later.
+    double.fault("/api/v2/token$", status=503, times=rb.RETRIES + 1)
+    double.echo_credentials = rb.RETRIES + 1
+    signin = launch(make_case, r_pool, "true")
+    assert signin.status == CaseStatus.PREPARED and "sign-in failed: 503" in signin.last_error
+    # A create refused (400) echoing the bearer token: the launch fails for good.
+    double.fault("/api/v1/workloads/trainings$", status=400, times=1, method="POST")
+    double.echo_credentials = 1
+    refused = launch(make_case, r_pool, "true")
+    assert refused.status == CaseStatus.FAILED and "submission failed: 400" in refused.last_error
+    # A poll answered 502 (each retry too), echoing the bearer token: a failed poll.
+    double.hold = {"Pending"}
+    polled = launch(make_case, r_pool, "true")
+    double.fault(f"/api/v1/workloads/{polled.remote_id}$", status=502, times=rb.RETRIES + 1, method="GET")
+    double.echo_credentials = rb.RETRIES + 1
+    Case.objects.filter(pk=polled.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[polled.id])
+    polled.refresh_from_db()
+    assert polled.poll_failures == 1 and "lookup failed: 502" in polled.last_error
+    assert double.echo_credentials == 0  # every echo was sent
+
+    cases = [signin, refused, polled]
+    for case in cases:
+        assert "request credential: ***" in case.last_error  # scrubbed, not cut: the rest is kept
+    texts = [caplog.text] + [case.last_error for case in cases]
+    texts += [event.message for case in cases for event in case.events.all()]
+    for case in cases:
+        pages = [
+            api(owner).get(f"/api/v1/cases/{case.id}/"),
+            api(owner).get(f"/api/v1/cases/{case.id}/events/"),
+            admin_client.get(f"/admin/cases/case/{case.id}/change/"),
+        ]
+        assert all(page.status_code == 200 for page in pages)
+        texts += [page.content.decode() for page in pages]
+    secrets = [SECRET, *double.tokens]
+    assert len(secrets) > 1
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text

@@ -149,3 +149,27 @@ def test_faults_answer_with_their_status_and_retry_after(double, client):
     double.fault("/api/v1/clusters", status=429, times=1, headers={"Retry-After": "7"})
     answer = requests.get(f"{double.url}/api/v1/clusters", timeout=5)
     assert answer.status_code == 429 and answer.headers["Retry-After"] == "7"
+
+
+def test_an_error_answer_echoes_the_requests_credential_when_asked(double, client):
+    double.echo_credentials = 2
+    refused = requests.post(
+        f"{double.url}/api/v2/token",
+        data={"grant_type": "client_credentials", "client_id": "svc", "client_secret": "wrong-secret"},
+        timeout=5,
+    )
+    assert refused.status_code == 401 and "wrong-secret" in refused.json()["error_description"]
+    double.fault("/api/v1/clusters", status=400, times=1)
+    with pytest.raises(rb._sdk()["ApiException"]) as failed:
+        rb._sdk()["api"].ClustersApi(client).get_clusters()
+    assert client._token in str(failed.value.body)
+    assert double.echo_credentials == 0
+    answer = requests.get(f"{double.url}/api/v1/clusters", headers={"Authorization": "Bearer nope"}, timeout=5)
+    assert answer.status_code == 401 and "nope" not in answer.text  # the echo is over
+
+
+def test_an_expired_access_key_is_refused_at_the_token_endpoint(double):
+    double.expire_client("svc")
+    with pytest.raises(rb.TokenRefused) as refused:
+        rb.build_client(double.url, "svc", SECRET)
+    assert refused.value.status == 401 and "expired" in str(refused.value)

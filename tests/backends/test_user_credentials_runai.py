@@ -19,8 +19,8 @@ from apps.backends import connections
 from apps.backends import runai as rb
 from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
-from apps.cases import workspace
-from apps.cases.models import CaseStatus
+from apps.cases import passes, workspace
+from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal
 from tests.cases.conftest import launched
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.django_db
 SERVICE_ID, SERVICE_SECRET = "gridgate-svc", "runai-SVC-secret-6e5d4c"
 ADA_ID, ADA_SECRET = "ada-key", "runai-ada-PERSONAL-secret-1a2b3c"
 BOB_ID, BOB_SECRET = "bob-key", "runai-bob-PERSONAL-secret-4d5e6f"
+ADA_NEW_ID, ADA_NEW_SECRET = "ada-key-2", "runai-ada-RENEWED-secret-7a8b9c"
 KEY = Fernet.generate_key().decode()
 
 
@@ -151,6 +152,65 @@ def test_a_revoked_access_key_fails_the_launch_with_the_page_to_reconnect_at(use
     case = launched(new_case(make_case, ada, user_pool, "true", double, "ada-subject"))
     assert case.status == CaseStatus.FAILED and "reconnect at /connections/" in case.last_error
     assert RemoteConnection.objects.get(user=ada).state == ConnectionState.FAILED
+
+
+def poll_once(case):
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    return case
+
+
+@pytest.mark.parametrize(
+    "how,worker",
+    [("revoked", "the worker that kept its client"), ("expired", "a new worker process")],
+)
+def test_a_revoked_or_expired_access_key_makes_polls_wait_and_a_new_key_resumes_them(
+    user_pool, double, ada, make_case, api, how, worker
+):
+    """Polls keep the case as it is (no failure counted) and say the owner must reconnect, met
+    either when the kept client's token is refused and a new one is refused too, or when a new
+    worker's first token is refused; the refusals echo the key's secret, which never shows.
+    Once the user saves a working key, the next poll goes on and the case ends done."""
+    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    double.hold = {"Running"}
+    try:
+        case = launched(new_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
+        assert case.status == CaseStatus.PENDING, case.last_error
+        double.wait_phase(case.remote_id, {"Running"})
+        assert poll_once(case).status == CaseStatus.RUNNING
+        if how == "revoked":
+            double.revoke_client(ADA_ID)  # deleted in Run:AI's user settings
+        else:
+            double.expire_client(ADA_ID)
+            double.expire_tokens()  # and the last token ran out
+        if worker == "a new worker process":
+            rb._clients.clear()
+        double.echo_credentials = 10
+        for _ in range(2):
+            poll_once(case)
+        assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
+        assert case.status_message.startswith("waiting for its owner to reconnect")
+        assert "reconnect at /connections/" in case.status_message
+        connection = RemoteConnection.objects.get(user=ada)
+        assert connection.state == ConnectionState.FAILED
+        assert double.echo_credentials < 10  # a refusal echoed the secret
+        texts = [case.status_message, case.last_error, connection.failure]
+        texts += [event.message for event in case.events.all()]
+        texts += [api(ada).get(f"/api/v1/cases/{case.id}/").content.decode()]
+        assert not [text for text in texts if ADA_SECRET in text]
+        double.echo_credentials = 0
+
+        double.add_client(ADA_NEW_ID, ADA_NEW_SECRET, "ada-subject", "ada@example.org")
+        answer = save_key(ada, user_pool, ADA_NEW_ID, ADA_NEW_SECRET)
+        assert "Access key saved" in answer.content.decode()
+        assert RemoteConnection.objects.get(user=ada).state == ConnectionState.CONNECTED
+    finally:
+        double.hold = set()
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE and case.status_message == "", case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert [w.id for w in double.workloads.values()] == [case.remote_id]  # the same workload, not a new one
 
 
 def test_r_cred_1_a_per_user_runai_pool_never_uses_the_service_key(user_pool, double, ada, make_case):

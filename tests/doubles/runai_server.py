@@ -26,9 +26,14 @@ runner waits in; ``force_phase(id, phase)`` answers any phase (an unknown one in
 
 Tokens: ``clients`` maps client id → (secret, subject, e-mail); ``expire_tokens()`` makes every
 token issued so far refused (401) before its ``exp``, as a revoked or clock-skewed one is;
-``token_lifetime`` sets ``expires_in``/``exp``. Faults: ``fault(path_part, status=…, times=…,
-delay=…, after=…, method=…, headers=…)`` as in the other doubles (``after``: the request is carried
-out, then the fault answers). **The owner check**: ``expect_owner(case id, subject)``: every call
+``token_lifetime`` sets ``expires_in``/``exp``; ``revoke_client(id)`` deletes an access key (its
+tokens refused too); ``expire_client(id)`` makes the token endpoint refuse a key whose secret
+expired. Faults: ``fault(path_part, status=…, times=…, delay=…, after=…, method=…, headers=…)``
+as in the other doubles (``after``: the request is carried out, then the fault answers).
+``echo_credentials = n``: the next n error answers (a fault or a refusal) carry in their message
+the credential the request presented (the form's ``client_secret`` at the token endpoint, the
+bearer token elsewhere), as a gateway in debug mode or a careless proxy does: what reaches a user
+must be scrubbed. **The owner check**: ``expect_owner(case id, subject)``: every call
 naming the case's workload (by name or id) must carry a token of that subject, or it is refused
 and recorded in ``violations`` (a test's finalizer asserts none).
 """
@@ -107,6 +112,7 @@ class RunaiDouble:
     def __init__(self, *, client_id="gridgate-svc", client_secret="runai-SVC-secret-6e5d4c", subject="svc-gridgate"):  # noqa: S107
         self.clients: dict[str, tuple[str, str, str]] = {client_id: (client_secret, subject, "gridgate@example.org")}
         self.tokens: dict[str, tuple[str, float]] = {}  # token → (subject, expiry)
+        self.expired_clients: set[str] = set()
         self.token_lifetime = 3600
         self.projects = [
             {
@@ -135,6 +141,7 @@ class RunaiDouble:
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str]] = []
         self.token_requests = 0
+        self.echo_credentials = 0
         self.tick = 0.05
         self.hold: set[str] = set()
         self._lock = threading.Lock()
@@ -172,6 +179,8 @@ class RunaiDouble:
         self.hold = set()
         self.token_lifetime = 3600
         self.token_requests = 0
+        self.echo_credentials = 0
+        self.expired_clients.clear()
 
     def add_client(self, client_id: str, secret: str, subject: str, email: str) -> None:
         self.clients[client_id] = (secret, subject, email)
@@ -183,6 +192,11 @@ class RunaiDouble:
             for token, (who, _expiry) in list(self.tokens.items()):
                 if who == subject:
                     self.tokens.pop(token)
+
+    def expire_client(self, client_id: str) -> None:
+        """The access key's secret passed its expiry date: the token endpoint refuses it (401)
+        while the key is still listed (the user renews it, or makes a new one)."""
+        self.expired_clients.add(client_id)
 
     def expire_tokens(self) -> None:
         """Every token issued so far is refused from now on (before its ``exp``)."""
@@ -352,10 +366,29 @@ class RunaiDouble:
             g.subject = entry[0]
             return None
 
+        def echoed(response):
+            """The error answer with the request's credential in its message."""
+            if request.path == "/api/v2/token":
+                credential = request.form.get("client_secret", "")
+            else:
+                credential = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            body = response.get_json(silent=True)
+            body = body if isinstance(body, dict) else {}
+            key = next((k for k in ("message", "error_description") if k in body), "message")
+            body[key] = f"{body.get(key, '')} (request credential: {credential})".strip()
+            response.set_data(json.dumps(body))
+            response.mimetype = "application/json"
+            return response
+
         @app.after_request
         def after(response):
             delayed = fault(after=True)
-            return delayed if delayed is not None else response
+            response = delayed if delayed is not None else response
+            if response.status_code >= 400 and double.echo_credentials > 0:
+                with double._lock:
+                    double.echo_credentials -= 1
+                response = echoed(response)
+            return response
 
         @app.post("/api/v2/token")
         def token():
@@ -366,6 +399,8 @@ class RunaiDouble:
             entry = double.clients.get(form.get("client_id", ""))
             if entry is None or entry[0] != form.get("client_secret"):
                 return jsonify({"error": "invalid_client", "error_description": "Invalid client credentials"}), 401
+            if form.get("client_id") in double.expired_clients:
+                return jsonify({"error": "invalid_client", "error_description": "Client secret has expired"}), 401
             _secret, subject, email = entry
             expiry = time.time() + double.token_lifetime
             value = jwt({"sub": subject, "email": email, "exp": int(expiry), "jti": uuidlib.uuid4().hex})
