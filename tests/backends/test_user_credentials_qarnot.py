@@ -117,6 +117,7 @@ def test_a_pasted_token_runs_that_users_case_under_their_account(user_pool, doub
     label = "user ada (Qarnot account ada@example.org)"
     assert case.remote_identity == label
     assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["remote_identity"] == label
+    assert f"under {label}" in browser(ada).get(f"/cases/{case.id}/").content.decode()
     assert case.events.filter(message__endswith=f"under {label}").exists()
 
 
@@ -221,3 +222,19 @@ def test_service_account_qarnot_pools_are_unchanged(double, ada, make_case, monk
     assert double.tasks[case.remote_id].owner == "gridgate@example.org"
     assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
     assert connections.identity_for(ada, pool).mode == "service"
+
+
+def test_a_script_keeps_its_qarnot_token_through_the_api_and_never_gets_it_back(user_pool, double, ada, api):
+    client = api(ada)
+    url = f"/api/v1/connections/{user_pool.pk}/"
+    refused = client.put(url, {"token": "not-a-token-of-anyone"}, format="json")
+    assert refused.status_code == 400 and "Qarnot refused this token" in refused.json()["detail"]
+    assert not RemoteConnection.objects.exists()
+    wrong = client.put(url, {"client_id": "x", "client_secret": "y"}, format="json")
+    assert wrong.status_code == 400 and "'token'" in str(wrong.json())
+    answer = client.put(url, {"token": ADA_TOKEN}, format="json")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert (body["state"], body["subject"]) == ("connected", "ada@example.org")
+    assert ADA_TOKEN not in answer.content.decode()
+    assert RemoteConnection.objects.get(user=ada, pool=user_pool).subject == "ada@example.org"

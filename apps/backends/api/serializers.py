@@ -65,3 +65,13 @@ class ConnectionSerializer(serializers.Serializer):
 
 def _when(value):
     return serializers.DateTimeField().to_representation(value) if value else None
+
+
+class ConnectionCredentialSerializer(serializers.Serializer):
+    """``PUT /connections/{pool}/``: the credential a pool of that kind takes from its user, checked
+    with the provider before it is kept (sealed): Qarnot's API ``token``, or Run:AI's access key
+    (``client_id`` and ``client_secret``). FirecREST connects in the browser (``connect_url``)."""
+
+    token = serializers.CharField(required=False, write_only=True, max_length=4096, trim_whitespace=True)
+    client_id = serializers.CharField(required=False, write_only=True, max_length=1024)
+    client_secret = serializers.CharField(required=False, write_only=True, max_length=1024)

@@ -1,12 +1,18 @@
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.backends import connections, registry
-from apps.backends.api.serializers import BackendSerializer, ConnectionSerializer, LaunchOptionsSerializer
+from apps.backends.api.serializers import (
+    BackendSerializer,
+    ConnectionCredentialSerializer,
+    ConnectionSerializer,
+    LaunchOptionsSerializer,
+)
 from apps.backends.services import launch_options_for
 from apps.resources.selectors import visible_classes
 
@@ -54,6 +60,40 @@ class ConnectionDetailView(APIView):
 
     @extend_schema(responses=ConnectionSerializer)
     def get(self, request, pool: int):
+        return Response(ConnectionSerializer(self._row(request, pool)).data)
+
+    @extend_schema(
+        request=ConnectionCredentialSerializer,
+        responses={
+            200: ConnectionSerializer,
+            400: OpenApiResponse(description="Refused by the provider, or the wrong fields for the pool's kind."),
+            503: OpenApiResponse(description="The provider could not be asked."),
+        },
+    )
+    def put(self, request, pool: int):
+        """Keep your Qarnot API token or Run:AI access key for this pool, once the provider accepted it."""
+        body = ConnectionCredentialSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        kind = self._row(request, pool)["pool"].kind
+        if kind == "qarnot" and "token" in data:
+            connections.store_api_token(user=request.user, pool_id=pool, token=data["token"])
+        elif kind == "runai" and {"client_id", "client_secret"} <= set(data):
+            connections.store_access_key(
+                user=request.user, pool_id=pool, client_id=data["client_id"], client_secret=data["client_secret"]
+            )
+        else:
+            wanted = {
+                "qarnot": "'token' (your Qarnot API token)",
+                "runai": "'client_id' and 'client_secret' (your Run:AI access key)",
+            }.get(kind)
+            raise ValidationError(
+                {
+                    "detail": f"Send {wanted}."
+                    if wanted
+                    else f"A {kind} pool connects in the browser: {connections.connect_page()}."
+                }
+            )
         return Response(ConnectionSerializer(self._row(request, pool)).data)
 
     @extend_schema(
