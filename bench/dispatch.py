@@ -1,7 +1,10 @@
 """Per-dispatch cost against queue depth and against history (SPEC §9).
 
-1. 1 000 vs 100 000 pending jobs in 1 000 sessions, weighted_fair and fifo: the dispatch
-   queries are index-backed, so the time per dispatch must not grow with the backlog.
+1. 1 000 vs 100 000 pending jobs in 1 000 sessions, weighted_fair, fifo and usage_fair: the
+   dispatch queries are index-backed, so the time per dispatch must not grow with the backlog.
+   usage_fair's sessions belong to 50 users (its first level chooses among their shares), and
+   each dispatched job ends through ``passes._finish`` (untimed) with a device time of 1-7 s, so
+   that the shares' usage and the sessions' vruntimes move as in service.
 2. The same 1 000 pending jobs with no finished job vs 200 000 finished jobs on the device:
    dispatch, ``GET /devices/`` and ``devices_with_load`` must cost the same
    (ratio ≤ 1.5), with a constant query count.
@@ -18,9 +21,11 @@ SESSIONS = 1000
 DISPATCHES = 200
 HISTORY = 200_000
 REQUESTS = 15
+SHARE_USERS = 50  # usage_fair: the users the sessions are spread over
 
 
-def populate(pool, klass, user, per_session):
+def populate(pool, klass, user, per_session, users=None):
+    """``per_session`` pending jobs in each of SESSIONS sessions, of ``user`` or spread over ``users``."""
     from django.utils import timezone
 
     from apps.scheduling.models import Job
@@ -28,9 +33,10 @@ def populate(pool, klass, user, per_session):
 
     now = timezone.now()
     later = now + timezone.timedelta(days=30)
+    users = users or [user]
     sessions = Session.objects.bulk_create(
         Session(
-            user=user,
+            user=users[i % len(users)],
             resource_class=klass,
             pool=pool,
             slots=1 + i % 5,
@@ -44,7 +50,7 @@ def populate(pool, klass, user, per_session):
     batch = []
     for _ in range(per_session):
         for session in sessions:
-            batch.append(Job(session=session, pool=pool, user=user, payload={}, shots=1, created_at=now))
+            batch.append(Job(session=session, pool=pool, user_id=session.user_id, payload={}, shots=1, created_at=now))
             if len(batch) >= 20000:
                 Job.objects.bulk_create(batch)
                 batch = []
@@ -109,11 +115,15 @@ def measure_reads(client):
     return statistics.median(api_times), statistics.median(load_times), sorted(queries)
 
 
-def measure(pool_id):
+def measure(pool_id, finish=False):
+    """Median time of DISPATCHES dispatches, and their query counts. Each job is then marked
+    completed (untimed), or with ``finish`` ended through ``passes._finish`` (usage_fair: its
+    device time is charged to its session and share)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     from apps.scheduling import passes
+    from apps.scheduling.drivers import DriverState
     from apps.scheduling.models import Job, JobStatus
 
     times, queries = [], []
@@ -125,7 +135,11 @@ def measure(pool_id):
             times.append(time.perf_counter() - start)
         queries.append(len(ctx))
         assert job is not None
-        Job.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)  # frees the device, untimed
+        if finish:
+            runtime = 1.0 + len(times) % 7
+            passes._finish(job, DriverState("completed", runtime_seconds=runtime), expect_remote_id="")
+        else:
+            Job.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)  # frees the device, untimed
     return statistics.median(times), queries
 
 
@@ -141,9 +155,16 @@ def main() -> int:
     from apps.sessions.models import Session
 
     user, _ = get_user_model().objects.get_or_create(username="bench")
+    share_users = [
+        get_user_model().objects.get_or_create(username=f"bench-share-{i:02d}")[0] for i in range(SHARE_USERS)
+    ]
     print(f"dispatch: {SESSIONS} sessions, median of {DISPATCHES} dispatches (dispatch_once, no driver call)")
     # ``--history``: only part 2 (the backlog part populates 200 000 rows twice).
-    for strategy in () if "--history" in sys.argv else ("weighted_fair", "fifo"):
+    strategies = ("weighted_fair", "fifo", "usage_fair")
+    if "--strategy" in sys.argv:
+        strategies = (sys.argv[sys.argv.index("--strategy") + 1],)
+    for strategy in () if "--history" in sys.argv else strategies:
+        usage = strategy == "usage_fair"
         results = {}
         for per_session in (1, 100):
             Job.objects.all().delete()
@@ -152,17 +173,19 @@ def main() -> int:
             pool = ResourcePool.objects.create(name=f"bench-{strategy}", kind="local", strategy=strategy)
             klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
             Device.objects.create(pool=pool, name="d", driver="fake", max_concurrent_jobs=1)
-            populate(pool, klass, user, per_session)
+            populate(pool, klass, user, per_session, users=share_users if usage else None)
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE scheduling_job; ANALYZE compute_sessions_session")
-            results[per_session] = measure(pool.pk)
+            results[per_session] = measure(pool.pk, finish=usage)
         (small_t, small_q), (big_t, big_q) = results[1], results[100]
+        label = f"{strategy} ({SHARE_USERS} users)" if usage else strategy
         print(
-            f"  {strategy:13s}: {SESSIONS * 1:>7,} pending {small_t * 1000:6.2f} ms/dispatch, "
+            f"  {label:13s}: {SESSIONS * 1:>7,} pending {small_t * 1000:6.2f} ms/dispatch, "
             f"{SESSIONS * 100:>7,} pending {big_t * 1000:6.2f} ms/dispatch; ratio {big_t / small_t:.2f} "
             f"(target <= 1.5); queries/dispatch {sorted(set(small_q))} vs {sorted(set(big_q))}"
         )
-    history(user)
+    if "--strategy" not in sys.argv:  # ``--strategy NAME``: that part-1 line only
+        history(user)
     Job.objects.all().delete()
     Session.objects.all().delete()
     ResourcePool.objects.filter(name__startswith="bench-").delete()

@@ -345,6 +345,9 @@ GRIDGATE_JOB_POLL_INTERVAL = env_int("GRIDGATE_JOB_POLL_INTERVAL", 2, minimum=1)
 # renewal: a worker that dies mid-call leaves the job to the others after this. A live worker
 # renews it every quarter while a provider call runs, however long the call.
 GRIDGATE_JOB_LEASE_SECONDS = env_int("GRIDGATE_JOB_LEASE_SECONDS", 30, minimum=2)
+# A job's expected device time before its device has completed any in its shots band (R-JOB-5):
+# the ETA of pending jobs and usage_fair's in-flight estimate start from it.
+GRIDGATE_JOB_SECONDS_GUESS = env_int("GRIDGATE_JOB_SECONDS_GUESS", 60, minimum=1)
 # How often the worker asks a real QPU's provider (pasqal_qpu, pasqal_cloud) whether it is up.
 GRIDGATE_DEVICE_STATUS_INTERVAL = env_int("GRIDGATE_DEVICE_STATUS_INTERVAL", 15, minimum=1)
 # Emulator runs (apps.scheduling.drivers.emulator, docs/operations.md "Recovery"): a running

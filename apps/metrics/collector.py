@@ -16,7 +16,10 @@ cases per state               status IN (prepared, pending, running): ``cases_ca
 latency histograms            ``JobLatencyBucket``: a few rows per pool, counted at the event
 ============================  ================================================================
 
-Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so);
+Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so), and
+for ``gridgate_pending_jobs`` a few more per pool with pending jobs: each such pool's queue
+snapshot (``apps.scheduling.selectors``, shared with the job lists for 5 s), whose cost follows
+the pending jobs, never the history;
 ``bench/metrics_scrape.py`` measures it with 100 000 finished jobs. Finished jobs and cases
 are not counted here: that would scan the history on every scrape (the accounting API and
 the utilization page report them).
@@ -31,6 +34,7 @@ from apps.cases.models import Case, CaseStatus
 from apps.core.models import WorkerHeartbeat
 from apps.licences.models import LicenceState
 from apps.resources.models import ResourcePool
+from apps.scheduling import selectors
 from apps.scheduling.latency import BUCKETS
 from apps.scheduling.models import UNFINISHED, Device, Job, JobLatencyBucket, JobStatus, LatencyKind
 
@@ -189,6 +193,20 @@ class StateCollector:
             capacity.add_metric(labels, max_jobs)
             online.add_metric(labels, 1 if is_online else 0)
         yield from (jobs, backoff, running, capacity, online)
+        yield self._pending(names, [pool_id for (pool_id, status), n in counts.items() if status == "pending" and n])
+
+    def _pending(self, names, pool_ids):
+        """R-JOB-4 by reason: what ``pending_code`` says of each pending job (``queue_info``'s
+        rule, from the pools' queue snapshots): no query while no job is pending."""
+        family = GaugeMetricFamily(
+            "gridgate_pending_jobs",
+            "Pending jobs per pool and reason they wait (pending_code).",
+            labels=["pool", "reason"],
+        )
+        for (pool_id, code), n in sorted(selectors.pending_by_reason(pool_ids).items()):
+            if pool_id in names:
+                family.add_metric([names[pool_id], code], n)
+        return family
 
     def _latency(self, names):
         rows: dict[tuple, dict[float, tuple[int, float]]] = {}

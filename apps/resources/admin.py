@@ -93,7 +93,10 @@ class ResourcePoolAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Sessions and scheduling", {"fields": ["strategy", "idle_timeout", "max_lifetime"]}),
+        (
+            "Sessions and scheduling",
+            {"fields": ["strategy", "share_by", "usage_half_life", "idle_timeout", "max_lifetime"]},
+        ),
         ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
         ("Accessibility", {"fields": ["is_accessible", "accessibility_message", "paused_reason"]}),
         ("Access (private pools)", {"fields": ["users", "groups"]}),

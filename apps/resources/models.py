@@ -33,7 +33,7 @@ SLURM_LIKE = frozenset({PoolKind.SLURM, PoolKind.FIRECREST})
 class Strategy(models.TextChoices):
     FIFO = "fifo", "FIFO"
     WEIGHTED_FAIR = "weighted_fair", "Weighted fair (job count / slots)"
-    USAGE_FAIR = "usage_fair", "Usage fair (device time / slots)"
+    USAGE_FAIR = "usage_fair", "Usage fair (decayed device time per user or group, then per session)"
 
 
 def fmt(value) -> str:
@@ -135,6 +135,21 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         ),
     )
     strategy = models.CharField(max_length=16, choices=Strategy.choices, default=Strategy.WEIGHTED_FAIR)
+    # -- usage_fair (R-SCHED-6): shares by decayed device time --
+    share_by = models.CharField(
+        max_length=8,
+        choices=[("user", _("User")), ("group", _("Group"))],
+        default="user",
+        help_text=_(
+            "usage_fair: whose decayed device time is compared, each user's or each group's (a user in several "
+            "of the pool's groups counts under the first by name; a user granted directly, under their own name)."
+        ),
+    )
+    usage_half_life = models.PositiveIntegerField(
+        default=24 * 3600,
+        validators=[MinValueValidator(60)],
+        help_text=_("usage_fair: seconds after which device time used counts half (default 1 day)."),
+    )
     idle_timeout = models.PositiveIntegerField(default=3600, validators=[MinValueValidator(1)], help_text=_("Seconds."))
     max_lifetime = models.PositiveIntegerField(
         default=30 * 24 * 3600, validators=[MinValueValidator(1)], help_text=_("Seconds.")

@@ -1,3 +1,5 @@
+import time
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -9,9 +11,9 @@ from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
-from apps.scheduling import device_status, selectors, services
+from apps.scheduling import device_status, selectors, services, shares
 from apps.scheduling.devices import FIELDS, validate_driver_settings
-from apps.scheduling.models import Device, DriverRun, Job, JobStatus, OpenBatch, PoolQueue
+from apps.scheduling.models import Device, DriverRun, FairShare, Job, JobStatus, OpenBatch, PoolQueue
 
 
 class DeviceForm(forms.ModelForm):
@@ -55,6 +57,16 @@ class PoolAdmin(ResourcePoolAdmin):
     classes and usage, and this app's devices inline."""
 
     inlines = [*ResourcePoolAdmin.inlines, DeviceInline]
+    actions = [*ResourcePoolAdmin.actions, "recompute_usage"]
+
+    @admin.action(
+        description="Recompute users' and groups' usage from the job history (usage_fair)", permissions=["change"]
+    )
+    def recompute_usage(self, request, queryset):
+        now = time.time()
+        for pool in queryset.filter(strategy="usage_fair"):
+            counted = shares.recompute(pool, now)
+            self.message_user(request, f"{pool.name}: usage rebuilt from {counted} job(s).", messages.SUCCESS)
 
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)
@@ -159,8 +171,10 @@ class JobAdmin(admin.ModelAdmin):
         info = getattr(obj, "queue_info", None)
         if not info:
             return "—"
-        reason, position = info
-        return f"{reason} (#{position})" if position else reason
+        text = f"{info.reason} (#{info.position})" if info.position else info.reason
+        if info.eta_seconds is None:
+            return text
+        return f"{text}, starts in about {info.eta_seconds:.0f} s (± {info.eta_error_seconds:.0f} s)"
 
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):
@@ -253,3 +267,24 @@ class OpenBatchAdmin(ReadOnlyAdmin):
     list_filter = ["device"]
     search_fields = ["batch_id", "creator"]
     readonly_fields = [f.name for f in OpenBatch._meta.fields]
+
+
+@admin.register(FairShare)
+class FairShareAdmin(admin.ModelAdmin):
+    """usage_fair's shares (R-SCHED-6): operators set a user's or group's weight on a pool (add
+    one before they ever ran); the decayed device time is the scheduler's, shown as of now."""
+
+    list_display = ["pool", "user", "group", "weight", "usage_now", "vtime"]
+    list_select_related = ["pool", "user", "group"]
+    list_filter = ["pool"]
+    list_editable = ["weight"]
+    search_fields = ["user__username", "group__name", "pool__name"]
+    autocomplete_fields = ["user", "group"]
+    fields = ["pool", "user", "group", "weight", "usage_now", "usage", "usage_at", "vtime"]
+    readonly_fields = ["usage_now", "usage", "usage_at", "vtime"]
+
+    @admin.display(description="decayed device time now (s)")
+    def usage_now(self, obj):
+        if obj.pk is None:
+            return "—"
+        return f"{shares.decayed(obj.usage, obj.usage_at, time.time(), obj.pool.usage_half_life):.1f}"

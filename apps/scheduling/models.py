@@ -1,6 +1,7 @@
 """Devices, jobs and the scheduler's state (SPEC §5)."""
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -279,6 +280,10 @@ class PoolQueue(models.Model):
     awaiting_work = models.BooleanField(
         default=True, help_text="A device was left free with nothing to run: the next submission wakes the dispatcher."
     )
+    # R-SCHED-6 (usage_fair): the virtual time of the level across users or groups, in decayed
+    # device seconds per unit of weight as of ``share_vtime_at`` (Unix time); it decays as usage does.
+    share_vtime = models.FloatField(default=0.0, help_text="usage_fair: virtual time across users or groups.")
+    share_vtime_at = models.FloatField(default=0.0, help_text="Unix time ``share_vtime`` is given at.")
 
     class Meta:
         ordering = ["pool_id"]
@@ -317,3 +322,70 @@ class JobLatencyBucket(models.Model):
 
     def __str__(self):
         return f"{self.pool_id} {self.kind} le={self.le}: {self.count}"
+
+
+class FairShare(models.Model):
+    """One user's or group's share of a ``usage_fair`` pool (R-SCHED-6): its weight, set by an
+    operator, and its decayed device time, kept by the scheduler.
+
+    ``usage`` is device seconds decayed to ``usage_at`` (Unix time); at any later time ``t`` it
+    is ``usage · 2^-((t - usage_at) / half-life)`` (``apps.scheduling.shares.decayed``), so a charge
+    is one read-modify-write of this row and nothing decays in the background. The order uses
+    ``usage + catch_up``: ``catch_up`` is what raised the share to the level's virtual time when it
+    last became runnable (``queued`` turning on). ``vtime`` is the virtual time of the share's own
+    sessions (the level below: SFQ across them)."""
+
+    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="shares")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.001)],
+        help_text="Relative share: a weight-2 user is given twice the device time of a weight-1 user.",
+    )
+    usage = models.FloatField(default=0.0, help_text="Decayed device seconds, as of usage_at.")
+    catch_up = models.FloatField(
+        default=0.0,
+        help_text="Decayed device seconds added to usage when the share last became runnable (the level's "
+        "virtual time), as of usage_at: counted for the order, never shown as used.",
+    )
+    usage_at = models.FloatField(default=0.0, help_text="Unix time usage and catch_up are given at.")
+    queued = models.BooleanField(default=False, help_text="Had work pending at the last dispatch.")
+    vtime = models.FloatField(default=0.0, help_text="Virtual time of this share's sessions.")
+
+    class Meta:
+        ordering = ["pool_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False),
+                name="scheduling_fairshare_user_or_group",
+            ),
+            models.CheckConstraint(condition=Q(weight__gt=0), name="scheduling_fairshare_weight_positive"),
+            models.UniqueConstraint(fields=["pool", "user"], condition=Q(user__isnull=False), name="fairshare_user"),
+            models.UniqueConstraint(fields=["pool", "group"], condition=Q(group__isnull=False), name="fairshare_group"),
+        ]
+
+    def __str__(self):
+        return f"{'group ' + str(self.group) if self.group_id else self.user} on {self.pool}"
+
+
+class DeviceRuntime(models.Model):
+    """Measured device time of a device's completed jobs in one shots band (``band``: the
+    number of decimal digits of ``shots`` minus one; -1 for every band together), for the ETA
+    of pending jobs and the in-flight estimate of usage_fair. Running moments, their weight
+    capped (``apps.scheduling.runtimes.WINDOW``) so that they follow a device that changes."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="runtimes")
+    band = models.SmallIntegerField()
+    count = models.PositiveIntegerField(default=0)
+    mean = models.FloatField(default=0.0, help_text="Seconds.")
+    var = models.FloatField(default=0.0, help_text="Seconds squared.")
+
+    class Meta:
+        ordering = ["device_id", "band"]
+        constraints = [models.UniqueConstraint(fields=["device", "band"], name="scheduling_deviceruntime_unique")]
+
+    def __str__(self):
+        return f"{self.device_id} band {self.band}: {self.mean:.1f}s over {self.count}"

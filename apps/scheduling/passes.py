@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from apps.core.retry import is_retryable
 from apps.resources.models import ResourcePool
-from apps.scheduling import latency
+from apps.scheduling import latency, runtimes, shares
 from apps.scheduling.drivers import (
     DriverState,
     PermanentDriverError,
@@ -120,7 +120,9 @@ def dispatch_once(pool_id: int) -> Job | None:
     """
     with transaction.atomic():
         queue = _lock_queue(pool_id)
-        pool = ResourcePool.objects.only("is_accessible", "paused_reason", "strategy").get(pk=pool_id)
+        pool = ResourcePool.objects.only(
+            "is_accessible", "paused_reason", "strategy", "share_by", "usage_half_life"
+        ).get(pk=pool_id)
         if not pool.is_accessible or pool.paused_reason:
             return None  # jobs wait: the sweep dispatches them once the pool resumes
         free = free_devices(pool_id)
@@ -131,7 +133,7 @@ def dispatch_once(pool_id: int) -> Job | None:
         now = timezone.now()
         owner = claim_token()
         for _ in range(3):  # a candidate cancelled under our feet: take the next one
-            job = strategy.next_job(pool_id, [d.pk for d in free], now)
+            job = strategy.next_job(pool, queue, [d.pk for d in free], now)
             if job is None:
                 _set_awaiting(queue, True)  # a device is free: the next submission wakes us
                 return None
@@ -166,11 +168,10 @@ def dispatch_once(pool_id: int) -> Job | None:
         charge = strategy.dispatch_charge(job, slots)
         if charge:
             strategy.charge(job, charge)
-        # R-SCHED-2: V = max(V, vruntime of the session served, before its charge).
-        queue.vtime = max(queue.vtime, vruntime)
+        strategy.served(pool, queue, job, vruntime, now)  # the virtual times (R-SCHED-2, R-SCHED-6)
         queue.last_dispatch_at = now
         queue.awaiting_work = False
-        queue.save(update_fields=["vtime", "last_dispatch_at", "awaiting_work"])
+        queue.save(update_fields=["last_dispatch_at", "awaiting_work"])
     job.refresh_from_db()
     job.device = device
     job._dispatch_charge = charge
@@ -310,7 +311,8 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
         # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
         # job ran too). In its own transaction, after the job row's, taking the session first:
         # lock order session → job, as revocation and dispatch.
-        pool = ResourcePool.objects.only("strategy").get(pk=job.pool_id)
+        # R-SCHED-6: and to the job's share, in the same transaction (lock order session → share).
+        pool = ResourcePool.objects.only("strategy", "share_by", "usage_half_life").get(pk=job.pool_id)
         strategy = strategy_for(pool.strategy)
         if strategy.charge_at_completion:
             with transaction.atomic():
@@ -318,6 +320,9 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
                 if Job.objects.filter(pk=job.pk, charged=False).update(charged=True):
                     job.runtime_seconds = state.runtime_seconds
                     strategy.charge(job, strategy.completion_charge(job, slots))
+                    shares.charge(pool, job.user_id, state.runtime_seconds, now.timestamp())
+        if status == JobStatus.COMPLETED and job.device_id:
+            runtimes.observe(job.device_id, job.shots, state.runtime_seconds)  # R-JOB-5: the ETA's figures
     return bool(updated)
 
 

@@ -1,21 +1,33 @@
 """Read-side helpers: device load and why a job waits (R-JOB-4)."""
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db.models import Count, F, Func, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
 
-NO_DEVICE = "no device online"
-DEVICE_DOWN = "device down"  # its provider (a real QPU) reports it down or cannot be reached
-BUSY = "devices busy"
-NOT_ACCESSIBLE = "pool not accessible"
-PAUSED = "paused"  # the pool or every usable device is paused (calibration, maintenance)
-TURN = "waiting for its turn"
+# R-JOB-4: why a pending job waits, as a stable code (API ``pending_code``, Prometheus
+# ``gridgate_pending_jobs{reason}``) and its text (``pending_reason``); the first that holds wins.
+REASONS = {
+    "pool_not_accessible": "pool not accessible",
+    "pool_paused": "paused",  # calibration or maintenance
+    "no_device": "no device online",
+    "device_down": "device down",  # its provider (a real QPU) reports it down or cannot be reached
+    "device_paused": "paused",  # every online device of the pool is paused
+    "backoff": "retrying after a transient device error",
+    "session_expiring": "its session ends before its expected start",
+    "share_exhausted": "others have used less of their share",  # usage_fair: another share goes first
+    "device_busy": "devices busy",
+    "waiting_turn": "waiting for its turn",
+}
+NOT_ACCESSIBLE, PAUSED, NO_DEVICE = REASONS["pool_not_accessible"], REASONS["pool_paused"], REASONS["no_device"]
+DEVICE_DOWN, BUSY, TURN = REASONS["device_down"], REASONS["device_busy"], REASONS["waiting_turn"]
 
 
 def _count(jobs):
@@ -86,55 +98,135 @@ def pool_status(pool) -> PoolStatus:
     )
 
 
-def queue_info(jobs) -> dict[int, tuple[str, int]]:
-    """``{job id: (pending_reason, queue_position)}`` for the pending jobs among ``jobs``.
+@dataclass(frozen=True)
+class Waiting:
+    """Why a pending job waits (``code``, ``reason``), where it stands in its pool's queue and
+    when it is expected to start (seconds from now, with one standard deviation; None when no
+    device can run it now)."""
 
-    A constant number of queries whatever the number of jobs. Positions follow the pool's
-    strategy: FIFO rank for ``fifo``; for the fair strategies, the order in which the weighted
-    scheduler would reach each job if nothing else arrived (session vruntime + k/slots for its
-    k-th pending job), which for ``usage_fair`` is an estimate (device time is not known ahead).
-    Positions come from a per-pool snapshot of the queue (``_snapshots``): a list read costs the
-    same with 10 000 pending jobs as with 100.
+    code: str | None
+    position: int | None
+    eta_seconds: float | None
+    eta_error_seconds: float | None
+
+    @property
+    def reason(self) -> str | None:
+        return REASONS[self.code] if self.code else None
+
+
+NOT_WAITING = Waiting(None, None, None, None)  # a job that is not pending
+
+
+def queue_info(jobs) -> dict[int, Waiting]:
+    """``{job id: Waiting}`` for the pending jobs among ``jobs`` (R-JOB-4, R-JOB-5).
+
+    A constant number of queries whatever the number of jobs: what holds now (devices, access,
+    pause, running jobs) is read for all the pools at once (``_now``), and each pool's order and
+    the device time before each job come from a snapshot of its queue (``_snapshots``), rebuilt
+    only when the queue changed: a list read costs the same with 100 000 pending jobs as with
+    100. Positions and ETAs follow the pool's strategy; they assume nothing else arrives, and the
+    device times measured so far.
     """
     pending = [j for j in jobs if j.status == JobStatus.PENDING]
     if not pending:
         return {}
-    pool_ids = {j.pool_id for j in pending}
-    devices = defaultdict(list)
-    running = Job.objects.filter(device_id=OuterRef("pk"), status=JobStatus.RUNNING)
-    online = Device.objects.filter(pool_id__in=pool_ids, online=True).annotate(running_jobs=_count(running))
-    for device in online:
-        devices[device.pool_id].append(device)
     pools = {j.pool_id: j.pool for j in pending}
-    down_pools = set(
-        Device.objects.filter(pool_id__in=pool_ids - set(devices), provider_status__in=["down", "unreachable"])
-        .order_by()
-        .values_list("pool_id", flat=True)
-        .distinct()
-    )
-    listed = defaultdict(set)
+    listed: dict[int, set] = {pool_id: set() for pool_id in pools}
     for job in pending:
         listed[job.pool_id].add(job.pk)
-    snapshots = _snapshots(listed)
+    snapshots, states = _snapshots(listed, pools), _now(pools)
+    return {job.pk: snapshots[job.pool_id].waiting(job.pk, states[job.pool_id]) for job in pending}
 
-    info = {}
-    for job in pending:
-        pool = pools[job.pool_id]
-        usable = devices.get(job.pool_id, [])
+
+def session_waits(sessions) -> dict:
+    """``{session id: (job id, Waiting)}`` of each active session's next job (its first in the
+    pool's order): when a waiting session gets the device next."""
+    active = [s for s in sessions if s.status == SessionStatus.ACTIVE]
+    pools = {s.pool_id: s.pool for s in active}
+    if not pools:
+        return {}
+    snapshots, states = _snapshots({pool_id: set() for pool_id in pools}, pools), _now(pools)
+    out = {}
+    for session in active:
+        job_id = snapshots[session.pool_id].first_of_session.get(session.pk)
+        if job_id is not None:
+            out[session.pk] = (job_id, snapshots[session.pool_id].waiting(job_id, states[session.pool_id]))
+    return out
+
+
+def pending_by_reason(pool_ids) -> dict[tuple[int, str], int]:
+    """``{(pool id, code): pending jobs}`` over ``pool_ids`` (``gridgate_pending_jobs``): the
+    pools read once, then per pool its snapshot (built unless cached) and the facts of now."""
+    from apps.resources.models import ResourcePool
+
+    pools = {pool.pk: pool for pool in ResourcePool.objects.filter(pk__in=list(pool_ids))}
+    if not pools:
+        return {}
+    snapshots, states = _snapshots({pool_id: set() for pool_id in pools}, pools), _now(pools)
+    out: dict[tuple[int, str], int] = {}
+    for pool_id, snapshot in snapshots.items():
+        for job_id in snapshot.rank:
+            code = snapshot.waiting(job_id, states[pool_id]).code
+            out[(pool_id, code)] = out.get((pool_id, code), 0) + 1
+    return out
+
+
+@dataclass
+class _PoolNow:
+    """What holds now for one pool: the reason every job of it waits, if one does (``code``),
+    whether every usable device runs all it may, their capacity, and the running jobs."""
+
+    code: str | None
+    busy: bool
+    capacity: int
+    running: list  # (device id, shots, scheduled at)
+    at: object  # the time it was read
+    remaining: tuple | None = None  # (mean, variance) of the running jobs' remaining device time
+
+
+def _now(pools: dict) -> dict[int, _PoolNow]:
+    """Three queries for every pool at once: their online devices with their load, which pools
+    have a device reported down, and their running jobs."""
+    at = timezone.now()
+    online = defaultdict(list)
+    for device in Device.objects.filter(pool_id__in=pools, online=True).annotate(running_jobs=_count_running()):
+        online[device.pool_id].append(device)
+    down = set()
+    if set(pools) - set(online):
+        down = set(
+            Device.objects.filter(pool_id__in=set(pools) - set(online), provider_status__in=["down", "unreachable"])
+            .order_by()
+            .values_list("pool_id", flat=True)
+            .distinct()
+        )
+    running = defaultdict(list)
+    for pool_id, device_id, shots, scheduled_at in Job.objects.filter(
+        pool_id__in=pools, status=JobStatus.RUNNING
+    ).values_list("pool_id", "device_id", "shots", "scheduled_at"):
+        running[pool_id].append((device_id, shots, scheduled_at))
+    out = {}
+    for pool_id, pool in pools.items():
+        devices = online.get(pool_id, [])
+        usable = [d for d in devices if not d.paused_reason]
         if not pool.is_accessible:
-            reason = NOT_ACCESSIBLE
+            code = "pool_not_accessible"
         elif pool.paused_reason:
-            reason = PAUSED
+            code = "pool_paused"
+        elif not devices:
+            code = "device_down" if pool_id in down else "no_device"
         elif not usable:
-            reason = DEVICE_DOWN if job.pool_id in down_pools else NO_DEVICE
-        elif all(d.paused_reason for d in usable):
-            reason = PAUSED
-        elif all(d.running_jobs >= d.max_concurrent_jobs for d in usable):
-            reason = BUSY
+            code = "device_paused"
         else:
-            reason = TURN
-        info[job.pk] = (reason, snapshots[job.pool_id].position(job.pk, fifo=pool.strategy == "fifo"))
-    return info
+            code = None
+        usable_ids = {d.pk for d in usable}
+        out[pool_id] = _PoolNow(
+            code=code,
+            busy=all(d.running_jobs >= d.max_concurrent_jobs for d in usable),
+            capacity=sum(d.max_concurrent_jobs for d in usable),
+            running=[row for row in running.get(pool_id, []) if row[0] in usable_ids],
+            at=at,
+        )
+    return out
 
 
 # Per-process snapshots of pools' queues: {pool id: (version, taken at, _QueueSnapshot)}.
@@ -142,26 +234,29 @@ _SNAPSHOT_CACHE: dict[int, tuple[tuple, float, "_QueueSnapshot"]] = {}
 SNAPSHOT_MAX_AGE = 5.0  # seconds: bounds what the version below does not see (a cancelled job)
 
 
-def _snapshots(listed: dict[int, set]) -> dict[int, "_QueueSnapshot"]:
+def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot"]:
     """The queue snapshot of each pool, rebuilt only when the pool's queue changed.
 
     Reading every pending job of a pool on every list read made the first page of the job list
     grow with the backlog (bench/api_lists.py measures it). The version is one index probe per
-    pool: the last dispatch and the newest pending job (a submission or a dispatch changes it); a
-    cancellation or revocation alone is seen within ``SNAPSHOT_MAX_AGE`` seconds, or at once when
-    a listed job is missing from the snapshot.
+    pool: the last dispatch and the newest pending job (a submission or a dispatch changes it),
+    and the virtual times; a cancellation or a charge alone is seen within ``SNAPSHOT_MAX_AGE``
+    seconds, or at once when a listed job is missing from the snapshot.
     """
     newest = Job.objects.filter(pool_id=OuterRef("pool_id"), status=JobStatus.PENDING).order_by("-created_at", "-id")
     versions = {
         row[0]: row[1:]
         for row in PoolQueue.objects.filter(pool_id__in=listed)
         .annotate(newest=Subquery(newest.values("id")[:1]))
-        .values_list("pool_id", "last_dispatch_at", "vtime", "newest")
+        .values_list("pool_id", "last_dispatch_at", "vtime", "share_vtime", "newest")
     }
     now = time.monotonic()
     out = {}
     for pool_id, job_ids in listed.items():
+        pool = pools[pool_id]
         version = versions.get(pool_id)  # None: no queue row yet, never cached
+        if version is not None:
+            version = (*version, pool.strategy)
         cached = _SNAPSHOT_CACHE.get(pool_id)
         if (
             version is not None
@@ -172,72 +267,156 @@ def _snapshots(listed: dict[int, set]) -> dict[int, "_QueueSnapshot"]:
         ):
             out[pool_id] = cached[2]
             continue
-        out[pool_id] = _QueueSnapshot(pool_id)
+        out[pool_id] = _QueueSnapshot(pool)
         if version is not None:
             _SNAPSHOT_CACHE[pool_id] = (version, now, out[pool_id])
     return out
 
 
 class _QueueSnapshot:
-    """Every pending job of one pool (of an active session) in (created_at, id) order: its rank
-    in the pool (FIFO) and its index in its session, and the sessions' vruntime and slots (the
-    fair strategies). One query, served by ``jobs_pending_pool``."""
+    """Every pending job of one pool (of an active session) in the order the pool's strategy
+    would serve them if nothing else arrived, with the expected device time before each.
 
-    def __init__(self, pool_id: int):
-        rows = (
-            Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING, session__status=SessionStatus.ACTIVE)
-            .order_by("created_at", "id")
-            .values_list("id", "session_id", "session__vruntime", "session__slots", "session__created_at")
-        )
-        self.ranks: dict[int, tuple[int, object, int]] = {}  # job id: (rank in pool, session, index)
-        self.sessions: dict = {}
-        for rank, (job_id, session_id, vruntime, slots, created_at) in enumerate(rows, start=1):
-            row = self.sessions.get(session_id)
-            if row is None:
-                row = {"id": session_id, "vruntime": vruntime, "slots": slots, "created_at": created_at, "pending": 0}
-                self.sessions[session_id] = row
-            self.ranks[job_id] = (rank, session_id, row["pending"])
-            row["pending"] += 1
-        self._fair = None
+    The order: ``fifo`` by (created_at, id); ``weighted_fair`` by the start tag of each session's
+    k-th job, vruntime + k/slots (ties: older session); ``usage_fair`` the same within each share
+    with tags in expected device time / slots, and across shares by (decayed usage + in flight +
+    the expected device time of the share's jobs before it) / weight, each level raised to its
+    virtual time (``apps.scheduling.shares``). A job's expected start (``waiting``): the running
+    jobs' expected remaining time plus the expected device time of every job before it, over the
+    usable devices' capacity; its variance summed likewise (``apps.scheduling.runtimes``).
+    """
 
-    def covers(self, job_ids) -> bool:
-        return all(job_id in self.ranks for job_id in job_ids)
-
-    def position(self, job_id: int, *, fifo: bool) -> int:
-        if job_id not in self.ranks:  # its session ended meanwhile: it is about to be cancelled
-            return 1
-        rank, session_id, index = self.ranks[job_id]
-        if fifo:
-            return rank
-        if self._fair is None:  # built once per snapshot, reused by every read until it changes
-            self._fair = _FairQueue(list(self.sessions.values()))
-        return self._fair.position(session_id, index)
-
-
-class _FairQueue:
-    """The runnable sessions of one pool as arrays, to place many jobs in the weighted order
-    without a Python loop over every session per job (numpy comes with pulser)."""
-
-    def __init__(self, sessions: list[dict]):
+    def __init__(self, pool):
         import numpy as np
 
-        self.np = np
-        ordered = sorted(sessions, key=lambda row: (row["created_at"], row["id"]))  # the tie-break order
-        self.index = {row["id"]: i for i, row in enumerate(ordered)}
-        self.vruntime = np.array([row["vruntime"] for row in ordered], dtype=float)
-        self.slots = np.array([row["slots"] for row in ordered], dtype=float)
-        self.pending = np.array([row["pending"] for row in ordered], dtype=float)
+        from apps.scheduling import runtimes
 
-    def position(self, session_id, index: int) -> int:
-        """1 + the jobs the weighted scheduler reaches before the session's ``index``-th job."""
-        np = self.np
-        own = self.index.get(session_id)
-        if own is None:
-            return 1
-        tag = self.vruntime[own] + index / self.slots[own]
-        # Jobs of other sessions with a smaller tag, or an equal tag in an older session.
-        span = (tag - self.vruntime) * self.slots
-        before = np.where(np.arange(len(span)) < own, np.floor(span) + 1, np.ceil(span))
-        ahead = np.clip(np.minimum(self.pending, before), 0, None)
-        ahead[own] = index
-        return int(ahead.sum()) + 1
+        rows = list(
+            Job.objects.filter(pool_id=pool.pk, status=JobStatus.PENDING, session__status=SessionStatus.ACTIVE)
+            .order_by("created_at", "id")
+            .values_list(
+                "id",
+                "session_id",
+                "user_id",
+                "shots",
+                "target_device_id",
+                "not_before",
+                "session__vruntime",
+                "session__slots",
+                "session__created_at",
+                "session__expires_at",
+            )
+        )
+        device_ids = list(Device.objects.filter(pool_id=pool.pk).values_list("pk", flat=True))
+        self.table = runtimes.Table(device_ids)
+        estimates: dict = {}
+
+        def estimate(target, shots):
+            key = (target, runtimes.band(shots))
+            if key not in estimates:
+                estimates[key] = self.table.on_device(target, shots) if target else self.table.on_any(device_ids, shots)
+            return estimates[key]
+
+        n = len(rows)
+        ids = [row[0] for row in rows]
+        mean = np.array([estimate(row[4], row[3]).mean for row in rows], dtype=float)
+        var = np.array([estimate(row[4], row[3]).var for row in rows], dtype=float)
+        # Each job's index in its session, and the expected device time before it there.
+        index, before = np.zeros(n), np.zeros(n)
+        seen: dict = {}
+        for i, row in enumerate(rows):
+            k, spent = seen.get(row[1], (0, 0.0))
+            index[i], before[i] = k, spent
+            seen[row[1]] = (k + 1, spent + mean[i])
+        vruntime = np.array([row[6] for row in rows], dtype=float)
+        slots = np.array([row[7] for row in rows], dtype=float)
+        age = np.array([row[8].timestamp() for row in rows], dtype=float)
+        session_rank = {session_id: r for r, session_id in enumerate(sorted(seen, key=str))}
+        sid = np.array([session_rank[row[1]] for row in rows], dtype=float)
+        self.behind_share: set = set()  # usage_fair: jobs of a share other than the one served next
+        if pool.strategy == "fifo":
+            order = np.arange(n)
+        elif pool.strategy == "weighted_fair":
+            order = np.lexsort((index, sid, age, vruntime + index / slots))
+        else:
+            order = self._two_level(pool, rows, ids, mean, index, before, vruntime, slots, age, sid)
+        self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
+        self.first_of_session: dict = {}
+        for j in order:
+            self.first_of_session.setdefault(rows[j][1], ids[j])
+        # Device time expected before the job at each rank (its mean and variance).
+        self.before_mean = np.concatenate(([0.0], np.cumsum(mean[order])))
+        self.before_var = np.concatenate(([0.0], np.cumsum(var[order])))
+        self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
+        self.session_ends = {row[0]: row[9] for row in rows}
+
+    def _two_level(self, pool, rows, ids, mean, index, before, vruntime, slots, age, sid):
+        import numpy as np
+
+        from apps.scheduling import shares
+
+        now = timezone.now().timestamp()
+        keys = shares.keys_of(pool, {row[2] for row in rows})
+        found = shares.rows(pool, set(keys.values()))
+        flying = shares.in_flight(pool, keys)
+        queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
+        v1 = shares.decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life) if queue else 0.0
+        share_of = [keys[row[2]] for row in rows]
+        share_rank = {key: r for r, key in enumerate(sorted(found))}
+        share_id = np.array([share_rank[key] for key in share_of], dtype=float)
+        # Level 2: within each share, by session tag in expected device time / slots.
+        floor = np.array([found[key].vtime for key in share_of], dtype=float)
+        inner = np.lexsort((index, sid, age, np.maximum(vruntime, floor) + before / slots, share_id))
+        # Level 1: a share's next job at (usage + in flight + its jobs before it) / weight.
+        start = {
+            key: value * found[key].weight for key, value in shares.level_one(pool, found, flying, v1, now).items()
+        }
+        tag = np.zeros(len(rows))
+        for j in inner:
+            key = share_of[j]
+            tag[j] = start[key] / found[key].weight
+            start[key] += mean[j]
+        in_share = np.zeros(len(rows))
+        in_share[inner] = np.arange(len(rows))
+        order = np.lexsort((in_share, share_id, tag))
+        if len(order):
+            first = share_of[order[0]]
+            self.behind_share = {ids[j] for j in range(len(rows)) if share_of[j] != first}
+        return order
+
+    def covers(self, job_ids) -> bool:
+        return all(job_id in self.rank for job_id in job_ids)
+
+    def waiting(self, job_id: int, state: _PoolNow) -> Waiting:
+        if job_id not in self.rank:  # its session ended meanwhile: it is about to be cancelled
+            return Waiting(state.code or "waiting_turn", 1, None, None)
+        rank = self.rank[job_id]
+        if state.code or not state.capacity:
+            return Waiting(state.code or "no_device", rank, None, None)
+        if state.remaining is None:
+            mean = var = 0.0
+            for device_id, shots, scheduled_at in state.running:
+                elapsed = (state.at - scheduled_at).total_seconds() if scheduled_at else 0.0
+                left = self.table.on_device(device_id, shots).remaining(elapsed)
+                mean += left.mean
+                var += left.var
+            state.remaining = (mean, var)
+        start = (state.remaining[0] + float(self.before_mean[rank - 1])) / state.capacity
+        spread = math.sqrt(state.remaining[1] + float(self.before_var[rank - 1])) / state.capacity
+        ends = self.session_ends.get(job_id)
+        not_before = self.not_before.get(job_id)
+        if not_before is not None and not_before > state.at:
+            code = "backoff"
+        elif ends is not None and (ends - state.at).total_seconds() < start:
+            code = "session_expiring"
+        elif job_id in self.behind_share:
+            code = "share_exhausted"
+        elif state.busy:
+            code = "device_busy"
+        else:
+            code = "waiting_turn"
+        return Waiting(code, rank, start, spread)
+
+
+def _count_running():
+    return _count(Job.objects.filter(device_id=OuterRef("pk"), status=JobStatus.RUNNING))

@@ -1,13 +1,15 @@
 """Scheduling strategies (R-SCHED-1), chosen by the pool's ``strategy``.
 
-Each strategy answers two questions under the pool's queue lock: which pending job goes next,
-and what the session is charged, at dispatch (``weighted_fair``) or at completion
-(``usage_fair``). ``fifo`` charges nothing.
+Each strategy answers three questions under the pool's queue lock: which pending job goes next,
+what the session is charged, at dispatch (``weighted_fair``) or at completion (``usage_fair``;
+``fifo`` charges nothing), and how the virtual times move once it is claimed (``served``).
+``usage_fair`` has two levels, shares then sessions: ``apps.scheduling.shares``.
 """
 
 from django.db.models import Exists, F, OuterRef, Q
 
-from apps.scheduling.models import Job, JobStatus
+from apps.scheduling import shares
+from apps.scheduling.models import Job, JobStatus, PoolQueue
 from apps.sessions.models import Session, SessionStatus
 
 
@@ -31,8 +33,14 @@ class Strategy:
     name = ""
     charge_at_completion = False
 
-    def next_job(self, pool_id: int, free_device_ids: list[int], now) -> Job | None:
+    def next_job(self, pool, queue: PoolQueue, free_device_ids: list[int], now) -> Job | None:
         raise NotImplementedError
+
+    def served(self, pool, queue: PoolQueue, job: Job, vruntime: float, now) -> None:
+        """R-SCHED-2: V = max(V, vruntime of the session served, before its charge)."""
+        if vruntime > queue.vtime:
+            queue.vtime = vruntime
+            PoolQueue.objects.filter(pk=queue.pk).update(vtime=vruntime)
 
     def charge(self, job: Job, amount: float) -> None:
         Session.objects.filter(pk=job.session_id).update(vruntime=F("vruntime") + amount)
@@ -49,8 +57,8 @@ class Fifo(Strategy):
 
     name = "fifo"
 
-    def next_job(self, pool_id, free_device_ids, now):
-        return eligible_jobs(pool_id, free_device_ids, now).order_by("created_at", "id").first()
+    def next_job(self, pool, queue, free_device_ids, now):
+        return eligible_jobs(pool.pk, free_device_ids, now).order_by("created_at", "id").first()
 
 
 class WeightedFair(Strategy):
@@ -60,7 +68,8 @@ class WeightedFair(Strategy):
 
     name = "weighted_fair"
 
-    def next_job(self, pool_id, free_device_ids, now):
+    def next_job(self, pool, queue, free_device_ids, now):
+        pool_id = pool.pk
         # Exists, not a join + DISTINCT: one index probe per session, in vruntime order, stopping
         # at the first runnable one (sessions_active_vruntime + jobs_pending_session).
         runnable = Exists(eligible_jobs(pool_id, free_device_ids, now).filter(session_id=OuterRef("pk")))
@@ -84,15 +93,26 @@ class WeightedFair(Strategy):
         return 1.0 / slots
 
 
-class UsageFair(WeightedFair):
-    """Like weighted_fair, but the charge is the job's measured device time / slots, at the end:
-    weighting by QPU time rather than job count."""
+class UsageFair(Strategy):
+    """R-SCHED-6, two levels: the user (or group) with the smallest decayed device time per
+    unit of weight, then among its sessions the one with the smallest vruntime, whose charge is
+    the job's measured device time / slots at the end (``apps.scheduling.shares``)."""
 
     name = "usage_fair"
     charge_at_completion = True
 
-    def dispatch_charge(self, job, slots):
-        return 0.0
+    def next_job(self, pool, queue, free_device_ids, now):
+        eligible = eligible_jobs(pool.pk, free_device_ids, now)
+        choice = shares.choose(pool, queue, shares.runnable_sessions(pool.pk, eligible), now.timestamp())
+        if choice is None:
+            return None
+        job = eligible.filter(session_id=choice.session_id).order_by("created_at", "id").first()
+        if job is not None:
+            job._share_choice = choice
+        return job
+
+    def served(self, pool, queue, job, vruntime, now):
+        shares.served(pool, queue, job._share_choice, vruntime, now.timestamp())
 
     def completion_charge(self, job, slots):
         return (job.runtime_seconds or 0.0) / slots

@@ -9,6 +9,7 @@ when the dialog opens, with the API's caching and degradation (R-BACK-2).
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from django.conf import settings
@@ -39,6 +40,7 @@ from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
 from apps.scheduling import selectors as job_selectors
 from apps.scheduling import services as job_services
+from apps.scheduling import shares
 from apps.scheduling.models import UNFINISHED, Job
 from apps.sessions import services as session_services
 from apps.sessions.models import Session, SessionStatus
@@ -159,8 +161,19 @@ def session_detail(request, pk):
             "form": form,
             "example_shots": example_shots,
             "can_submit": session.is_active and session.user_id == request.user.pk,
+            "next_job": job_selectors.session_waits([session]).get(session.pk),
+            "share": _share(session),
         },
     )
+
+
+def _share(session):
+    """The share the session's user counts under on a usage_fair pool (R-SCHED-6), else None."""
+    pool = session.pool
+    if pool.strategy != "usage_fair":
+        return None
+    key = shares.keys_of(pool, [session.user_id])[session.user_id]
+    return next(v for v in shares.overview(pool, time.time(), include=[key]) if shares.key_of(v.share) == key)
 
 
 @login_required
@@ -218,10 +231,7 @@ def _jobs(user):
 
 def _job_rows(jobs: list[Job]) -> list[dict]:
     info = job_selectors.queue_info(jobs)  # constant queries for the whole list (R-JOB-4)
-    return [
-        {"job": job, "reason": info.get(job.pk, ("", None))[0], "position": info.get(job.pk, ("", None))[1]}
-        for job in jobs
-    ]
+    return [{"job": job, "waiting": info.get(job.pk)} for job in jobs]
 
 
 @login_required
@@ -252,11 +262,9 @@ def job_list(request):
 @require_GET
 def job_detail(request, pk):
     job = get_object_or_404(_jobs(request.user), pk=pk)
-    reason, position = job_selectors.queue_info([job]).get(job.pk, ("", None))
     context = {
         "job": job,
-        "reason": reason,
-        "position": position,
+        "waiting": job_selectors.queue_info([job]).get(job.pk),
         "chart": charts.counts_chart((job.result or {}).get("counts")) if job.result else None,
         "live": job.status in UNFINISHED,
     }

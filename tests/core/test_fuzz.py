@@ -44,6 +44,8 @@ FIELDS = [
     "is_accessible",
     "message",
     "strategy",
+    "share_by",
+    "usage_half_life",
     "slots_total",
     "config",
     "driver",

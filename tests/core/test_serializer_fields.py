@@ -10,6 +10,7 @@ from rest_framework.renderers import JSONRenderer
 
 from apps.scheduling.api.serializers import JobSerializer
 from apps.scheduling.models import Job, JobStatus
+from apps.scheduling.selectors import Waiting
 from apps.sessions.api.serializers import SessionSerializer
 from apps.sessions.models import RevocationReason, Session, SessionStatus
 
@@ -62,7 +63,7 @@ def sessions(open_session, local_pool, owner):
 def test_a_job_response_is_what_drf_gives_for_its_fields(open_session, local_pool, owner):
     session = open_session(local_pool, owner)
     for job in jobs(session):
-        serializer = JobSerializer(job, context={"queue_info": {42: ("busy", 3)}})
+        serializer = JobSerializer(job, context={"queue_info": {42: Waiting("device_busy", 3, 12.5, 4.0)}})
         assert JSONRenderer().render(serializer.data) == generic(serializer, job)
         assert list(serializer.data) == JobSerializer.Meta.fields
 
@@ -77,8 +78,12 @@ def test_a_session_response_is_what_drf_gives_for_its_fields(open_session, local
 def test_a_list_of_jobs_answers_each_with_its_own_queue_info(open_session, local_pool, owner):
     session = open_session(local_pool, owner)
     first, second = (Job(pk=pk, session=session, payload={}, shots=1, created_at=AT) for pk in (1, 2))
-    data = JobSerializer([first, second], many=True, context={"queue_info": {1: ("busy", 1), 2: ("waiting", 2)}}).data
-    assert [(job["pending_reason"], job["queue_position"]) for job in data] == [("busy", 1), ("waiting", 2)]
+    info = {1: Waiting("device_busy", 1, 0.0, 1.0), 2: Waiting("share_exhausted", 2, 60.0, 5.0)}
+    data = JobSerializer([first, second], many=True, context={"queue_info": info}).data
+    assert [(job["pending_code"], job["queue_position"], job["eta_seconds"]) for job in data] == [
+        ("device_busy", 1, 0.0),
+        ("share_exhausted", 2, 60.0),
+    ]
 
 
 def test_the_published_schema_does_not_describe_jobs_and_sessions_with_implementation_notes():

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from apps.cases.models import Case, CaseStatus
 from apps.core.models import WorkerHeartbeat
 from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling import latency
+from apps.scheduling import latency, selectors
 from apps.scheduling.models import Device, Job, JobStatus, LatencyKind
 from apps.sessions import services as session_services
 
@@ -131,6 +131,13 @@ def test_pool_quota_is_exported_exactly_for_the_pools_the_model_says_have_one(si
     assert value(families, "gridgate_pool_quota", pool="cpu", resource="cpu") == 0  # no limit set: 0
 
 
+def test_pending_jobs_per_pool_and_reason_they_wait(families):
+    # d1 runs all it may (2 of 2), d2 is offline: two wait for a device, one in back-off.
+    assert value(families, "gridgate_pending_jobs", pool="qpu", reason="device_busy") == 2
+    assert value(families, "gridgate_pending_jobs", pool="qpu", reason="backoff") == 1
+    assert pools_in(families, "gridgate_pending_jobs") == {"qpu"}  # "cpu" has none pending
+
+
 def test_pending_and_running_jobs_per_pool(families):
     assert value(families, "gridgate_jobs", pool="qpu", status="pending") == 3
     assert value(families, "gridgate_jobs", pool="qpu", status="running") == 2
@@ -190,7 +197,9 @@ def test_worker_heartbeat_age(families):
 def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     site, metrics_on, client, django_assert_num_queries, owner
 ):
-    with django_assert_num_queries(7):
+    # 7 families' queries, then for gridgate_pending_jobs: the pools, their queue versions, the
+    # devices and running jobs of now (2), and per pool with pending jobs its snapshot (3).
+    with django_assert_num_queries(7 + 4 + 3):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     more = ResourcePool.objects.create(name="more", kind="local", public=True, slots_total=3)
     more_class = ResourceClass.objects.create(pool=more, name="c", cpu=1, memory=1, default=True)
@@ -201,5 +210,12 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
         for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 20
     )
     latency.observe(more.pk, LatencyKind.QUEUE_WAIT, 1)
-    with django_assert_num_queries(7):
+    with django_assert_num_queries(7 + 4 + 3 * 2):
+        client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    Job.objects.bulk_create(
+        Job(session=session, pool=more, user=owner, payload={}, shots=1, created_at=NOW, status=status)
+        for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 200
+    )
+    selectors._SNAPSHOT_CACHE.clear()
+    with django_assert_num_queries(7 + 4 + 3 * 2):  # ten times the jobs: the same queries
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")

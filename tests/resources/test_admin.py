@@ -29,6 +29,8 @@ def pool_form(**fields):
         "kind": "local",
         "remote": "{}",
         "strategy": "weighted_fair",
+        "share_by": "user",
+        "usage_half_life": "86400",
         "idle_timeout": "3600",
         "max_lifetime": "2592000",
         "is_accessible": "on",

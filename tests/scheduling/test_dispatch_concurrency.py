@@ -10,14 +10,15 @@ from apps.core.retry import retry_aborted
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling import passes, services
 from apps.scheduling.drivers.fake import FakeDriver
-from apps.scheduling.models import Device, Job, JobStatus
+from apps.scheduling.models import Device, FairShare, Job, JobStatus
 from apps.sessions import services as session_services
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member, monkeypatch):
-    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True)
+@pytest.mark.parametrize("strategy", ["weighted_fair", "usage_fair"])
+def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member, monkeypatch, strategy):
+    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, strategy=strategy)
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
     devices = [
         Device.objects.create(
@@ -71,3 +72,6 @@ def test_concurrent_dispatchers_never_double_dispatch_or_overfill(owner, member,
     assert overfills == []
     assert not Job.objects.filter(device=offline).exists()
     assert {j.device_id for j in Job.objects.all()} <= {d.pk for d in devices}
+    if strategy == "usage_fair":  # R-SCHED-6: each job's device time charged to its user once
+        assert sum(FairShare.objects.filter(pool=pool).values_list("usage", flat=True)) == pytest.approx(60.0, rel=1e-3)
+        assert Job.objects.filter(charged=True).count() == 60

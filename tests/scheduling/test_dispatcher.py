@@ -290,7 +290,7 @@ def test_transient_driver_error_requeues_without_charging(qpu_pool, open_session
     assert job.status == JobStatus.PENDING and job.device is None and job.attempts == 1
     assert "transient" in job.error and job.not_before is not None
     assert session.vruntime == 0  # the dispatch charge (1/2) was refunded
-    assert selectors.queue_info([job])[job.pk][0] == selectors.TURN
+    assert selectors.queue_info([job])[job.pk].code == "backoff"
     Job.objects.filter(pk=job.pk).update(not_before=None)
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
@@ -384,16 +384,18 @@ def test_submitting_renews_the_idle_deadline(qpu_pool, parked_device, open_sessi
 def test_pending_reasons(qpu_pool, parked_device, open_session, owner):
     (job,) = submit(open_session(qpu_pool, owner))
     job = Job.objects.select_related("pool").get(pk=job.pk)
-    assert selectors.queue_info([job])[job.pk] == (selectors.NO_DEVICE, 1)
+    info = selectors.queue_info([job])[job.pk]
+    assert (info.code, info.reason, info.position, info.eta_seconds) == ("no_device", selectors.NO_DEVICE, 1, None)
     device = Device.objects.create(pool=qpu_pool, name="d", driver="fake")
-    assert selectors.queue_info([job])[job.pk][0] == selectors.TURN
+    assert selectors.queue_info([job])[job.pk].code == "waiting_turn"
     other = submit(open_session(qpu_pool, owner))[0]
     Job.objects.filter(pk=other.pk).update(status=JobStatus.RUNNING, device=device)
-    assert selectors.queue_info([job])[job.pk][0] == selectors.BUSY
+    assert selectors.queue_info([job])[job.pk].code == "device_busy"
+    assert selectors.queue_info([job])[job.pk].reason == selectors.BUSY
     qpu_pool.is_accessible = False
     qpu_pool.save()
     job = Job.objects.select_related("pool").get(pk=job.pk)
-    assert selectors.queue_info([job])[job.pk][0] == selectors.NOT_ACCESSIBLE
+    assert selectors.queue_info([job])[job.pk].code == "pool_not_accessible"
 
 
 def test_inaccessible_pool_dispatches_nothing(qpu_pool, fake_device, open_session, owner):
@@ -409,10 +411,10 @@ def test_queue_positions_follow_the_weighted_order(qpu_pool, parked_device, open
     l_ = submit(light, 2)
     jobs = list(Job.objects.select_related("pool").filter(pk__in=[j.pk for j in h + l_]))
     info = selectors.queue_info(jobs)
-    order = sorted(info, key=lambda pk: info[pk][1])
+    order = sorted(info, key=lambda pk: info[pk].position)
     # tags: heavy 0, .5, 1, 1.5; light 0, 1 → heavy is older: h0 l0 h1 h2 l1 h3
     assert order == [h[0].pk, l_[0].pk, h[1].pk, h[2].pk, l_[1].pk, h[3].pk]
-    assert sorted(p for _, p in info.values()) == list(range(1, 7))
+    assert sorted(w.position for w in info.values()) == list(range(1, 7))
     # And the dispatcher agrees with the estimate.
     Device.objects.create(pool=qpu_pool, name="d", driver="fake")
     from tests.scheduling.conftest import complete
@@ -463,13 +465,13 @@ def test_queue_position_counts_jobs_not_in_the_listing(qpu_pool, parked_device, 
     others = submit(open_session(qpu_pool, member), 3)
     (mine,) = submit(open_session(qpu_pool, owner))
     mine = Job.objects.select_related("pool").get(pk=mine.pk)
-    assert selectors.queue_info([mine])[mine.pk][1] == len(others) + 1
+    assert selectors.queue_info([mine])[mine.pk].position == len(others) + 1
     Device.objects.create(pool=qpu_pool, name="d", driver="fake")
     qpu_pool.strategy = "weighted_fair"
     qpu_pool.save()
     mine = Job.objects.select_related("pool").get(pk=mine.pk)
     # weighted: both sessions at vruntime 0, the member's is older: its first job goes first.
-    assert selectors.queue_info([mine])[mine.pk][1] == 2
+    assert selectors.queue_info([mine])[mine.pk].position == 2
 
 
 def test_usage_fair_charges_device_time_of_failed_jobs_too(qpu_pool, fake_device, open_session, owner):

@@ -117,7 +117,7 @@ def test_device_down_holds_jobs_with_reason_and_up_releases_them(qpu_pool, qpu, 
     run_to_the_end(qpu_pool)
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING and qpu_double.posts() == 0
-    assert selectors.queue_info([Job.objects.select_related("pool").get(pk=job.pk)])[job.pk][0] == "device down"
+    assert selectors.queue_info([Job.objects.select_related("pool").get(pk=job.pk)])[job.pk].code == "device_down"
 
     qpu_double.operational = "UP"
     assert device_status.check_device(qpu) == "up"

@@ -119,6 +119,8 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "slots_total",
             "slurm_licence",
             "strategy",
+            "share_by",
+            "usage_half_life",
             "idle_timeout",
             "max_lifetime",
             "is_accessible",

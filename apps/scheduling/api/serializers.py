@@ -5,6 +5,7 @@ from apps.core.api.serializers import ValidatedModelSerializer, times
 from apps.resources.models import ResourcePool
 from apps.scheduling.devices import validate_driver_settings
 from apps.scheduling.models import Device, Job
+from apps.scheduling.selectors import NOT_WAITING, REASONS
 
 
 class DeviceSerializer(ValidatedModelSerializer):
@@ -46,7 +47,10 @@ class DeviceSerializer(ValidatedModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     pending_reason = serializers.SerializerMethodField()
+    pending_code = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
+    eta_seconds = serializers.SerializerMethodField()
+    eta_error_seconds = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -67,19 +71,22 @@ class JobSerializer(serializers.ModelSerializer):
             "error",
             "runtime_seconds",
             "pending_reason",
+            "pending_code",
             "queue_position",
+            "eta_seconds",
+            "eta_error_seconds",
         ]
         read_only_fields = fields
 
     def _info(self, obj):
-        return (self.context.get("queue_info") or {}).get(obj.pk, (None, None))
+        return (self.context.get("queue_info") or {}).get(obj.pk, NOT_WAITING)
 
     def to_representation(self, job):
         """What DRF's field-by-field loop gives for ``fields`` (tests/core/test_serializer_fields.py
         compares the two), written out: DRF built and bound a field object per field of every
         job and then walked them, for every job submission's response and every job in a list,
         which cost far more than writing them out."""
-        reason, position = self._info(job)
+        waiting = self._info(job)
         created_at, scheduled_at, started_at, finished_at, cancel_requested_at = times(
             job.created_at, job.scheduled_at, job.started_at, job.finished_at, job.cancel_requested_at
         )
@@ -99,18 +106,35 @@ class JobSerializer(serializers.ModelSerializer):
             "result": job.result,
             "error": job.error,
             "runtime_seconds": None if job.runtime_seconds is None else float(job.runtime_seconds),
-            "pending_reason": reason,
-            "queue_position": position,
+            "pending_reason": waiting.reason,
+            "pending_code": waiting.code,
+            "queue_position": waiting.position,
+            "eta_seconds": waiting.eta_seconds,
+            "eta_error_seconds": waiting.eta_error_seconds,
         }
 
     # Null once the job left the queue: declared, or the schema says non-nullable.
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_pending_reason(self, obj) -> str | None:
-        return self._info(obj)[0]
+        return self._info(obj).reason
+
+    @extend_schema_field(serializers.ChoiceField(choices=sorted(REASONS), allow_null=True))
+    def get_pending_code(self, obj) -> str | None:
+        return self._info(obj).code
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_queue_position(self, obj) -> int | None:
-        return self._info(obj)[1]
+        return self._info(obj).position
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_eta_seconds(self, obj) -> float | None:
+        """Expected seconds until it starts (R-JOB-5); null when no device can run it now."""
+        return self._info(obj).eta_seconds
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_eta_error_seconds(self, obj) -> float | None:
+        """One standard deviation of ``eta_seconds``."""
+        return self._info(obj).eta_error_seconds
 
 
 MAX_SHOTS = 1_000_000
@@ -132,3 +156,37 @@ class JobSubmitSerializer(serializers.Serializer):
 
 class JobLogsSerializer(serializers.Serializer):
     logs = serializers.CharField()
+
+
+class ShareSerializer(serializers.Serializer):
+    """A user's or group's share of a usage_fair pool (R-SCHED-6)."""
+
+    principal = serializers.ChoiceField(choices=["user", "group"])
+    name = serializers.CharField()
+    weight = serializers.FloatField()
+    usage_seconds = serializers.FloatField(help_text="Device time used, decayed to now.")
+    entitled_share = serializers.FloatField(
+        help_text="Its weight over the weights of the users or groups with jobs in the pool (0–1); 0 without jobs."
+    )
+    usage_share = serializers.FloatField(help_text="Its part of the pool's decayed device time (0–1).")
+    position = serializers.IntegerField(
+        allow_null=True, help_text="1: served next among those with jobs pending; null: none pending."
+    )
+    waiting_shares = serializers.IntegerField(help_text="Users or groups with jobs pending.")
+    pending_jobs = serializers.IntegerField()
+    running_jobs = serializers.IntegerField()
+
+    def to_representation(self, view):
+        share = view.share
+        return {
+            "principal": "group" if share.group_id else "user",
+            "name": share.group.name if share.group_id else share.user.get_username(),
+            "weight": share.weight,
+            "usage_seconds": view.usage,
+            "entitled_share": view.entitled,
+            "usage_share": view.used,
+            "position": view.position,
+            "waiting_shares": view.waiting,
+            "pending_jobs": view.pending_jobs,
+            "running_jobs": view.running_jobs,
+        }

@@ -1,3 +1,5 @@
+import time
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -10,9 +12,15 @@ from rest_framework.views import APIView
 from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
-from apps.scheduling import selectors, services
+from apps.scheduling import selectors, services, shares
 from apps.scheduling.api.filters import DeviceFilter, JobFilter
-from apps.scheduling.api.serializers import DeviceSerializer, JobLogsSerializer, JobSerializer, JobSubmitSerializer
+from apps.scheduling.api.serializers import (
+    DeviceSerializer,
+    JobLogsSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    ShareSerializer,
+)
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
 from apps.sessions.models import Session, is_service_principal
@@ -124,3 +132,19 @@ class SessionJobsView(APIView):
         session = get_object_or_404(Session.objects.visible_to(request.user), pk=pk)
         jobs = list(session.jobs.select_related("pool").order_by("created_at", "id")[:500])
         return Response(JobSerializer(jobs, many=True, context={"queue_info": selectors.queue_info(jobs)}).data)
+
+
+class PoolSharesView(APIView):
+    """``GET /resource-pools/{id}/shares/``: the users' or groups' shares of a usage_fair pool
+    (R-SCHED-6): yours, or everyone's for staff. Empty for the other strategies."""
+
+    @extend_schema(responses=ShareSerializer(many=True))
+    def get(self, request, pk):
+        pool = get_object_or_404(ResourcePool.objects.visible_to(request.user), pk=pk)
+        if pool.strategy != "usage_fair":
+            return Response([])
+        if request.user.is_staff:
+            return Response(ShareSerializer(shares.overview(pool, time.time()), many=True).data)
+        mine = shares.keys_of(pool, [request.user.pk])[request.user.pk]
+        views = [v for v in shares.overview(pool, time.time(), include=[mine]) if shares.key_of(v.share) == mine]
+        return Response(ShareSerializer(views, many=True).data)

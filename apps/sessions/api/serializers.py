@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.api.serializers import times
@@ -6,8 +7,21 @@ from apps.sessions.models import RevocationReason, Session
 EXTERNAL_ID_ALIASES = ("external_id", "scheduler_job_id", "slurm_job_id")
 
 
+class NextJobSerializer(serializers.Serializer):
+    """A waiting session's next job: when the session gets a device next (R-JOB-5)."""
+
+    job = serializers.IntegerField()
+    pending_code = serializers.CharField()
+    pending_reason = serializers.CharField()
+    queue_position = serializers.IntegerField()
+    eta_seconds = serializers.FloatField(allow_null=True)
+    eta_error_seconds = serializers.FloatField(allow_null=True)
+
+
 class SessionSerializer(serializers.ModelSerializer):
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # Null when nothing of the session is pending, and in the answer to opening one.
+    next_job = serializers.SerializerMethodField()
     # "" while the session is active: declared so the schema's enum includes it.
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
 
@@ -27,8 +41,24 @@ class SessionSerializer(serializers.ModelSerializer):
             "revoked_at",
             "revocation_reason",
             "launch_spec",
+            "next_job",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(NextJobSerializer(allow_null=True))
+    def get_next_job(self, session) -> dict | None:
+        found = (self.context.get("session_waits") or {}).get(session.pk)
+        if found is None:
+            return None
+        job_id, waiting = found
+        return {
+            "job": job_id,
+            "pending_code": waiting.code,
+            "pending_reason": waiting.reason,
+            "queue_position": waiting.position,
+            "eta_seconds": waiting.eta_seconds,
+            "eta_error_seconds": waiting.eta_error_seconds,
+        }
 
     def to_representation(self, session):
         """What DRF's field-by-field loop gives for ``fields`` (tests/core/test_serializer_fields.py
@@ -51,6 +81,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "revoked_at": revoked_at,
             "revocation_reason": str(session.revocation_reason),
             "launch_spec": session.launch_spec,
+            "next_job": self.get_next_job(session),
         }
 
 

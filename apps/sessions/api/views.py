@@ -12,6 +12,7 @@ from apps.core.exceptions import Forbidden
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
 from apps.resources.selectors import visible_classes
+from apps.scheduling import selectors
 from apps.sessions import services
 from apps.sessions.api.filters import SessionFilter
 from apps.sessions.api.serializers import SessionCreateSerializer, SessionSerializer, SlotsSerializer
@@ -35,6 +36,19 @@ class SessionViewSet(
         return (
             Session.objects.visible_to(self.request.user).select_related("user", "pool").order_by("-created_at", "id")
         )
+
+    def get_serializer(self, *args, **kwargs):
+        """Lists and reads say when each waiting session's next job starts (constant queries:
+        ``selectors.session_waits``)."""
+        if args and self.action in ("list", "retrieve"):
+            objects = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            kwargs.setdefault("context", self.get_serializer_context())
+            kwargs["context"]["session_waits"] = selectors.session_waits(objects)
+        return super().get_serializer(*args, **kwargs)
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        return list(page) if page is not None else None
 
     def get_permissions(self):
         if self.action == "revoke":

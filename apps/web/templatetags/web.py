@@ -102,6 +102,14 @@ def duration(seconds) -> str:
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
+@register.filter
+def eta(waiting) -> str:
+    """A pending job's expected start (R-JOB-5), ``about 4 min (± 1 min)``; empty without one."""
+    if waiting is None or waiting.eta_seconds is None:
+        return ""
+    return f"about {duration(waiting.eta_seconds)} (± {duration(waiting.eta_error_seconds or 0)})"
+
+
 @register.simple_tag(takes_context=True)
 def session_state(context, session, element_id: str = "") -> str:
     """A session's status badge in the viewer's words: "Active", "Released by you", "Revoked by an
