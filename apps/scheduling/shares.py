@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -179,7 +180,7 @@ def choose(pool, queue: PoolQueue, runnable, now: float) -> Choice | None:
     flying = in_flight(pool, keys)
     v1 = decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life)
     ranked = level_one(pool, shares, flying, v1, now)
-    value, key = min((value, key) for key, value in ranked.items())  # ties: users, then by id
+    value, key = min((value, key) for key, value in ranked.items())  # ties: groups, then users, by id
     share = shares[key]
     # Level 2: the share's sessions, each at least at the share's virtual time.
     mine = [row for row in runnable if keys[row[1]] == key]
@@ -225,9 +226,9 @@ def recompute(pool, now: float) -> int:
     """Rebuild every share's decayed usage of ``pool`` from its job history (the jobs that ran:
     their measured device time, decayed from when they ended). Returns the jobs counted."""
     half_life = pool.usage_half_life
-    horizon = now - 64 * half_life  # older jobs weigh less than 2^-64
+    horizon = datetime.fromtimestamp(now - 64 * half_life, tz=UTC)  # older jobs weigh less than 2^-64
     jobs = (
-        Job.objects.filter(pool_id=pool.pk, runtime_seconds__gt=0, finished_at__isnull=False)
+        Job.objects.filter(pool_id=pool.pk, runtime_seconds__gt=0, finished_at__gte=horizon)
         .exclude(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
         .order_by()
         .values_list("user_id", "runtime_seconds", "finished_at")
@@ -235,10 +236,7 @@ def recompute(pool, now: float) -> int:
     totals: dict[int, float] = {}
     counted = 0
     for user_id, seconds, finished_at in jobs.iterator(chunk_size=5000):
-        ended = finished_at.timestamp()
-        if ended < horizon:
-            continue
-        totals[user_id] = totals.get(user_id, 0.0) + decayed(seconds, ended, now, half_life)
+        totals[user_id] = totals.get(user_id, 0.0) + decayed(seconds, finished_at.timestamp(), now, half_life)
         counted += 1
     keys = keys_of(pool, totals)
     usage: dict[Key, float] = {}
@@ -274,7 +272,7 @@ def overview(pool, now: float, *, include=()) -> list[ShareView]:
     for user_id, status, n in _unfinished_counts(pool):
         counts.setdefault(user_id, {JobStatus.PENDING: 0, JobStatus.RUNNING: 0})[status] = n
     keys = keys_of(pool, counts)
-    shares = {**_read_all(pool), **rows(pool, set(keys.values()))}
+    shares = {**rows(pool, set(keys.values())), **_read_all(pool)}  # the latter with their user or group
     for key in include:
         shares.setdefault(key, FairShare(pool=pool, weight=1.0, usage=0.0, usage_at=now, **_filter(key)))
     per_share: dict[Key, dict] = {}

@@ -139,3 +139,27 @@ def test_operators_choose_share_by_and_the_half_life_through_the_api(usage_pool,
     refused = api(staff).patch(url, {"share_by": "everyone", "usage_half_life": 5}, format="json")
     assert refused.status_code == 400
     assert set(refused.json()) >= {"share_by", "usage_half_life"}
+
+
+def test_lists_and_shares_cost_the_same_queries_whatever_the_jobs_and_users(
+    usage_pool, fake_device, open_session, owner, member, outsider, staff
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.scheduling import selectors
+
+    def queries(client, url):
+        selectors._SNAPSHOT_CACHE.clear()  # every read rebuilds its pools' snapshots
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(url).status_code == 200
+        return len(ctx)
+
+    urls = ["/api/v1/jobs/?page_size=500", "/api/v1/sessions/", f"/api/v1/resource-pools/{usage_pool.pk}/shares/"]
+    submit(open_session(usage_pool, owner), 2)
+    dispatch_and_finish(usage_pool)
+    few = [queries(api(staff), url) for url in urls]
+    for user in (owner, member, outsider):
+        submit(open_session(usage_pool, user), 15)
+    dispatch_and_finish(usage_pool)
+    assert [queries(api(staff), url) for url in urls] == few
