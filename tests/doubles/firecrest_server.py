@@ -83,6 +83,7 @@ class Fault:
     after: bool
     body: dict | None = None
     drop: bool = False
+    headers: dict | None = None
 
 
 @dataclass
@@ -322,14 +323,8 @@ class FirecrestDouble:
         return path
 
     def _fault(self, after: bool):
-        for fault in self.faults:
-            if fault.times <= 0 or fault.after != after or not _matches(fault.path_part, request.path):
-                continue
-            if fault.method and fault.method != request.method:
-                continue
-            fault.times -= 1
-            if fault.delay:
-                time.sleep(fault.delay)
+        fault = take_fault(self.faults, after)
+        if fault is not None:
             if fault.drop:
                 # The request was carried out; the answer never leaves: close the connection.
                 sock = request.environ.get("werkzeug.socket")
@@ -340,7 +335,6 @@ class FirecrestDouble:
                 headers = {"Retry-After": "0"} if fault.status == 429 else {}
                 body = fault.body or {"message": f"injected fault {fault.status}"}
                 return jsonify(body), fault.status, headers
-            return None
         return None
 
     def _job_state(self, job: Job) -> tuple[str, int | None]:
@@ -811,6 +805,22 @@ class FirecrestDouble:
 def _matches(path_part: str, path: str) -> bool:
     """A fault's target: a substring of the path, or the exact path when it ends with ``$``."""
     return path == path_part[:-1] if path_part.endswith("$") else path_part in path
+
+
+def take_fault(faults: list[Fault], after: bool) -> Fault | None:
+    """The first fault armed for this request (its path, its method, before or after the route
+    ran), counted down and its delay slept; the double turns it into its provider's answer. One
+    matcher for the FirecREST, Qarnot and Run:AI doubles."""
+    for fault in faults:
+        if fault.times <= 0 or fault.after != after or not _matches(fault.path_part, request.path):
+            continue
+        if fault.method and fault.method != request.method:
+            continue
+        fault.times -= 1
+        if fault.delay:
+            time.sleep(fault.delay)
+        return fault
+    return None
 
 
 # The doubles' request lines would drown the test output.

@@ -62,7 +62,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request as WsgiRequest
 from werkzeug.wrappers import Response as WsgiResponse
 
-from tests.doubles.firecrest_server import Fault, _matches
+from tests.doubles.firecrest_server import Fault, take_fault
 
 
 @dataclass
@@ -396,17 +396,9 @@ class QarnotDouble:
         double = self
 
         def fault(after: bool):
-            for item in double.faults:
-                if item.times <= 0 or item.after != after or not _matches(item.path_part, request.path):
-                    continue
-                if item.method and item.method != request.method:
-                    continue
-                item.times -= 1
-                if item.delay:
-                    time.sleep(item.delay)
-                if item.status:
-                    return jsonify(item.body or {"message": f"injected fault {item.status}"}), item.status
-                return None
+            item = take_fault(double.faults, after)
+            if item is not None and item.status:
+                return jsonify(item.body or {"message": f"injected fault {item.status}"}), item.status
             return None
 
         @app.before_request

@@ -56,21 +56,10 @@ from datetime import UTC, datetime
 from flask import Flask, g, jsonify, request
 from werkzeug.serving import make_server
 
-from tests.doubles.firecrest_server import _matches
+from tests.doubles.firecrest_server import Fault, take_fault
 
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 CLUSTER = "3f1a2b4c-5d6e-4f70-8a9b-0c1d2e3f4a5b"
-
-
-@dataclass
-class Fault:
-    path_part: str
-    method: str | None
-    status: int | None
-    times: int
-    delay: float
-    after: bool
-    headers: dict | None = None
 
 
 @dataclass
@@ -207,7 +196,7 @@ class RunaiDouble:
         self.case_owners[str(case_id)] = subject
 
     def fault(self, path_part, *, status=None, times=1, delay=0.0, after=False, method=None, headers=None):
-        self.faults.append(Fault(path_part, method, status, times, delay, after, headers))
+        self.faults.append(Fault(path_part, method, status, times, delay, after, headers=headers))
 
     def force_phase(self, workload_id: str, phase: str | None) -> None:
         self.workloads[workload_id].forced = phase
@@ -317,22 +306,14 @@ class RunaiDouble:
         double = self
 
         def fault(after: bool):
-            for item in double.faults:
-                if item.times <= 0 or item.after != after or not _matches(item.path_part, request.path):
-                    continue
-                if item.method and item.method != request.method:
-                    continue
-                item.times -= 1
-                if item.delay:
-                    time.sleep(item.delay)
-                if item.status:
-                    response = jsonify({"code": item.status, "message": f"injected fault {item.status}"})
-                    response.status_code = item.status
-                    for name, value in (item.headers or {}).items():
-                        response.headers[name] = value
-                    return response
+            item = take_fault(double.faults, after)
+            if item is None or not item.status:
                 return None
-            return None
+            response = jsonify({"code": item.status, "message": f"injected fault {item.status}"})
+            response.status_code = item.status
+            for name, value in (item.headers or {}).items():
+                response.headers[name] = value
+            return response
 
         def error(status: int, message: str):
             return jsonify({"code": status, "message": message}), status
