@@ -55,13 +55,21 @@ def _text(value: Any) -> str:
     return _no_control_characters(value)
 
 
-def _slurm_name(value: Any) -> str:
-    """A partition or account: it becomes an ``#SBATCH`` value, which sbatch reads without any
-    shell quoting, so only the characters Slurm names use are accepted (R-BACK-6)."""
-    value = _text(value)
-    if not SLURM_NAME.fullmatch(value):
-        raise RemoteError("must be a Slurm name: letters, digits and . _ + - only (at most 64)")
-    return value
+def _matching(pattern: re.Pattern, message: str) -> Callable[[Any], str]:
+    """A check for text that must match ``pattern`` whole, refused with ``message`` otherwise."""
+
+    def check(value: Any) -> str:
+        value = _text(value)
+        if not pattern.fullmatch(value):
+            raise RemoteError(message)
+        return value
+
+    return check
+
+
+# A partition or account: it becomes an ``#SBATCH`` value, which sbatch reads without any shell
+# quoting, so only the characters Slurm names use are accepted (R-BACK-6).
+_slurm_name = _matching(SLURM_NAME, "must be a Slurm name: letters, digits and . _ + - only (at most 64)")
 
 
 def _env_name(value: Any) -> str:
@@ -82,31 +90,15 @@ def _abs_path(value: Any) -> str:
 
 
 #: Kubernetes names (projects, node pools: RFC 1123 labels) and Run:AI cluster ids (UUIDs)
-K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 #: a container image reference: registry/repository[:tag][@digest], no spaces or shell characters
 IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 
 
-def _k8s_name(value: Any) -> str:
-    value = _text(value)
-    if len(value) > 63 or not K8S_NAME.fullmatch(value):
-        raise RemoteError("must be a Kubernetes name: lowercase letters, digits and - (at most 63)")
-    return value
-
-
-def _uuid(value: Any) -> str:
-    value = _text(value)
-    if not UUID.fullmatch(value):
-        raise RemoteError("must be a UUID (the cluster's id as Run:AI shows it)")
-    return value
-
-
-def _image(value: Any) -> str:
-    value = _text(value)
-    if not IMAGE.fullmatch(value):
-        raise RemoteError("must be a container image reference (registry/repository:tag), without spaces")
-    return value
+_k8s_name = _matching(K8S_NAME, "must be a Kubernetes name: lowercase letters, digits and - (at most 63)")
+_uuid = _matching(UUID, "must be a UUID (the cluster's id as Run:AI shows it)")
+_image = _matching(IMAGE, "must be a container image reference (registry/repository:tag), without spaces")
 
 
 def _positive_int(value: Any) -> int:
@@ -141,18 +133,8 @@ def _credential_mode(value: Any) -> str:
     return value
 
 
-def _client_id(value: Any) -> str:
-    value = _text(value)
-    if not CLIENT_ID.fullmatch(value):
-        raise RemoteError("must be an OAuth client id: letters, digits and _ . : @ - only")
-    return value
-
-
-def _scope(value: Any) -> str:
-    value = _text(value)
-    if not SCOPE.fullmatch(value):
-        raise RemoteError("must be OAuth scopes separated by single spaces (e.g. 'openid offline_access')")
-    return value
+_client_id = _matching(CLIENT_ID, "must be an OAuth client id: letters, digits and _ . : @ - only")
+_scope = _matching(SCOPE, "must be OAuth scopes separated by single spaces (e.g. 'openid offline_access')")
 
 
 @dataclass(frozen=True)
