@@ -357,7 +357,7 @@ class _QueueSnapshot:
 
         now = timezone.now().timestamp()
         keys = shares.keys_of(pool, {row[2] for row in rows})
-        found = shares.rows(pool, set(keys.values()))
+        found = shares.read(pool, set(keys.values()), now)
         flying = shares.in_flight(pool, keys)
         queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
         v1 = shares.decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life) if queue else 0.0

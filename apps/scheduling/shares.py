@@ -84,6 +84,19 @@ def _filter(key: Key) -> dict:
     return {"user_id": key[1]} if key[0] == "user" else {"group_id": key[1]}
 
 
+def read(pool, keys, now: float) -> dict[Key, FairShare]:
+    """The pool's share rows for ``keys``, an unsaved default (weight 1, nothing used, not
+    queued) where none exists yet: what the read paths (positions, overview) use, creating nothing."""
+    found = _read(pool, set(keys))
+    for key in keys:
+        found.setdefault(key, _default(pool, key, now))
+    return found
+
+
+def _default(pool, key: Key, now: float) -> FairShare:
+    return FairShare(pool=pool, weight=1.0, usage=0.0, usage_at=now, **_filter(key))
+
+
 def rows(pool, keys) -> dict[Key, FairShare]:
     """The pool's share rows for ``keys``, created (weight 1, no usage) where missing."""
     keys = set(keys)
@@ -272,9 +285,9 @@ def overview(pool, now: float, *, include=()) -> list[ShareView]:
     for user_id, status, n in _unfinished_counts(pool):
         counts.setdefault(user_id, {JobStatus.PENDING: 0, JobStatus.RUNNING: 0})[status] = n
     keys = keys_of(pool, counts)
-    shares = {**rows(pool, set(keys.values())), **_read_all(pool)}  # the latter with their user or group
-    for key in include:
-        shares.setdefault(key, FairShare(pool=pool, weight=1.0, usage=0.0, usage_at=now, **_filter(key)))
+    shares = _read_all(pool)
+    for key in {*keys.values(), *include} - set(shares):
+        shares[key] = _default(pool, key, now)
     per_share: dict[Key, dict] = {}
     for user_id, by_status in counts.items():
         slot = per_share.setdefault(keys[user_id], {JobStatus.PENDING: 0, JobStatus.RUNNING: 0})
