@@ -355,3 +355,18 @@ def test_a_running_job_past_its_mean_device_time_is_still_expected_to_need_more(
     # Its mean residual life (checked against a 400 000-draw simulation: 37.4, 33.6, 36.8 s).
     assert [round(expected.remaining(t).mean, 1) for t in (30, 60, 120)] == [37.3, 33.5, 36.6]
     assert runtimes.Estimate(60.0, 0.0).remaining(45).mean == 15.0  # no spread: the rest of the mean
+
+
+def test_a_share_runnable_all_along_keeps_a_key_below_the_levels_virtual_time(
+    usage_pool, fake_device, open_session, owner, member
+):
+    import time
+
+    # Both had work at the last dispatch (queued); member's key fell below V1 since (a job ran
+    # shorter than expected). Only an arrival is raised to V1: member keeps its lead.
+    PoolQueue.objects.update_or_create(pool=usage_pool, defaults={"share_vtime": 80.0, "share_vtime_at": time.time()})
+    FairShare.objects.create(pool=usage_pool, user=owner, usage=60.0, usage_at=time.time(), queued=True)
+    FairShare.objects.create(pool=usage_pool, user=member, usage=50.0, usage_at=time.time(), queued=True)
+    submit(open_session(usage_pool, owner))
+    submit(open_session(usage_pool, member))
+    assert next_user(usage_pool).user_id == member.pk
