@@ -82,6 +82,7 @@ class Table:
     """Every measured band of some devices, read once (one query), to estimate many jobs."""
 
     def __init__(self, device_ids):
+        self.devices = list(device_ids)
         self.rows = {
             (device_id, key): (count, mean, var)
             for device_id, key, count, mean, var in DeviceRuntime.objects.filter(device_id__in=list(device_ids))

@@ -4,13 +4,14 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db.models import Count, F, Func, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
-from apps.sessions.models import SessionStatus
+from apps.sessions.models import Session, SessionStatus
 
 # R-JOB-4: why a pending job waits, as a stable code (API ``pending_code``, Prometheus
 # ``gridgate_pending_jobs{reason}``) and its text (``pending_reason``); the first that holds wins.
@@ -307,7 +308,9 @@ class _QueueSnapshot:
                 "session__expires_at",
             )
         )
-        device_ids = list(Device.objects.filter(pool_id=pool.pk).values_list("pk", flat=True))
+        devices = list(Device.objects.filter(pool_id=pool.pk).values_list("pk", "max_concurrent_jobs"))
+        device_ids = [pk for pk, _ in devices]
+        self.capacity = sum(n for _, n in devices)
         self.table = runtimes.Table(device_ids)
         estimates: dict = {}
 
@@ -334,10 +337,18 @@ class _QueueSnapshot:
         session_rank = {session_id: r for r, session_id in enumerate(sorted(seen, key=str))}
         sid = np.array([session_rank[row[1]] for row in rows], dtype=float)
         self.behind_share: set = set()  # usage_fair: jobs of a share other than the one served next
+        # What may arrive and go first (``arrivals``): each job's tag in its strategy's order and
+        # the expected device time before it; each flow's tag after its pending jobs, the device
+        # seconds a unit of tag stands for, what it submitted lately. None in a fifo pool.
+        self.tag: dict = {}
+        self.flows: list = []
+        self.half_life = math.inf  # usage_fair: device time charged later weighs more
         if pool.strategy == "fifo":
             order = np.arange(n)
         elif pool.strategy == "weighted_fair":
-            order = np.lexsort((index, sid, age, vruntime + index / slots))
+            tag = vruntime + index / slots
+            order = np.lexsort((index, sid, age, tag))
+            self._session_flows(pool, rows, ids, tag, slots)
         else:
             order = self._two_level(pool, rows, ids, mean, index, before, vruntime, slots, age, sid)
         self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
@@ -350,13 +361,39 @@ class _QueueSnapshot:
         self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
         self.session_ends = {row[0]: row[9] for row in rows}
 
+    def _session_flows(self, pool, rows, ids, tag, slots) -> None:
+        """weighted_fair: a session's k-th job is tagged vruntime + k / slots; one it submits later
+        goes before a job with a greater tag (an idle session is raised to the pool's V first)."""
+        recent = _recent_submissions(pool, timezone.now().timestamp(), self.table)
+        submitted: dict = defaultdict(_Flow)
+        for _, session_id, minute, seconds, jobs in recent:
+            submitted[session_id].add(minute, seconds, jobs)
+        ends = {}
+        for j, row in enumerate(rows):
+            self.tag[ids[j]] = (float(tag[j]), 0.0)
+            ends[row[1]] = max(ends.get(row[1], -math.inf), float(tag[j]) + 1.0 / float(slots[j]))
+        queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
+        floor = queue.vtime if queue else 0.0
+        for session_id, vruntime, n in Session.objects.filter(
+            pk__in=list(submitted), status=SessionStatus.ACTIVE
+        ).values_list("pk", "vruntime", "slots"):
+            flow = submitted[session_id]
+            self.flows.append(flow.figures(ends.get(session_id, max(vruntime, floor)), n * flow.mean_job))
+
     def _two_level(self, pool, rows, ids, mean, index, before, vruntime, slots, age, sid):
+        """The usage_fair order, and what the ETA needs to foresee arrivals (``self.flows``)."""
+        import heapq
+
         import numpy as np
 
         from apps.scheduling import shares
 
         now = timezone.now().timestamp()
-        keys = shares.keys_of(pool, {row[2] for row in rows})
+        recent = _recent_submissions(pool, now, self.table)
+        keys = shares.keys_of(pool, {row[2] for row in rows} | {r[0] for r in recent})
+        submitted: dict = defaultdict(_Flow)
+        for user_id, _, minute, seconds, jobs in recent:
+            submitted[keys[user_id]].add(minute, seconds, jobs)
         found = shares.read(pool, set(keys.values()), now)
         flying = shares.in_flight(pool, keys)
         queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
@@ -367,22 +404,66 @@ class _QueueSnapshot:
         # Level 2: within each share, by session tag in expected device time / slots.
         floor = np.array([found[key].vtime for key in share_of], dtype=float)
         inner = np.lexsort((index, sid, age, np.maximum(vruntime, floor) + before / slots, share_id))
-        # Level 1: a share's next job at (usage + in flight + its jobs before it) / weight.
-        start = {
-            key: value * found[key].weight for key, value in shares.level_one(pool, found, flying, v1, now).items()
-        }
-        tag = np.zeros(len(rows))
+        queues: dict = {}
         for j in inner:
-            key = share_of[j]
-            tag[j] = start[key] / found[key].weight
-            start[key] += mean[j]
-        in_share = np.zeros(len(rows))
-        in_share[inner] = np.arange(len(rows))
-        order = np.lexsort((in_share, share_id, tag))
-        if len(order):
+            queues.setdefault(share_of[j], []).append(j)
+        # Level 1: the share with the smallest key goes next; a job adds its expected device time
+        # over the share's weight. Keys are decayed to now, so device time charged later weighs
+        # more (2^(t / half-life) at t seconds from now): the sooner the past is forgotten.
+        start = shares.level_one(pool, found, flying, v1, now)
+        capacity = max(self.capacity, 1)
+        heap = [(start[key], share_rank[key], key, 0) for key in queues]
+        heapq.heapify(heap)
+        order, elapsed = [], 0.0
+        while heap:
+            value, rank, key, k = heapq.heappop(heap)
+            j = queues[key][k]
+            order.append(j)
+            self.tag[ids[j]] = (value, elapsed)
+            value += mean[j] * 2.0 ** (elapsed / pool.usage_half_life) / found[key].weight
+            elapsed += mean[j] / capacity
+            start[key] = value
+            if k + 1 < len(queues[key]):
+                heapq.heappush(heap, (value, rank, key, k + 1))
+        # Each share that submitted lately may add before a job: its key after its pending jobs,
+        # and a key unit is 1 / weight device seconds.
+        self.flows = [flow.figures(start[key], found[key].weight) for key, flow in submitted.items()]
+        self.half_life = pool.usage_half_life
+        if order:
             first = share_of[order[0]]
             self.behind_share = {ids[j] for j in range(len(rows)) if share_of[j] != first}
-        return order
+        return np.array(order, dtype=int)
+
+    def arrivals(self, job_id: int, base: float, capacity: int) -> tuple[float, float, float]:
+        """What the other flows (shares, or sessions in weighted_fair) are expected to submit while
+        the job waits and that goes first: each submits at its recent rate of device time, up to
+        the room its tag leaves below the job's (usage_fair: weighted, and device time charged
+        later weighs more). ``base`` is the wait with nothing arriving; the wait ``W`` is the fixed
+        point of ``W = base + sum(min(rate * W, room)) / capacity``, solved exactly (the right
+        side is concave and piecewise linear). Returns the seconds added to ``base``, the
+        variance of the flows' arrivals while their room is not used up (compound Poisson), and
+        ``1 / (1 - slope)``: how much any deviation of the wait is amplified by the arrivals it
+        lets in."""
+        if job_id not in self.tag:
+            return 0.0, 0.0, 1.0
+        tag, at = self.tag[job_id]
+        growth = 2.0 ** (at / self.half_life)
+        flows = []
+        for end, seconds_per_unit, rate, lump in self.flows:
+            room = (tag - end) * seconds_per_unit / growth  # none for the job's own flow: it ends past it
+            if room > 0 and rate > 0:
+                flows.append((room / rate, room, rate, lump))
+        flows.sort()
+        constant, slope, filled = base, sum(f[2] for f in flows) / capacity, 0
+        for breakpoint, room, rate, _ in flows:
+            if slope < 1 and constant / (1 - slope) <= breakpoint:
+                break
+            constant += room / capacity
+            slope -= rate / capacity
+            filled += 1
+        wait = constant / (1 - slope) if slope < 1 else constant
+        variance = sum(rate * wait * lump for _, _, rate, lump in flows[filled:]) / (capacity * capacity)
+        return wait - base, variance, 1.0 / (1.0 - slope) if slope < 1 else 1.0
 
     def covers(self, job_ids) -> bool:
         return all(job_id in self.rank for job_id in job_ids)
@@ -401,8 +482,13 @@ class _QueueSnapshot:
                 mean += left.mean
                 var += left.var
             state.remaining = (mean, var)
-        start = (state.remaining[0] + float(self.before_mean[rank - 1])) / state.capacity
-        spread = math.sqrt(state.remaining[1] + float(self.before_var[rank - 1])) / state.capacity
+        # The wait: what is queued now (the running jobs' rest and the jobs before it), then what
+        # others submit meanwhile that goes first; deviations of either let more arrivals in.
+        queued = (state.remaining[0] + float(self.before_mean[rank - 1])) / state.capacity
+        queued_var = (state.remaining[1] + float(self.before_var[rank - 1])) / state.capacity**2
+        arriving, arriving_var, gain = self.arrivals(job_id, queued, state.capacity)
+        start = _median(queued, queued_var) + _median(arriving, gain * gain * arriving_var)
+        spread = gain * math.sqrt(queued_var + arriving_var)
         ends = self.session_ends.get(job_id)
         not_before = self.not_before.get(job_id)
         if not_before is not None and not_before > state.at:
@@ -416,6 +502,59 @@ class _QueueSnapshot:
         else:
             code = "waiting_turn"
         return Waiting(code, rank, start, spread)
+
+
+def _median(mean: float, variance: float) -> float:
+    """The median of a skewed positive quantity known by its mean and variance (a log-normal's):
+    the ETA is a start as likely before as after, and waits are long-tailed (a job's device time;
+    a burst that may or may not arrive)."""
+    return mean / math.sqrt(1.0 + variance / (mean * mean)) if mean > 0 else 0.0
+
+
+ARRIVAL_WINDOW = 3600.0  # seconds: what a share submitted over this is its recent rate
+
+
+def _recent_submissions(pool, now: float, table) -> list[tuple]:
+    """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``: rows of (user id,
+    session id, minute, expected device seconds, jobs)."""
+    since = datetime.fromtimestamp(now - ARRIVAL_WINDOW, tz=UTC)
+    rows = (
+        Job.objects.filter(pool_id=pool.pk, created_at__gte=since)
+        .order_by()
+        .values("user_id", "session_id", "target_device_id", "shots", minute=TruncMinute("created_at"))
+        .annotate(n=Count("pk"))
+        .values_list("user_id", "session_id", "target_device_id", "shots", "minute", "n")
+    )
+    device_ids = list(table.devices)
+    out = []
+    for user_id, session_id, target, shots, minute, n in rows:
+        estimate = table.on_device(target, shots) if target else table.on_any(device_ids, shots)
+        out.append((user_id, session_id, minute, n * estimate.mean, n))
+    return out
+
+
+class _Flow:
+    """What one share (usage_fair) or session (weighted_fair) submitted lately, added up per minute."""
+
+    def __init__(self):
+        self.minutes: dict = {}
+        self.jobs = 0
+
+    def add(self, minute, seconds: float, jobs: int) -> None:
+        self.minutes[minute] = self.minutes.get(minute, 0.0) + seconds
+        self.jobs += jobs
+
+    def figures(self, end: float, seconds_per_unit: float) -> tuple:
+        """For ``arrivals``: the flow's tag after its pending jobs, the device seconds a unit of
+        tag stands for, its rate in device seconds per second, and how lumpy it comes (a compound
+        Poisson's variance per unit of mean: each minute's device time, squared, over their sum)."""
+        seconds = sum(self.minutes.values())
+        lump = sum(v * v for v in self.minutes.values()) / seconds if seconds else 0.0
+        return end, seconds_per_unit, seconds / ARRIVAL_WINDOW, lump
+
+    @property
+    def mean_job(self) -> float:
+        return sum(self.minutes.values()) / self.jobs if self.jobs else 0.0
 
 
 def _count_running():
