@@ -125,7 +125,8 @@ def queue_info(jobs) -> dict[int, Waiting]:
     pause, running jobs) is read for all the pools at once (``_now``), and each pool's order and
     the device time before each job come from a snapshot of its queue (``_snapshots``), rebuilt
     only when the queue changed: a list read costs the same with 100 000 pending jobs as with
-    100. Positions and ETAs follow the pool's strategy; they assume nothing else arrives, and the
+    100. Positions follow the pool's strategy as if nothing else arrived; ETAs also expect what
+    others submit meanwhile at their recent rates (``_QueueSnapshot.arrivals``), and the
     device times measured so far.
     """
     pending = [j for j in jobs if j.status == JobStatus.PENDING]
@@ -281,10 +282,12 @@ class _QueueSnapshot:
     The order: ``fifo`` by (created_at, id); ``weighted_fair`` by the start tag of each session's
     k-th job, vruntime + k/slots (ties: older session); ``usage_fair`` the same within each share
     with tags in expected device time / slots, and across shares by (decayed usage + in flight +
-    the expected device time of the share's jobs before it) / weight, each level raised to its
-    virtual time (``apps.scheduling.shares``). A job's expected start (``waiting``): the running
-    jobs' expected remaining time plus the expected device time of every job before it, over the
-    usable devices' capacity; its variance summed likewise (``apps.scheduling.runtimes``).
+    the expected device time of the share's jobs before it, charged later weighing more) /
+    weight, each level raised to its virtual time (``apps.scheduling.shares``). A job's expected
+    start (``waiting``): the running jobs' expected remaining time plus the expected device time
+    of every job before it, over the usable devices' capacity, its variance summed likewise
+    (``apps.scheduling.runtimes``); then what others are expected to submit meanwhile and that
+    goes first (``arrivals``); shown as the median of the sum.
     """
 
     def __init__(self, pool):
