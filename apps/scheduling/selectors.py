@@ -343,15 +343,21 @@ class _QueueSnapshot:
         # What may arrive and go first (``arrivals``): each job's tag in its strategy's order and
         # the expected device time before it; each flow's tag after its pending jobs, the device
         # seconds a unit of tag stands for, what it submitted lately. None in a fifo pool.
-        self.tag: dict = {}
-        self.flows: list = []
+        self.tag: dict = {}  # job id -> (tag, expected seconds before it, its share, its tag there)
+        self.flows: list = []  # figures (``_Flow.figures``) of the flows of the pool's order
+        self.siblings: dict = {}  # usage_fair: {share: figures of its sessions}, the order within it
         self.half_life = math.inf  # usage_fair: device time charged later weighs more
         if pool.strategy == "fifo":
             order = np.arange(n)
         elif pool.strategy == "weighted_fair":
             tag = vruntime + index / slots
             order = np.lexsort((index, sid, age, tag))
-            self._session_flows(pool, rows, ids, tag, slots)
+            recent = _recent_submissions(pool, timezone.now().timestamp(), self.table)
+            queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
+            v = queue.vtime if queue else 0.0
+            flows = _session_flows(rows, tag, 1.0 / slots, recent, lambda user_id, vruntime: max(vruntime, v), True)
+            self.flows = [figures for _, figures in flows]
+            self.tag = {ids[j]: (float(tag[j]), 0.0, None, 0.0) for j in range(n)}
         else:
             order = self._two_level(pool, rows, ids, mean, index, before, vruntime, slots, age, sid)
         self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
@@ -363,25 +369,6 @@ class _QueueSnapshot:
         self.before_var = np.concatenate(([0.0], np.cumsum(var[order])))
         self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
         self.session_ends = {row[0]: row[9] for row in rows}
-
-    def _session_flows(self, pool, rows, ids, tag, slots) -> None:
-        """weighted_fair: a session's k-th job is tagged vruntime + k / slots; one it submits later
-        goes before a job with a greater tag (an idle session is raised to the pool's V first)."""
-        recent = _recent_submissions(pool, timezone.now().timestamp(), self.table)
-        submitted: dict = defaultdict(_Flow)
-        for _, session_id, minute, seconds, jobs in recent:
-            submitted[session_id].add(minute, seconds, jobs)
-        ends = {}
-        for j, row in enumerate(rows):
-            self.tag[ids[j]] = (float(tag[j]), 0.0)
-            ends[row[1]] = max(ends.get(row[1], -math.inf), float(tag[j]) + 1.0 / float(slots[j]))
-        queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
-        floor = queue.vtime if queue else 0.0
-        for session_id, vruntime, n in Session.objects.filter(
-            pk__in=list(submitted), status=SessionStatus.ACTIVE
-        ).values_list("pk", "vruntime", "slots"):
-            flow = submitted[session_id]
-            self.flows.append(flow.figures(ends.get(session_id, max(vruntime, floor)), n * flow.mean_job))
 
     def _two_level(self, pool, rows, ids, mean, index, before, vruntime, slots, age, sid):
         """The usage_fair order, and what the ETA needs to foresee arrivals (``self.flows``)."""
@@ -406,7 +393,8 @@ class _QueueSnapshot:
         share_id = np.array([share_rank[key] for key in share_of], dtype=float)
         # Level 2: within each share, by session tag in expected device time / slots.
         floor = np.array([found[key].vtime for key in share_of], dtype=float)
-        inner = np.lexsort((index, sid, age, np.maximum(vruntime, floor) + before / slots, share_id))
+        inner_tag = np.maximum(vruntime, floor) + before / slots
+        inner = np.lexsort((index, sid, age, inner_tag, share_id))
         queues: dict = {}
         for j in inner:
             queues.setdefault(share_of[j], []).append(j)
@@ -422,40 +410,47 @@ class _QueueSnapshot:
             value, rank, key, k = heapq.heappop(heap)
             j = queues[key][k]
             order.append(j)
-            self.tag[ids[j]] = (value, elapsed)
+            self.tag[ids[j]] = (value, elapsed, key, float(inner_tag[j]))
             value += mean[j] * 2.0 ** (elapsed / pool.usage_half_life) / found[key].weight
             elapsed += mean[j] / capacity
             start[key] = value
             if k + 1 < len(queues[key]):
                 heapq.heappush(heap, (value, rank, key, k + 1))
         # Each share that submitted lately may add before a job: its key after its pending jobs,
-        # and a key unit is 1 / weight device seconds.
+        # and a key unit is 1 / weight device seconds; within the job's own share, its sessions
+        # (an idle one starts at the share's virtual time).
         self.flows = [flow.figures(start[key], found[key].weight) for key, flow in submitted.items()]
         self.half_life = pool.usage_half_life
+
+        def idle_start(user_id, vruntime):
+            return max(vruntime, found[keys[user_id]].vtime)
+
+        for user_id, figures in _session_flows(rows, inner_tag, mean / slots, recent, idle_start, False):
+            self.siblings.setdefault(keys[user_id], []).append(figures)
         if order:
             first = share_of[order[0]]
             self.behind_share = {ids[j] for j in range(len(rows)) if share_of[j] != first}
         return np.array(order, dtype=int)
 
     def arrivals(self, job_id: int, base: float, capacity: int) -> tuple[float, float, float]:
-        """What the other flows (shares, or sessions in weighted_fair) are expected to submit while
-        the job waits and that goes first: each submits at its recent rate of device time, up to
-        the room its tag leaves below the job's (usage_fair: weighted, and device time charged
-        later weighs more). ``base`` is the wait with nothing arriving; the wait ``W`` is the fixed
-        point of ``W = base + sum(min(rate * W, room)) / capacity``, solved exactly (the right
-        side is concave and piecewise linear). Returns the seconds added to ``base``, the
+        """What the other flows (sessions in weighted_fair; in usage_fair the other shares, and the
+        other sessions of the job's share) are expected to submit while the job waits and that
+        goes first: each submits at its recent rate of device time, up to the room its tag leaves
+        below the job's (usage_fair's shares: weighted, and device time charged later weighs more).
+        ``base`` is the wait with nothing arriving; the wait ``W`` is the fixed point of
+        ``W = base + sum(min(rate * W, room)) / capacity``, solved exactly (the right side is
+        concave and piecewise linear). Returns the seconds added to ``base``, the
         variance of the flows' arrivals while their room is not used up (compound Poisson), and
         ``1 / (1 - slope)``: how much any deviation of the wait is amplified by the arrivals it
         lets in."""
         if job_id not in self.tag:
             return 0.0, 0.0, 1.0
-        tag, at = self.tag[job_id]
+        tag, at, share, inner_tag = self.tag[job_id]
         growth = 2.0 ** (at / self.half_life)
-        flows = []
-        for end, seconds_per_unit, rate, lump in self.flows:
-            room = (tag - end) * seconds_per_unit / growth  # none for the job's own flow: it ends past it
-            if room > 0 and rate > 0:
-                flows.append((room / rate, room, rate, lump))
+        rooms = [((tag - end) * unit / growth, rate, lump) for end, unit, rate, lump in self.flows]
+        rooms += [((inner_tag - end) * unit, rate, lump) for end, unit, rate, lump in self.siblings.get(share, ())]
+        # None for the job's own flow (share, session): it ends past the job.
+        flows = [(room / rate, room, rate, lump) for room, rate, lump in rooms if room > 0 and rate > 0]
         flows.sort()
         constant, slope, filled = base, sum(f[2] for f in flows) / capacity, 0
         for breakpoint, room, rate, _ in flows:
@@ -515,6 +510,27 @@ def _median(mean: float, variance: float) -> float:
 
 
 ARRIVAL_WINDOW = 3600.0  # seconds: what a share submitted over this is its recent rate
+
+
+def _session_flows(rows, tag, step, recent, idle_start, per_job: bool) -> list:
+    """[(user id, figures)] of the active sessions that submitted lately (``recent``), for
+    ``arrivals``: each one's tag after its pending jobs (its last job's ``tag`` + ``step``), or
+    ``idle_start(user id, vruntime)`` when none is pending; a unit of tag stands for ``slots``
+    device seconds, or with ``per_job`` (tags that count jobs) ``slots`` of its mean job's."""
+    submitted: dict = defaultdict(_Flow)
+    for _, session_id, minute, seconds, jobs in recent:
+        submitted[session_id].add(minute, seconds, jobs)
+    ends: dict = {}
+    for j, row in enumerate(rows):
+        ends[row[1]] = max(ends.get(row[1], -math.inf), float(tag[j] + step[j]))
+    out = []
+    for session_id, user_id, vruntime, slots in Session.objects.filter(
+        pk__in=list(submitted), status=SessionStatus.ACTIVE
+    ).values_list("pk", "user_id", "vruntime", "slots"):
+        flow = submitted[session_id]
+        end = ends.get(session_id, idle_start(user_id, vruntime))
+        out.append((user_id, flow.figures(end, slots * (flow.mean_job if per_job else 1.0))))
+    return out
 
 
 def _recent_submissions(pool, now: float, table) -> list[tuple]:

@@ -146,3 +146,19 @@ def test_an_idle_session_may_add_only_from_the_pools_virtual_time(weighted, open
     passes.submit_claimed(passes.dispatch_once(weighted.pk))  # V = 2, owner's last job tagged 3
     # member's session is raised to V = 2 when it submits: one job (60 s) fits, W = 60 + 60.
     assert eta_of(weighted, jobs[3]).eta_seconds == pytest.approx(120.0, abs=1.0)
+
+
+def test_another_session_of_the_same_user_may_submit_first_within_its_share(
+    qpu_pool, fake_device, open_session, owner
+):
+    qpu_pool.strategy = "usage_fair"
+    qpu_pool.save()
+    DeviceRuntime.objects.create(device=fake_device, band=1, count=50, mean=60.0, var=0.0)
+    busy = open_session(qpu_pool, owner)
+    jobs = submit(busy, 5)
+    dispatch_and_finish(qpu_pool, runtime=60.0)  # busy's session tag, and the share's, at 60
+    passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))
+    history(qpu_pool, open_session(qpu_pool, owner), 30)  # idle: it would start at the share's 60
+    # busy's last job is tagged 60 + 120 within the share: the other session may add 120 s first.
+    # W = 60 (running) + 120 (busy's two before) + min(W / 2, 120) = 300.
+    assert eta_of(qpu_pool, jobs[4]).eta_seconds == pytest.approx(300.0, abs=1.0)
