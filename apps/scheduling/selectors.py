@@ -11,7 +11,7 @@ from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
-from apps.sessions.models import Session, SessionStatus
+from apps.sessions.models import SessionStatus
 
 # R-JOB-4: why a pending job waits, as a stable code (API ``pending_code``, Prometheus
 # ``gridgate_pending_jobs{reason}``) and its text (``pending_reason``); the first that holds wins.
@@ -380,10 +380,10 @@ class _QueueSnapshot:
 
         now = timezone.now().timestamp()
         recent = _recent_submissions(pool, now, self.table)
-        keys = shares.keys_of(pool, {row[2] for row in rows} | {r[0] for r in recent})
+        keys = shares.keys_of(pool, {row[2] for row in rows} | {r.user_id for r in recent})
         submitted: dict = defaultdict(_Flow)
-        for user_id, _, minute, seconds, jobs in recent:
-            submitted[keys[user_id]].add(minute, seconds, jobs)
+        for r in recent:
+            submitted[keys[r.user_id]].add(r.minute, r.seconds, r.jobs)
         found = shares.read(pool, set(keys.values()), now)
         flying = shares.in_flight(pool, keys)
         queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
@@ -518,37 +518,71 @@ def _session_flows(rows, tag, step, recent, idle_start, per_job: bool) -> list:
     ``idle_start(user id, vruntime)`` when none is pending; a unit of tag stands for ``slots``
     device seconds, or with ``per_job`` (tags that count jobs) ``slots`` of its mean job's."""
     submitted: dict = defaultdict(_Flow)
-    for _, session_id, minute, seconds, jobs in recent:
-        submitted[session_id].add(minute, seconds, jobs)
+    sessions = {}
+    for submission in recent:
+        if submission.active:
+            submitted[submission.session_id].add(submission.minute, submission.seconds, submission.jobs)
+            sessions[submission.session_id] = submission
     ends: dict = {}
     for j, row in enumerate(rows):
         ends[row[1]] = max(ends.get(row[1], -math.inf), float(tag[j] + step[j]))
     out = []
-    for session_id, user_id, vruntime, slots in Session.objects.filter(
-        pk__in=list(submitted), status=SessionStatus.ACTIVE
-    ).values_list("pk", "user_id", "vruntime", "slots"):
-        flow = submitted[session_id]
-        end = ends.get(session_id, idle_start(user_id, vruntime))
-        out.append((user_id, flow.figures(end, slots * (flow.mean_job if per_job else 1.0))))
+    for session_id, flow in submitted.items():
+        session = sessions[session_id]
+        end = ends.get(session_id, idle_start(session.user_id, session.vruntime))
+        out.append((session.user_id, flow.figures(end, session.slots * (flow.mean_job if per_job else 1.0))))
     return out
 
 
-def _recent_submissions(pool, now: float, table) -> list[tuple]:
-    """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``: rows of (user id,
-    session id, minute, expected device seconds, jobs)."""
+@dataclass(frozen=True)
+class _Submitted:
+    """Jobs one session submitted to a pool in one minute, with what the ETA reads of the session."""
+
+    user_id: int
+    session_id: object
+    vruntime: float
+    slots: int
+    active: bool
+    minute: object
+    seconds: float  # expected device time
+    jobs: int
+
+
+def _recent_submissions(pool, now: float, table) -> list[_Submitted]:
+    """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``, per session and minute."""
     since = datetime.fromtimestamp(now - ARRIVAL_WINDOW, tz=UTC)
     rows = (
         Job.objects.filter(pool_id=pool.pk, created_at__gte=since)
         .order_by()
-        .values("user_id", "session_id", "target_device_id", "shots", minute=TruncMinute("created_at"))
+        .values(
+            "user_id",
+            "session_id",
+            "session__vruntime",
+            "session__slots",
+            "session__status",
+            "target_device_id",
+            "shots",
+            minute=TruncMinute("created_at"),
+        )
         .annotate(n=Count("pk"))
-        .values_list("user_id", "session_id", "target_device_id", "shots", "minute", "n")
+        .values_list(
+            "user_id",
+            "session_id",
+            "session__vruntime",
+            "session__slots",
+            "session__status",
+            "target_device_id",
+            "shots",
+            "minute",
+            "n",
+        )
     )
     device_ids = list(table.devices)
     out = []
-    for user_id, session_id, target, shots, minute, n in rows:
+    for user_id, session_id, vruntime, slots, status, target, shots, minute, n in rows:
         estimate = table.on_device(target, shots) if target else table.on_any(device_ids, shots)
-        out.append((user_id, session_id, minute, n * estimate.mean, n))
+        active = status == SessionStatus.ACTIVE
+        out.append(_Submitted(user_id, session_id, vruntime, slots, active, minute, n * estimate.mean, n))
     return out
 
 

@@ -148,9 +148,7 @@ def test_an_idle_session_may_add_only_from_the_pools_virtual_time(weighted, open
     assert eta_of(weighted, jobs[3]).eta_seconds == pytest.approx(120.0, abs=1.0)
 
 
-def test_another_session_of_the_same_user_may_submit_first_within_its_share(
-    qpu_pool, fake_device, open_session, owner
-):
+def test_another_session_of_the_same_user_may_submit_first_within_its_share(qpu_pool, fake_device, open_session, owner):
     qpu_pool.strategy = "usage_fair"
     qpu_pool.save()
     DeviceRuntime.objects.create(device=fake_device, band=1, count=50, mean=60.0, var=0.0)
@@ -162,3 +160,14 @@ def test_another_session_of_the_same_user_may_submit_first_within_its_share(
     # busy's last job is tagged 60 + 120 within the share: the other session may add 120 s first.
     # W = 60 (running) + 120 (busy's two before) + min(W / 2, 120) = 300.
     assert eta_of(qpu_pool, jobs[4]).eta_seconds == pytest.approx(300.0, abs=1.0)
+
+
+def test_a_session_that_ended_submits_nothing_more(weighted, open_session, owner, member):
+    from apps.sessions import services as session_services
+
+    waiting = submit(open_session(weighted, owner), 2)[1]
+    passes.submit_claimed(passes.dispatch_once(weighted.pk))
+    other = open_session(weighted, member)
+    history(weighted, other, 30)
+    session_services.release(user=member, session_id=other.pk)
+    assert eta_of(weighted, waiting).eta_seconds == pytest.approx(60.0, abs=0.5)
