@@ -9,6 +9,15 @@ from rest_framework.test import APIClient
 from apps.resources.models import ResourceClass, ResourcePool
 
 
+@pytest.fixture(autouse=True)
+def _fresh_queue_snapshots():
+    """Each test reads its pools' queues afresh: the per-process snapshots (and the arrival
+    figures they keep for a minute) are keyed by pool id, which SQLite reuses after a rollback."""
+    from apps.scheduling import selectors
+
+    selectors._SNAPSHOT_CACHE.clear()
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
     if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):

@@ -4,12 +4,13 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import timedelta
 
 from django.db.models import Count, F, Func, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
+from apps.scheduling import runtimes
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
 
@@ -234,6 +235,7 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
 # Per-process snapshots of pools' queues: {pool id: (version, taken at, _QueueSnapshot)}.
 _SNAPSHOT_CACHE: dict[int, tuple[tuple, float, "_QueueSnapshot"]] = {}
 SNAPSHOT_MAX_AGE = 5.0  # seconds: bounds what the version below does not see (a cancelled job)
+ARRIVALS_MAX_AGE = 60.0  # seconds: a snapshot's figures of the last hour's submissions are reused this long
 
 
 def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot"]:
@@ -256,7 +258,7 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
     out = {}
     for pool_id, job_ids in listed.items():
         pool = pools[pool_id]
-        version = versions.get(pool_id)  # None: no queue row yet, never cached
+        version = versions.get(pool_id)  # None: no queue row yet, the snapshot is never reused
         if version is not None:
             version = (*version, pool.strategy)
         cached = _SNAPSHOT_CACHE.get(pool_id)
@@ -269,9 +271,12 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
         ):
             out[pool_id] = cached[2]
             continue
-        out[pool_id] = _QueueSnapshot(pool)
-        if version is not None:
-            _SNAPSHOT_CACHE[pool_id] = (version, now, out[pool_id])
+        # What the pool's users submitted in the last hour (the ETA's arrival rates) is read again
+        # once a minute, not at each rebuild: a busy pool's queue changes at every submission.
+        previous = cached[2].recent if cached is not None else None
+        fresh = previous is not None and now - previous[0] < ARRIVALS_MAX_AGE
+        out[pool_id] = _QueueSnapshot(pool, previous if fresh else None)
+        _SNAPSHOT_CACHE[pool_id] = (version, now, out[pool_id])  # version None: only its arrivals are reused
     return out
 
 
@@ -290,10 +295,8 @@ class _QueueSnapshot:
     goes first (``arrivals``); shown as the median of the sum.
     """
 
-    def __init__(self, pool):
+    def __init__(self, pool, recent=None):
         import numpy as np
-
-        from apps.scheduling import runtimes
 
         rows = list(
             Job.objects.filter(pool_id=pool.pk, status=JobStatus.PENDING, session__status=SessionStatus.ACTIVE)
@@ -347,18 +350,22 @@ class _QueueSnapshot:
         self.flows: list = []  # figures (``_Flow.figures``) of the flows of the pool's order
         self.siblings: dict = {}  # usage_fair: {share: figures of its sessions}, the order within it
         self.half_life = math.inf  # usage_fair: device time charged later weighs more
+        self.recent = None  # (monotonic time read, ``_recent_submissions``), fifo: never read
         if pool.strategy == "fifo":
             order = np.arange(n)
         elif pool.strategy == "weighted_fair":
             tag = vruntime + index / slots
             order = np.lexsort((index, sid, age, tag))
-            recent = _recent_submissions(pool, timezone.now().timestamp(), self.table)
+            self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
             queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
             v = queue.vtime if queue else 0.0
-            flows = _session_flows(rows, tag, 1.0 / slots, recent, lambda user_id, vruntime: max(vruntime, v), True)
+            flows = _session_flows(
+                rows, tag, 1.0 / slots, self.recent[1], lambda user_id, vruntime: max(vruntime, v), True
+            )
             self.flows = [figures for _, figures in flows]
             self.tag = {ids[j]: (float(tag[j]), 0.0, None, 0.0) for j in range(n)}
         else:
+            self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
             order = self._two_level(pool, rows, ids, mean, index, before, vruntime, slots, age, sid)
         self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
         self.first_of_session: dict = {}
@@ -379,7 +386,7 @@ class _QueueSnapshot:
         from apps.scheduling import shares
 
         now = timezone.now().timestamp()
-        recent = _recent_submissions(pool, now, self.table)
+        recent = self.recent[1]
         keys = shares.keys_of(pool, {row[2] for row in rows} | {r.user_id for r in recent})
         submitted: dict = defaultdict(_Flow)
         for r in recent:
@@ -548,9 +555,9 @@ class _Submitted:
     jobs: int
 
 
-def _recent_submissions(pool, now: float, table) -> list[_Submitted]:
+def _recent_submissions(pool, table) -> list[_Submitted]:
     """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``, per session and minute."""
-    since = datetime.fromtimestamp(now - ARRIVAL_WINDOW, tz=UTC)
+    since = timezone.now() - timedelta(seconds=ARRIVAL_WINDOW)
     rows = (
         Job.objects.filter(pool_id=pool.pk, created_at__gte=since)
         .order_by()
@@ -578,11 +585,14 @@ def _recent_submissions(pool, now: float, table) -> list[_Submitted]:
         )
     )
     device_ids = list(table.devices)
+    means: dict = {}
     out = []
     for user_id, session_id, vruntime, slots, status, target, shots, minute, n in rows:
-        estimate = table.on_device(target, shots) if target else table.on_any(device_ids, shots)
+        key = (target, runtimes.band(shots))
+        if key not in means:
+            means[key] = (table.on_device(target, shots) if target else table.on_any(device_ids, shots)).mean
         active = status == SessionStatus.ACTIVE
-        out.append(_Submitted(user_id, session_id, vruntime, slots, active, minute, n * estimate.mean, n))
+        out.append(_Submitted(user_id, session_id, vruntime, slots, active, minute, n * means[key], n))
     return out
 
 

@@ -171,3 +171,23 @@ def test_a_session_that_ended_submits_nothing_more(weighted, open_session, owner
     history(weighted, other, 30)
     session_services.release(user=member, session_id=other.pk)
     assert eta_of(weighted, waiting).eta_seconds == pytest.approx(60.0, abs=0.5)
+
+
+def test_the_last_hours_submissions_are_read_again_once_a_minute_not_at_each_rebuild(
+    busy, qpu_pool, open_session, owner, monkeypatch
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def reads_of_recent_submissions():
+        with CaptureQueriesContext(connection) as queries:
+            selectors.queue_info(pending(qpu_pool))
+        return sum('"created_at" >=' in q["sql"] for q in queries.captured_queries)
+
+    session = busy.session
+    assert reads_of_recent_submissions() == 1
+    submit(session)  # the queue changed: its snapshot is rebuilt
+    assert reads_of_recent_submissions() == 0
+    monkeypatch.setattr(selectors, "ARRIVALS_MAX_AGE", 0.0)
+    submit(session)
+    assert reads_of_recent_submissions() == 1
