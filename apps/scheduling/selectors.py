@@ -418,7 +418,7 @@ class _QueueSnapshot:
             j = queues[key][k]
             order.append(j)
             self.tag[ids[j]] = (value, elapsed, key, float(inner_tag[j]))
-            value += mean[j] * 2.0 ** (elapsed / pool.usage_half_life) / found[key].weight
+            value += mean[j] * _growth(elapsed, pool.usage_half_life) / found[key].weight
             elapsed += mean[j] / capacity
             start[key] = value
             if k + 1 < len(queues[key]):
@@ -453,7 +453,7 @@ class _QueueSnapshot:
         if job_id not in self.tag:
             return 0.0, 0.0, 1.0
         tag, at, share, inner_tag = self.tag[job_id]
-        growth = 2.0 ** (at / self.half_life)
+        growth = _growth(at, self.half_life)
         rooms = [((tag - end) * unit / growth, rate, lump) for end, unit, rate, lump in self.flows]
         rooms += [((inner_tag - end) * unit, rate, lump) for end, unit, rate, lump in self.siblings.get(share, ())]
         # None for the job's own flow (share, session): it ends past the job.
@@ -507,6 +507,12 @@ class _QueueSnapshot:
         else:
             code = "waiting_turn"
         return Waiting(code, rank, start, spread)
+
+
+def _growth(seconds: float, half_life: float) -> float:
+    """How much more device time charged ``seconds`` from now weighs than today's usage; past 60
+    half-lives today's usage is forgotten anyway (and 2^x would overflow a float)."""
+    return 2.0 ** min(seconds / half_life, 60.0)
 
 
 def _median(mean: float, variance: float) -> float:

@@ -1,6 +1,7 @@
 """R-JOB-5: a pending job's expected start foresees what others will submit meanwhile and that
 goes first (usage_fair), and the order counts device time charged later as weighing more."""
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -191,3 +192,15 @@ def test_the_last_hours_submissions_are_read_again_once_a_minute_not_at_each_reb
     monkeypatch.setattr(selectors, "ARRIVALS_MAX_AGE", 0.0)
     submit(session)
     assert reads_of_recent_submissions() == 1
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # no float overflow on the way
+def test_a_backlog_of_many_half_lives_still_has_positions_and_etas(qpu_pool, fake_device, open_session, owner, member):
+    qpu_pool.strategy = "usage_fair"
+    qpu_pool.usage_half_life = 60
+    qpu_pool.save()
+    DeviceRuntime.objects.create(device=fake_device, band=1, count=50, mean=600.0, var=0.0)
+    last = submit(open_session(qpu_pool, owner), 150)[-1]  # 25 hours of device time: 1 500 half-lives
+    submit(open_session(qpu_pool, member), 2)
+    waiting = eta_of(qpu_pool, last)
+    assert waiting.position == 152 and math.isfinite(waiting.eta_seconds) and waiting.eta_seconds > 0
