@@ -1,5 +1,6 @@
 """R-JOB-5: a pending job's expected start foresees what others will submit meanwhile and that
-goes first (usage_fair), and the order counts device time charged later as weighing more."""
+goes first (other shares and sibling sessions in usage_fair, other sessions in weighted_fair,
+nothing in fifo), and usage_fair's order counts device time charged later as weighing more."""
 
 import math
 from datetime import timedelta
