@@ -243,24 +243,24 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
 
     Reading every pending job of a pool on every list read made the first page of the job list
     grow with the backlog (bench/api_lists.py measures it). The version is one index probe per
-    pool: the last dispatch and the newest pending job (a submission or a dispatch changes it),
-    and the virtual times; a cancellation or a charge alone is seen within ``SNAPSHOT_MAX_AGE``
-    seconds, or at once when a listed job is missing from the snapshot.
+    pool, with its queue row: the last dispatch and the newest pending job (a submission or a
+    dispatch changes it), and the virtual times, which a rebuild reads from that row; a
+    cancellation or a charge alone is seen within ``SNAPSHOT_MAX_AGE`` seconds, or at once when a
+    listed job is missing from the snapshot.
     """
     newest = Job.objects.filter(pool_id=OuterRef("pool_id"), status=JobStatus.PENDING).order_by("-created_at", "-id")
-    versions = {
-        row[0]: row[1:]
-        for row in PoolQueue.objects.filter(pool_id__in=listed)
-        .annotate(newest=Subquery(newest.values("id")[:1]))
-        .values_list("pool_id", "last_dispatch_at", "vtime", "share_vtime", "newest")
+    queues = {
+        queue.pool_id: queue
+        for queue in PoolQueue.objects.filter(pool_id__in=listed).annotate(newest=Subquery(newest.values("id")[:1]))
     }
     now = time.monotonic()
     out = {}
     for pool_id, job_ids in listed.items():
         pool = pools[pool_id]
-        version = versions.get(pool_id)  # None: no queue row yet, the snapshot is never reused
-        if version is not None:
-            version = (*version, pool.strategy)
+        queue = queues.get(pool_id)  # None: no queue row yet, the snapshot is never reused
+        version = None
+        if queue is not None:
+            version = (queue.last_dispatch_at, queue.vtime, queue.share_vtime, queue.newest, pool.strategy)
         cached = _SNAPSHOT_CACHE.get(pool_id)
         if (
             version is not None
@@ -275,7 +275,7 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
         # once a minute, not at each rebuild: a busy pool's queue changes at every submission.
         previous = cached[2].recent if cached is not None else None
         fresh = previous is not None and now - previous[0] < ARRIVALS_MAX_AGE
-        out[pool_id] = _QueueSnapshot(pool, previous if fresh else None)
+        out[pool_id] = _QueueSnapshot(pool, queue, previous if fresh else None)
         _SNAPSHOT_CACHE[pool_id] = (version, now, out[pool_id])  # version None: only its arrivals are reused
     return out
 
@@ -295,7 +295,7 @@ class _QueueSnapshot:
     goes first (``arrivals``); shown as the median of the sum.
     """
 
-    def __init__(self, pool, recent=None):
+    def __init__(self, pool, queue, recent=None):
         import numpy as np
 
         rows = list(
@@ -357,7 +357,6 @@ class _QueueSnapshot:
             tag = vruntime + index / slots
             order = np.lexsort((index, sid, age, tag))
             self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
-            queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
             v = queue.vtime if queue else 0.0
             flows = _session_flows(
                 rows, tag, 1.0 / slots, self.recent[1], lambda user_id, vruntime: max(vruntime, v), True
@@ -366,7 +365,7 @@ class _QueueSnapshot:
             self.tag = {ids[j]: (float(tag[j]), 0.0, None, 0.0) for j in range(n)}
         else:
             self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
-            order = self._two_level(pool, rows, ids, mean, index, before, vruntime, slots, age, sid)
+            order = self._two_level(pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid)
         self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
         self.first_of_session: dict = {}
         for j in order:
@@ -377,7 +376,7 @@ class _QueueSnapshot:
         self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
         self.session_ends = {row[0]: row[9] for row in rows}
 
-    def _two_level(self, pool, rows, ids, mean, index, before, vruntime, slots, age, sid):
+    def _two_level(self, pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid):
         """The usage_fair order, and what the ETA needs to foresee arrivals (``self.flows``)."""
         import heapq
 
@@ -393,7 +392,6 @@ class _QueueSnapshot:
             submitted[keys[r.user_id]].add(r.minute, r.seconds, r.jobs)
         found = shares.read(pool, set(keys.values()), now)
         flying = shares.in_flight(pool, keys)
-        queue = PoolQueue.objects.filter(pool_id=pool.pk).first()
         v1 = shares.decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life) if queue else 0.0
         share_of = [keys[row[2]] for row in rows]
         share_rank = {key: r for r, key in enumerate(sorted(found))}
