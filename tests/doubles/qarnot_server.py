@@ -241,12 +241,9 @@ class QarnotDouble:
         return sorted(o["Key"] for o in self.s3.list_objects_v2(Bucket=bucket).get("Contents", []))
 
     def wait_state(self, uuid: str, states, timeout: float = 90.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.tasks[uuid].state in states:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"task {uuid} still {self.tasks[uuid].state}")
+        from tests.backends.conftest import wait_until
+
+        wait_until(lambda: self.tasks[uuid].state in states, timeout=timeout, what=f"task {uuid} in {states}")
 
     # -- the task runner ------------------------------------------------------------------------
     def _enter(self, task: Task, state: str) -> bool:

@@ -205,12 +205,11 @@ class RunaiDouble:
         return next(w for w in self.workloads.values() if w.name == f"gg-{case_id}")
 
     def wait_phase(self, workload_id: str, phases, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.workloads[workload_id].phase in phases:
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"workload {workload_id} still {self.workloads[workload_id].phase}")
+        from tests.backends.conftest import wait_until
+
+        wait_until(
+            lambda: self.workloads[workload_id].phase in phases, timeout=timeout, what=f"{workload_id} in {phases}"
+        )
 
     # -- the runner ----------------------------------------------------------------------------
     def _enter(self, workload: Workload, phase: str) -> bool:
