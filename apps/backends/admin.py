@@ -7,6 +7,7 @@ field is not editable, not listed and not in any form, and nothing here can open
 
 from django.contrib import admin, messages
 
+from apps.backends import connections
 from apps.backends.models import RemoteConnection
 
 
@@ -41,9 +42,21 @@ class RemoteConnectionAdmin(admin.ModelAdmin):
         return False
 
     def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        self.message_user(
-            request,
-            f"{obj.user}'s connection to {obj.pool} is deleted: their cases there wait until they reconnect.",
-            messages.INFO,
-        )
+        self._forget(request, [obj])
+
+    def delete_queryset(self, request, queryset):
+        self._forget(request, queryset.select_related("user", "pool"))
+
+    def _forget(self, request, connections_):
+        """Deleting revokes a FirecREST grant at the identity provider, as the user's own
+        disconnect does (``connections.forget``)."""
+        for connection in connections_:
+            forgotten = connections.forget(connection.pk)
+            if forgotten is None:
+                continue  # deleted meanwhile
+            self.message_user(
+                request,
+                f"{connection.user}'s connection to {connection.pool} is deleted: their cases there wait until "
+                f"they reconnect. {forgotten.detail}",
+                messages.WARNING if forgotten.revoked is False else messages.INFO,
+            )

@@ -13,6 +13,8 @@ docs/backends.md, "Per-user credentials". A FirecREST, Qarnot or Run:AI pool who
   :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
   a ``token()`` that yields the owner's access token (refresh grant, rotated refresh token
   stored back) or API token. The backend never sees the database or a sealed value.
+- **Disconnect** (:func:`disconnect`; staff: :func:`forget`): the credential is deleted, then a
+  FirecREST grant is revoked at the identity provider (RFC 7009); the answer says whether it was.
 - **Expired or revoked** (``invalid_grant``, Qarnot's 401): the connection is marked failed and
   ``token()`` raises :class:`~apps.backends.base.CredentialsRequired`, whose message names the
   page to reconnect at. A launch then fails saying so; a poll keeps the case as it is
@@ -28,6 +30,7 @@ import logging
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from django.db import transaction
@@ -423,12 +426,64 @@ def resume_waiting_cases(user, pool) -> list:
     return ids
 
 
-def disconnect(*, user, pool_id) -> None:
-    """Forget ``user``'s own credential for a pool (their own alone: another user's is 404). The
-    grant itself stays valid at the provider until it expires or the user revokes it there."""
-    deleted, _ = RemoteConnection.objects.filter(user=user, pool_id=pool_id).delete()
-    if not deleted:
+@dataclass(frozen=True)
+class Forgotten:
+    """What disconnecting did at the provider. ``revoked``: True, the grant is revoked there;
+    False, it could not be (``detail`` says why, and that the user should end it there); None,
+    nothing for Gridgate to revoke (a Qarnot API token or a Run:AI access key is the user's own,
+    made and deleted at the provider)."""
+
+    revoked: bool | None
+    detail: str
+
+
+def disconnect(*, user, pool_id) -> Forgotten:
+    """Forget ``user``'s own credential for a pool (their own alone: another user's is 404) and
+    revoke a FirecREST grant at the identity provider (:func:`forget`)."""
+    forgotten = _forget(RemoteConnection.objects.filter(user=user, pool_id=pool_id))
+    if forgotten is None:
         raise NotFound("You have no connection to this pool.")
+    return forgotten
+
+
+def forget(connection_id: int) -> Forgotten | None:
+    """Delete one connection (staff in the admin), revoking its grant as :func:`disconnect` does;
+    None if it is already gone."""
+    return _forget(RemoteConnection.objects.filter(pk=connection_id))
+
+
+def _forget(connections) -> Forgotten | None:
+    """Claim, commit, call: the row is deleted under its lock (a refresh that holds the lock
+    stores its rotated refresh token first, and that is the one revoked), the deletion commits,
+    then the provider is asked to revoke the grant, with no transaction open. Access tokens
+    already issued stay valid until they expire (FirecREST checks them itself)."""
+    with transaction.atomic():
+        connection = connections.select_for_update().select_related("pool").first()
+        if connection is None:
+            return None
+        connection_id, pool, sealed = connection.pk, connection.pool, connection.sealed_secret
+        connection.delete()
+    with _access_lock:
+        for key in [key for key in _access_tokens if key[0] == connection_id]:
+            del _access_tokens[key]
+    if pool.kind != "firecrest":
+        what = "API token" if pool.kind == "qarnot" else "access key"
+        return Forgotten(
+            None,
+            f"Gridgate no longer holds the {what}; it stays valid at the provider until its owner deletes it there.",
+        )
+    end_it = "end it at the identity provider (Keycloak: Account console → Applications)"
+    try:
+        oauth.revoke(pool.remote_config(), sealing.unseal(sealed))
+    except (sealing.SealingUnavailable, sealing.Unreadable):
+        logger.warning(
+            "connection %s to pool %s forgotten; its grant could not be unsealed to revoke it", connection_id, pool.pk
+        )
+        return Forgotten(False, f"Gridgate no longer holds the grant, but could not open it to revoke it: {end_it}.")
+    except oauth.OAuthError as exc:
+        logger.warning("connection %s to pool %s forgotten; revoking its grant failed: %s", connection_id, pool.pk, exc)
+        return Forgotten(False, f"Gridgate no longer holds the grant, but revoking it failed ({exc}): {end_it}.")
+    return Forgotten(True, "Gridgate no longer holds the grant, and the identity provider has revoked it.")
 
 
 def require_connection(user, pool) -> None:

@@ -7,7 +7,8 @@ identity provider of a FirecREST pool, the one whose ``token_uri`` the pool alre
   callback) and the verifier's challenge;
 - :func:`exchange_code` trades the code and the verifier for tokens at ``token_uri``;
 - :func:`refresh` runs the refresh grant; the provider may rotate the refresh token (Keycloak
-  does with "Revoke Refresh Token"): the answer's new one replaces the old.
+  does with "Revoke Refresh Token"): the answer's new one replaces the old;
+- :func:`revoke` asks the provider to revoke a refresh token (RFC 7009) when its user disconnects.
 
 The identity (``sub``, ``preferred_username``, ``iss``) is read from the ID token, else the access
 token, **without** checking a signature: the token came straight from ``token_uri`` over TLS in
@@ -27,7 +28,7 @@ import secrets
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from apps.resources.remote import authorization_endpoint
+from apps.resources.remote import authorization_endpoint, revocation_endpoint
 
 TIMEOUT = 15.0  # seconds: a connect or a refresh waits this long for the token endpoint
 
@@ -106,35 +107,24 @@ def refresh(remote: dict, refresh_token: str) -> TokenAnswer:
     return answer
 
 
-def _token_request(remote: dict, data: dict, *, sent: list[str]) -> TokenAnswer:
-    import httpx
+def revoke(remote: dict, refresh_token: str) -> None:
+    """RFC 7009: revoke a refresh token at the pool's revocation endpoint (Keycloak ends the
+    session it belongs to). The provider answers 200 for a token it no longer knows as well, so a
+    grant already expired or revoked is not an error. Raises :class:`OAuthError` when there is no
+    endpoint, the provider refuses, or it cannot be reached."""
+    endpoint = revocation_endpoint(remote)
+    if not endpoint:
+        raise OAuthError("this pool names no revocation endpoint (revocation_uri)")
+    data = {"token": refresh_token, "token_type_hint": "refresh_token", "client_id": remote["public_client_id"]}
+    response, body = _post(endpoint, data)
+    if response.status_code != 200:
+        raise _refusal(response, body, sent=[refresh_token], empty="no reason given")
 
-    token_uri = remote.get("token_uri") or ""
-    try:
-        response = httpx.post(token_uri, data=data, timeout=TIMEOUT, headers={"Accept": "application/json"})
-    except httpx.TimeoutException:
-        raise OAuthError(f"the identity provider did not answer within {TIMEOUT:g} s", unreachable=True) from None
-    except httpx.HTTPError as exc:
-        raise OAuthError(f"the identity provider cannot be reached ({type(exc).__name__})", unreachable=True) from None
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
+
+def _token_request(remote: dict, data: dict, *, sent: list[str]) -> TokenAnswer:
+    response, body = _post(remote.get("token_uri") or "", data)
     if response.status_code != 200 or not body.get("access_token"):
-        error = str(body.get("error") or "")[:64]
-        description = str(body.get("error_description") or "")[:200]
-        for value in sent:  # a provider echoing what it refused must not put it on a page
-            if value:
-                description = description.replace(value, "***")
-        words = f"{error}: {description}" if description else (error or "no token in the answer")
-        raise OAuthError(
-            f"the identity provider refused (HTTP {response.status_code}, {words})",
-            error=error,
-            status=response.status_code,
-            unreachable=response.status_code >= 500,
-        )
+        raise _refusal(response, body, sent=sent, empty="no token in the answer")
     access = str(body["access_token"])
     identity = claims(str(body.get("id_token") or "")) or claims(access)
     try:
@@ -148,6 +138,38 @@ def _token_request(remote: dict, data: dict, *, sent: list[str]) -> TokenAnswer:
         subject=str(identity.get("sub") or "")[:255],
         username=str(identity.get("preferred_username") or "")[:255],
         issuer=str(identity.get("iss") or "")[:255],
+    )
+
+
+def _post(uri: str, data: dict):
+    """POST a form to one of the provider's endpoints: (response, its JSON object or {})."""
+    import httpx
+
+    try:
+        response = httpx.post(uri, data=data, timeout=TIMEOUT, headers={"Accept": "application/json"})
+    except httpx.TimeoutException:
+        raise OAuthError(f"the identity provider did not answer within {TIMEOUT:g} s", unreachable=True) from None
+    except httpx.HTTPError as exc:
+        raise OAuthError(f"the identity provider cannot be reached ({type(exc).__name__})", unreachable=True) from None
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    return response, body if isinstance(body, dict) else {}
+
+
+def _refusal(response, body: dict, *, sent: list[str], empty: str) -> OAuthError:
+    error = str(body.get("error") or "")[:64]
+    description = str(body.get("error_description") or "")[:200]
+    for value in sent:  # a provider echoing what it refused must not put it on a page
+        if value:
+            description = description.replace(value, "***")
+    words = f"{error}: {description}" if description else (error or empty)
+    return OAuthError(
+        f"the identity provider refused (HTTP {response.status_code}, {words})",
+        error=error,
+        status=response.status_code,
+        unreachable=response.status_code >= 500,
     )
 
 

@@ -159,6 +159,7 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         # saved before the option have "service" written by resources.0007.
         "credentials": Key(_credential_mode, default=USER),
         "authorization_uri": Key(_https_url),  # default: Keycloak's, next to token_uri
+        "revocation_uri": Key(_https_url),  # default: Keycloak's, next to token_uri
         "public_client_id": Key(_client_id, default="gridgate-firecrest"),
         "scope": Key(_scope, default="openid offline_access"),
     },
@@ -285,12 +286,23 @@ def authorization_endpoint(remote: dict | None) -> str | None:
     """The identity provider's authorization endpoint for the connect flow: the pool's
     ``authorization_uri``, else Keycloak's beside the pool's ``token_uri`` (``…/token`` →
     ``…/auth``), else None."""
+    return _beside_token_uri(remote, "authorization_uri", "auth")
+
+
+def revocation_endpoint(remote: dict | None) -> str | None:
+    """The identity provider's token revocation endpoint (RFC 7009), where disconnecting revokes
+    the grant: the pool's ``revocation_uri``, else Keycloak's beside the pool's ``token_uri``
+    (``…/token`` → ``…/revoke``), else None."""
+    return _beside_token_uri(remote, "revocation_uri", "revoke")
+
+
+def _beside_token_uri(remote: dict | None, key: str, last: str) -> str | None:
     remote = remote or {}
-    if remote.get("authorization_uri"):
-        return remote["authorization_uri"]
+    if remote.get(key):
+        return remote[key]
     token_uri = remote.get("token_uri")
     if isinstance(token_uri, str) and token_uri.rstrip("/").endswith("/token"):
-        return token_uri.rstrip("/")[: -len("token")] + "auth"
+        return token_uri.rstrip("/")[: -len("token")] + last
     return None
 
 

@@ -145,9 +145,10 @@ def connection_access_key(request, pool):
 @require_POST
 def connection_disconnect(request, pool):
     try:
-        connections.disconnect(user=request.user, pool_id=pool)
+        forgotten = connections.disconnect(user=request.user, pool_id=pool)
     except REFUSALS as exc:
         _refuse(request, exc, "Disconnecting")
     else:
-        messages.success(request, "Disconnected: Gridgate no longer holds your credential for that pool.")
+        tell = messages.warning if forgotten.revoked is False else messages.success
+        tell(request, f"Disconnected: {forgotten.detail}")
     return _back()

@@ -16,14 +16,16 @@ from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.db import connection as db
 from django.test import Client
+from django.utils import timezone
 
-from apps.backends import connections
+from apps.backends import connections, sealing
 from apps.backends import firecrest as fc
 from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.remote import revocation_endpoint
 from tests.backends.conftest import wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
@@ -409,6 +411,85 @@ def test_staff_see_connections_in_the_admin_and_can_delete_them(user_pool, doubl
     assert "sealed" not in page.lower() and 'name="sealed_secret"' not in page
     answer = admin_client.post(f"/admin/backends/remoteconnection/{connection.pk}/delete/", {"post": "yes"})
     assert answer.status_code == 302 and not RemoteConnection.objects.exists()
+    assert double.live_refresh_tokens("ada") == [] and double.revocations == ["refresh_token"]
+
+
+def test_deleting_several_connections_in_the_admin_revokes_each_grant(user_pool, double, ada, bob, admin_client):
+    connect(browser(ada), double, user_pool, "ada")
+    connect(browser(bob), double, user_pool, "bob")
+    ids = [str(pk) for pk in RemoteConnection.objects.values_list("pk", flat=True)]
+    answer = admin_client.post(
+        "/admin/backends/remoteconnection/",
+        {"action": "delete_selected", "_selected_action": ids, "post": "yes"},
+        follow=True,
+    )
+    assert answer.status_code == 200 and "has revoked it" in answer.content.decode()
+    assert not RemoteConnection.objects.exists()
+    assert double.live_refresh_tokens("ada") == [] and double.live_refresh_tokens("bob") == []
+
+
+# -- disconnecting revokes the grant at the provider (RFC 7009) --------------------------------------
+def test_disconnecting_revokes_the_grant_at_the_identity_provider_and_no_other(user_pool, double, ada, bob, api):
+    connect(browser(ada), double, user_pool, "ada")
+    connect(browser(bob), double, user_pool, "bob")
+    assert double.live_refresh_tokens("ada")
+    answer = api(ada).delete(f"/api/v1/connections/{user_pool.pk}/")
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "revoked": True,
+        "detail": "Gridgate no longer holds the grant, and the identity provider has revoked it.",
+    }
+    assert double.revocations == ["refresh_token"]
+    assert double.live_refresh_tokens("ada") == []  # the provider's session is over
+    assert double.live_refresh_tokens("bob") and RemoteConnection.objects.filter(user=bob).exists()
+
+
+def test_the_rotated_refresh_token_is_the_one_revoked(user_pool, double, ada, make_case):
+    connect(browser(ada), double, user_pool, "ada")
+    first = double.live_refresh_tokens("ada")
+    connections.forget_access_tokens()  # the launch runs the refresh grant
+    case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "true", double)))  # a refresh grant
+    assert case.status == CaseStatus.DONE
+    rotated = double.live_refresh_tokens("ada")
+    assert rotated and rotated != first
+    connections.disconnect(user=ada, pool_id=user_pool.pk)
+    assert double.live_refresh_tokens("ada") == []
+
+
+def test_when_the_provider_cannot_revoke_the_credential_is_still_forgotten_and_the_user_told(
+    user_pool, double, ada, api, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    connect(browser(ada), double, user_pool, "ada")
+    (token,) = double.live_refresh_tokens("ada")
+    double.fault("/auth/revoke", status=503, body={"error": "temporarily_unavailable", "error_description": token})
+    answer = api(ada).delete(f"/api/v1/connections/{user_pool.pk}/")
+    assert answer.status_code == 200 and answer.json()["revoked"] is False
+    detail = answer.json()["detail"]
+    assert "revoking it failed (the identity provider refused (HTTP 503, temporarily_unavailable: ***))" in detail
+    assert "end it at the identity provider" in detail
+    assert not RemoteConnection.objects.exists()
+    assert (
+        token not in answer.content.decode() and token not in caplog.text and "revoking its grant failed" in caplog.text
+    )
+
+
+def test_a_pool_with_no_revocation_endpoint_says_the_grant_was_not_revoked(double, ada, api):
+    remote = remote_for(double, token_uri=f"{double.url}/auth/issue", authorization_uri=double.authorization_uri)
+    pool = ResourcePool.objects.create(name="no-revoke", kind="firecrest", public=True, remote=remote)
+    RemoteConnection.objects.create(
+        user=ada, pool=pool, sealed_secret=sealing.seal("rt-1"), subject="s", connected_at=timezone.now()
+    )
+    answer = api(ada).delete(f"/api/v1/connections/{pool.pk}/").json()
+    assert answer["revoked"] is False and "names no revocation endpoint (revocation_uri)" in answer["detail"]
+    assert double.revocations == []
+
+
+def test_the_revocation_endpoint_is_the_pools_or_keycloaks_beside_the_token_endpoint():
+    keycloak = "https://idp.example.org/realms/hpc/protocol/openid-connect/token"
+    assert revocation_endpoint({"token_uri": keycloak}) == keycloak[: -len("token")] + "revoke"
+    assert revocation_endpoint({"token_uri": keycloak, "revocation_uri": "https://idp/x"}) == "https://idp/x"
+    assert revocation_endpoint({"token_uri": "https://idp.example.org/oauth2/issue"}) is None
 
 
 # -- the API and the page -------------------------------------------------------------------------
@@ -422,7 +503,7 @@ def test_api_lists_and_deletes_only_the_callers_own_connections(user_pool, doubl
         "pool", "pool_name", "kind", "state", "subject", "connected_at", "last_refreshed_at", "failed_at",
         "failure", "connect_url",
     }  # fmt: skip
-    assert api(ada).delete(f"/api/v1/connections/{user_pool.pk}/").status_code == 204
+    assert api(ada).delete(f"/api/v1/connections/{user_pool.pk}/").status_code == 200
     assert api(ada).delete(f"/api/v1/connections/{user_pool.pk}/").status_code == 404
     assert api(ada).get("/api/v1/connections/").json()[0]["state"] == "not_connected"
     assert RemoteConnection.objects.filter(user=bob).exists()  # bob's is untouched
@@ -436,8 +517,9 @@ def test_the_connections_page_lists_pools_needing_credentials_with_their_state(u
     RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED, failure="Token is not active")
     page = client.get("/connections/").content.decode()
     assert "Failed: reconnect" in page and "Token is not active" in page and "Reconnect" in page
-    client.post(f"/connections/{user_pool.pk}/disconnect/")
+    page = client.post(f"/connections/{user_pool.pk}/disconnect/", follow=True).content.decode()
     assert not RemoteConnection.objects.exists()
+    assert "Disconnected: Gridgate no longer holds the grant, and the identity provider has revoked it." in page
 
 
 def test_without_the_credentials_key_connecting_is_refused_with_a_clear_message_and_the_app_still_starts(

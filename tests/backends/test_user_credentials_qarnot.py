@@ -238,3 +238,10 @@ def test_a_script_keeps_its_qarnot_token_through_the_api_and_never_gets_it_back(
     assert (body["state"], body["subject"]) == ("connected", "ada@example.org")
     assert ADA_TOKEN not in answer.content.decode()
     assert RemoteConnection.objects.get(user=ada, pool=user_pool).subject == "ada@example.org"
+    gone = client.delete(url)
+    assert gone.status_code == 200 and gone.json() == {
+        "revoked": None,  # the user's own token: Gridgate forgets it, the user deletes it at Qarnot
+        "detail": "Gridgate no longer holds the API token; it stays valid at the provider until its owner "
+        "deletes it there.",
+    }
+    assert not RemoteConnection.objects.exists() and ADA_TOKEN not in gone.content.decode()

@@ -36,7 +36,11 @@ must hash to the challenge; ``verifiers`` keeps what was sent), ``refresh_token`
 refresh token works once, a reuse revokes the session's tokens, as "Revoke Refresh Token" with
 reuse 0 does) and ``client_credentials`` (the service account, subject
 ``service-account-<client id>``). ``revoke_user(name)`` ends a user's sessions (their refresh and
-access tokens stop working). Access tokens are JWTs with ``sub``, ``preferred_username``, ``iss``.
+access tokens stop working). ``POST /auth/revoke`` is RFC 7009 as Keycloak answers it: the public
+client's ``token`` (a refresh token) ends its session's refresh tokens, access tokens already
+issued stay valid until they expire; 200 for a token it does not know as well; 401
+``invalid_client`` for another client; ``revocations`` keeps the ``token_type_hint`` of each.
+Access tokens are JWTs with ``sub``, ``preferred_username``, ``iss``.
 
 **The owner check**: ``case_owners[case id] = user name`` declares whose case it is; every call
 that names the case (its job, by name or id; a path under its run directory) must carry that
@@ -132,6 +136,7 @@ class FirecrestDouble:
         self.users: dict[str, str] = {}  # user name → subject
         self.login_as: str | None = None
         self.codes: dict[str, dict] = {}
+        self.revocations: list[str] = []  # token_type_hint of each POST /auth/revoke
         self.refresh_tokens: dict[str, dict] = {}  # refresh token → {sub, name, session, state}
         self.verifiers: list[str] = []
         self.grants: list[str] = []  # grant types asked for, in order
@@ -548,6 +553,19 @@ class FirecrestDouble:
                 )
                 return jsonify(body)
             return refused("unsupported_grant_type", f"Unsupported grant_type {grant}")
+
+        @app.post("/auth/revoke")
+        def revoke():
+            form = request.form
+            if form.get("client_id") != double.public_client_id:
+                return jsonify({"error": "invalid_client", "error_description": "Invalid client"}), 401
+            double.revocations.append(form.get("token_type_hint", ""))
+            record = double.refresh_tokens.get(form.get("token", ""))
+            if record is not None:
+                for other in double.refresh_tokens.values():
+                    if other["session"] == record["session"]:
+                        other["state"] = "revoked"
+            return "", 200
 
         @app.get("/status/systems")
         def systems():

@@ -67,6 +67,15 @@ def _when(value):
     return serializers.DateTimeField().to_representation(value) if value else None
 
 
+class DisconnectedSerializer(serializers.Serializer):
+    """``DELETE /connections/{pool}/``: the credential is forgotten; ``revoked`` says what became of
+    the grant at the provider (true: revoked; false: it could not be, ``detail`` says why and what
+    to do; null: nothing to revoke, a pasted API token or access key stays the user's own)."""
+
+    revoked = serializers.BooleanField(allow_null=True)
+    detail = serializers.CharField()
+
+
 class ConnectionCredentialSerializer(serializers.Serializer):
     """``PUT /connections/{pool}/``: the credential a pool of that kind takes from its user, checked
     with the provider before it is kept (sealed): Qarnot's API ``token``, or Run:AI's access key

@@ -1,6 +1,5 @@
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
@@ -11,6 +10,7 @@ from apps.backends.api.serializers import (
     BackendSerializer,
     ConnectionCredentialSerializer,
     ConnectionSerializer,
+    DisconnectedSerializer,
     LaunchOptionsSerializer,
 )
 from apps.backends.services import launch_options_for
@@ -97,8 +97,8 @@ class ConnectionDetailView(APIView):
         return Response(ConnectionSerializer(self._row(request, pool)).data)
 
     @extend_schema(
-        responses={204: OpenApiResponse(description="Forgotten."), 404: OpenApiResponse(description="No connection.")}
+        responses={200: DisconnectedSerializer, 404: OpenApiResponse(description="No connection.")},
     )
     def delete(self, request, pool: int):
-        connections.disconnect(user=request.user, pool_id=pool)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        forgotten = connections.disconnect(user=request.user, pool_id=pool)
+        return Response(DisconnectedSerializer({"revoked": forgotten.revoked, "detail": forgotten.detail}).data)
