@@ -5,8 +5,8 @@ One pool with a one-job device. A warm-up user submits 100 jobs at once, which r
 ``DeviceRuntime`` holds measured device times in every shots band; then three users with two
 sessions each (slots 1 and 2) submit bursts of jobs at random moments (on and off periods,
 Poisson bursts while on), about 2 000 jobs in all, of 10, 100 or 1 000 shots (40/40/20 %) whose
-device time is log-normal (sigma 0.6) around 15, 45 and 150 s: the device is busy most of the
-time and the queue comes and goes.
+device time is log-normal (sigma 0.6 unless ``BENCH_ETA_SIGMA`` says) around 15, 45 and 150 s:
+the device is busy most of the time and the queue comes and goes.
 
 What is sampled: each job's ETA (``selectors.queue_info``, the snapshot cache cleared first) the
 moment it is submitted, which is what its owner sees first; one call for the jobs of a burst.
@@ -26,8 +26,11 @@ shown instead of the mean) and, after the verdict, the same estimator when nothi
 the sample (``no_arrivals``: every pending job's ETA read at the last submission of a run) although
 users were submitting until then: the ETA foresees arrivals that do not come.
 
-``usage_fair`` by default; ``BENCH_ETA_STRATEGIES=usage_fair,weighted_fair`` runs both (the same
-arrivals and device times: they are drawn per session, not in serving order). The simulation's
+``usage_fair`` and ``fifo`` by default (``fifo``, where nothing submitted later goes first, is the
+control: what the estimator does when the order is known); ``BENCH_ETA_STRATEGIES`` names others
+(the same arrivals and device times in each: they are drawn per session, not in serving order).
+``BENCH_ETA_SIGMA`` sets the log-normal spread of device times within a band (default 0.6),
+``BENCH_ETA_SEED`` the seed (default 34). The simulation's
 connection commits without waiting for the WAL flush (``_usage_sim.fast_commits``).
 """
 
@@ -39,12 +42,13 @@ import sys
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from bench._setup import django_on_bench_database, percentile  # noqa: E402
 
-SEED = 34
+SEED = int(os.environ.get("BENCH_ETA_SEED", "34"))
 JOBS = 2000
 WARM_UP = 100
 POSITIONS = ((1, 5), (6, 20), (21, 60), (61, 10**9))
 FLOOR = 30.0  # seconds of actual wait below which a job is left out of the relative error
 BANDS = ((10, 15.0, 0.4), (100, 45.0, 0.4), (1000, 150.0, 0.2))  # shots, mean device seconds, probability
+SIGMA = float(os.environ.get("BENCH_ETA_SIGMA", "0.6"))  # log-normal spread of a job's device time in its band
 
 
 def draw_job(rng):
@@ -53,9 +57,9 @@ def draw_job(rng):
     pick = rng.random()
     for shots, mean, probability in BANDS:
         if pick < probability:
-            return shots, lognormal(rng, mean)
+            return shots, lognormal(rng, mean, SIGMA)
         pick -= probability
-    return BANDS[-1][0], lognormal(rng, BANDS[-1][1])
+    return BANDS[-1][0], lognormal(rng, BANDS[-1][1], SIGMA)
 
 
 def calibrate(strategy: str) -> bool:
@@ -233,7 +237,7 @@ def floor(sampled, dispatched, started, shots_of) -> list:
     from apps.scheduling.runtimes import Estimate
     from bench._usage_sim import START
 
-    spread = math.sqrt(math.exp(0.36) - 1)  # a log-normal's std / mean, sigma 0.6
+    spread = math.sqrt(math.exp(SIGMA * SIGMA) - 1)  # a log-normal's std / mean
     expected = {shots: Estimate(mean, mean * spread) for shots, mean, _ in BANDS}
     times = [at for at, _, _ in dispatched]
     errors = []
@@ -302,7 +306,7 @@ def main() -> int:
 
     fast_commits()
     print(f"eta: expected start of a pending job against its actual wait, {JOBS} jobs on one single-job device")
-    for strategy in os.environ.get("BENCH_ETA_STRATEGIES", "usage_fair").split(","):
+    for strategy in os.environ.get("BENCH_ETA_STRATEGIES", "usage_fair,fifo").split(","):
         calibrate(strategy.strip())
         no_arrivals(strategy.strip())
     Job.objects.all().delete()
