@@ -69,7 +69,7 @@ from apps.backends.remote_common import (
     scrub,
 )
 from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
-from apps.resources.remote import USER, authorization_endpoint, credential_mode, with_defaults
+from apps.resources.remote import USER, authorization_endpoint, credential_mode, revocation_endpoint, with_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -883,6 +883,15 @@ def _doctor_per_user(session: Session) -> list[Check]:
     )
     ok, message = oauth.probe_client(session.remote)
     checks.append(Check("client", ok, message))
+    # Disconnecting revokes the grant there (RFC 7009): a made-up token is answered 200.
+    endpoint = revocation_endpoint(session.remote)
+    try:
+        oauth.revoke(session.remote, "gridgate-doctor-probe")
+    except oauth.OAuthError as exc:
+        advice = "check revocation_uri and the public client" if endpoint else "set revocation_uri"
+        checks.append(Check("revocation", False, f"disconnecting cannot revoke users' grants: {exc}: {advice}"))
+    else:
+        checks.append(Check("revocation", True, f"disconnecting revokes users' grants at {endpoint}"))
     return checks
 
 

@@ -602,11 +602,24 @@ def test_the_data_migration_keeps_the_service_account_of_existing_remote_pools(d
 def test_doctor_of_a_per_user_pool_checks_the_key_and_the_public_client(user_pool, double, settings):
     checks = {check.name: check for check in fc.FirecrestBackend().doctor(user_pool)}
     assert checks["credentials"].ok and checks["authorization"].ok and checks["client"].ok, checks
+    assert checks["revocation"].ok and checks["revocation"].message.endswith(f"{double.url}/auth/revoke")
     double.public_client_id = "renamed"
     settings.GRIDGATE_CREDENTIALS_KEY = []
     checks = {check.name: check for check in fc.FirecrestBackend().doctor(user_pool)}
     assert not checks["credentials"].ok and "GRIDGATE_CREDENTIALS_KEY" in checks["credentials"].message
     assert not checks["client"].ok and "public client gridgate-firecrest" in checks["client"].message
+    assert not checks["revocation"].ok and "invalid_client" in checks["revocation"].message
+
+
+def test_doctor_says_when_disconnecting_cannot_revoke_grants(double):
+    remote = remote_for(double, token_uri=f"{double.url}/auth/issue")
+    pool = ResourcePool.objects.create(name="no-revoke", kind="firecrest", public=True, remote=remote)
+    checks = {check.name: check for check in fc.FirecrestBackend().doctor(pool)}
+    assert not checks["revocation"].ok
+    assert checks["revocation"].message == (
+        "disconnecting cannot revoke users' grants: this pool names no revocation endpoint (revocation_uri): "
+        "set revocation_uri"
+    )
 
 
 def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_working(
