@@ -517,6 +517,7 @@ def test_the_connections_page_lists_pools_needing_credentials_with_their_state(u
     RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED, failure="Token is not active")
     page = client.get("/connections/").content.decode()
     assert "Failed: reconnect" in page and "Token is not active" in page and "Reconnect" in page
+    assert "Your sign-in grant is revoked at the identity provider." in page  # the disconnect's confirmation
     page = client.post(f"/connections/{user_pool.pk}/disconnect/", follow=True).content.decode()
     assert not RemoteConnection.objects.exists()
     assert "Disconnected: Gridgate no longer holds the grant, and the identity provider has revoked it." in page
