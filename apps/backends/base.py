@@ -439,8 +439,10 @@ class ExecutionBackend(ABC):
         nothing kept remotely."""
         return None
 
-    def launch_options(self, pool) -> LaunchOptions:
-        """What a user may choose on ``pool`` (R-BACK-2). Nothing declared: nothing accepted."""
+    def launch_options(self, pool, identity: RemoteIdentity | None = None) -> LaunchOptions:
+        """What a user may choose on ``pool`` (R-BACK-2). Nothing declared: nothing accepted.
+        ``identity``: on a per-user pool, the user's own connected credential, whose account's
+        choices (partitions, node types, projects) are offered; None there: the pool's own values."""
         return LaunchOptions()
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:

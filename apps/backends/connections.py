@@ -90,6 +90,15 @@ def identity_for(user, pool) -> RemoteIdentity | None:
     return _user_identity(user, pool, connection)
 
 
+def connected_identity(user, pool) -> RemoteIdentity | None:
+    """``user``'s own identity on a per-user pool while their connection works (one query), else
+    None: what the launch form asks the provider with (``services.launch_options_for``)."""
+    if not needs_user_credentials(pool):
+        return None
+    connection = RemoteConnection.objects.filter(user=user, pool=pool, state=ConnectionState.CONNECTED).first()
+    return _user_identity(user, pool, connection) if connection is not None else None
+
+
 def identities_for(cases) -> dict:
     """{case id: identity} for cases whose ``owner`` and ``resource_class.pool`` are loaded: one
     query for all the per-user ones, so a pass costs the same however many cases it holds."""

@@ -210,7 +210,7 @@ class FakeBackend(ExecutionBackend):
             job = self._job(remote_id)
             job.step = len(job.script) - 1
 
-    def launch_options(self, pool) -> LaunchOptions:
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
         return LaunchOptions(
             options=[
                 LaunchOption(

@@ -740,15 +740,15 @@ class FirecrestBackend(ExecutionBackend):
             raise exc from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool) -> LaunchOptions:
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
         time_option = LaunchOption(
             "time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00"
         )
-        session = Session(pool.remote if pool is not None else {})
+        session = Session(pool.remote if pool is not None else {}, identity=identity)
         configured = session.remote.get("partition")
-        if session.per_user:
-            # No service account to ask with, and the form is cached per pool, not per user: the
-            # pool's own partition (and a class's, pinned later) is what may be chosen.
+        if session.per_user and identity is None:
+            # No service account to ask with: until the user connects, the pool's own partition
+            # (and a class's, pinned later) is what may be chosen.
             fallback = [Choice(configured, configured)] if configured else []
             return LaunchOptions(options=[LaunchOption("partition", "Partition", fallback, configured), time_option])
         try:

@@ -275,7 +275,7 @@ class LocalBackend(ExecutionBackend):
         grace = settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS
         as_root.call("stop", {"case_id": job.case_id, "grace": grace}, timeout=grace + 60)
 
-    def launch_options(self, pool) -> LaunchOptions:
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
         """The wall time in minutes; its range and default are the class's
         (:meth:`pin_class_overrides`)."""
         return LaunchOptions(options=[_time_option(1, 7 * 24 * 60, None)])

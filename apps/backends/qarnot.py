@@ -681,7 +681,7 @@ class QarnotBackend(ExecutionBackend):
                 raise
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool) -> LaunchOptions:
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
         """Never raises: scheduling choices are static; node types need the catalogue, and when
         it cannot be read the answer is degraded (and therefore not cached, R-BACK-2)."""
         scheduling = LaunchOption(
@@ -691,10 +691,10 @@ class QarnotBackend(ExecutionBackend):
         ranks = LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS)
         threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
         try:
-            session = Session(pool.remote if pool is not None else {})
-            if session.per_user:
-                # The catalogue is per account and the form is cached per pool: with no service
-                # token to ask with, no node type is offered (the core constraint still applies).
+            session = Session(pool.remote if pool is not None else {}, identity)
+            if session.per_user and identity is None:
+                # The catalogue is per account: until the user connects, no node type is offered
+                # (the core constraint still applies).
                 return LaunchOptions(options=[scheduling, LaunchOption("node_type", "Node type", []), ranks, threads])
             hw = _sdk().hardware_constraint
             catalogue = self._catalogue(session)

@@ -742,11 +742,12 @@ class RunaiBackend(ExecutionBackend):
             raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool) -> LaunchOptions:
-        """``project`` and ``node_pool`` (what the service credential sees; the pool's own values
-        pinned when it names them) and ``gpu_portion`` (static; dropped for classes without GPUs
-        by :meth:`pin_class_overrides`). Never raises: when Run:AI cannot be asked the answer is
-        degraded to the pool's values (and not cached, R-BACK-2)."""
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
+        """``project`` and ``node_pool`` (what the service credential sees, or on a per-user pool
+        the user's own access key; the pool's own values pinned when it names them) and
+        ``gpu_portion`` (static; dropped for classes without GPUs by :meth:`pin_class_overrides`).
+        Never raises: when Run:AI cannot be asked the answer is degraded to the pool's values (and
+        not cached, R-BACK-2)."""
         remote = with_defaults("runai", pool.remote if pool is not None else {})
         portion = LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS])
 
@@ -757,9 +758,9 @@ class RunaiBackend(ExecutionBackend):
             fixed("project", "Project", remote.get("project")),
             fixed("node_pool", "Node pool", remote.get("node_pool")),
         ]
-        session = Session(remote)
-        if session.per_user:
-            # Each user's key sees its own projects and the form is cached per pool: the pool's.
+        session = Session(remote, identity)
+        if session.per_user and identity is None:
+            # Each user's key sees its own projects: until the user connects, the pool's.
             return LaunchOptions(options=[*pinned, portion])
         try:
             projects = self._projects(session, remote.get("project"))

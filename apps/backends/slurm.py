@@ -399,7 +399,7 @@ class SlurmBackend(ExecutionBackend):
             raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool) -> LaunchOptions:
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
         time_option = LaunchOption(
             key="time",
             label="Time limit",

@@ -35,8 +35,10 @@ class CaseAdminForm(forms.ModelForm):
         the one allow-list the API uses, so an edit cannot store what a launch would refuse."""
         data = super().clean()
         if "launch_options" in self.fields and data.get("resource_class") is not None:
+            owner = data.get("owner") or (self.instance.owner if self.instance.owner_id else None)
             try:
-                data["launch_options"] = check_launch_options(data["resource_class"], data.get("launch_options") or {})
+                chosen = data.get("launch_options") or {}
+                data["launch_options"] = check_launch_options(data["resource_class"], chosen, owner)
             except ServiceError as exc:
                 self.add_error("launch_options", str(exc.detail))
         return data

@@ -76,7 +76,7 @@ def create_case(
     if not can_use_pool(owner, resource_class.pool):
         raise DjangoValidationError({"resource_class": ["You may not use this class's pool."]})
     # R-BACK-6: refused at creation already (400 naming the allowed values), not at launch only.
-    launch_options = check_launch_options(resource_class, launch_options or {})
+    launch_options = check_launch_options(resource_class, launch_options or {}, owner)
     case = Case(
         owner=owner,
         resource_class=resource_class,
@@ -136,7 +136,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options
-    launch_options = check_launch_options(case.resource_class, chosen or {})
+    launch_options = check_launch_options(case.resource_class, chosen or {}, case.owner)
     now = timezone.now()
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)

@@ -392,7 +392,7 @@ def case_launch(request, pk):
     if request.method == "GET":
         spec = launch_spec(case.resource_class)
         # A pool whose backend is not set up is not asked at all: it cannot be launched on.
-        body = launch_options_for(case.resource_class) if readiness.ready else {}
+        body = launch_options_for(case.resource_class, case.owner) if readiness.ready else {}
         return render(
             request,
             "web/_launch_dialog.html",

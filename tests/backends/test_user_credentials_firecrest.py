@@ -696,3 +696,29 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
     assert RemoteConnection.objects.get(pk=connection.pk).state == ConnectionState.CONNECTED
     (live,) = double.live_refresh_tokens("ada")  # one chain of rotations, no reuse, session alive
     assert Fernet(KEY).decrypt(raw_sealed(connection.pk).encode()).decode() == live
+
+
+# -- the launch form asks with the user's own credential ------------------------------------------
+def test_a_connected_user_chooses_among_the_partitions_their_own_account_sees(user_pool, double, ada, bob, api):
+    from apps.backends.services import check_launch_options
+    from apps.core.exceptions import Invalid
+
+    double.partitions = ["debug", "normal", "gpu"]
+    url = f"/api/v1/resource-classes/{user_pool.classes.get().pk}/launch-options/"
+
+    def partitions(user):
+        (option,) = [o for o in api(user).get(url).json()["options"] if o["key"] == "partition"]
+        return [choice["value"] for choice in option["choices"]]
+
+    assert partitions(ada) == ["debug"]  # not connected yet: the pool's own partition
+    connect(browser(ada), double, user_pool, "ada")
+    asked = len(double.calls)
+    assert partitions(ada) == ["debug", "normal", "gpu"]  # asked under ada's own token
+    assert ("GET", f"/status/{double.system}/partitions") in double.calls[asked:]
+    assert partitions(bob) == ["debug"]  # ada's answer (cached for her) is not bob's
+    resource_class = user_pool.classes.get()
+    assert check_launch_options(resource_class, {"partition": "gpu"}, ada) == {"partition": "gpu"}
+    with pytest.raises(Invalid, match="one of debug"):
+        check_launch_options(resource_class, {"partition": "gpu"}, bob)
+    RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED)
+    assert partitions(ada) == ["debug"]  # a failed connection asks nothing

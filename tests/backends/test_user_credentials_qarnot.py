@@ -245,3 +245,16 @@ def test_a_script_keeps_its_qarnot_token_through_the_api_and_never_gets_it_back(
         "deletes it there.",
     }
     assert not RemoteConnection.objects.exists() and ADA_TOKEN not in gone.content.decode()
+
+
+def test_a_connected_user_chooses_among_the_node_types_their_own_account_sees(user_pool, double, ada, bob, api):
+    url = f"/api/v1/resource-classes/{user_pool.classes.get().pk}/launch-options/"
+
+    def node_types(user):
+        (option,) = [o for o in api(user).get(url).json()["options"] if o["key"] == "node_type"]
+        return [choice["value"] for choice in option["choices"]]
+
+    assert node_types(ada) == []  # not connected yet: the catalogue is per account
+    paste(ada, user_pool, ADA_TOKEN)
+    assert node_types(ada) == ["8c-32g-amd-rome", "16c-64g-intel"]  # read with ada's own token
+    assert node_types(bob) == []

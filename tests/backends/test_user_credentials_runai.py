@@ -256,3 +256,16 @@ def test_service_account_runai_pools_run_under_the_service_key(user_pool, double
     assert case.remote_identity == "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
     assert double.workloads[case.remote_id].owner == "svc-gridgate"
     assert connections.identity_for(ada, user_pool).mode == "service"
+
+
+def test_a_connected_user_chooses_among_the_node_pools_their_own_key_sees(user_pool, double, ada, bob, api):
+    url = f"/api/v1/resource-classes/{user_pool.classes.get().pk}/launch-options/"
+
+    def node_pools(user):
+        (option,) = [o for o in api(user).get(url).json()["options"] if o["key"] == "node_pool"]
+        return [choice["value"] for choice in option["choices"]]
+
+    assert node_pools(ada) == []  # not connected yet: the pool names none
+    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
+    assert node_pools(ada) == ["default", "a100"]  # team-a's, asked with ada's own key
+    assert node_pools(bob) == []

@@ -115,7 +115,7 @@ def test_launch_dialog_still_opens_when_the_backend_options_are_degraded(
 ):
     link_account(alice)
 
-    def unreachable(self, pool):
+    def unreachable(self, pool, identity=None):
         raise BackendError("the provider did not answer (connection refused)")
 
     monkeypatch.setattr(LocalBackend, "launch_options", unreachable)

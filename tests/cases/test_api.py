@@ -369,9 +369,9 @@ def test_r_back_2_healthy_launch_options_are_cached(api, member, local_pool):
     calls = []
     original = FakeBackend.launch_options
 
-    def counting(self, pool):
+    def counting(self, pool, identity=None):
         calls.append(pool.pk)
-        return original(self, pool)
+        return original(self, pool, identity)
 
     FakeBackend.launch_options = counting
     try:
@@ -390,7 +390,7 @@ def test_r_back_1_a_secret_in_a_launch_options_error_is_not_returned(api, member
     local_pool.remote = {"token_env": "GRIDGATE_CRED_TEST_TOKEN"}
     local_pool.save(update_fields=["remote"])
 
-    def leaky(self, pool):
+    def leaky(self, pool, identity=None):
         raise ConnectionError("refused: Authorization s3cr3t-token-value")
 
     monkeypatch.setattr(FakeBackend, "launch_options", leaky)
@@ -402,7 +402,7 @@ def test_r_back_1_a_secret_in_a_launch_options_error_is_not_returned(api, member
 def test_r_back_2_degraded_launch_options_are_not_cached(api, member, local_pool, monkeypatch):
     calls = []
 
-    def unreachable(self, pool):
+    def unreachable(self, pool, identity=None):
         calls.append(1)
         raise ConnectionError("provider down")
 

@@ -418,7 +418,7 @@ def test_launch_dialog_renders_the_declared_options_and_the_submission(web, case
 
 
 def test_launch_dialog_opens_degraded_when_the_provider_is_unreachable(web, cases_root, owner, local_pool, monkeypatch):
-    def unreachable(self, pool):
+    def unreachable(self, pool, identity=None):
         raise BackendError("connection refused")
 
     monkeypatch.setattr(FakeBackend, "launch_options", unreachable)
@@ -514,11 +514,11 @@ def test_launch_dialog_asks_once_while_healthy_and_again_after_a_degraded_answer
     calls = []
     original = FakeBackend.launch_options
 
-    def counted(self, pool):
+    def counted(self, pool, identity=None):
         calls.append(pool.pk)
         if len(calls) == 1:
             raise BackendError("timeout")
-        return original(self, pool)
+        return original(self, pool, identity)
 
     monkeypatch.setattr(FakeBackend, "launch_options", counted)
     case = _case(owner, local_pool)

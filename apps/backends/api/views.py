@@ -31,7 +31,7 @@ class LaunchOptionsView(APIView):
     @extend_schema(responses=LaunchOptionsSerializer)
     def get(self, request, pk: int):
         resource_class = get_object_or_404(visible_classes(request.user), pk=pk)
-        return Response(launch_options_for(resource_class))
+        return Response(launch_options_for(resource_class, request.user))
 
 
 def _rows(request):
