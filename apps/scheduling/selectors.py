@@ -562,31 +562,21 @@ class _Submitted:
 def _recent_submissions(pool, table) -> list[_Submitted]:
     """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``, per session and minute."""
     since = timezone.now() - timedelta(seconds=ARRIVAL_WINDOW)
+    grouped = (
+        "user_id",
+        "session_id",
+        "session__vruntime",
+        "session__slots",
+        "session__status",
+        "target_device_id",
+        "shots",
+    )
     rows = (
         Job.objects.filter(pool_id=pool.pk, created_at__gte=since)
         .order_by()
-        .values(
-            "user_id",
-            "session_id",
-            "session__vruntime",
-            "session__slots",
-            "session__status",
-            "target_device_id",
-            "shots",
-            minute=TruncMinute("created_at"),
-        )
+        .values(*grouped, minute=TruncMinute("created_at"))
         .annotate(n=Count("pk"))
-        .values_list(
-            "user_id",
-            "session_id",
-            "session__vruntime",
-            "session__slots",
-            "session__status",
-            "target_device_id",
-            "shots",
-            "minute",
-            "n",
-        )
+        .values_list(*grouped, "minute", "n")
     )
     device_ids = list(table.devices)
     means: dict = {}
