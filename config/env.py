@@ -153,10 +153,12 @@ def env_database(name: str, default_sqlite: Path) -> dict:
             config["OPTIONS"].update(server_side_binding=True, prepare_threshold=threshold)
     # Persistent connections: a new PostgreSQL connection per request was a sizeable share of the
     # request time (docs/deployment.md). Each web thread and worker process keeps its own; 0 closes
-    # after every request. The health check pings a reused connection once per request, so a
-    # restarted database costs one error-free reconnect instead of a 500.
+    # after every request. No health check by default: Django's pings a reused connection with a
+    # round trip at every request (as much as a submission's own statements cost). Without it, a
+    # restarted database costs each thread's next request a 503 JSON answer (Retry-After; the
+    # connection is closed after it and the next request opens a new one), never a 500.
     config["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 600, minimum=0)
-    config["CONN_HEALTH_CHECKS"] = env_bool("CONN_HEALTH_CHECKS", True)
+    config["CONN_HEALTH_CHECKS"] = env_bool("CONN_HEALTH_CHECKS", False)
     return config
 
 

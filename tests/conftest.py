@@ -178,16 +178,34 @@ def statement_budget(django_assert_max_num_queries):
 
     SPEC §9's budgets count statements that read or write rows; Django 5.2 also logs a
     transaction's BEGIN and COMMIT as queries, so the outer limit leaves room for one transaction
-    and the inner check counts the rest.
+    and the inner check counts the rest. On PostgreSQL the statements are also counted where they
+    leave for the server (psycopg's cursors), so that none is hidden from Django's log (a
+    connection health check's ping, a raw ``connection.execute``).
     """
-    from contextlib import contextmanager
+    from contextlib import contextmanager, nullcontext
+    from unittest import mock
+
+    from django.db import connection
 
     @contextmanager
     def budget(statements: int):
-        with django_assert_max_num_queries(statements + 2) as context:
+        sent = []
+        counting = nullcontext()
+        if connection.vendor == "postgresql":
+            import psycopg
+
+            execute = psycopg.Cursor.execute
+
+            def counted(cursor, query, *args, **kwargs):
+                sent.append(query)
+                return execute(cursor, query, *args, **kwargs)
+
+            counting = mock.patch.object(psycopg.Cursor, "execute", counted)
+        with counting, django_assert_max_num_queries(statements + 2) as context:
             yield context
         work = [q["sql"] for q in context.captured_queries if not q["sql"].startswith(_TRANSACTION_CONTROL)]
         assert len(work) <= statements, f"{len(work)} statements > {statements}:\n" + "\n".join(work)
+        assert len(sent) <= statements, f"{len(sent)} statements sent > {statements}: {sent}"
 
     return budget
 

@@ -33,7 +33,7 @@ from prometheus_client.utils import floatToGoString
 from apps.cases.models import Case, CaseStatus
 from apps.core.models import WorkerHeartbeat
 from apps.licences.models import LicenceState
-from apps.resources.models import ResourcePool
+from apps.resources.models import ResourcePool, usage_of
 from apps.scheduling import selectors
 from apps.scheduling.latency import BUCKETS
 from apps.scheduling.models import UNFINISHED, Device, Job, JobLatencyBucket, JobStatus, LatencyKind
@@ -62,22 +62,7 @@ class StateCollector:
 
     def collect(self):
         now = timezone.now()
-        pools = {
-            pool.pk: pool
-            for pool in ResourcePool.objects.order_by("name").only(
-                "pk",
-                "name",
-                "slots_total",
-                "quota_cpu",
-                "quota_memory",
-                "quota_gpu",
-                "slots_used",
-                "cpu_used",
-                "memory_used",
-                "gpu_used",
-                "usage_repairs",
-            )
-        }
+        pools = {pool.pk: pool for pool in ResourcePool.objects.select_related("usage").order_by("name")}
         names = {pk: pool.name for pk, pool in pools.items()}
         yield from self._pools(pools)
         yield from self._jobs(names, now)
@@ -111,15 +96,16 @@ class StateCollector:
             labels=["pool"],
         )
         for pool in pools.values():
+            usage = usage_of(pool)
             if pool.slots_total is not None:
                 total.add_metric([pool.name], pool.slots_total)
-            used.add_metric([pool.name], pool.slots_used)
+            used.add_metric([pool.name], usage.slots_used)
             for resource, field in QUOTA_RESOURCES:
-                value = {"cpu": pool.cpu_used, "memory_gb": pool.memory_used, "gpu": pool.gpu_used}[resource]
+                value = {"cpu": usage.cpu_used, "memory_gb": usage.memory_used, "gpu": usage.gpu_used}[resource]
                 quota_used.add_metric([pool.name, resource], float(value or 0))
                 if pool.has_quota:  # the model's rule (ResourcePool.has_quota), not a copy of it
                     quota.add_metric([pool.name, resource], float(getattr(pool, field) or 0))
-            repairs.add_metric([pool.name], pool.usage_repairs)
+            repairs.add_metric([pool.name], usage.repairs)
         yield from (total, used, quota, quota_used, repairs)
 
     def _licences(self, names, now):

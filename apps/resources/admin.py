@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import PoolKind, ResourceClass, fmt
+from apps.resources.models import PoolKind, ResourceClass, fmt, usage_of
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -55,9 +55,9 @@ class ResourceClassInline(admin.TabularInline):
 
 
 class ResourcePoolAdmin(admin.ModelAdmin):
-    """The pool page's own part, with what its active sessions hold (the usage counters on its
-    row). Registered once, by apps.scheduling.admin, as the subclass that adds the devices
-    inline: resources does not import scheduling."""
+    """The pool page's own part, with what its active sessions hold (its usage row). Registered
+    once, by apps.scheduling.admin, as the subclass that adds the devices inline: resources does
+    not import scheduling."""
 
     list_display = [
         "name",
@@ -75,6 +75,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     search_fields = ["name", "accessibility_message"]
     filter_horizontal = ["users", "groups"]
     readonly_fields = ["created_at", "updated_at", "slots_in_use", "quota_in_use", "usage_repairs"]
+    list_select_related = ["usage"]
     inlines = [ResourceClassInline]
     fieldsets = [
         (None, {"fields": ["name", "kind", "public", "default", "remote"]}),
@@ -110,6 +111,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
+            .select_related("usage")
             .annotate(_class_count=Coalesce(Subquery(classes.annotate(n=Count("pk")).values("n")), 0))
         )
 
@@ -117,18 +119,23 @@ class ResourcePoolAdmin(admin.ModelAdmin):
     def class_count(self, obj):
         return obj._class_count
 
-    @admin.display(description="slots used / total", ordering="slots_used")
+    @admin.display(description="slots used / total", ordering="usage__slots_used")
     def slots_in_use(self, obj):
         total = obj.slots_total if obj.slots_total is not None else "∞"
-        return f"{obj.slots_used} / {total}"
+        return f"{usage_of(obj).slots_used} / {total}"
 
     @admin.display(description="quota used (CPU, memory GB, GPU)")
     def quota_in_use(self, obj):
         if not obj.has_quota:
             return "no quota"
-        held = (fmt(obj.cpu_used), obj.memory_used, obj.gpu_used)
+        usage = usage_of(obj)
+        held = (fmt(usage.cpu_used), usage.memory_used, usage.gpu_used)
         limits = (fmt(obj.quota_cpu), obj.quota_memory, obj.quota_gpu or 0)
         return ", ".join(f"{used} / {limit}" for used, limit in zip(held, limits, strict=True))
+
+    @admin.display(description="usage repairs")
+    def usage_repairs(self, obj):
+        return usage_of(obj).repairs
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

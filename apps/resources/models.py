@@ -195,19 +195,6 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     groups = models.ManyToManyField(Group, blank=True, related_name="granted_pools")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # -- what the pool's active sessions hold (R-SESS-1) --
-    # Kept by the statements that admit and end sessions (apps/sessions/statements.py), in the
-    # same statement as the session's own change; the expiry sweep recounts them from the
-    # sessions and repairs a drift (``usage_repairs``). Plain integers, no CHECK: a drift below
-    # zero must be repairable, never an error in a release. save() never writes them.
-    slots_used = models.IntegerField(default=0, editable=False)
-    cpu_used = models.DecimalField("CPU used", max_digits=12, decimal_places=3, default=Decimal(0), editable=False)
-    memory_used = models.IntegerField("memory used (GB)", default=0, editable=False)
-    gpu_used = models.IntegerField("GPU used", default=0, editable=False)
-    usage_repairs = models.IntegerField(
-        default=0, editable=False, help_text=_("Times the expiry sweep's recount found the usage counters off.")
-    )
-
     objects = ResourcePoolQuerySet.as_manager()
 
     CLEAN_ENFORCED = frozenset(
@@ -261,19 +248,14 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     def __str__(self):
         return self.name
 
-    USAGE_FIELDS = frozenset({"slots_used", "cpu_used", "memory_used", "gpu_used", "usage_repairs"})
-
     def save(self, *args, **kwargs):
-        # Admission and revocation change the usage counters while an operator edits the pool:
-        # saving an edited pool writes every other column, never the counters it read (they
-        # would undo every admission and release in between).
-        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
-            kwargs["update_fields"] = [
-                field.name
-                for field in self._meta.concrete_fields
-                if not field.primary_key and field.name not in self.USAGE_FIELDS
-            ]
-        super().save(*args, **kwargs)
+        adding = self._state.adding
+        with transaction.atomic(using=kwargs.get("using")):
+            super().save(*args, **kwargs)
+            if adding:
+                # Admission counts every session in this row: it exists from the pool's first
+                # commit (a pool made another way gets it at its first refused admission).
+                PoolUsage.objects.using(kwargs.get("using")).get_or_create(pool=self)
 
     @classmethod
     def from_db(cls, db, field_names, values):
@@ -434,6 +416,41 @@ def default_class_message(pool_name: str) -> str:
         f"Pool '{pool_name}' needs exactly one default class: make this class the default, "
         "or make another class the default first (R-POOL-2)."
     )
+
+
+class PoolUsage(models.Model):
+    """What a pool's active sessions hold (R-SESS-1): its own narrow row, beside the pool's.
+
+    Admission and release change these counters, in the same statement as the sessions they
+    count (``apps.sessions.statements``), and serialize on this row's lock. They live apart from
+    the pool's row because that row is read as the version of the pool's configuration (a job
+    submission checks it, R-SESS-7): a row others rewrite at every admission and release would
+    change that version without any change that matters to a submission. The expiry sweep
+    recounts them from the sessions and repairs a drift (``repairs``). Plain integers, no CHECK:
+    a drift below zero must be repairable, never an error in a release.
+    """
+
+    pool = models.OneToOneField(ResourcePool, on_delete=models.CASCADE, primary_key=True, related_name="usage")
+    slots_used = models.IntegerField(default=0)
+    cpu_used = models.DecimalField("CPU used", max_digits=12, decimal_places=3, default=Decimal(0))
+    memory_used = models.IntegerField("memory used (GB)", default=0)
+    gpu_used = models.IntegerField("GPU used", default=0)
+    repairs = models.IntegerField(default=0, help_text=_("Times the expiry sweep's recount found these counters off."))
+
+    class Meta:
+        verbose_name_plural = "pool usage"
+
+    def __str__(self):
+        return f"usage of pool {self.pool_id}"
+
+
+def usage_of(pool: ResourcePool) -> PoolUsage:
+    """``pool``'s usage row (fetch it with ``select_related("usage")``), or zeros for a pool that
+    has none yet (made by ``bulk_create`` or raw SQL: its first refused admission makes one)."""
+    try:
+        return pool.usage
+    except PoolUsage.DoesNotExist:
+        return PoolUsage(pool=pool)
 
 
 class ResourceClass(_CleanEnforcedConstraints, models.Model):

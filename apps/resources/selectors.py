@@ -13,9 +13,11 @@ from apps.resources.models import ResourceClass, ResourcePool
 
 
 def visible_pools(user):
-    """Pools the user may see and use (R-POOL-8), with classes, grants prefetched (no N+1)."""
+    """Pools the user may see and use (R-POOL-8), with their usage rows, classes and grants (no
+    N+1)."""
     return (
         ResourcePool.objects.visible_to(user)
+        .select_related("usage")
         .prefetch_related(
             Prefetch("classes", queryset=ResourceClass.objects.order_by("name", "id")),
             "users",

@@ -3,7 +3,9 @@
 Clients submit many jobs into one session (Pulser's QRMI connection: one per entry of a job's
 parameters). Each process remembers, for a session a job was submitted into, its owner and pool,
 and for each pool its row and its devices' rows as last read with their version (``xmin``), so
-that the next submission into that session skips the lookup (``statements.target``).
+that the next submission into that session skips the lookup (``statements.target``). Those rows
+hold configuration only (the pool's usage counters have their own row): sessions admitted and
+released beside it leave what is remembered valid (R-SESS-7).
 
 Nothing remembered is trusted: the submission's statement stores the job only if the session is
 still its owner's, active, on that pool, and the pool's and devices' rows are still the versions
@@ -36,8 +38,11 @@ def recall(session_id: uuid.UUID, user_id: int, pool_name: str | None) -> Target
         if pool_name is not None and latest.pool.name != pool_name:
             return None
         _sessions.move_to_end(session_id)
-    # Active when its job was stored; the submission's statement checks that it still is.
-    return Target(session_id, user_id, SessionStatus.ACTIVE, "", latest.pool, latest.devices, latest.version)
+    # Active when its job was stored; the submission's statement checks that it still is, and
+    # that it is not due (its deadlines are the statement's to compare, not this memory's).
+    return Target(
+        session_id, user_id, SessionStatus.ACTIVE, "", None, None, latest.pool, latest.devices, latest.version
+    )
 
 
 def remember(target: Target) -> None:

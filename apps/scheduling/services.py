@@ -5,6 +5,7 @@ The scheduling worker's passes (poll, dispatch) are ``apps.scheduling.passes``.
 
 import logging
 import uuid
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 
@@ -20,6 +21,7 @@ from apps.scheduling import known, statements
 from apps.scheduling.drivers import DriverError, InvalidPayload, get_driver
 from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
+from apps.sessions.services import expire_due_sessions
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class NotYourSession(Forbidden):
     """R-JOB-1: only a session's owner submits jobs in it."""
 
 
-SUBMISSION_ATTEMPTS = 3
+SUBMISSION_ATTEMPTS = 3  # the last one holds the pool's configuration: it cannot lose to a change
 
 
 def submit_job(
@@ -45,58 +47,82 @@ def submit_job(
     (1) The session, with its pool and the pool's devices: remembered by this process if it
     stored a job of ``user``'s in it before (``known``), else read (``statements.target``).
     NotFound: no such session (on the pool named ``pool_name``, for QRMI); Forbidden: someone
-    else's or ended. (2) R-DEV-1: the payload is checked by every device that may take the job
-    (the one ``device_id`` names, else every device of the pool, since the dispatcher gives it
-    to any free one). (3) One statement renews the session and inserts the job, only while the
-    session is still the caller's and active and, on PostgreSQL, its pool and devices are still
-    the rows checked in (2); if anything changed, the submission starts over from the database,
-    so a remembered session answers as a read one would. No pool-wide lock: the statement holds
-    the session's row only (lock order session → job).
+    else's, or ended or due (a due session is expired here: R-SESS-7, whether or not a sweep
+    ran). (2) R-DEV-1: the payload is checked by every device that may take the job (the one
+    ``device_id`` names, else every device of the pool, since the dispatcher gives it to any free
+    one). (3) One statement renews the session and inserts the job, only while the session is
+    still the caller's, active and not due and, on PostgreSQL, its pool and devices are still the
+    configuration checked in (2). If anything changed, the submission starts over from the
+    database, so a remembered session answers as a read one would (R-SESS-7: only a change that
+    matters to it refuses a submission; admissions and releases beside it never do). The last
+    attempt holds the pool's configuration until its statement commits, so a configuration
+    change racing a submission costs a retry, never a refusal. No pool-wide lock on the common
+    path: the statement holds the session's row only (lock order pool → devices → session → job).
     """
     try:
         session_id = uuid.UUID(str(session_id))
     except ValueError:
         raise NotFound("No such session.") from None
     for attempt in range(SUBMISSION_ATTEMPTS):
-        target = known.recall(session_id, user.pk, pool_name) if attempt == 0 else None
-        remembered = target is not None
-        if target is None:
-            target = statements.target(session_id, pool_name)
-            _check_session(target, user, session_id, pool_name)
-        try:
-            _check_payload(target, payload, shots, device_id)
-        except (DriverError, ServiceError, ValidationError):
-            if remembered:
-                continue  # perhaps checked against devices changed since: ask the database
-            raise
-        now = timezone.now()
-        job = Job(
-            session_id=session_id,
-            pool_id=target.pool.pk,
-            user_id=user.pk,
-            payload=payload,
-            shots=shots,
-            target_device_id=device_id,
-            created_at=now,
-        )
-        idle_until = now + timedelta(seconds=target.pool.idle_timeout)
-        stored, awaiting = retry_aborted(
-            partial(
-                statements.renew_and_insert,
-                job,
-                user_id=user.pk,
-                now=now,
-                idle_until=idle_until,
-                version=target.version,
-            )
-        )
-        if stored:
-            if not remembered and not connection.in_atomic_block:
-                known.remember(target)
-            _wake_if_waiting(target.pool.pk, awaiting)
+        last = attempt == SUBMISSION_ATTEMPTS - 1
+        with transaction.atomic() if last else nullcontext():
+            if last and connection.vendor == "postgresql":
+                statements.lock_configuration(session_id)
+            job = _submit_once(user, session_id, payload, shots, device_id, pool_name, remembered=attempt == 0)
+        if job is not None:
             return job
-        known.forget(session_id)  # ended, or its pool or devices changed: read them again
-    raise Unavailable("The session's pool or devices changed during the submission; try again.")
+        known.forget(session_id)  # ended, due, or its pool or devices changed: read them again
+    raise Unavailable("The session changed during the submission; try again.")
+
+
+def _submit_once(user, session_id, payload, shots, device_id, pool_name, *, remembered: bool) -> Job | None:
+    """One attempt of :func:`submit_job`: the stored job, or None when its statement stored
+    nothing (to be tried again from the database)."""
+    target = known.recall(session_id, user.pk, pool_name) if remembered else None
+    remembered = target is not None
+    if target is None:
+        target = _active_target(user, session_id, pool_name)
+    try:
+        _check_payload(target, payload, shots, device_id)
+    except (DriverError, ServiceError, ValidationError):
+        if remembered:
+            return None  # perhaps checked against devices changed since: ask the database
+        raise
+    now = timezone.now()
+    job = Job(
+        session_id=session_id,
+        pool_id=target.pool.pk,
+        user_id=user.pk,
+        payload=payload,
+        shots=shots,
+        target_device_id=device_id,
+        created_at=now,
+    )
+    idle_until = now + timedelta(seconds=target.pool.idle_timeout)
+    stored, awaiting = retry_aborted(
+        partial(
+            statements.renew_and_insert, job, user_id=user.pk, now=now, idle_until=idle_until, version=target.version
+        )
+    )
+    if not stored:
+        return None
+    if not remembered and not connection.in_atomic_block:
+        known.remember(target)
+    _wake_if_waiting(target.pool.pk, awaiting)
+    return job
+
+
+def _active_target(user, session_id, pool_name: str | None) -> statements.Target:
+    """The session read from the database, refused unless it is the caller's and active. One
+    past a deadline is expired first (R-SESS-3, R-SESS-7: a due session accepts no job whether or
+    not the sweep has run, and its slots go back at once), then read again."""
+    target = statements.target(session_id, pool_name)
+    mine = target is not None and target.status == SessionStatus.ACTIVE and target.user_id == user.pk
+    if mine and min(target.expires_at, target.idle_expires_at) <= timezone.now():
+        expire_due_sessions(pool_id=target.pool.pk)
+        target = statements.target(session_id, pool_name)
+    _check_session(target, user, session_id, pool_name)
+    return target
 
 
 def _check_session(target: statements.Target | None, user, session_id, pool_name: str | None) -> None:

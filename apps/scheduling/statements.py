@@ -20,27 +20,34 @@ _POOL = Columns(ResourcePool, "p")
 _DEVICE = Columns(Device, "d")
 
 
+_UNFINISHED = ", ".join(f"'{status}'" for status in sorted(UNFINISHED))  # literals: partial indexes serve them
+
+
 @dataclass(frozen=True)
 class Target:
-    """What a submission into a session needs to know of it: its owner and state, its pool and
-    the pool's devices (the payload is checked against each, R-DEV-1), and on PostgreSQL the
-    version of those pool and device rows (``version``: see :func:`_rows_version_sql`)."""
+    """What a submission into a session needs to know of it: its owner, state and deadlines, its
+    pool and the pool's devices (the payload is checked against each, R-DEV-1), and on PostgreSQL
+    the version of those pool and device rows (``version``: see :func:`_rows_version_sql`)."""
 
     session_id: uuid.UUID
     user_id: int
     status: str
     revocation_reason: str
+    expires_at: object
+    idle_expires_at: object
     pool: ResourcePool
     devices: list
     version: str | None
 
 
 def _rows_version_sql() -> str:
-    """PostgreSQL: the version of a pool's row and of its devices' rows, as text: ``<pool
+    """PostgreSQL: the version of a pool's configuration and of its devices', as text: ``<pool
     xmin>:<device id>.<xmin>,…`` (devices by id). ``xmin`` is the transaction that wrote a row's
     current version, so any committed change to the pool or to one of its devices (an admin's
     edit, a status pass, a ``QuerySet.update``, raw SQL), and any device added or removed, gives
-    another text, with no trigger or signal to forget. Takes the pool id as its one parameter."""
+    another text, with no trigger or signal to forget. Nothing that admission or release writes
+    is on these rows (the pool's usage has a row of its own, ``PoolUsage``), so sessions coming
+    and going never change it (R-SESS-7). Takes the pool id as its one parameter."""
     devices = (
         "SELECT string_agg(d.id::text || '.' || d.xmin::text, ',' ORDER BY d.id)"  # noqa: S608 (names from _meta)
         f" FROM {Device._meta.db_table} d WHERE d.pool_id = p.id"
@@ -53,8 +60,8 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
     """The session ``session_id`` (on the pool named ``pool_name``, for QRMI) with its pool and
     the pool's devices in the model's order (name, then id); None when there is none::
 
-        SELECT session.user, session.status, session.revocation_reason, pool.*, device.*,
-               pool.xmin, device.xmin
+        SELECT session.user, session.status, session.revocation_reason, session's deadlines,
+               pool.*, device.*, pool.xmin, device.xmin
           FROM session JOIN pool LEFT JOIN device ON device.pool = pool
          WHERE session.id = session_id [AND pool.name = pool_name] ORDER BY device.name, device.id
 
@@ -69,7 +76,8 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
     xmins = "p.xmin::text, d.xmin::text" if versioned else "NULL, NULL"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {_POOL.sql}, {_DEVICE.sql}, s.user_id, s.status, s.revocation_reason, {xmins}"  # noqa: S608 (names from _meta)
+            f"SELECT {_POOL.sql}, {_DEVICE.sql}, s.user_id, s.status, s.revocation_reason, s.expires_at,"  # noqa: S608 (names from _meta)
+            f" s.idle_expires_at, {xmins}"
             f" FROM {Session._meta.db_table} s JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
             f" LEFT JOIN {Device._meta.db_table} d ON d.pool_id = p.id WHERE {where} ORDER BY d.name, d.id",
             params,
@@ -77,14 +85,40 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
         rows = cursor.fetchall()
     if not rows:
         return None
-    pool, first, user_id, status, reason, pool_xmin, _ = split(rows[0], (_POOL, _DEVICE))
+    pool, first, user_id, status, reason, expires_at, idle_expires_at, pool_xmin, _ = split(rows[0], (_POOL, _DEVICE))
+    expires_at, idle_expires_at = (_datetime(value) for value in (expires_at, idle_expires_at))
     devices = [first, *(_DEVICE.instance(row[len(_POOL) : len(_POOL) + len(_DEVICE)]) for row in rows[1:])]
     devices = devices if first is not None else []
     version = None
     if versioned:
         xmins = sorted((device.pk, row[-1]) for device, row in zip(devices, rows, strict=False))
         version = f"{pool_xmin}:" + ",".join(f"{pk}.{xmin}" for pk, xmin in xmins)
-    return Target(session_id, user_id, status, reason, pool, devices, version)
+    return Target(session_id, user_id, status, reason, expires_at, idle_expires_at, pool, devices, version)
+
+
+def _datetime(value):
+    """A datetime column as the ORM reads it (SQLite returns text)."""
+    column = Session._meta.get_field("expires_at").get_col(Session._meta.db_table)
+    for converter in connection.ops.get_db_converters(column):
+        value = converter(value, column, connection)
+    return value
+
+
+def lock_configuration(session_id: uuid.UUID) -> None:
+    """PostgreSQL: hold the session's pool and devices as they are until the transaction ends, so
+    that a submission checked against them cannot find them changed::
+
+        SELECT 1 FROM pool WHERE id = session.pool FOR UPDATE    -- no device added meanwhile
+        SELECT 1 FROM device WHERE pool = session.pool FOR SHARE  -- none changed or removed
+
+    Lock order: pool, devices, then the session (the submission's statement), as everywhere.
+    FOR UPDATE, not a weaker lock: adding a device takes a key-share lock on its pool's row, which
+    only FOR UPDATE refuses."""
+    pool = f"(SELECT pool_id FROM {Session._meta.db_table} WHERE id = %s)"  # noqa: S608 (names from _meta)
+    session_id = Session._meta.pk.get_db_prep_value(session_id, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {ResourcePool._meta.db_table} WHERE id = {pool} FOR UPDATE", [session_id])  # noqa: S608
+        cursor.execute(f"SELECT 1 FROM {Device._meta.db_table} WHERE pool_id = {pool} FOR SHARE", [session_id])  # noqa: S608
 
 
 def _caught_up_vruntime() -> str:
@@ -110,14 +144,18 @@ def _caught_up_vruntime() -> str:
 
 
 def renew_and_insert(job: Job, *, user_id: int, now, idle_until, version: str | None) -> tuple[bool, bool | None]:
-    """Renew ``job``'s session if it is still ``user_id``'s and active (and, with ``version``,
-    its pool and devices are still those rows), and only then insert ``job``. Returns whether
-    the job was stored, and the pool queue's wake-up flag (None: the pool has no queue row yet)::
+    """Renew ``job``'s session if it is still ``user_id``'s, active and not due (neither past its
+    lifetime nor idle past its deadline with nothing unfinished: R-SESS-7, whether or not a sweep
+    has run), and, with ``version``, its pool and devices are still those rows; only then insert
+    ``job``. Returns whether the job was stored, and the pool queue's wake-up flag (None: the
+    pool has no queue row yet)::
 
         WITH s AS (UPDATE session s SET last_activity_at = now, idle_expires_at = idle_until,
                           vruntime = caught up (R-SCHED-2)
                     WHERE id = job.session AND user_id = user_id AND status = 'active'
-                          AND pool_id = job.pool [AND (version of the pool and device rows) = version]
+                          AND pool_id = job.pool AND expires_at > now
+                          AND (idle_expires_at > now OR EXISTS (an unfinished job of s))
+                          [AND (version of the pool and device rows) = version]
                     RETURNING id)
         INSERT INTO job (every column but id) SELECT <the job's values> FROM s
         RETURNING id, (SELECT awaiting_work FROM pool queue WHERE pool_id = job.pool)
@@ -129,15 +167,20 @@ def renew_and_insert(job: Job, *, user_id: int, now, idle_until, version: str | 
     table = Session._meta.db_table
     update = (
         f"UPDATE {table} AS s SET last_activity_at = %s, idle_expires_at = %s,"  # noqa: S608 (names from _meta)
-        f" vruntime = {_caught_up_vruntime()} WHERE s.id = %s AND s.user_id = %s AND s.status = %s AND s.pool_id = %s"
+        f" vruntime = {_caught_up_vruntime()} WHERE s.id = %s AND s.user_id = %s"
+        f" AND s.status = '{SessionStatus.ACTIVE}' AND s.pool_id = %s AND s.expires_at > %s"
+        " AND (s.idle_expires_at > %s OR EXISTS (SELECT 1"
+        f" FROM {Job._meta.db_table} j WHERE j.session_id = s.id AND j.status IN ({_UNFINISHED})))"
     )
+    at = connection.ops.adapt_datetimefield_value(now)
     params = [
-        connection.ops.adapt_datetimefield_value(now),
+        at,
         connection.ops.adapt_datetimefield_value(idle_until),
         Session._meta.pk.get_db_prep_value(job.session_id, connection),
         user_id,
-        SessionStatus.ACTIVE,
         job.pool_id,
+        at,
+        at,
     ]
     columns, values = insert_values(job)
     marks = ", ".join(["%s"] * len(values))
@@ -180,7 +223,7 @@ def any_unfinished(session_ids) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {Job._meta.db_table} WHERE session_id IN ({marks})"  # noqa: S608 (names from _meta)
-            f" AND status IN ({', '.join(['%s'] * len(UNFINISHED))}) LIMIT 1",
-            [*(Session._meta.pk.get_db_prep_value(pk, connection) for pk in session_ids), *UNFINISHED],
+            f" AND status IN ({_UNFINISHED}) LIMIT 1",
+            [Session._meta.pk.get_db_prep_value(pk, connection) for pk in session_ids],
         )
         return cursor.fetchone() is not None

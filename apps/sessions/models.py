@@ -80,12 +80,14 @@ class Session(models.Model):
         ordering = ["-created_at", "id"]
         permissions = [("act_on_behalf", "Can create, list and release sessions on behalf of other users")]
         constraints = [
-            # R-SESS-2 backstop: one active session per (user, scheduler job), whatever the path.
+            # R-SESS-2 backstop: one active session per (user, pool, scheduler job), whatever the
+            # path; a batch job may hold one on each of several pools. Admission's same-job lookup
+            # is a probe of this index (apps/sessions/statements.py).
             models.UniqueConstraint(
-                fields=["user", "external_id"],
+                fields=["user", "pool", "external_id"],
                 condition=Q(status="active") & ~Q(external_id=""),
                 name="sessions_unique_active_external_id",
-                violation_error_message="An active session already exists for this external id.",
+                violation_error_message="An active session already exists for this external id on this pool.",
             ),
             models.CheckConstraint(condition=Q(slots__gte=1), name="sessions_slots_positive"),
             models.CheckConstraint(

@@ -1,13 +1,13 @@
 """Read queries about sessions shared by several callers (STYLE.md: one selector per shared query)."""
 
-from apps.resources.models import ResourcePool
+from apps.resources.models import ResourcePool, usage_of
 
 
 def slots_usage(pool: ResourcePool) -> dict:
     """R-SESS-6: ``{"slots_total", "slots_used", "slots_available"}`` (total may be None), from
-    the pool's usage counters (``apps.sessions.statements``): the slots endpoints, QRMI's
-    ``qpu-slots``, the admin and the home gauges read the pool row they already have."""
-    total, used = pool.slots_total, pool.slots_used
+    the pool's usage row (``apps.sessions.statements``): the slots endpoints, QRMI's
+    ``qpu-slots``, the admin and the home gauges read it with the pool (``select_related``)."""
+    total, used = pool.slots_total, usage_of(pool).slots_used
     return {
         "slots_total": total,
         "slots_used": used,

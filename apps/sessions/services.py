@@ -59,12 +59,14 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
     ``resource_class``: a class the caller already checked ``user`` may use, or a
     :class:`UsableClass`, checked here (NoSuchClass when it selects nothing).
 
-    (1) Look the class and its pool up, with the id of ``user``'s active session for
-    ``external_id`` (R-SESS-2). (2) Insert the session if it fits, counting it in its pool's
-    usage (R-SESS-1: serialized on the pool's row). A refusal first expires the pool's sessions
-    that are due, if any, and tries once more (R-SESS-3: expired sessions never block capacity),
-    then answers 409 with what is left. A concurrent identical request that won meanwhile is
-    caught by the partial unique constraint (IntegrityError), and its session returned.
+    (1) Look the class and its pool up, with the id of ``user``'s active session on that pool
+    for ``external_id`` (R-SESS-2). (2) Insert the session if it fits, counting it in its pool's
+    usage (R-SESS-1: serialized on the pool's usage row, never on the pool's own row, which job
+    submissions read as the pool's configuration: R-SESS-7). A refusal first makes room if it
+    can (expires the pool's sessions that are due, R-SESS-3, or gives a pool made without one its
+    usage row) and tries once more, then answers 409 with what is left. A concurrent identical
+    request that won meanwhile is caught by the partial unique constraint (IntegrityError), and
+    its session returned.
     """
     external_id = (external_id or "").strip()
     now = timezone.now()  # the request time: lifetimes count from here
@@ -81,19 +83,19 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
         raise NoSuchClass("No such class that you can use.")
     chosen, same_job = found
     if same_job is not None:
-        same = _same_job(user, external_id, now)
+        same = _unless_due(Session.objects.filter(pk=same_job).first(), now)
         if same is not None:
             return Admission(_same_or_conflict(same, chosen.pk, slots), False)
     session = _new_session(user, chosen, slots, external_id, now)
     try:
         if statements.insert_if_it_fits(session) or (
-            _expired_any(chosen.pool_id, now) and statements.insert_if_it_fits(session)
+            _made_room(chosen.pool_id, now) and statements.insert_if_it_fits(session)
         ):
             if chosen.pool.slurm_licence and not external_id:
                 batch_capacity_changed.send(sender=Session, pool_ids=[chosen.pool_id])
             return Admission(session, True)
     except IntegrityError:
-        same = _existing(user, external_id) if external_id else None
+        same = _existing(user, chosen.pool_id, external_id) if external_id else None
         if same is None:
             raise
         return Admission(_same_or_conflict(same, chosen.pk, slots), False)
@@ -119,17 +121,20 @@ def _new_session(user, resource_class: ResourceClass, slots: int, external_id: s
     )
 
 
-def _existing(user, external_id: str) -> Session | None:
-    return Session.objects.active().filter(user=user, external_id=external_id).first()
+def _existing(user, pool_id: int, external_id: str) -> Session | None:
+    """The active session of ``user``'s scheduler job on the pool, as it is now."""
+    found = statements.same_job(user.pk, pool_id, external_id)
+    return None if found is None else Session.objects.filter(pk=found).first()
 
 
-def _same_job(user, external_id: str, now: datetime) -> Session | None:
-    """The active session of ``user``'s scheduler job, unless it is due for expiry: a due
-    session is expired first and never handed out again (R-SESS-3)."""
-    same = _existing(user, external_id)
-    if same is not None and min(same.expires_at, same.idle_expires_at) <= now:
+def _unless_due(same: Session | None, now: datetime) -> Session | None:
+    """The session of a scheduler job found active, unless it ended since or is due for expiry:
+    a due session is expired first and never handed out again (R-SESS-3)."""
+    if same is None or not same.is_active:
+        return None
+    if min(same.expires_at, same.idle_expires_at) <= now:
         expire_due_sessions(now=now, pool_id=same.pool_id)
-        same = _existing(user, external_id)
+        return _existing(same.user, same.pool_id, same.external_id)
     return same
 
 
@@ -143,11 +148,13 @@ def _same_or_conflict(same: Session, class_id: int, slots: int) -> Session:
     return same
 
 
-def _expired_any(pool_id: int, now: datetime) -> bool:
-    """Expire the pool's sessions that are due (R-SESS-3); whether any was. The probe first: an
-    active session past one of its deadlines (the idle one may still be busy with jobs)."""
-    past = Session.objects.active().filter(pool_id=pool_id).filter(Q(expires_at__lte=now) | Q(idle_expires_at__lte=now))
-    return past.exists() and any(expire_due_sessions(now=now, pool_id=pool_id).values())
+def _made_room(pool_id: int, now: datetime) -> bool:
+    """After a refusal: whether anything changed that may let the session in now. The pool had no
+    usage row (made here), or sessions of it were due and are expired now (R-SESS-3; the probe
+    first: an active session past one of its deadlines, the idle one may still be busy)."""
+    if statements.ensure_usage(pool_id):
+        return True
+    return statements.any_due(pool_id, now) and any(expire_due_sessions(now=now, pool_id=pool_id).values())
 
 
 def _refusal(session: Session) -> CapacityExceeded:
@@ -176,28 +183,35 @@ def _refusal(session: Session) -> CapacityExceeded:
 
 
 # -- ending sessions ------------------------------------------------------------------------
-def _end(session_ids, reason: str, now: datetime, *, user_id: int | None = None) -> list:
-    """The revocation statement (run again if the database aborts it), then its announcement:
-    the scheduling app cancels the ended sessions' jobs, the licences app syncs a licence.
+def _end(session_ids, reason: str, now: datetime, **only) -> list[Session]:
+    """The revocation statement (run again if the database aborts it), then its announcement
+    (:func:`_announce`). ``only``: ``user_id`` and ``pool_name`` restrict it (``end_sessions``).
+    Returns the sessions this call ended, as they are now.
 
-    Outside a caller's transaction the statement commits on its own, so the pool's row is
+    Outside a caller's transaction the statement commits on its own, so the pool's usage row is
     locked for the statement only, never while the announcement's statements go back and forth
-    (every admission and release of the pool queues on that row). A job submitted meanwhile is
-    in the announcement's reach: a submission's statement needs the session active, so it either
-    committed before (and the announcement cancels its job) or stores nothing. Should the process
-    die between the two, the dispatcher never starts a job of an ended session and the
-    scheduling app's repair cancels what is left within a minute
-    (``apps.scheduling.services.cancel_jobs_of_ended_sessions``).
+    (every admission and release of the pool queues on that row).
     """
-    ended = retry_aborted(lambda: statements.end_sessions(session_ids, reason, now, user_id=user_id))
+    ended = retry_aborted(lambda: statements.end_sessions(session_ids, reason, now, **only))
+    _announce(ended, reason)
+    return [end.session for end in ended]
+
+
+def _announce(ended: list, reason: str) -> None:
+    """Tell the other apps what a revocation statement ended: the scheduling app cancels the
+    ended sessions' jobs, the licences app syncs a licence. After the statement committed: a job
+    submitted meanwhile is in the announcement's reach, since a submission's statement needs the
+    session active, so it either committed before (and the announcement cancels its job) or
+    stores nothing. Should the process die between the two, the dispatcher never starts a job of
+    an ended session and the scheduling app's repair cancels what is left within a minute
+    (``apps.scheduling.services.cancel_jobs_of_ended_sessions``)."""
     if not ended:
-        return []
+        return
     log.info("revoked %d session(s): %s", len(ended), reason)
-    sessions_revoked.send(sender=Session, session_ids=[session.id for session in ended], reason=reason)
-    licensed = {session.pool_id for session in ended if session.slurm_licence and not session.external_id}
+    sessions_revoked.send(sender=Session, session_ids=[end.session.id for end in ended], reason=reason)
+    licensed = {end.session.pool_id for end in ended if end.slurm_licence and not end.session.external_id}
     if licensed:
         batch_capacity_changed.send(sender=Session, pool_ids=sorted(licensed))
-    return [session.id for session in ended]
 
 
 def _session_id(value) -> uuid.UUID:
@@ -210,11 +224,10 @@ def _session_id(value) -> uuid.UUID:
 @dataclass(frozen=True)
 class Released:
     """What :func:`release` did: ``ended`` (this call ended the session; false when it had ended
-    already, and so is the object) and ``session`` as it is now, when the call read it (someone
-    else's session, or one on a named pool); None on the owner's one-statement path."""
+    already) and ``session`` as it is now."""
 
     ended: bool
-    session: Session | None = None
+    session: Session
 
     def __bool__(self):
         return self.ended
@@ -227,29 +240,29 @@ def release(*, user, session_id, pool_name: str | None = None, as_service: bool 
     session (on the pool named ``pool_name``); Forbidden: someone else's, for a caller who may not
     act for others.
 
-    The owner's common path is the revocation statement alone, restricted to the owner's
-    sessions; anything else is looked up first.
+    The common path is the revocation statement alone (restricted to the owner's sessions unless
+    the caller acts as a service); a miss is looked up to answer it.
     """
     session_id, now = _session_id(session_id), timezone.now()
-    if (
-        pool_name is None
-        and user.pk is not None
-        and _end([session_id], RevocationReason.RELEASED, now, user_id=user.pk)
-    ):
-        return Released(True)
+    if as_service or user.pk is not None:
+        owner = None if as_service else user.pk
+        ended = _end([session_id], RevocationReason.RELEASED, now, user_id=owner, pool_name=pool_name)
+        if ended:
+            return Released(True, ended[0])
     found = Session.objects.filter(pk=session_id)
     if pool_name is not None:
         found = found.filter(pool__name=pool_name)
     session = found.first()
     if session is None:
         raise NotFound("No such session." if pool_name is None else f"No such session on pool '{pool_name}'.")
-    # ``as_service`` first: a QRMI service uid's user is looked up only if asked for.
-    if not as_service and session.user_id != user.pk and not is_service_principal(user):
+    if session.user_id != user.pk and not as_service and not is_service_principal(user):
         raise Forbidden("This session belongs to another user.")
-    ended = bool(_end([session_id], RevocationReason.RELEASED, now))
-    if ended:
-        session.status, session.revoked_at, session.revocation_reason = "revoked", now, RevocationReason.RELEASED
-    return Released(ended, session)
+    if session.is_active and not as_service:  # a principal releasing someone else's session
+        ended = _end([session_id], RevocationReason.RELEASED, now, pool_name=pool_name)
+        if ended:
+            return Released(True, ended[0])
+        session.refresh_from_db()
+    return Released(False, session)
 
 
 def revoke(*, session_ids, reason: str = RevocationReason.MANUAL) -> int:
@@ -283,14 +296,18 @@ def expire_due_sessions(*, now: datetime | None = None, pool_id: int | None = No
 def _sweep(due, reason: str, now: datetime) -> int:
     """End the sessions of ``due``, at most ``REVOKED_AT_ONCE`` per transaction. Each batch is
     claimed first (row locks, skipping rows another transaction holds: the next sweep gets them),
-    so that a session claimed idle cannot take a job before it is ended."""
-    ended = 0
+    so that a session claimed idle cannot take a job before it is ended; the claim's transaction
+    holds nothing else (the pool's usage row is locked from the revocation statement to this
+    commit), and the announcement runs after it."""
+    count = 0
     while True:
         with transaction.atomic():
             ids = list(due.select_for_update(skip_locked=True).values_list("id", flat=True)[:REVOKED_AT_ONCE])
-            ended += len(_end(ids, reason, now)) if ids else 0
+            ended = statements.end_sessions(ids, reason, now) if ids else []
+        _announce(ended, reason)
+        count += len(ended)
         if len(ids) < REVOKED_AT_ONCE:
-            return ended
+            return count
 
 
 def recount_usage() -> list[str]:

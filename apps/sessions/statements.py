@@ -6,18 +6,23 @@ building these statements with the ORM took longer than PostgreSQL took to run t
 (docs/deployment.md, "Sizing"). The capacity rule (R-SESS-1) is written once, in ``_ROOM``: the
 admission statement admits by it and a refusal reports which part of it failed.
 
-A pool's usage lives on its row (``slots_used``, ``cpu_used``, ``memory_used``, ``gpu_used``),
-changed only here, in the same statement that inserts or ends the sessions it counts: admission is
-one conditional UPDATE of the pool row (which serializes admission per pool) inserting the
-session, revocation one UPDATE of the sessions giving their holdings back. The sum over the
-active sessions is kept only as the recount the expiry sweep compares with them.
+A pool's usage lives in its own narrow row (``PoolUsage``: ``slots_used``, ``cpu_used``,
+``memory_used``, ``gpu_used``), changed only here, in the same statement that inserts or ends the
+sessions it counts: admission is one conditional UPDATE of the usage row (which serializes
+admission per pool) inserting the session, revocation one UPDATE of the sessions giving their
+holdings back. The pool's own row is only read: it is the version of the pool's configuration
+that job submissions check (R-SESS-7), so nothing here may write it. The sum over the active
+sessions is kept only as the recount the expiry sweep compares with the counters.
 
 PostgreSQL runs each as one statement (data-modifying CTEs): atomic without BEGIN/COMMIT, the
-pool's row lock held for the statement only. SQLite has no data-modifying CTE: there each is two
-statements in the (IMMEDIATE) transaction that serializes every writer.
+usage row's lock held from its UPDATE to the statement's commit. SQLite has no data-modifying CTE:
+there each is two statements in the (IMMEDIATE) transaction that serializes every writer.
+
+Statuses are written into the SQL as literals, never as parameters: the partial indexes on active
+sessions serve a statement only when its text proves their condition, and PostgreSQL plans a
+prepared statement once for every parameter value (a generic plan) after a few executions.
 """
 
-import uuid
 from collections import defaultdict
 from contextlib import nullcontext
 from decimal import Decimal
@@ -25,23 +30,26 @@ from typing import NamedTuple
 
 from django.db import connection, transaction
 
-from apps.core.rows import Columns, fetch_one, insert_values
-from apps.resources.models import ResourceClass, ResourcePool, visible_pools_sql
+from apps.core.rows import Columns, fetch_one, insert_values, split
+from apps.resources.models import PoolUsage, ResourceClass, ResourcePool, visible_pools_sql
 from apps.sessions.models import Session, SessionStatus
 
 _CLASS = Columns(ResourceClass, "c")
 _POOL = Columns(ResourcePool, "p")
+_SESSION = Columns(Session, "e")
 _DIMENSIONS = ("slots", "cpu", "memory", "gpu")
+_ACTIVE = f"'{SessionStatus.ACTIVE}'"  # a literal: see the module's docstring
 
-# R-SESS-1, per dimension, on the pool row's columns, each with one parameter: the amount asked.
-# A pool with neither a CPU nor a memory quota has no quota at all (ResourcePool.has_quota).
-_NO_QUOTA = "(quota_cpu IS NULL AND quota_memory IS NULL)"
+# R-SESS-1, per dimension, on the pool's limits (``p``) and its usage row (``u``), each with one
+# parameter: the amount asked. A pool with neither a CPU nor a memory quota has no quota at all
+# (ResourcePool.has_quota).
+_NO_QUOTA = "(p.quota_cpu IS NULL AND p.quota_memory IS NULL)"
 _ROOM = {
-    "slots": "(slots_total IS NULL OR slots_used + %s <= slots_total)",
+    "slots": "(p.slots_total IS NULL OR u.slots_used + %s <= p.slots_total)",
     # ROUND: SQLite adds decimals as floats (0.1 + 0.2 > 0.3); the column has 3 places.
-    "cpu": f"({_NO_QUOTA} OR ROUND(cpu_used + %s, 3) <= COALESCE(quota_cpu, 0))",
-    "memory": f"({_NO_QUOTA} OR memory_used + %s <= COALESCE(quota_memory, 0))",
-    "gpu": f"({_NO_QUOTA} OR gpu_used + %s <= COALESCE(quota_gpu, 0))",
+    "cpu": f"({_NO_QUOTA} OR ROUND(u.cpu_used + %s, 3) <= COALESCE(p.quota_cpu, 0))",
+    "memory": f"({_NO_QUOTA} OR u.memory_used + %s <= COALESCE(p.quota_memory, 0))",
+    "gpu": f"({_NO_QUOTA} OR u.gpu_used + %s <= COALESCE(p.quota_gpu, 0))",
 }
 _FITS = " AND ".join(_ROOM[dimension] for dimension in _DIMENSIONS)
 
@@ -51,22 +59,22 @@ def _amounts(session: Session) -> list:
 
 
 def usable_class(user, *, class_id: int | None, pool_name: str | None, check_access: bool, external_id: str):
-    """The chosen class with its pool, and the id of ``user``'s active session for
+    """The chosen class with its pool, and the id of ``user``'s active session on that pool for
     ``external_id`` (R-SESS-2), or None when there is no such class ``user`` may use::
 
-        SELECT class.*, pool.*, (SELECT id FROM session
-                                  WHERE active AND user = user AND external_id = external_id)
+        SELECT class.*, pool.*, (SELECT id FROM session WHERE active AND user = user
+                                    AND pool = pool.id AND external_id = external_id)
           FROM class JOIN pool
          WHERE class.id = class_id | pool.name = pool_name AND class is the default
            [AND pool.id IN (pools visible to user)]          -- R-POOL-8, when check_access
+
+    The same-job lookup is one probe of the unique index behind R-SESS-2 (its condition written
+    out, so that any plan uses it), whatever the user's history of ended sessions.
     """
     params = []
     if external_id:
-        same = (
-            f"(SELECT s.id FROM {Session._meta.db_table} s"  # noqa: S608 (names from _meta; values are parameters)
-            " WHERE s.status = %s AND s.user_id = %s AND s.external_id = %s LIMIT 1)"
-        )
-        params += [SessionStatus.ACTIVE, user.pk, external_id]
+        same = f"({_same_job_sql('p.id')})"
+        params += [user.pk, external_id]
     else:
         same = "NULL"
     if class_id is not None:
@@ -94,24 +102,44 @@ def usable_class(user, *, class_id: int | None, pool_name: str | None, check_acc
     return resource_class, same_job
 
 
+def _same_job_sql(pool: str) -> str:
+    """R-SESS-2's lookup: the id of the active session of a user's scheduler job on ``pool`` (SQL);
+    its parameters are the user and the job id. One probe of the unique index behind R-SESS-2,
+    whose condition is written out so that any plan uses it."""
+    return (
+        f"SELECT s.id FROM {Session._meta.db_table} s WHERE s.status = {_ACTIVE} AND s.external_id <> ''"  # noqa: S608
+        f" AND s.user_id = %s AND s.pool_id = {pool} AND s.external_id = %s"
+    )
+
+
+def same_job(user_id: int, pool_id: int, external_id: str):
+    """The id of ``user_id``'s active session for ``external_id`` on the pool, or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(_same_job_sql("%s"), [user_id, pool_id, external_id])
+        row = cursor.fetchone()
+    return None if row is None else Session._meta.pk.to_python(row[0])
+
+
 def insert_if_it_fits(session: Session) -> bool:
     """R-SESS-1: store ``session`` if its pool has room for it, adding what it holds to the
-    pool's usage; False (nothing stored) when it does not fit::
+    pool's usage; False (nothing stored) when it does not fit, or the pool has no usage row yet::
 
-        WITH p AS (UPDATE pool SET slots_used += slots, cpu_used += cpu, ...
-                    WHERE id = session.pool AND <it fits>       -- the pool's row lock
-                    RETURNING id)
-        INSERT INTO session SELECT <the session's values> FROM p
+        WITH u AS (UPDATE usage u SET slots_used += slots, cpu_used += cpu, ...
+                     FROM pool p                                -- its limits, only read
+                    WHERE u.pool = session.pool AND p.id = u.pool AND <it fits>
+                    RETURNING u.pool)                           -- the usage row's lock
+        INSERT INTO session SELECT <the session's values> FROM u
 
-    Concurrent admissions on one pool queue on its row; each evaluates ``<it fits>`` again on
-    the row as the one before it left it, so the sum never passes the pool's limits. A concurrent
-    identical request (same user and scheduler job) fails on the partial unique constraint and
-    the whole statement with it (IntegrityError): nothing is counted twice.
+    Concurrent admissions on one pool queue on its usage row; each evaluates ``<it fits>`` again
+    on the row as the one before it left it, so the sum never passes the pool's limits. A
+    concurrent identical request (same user, pool and scheduler job) fails on the partial unique
+    constraint and the whole statement with it (IntegrityError): nothing is counted twice.
     """
-    pool = ResourcePool._meta.db_table
+    usage, pool = PoolUsage._meta.db_table, ResourcePool._meta.db_table
     update = (
-        f"UPDATE {pool} SET slots_used = slots_used + %s, cpu_used = ROUND(cpu_used + %s, 3),"  # noqa: S608 (names from _meta)
-        f" memory_used = memory_used + %s, gpu_used = gpu_used + %s WHERE id = %s AND {_FITS}"
+        f"UPDATE {usage} AS u SET slots_used = u.slots_used + %s, cpu_used = ROUND(u.cpu_used + %s, 3),"  # noqa: S608 (names from _meta)
+        f" memory_used = u.memory_used + %s, gpu_used = u.gpu_used + %s FROM {pool} AS p"
+        f" WHERE u.pool_id = %s AND p.id = u.pool_id AND {_FITS}"
     )
     update_params = [*_amounts(session), session.pool_id, *_amounts(session)]
     columns, values = insert_values(session)
@@ -123,7 +151,7 @@ def insert_if_it_fits(session: Session) -> bool:
             # (IntegrityError) leaves that transaction usable for the answer.
             with transaction.atomic() if connection.in_atomic_block else nullcontext():
                 cursor.execute(
-                    f"WITH p AS ({update} RETURNING id) INSERT INTO {table} ({columns}) SELECT {marks} FROM p",  # noqa: S608
+                    f"WITH u AS ({update} RETURNING u.pool_id) INSERT INTO {table} ({columns}) SELECT {marks} FROM u",  # noqa: S608
                     [*update_params, *values],
                 )
             stored = cursor.rowcount == 1
@@ -142,13 +170,15 @@ def room(session: Session) -> dict:
     """Why ``session`` does not fit its pool now: the pool's limits and usage and, for each
     dimension, whether it has room (``_ROOM``, the rule admission admits by)::
 
-        SELECT name, slots_total, quota_*, slots_used, *_used, <room for each dimension> FROM pool
+        SELECT name, slots_total, quota_*, slots_used, *_used, <room for each dimension>
+          FROM pool p JOIN usage u ON u.pool = p.id WHERE p.id = session.pool
     """
     checks = ", ".join(_ROOM[dimension] for dimension in _DIMENSIONS)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT name, slots_total, quota_cpu, quota_memory, quota_gpu, slots_used, cpu_used, memory_used,"  # noqa: S608
-            f" gpu_used, {checks} FROM {ResourcePool._meta.db_table} WHERE id = %s",
+            "SELECT p.name, p.slots_total, p.quota_cpu, p.quota_memory, p.quota_gpu, u.slots_used, u.cpu_used,"  # noqa: S608
+            f" u.memory_used, u.gpu_used, {checks} FROM {ResourcePool._meta.db_table} p"
+            f" JOIN {PoolUsage._meta.db_table} u ON u.pool_id = p.id WHERE p.id = %s",
             [*_amounts(session), session.pool_id],
         )
         row = cursor.fetchone()
@@ -167,25 +197,61 @@ def room(session: Session) -> dict:
     }
 
 
-class Ended(NamedTuple):
-    """A session :func:`end_sessions` ended, with what its pool's Slurm licence depends on."""
+def any_due(pool_id: int, now) -> bool:
+    """Whether an active session of the pool is past one of its deadlines (the idle one may still
+    be busy with jobs): admission's probe after a refusal, through the partial index of the
+    pool's active sessions whatever the pool's history::
 
-    id: uuid.UUID
-    pool_id: int
-    external_id: str
+        SELECT 1 FROM session WHERE active AND pool = pool_id
+           AND (expires_at <= now OR idle_expires_at <= now) LIMIT 1
+    """
+    at = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {Session._meta.db_table} WHERE status = {_ACTIVE} AND pool_id = %s"  # noqa: S608
+            " AND (expires_at <= %s OR idle_expires_at <= %s) LIMIT 1",
+            [pool_id, at, at],
+        )
+        return cursor.fetchone() is not None
+
+
+def ensure_usage(pool_id: int) -> bool:
+    """Give the pool a usage row if it has none (one made by ``bulk_create`` or raw SQL; every
+    other pool gets one when it is created); whether this call made it::
+
+        INSERT INTO usage (pool) VALUES (pool_id) ON CONFLICT DO NOTHING
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {PoolUsage._meta.db_table} (pool_id, slots_used, cpu_used, memory_used, gpu_used, repairs)"  # noqa: S608
+            f" SELECT id, 0, 0, 0, 0, 0 FROM {ResourcePool._meta.db_table} WHERE id = %s ON CONFLICT DO NOTHING",
+            [pool_id],
+        )
+        return cursor.rowcount == 1
+
+
+class Ended(NamedTuple):
+    """A session :func:`end_sessions` ended (as it is now), with its pool's Slurm licence."""
+
+    session: Session
     slurm_licence: str
 
 
-def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -> list[Ended]:
-    """End the active sessions among ``session_ids`` (only ``user_id``'s, when given) and give
-    what they held back to their pools; return those this call ended (R-SESS-3/4)::
+def end_sessions(
+    session_ids, reason: str, now, *, user_id: int | None = None, pool_name: str | None = None
+) -> list[Ended]:
+    """End the active sessions among ``session_ids`` (only ``user_id``'s, only on the pool named
+    ``pool_name``, when given) and give what they held back to their pools' usage; return those
+    this call ended (R-SESS-3/4)::
 
         WITH ended AS (UPDATE session SET status = 'revoked', revoked_at = now, revocation_reason
                         WHERE id IN session_ids AND status = 'active' [AND user_id = user_id]
-                        RETURNING id, pool_id, external_id, slots, cpu, memory, gpu),
-             freed AS (UPDATE pool SET slots_used -= their sum, ... FROM ended GROUP BY pool
-                        RETURNING id, slurm_licence)
-        SELECT ended.id, pool_id, external_id, slurm_licence FROM ended JOIN freed
+                              [AND pool_id = (SELECT id FROM pool WHERE name = pool_name)]
+                        RETURNING session.*),
+             freed AS (UPDATE usage u SET slots_used -= their sum, ...
+                         FROM (SELECT pool_id, SUM(slots), ... FROM ended GROUP BY pool_id) f
+                        WHERE u.pool = f.pool_id)
+        SELECT ended.*, pool.slurm_licence FROM ended JOIN pool
 
     A compare-and-set on ``status``: of two concurrent revokers one ends the session. It waits for
     a row lock a job submission holds on the session, so a submission racing it is either before
@@ -194,107 +260,115 @@ def end_sessions(session_ids, reason: str, now, *, user_id: int | None = None) -
     session_ids = list(session_ids)
     if not session_ids:
         return []
-    sessions, pools = Session._meta.db_table, ResourcePool._meta.db_table
+    sessions, pools, usage = Session._meta.db_table, ResourcePool._meta.db_table, PoolUsage._meta.db_table
     pk = Session._meta.pk
     marks = ", ".join(["%s"] * len(session_ids))
     update = (
         f"UPDATE {sessions} SET status = %s, revoked_at = %s, revocation_reason = %s"  # noqa: S608 (names from _meta)
-        f" WHERE id IN ({marks}) AND status = %s"
+        f" WHERE id IN ({marks}) AND status = {_ACTIVE}"
     )
     params = [
         SessionStatus.REVOKED,
         connection.ops.adapt_datetimefield_value(now),
         reason,
         *(pk.get_db_prep_value(session_id, connection) for session_id in session_ids),
-        SessionStatus.ACTIVE,
     ]
     if user_id is not None:
         update += " AND user_id = %s"
         params.append(user_id)
-    update += " RETURNING id, pool_id, external_id, slots, cpu, memory, gpu"
-    give_back = (
-        f"UPDATE {pools} SET slots_used = slots_used - %s, cpu_used = ROUND(cpu_used - %s, 3),"  # noqa: S608 (names from _meta)
-        " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE id = %s RETURNING slurm_licence"
-    )
+    if pool_name is not None:
+        update += f" AND pool_id = (SELECT id FROM {pools} WHERE name = %s)"  # noqa: S608 (names from _meta)
+        params.append(pool_name)
+    update += " RETURNING " + ", ".join(connection.ops.quote_name(field.column) for field in _SESSION.fields)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                f"WITH ended AS ({update}),"  # noqa: S608 (names from _meta)
-                f" freed AS (UPDATE {pools} p SET slots_used = p.slots_used - f.slots, cpu_used = p.cpu_used - f.cpu,"
-                " memory_used = p.memory_used - f.memory, gpu_used = p.gpu_used - f.gpu"
+                f"WITH e AS ({update}),"  # noqa: S608 (names from _meta)
+                f" freed AS (UPDATE {usage} u SET slots_used = u.slots_used - f.slots, cpu_used = u.cpu_used - f.cpu,"
+                " memory_used = u.memory_used - f.memory, gpu_used = u.gpu_used - f.gpu"
                 " FROM (SELECT pool_id, SUM(slots) AS slots, SUM(cpu) AS cpu, SUM(memory) AS memory, SUM(gpu) AS gpu"
-                " FROM ended GROUP BY pool_id) f WHERE p.id = f.pool_id RETURNING p.id, p.slurm_licence)"
-                " SELECT e.id, e.pool_id, e.external_id, f.slurm_licence FROM ended e JOIN freed f ON f.id = e.pool_id",
+                " FROM e GROUP BY pool_id) f WHERE u.pool_id = f.pool_id)"
+                f" SELECT {_SESSION.sql}, p.slurm_licence FROM e JOIN {pools} p ON p.id = e.pool_id",
                 params,
             )
-            return [Ended(pk.to_python(row[0]), *row[1:]) for row in cursor.fetchall()]
+            return [Ended(*split(row, (_SESSION,))) for row in cursor.fetchall()]
         with transaction.atomic(savepoint=False):
             cursor.execute(update, params)
-            rows = cursor.fetchall()
+            ended = [_SESSION.instance(row) for row in cursor.fetchall()]
             freed = defaultdict(lambda: [0, Decimal(0), 0, 0])
-            for _, pool_id, _, *held in rows:
-                freed[pool_id] = [
-                    total + Decimal(str(value)) for total, value in zip(freed[pool_id], held, strict=True)
+            for session in ended:
+                held = (session.slots, session.cpu, session.memory, session.gpu)
+                freed[session.pool_id] = [
+                    total + Decimal(str(value)) for total, value in zip(freed[session.pool_id], held, strict=True)
                 ]
             licences = {}
             for pool_id, held in freed.items():
-                cursor.execute(give_back, [int(held[0]), held[1], int(held[2]), int(held[3]), pool_id])
+                cursor.execute(
+                    f"UPDATE {usage} SET slots_used = slots_used - %s, cpu_used = ROUND(cpu_used - %s, 3),"  # noqa: S608
+                    " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE pool_id = %s",
+                    [int(held[0]), held[1], int(held[2]), int(held[3]), pool_id],
+                )
+                cursor.execute(f"SELECT slurm_licence FROM {pools} WHERE id = %s", [pool_id])  # noqa: S608
                 licences[pool_id] = cursor.fetchone()[0]
-        return [Ended(pk.to_python(row[0]), row[1], row[2], licences[row[1]]) for row in rows]
+        return [Ended(session, licences[session.pool_id]) for session in ended]
 
 
 def _recount_sql(where: str) -> str:
-    """Each pool's usage counters beside the sums over its active sessions."""
-    sessions, pools = Session._meta.db_table, ResourcePool._meta.db_table
+    """Each pool's usage counters (NULL: no usage row) beside the sums over its active sessions."""
+    sessions, pools, usage = Session._meta.db_table, ResourcePool._meta.db_table, PoolUsage._meta.db_table
     return (
-        "SELECT p.id, p.name, p.slots_used, p.cpu_used, p.memory_used, p.gpu_used,"  # noqa: S608 (names from _meta)
-        " COALESCE(u.slots, 0), COALESCE(u.cpu, 0), COALESCE(u.memory, 0), COALESCE(u.gpu, 0)"
-        f" FROM {pools} p LEFT JOIN (SELECT pool_id, SUM(slots) AS slots, ROUND(SUM(cpu), 3) AS cpu,"
-        f" SUM(memory) AS memory, SUM(gpu) AS gpu FROM {sessions} WHERE status = %s GROUP BY pool_id) u"
-        " ON u.pool_id = p.id"
+        "SELECT p.id, p.name, u.slots_used, u.cpu_used, u.memory_used, u.gpu_used,"  # noqa: S608 (names from _meta)
+        " COALESCE(s.slots, 0), COALESCE(s.cpu, 0), COALESCE(s.memory, 0), COALESCE(s.gpu, 0)"
+        f" FROM {pools} p LEFT JOIN {usage} u ON u.pool_id = p.id"
+        " LEFT JOIN (SELECT pool_id, SUM(slots) AS slots, ROUND(SUM(cpu), 3) AS cpu,"
+        f" SUM(memory) AS memory, SUM(gpu) AS gpu FROM {sessions} WHERE status = {_ACTIVE} GROUP BY pool_id) s"
+        " ON s.pool_id = p.id"
         f" WHERE {where}"
     )
 
 
 _DRIFTED = (
-    "(p.slots_used <> COALESCE(u.slots, 0) OR p.cpu_used <> COALESCE(u.cpu, 0)"
-    " OR p.memory_used <> COALESCE(u.memory, 0) OR p.gpu_used <> COALESCE(u.gpu, 0))"
+    "(u.pool_id IS NULL OR u.slots_used <> COALESCE(s.slots, 0) OR u.cpu_used <> COALESCE(s.cpu, 0)"
+    " OR u.memory_used <> COALESCE(s.memory, 0) OR u.gpu_used <> COALESCE(s.gpu, 0))"
 )
 
 
 def drifted_pools() -> list[int]:
-    """The pools whose usage counters differ from the sums over their active sessions, read in
-    one snapshot (in which every counter change and its sessions' change are both or neither)::
+    """The pools whose usage counters differ from the sums over their active sessions (or that
+    have no usage row), read in one snapshot (in which every counter change and its sessions'
+    change are both or neither)::
 
-        SELECT pool.id FROM pool LEFT JOIN (SUM of active sessions per pool) WHERE they differ
+        SELECT pool.id FROM pool LEFT JOIN usage LEFT JOIN (SUM of active sessions per pool)
+         WHERE they differ
     """
     with connection.cursor() as cursor:
-        cursor.execute(_recount_sql(_DRIFTED), [SessionStatus.ACTIVE])
+        cursor.execute(_recount_sql(_DRIFTED))
         return [row[0] for row in cursor.fetchall()]
 
 
 def repair_usage(pool_id: int) -> tuple | None:
     """Set the pool's usage counters to the sums over its active sessions if they still differ;
-    return (name, counters before, sums) when it repaired them. The pool's row is locked first,
+    return (name, counters before, sums) when it repaired them. The usage row is locked first,
     so that the sums are read after every admission and release on it committed::
 
-        SELECT 1 FROM pool WHERE id = pool_id FOR UPDATE
+        SELECT 1 FROM usage WHERE pool = pool_id FOR UPDATE
         SELECT counters, sums (as drifted_pools) WHERE pool.id = pool_id AND they differ
-        UPDATE pool SET counters = sums, usage_repairs += 1
+        UPDATE usage SET counters = sums, repairs += 1
     """
-    pools = ResourcePool._meta.db_table
+    usage = PoolUsage._meta.db_table
+    ensure_usage(pool_id)
     with transaction.atomic(), connection.cursor() as cursor:
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-        cursor.execute(f"SELECT 1 FROM {pools} WHERE id = %s{lock}", [pool_id])  # noqa: S608 (names from _meta)
-        cursor.execute(_recount_sql(f"p.id = %s AND {_DRIFTED}"), [SessionStatus.ACTIVE, pool_id])
+        cursor.execute(f"SELECT 1 FROM {usage} WHERE pool_id = %s{lock}", [pool_id])  # noqa: S608 (names from _meta)
+        cursor.execute(_recount_sql(f"p.id = %s AND {_DRIFTED}"), [pool_id])
         row = cursor.fetchone()
         if row is None:
             return None
         _, name, *counters = row
         sums = counters[4:]
         cursor.execute(
-            f"UPDATE {pools} SET slots_used = %s, cpu_used = %s, memory_used = %s, gpu_used = %s,"  # noqa: S608
-            " usage_repairs = usage_repairs + 1 WHERE id = %s",
+            f"UPDATE {usage} SET slots_used = %s, cpu_used = %s, memory_used = %s, gpu_used = %s,"  # noqa: S608
+            " repairs = repairs + 1 WHERE pool_id = %s",
             [*sums, pool_id],
         )
     return name, counters[:4], sums

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.resources.models import ResourcePool, fmt
+from apps.resources.models import ResourcePool, fmt, usage_of
 
 EXAMPLES_DIR = Path(settings.BASE_DIR) / "examples"
 
@@ -42,16 +42,17 @@ class PoolGauge:
 
 
 def pool_gauges(pools: list[ResourcePool]) -> dict[int, PoolGauge]:
-    """Slots used/total and quota used per pool: the pools' usage counters, which admission
-    (R-SESS-1) and the slots endpoints (R-SESS-6) read too."""
+    """Slots used/total and quota used per pool: the pools' usage rows (read with them), which
+    admission (R-SESS-1) and the slots endpoints (R-SESS-6) read too."""
     gauges = {}
     for pool in pools:
-        gauge = PoolGauge(slots=Meter("slots", pool.slots_used, pool.slots_total))
+        usage = usage_of(pool)
+        gauge = PoolGauge(slots=Meter("slots", usage.slots_used, pool.slots_total))
         if pool.has_quota:
             gauge.quota = [
-                Meter("CPU", pool.cpu_used, pool.quota_cpu),
-                Meter("memory (GB)", pool.memory_used, pool.quota_memory),
-                Meter("GPU", pool.gpu_used, pool.quota_gpu or 0),
+                Meter("CPU", usage.cpu_used, pool.quota_cpu),
+                Meter("memory (GB)", usage.memory_used, pool.quota_memory),
+                Meter("GPU", usage.gpu_used, pool.quota_gpu or 0),
             ]
         gauges[pool.pk] = gauge
     return gauges

@@ -89,9 +89,9 @@ def test_request_killed_mid_work_leaves_no_stuck_key_and_the_retry_succeeds(owne
     url = f"http://127.0.0.1:{port}/api/v1/sessions/"
     try:
         with psycopg.connect(database_url().replace("postgres://", "postgresql://")) as blocker:
-            # Hold the pool's row lock: admission (inside the request's work, after the key's
-            # INSERT) waits on it, and the server is killed right there.
-            blocker.execute("SELECT id FROM resources_resourcepool WHERE id = %s FOR UPDATE", [local_pool.pk])
+            # Hold the pool's usage row lock: admission (inside the request's work, after the
+            # key's INSERT) waits on it, and the server is killed right there.
+            blocker.execute("SELECT 1 FROM resources_poolusage WHERE pool_id = %s FOR UPDATE", [local_pool.pk])
             with psycopg.connect(database_url().replace("postgres://", "postgresql://"), autocommit=True) as watch:
                 first = threading.Thread(target=post_and_lose_the_answer, args=(url, body, headers), daemon=True)
                 first.start()

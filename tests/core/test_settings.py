@@ -100,15 +100,16 @@ def test_https_settings_follow_gridgate_https(monkeypatch):
 
 
 def test_persistent_connections_come_from_the_environment(monkeypatch):
-    """CONN_MAX_AGE / CONN_HEALTH_CHECKS, persistent by default."""
+    """CONN_MAX_AGE / CONN_HEALTH_CHECKS: persistent by default, without the per-request ping (a
+    database restart is a 503, tests/core/test_database_restart.py)."""
     monkeypatch.delenv("CONN_MAX_AGE", raising=False)
     monkeypatch.delenv("CONN_HEALTH_CHECKS", raising=False)
     config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
-    assert config["CONN_MAX_AGE"] == 600 and config["CONN_HEALTH_CHECKS"] is True
+    assert config["CONN_MAX_AGE"] == 600 and config["CONN_HEALTH_CHECKS"] is False
     monkeypatch.setenv("CONN_MAX_AGE", "0")
-    monkeypatch.setenv("CONN_HEALTH_CHECKS", "false")
+    monkeypatch.setenv("CONN_HEALTH_CHECKS", "true")
     config = env_database("DATABASE_URL_UNSET_FOR_TEST", Path("/tmp/x.sqlite3"))
-    assert config["CONN_MAX_AGE"] == 0 and config["CONN_HEALTH_CHECKS"] is False
+    assert config["CONN_MAX_AGE"] == 0 and config["CONN_HEALTH_CHECKS"] is True
 
 
 def test_postgres_statements_are_prepared_by_default_and_can_be_turned_off(monkeypatch):

@@ -2,10 +2,14 @@
 a constant, small number of SQL statements (``apps.scheduling.statements``, tested here
 directly); a coalesced dispatcher wake-up (R-SCHED-5)."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from apps.core.exceptions import Forbidden, NotFound
+from apps.resources.models import PoolUsage
 from apps.scheduling import known, passes, services, statements
 from apps.scheduling.models import Job, PoolQueue
 from apps.sessions.models import Session
@@ -118,6 +122,51 @@ def test_submission_renews_the_idle_deadline(qpu_pool, fake_device, open_session
     services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
     session.refresh_from_db()
     assert session.idle_expires_at > before
+
+
+def test_r_sess_7_a_session_past_its_lifetime_accepts_no_job_even_with_no_sweep(
+    qpu_pool, fake_device, open_session, owner
+):
+    """No worker has run the expiry sweep: the submission finds the session due, ends it (its
+    slots go back at once) and refuses the job as for any ended session."""
+    session = open_session(qpu_pool, owner, slots=8)
+    Session.objects.filter(pk=session.pk).update(expires_at=timezone.now() - timedelta(seconds=10))
+    with pytest.raises(Forbidden, match="max_lifetime"):
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    session.refresh_from_db()
+    assert (session.status, session.revocation_reason) == ("revoked", "max_lifetime")
+    assert PoolUsage.objects.get(pool=qpu_pool).slots_used == 0
+    assert not Job.objects.exists()
+
+
+def test_r_sess_7_a_session_idle_past_its_deadline_accepts_no_job_unless_work_keeps_it_busy(
+    qpu_pool, fake_device, open_session, owner
+):
+    """R-SESS-3's idle rule, at submission: idle past the deadline with nothing unfinished is due
+    (refused); with a job still pending the session is busy, not idle, and takes the next one."""
+    busy, idle = open_session(qpu_pool, owner), open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session_id=busy.pk, payload={}, shots=1)
+    past = timezone.now() - timedelta(seconds=10)
+    Session.objects.filter(pk__in=[busy.pk, idle.pk]).update(idle_expires_at=past)
+    assert services.submit_job(user=owner, session_id=busy.pk, payload={}, shots=1).pk
+    with pytest.raises(Forbidden, match="idle_timeout"):
+        services.submit_job(user=owner, session_id=idle.pk, payload={}, shots=1)
+    assert Job.objects.filter(session=busy).count() == 2 and not Job.objects.filter(session=idle).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_r_sess_7_a_remembered_session_past_its_lifetime_accepts_no_job(qpu_pool, fake_device, open_session, owner):
+    """The process's memory of the session is no shortcut past its deadline: the statement
+    compares it."""
+    known.clear()
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    assert known.recall(session.pk, owner.pk, None) is not None
+    Session.objects.filter(pk=session.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(Forbidden, match="max_lifetime"):
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    assert Job.objects.filter(session=session).count() == 1
 
 
 @pytest.mark.postgres

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.models import PoolUsage, ResourceClass, ResourcePool
 from apps.sessions import services, statements
 from apps.sessions.hooks import sessions_revoked
 from apps.sessions.models import Session, SessionStatus
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.django_db
 
 
 def usage(pool) -> tuple:
-    pool.refresh_from_db()
-    return pool.slots_used, pool.cpu_used, pool.memory_used, pool.gpu_used
+    row = PoolUsage.objects.get(pool=pool)
+    return row.slots_used, row.cpu_used, row.memory_used, row.gpu_used
 
 
 @pytest.fixture
@@ -223,7 +223,8 @@ def test_one_revocation_ends_sessions_of_several_pools_and_gives_each_pool_its_s
         services.admit(user=owner, resource_class=local_pool.classes.get(), slots=4).session,
     ]
     ended = statements.end_sessions([s.pk for s in sessions], "manual", timezone.now())
-    assert sorted(e.id for e in ended) == sorted(s.pk for s in sessions)
+    assert sorted(e.session.pk for e in ended) == sorted(s.pk for s in sessions)
+    assert all(e.session.status == SessionStatus.REVOKED and e.session.revocation_reason == "manual" for e in ended)
     assert usage(quota_pool) == (0, Decimal("0"), 0, 0) and usage(local_pool)[0] == 0
     assert statements.end_sessions([s.pk for s in sessions], "manual", timezone.now()) == []
 
@@ -231,11 +232,11 @@ def test_one_revocation_ends_sessions_of_several_pools_and_gives_each_pool_its_s
 def test_the_recount_repairs_counters_that_drifted_and_counts_the_repair(quota_pool, owner, caplog):
     klass = quota_pool.classes.get()
     services.admit(user=owner, resource_class=klass, slots=2)
-    ResourcePool.objects.filter(pk=quota_pool.pk).update(slots_used=7, gpu_used=0)  # behind admission's back
+    PoolUsage.objects.filter(pool=quota_pool).update(slots_used=7, gpu_used=0)  # behind admission's back
     assert statements.drifted_pools() == [quota_pool.pk]
     assert services.recount_usage() == ["quota"]
     assert usage(quota_pool) == (2, Decimal("1.5"), 2, 1)
-    assert quota_pool.usage_repairs == 1
+    assert PoolUsage.objects.get(pool=quota_pool).repairs == 1
     assert "usage counters" in caplog.text
     assert services.recount_usage() == []  # nothing left to repair
 

@@ -46,7 +46,8 @@ def request_error(exc) -> tuple[dict, int, dict] | None:
     if isinstance(exc, (SuspiciousOperation, BadRequest)):
         return {"detail": "The request is malformed."}, 400, {}
     if isinstance(exc, OperationalError):
-        # Deadlock, serialization failure, lost connection: the request may well succeed when
+        # Deadlock, serialization failure, a connection lost to a database restart (a reused
+        # connection is not pinged first: config/env.py): the request may well succeed when
         # retried, so 503 + Retry-After rather than a 500 (PATTERNS.md §2, lock order).
         detail = "The database is temporarily unavailable or the request lost a lock race; retry shortly."
         return {"detail": detail}, 503, {"Retry-After": str(RETRY_AFTER_SECONDS)}

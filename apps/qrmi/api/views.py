@@ -121,7 +121,7 @@ class QrmiView(APIView):
     @property
     def pool(self) -> ResourcePool:
         if not hasattr(self, "_pool"):
-            self._pool = ResourcePool.objects.filter(name=self.kwargs["pool"]).first()
+            self._pool = ResourcePool.objects.select_related("usage").filter(name=self.kwargs["pool"]).first()
             if self._pool is None:
                 raise NotFound(f"No pool '{self.kwargs['pool']}'.")
         return self._pool
@@ -318,7 +318,10 @@ class SessionView(QrmiView):
 def release(view: QrmiView, session_id: str) -> Response:
     """R-SESS-4 through R-QRMI-1: service uids or the owner's uid; idempotent (the first
     ``revoked_at`` stays); 200 with the session (the client treats 204 or an empty object as a
-    failure). Neither a 404 nor a 403 repeats the id the client sent."""
+    failure, and reads nothing but its ``id``). Neither a 404 nor a 403 repeats the id the client
+    sent. The session comes from the release's own statement: its ``user_id`` is the caller's uid
+    when the owner releases, and null when a service uid does (the owner's uid would cost a
+    lookup that no client reads)."""
     try:
         released = sessions.release(
             user=view.request.user, session_id=session_id, pool_name=view.kwargs["pool"], as_service=view.is_service()
@@ -328,10 +331,7 @@ def release(view: QrmiView, session_id: str) -> Response:
     except NoSuchObject:
         raise NotFound(f"No such session on pool '{view.kwargs['pool']}'.") from None
     session = released.session
-    if not view.request.auth.is_service and session.user_id == view.request.user.pk:
-        owner = view.uid  # the owner releasing its own session
-    else:  # a service uid's user is never looked up: the owner's uid is
-        owner = uids_of([session.user_id]).get(session.user_id)
+    owner = view.uid if not view.request.auth.is_service and session.user_id == view.request.user.pk else None
     return Response(session_body(session, owner))
 
 

@@ -121,7 +121,7 @@ class PoolSlotsView(APIView):
 
     @extend_schema(responses={200: SlotsSerializer, 404: OpenApiResponse(description="No slots_total.")})
     def get(self, request, pk):
-        pool = get_object_or_404(ResourcePool.objects.visible_to(request.user), pk=pk)
+        pool = get_object_or_404(ResourcePool.objects.visible_to(request.user).select_related("usage"), pk=pk)
         if pool.slots_total is None:
             return Response(
                 {"detail": f"Pool '{pool.name}' has no slot capacity (slots_total is not set)."},
