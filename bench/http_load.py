@@ -1,50 +1,54 @@
-"""HTTP throughput of the production server (SPEC §9).
+"""HTTP throughput of the production server, as a centre runs it (SPEC §9).
 
 Starts what `make run` starts (gunicorn with config/gunicorn.conf.py) on a PostgreSQL bench
-database, then drives 8 and 32 concurrent keep-alive clients (processes) for a fixed time per
-scenario, over REST with a static token ("rest"), REST with the identity provider's JWT as a bearer
-token ("jwt": signed by a loopback issuer whose keys the server reads once, issue 33), and QRMI
-(real MUNGE credentials, all made with `munge -n` before the timed window):
+database made afresh, then drives keep-alive clients (processes; 8, 32 and 64 by default) for a
+fixed time per scenario, over REST with a static token ("rest"), REST with the identity provider's
+JWT as a bearer token ("jwt", signed by a loopback issuer) and QRMI (real MUNGE credentials, all
+made with `munge` before the timed window; "qrmi"). Each client is its own user.
 
-- floor:   an authenticated request through the same stack that runs one SELECT
-           (REST: GET /api/v1/ with a token; QRMI: the same with X-Munge-Cred instead)
-- write floor: an authenticated request through the same stack that inserts one small row and
-           commits, durably (REST: POST /api/v1/bench/write-floor/ with a token; QRMI: the same
-           with X-Munge-Cred), into a table the bench creates in its database and drops after.
-           The route exists only with GRIDGATE_BENCH_WRITE_FLOOR=true, which the bench sets for
-           its own server: it is no feature of the product.
-- cycles:  acquire + release of a session (REST POST/DELETE /api/v1/sessions/,
-           QRMI POST sessions + DELETE sessions/<id> as the SPANK plugin's root uid)
-- submits: job submissions into the client's own session (Pulser sequence, emulator pool), the
-           same sequence every time (what Pulser's QRMI connection sends for each entry of a
-           job's job_params: R-DEV-1's check of it is remembered after the first)
-- distinct: the same, with a sequence never sent before on every submission (a parameter
-           sweep: every submission pays R-DEV-1's Pulser check)
+- floor:       an authenticated request through the same stack that runs one SELECT
+               (GET /api/v1/; QRMI: the same with X-Munge-Cred)
+- write floor: an authenticated request that inserts one small row and commits durably (POST
+               /api/v1/bench/write-floor/, a route that exists only with
+               GRIDGATE_BENCH_WRITE_FLOOR=true, which the bench sets for its own server)
+- cycles:      acquire + release of a session with a scheduler job id, as Slurm's prolog and
+               epilog do (REST POST/DELETE /api/v1/sessions/; QRMI POST sessions + DELETE
+               sessions/<id> as the SPANK plugin's root uid, an acquire counted on Warden's 200)
+- submits:     job submissions into the client's own session (one Pulser sequence again and
+               again: Pulser's QRMI connection sends one per entry of a job's parameters)
+- distinct:    the same, with a sequence never sent before on every submission (a sweep)
+- mixed:       half the clients cycle and half submit, in one pool at the same time: what a QPU
+               pool's day is (Slurm jobs come and go beside users' submissions), with each side's
+               rate and latencies
+- cycles_history (BENCH_HTTP_HISTORY=1): cycles by a user with BENCH_HTTP_HISTORY_SESSIONS
+               (100 000) ended sessions in a pool with BENCH_HTTP_HISTORY_JOBS (1 000 000)
+               finished jobs, in the same rounds as ``cycles`` (a user and pool without history):
+               the ratio is the cost of history.
 
 Each scenario's time is cut into BENCH_HTTP_ROUNDS rounds (default 5), the scenarios taking turns
-in each, so that the machine's drift hits the floors and the figures alike. Both floors are
-measured in every round, over both protocols. The write floor is printed with its ratio to the
-floor; each write figure (cycles, submits, distinct) with its ratios per request (a cycle is 2
-requests) to the floor and to the write floor of the same rounds, each with the spread of its
-per-round ratios (the target, SPEC §9: acquire+release and submission each >= 0.50 of the write
-floor per request); all with p50/p95/p99, errors, and the SQL statements of one such request
-counted in-process through the same code. Environment: BENCH_HTTP_SECONDS (default
-10: per scenario, all rounds together), BENCH_HTTP_CLIENTS
-(default "8,32"), GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's, as in production),
-BENCH_HTTP_SERVER=granian to measure granian's WSGI server with the same processes x threads,
-BENCH_HTTP_PROTOCOLS ("rest,qrmi") and BENCH_HTTP_KINDS ("cycles,submits,distinct") for a quicker
-A/B of a part (both floors are always measured).
+in each, so that the machine's drift hits the floors and the figures alike; each figure is printed
+with p50/p95/p99, errors, and its ratios per request (a cycle is 2 requests) to the floor and the
+write floor of the same rounds, with the spread of the per-round ratios. SQL statements of one
+request of each kind are counted in-process through the same code (at psycopg's cursors: none is
+hidden).
+
+A/B: ``BENCH_HTTP_BASELINE=<a checkout>`` (a ``git worktree`` of main, say) serves the same site
+from that checkout's code on a database of its own, and each round runs every scenario on both
+servers in turn: every figure is printed for both, with the ratio of this tree's to the
+baseline's. Its site is made by this script's ``_http_site.py`` through the baseline's own code.
+
+Any error in any scenario makes the bench fail (exit status 1) after printing everything.
 
 Every acquire, release and submission ends with a commit that waits for PostgreSQL's WAL to reach
-the disk; the floor writes nothing, and the write floor waits for that flush and does nothing
-else, which is why write figures are judged against it. On a virtual disk whose fdatasync() now
-and then takes tens or hundreds of milliseconds, every client waits on the same flush and those
-rounds stall, whatever the application does. So the run also prints what the disk did meanwhile: the latency of an 8 kB
-write + fdatasync() every 50 ms on the filesystem of PostgreSQL's WAL while the rounds of each
-client count run (``DiskProbe``).
-BENCH_HTTP_SYNC_COMMIT=off measures the same with the bench database's
-``synchronous_commit = off`` (commits stop waiting for the flush: not durable, never a
-deployment setting), which leaves the application's and PostgreSQL's CPU alone in the figures.
+the disk; the write floor waits for that flush and does nothing else, which is why write figures
+are judged against it. So the run also prints what the disk did meanwhile (``DiskProbe``).
+BENCH_HTTP_SYNC_COMMIT=off measures with the bench databases' ``synchronous_commit = off``
+(commits stop waiting for the flush: not durable, never a deployment setting), a diagnostic.
+Environment: BENCH_HTTP_SECONDS (default 10: per scenario, all rounds together),
+BENCH_HTTP_CLIENTS (default "8,32,64"), BENCH_HTTP_PROTOCOLS ("rest,jwt,qrmi"),
+BENCH_HTTP_KINDS ("cycles,submits,distinct,mixed"; both floors are always measured),
+GRIDGATE_WEB_WORKERS / GRIDGATE_WEB_THREADS (the server's), BENCH_HTTP_SERVER=granian,
+GRIDGATE_BENCH_HTTP_DB (the databases' name prefix, default gridgate_bench_http).
 """
 
 import http.client
@@ -61,34 +65,39 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import ROOT, django_on_bench_database, percentile  # noqa: E402
+from bench._setup import ROOT, percentile  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "10"))
-CLIENTS = [int(n) for n in os.environ.get("BENCH_HTTP_CLIENTS", "8,32").split(",")]
-UID = 65534  # "nobody": exists everywhere, so munge accepts credentials made for it (as root)
+CLIENTS = [int(n) for n in os.environ.get("BENCH_HTTP_CLIENTS", "8,32,64").split(",")]
 POOL = "bench-http"
 SERVER = os.environ.get("BENCH_HTTP_SERVER", "gunicorn")  # what make run uses; "granian" to compare
 WARMUP = float(os.environ.get("BENCH_HTTP_WARMUP", "3"))
-PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,jwt,qrmi").split(",")  # "rest" for a quicker A/B
+PROTOCOLS = os.environ.get("BENCH_HTTP_PROTOCOLS", "rest,jwt,qrmi").split(",")
 CRED_RATE = 400  # credentials made per client-second of QRMI load: more than the server can use
-# BENCH_HTTP_KINDS="cycles" for a quicker A/B of one figure (both floors are always measured).
-MEASURED = os.environ.get("BENCH_HTTP_KINDS", "cycles,submits,distinct").split(",")
+HISTORY = os.environ.get("BENCH_HTTP_HISTORY", "") not in ("", "0", "false")
+HISTORY_SESSIONS = int(os.environ.get("BENCH_HTTP_HISTORY_SESSIONS", "100000"))
+HISTORY_JOBS = int(os.environ.get("BENCH_HTTP_HISTORY_JOBS", "1000000"))
+MEASURED = os.environ.get("BENCH_HTTP_KINDS", "cycles,submits,distinct,mixed").split(",")
+if HISTORY and "cycles_history" not in MEASURED:
+    MEASURED.insert(MEASURED.index("cycles") + 1 if "cycles" in MEASURED else 0, "cycles_history")
 FLOORS = ("floor", "write_floor")
 KINDS = (*FLOORS, *(kind for kind in MEASURED if kind not in FLOORS))
 UNITS = {
     "floor": "req/s",
     "write_floor": "req/s",
     "cycles": "cycles/s",
+    "cycles_history": "cycles/s",
     "submits": "submissions/s",
     "distinct": "submissions/s",
+    "mixed": "requests/s",
 }
+CYCLES = ("cycles", "cycles_history")
 WRITE_FLOOR = "/api/v1/bench/write-floor/"
-# Each scenario's time is cut into rounds, the kinds taking turns within each round: this machine's
-# speed drifts by a third within minutes, and a floor measured once, minutes before a figure,
-# moved every ratio with it. Each ratio is then the figure over the floor of the same rounds.
 ROUNDS = int(os.environ.get("BENCH_HTTP_ROUNDS", "5"))
 START_MARGIN = 0.5  # seconds for a window's contexts (credentials, sequences) to reach its clients
 SYNC_COMMIT = os.environ.get("BENCH_HTTP_SYNC_COMMIT", "on")  # "off": a diagnostic, see the docstring
+BASELINE = os.environ.get("BENCH_HTTP_BASELINE", "")
+DB_PREFIX = os.environ.get("GRIDGATE_BENCH_HTTP_DB", "gridgate_bench_http")
 
 
 def munge_batch(uid: int, count: int) -> list[str]:
@@ -127,58 +136,62 @@ class Client:
         return response.status, payload
 
 
+def cycle(client, proto, ctx, munge, job_id) -> bool:
+    """One acquire (with a scheduler job id, as Slurm's prolog) and its release."""
+    if proto != "qrmi":
+        body = {"resource_class": ctx["class_id"], "slots": 1, "external_id": job_id}
+        status, answer = client.call("POST", "/api/v1/sessions/", ctx["auth"], body)
+        if status != 201:
+            return False
+        return client.call("DELETE", f"/api/v1/sessions/{json.loads(answer)['id']}/", ctx["auth"])[0] == 204
+    body = {"user_id": str(ctx["uid"]), "slurm_job_id": job_id, "qpu_slots": 1}
+    status, answer = client.call("POST", f"/qrmi/{ctx['pool']}/sessions", munge(), body)
+    if status != 200:  # Warden's next protocol answers 200 for a new session and a repeat alike
+        return False
+    return client.call("DELETE", f"/qrmi/{ctx['pool']}/sessions/{json.loads(answer)['id']}", munge())[0] == 200
+
+
+def submit(client, proto, ctx, munge, sequence) -> bool:
+    if proto != "qrmi":
+        body = {"payload": {"sequence": sequence}, "shots": 10}
+        return client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
+    headers = {**munge(), "X-Warden-Session": ctx["session"]}
+    return client.call("POST", f"/qrmi/{ctx['pool']}/jobs", headers, {"sequence": sequence, "shots": 10})[0] == 200
+
+
 def scenario_worker(args):
     """One client: from ``start`` on, run its scenario until the deadline; return (latencies of
-    successes, errors, end)."""
+    successes by what they were, errors, end)."""
     kind, proto, port, start, deadline, ctx = args
     time.sleep(max(0.0, start - time.monotonic()))
     client = Client(port)
     creds = iter(ctx.get("creds", []))
-    creds_user = iter(ctx.get("creds_user", []))
     distinct = iter(ctx.get("distinct", []))
-    latencies, errors = [], 0
+    latencies, errors, done = {"cycle": [], "submit": [], "request": []}, 0, 0
 
-    def munge(it):
-        return {"X-Munge-Cred": next(it)}
+    def munge():
+        return {"X-Munge-Cred": next(creds)}
 
+    role = ctx.get("role", "cycle" if kind in CYCLES else "submit")
     while time.monotonic() < deadline:
         t0 = time.perf_counter()
         try:
             if kind == "floor":
-                headers = ctx["auth"] if proto != "qrmi" else munge(creds_user)
-                ok = client.call("GET", "/api/v1/", headers)[0] == 200
+                what = "request"
+                ok = client.call("GET", "/api/v1/", ctx["auth"] if proto != "qrmi" else munge())[0] == 200
             elif kind == "write_floor":
-                headers = ctx["auth"] if proto != "qrmi" else munge(creds_user)
-                ok = client.call("POST", WRITE_FLOOR, headers)[0] == 204
-            elif kind == "cycles" and proto != "qrmi":
-                status, body = client.call(
-                    "POST", "/api/v1/sessions/", ctx["auth"], {"resource_class": ctx["class_id"], "slots": 1}
-                )
-                ok = status == 201
-                if ok:
-                    sid = json.loads(body)["id"]
-                    ok = client.call("DELETE", f"/api/v1/sessions/{sid}/", ctx["auth"])[0] == 204
-            elif kind == "cycles":
-                status, body = client.call(
-                    "POST", f"/qrmi/{POOL}/sessions", munge(creds), {"user_id": str(UID), "qpu_slots": 1}
-                )
-                ok = status == 201
-                if ok:
-                    sid = json.loads(body)["id"]
-                    ok = client.call("DELETE", f"/qrmi/{POOL}/sessions/{sid}", munge(creds))[0] == 200
+                what = "request"
+                ok = client.call("POST", WRITE_FLOOR, ctx["auth"] if proto != "qrmi" else munge())[0] == 204
+            elif role == "cycle":
+                what, done = "cycle", done + 1
+                ok = cycle(client, proto, ctx, munge, f"{ctx['job_prefix']}{done}")
             else:
-                sequence = next(distinct) if kind == "distinct" else ctx["sequence"]
-                if proto != "qrmi":
-                    body = {"payload": {"sequence": sequence}, "shots": 10}
-                    ok = client.call("POST", f"/api/v1/sessions/{ctx['session']}/jobs/", ctx["auth"], body)[0] == 201
-                else:
-                    headers = {**munge(creds_user), "X-Warden-Session": ctx["session"]}
-                    body = {"sequence": sequence, "shots": 10}
-                    ok = client.call("POST", f"/qrmi/{POOL}/jobs", headers, body)[0] == 200
+                what = "submit"
+                ok = submit(client, proto, ctx, munge, next(distinct) if kind == "distinct" else ctx["sequence"])
         except StopIteration:
             break  # out of pre-made credentials: the window ends early for this client
         if ok:
-            latencies.append(time.perf_counter() - t0)
+            latencies[what].append(time.perf_counter() - t0)
         else:
             errors += 1
     return latencies, errors, time.monotonic()
@@ -187,11 +200,13 @@ def scenario_worker(args):
 def run_scenario(pool, kind, proto, port, contexts, seconds):
     """One timed window of ``kind`` with one client process per context (``pool``'s, forked
     before): every client starts at the same moment, after the contexts reached them.
-    Returns (latencies of successes, errors, seconds)."""
+    Returns ({what: latencies of successes}, errors, seconds)."""
     start = time.monotonic() + START_MARGIN
     deadline = start + seconds
     results = pool.map(scenario_worker, [(kind, proto, port, start, deadline, ctx) for ctx in contexts], chunksize=1)
-    latencies = [value for lat, _, _ in results for value in lat]
+    latencies = {
+        what: [value for lat, _, _ in results for value in lat[what]] for what in ("cycle", "submit", "request")
+    }
     errors = sum(err for _, err, _ in results)
     return latencies, errors, max(end for _, _, end in results) - start
 
@@ -256,8 +271,8 @@ def rate_of(rounds) -> float:
 
 
 def ratio_to(rounds, floor_rounds, requests=1) -> str:
-    """Requests per second of ``rounds`` (``requests`` per success: a cycle is 2) over the floor's
-    of the same rounds, and the spread of the per-round ratios."""
+    """Requests per second of ``rounds`` (``requests`` per success: a cycle is 2) over the other
+    figure's of the same rounds, and the spread of the per-round ratios."""
     whole = requests * rate_of(rounds) / (rate_of(floor_rounds) or float("nan"))
     by_round = sorted(
         requests * rate_of([r]) / (rate_of([f]) or float("nan")) for r, f in zip(rounds, floor_rounds, strict=True)
@@ -265,70 +280,104 @@ def ratio_to(rounds, floor_rounds, requests=1) -> str:
     return f"{whole:.2f} (rounds {by_round[0]:.2f}-{by_round[-1]:.2f})"
 
 
-def statements_per_request(token_key, class_id, session_id, sequence, root_creds, user_creds):
-    """SQL statements of one request of each kind, counted in-process through the same code.
-    Returns {kind: (work statements, with BEGIN/COMMIT)}."""
-    from django.db import connection
-    from django.test import Client as DjangoClient
-    from django.test.utils import CaptureQueriesContext
+def fresh_database(server: str, name: str) -> str:
+    import psycopg
 
-    client = DjangoClient(HTTP_AUTHORIZATION=f"Token {token_key}")
+    with psycopg.connect(server + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
+
+
+def prepare_site(tree: Path, url: str, issuer: str) -> dict:
+    """The site in the database at ``url``, made by ``tree``'s own code (bench/_http_site.py)."""
+    options = {"pool": POOL, "clients": max(CLIENTS), "issuer": issuer}
+    if HISTORY:
+        options.update(history_sessions=HISTORY_SESSIONS, history_jobs=HISTORY_JOBS)
+    env = dict(os.environ, DATABASE_URL=url, GRIDGATE_LOG_LEVEL="WARNING", DEBUG="false")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "_http_site.py")],
+        cwd=tree,
+        env=env,
+        input=json.dumps(options),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"preparing the site of {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def statements_per_request(site, sequence, root_creds, user_creds):
+    """SQL statements of one request of each kind, counted in-process through this tree's code at
+    psycopg's cursors (so that nothing is hidden from the count). {kind: (statements, HTTP status)}."""
+    from unittest import mock
+
+    import psycopg
+    from django.test import Client as DjangoClient
+
+    me = site["clients"][0]
+    client = DjangoClient(HTTP_AUTHORIZATION=f"Token {me['token']}")
     client.get("/api/v1/")  # the token's first use in a minute records it: counted apart from requests
     counts = {}
+    execute = psycopg.Cursor.execute
 
     def count(label, call):
-        with CaptureQueriesContext(connection) as captured:
+        sent = []
+
+        def counted(cursor, query, *args, **kwargs):
+            sent.append(query)
+            return execute(cursor, query, *args, **kwargs)
+
+        with mock.patch.object(psycopg.Cursor, "execute", counted):
             response = call()
-        sqls = [q["sql"] for q in captured.captured_queries]
-        work = [s for s in sqls if not s.startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE"))]
-        counts[label] = (len(work), len(sqls), response.status_code)
+        counts[label] = (len(sent), response.status_code)
         return response
 
     count("floor (REST)", lambda: client.get("/api/v1/"))
     count("write floor (REST)", lambda: client.post(WRITE_FLOOR))
-    created = count(
-        "acquire (REST)",
-        lambda: client.post("/api/v1/sessions/", {"resource_class": class_id}, content_type="application/json"),
-    )
+    body = {"resource_class": site["class_id"], "external_id": "statements.1"}
+    created = count("acquire (REST)", lambda: client.post("/api/v1/sessions/", body, content_type="application/json"))
     sid = created.json()["id"]
     count("release (REST)", lambda: client.delete(f"/api/v1/sessions/{sid}/"))
 
     def rest_submit():
         return client.post(
-            f"/api/v1/sessions/{session_id}/jobs/",
+            f"/api/v1/sessions/{me['session']}/jobs/",
             {"payload": {"sequence": sequence}, "shots": 10},
             content_type="application/json",
         )
 
     # The first submission into an idle pool also wakes the dispatcher (once: R-SCHED-5's
-    # coalesced wake-up); the ones after it are the common path the budget is about.
-    count("submit (REST, wakes)", rest_submit)
+    # coalesced wake-up) and reads the session; the ones after it are the common path.
+    count("submit (REST, first)", rest_submit)
     count("submit (REST)", rest_submit)
     q = DjangoClient()
     creds, user = iter(root_creds), iter(user_creds)
     count("floor (QRMI stack)", lambda: q.get("/api/v1/", HTTP_X_MUNGE_CRED=next(user)))
     count("write floor (QRMI)", lambda: q.post(WRITE_FLOOR, HTTP_X_MUNGE_CRED=next(user)))
+    acquire = {"user_id": str(me["uid"]), "slurm_job_id": "statements.2"}
     created = count(
         "acquire (QRMI)",
         lambda: q.post(
-            f"/qrmi/{POOL}/sessions",
-            {"user_id": str(UID)},
-            content_type="application/json",
-            HTTP_X_MUNGE_CRED=next(creds),
+            f"/qrmi/{POOL}/sessions", acquire, content_type="application/json", HTTP_X_MUNGE_CRED=next(creds)
         ),
     )
     qsid = created.json()["id"]
     count("release (QRMI)", lambda: q.delete(f"/qrmi/{POOL}/sessions/{qsid}", HTTP_X_MUNGE_CRED=next(creds)))
-    count(
-        "submit (QRMI)",
-        lambda: q.post(
+
+    def qrmi_submit():
+        return q.post(
             f"/qrmi/{POOL}/jobs",
             {"sequence": sequence, "shots": 10},
             content_type="application/json",
             HTTP_X_MUNGE_CRED=next(user),
-            HTTP_X_WARDEN_SESSION=session_id,
-        ),
-    )
+            HTTP_X_WARDEN_SESSION=me["session"],
+        )
+
+    count("submit (QRMI, first)", qrmi_submit)
+    count("submit (QRMI)", qrmi_submit)
     return counts
 
 
@@ -367,6 +416,79 @@ def set_sync_commit(conninfo: str, value: str) -> None:
             conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
 
 
+class Side:
+    """One measured server: a checkout, its database and site, its process and port."""
+
+    def __init__(self, label: str, tree: Path, url: str, site: dict):
+        self.label, self.tree, self.url, self.site = label, tree, url, site
+        self.port, self.process = free_port(), None
+
+    def start(self, env: dict) -> None:
+        workers, threads = env.get("GRIDGATE_WEB_WORKERS", "4"), env.get("GRIDGATE_WEB_THREADS", "4")
+        if SERVER == "granian":  # the alternative measured for docs/deployment.md, same processes x threads
+            command = [
+                *(sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1"),
+                *("--port", str(self.port), "--workers", workers, "--blocking-threads", threads),
+                *("--backlog", "2048", "config.wsgi:application"),
+            ]
+        else:
+            command = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"]
+        env = dict(env, DATABASE_URL=self.url, PORT=str(self.port), HOST="127.0.0.1")
+        self.process = subprocess.Popen(command, cwd=self.tree, env=env, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"the {self.label} server did not start")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def contexts(self, kind: str, proto: str, clients: int, bearer: dict, sequence: str, sent: list) -> list[dict]:
+        """What each client of a window needs (credentials and sequences made now, untimed)."""
+        window = SECONDS / ROUNDS
+        site, contexts = self.site, []
+        for i in range(clients):
+            me = site["clients"][i]
+            role = ("cycle" if i % 2 == 0 else "submit") if kind == "mixed" else None
+            if kind == "cycles" or (role == "cycle"):
+                who, pool, class_id = (site["cycler"] if kind == "cycles" else me), site["pool"], site["class_id"]
+            elif kind == "cycles_history":
+                who, pool, class_id = site["history_user"], site["history_pool"], site["history_class_id"]
+            else:
+                who, pool, class_id = me, site["pool"], site["class_id"]
+            ctx = {
+                "auth": bearer[who["username"]] if proto == "jwt" else {"Authorization": f"Token {who['token']}"},
+                "uid": who["uid"],
+                "pool": pool,
+                "class_id": class_id,
+                "session": me["session"],
+                "sequence": sequence,
+                "job_prefix": f"{self.label}-{kind}-{proto}-{clients}-{i}-{time.monotonic_ns()}.",
+            }
+            if role:
+                ctx["role"] = role
+            cycling = kind in CYCLES or role == "cycle"
+            if proto == "qrmi":
+                need = int(CRED_RATE * window / clients * (2 if cycling else 1)) + 10
+                ctx["creds"] = munge_batch(0 if cycling else who["uid"], need)
+            if kind == "distinct":
+                need = int(CRED_RATE * window / clients) + 10
+                ctx["distinct"] = distinct_sequences(sequence, sent[0], need)
+                sent[0] += need
+            contexts.append(ctx)
+        return contexts
+
+
 def main() -> int:
     if SYNC_COMMIT not in ("on", "off"):
         print(f"http_load: BENCH_HTTP_SYNC_COMMIT must be on or off, not {SYNC_COMMIT!r}")
@@ -379,188 +501,165 @@ def main() -> int:
     if subprocess.run(["sh", "-c", "command -v munge"], capture_output=True).returncode:
         print("http_load: skipped (munge is not installed: scripts/munge-local.sh start)")
         return 0
-    subprocess.run([str(ROOT / "scripts/munge-local.sh"), "start"], capture_output=True)
-    # The write floor's route, here and in the server started below (which inherits the environment).
-    os.environ.update(DEBUG="false", ALLOWED_HOSTS="127.0.0.1,testserver", GRIDGATE_BENCH_WRITE_FLOOR="true")
-    conninfo = django_on_bench_database(os.environ.get("GRIDGATE_BENCH_HTTP_DB", "gridgate_bench_http"))
-    if conninfo is None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
         print("http_load: skipped (needs PostgreSQL: set DATABASE_URL or start it on 127.0.0.1:5432)")
         return 0
-    from django.contrib.auth import get_user_model
-
-    from apps.accounts.models import Identity
-    from apps.accounts.services import issue_token
-    from apps.core.api.views import WRITE_FLOOR_TABLE, WRITE_FLOOR_TABLE_SQL
-    from apps.qrmi.models import UnixAccount
-    from apps.resources.models import ResourceClass, ResourcePool
-    from apps.scheduling.models import Device, Job
-    from apps.sessions import services
-    from apps.sessions.models import Session
+    subprocess.run([str(ROOT / "scripts/munge-local.sh"), "start"], capture_output=True)
+    server_url = url.rsplit("/", 1)[0]
+    os.environ.update(DEBUG="false", ALLOWED_HOSTS="127.0.0.1,testserver", GRIDGATE_BENCH_WRITE_FLOOR="true")
     from tests.doubles.jwks_server import Issuer
 
-    Job.objects.filter(pool__name=POOL).delete()
-    Session.objects.filter(pool__name=POOL).delete()
-    ResourcePool.objects.filter(name=POOL).delete()
-    pool = ResourcePool.objects.create(name=POOL, kind="local", public=True, slots_total=1_000_000)
-    klass = ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
-    user, _ = get_user_model().objects.get_or_create(username="bench-http")
-    UnixAccount.objects.update_or_create(user=user, defaults={"unix_uid": UID})
-    _, key = issue_token(user, name="bench http_load")
-    auth = {"Authorization": f"Token {key}"}
-    # The identity provider's keys, served on loopback for the server to read; the same user's
-    # identity there, and a JWT valid for the whole run.
     issuer = Issuer().start()
-    Identity.objects.update_or_create(issuer=issuer.url, subject="bench-http", defaults={"user": user})
-    os.environ.update(
+    trees = [("new", ROOT)] + ([("base", Path(BASELINE).resolve())] if BASELINE else [])
+    sides = []
+    for label, tree in trees:
+        database = fresh_database(server_url, f"{DB_PREFIX}_{label}")
+        print(f"http_load: preparing the {label} site ({tree}){' with history' if HISTORY else ''}", flush=True)
+        sides.append(Side(label, tree, database, prepare_site(tree, database, issuer.url)))
+    # This tree's own code, for the statement counts, on its own database.
+    os.environ["DATABASE_URL"] = sides[0].url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("GRIDGATE_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    sequence = sequence_repr()
+    me = sides[0].site["clients"][0]
+    counts = statements_per_request(sides[0].site, sequence, munge_batch(0, 2), munge_batch(me["uid"], 4))
+    from django.db import connections
+
+    connections.close_all()
+    env = dict(
+        os.environ,
+        GRIDGATE_LOG_LEVEL="WARNING",
         GRIDGATE_OIDC_ISSUER=issuer.url,
         GRIDGATE_OIDC_JWKS_ENDPOINT=f"{issuer.url}/jwks",
         GRIDGATE_OIDC_CLIENT_ID="gridgate",
     )
-    bearer_auth = {"Authorization": f"Bearer {issuer.token(sub='bench-http', lifetime=6 * 3600)}"}
-    sequence = sequence_repr()
-    max_clients = max(CLIENTS)
-    sessions = [
-        str(services.admit(user=user, resource_class=klass, slots=1).session.pk) for _ in range(max_clients + 1)
-    ]
-    from django.db import connection, connections
-
-    # Afresh: a run that died before its drop leaves its rows behind.
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {WRITE_FLOOR_TABLE}")
-        cursor.execute(WRITE_FLOOR_TABLE_SQL)
-    counts = statements_per_request(key, klass.pk, sessions[-1], sequence, munge_batch(0, 2), munge_batch(UID, 3))
-
-    connections.close_all()
-
-    port = free_port()
-    env = dict(os.environ, PORT=str(port), HOST="127.0.0.1", GRIDGATE_LOG_LEVEL="WARNING")
-    workers, threads = env.get("GRIDGATE_WEB_WORKERS", "4"), env.get("GRIDGATE_WEB_THREADS", "4")  # gunicorn.conf.py's
-    if SERVER == "granian":  # the alternative measured for docs/deployment.md, same processes x threads
-        command = [
-            *(sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port)),
-            *("--workers", workers, "--blocking-threads", threads, "--backlog", "2048", "config.wsgi:application"),
-        ]
-    else:
-        command = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"]
-    server = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
+    usernames = {c["username"] for side in sides for c in side.site["clients"]} | {"bench-http-cycler"}
+    if HISTORY:
+        usernames.add("bench-http-history")
+    bearer = {name: {"Authorization": f"Bearer {issuer.token(sub=name, lifetime=6 * 3600)}"} for name in usernames}
+    failed = 0
     try:
-        set_sync_commit(conninfo, SYNC_COMMIT)  # the server's connections read it when they first open
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.3)
+        for side in sides:
+            set_sync_commit(side.url, SYNC_COMMIT)  # the server's connections read it when they first open
+            side.start(env)
+        workers, threads = env.get("GRIDGATE_WEB_WORKERS", "4"), env.get("GRIDGATE_WEB_THREADS", "4")
         print(
-            f"http_load: {SERVER} {workers} processes x {threads} threads, PostgreSQL, "
-            f"{SECONDS:g} s per scenario, keep-alive clients (processes)"
+            f"http_load: {SERVER} {workers} processes x {threads} threads, PostgreSQL, {SECONDS:g} s per scenario "
+            f"and server, keep-alive clients (processes), each its own user"
+            + (f"; A/B: this tree (new) against {BASELINE} (base), interleaved" if BASELINE else "")
         )
         if SYNC_COMMIT == "off":
             print("  synchronous_commit = off: commits do not wait for the disk (NOT durable; a diagnostic)")
-        # Warm-up, untimed: every server thread opens its database connection and imports what
-        # the first request of each kind imports (Pulser, the emulator driver).
-        warm = [
-            {"auth": auth, "class_id": klass.pk, "session": sessions[i], "sequence": sequence}
-            for i in range(max_clients)
-        ]
-        with multiprocessing.get_context("fork").Pool(max_clients) as clients_pool:
-            for kind in ("floor", "write_floor", "cycles", "submits"):
-                run_scenario(clients_pool, kind, "rest", port, warm, WARMUP)
-        sent = 0  # distinct sequences made so far: each is sent once in the whole run
-        print("  SQL statements per request (work statements; with BEGIN/COMMIT):")
-        for label, (work, total, status) in counts.items():
-            print(f"    {label:20s} {work} ({total})  [HTTP {status}]")
-        window = SECONDS / ROUNDS
-        probe_directory, probe_where = wal_directory(conninfo)
+        print("  SQL statements per request (counted at psycopg's cursors: none hidden):")
+        for label, (statements, status) in counts.items():
+            print(f"    {label:22s} {statements}  [HTTP {status}]")
+        sent = [0]  # distinct sequences made so far: each is sent once in the whole run
+        with multiprocessing.get_context("fork").Pool(max(CLIENTS)) as clients_pool:
+            for side in sides:  # untimed: every server thread opens its connection and imports Pulser
+                for kind in ("floor", "cycles", "submits"):
+                    contexts = side.contexts(kind, "rest", max(CLIENTS), bearer, sequence, sent)
+                    run_scenario(clients_pool, kind, "rest", side.port, contexts, WARMUP)
+        probe_directory, probe_where = wal_directory(sides[0].url)
         for clients in CLIENTS:
-            probe = DiskProbe(probe_directory)
-            probe.start()
-            # {(proto, kind): [latencies, errors, [(successes, seconds) of each round]]}
-            figures = {(proto, kind): [[], 0, []] for proto in PROTOCOLS for kind in KINDS}
-            with multiprocessing.get_context("fork").Pool(clients) as clients_pool:
-                for _ in range(ROUNDS):
-                    for proto in PROTOCOLS:
-                        for kind in KINDS:
-                            need = int(CRED_RATE * window / clients * (2 if kind == "cycles" else 1)) + 10
-                            contexts = []
-                            for i in range(clients):
-                                ctx = {
-                                    "auth": bearer_auth if proto == "jwt" else auth,
-                                    "class_id": klass.pk,
-                                    "session": sessions[i],
-                                    "sequence": sequence,
-                                }
-                                if proto == "qrmi":
-                                    if kind == "cycles":
-                                        ctx["creds"] = munge_batch(0, need)
-                                    else:
-                                        ctx["creds_user"] = munge_batch(UID, need)
-                                if kind == "distinct":
-                                    ctx["distinct"] = distinct_sequences(sequence, sent, need)
-                                    sent += need
-                                contexts.append(ctx)
-                            latencies, errors, seconds = run_scenario(clients_pool, kind, proto, port, contexts, window)
-                            figure = figures[(proto, kind)]
-                            figure[0] += latencies
-                            figure[1] += errors
-                            figure[2].append((len(latencies), seconds))
-            disk = probe.stop()
-            print(f"  {clients} clients ({ROUNDS} rounds of {window:g} s per scenario, the scenarios taking turns):")
-            for proto in PROTOCOLS:
-                floor_rounds = figures[(proto, "floor")][2]
-                write_floor_rounds = figures[(proto, "write_floor")][2]
-                for kind in KINDS:
-                    unit = UNITS[kind]
-                    lat, errors, rounds = figures[(proto, kind)]
-                    ms = [percentile(lat, p) * 1000 for p in (50, 95, 99)]
-                    line = (
-                        f"    {proto.upper():4s} {kind.replace('_', ' '):11s} {rate_of(rounds):8.1f} {unit:14s} "
-                        f"p50 {ms[0]:6.1f} ms  p95 {ms[1]:6.1f} ms  p99 {ms[2]:6.1f} ms  errors {errors:3d}"
-                    )
-                    if kind == "floor":
-                        print(line)
-                    elif kind == "write_floor":
-                        print(f"{line}  ratio to floor {ratio_to(rounds, floor_rounds)}")
-                    else:
-                        requests = 2 if kind == "cycles" else 1
-                        print(line)
-                        print(
-                            f"{'':21s}per request{' (a cycle is 2)' if requests == 2 else ''}: "
-                            f"to floor {ratio_to(rounds, floor_rounds, requests)}, "
-                            f"to write floor {ratio_to(rounds, write_floor_rounds, requests)}"
-                        )
-            if "jwt" in PROTOCOLS and "rest" in PROTOCOLS:
-                print("    JWT bearer to static token, same scenario and rounds (target >= 0.90):")
-                for kind in KINDS:
-                    ratio = ratio_to(figures[("jwt", kind)][2], figures[("rest", kind)][2])
-                    print(f"      {kind.replace('_', ' '):11s} {ratio}")
-            print(f"    disk meanwhile ({probe_where}): {disk}")
+            failed += measure(clients, sides, bearer, sequence, sent, probe_directory, probe_where)
         print(
-            "  targets: acquire+release and submission each >= 0.50 of the write floor per request; "
-            ">= 160 cycles/s and >= 350 submissions/s"
+            "  targets: acquire+release and submission each >= 0.50 of the write floor per request; mixed: 0 errors, "
+            "p99 <= 1 s at 64 clients; cycles_history within 10 % of cycles"
         )
     finally:
         issuer.stop()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        set_sync_commit(conninfo, "on")
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TABLE IF EXISTS {WRITE_FLOOR_TABLE}")
-    Job.objects.filter(pool__name=POOL).delete()
-    Session.objects.filter(pool__name=POOL).delete()
-    ResourcePool.objects.filter(name=POOL).delete()
-    Identity.objects.filter(user=user).delete()
+        for side in sides:
+            side.stop()
+            set_sync_commit(side.url, "on")
+    if failed:
+        print(f"http_load: FAILED: {failed} request(s) answered with an error (every scenario must have none)")
+        return 1
     return 0
+
+
+def measure(clients, sides, bearer, sequence, sent, probe_directory, probe_where) -> int:
+    """Every scenario at ``clients`` clients on every side, rounds interleaved; prints the figures
+    and returns the errors counted."""
+    window = SECONDS / ROUNDS
+    probe = DiskProbe(probe_directory)
+    probe.start()
+    # {(side, proto, kind): [{what: latencies}, errors, [(successes, seconds) of each round]]}
+    figures = {
+        (side.label, proto, kind): [{"cycle": [], "submit": [], "request": []}, 0, []]
+        for side in sides
+        for proto in PROTOCOLS
+        for kind in KINDS
+    }
+    with multiprocessing.get_context("fork").Pool(clients) as clients_pool:
+        for _ in range(ROUNDS):
+            for proto in PROTOCOLS:
+                for kind in KINDS:
+                    for side in sides:
+                        contexts = side.contexts(kind, proto, clients, bearer, sequence, sent)
+                        latencies, errors, seconds = run_scenario(
+                            clients_pool, kind, proto, side.port, contexts, window
+                        )
+                        figure = figures[(side.label, proto, kind)]
+                        for what, values in latencies.items():
+                            figure[0][what] += values
+                        figure[1] += errors
+                        figure[2].append((sum(len(values) for values in latencies.values()), seconds))
+    disk = probe.stop()
+    errors_seen = 0
+    print(f"  {clients} clients ({ROUNDS} rounds of {window:g} s per scenario and server, the scenarios taking turns):")
+    for proto in PROTOCOLS:
+        for kind in KINDS:
+            for side in sides:
+                lat, errors, rounds = figures[(side.label, proto, kind)]
+                errors_seen += errors
+                floor_rounds = figures[(side.label, proto, "floor")][2]
+                write_rounds = figures[(side.label, proto, "write_floor")][2]
+                tag = f"{proto.upper():4s} {kind.replace('_', ' '):14s}" + (
+                    f" {side.label:4s}" if len(sides) > 1 else ""
+                )
+                every = [value for values in lat.values() for value in values]
+                ms = [percentile(every, p) * 1000 for p in (50, 95, 99)]
+                print(
+                    f"    {tag} {rate_of(rounds):8.1f} {UNITS[kind]:14s} p50 {ms[0]:6.1f} ms  p95 {ms[1]:6.1f} ms  "
+                    f"p99 {ms[2]:6.1f} ms  errors {errors:3d}"
+                )
+                if kind == "write_floor":
+                    print(f"{'':10s}ratio to floor {ratio_to(rounds, floor_rounds)}")
+                elif kind == "mixed":
+                    for what in ("cycle", "submit"):
+                        values = lat[what]
+                        seconds = sum(elapsed for _, elapsed in rounds)
+                        rate = len(values) / seconds if seconds else 0
+                        ms = [percentile(values, p) * 1000 for p in (50, 95, 99)]
+                        print(
+                            f"{'':10s}{what + 's':8s} {rate:8.1f}/s  p50 {ms[0]:6.1f} ms  p95 {ms[1]:6.1f} ms  "
+                            f"p99 {ms[2]:6.1f} ms"
+                        )
+                elif kind != "floor":
+                    requests = 2 if kind in CYCLES else 1
+                    print(
+                        f"{'':10s}per request{' (a cycle is 2)' if requests == 2 else ''}: to floor "
+                        f"{ratio_to(rounds, floor_rounds, requests)}, to write floor "
+                        f"{ratio_to(rounds, write_rounds, requests)}"
+                    )
+                if kind == "cycles_history":
+                    clean = figures[(side.label, proto, "cycles")][2] if "cycles" in KINDS else None
+                    if clean:
+                        print(f"{'':10s}with history / without: {ratio_to(rounds, clean)}")
+            if len(sides) > 1:
+                ours, theirs = (figures[(side.label, proto, kind)][2] for side in sides)
+                print(f"{'':10s}new / base: {ratio_to(ours, theirs)}")
+    if "jwt" in PROTOCOLS and "rest" in PROTOCOLS:
+        print("    JWT bearer to static token, same scenario and rounds (target >= 0.90):")
+        for kind in KINDS:
+            ratio = ratio_to(figures[(sides[0].label, "jwt", kind)][2], figures[(sides[0].label, "rest", kind)][2])
+            print(f"      {kind.replace('_', ' '):14s} {ratio}")
+    print(f"    disk meanwhile ({probe_where}): {disk}")
+    return errors_seen
 
 
 if __name__ == "__main__":
