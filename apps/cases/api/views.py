@@ -1,6 +1,6 @@
 import mimetypes
 
-from django.http import FileResponse, HttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from apps.cases import selectors, services, workspace
 from apps.cases.api.pagination import FilePagination
-from apps.cases.api.renderers import PlainTextRenderer
+from apps.cases.api.renderers import AnyMediaRenderer, PlainTextRenderer
 from apps.cases.api.serializers import (
     CampaignCreateSerializer,
     CampaignSerializer,
@@ -183,6 +183,29 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # file named with control characters helps nobody.
         filename = HIDDEN_IN_NAMES.sub("_", target.name)
         return FileResponse(handle, as_attachment=True, filename=filename, content_type=content_type)
+
+
+    @extend_schema(
+        responses={
+            (200, "application/gzip"): OpenApiTypes.BINARY,
+            404: OpenApiResponse(description="Not your case, or no such case."),
+        }
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        renderer_classes=[JSONRenderer, AnyMediaRenderer],
+        filterset_fields=None,
+        pagination_class=None,
+    )
+    def archive(self, request, pk=None):
+        """Every workspace file (inputs, live, results, logs) in one ``.tar.gz``, streamed as it
+        is made: nothing is staged on the server's disk. Members are ``<case id>/<path>``."""
+        case = self.get_object()
+        stream = workspace.archive_stream(workspace.case_dir(case.id), str(case.id))
+        response = StreamingHttpResponse(stream, content_type="application/gzip")
+        response["Content-Disposition"] = f'attachment; filename="case-{case.id}.tar.gz"'
+        return response
 
 
 class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
