@@ -108,9 +108,11 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     pools = list(pools)
     ids = [pool.pk for pool in pools]
     with_devices = set(
-        Device.objects.filter(pool_id__in=ids).order_by().values("pool_id").annotate(n=Count("id")).values_list(
-            "pool_id", flat=True
-        )
+        Device.objects.filter(pool_id__in=ids)
+        .order_by()
+        .values("pool_id")
+        .annotate(n=Count("id"))
+        .values_list("pool_id", flat=True)
     )
     uid = connections_of = None
     out = {}
@@ -146,4 +148,3 @@ def user_readiness(user, pools) -> dict[int, Usability]:
             continue
         out[pool.pk] = Usability(True, "cases")
     return out
-

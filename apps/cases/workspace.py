@@ -272,6 +272,32 @@ def open_file(path: Path):
     return os.fdopen(fd, "rb") if fd is not None else None
 
 
+LOG_CHUNK = 1024 * 1024  # most of a log one ``offset`` read returns
+
+
+def read_from(path: Path, offset: int, limit: int = LOG_CHUNK) -> tuple[str, int]:
+    """The log's text from byte ``offset`` (at most ``limit`` bytes, ending on a whole UTF-8
+    character) and the offset to read from next: how a client follows a log as it grows
+    (``gridgate case logs -f``) without reading it again. A log that is not a regular file reads
+    as empty (R-CASE-8)."""
+    handle = open_file(path)
+    if handle is None:
+        return "", offset
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if offset >= size:
+            return "", size
+        handle.seek(offset)
+        data = handle.read(min(limit, size - offset))
+    # A multi-byte character cut by the limit (or still being written) is left for the next read.
+    for cut in range(min(3, len(data)) + 1):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), offset + len(data) - cut
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "replace"), offset + len(data)  # not UTF-8 text: shown, not stuck on
+
+
 def tail(path: Path, lines: int) -> str:
     """The last ``lines`` lines of a log, reading at most a bounded block from the end. A log
     that is not a regular file (a planted symlink, R-CASE-8) reads as empty."""

@@ -132,6 +132,19 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         parameters=[
             OpenApiParameter("stream", str, enum=["stdout", "stderr"], description="Default stdout."),
             OpenApiParameter("tail", int, description="Last N lines (default 200, at most 10000)."),
+            OpenApiParameter(
+                "offset",
+                int,
+                description="Instead of a tail: the log from this byte on (at most 1 MiB); the answer's "
+                "`X-Log-Offset` header is the offset to ask next (follow a log as it grows).",
+            ),
+            OpenApiParameter(
+                "X-Log-Offset",
+                int,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description="With `offset`: the byte offset to ask next.",
+            ),
         ],
         responses={(200, "text/plain"): OpenApiTypes.STR},
     )
@@ -142,6 +155,17 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         stream = request.query_params.get("stream", "stdout")
         if stream not in workspace.LOGS:
             raise ValidationError({"stream": ["Use stdout or stderr."]})
+        if "offset" in request.query_params:
+            try:
+                offset = int(request.query_params["offset"])
+            except ValueError:
+                raise ValidationError({"offset": ["Must be a whole number."]}) from None
+            if offset < 0 or offset > 2**62:
+                raise ValidationError({"offset": ["Must be a byte offset of at least 0."]})
+            text, next_offset = workspace.read_from(workspace.case_dir(case.id) / workspace.LOGS[stream], offset)
+            response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+            response["X-Log-Offset"] = str(next_offset)
+            return response
         try:
             lines = int(request.query_params.get("tail", 200))
         except ValueError:
@@ -183,7 +207,6 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # file named with control characters helps nobody.
         filename = HIDDEN_IN_NAMES.sub("_", target.name)
         return FileResponse(handle, as_attachment=True, filename=filename, content_type=content_type)
-
 
     @extend_schema(
         responses={

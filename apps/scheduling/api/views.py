@@ -125,9 +125,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def handle_exception(self, exc):
         # Errors are JSON on every path (docs/api.md), also when the result was asked as CSV.
         request = getattr(self, "request", None)
-        if request is not None and getattr(request, "accepted_renderer", None) is not None:
-            if request.accepted_renderer.format == "csv":
-                request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+        if getattr(getattr(request, "accepted_renderer", None), "format", None) == "csv":
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
         return super().handle_exception(exc)
 
     @extend_schema(
