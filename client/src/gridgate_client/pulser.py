@@ -133,11 +133,19 @@ class GridgateConnection(RemoteConnection):
         return True
 
     def close(self) -> None:
-        """Release every session this connection opened (their queued jobs are cancelled)."""
+        """Release every session this connection opened and still holds (their queued jobs are
+        cancelled), and close its HTTP connections."""
         for batch_id in list(self._closed_batches | self._open_batches):
             self._api.close_session(batch_id)
         self._closed_batches.clear()
         self._open_batches.clear()
+        self._api.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # -- status and results ------------------------------------------------------------------
     def _get_job_ids(self, batch_id: str) -> list[str]:
