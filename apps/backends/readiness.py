@@ -130,7 +130,7 @@ def user_readiness(user, pools) -> dict[int, Usability]:
         try:
             if backend_class(backend_name_for_kind(pool.kind)).runs_as_user:
                 if uid is None:
-                    uid = (unix_uid_for(user),)
+                    uid = (unix_uid_for(user) if user is not None else None,)
                 run_as_for(user, pool, uid=uid[0])
             if connections.needs_user_credentials(pool):
                 if connections_of is None:
