@@ -20,7 +20,8 @@ $(VENV)/.installed: requirements.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+# requirements-dev.txt installs client/ (the gridgate CLI) editable: a change to its dependencies reinstalls.
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt client/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@ $(VENV)/.installed
 

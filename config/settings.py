@@ -173,6 +173,9 @@ OIDC_EXEMPT_URLS = [re.compile(r"^/(api|qrmi)/"), "/metrics"]
 # user's Django groups at each sign-in, so pool grants to groups follow the provider.
 GRIDGATE_OIDC_USERNAME_CLAIM = env_str("GRIDGATE_OIDC_USERNAME_CLAIM", "preferred_username")
 GRIDGATE_OIDC_GROUPS_CLAIM = env_str("GRIDGATE_OIDC_GROUPS_CLAIM", "groups")
+# The provider's public client that terminals sign in with (`gridgate login`: the device
+# authorization grant, RFC 8628, where the provider offers it). Unset: the CLI logs in by password.
+GRIDGATE_OIDC_CLI_CLIENT_ID = env_str("GRIDGATE_OIDC_CLI_CLIENT_ID", "")
 # API bearer tokens: the audience they must name (Keycloak: an audience mapper), and the least
 # seconds between two fetches of the provider's keys when a token names a key not seen yet.
 GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", OIDC_RP_CLIENT_ID)

@@ -502,18 +502,30 @@ def require_connection(user, pool) -> None:
     if not needs_user_credentials(pool):
         return
     connection = RemoteConnection.objects.filter(user=user, pool=pool).only("state", "failure").first()
+    refusal = connection_refusal(pool, connection)
+    if refusal is not None:
+        raise refusal
+
+
+def connection_refusal(pool, connection) -> Forbidden | None:
+    """Why a launch on per-user ``pool`` is refused with ``connection`` (the user's, or None), or
+    None when it is not: the one rule behind :func:`require_connection` and the pools' per-user
+    readiness (``apps.backends.readiness.user_readiness``), which reads every connection at once."""
+    if not needs_user_credentials(pool):
+        return None
     if connection is None:
-        raise Forbidden(
+        return Forbidden(
             f"Pool '{pool.name}' runs cases under your own {pool.get_kind_display()} account: connect it first at "
             f"{connect_page()}.",
             connect_url=connect_page(),
         )
     if not connection.is_connected:
-        raise Forbidden(
+        return Forbidden(
             f"Your connection to pool '{pool.name}' failed ({connection.failure or 'the provider refused it'}): "
             f"reconnect at {connect_page()}, then launch again.",
             connect_url=connect_page(),
         )
+    return None
 
 
 # -- what a user sees -----------------------------------------------------------------------------

@@ -65,3 +65,86 @@ def case_readiness(pool) -> Readiness:
         if shutil.which(command) is None:
             return Readiness(False, f"{NOT_YET} the cluster's tools are not installed here. {ASK}")
     return Readiness(True)
+
+
+@dataclass(frozen=True)
+class Usability:
+    """Whether ``user`` may put work on a pool now, and if not why, in user language.
+
+    ``runs``: what the pool takes, ``"jobs"`` (it has devices: open a session, submit Pulser
+    sequences), ``"cases"`` (its kind has a case backend) or ``""`` (nothing yet).
+    """
+
+    usable: bool
+    runs: str
+    reason: str = ""
+
+    @property
+    def words(self) -> str:
+        return "ready" if self.usable else f"not usable by you: {self.reason}"
+
+
+def user_readiness(user, pools) -> dict[int, Usability]:
+    """Per pool of ``pools``, whether ``user``'s work would be accepted there: the host's set-up
+    (:func:`case_readiness`), the Unix account a case runs as (R-CASE-8,
+    ``apps.resources.selectors.run_as_for``) and the user's own provider credential
+    (``apps.backends.connections.connection_refusal``): the rules a launch applies, asked without
+    a provider call and in a constant number of queries (devices, the user's link, the user's
+    connections) whatever the number of pools.
+
+    A pool with devices takes jobs; sessions are admitted on any pool the user sees (an operator's
+    "not accessible" is a hint to schedulers, R-SESS-5), so such a pool is usable.
+    """
+    from django.db.models import Count
+
+    from apps.backends import connections
+    from apps.backends.models import RemoteConnection
+    from apps.backends.registry import backend_class
+    from apps.core.exceptions import ServiceError
+    from apps.qrmi.selectors import unix_uid_for
+    from apps.resources.selectors import run_as_for
+    from apps.scheduling.models import Device
+
+    pools = list(pools)
+    ids = [pool.pk for pool in pools]
+    with_devices = set(
+        Device.objects.filter(pool_id__in=ids)
+        .order_by()
+        .values("pool_id")
+        .annotate(n=Count("id"))
+        .values_list("pool_id", flat=True)
+    )
+    uid = connections_of = None
+    out = {}
+    for pool in pools:
+        if pool.pk in with_devices:
+            out[pool.pk] = Usability(True, "jobs")
+            continue
+        host = case_readiness(pool)
+        if not host.runs_cases:
+            out[pool.pk] = Usability(False, "", host.message)
+            continue
+        if not host.ready:
+            out[pool.pk] = Usability(False, "cases", host.message)
+            continue
+        try:
+            if backend_class(backend_name_for_kind(pool.kind)).runs_as_user:
+                if uid is None:
+                    uid = (unix_uid_for(user) if user is not None else None,)
+                run_as_for(user, pool, uid=uid[0])
+            if connections.needs_user_credentials(pool):
+                if connections_of is None:
+                    connections_of = {
+                        row.pool_id: row
+                        for row in RemoteConnection.objects.filter(user=user, pool_id__in=ids).only(
+                            "pool_id", "state", "failure"
+                        )
+                    }
+                refusal = connections.connection_refusal(pool, connections_of.get(pool.pk))
+                if refusal is not None:
+                    raise refusal
+        except ServiceError as exc:
+            out[pool.pk] = Usability(False, "cases", exc.detail)
+            continue
+        out[pool.pk] = Usability(True, "cases")
+    return out

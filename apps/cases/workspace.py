@@ -272,6 +272,32 @@ def open_file(path: Path):
     return os.fdopen(fd, "rb") if fd is not None else None
 
 
+LOG_CHUNK = 1024 * 1024  # most of a log one ``offset`` read returns
+
+
+def read_from(path: Path, offset: int, limit: int = LOG_CHUNK) -> tuple[str, int]:
+    """The log's text from byte ``offset`` (at most ``limit`` bytes, ending on a whole UTF-8
+    character) and the offset to read from next: how a client follows a log as it grows
+    (``gridgate case logs -f``) without reading it again. A log that is not a regular file reads
+    as empty (R-CASE-8)."""
+    handle = open_file(path)
+    if handle is None:
+        return "", offset
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if offset >= size:
+            return "", size
+        handle.seek(offset)
+        data = handle.read(min(limit, size - offset))
+    # A multi-byte character cut by the limit (or still being written) is left for the next read.
+    for cut in range(min(3, len(data)) + 1):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), offset + len(data) - cut
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "replace"), offset + len(data)  # not UTF-8 text: shown, not stuck on
+
+
 def tail(path: Path, lines: int) -> str:
     """The last ``lines`` lines of a log, reading at most a bounded block from the end. A log
     that is not a regular file (a planted symlink, R-CASE-8) reads as empty."""
@@ -288,3 +314,48 @@ def tail(path: Path, lines: int) -> str:
     if block < size and parts:
         parts = parts[1:]  # the first line was cut by the block boundary
     return "".join(parts[-lines:]) if lines > 0 else ""
+
+
+ARCHIVE_CHUNK = 256 * 1024
+
+
+def archive_stream(root: Path, top: str):
+    """The workspace's listed files (:func:`file_listing`: the files the API lists and serves) as a
+    gzip-compressed tar, produced while it is sent: bytes come out a chunk at a time, so memory
+    stays bounded and nothing is written to disk (no copy of a workspace beside it, which the
+    class's ``max_storage`` bounds). Members are ``top/<path>``, regular files only, each read as
+    a download is (:func:`confined`, no symlink followed, R-CASE-7/8); a file that changed
+    size while being read (a running case) is cut or padded to the size its header announced,
+    and one gone meanwhile is left out."""
+    import tarfile
+    import zlib
+
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+    listing = file_listing(root)
+    for path in listing.paths:
+        try:
+            handle = open_file(confined(root, path))
+        except ValidationError:
+            handle = None
+        if handle is None:
+            continue
+        with handle:
+            info = os.fstat(handle.fileno())
+            member = tarfile.TarInfo(f"{top}/{path}")
+            member.size, member.mtime, member.mode = info.st_size, int(info.st_mtime), 0o644
+            header = member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            yield compressor.compress(header)
+            left = info.st_size
+            while left:
+                data = handle.read(min(ARCHIVE_CHUNK, left))
+                if not data:  # shrank meanwhile: keep the announced size
+                    data = b"\0" * min(ARCHIVE_CHUNK, left)
+                left -= len(data)
+                out = compressor.compress(data)
+                if out:
+                    yield out
+            padding = -info.st_size % tarfile.BLOCKSIZE
+            if padding:
+                yield compressor.compress(b"\0" * padding)
+    yield compressor.compress(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
+    yield compressor.flush()

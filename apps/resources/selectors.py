@@ -35,13 +35,18 @@ def can_use_pool(user, pool: ResourcePool) -> bool:
     return ResourcePool.objects.visible_to(user).filter(pk=pool.pk).exists()
 
 
-def run_as_for(user, pool: ResourcePool) -> RunAs:
+#: :func:`run_as_for`'s ``uid`` when the caller did not read the user's link (it is read then)
+LOOK_UP = object()
+
+
+def run_as_for(user, pool: ResourcePool, *, uid=LOOK_UP) -> RunAs:
     """R-CASE-8: the Unix account ``user``'s local or Slurm cases on ``pool`` run as.
 
     The user's own linked account (the QRMI link, ``apps.qrmi.selectors``); else, where the pool
     allows it, the unprivileged sandbox account; a trusted (never public) pool runs as the
     service itself. Raises :class:`Forbidden` saying what to ask an operator, or
-    :class:`Unavailable` when the host lacks the account the link names.
+    :class:`Unavailable` when the host lacks the account the link names. ``uid``: the user's
+    linked uid (or None) when the caller read it already (a list of pools reads it once).
     """
     if pool.trusted:
         if os.geteuid() != 0 and not settings.GRIDGATE_PRIVILEGED_COMMAND:
@@ -50,7 +55,8 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
         # a trusted pool's command then runs as the unprivileged sandbox account, never as root
         # or as the service itself, whose files (var/, the secret key) it could otherwise read.
         return _sandbox_account(pool, fallback="nobody")
-    uid = unix_uid_for(user)
+    if uid is LOOK_UP:
+        uid = unix_uid_for(user)
     if uid is not None:
         if uid == 0:
             raise Forbidden("Cases never run as root: ask an operator to link your Gridgate account to your own uid.")

@@ -79,22 +79,24 @@ class PoolUse:
     takes_cases: bool
     cases_ready: bool
     cases_message: str
+    usable: bool = True  # would accept this user's work now: listed first
 
     @property
     def tag(self) -> str:
         return "QPU" if self.takes_jobs else ""
 
 
-def pool_uses(pools: list[ResourcePool]) -> dict[int, PoolUse]:
-    """Jobs and/or cases per pool, in one query whatever the number of pools.
+def pool_uses(pools: list[ResourcePool], user) -> dict[int, PoolUse]:
+    """Jobs and/or cases per pool, for ``user``, in a constant number of queries whatever the
+    number of pools.
 
     A pool with devices takes jobs (its classes are access to a QPU or its emulator); a pool without
-    devices whose kind has a case backend takes cases, when that backend is set up on this host
-    (``apps.backends.readiness``: no provider call).
+    devices whose kind has a case backend takes cases, when that backend is set up on this host and
+    would run this user's cases (``apps.backends.readiness.user_readiness``: no provider call).
     """
     from django.db.models import Count, Q
 
-    from apps.backends.readiness import case_readiness
+    from apps.backends.readiness import user_readiness
     from apps.scheduling.models import Device
 
     rows = (
@@ -104,24 +106,29 @@ def pool_uses(pools: list[ResourcePool]) -> dict[int, PoolUse]:
         .annotate(total=Count("id"), online=Count("id", filter=Q(online=True)))
     )
     counts = {row["pool_id"]: row for row in rows}
+    readiness = user_readiness(user, pools)
     out = {}
     for pool in pools:
         row = counts.get(pool.pk, {})
         devices = row.get("total", 0)
+        usability = readiness[pool.pk]
         if devices:
-            out[pool.pk] = PoolUse(True, devices, row.get("online", 0), False, False, "")
+            out[pool.pk] = PoolUse(True, devices, row.get("online", 0), False, False, "", usability.usable)
             continue
-        readiness = case_readiness(pool)
-        out[pool.pk] = PoolUse(False, 0, 0, readiness.runs_cases, readiness.ready, readiness.message)
+        out[pool.pk] = PoolUse(
+            False, 0, 0, usability.runs == "cases", usability.usable, usability.reason, usability.usable
+        )
     return out
 
 
 def case_classes(user):
-    """Classes the case form offers: visible, of pools without devices whose case backend is ready."""
-    from apps.backends.readiness import case_readiness
+    """Classes the case form offers: visible, of pools without devices that would run this user's
+    cases (the backend is set up here, the user's account or credential is there)."""
+    from apps.backends.readiness import user_readiness
     from apps.resources.selectors import visible_classes
 
     classes = visible_classes(user).filter(pool__devices__isnull=True)
     pools = ResourcePool.objects.filter(pk__in=classes.values("pool_id"))
-    ready = [pool.pk for pool in pools if case_readiness(pool).ready]
+    readiness = user_readiness(user, pools)
+    ready = [pk for pk, usability in readiness.items() if usability.usable and usability.runs == "cases"]
     return classes.filter(pool_id__in=ready).order_by("pool__name", "name", "id")

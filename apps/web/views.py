@@ -68,7 +68,9 @@ def _live_status(live: bool) -> int:
 def _home(request, refused: dict | None = None, status: int = 200):
     pools = list(visible_pools(request.user))
     gauges = pool_gauges(pools)
-    uses = pool_uses(pools)
+    uses = pool_uses(pools, request.user)
+    # The pools that would take this user's work first; those that would refuse it after, saying why.
+    pools.sort(key=lambda pool: not uses[pool.pk].usable)
     rows = [{"pool": pool, "gauge": gauges[pool.pk], "use": uses[pool.pk]} for pool in pools]
     active = Session.objects.filter(user=request.user, status=SessionStatus.ACTIVE).count()
     context = {"rows": rows, "active_sessions": active, "refused": refused or {}}

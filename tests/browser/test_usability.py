@@ -145,8 +145,9 @@ def test_no_page_scrolls_sideways_at_phone_width(page, site, alice, pools, scree
 
 
 def test_a_pool_whose_backend_is_not_set_up_says_so_and_cannot_be_launched_on(
-    page, site, settings, alice, pools, monkeypatch, screenshots_dir
+    page, site, settings, alice, pools, monkeypatch, screenshots_dir, link_account
 ):
+    link_account(alice)  # the local pool runs cases as their owner's account: offered to a linked user
     settings.GRIDGATE_CASE_BACKENDS = {"local": "local", "firecrest": "firecrest"}
     monkeypatch.delenv("GRIDGATE_CRED_FIRECREST_CLIENT_ID", raising=False)
     monkeypatch.delenv("GRIDGATE_CRED_FIRECREST_CLIENT_SECRET", raising=False)

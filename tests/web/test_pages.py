@@ -78,7 +78,7 @@ def test_login_with_a_password_leads_home(web, owner, local_pool):
 
 
 def test_home_shows_usable_pools_with_classes_gauge_and_accessibility(
-    web, owner, outsider, member, private_pool, qpu_pool, open_session
+    web, owner, outsider, member, private_pool, qpu_pool, fake_device, open_session
 ):
     qpu_pool.is_accessible = False
     qpu_pool.accessibility_message = "Calibration until 14:00"

@@ -1,6 +1,6 @@
 import mimetypes
 
-from django.http import FileResponse, HttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from apps.cases import selectors, services, workspace
 from apps.cases.api.pagination import FilePagination
-from apps.cases.api.renderers import PlainTextRenderer
+from apps.cases.api.renderers import AnyMediaRenderer, PlainTextRenderer
 from apps.cases.api.serializers import (
     CampaignCreateSerializer,
     CampaignSerializer,
@@ -132,6 +132,19 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         parameters=[
             OpenApiParameter("stream", str, enum=["stdout", "stderr"], description="Default stdout."),
             OpenApiParameter("tail", int, description="Last N lines (default 200, at most 10000)."),
+            OpenApiParameter(
+                "offset",
+                int,
+                description="Instead of a tail: the log from this byte on (at most 1 MiB); the answer's "
+                "`X-Log-Offset` header is the offset to ask next (follow a log as it grows).",
+            ),
+            OpenApiParameter(
+                "X-Log-Offset",
+                int,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description="With `offset`: the byte offset to ask next.",
+            ),
         ],
         responses={(200, "text/plain"): OpenApiTypes.STR},
     )
@@ -142,6 +155,17 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         stream = request.query_params.get("stream", "stdout")
         if stream not in workspace.LOGS:
             raise ValidationError({"stream": ["Use stdout or stderr."]})
+        if "offset" in request.query_params:
+            try:
+                offset = int(request.query_params["offset"])
+            except ValueError:
+                raise ValidationError({"offset": ["Must be a whole number."]}) from None
+            if offset < 0 or offset > 2**62:
+                raise ValidationError({"offset": ["Must be a byte offset of at least 0."]})
+            text, next_offset = workspace.read_from(workspace.case_dir(case.id) / workspace.LOGS[stream], offset)
+            response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+            response["X-Log-Offset"] = str(next_offset)
+            return response
         try:
             lines = int(request.query_params.get("tail", 200))
         except ValueError:
@@ -183,6 +207,28 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # file named with control characters helps nobody.
         filename = HIDDEN_IN_NAMES.sub("_", target.name)
         return FileResponse(handle, as_attachment=True, filename=filename, content_type=content_type)
+
+    @extend_schema(
+        responses={
+            (200, "application/gzip"): OpenApiTypes.BINARY,
+            404: OpenApiResponse(description="Not your case, or no such case."),
+        }
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        renderer_classes=[JSONRenderer, AnyMediaRenderer],
+        filterset_fields=None,
+        pagination_class=None,
+    )
+    def archive(self, request, pk=None):
+        """Every workspace file (inputs, live, results, logs) in one ``.tar.gz``, streamed as it
+        is made: nothing is staged on the server's disk. Members are ``<case id>/<path>``."""
+        case = self.get_object()
+        stream = workspace.archive_stream(workspace.case_dir(case.id), str(case.id))
+        response = StreamingHttpResponse(stream, content_type="application/gzip")
+        response["Content-Disposition"] = f'attachment; filename="case-{case.id}.tar.gz"'
+        return response
 
 
 class CampaignViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -83,3 +83,45 @@ class WriteFloorView(APIView):
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {WRITE_FLOOR_TABLE} DEFAULT VALUES")
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class LoginMethodsView(APIView):
+    """How a terminal or a script logs in here (``gridgate login``): by password for a personal
+    token, and/or through the centre's provider with the device authorization grant (RFC 8628).
+    Names no secret: the CLI client is a public client, and the client finds the provider's
+    device endpoint in the issuer's own discovery document."""
+
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
+    @extend_schema(
+        auth=[],
+        responses=inline_serializer(
+            "LoginMethods",
+            {
+                "password": serializers.BooleanField(help_text="`POST /auth/token/` takes a username and password."),
+                "device": inline_serializer(
+                    "DeviceLogin",
+                    {
+                        "issuer": serializers.CharField(),
+                        "client_id": serializers.CharField(),
+                        "scopes": serializers.CharField(),
+                        "name": serializers.CharField(),
+                    },
+                    allow_null=True,
+                    help_text="The provider and public client to run the device grant with; null: not offered.",
+                ),
+            },
+        ),
+    )
+    def get(self, request):
+        device = None
+        if settings.GRIDGATE_OIDC_ISSUER and settings.GRIDGATE_OIDC_CLI_CLIENT_ID:
+            device = {
+                "issuer": settings.GRIDGATE_OIDC_ISSUER,
+                "client_id": settings.GRIDGATE_OIDC_CLI_CLIENT_ID,
+                "scopes": settings.OIDC_RP_SCOPES,
+                "name": settings.GRIDGATE_OIDC_NAME,
+            }
+        passwords = settings.GRIDGATE_PASSWORD_LOGIN in ("on", "staff")
+        return Response({"password": passwords, "device": device})

@@ -6,6 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.backends.readiness import user_readiness
 from apps.core.api.serializers import ValidatedModelSerializer
 from apps.resources import services
 from apps.resources.launch import launch_spec
@@ -105,6 +106,16 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
     )
     groups = serializers.SlugRelatedField(many=True, required=False, slug_field="name", queryset=Group.objects.all())
     classes = ResourceClassSerializer(many=True, read_only=True)
+    runs = serializers.SerializerMethodField(
+        help_text="What the pool takes: `jobs` (it has devices), `cases` (its kind has a case backend) or `` (nothing)."
+    )
+    usable = serializers.SerializerMethodField(
+        help_text="Whether the pool would accept your work now: sessions and jobs, or case launches "
+        "(the backend set up here, your linked Unix account, your own provider credential)."
+    )
+    unusable_reason = serializers.SerializerMethodField(
+        help_text="Why it would refuse your work and what to do (null when `usable`)."
+    )
 
     class Meta:
         model = ResourcePool
@@ -132,9 +143,35 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "users",
             "groups",
             "classes",
+            "runs",
+            "usable",
+            "unusable_reason",
         ]
         validators = []
         extra_kwargs = {"name": {"validators": []}, "default": {"validators": []}}
+
+    def _usability(self, pool):
+        """The requesting user's readiness on ``pool``: computed for a whole page by the view
+        (``context["readiness"]``, constant queries), else for this pool alone (a write's answer)."""
+        readiness = self.context.get("readiness")
+        if readiness is None or pool.pk not in readiness:
+            request = self.context.get("request")
+            readiness = user_readiness(getattr(request, "user", None), [pool])
+            self.context["readiness"] = {**(self.context.get("readiness") or {}), **readiness}
+        return readiness[pool.pk]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["jobs", "cases", ""]))
+    def get_runs(self, pool) -> str:
+        return self._usability(pool).runs
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_usable(self, pool) -> bool:
+        return self._usability(pool).usable
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_unusable_reason(self, pool) -> str | None:
+        usability = self._usability(pool)
+        return None if usability.usable else usability.reason
 
     def to_internal_value(self, data):
         validated = super().to_internal_value(data)

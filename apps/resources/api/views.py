@@ -9,6 +9,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
+from apps.backends.readiness import user_readiness
 from apps.core.api.permissions import WRITE_ACTIONS, StaffWithModelPermissionOrReadOnly, model_permission
 from apps.resources import selectors, services
 from apps.resources.api.filters import ResourceClassFilter, ResourcePoolFilter
@@ -58,6 +59,15 @@ class ResourcePoolViewSet(viewsets.ModelViewSet):
         if self.request is not None and self.request.method == "GET":
             context["wanted"] = wanted_resources(self.request)
         return context
+
+    def get_serializer(self, *args, **kwargs):
+        """Pools read with the requesting user's readiness (``usable``), computed once for the
+        page (:func:`apps.backends.readiness.user_readiness`: constant queries per list)."""
+        if args and "data" not in kwargs and self.request is not None and self.request.user.is_authenticated:
+            objects = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs.setdefault("context", self.get_serializer_context())
+            kwargs["context"]["readiness"] = user_readiness(self.request.user, objects)
+        return super().get_serializer(*args, **kwargs)
 
     def get_permissions(self):
         if self.action == "accessible" and self.request.method == "GET":

@@ -154,6 +154,18 @@ class JobSubmitSerializer(serializers.Serializer):
         return value
 
 
+class JobResultSerializer(serializers.Serializer):
+    """A completed job's result (``GET /jobs/{id}/result/``): the counts in bitstring order."""
+
+    job = serializers.IntegerField()
+    status = serializers.CharField()
+    shots = serializers.IntegerField()
+    device = serializers.IntegerField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text="Bitstring → times measured.")
+    probabilities = serializers.DictField(child=serializers.FloatField(), help_text="Bitstring → count / total.")
+
+
 class JobLogsSerializer(serializers.Serializer):
     logs = serializers.CharField()
 

@@ -1,22 +1,24 @@
 import time
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import get_object_or_404
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
-from apps.scheduling import selectors, services, shares
+from apps.scheduling import results, selectors, services, shares
 from apps.scheduling.api.filters import DeviceFilter, JobFilter
 from apps.scheduling.api.serializers import (
     DeviceSerializer,
     JobLogsSerializer,
+    JobResultSerializer,
     JobSerializer,
     JobSubmitSerializer,
     ShareSerializer,
@@ -56,6 +58,17 @@ class DeviceViewSet(viewsets.ModelViewSet):
         return Response(get_driver(device.driver).specs(device))
 
 
+class CsvRenderer(BaseRenderer):
+    """``text/csv`` for a job's result (``?format=csv`` or ``Accept: text/csv``)."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return results.as_csv(data).encode(self.charset)
+
+
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Jobs: own; staff see all. Pending jobs say why they wait and where they are in the queue."""
 
@@ -85,6 +98,36 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         return Response({"logs": self.get_object().logs})
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "format", str, enum=["json", "csv"], description="`csv`: `bitstring,count,probability` rows."
+            )
+        ],
+        responses={
+            (200, "application/json"): JobResultSerializer,
+            (200, "text/csv"): OpenApiTypes.STR,
+            409: OpenApiResponse(description="No result: the job is not completed (the body carries `status`)."),
+        },
+    )
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, CsvRenderer], filterset_class=None)
+    def result(self, request, pk=None):
+        """A completed job's counts, as JSON or CSV (``?format=csv``), to download or to read in a
+        script; a job without a result is a 409 with its ``status``."""
+        job = self.get_object()
+        data = results.result_of(job)
+        extension = request.accepted_renderer.format
+        response = Response(data if extension == "csv" else JobResultSerializer(data).data)
+        response["Content-Disposition"] = f'inline; filename="job-{job.pk}-result.{extension}"'
+        return response
+
+    def handle_exception(self, exc):
+        # Errors are JSON on every path (docs/api.md), also when the result was asked as CSV.
+        request = getattr(self, "request", None)
+        if getattr(getattr(request, "accepted_renderer", None), "format", None) == "csv":
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+        return super().handle_exception(exc)
 
     @extend_schema(
         request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="Finished or already requested.")}

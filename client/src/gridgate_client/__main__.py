@@ -1,0 +1,5 @@
+"""``python -m gridgate_client``: the ``gridgate`` command."""
+
+from gridgate_client.cli import entry
+
+entry()

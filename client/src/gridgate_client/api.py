@@ -1,0 +1,447 @@
+"""A small client of Gridgate's REST API (``/api/v1/``) on httpx: what the CLI, the Pulser
+connection and your scripts share.
+
+- Errors: every non-2xx answer raises :class:`GridgateError` with the server's ``detail`` (or its
+  field messages) and status; a connection failure raises one with ``status=None``.
+- Retries: a 429 or 503 is retried after the server's ``Retry-After`` (transient by definition:
+  docs/api.md), a dropped connection after a back-off; writes are retried only when they carry an
+  ``Idempotency-Key`` (the server then answers a repeat with the first answer, never twice).
+- Waiting: :meth:`Client.wait_job` and :meth:`Client.wait_case` poll with a back-off (0.5 s,
+  doubling to 10 s) and stop at a deadline with :class:`TimedOut`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gridgate_client import config
+
+JOB_DONE = {"completed", "failed", "cancelled", "unknown"}
+CASE_DONE = {"done", "failed", "cancelled"}
+RETRY_STATUSES = {429, 503}
+MAX_RETRIES = 5
+MAX_RETRY_AFTER = 300.0  # a Retry-After longer than this is not waited out: the error is raised
+
+
+class GridgateError(Exception):
+    """The server refused the request, or could not be reached (``status`` None).
+
+    ``detail`` is the server's own words (``detail``, or the field messages of a 400), ``body``
+    the parsed JSON answer (extra fields such as ``status`` or ``slots_available``)."""
+
+    def __init__(self, detail: str, *, status: int | None = None, body: dict | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.body = body or {}
+
+
+class TimedOut(Exception):
+    """A wait reached its deadline; ``last`` is the object as last read."""
+
+    def __init__(self, message: str, last: dict | None = None):
+        super().__init__(message)
+        self.last = last
+
+
+def error_detail(body) -> str:
+    """The server's words from an error body: ``detail``, else ``field: message`` pairs."""
+    if isinstance(body, dict):
+        if isinstance(body.get("detail"), str):
+            return body["detail"]
+        parts = []
+        for key, value in body.items():
+            text = " ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            parts.append(text if key in ("non_field_errors", "detail") else f"{key}: {text}")
+        if parts:
+            return "; ".join(parts)
+    if isinstance(body, list):
+        return "; ".join(str(item) for item in body)
+    return str(body)
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The server's ``Retry-After`` in seconds (a number; an HTTP date is not sent by Gridgate)."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+@dataclass
+class Backoff:
+    """Poll intervals: ``first``, doubling to ``cap``; a server's Retry-After wins when longer."""
+
+    first: float = 0.5
+    cap: float = 10.0
+    factor: float = 2.0
+    _next: float = field(default=0.0, init=False)
+
+    def next(self, server_asks: float | None = None) -> float:
+        self._next = self.first if not self._next else min(self.cap, self._next * self.factor)
+        return max(self._next, server_asks or 0.0)
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+class Client:
+    """``Client(url, token)``; both default to ``GRIDGATE_URL``/``GRIDGATE_TOKEN``, then to what
+    ``gridgate login`` stored for that URL. ``sleep`` and ``transport`` are for tests."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.url = config.resolve_url(url)
+        self.token = token if token is not None else config.resolve_token(self.url)
+        headers = {"User-Agent": f"gridgate-client/{config.VERSION}", "Accept": "application/json"}
+        if self.token:
+            scheme = "Bearer" if self.token.count(".") == 2 else "Token"  # a provider's JWT, else a personal token
+            headers["Authorization"] = f"{scheme} {self.token}"
+        self.http = httpx.Client(
+            base_url=self.url.rstrip("/") + "/api/v1/", headers=headers, timeout=timeout, transport=transport
+        )
+        self.sleep = sleep
+        self.clock = clock
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- transport ----------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, retry: bool | None = None, **kwargs) -> httpx.Response:
+        """One request, retried on 429/503 (after ``Retry-After``) and on a dropped connection
+        when it is safe to (a read, a delete, or a write with an ``Idempotency-Key``)."""
+        headers = kwargs.get("headers") or {}
+        if retry is None:
+            retry = method in ("GET", "HEAD", "DELETE") or "Idempotency-Key" in headers
+        backoff = Backoff(first=1.0, cap=30.0)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if retry and attempt < MAX_RETRIES:
+                    self.sleep(backoff.next())
+                    continue
+                raise GridgateError(f"Cannot reach {self.url}: {exc}") from None
+            if response.status_code in RETRY_STATUSES and retry and attempt < MAX_RETRIES:
+                wait = retry_after(response)
+                if wait is None or wait <= MAX_RETRY_AFTER:
+                    self.sleep(backoff.next(wait))
+                    continue
+            if response.status_code >= 400:
+                raise self._error(response)
+            return response
+
+    @staticmethod
+    def _error(response: httpx.Response) -> GridgateError:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if body is None:
+            text = response.text.strip()[:300] or response.reason_phrase
+            return GridgateError(f"HTTP {response.status_code}: {text}", status=response.status_code)
+        detail = error_detail(body)
+        return GridgateError(detail, status=response.status_code, body=body if isinstance(body, dict) else {})
+
+    def get(self, path: str, **params) -> dict | list:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def post(self, path: str, body: dict | None = None, *, idempotent: bool = False, **kwargs) -> dict:
+        headers = {"Idempotency-Key": uuid.uuid4().hex} if idempotent else {}
+        response = self.request("POST", path, json=body if body is not None else {}, headers=headers, **kwargs)
+        return response.json() if response.content else {}
+
+    def paginate(self, path: str, **params) -> Iterator[dict]:
+        """Every row of a paginated list (``{"count", "next", "results"}``), page by page."""
+        params = {k: v for k, v in params.items() if v is not None}
+        params.setdefault("page_size", 200)
+        page = 1
+        while True:
+            body = self.request("GET", path, params={**params, "page": page}).json()
+            if isinstance(body, list):  # an unpaginated list
+                yield from body
+                return
+            yield from body.get("results", [])
+            if not body.get("next"):
+                return
+            page += 1
+
+    # -- login --------------------------------------------------------------------------------
+    def login_methods(self) -> dict:
+        return self.get("auth/methods/")
+
+    def password_login(self, username: str, password: str, *, name: str = "") -> dict:
+        """A personal token (``{"token", "expires_at"}``) for ``username``; never retried, so a
+        wrong password counts once against the lock-out."""
+        body = {"username": username, "password": password}
+        if name:
+            body["name"] = name[:100]
+        return self.request("POST", "auth/token/", json=body, retry=False).json()
+
+    # -- pools and sessions ---------------------------------------------------------------------
+    def pools(self) -> list[dict]:
+        return list(self.paginate("resource-pools/"))
+
+    def pool(self, name_or_id: str | int) -> dict:
+        """A pool by id or by name (a 404-like error naming the pools you can see otherwise)."""
+        text = str(name_or_id)
+        if text.isdigit():
+            return self.get(f"resource-pools/{text}/")
+        found = [pool for pool in self.paginate("resource-pools/", name=text) if pool["name"] == text]
+        if not found:
+            names = ", ".join(sorted(pool["name"] for pool in self.pools())) or "none"
+            raise GridgateError(f"No pool named {text!r} that you can see (yours: {names}).", status=404)
+        return found[0]
+
+    @staticmethod
+    def class_of(pool: dict, name: str | None = None) -> dict:
+        """The pool's class named ``name``, else its default class."""
+        classes = pool.get("classes") or []
+        for klass in classes:
+            if (name and klass["name"] == name) or (not name and klass.get("default")):
+                return klass
+        wanted = f"class {name!r}" if name else "a default class"
+        known = ", ".join(klass["name"] for klass in classes) or "none"
+        raise GridgateError(f"Pool {pool['name']!r} has no {wanted} (classes: {known}).", status=404)
+
+    def open_session(self, *, resource_class: int, slots: int = 1, external_id: str | None = None) -> dict:
+        body = {"resource_class": resource_class, "slots": slots}
+        if external_id:
+            body["external_id"] = external_id
+        return self.post("sessions/", body, idempotent=True)
+
+    def sessions(self, **filters) -> list[dict]:
+        return list(self.paginate("sessions/", **filters))
+
+    def session(self, session_id: str) -> dict:
+        return self.get(f"sessions/{session_id}/")
+
+    def close_session(self, session_id: str) -> None:
+        """Release (idempotent: an ended session is fine)."""
+        self.request("DELETE", f"sessions/{session_id}/")
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def submit_job(self, session_id: str, payload: dict, shots: int, device: int | None = None) -> dict:
+        body = {"payload": payload, "shots": shots}
+        if device is not None:
+            body["device"] = device
+        return self.post(f"sessions/{session_id}/jobs/", body, idempotent=True)
+
+    def session_jobs(self, session_id: str) -> list[dict]:
+        return self.get(f"sessions/{session_id}/jobs/")
+
+    def job(self, job_id: int | str) -> dict:
+        return self.get(f"jobs/{job_id}/")
+
+    def jobs(self, **filters) -> list[dict]:
+        return list(self.paginate("jobs/", **filters))
+
+    def cancel_job(self, job_id: int | str) -> dict:
+        return self.post(f"jobs/{job_id}/cancel/")
+
+    def job_result(self, job_id: int | str) -> dict:
+        return self.get(f"jobs/{job_id}/result/")
+
+    def job_result_csv(self, job_id: int | str) -> str:
+        response = self.request(
+            "GET", f"jobs/{job_id}/result/", params={"format": "csv"}, headers={"Accept": "text/csv"}
+        )
+        return response.text
+
+    def wait_job(self, job_id, *, timeout: float | None = None, on_poll: Callable[[dict], None] | None = None) -> dict:
+        return self._wait(lambda: self.job(job_id), JOB_DONE, f"job {job_id}", timeout, on_poll)
+
+    # -- cases ----------------------------------------------------------------------------------
+    def create_case(
+        self,
+        *,
+        resource_class: int,
+        name: str,
+        command: str,
+        inputs: Iterable[Path] = (),
+        launch_options: dict | None = None,
+        observability_globs: list[str] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict:
+        """A prepared case with ``inputs`` (files) uploaded in one multipart request."""
+        data = {"name": name, "resource_class": str(resource_class), "command": command}
+        if launch_options:
+            data["launch_options"] = json.dumps(launch_options)
+        for glob in observability_globs or []:
+            data.setdefault("observability_globs", []).append(glob)
+        handles = [(path.name, _ProgressFile(path, progress)) for path in inputs]
+        try:
+            files = [("inputs", (name, handle, "application/octet-stream")) for name, handle in handles]
+            response = self.request(
+                "POST",
+                "cases/",
+                data=data,
+                files=files or None,
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+                retry=False,  # a file body cannot be sent twice from a spent handle
+            )
+        finally:
+            for _, handle in handles:
+                handle.close()
+        return response.json()
+
+    def launch_case(self, case_id: str, launch_options: dict | None = None) -> dict:
+        return self.post(f"cases/{case_id}/launch/", {"launch_options": launch_options or {}}, idempotent=True)
+
+    def case(self, case_id: str) -> dict:
+        return self.get(f"cases/{case_id}/")
+
+    def cases(self, **filters) -> list[dict]:
+        return list(self.paginate("cases/", **filters))
+
+    def cancel_case(self, case_id: str) -> dict:
+        return self.post(f"cases/{case_id}/cancel/")
+
+    def case_files(self, case_id: str) -> list[dict]:
+        return list(self.paginate(f"cases/{case_id}/files/"))
+
+    def case_logs(self, case_id: str, stream: str = "stdout", tail: int = 200) -> str:
+        return self.request("GET", f"cases/{case_id}/logs/", params={"stream": stream, "tail": tail}).text
+
+    def case_log_chunk(self, case_id: str, stream: str, offset: int) -> tuple[str, int]:
+        """The log from byte ``offset`` on (a bounded chunk) and the offset to ask next."""
+        response = self.request("GET", f"cases/{case_id}/logs/", params={"stream": stream, "offset": offset})
+        return response.text, int(response.headers.get("X-Log-Offset", offset))
+
+    def follow_logs(self, case_id: str, stream: str = "stdout", *, timeout: float | None = None) -> Iterator[str]:
+        """The log's text as it grows, until the case has ended and everything was read."""
+        offset, backoff = 0, Backoff(first=0.5, cap=5.0)
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            case = self.case(case_id)  # read first: what is logged before the end is all read below
+            while True:
+                text, offset_after = self.case_log_chunk(case_id, stream, offset)
+                if offset_after == offset:
+                    break
+                offset = offset_after
+                backoff.reset()
+                yield text
+            if case["status"] in CASE_DONE:
+                return
+            if deadline is not None and self.clock() >= deadline:
+                raise TimedOut(f"case {case_id} still {case['status']}", case)
+            self.sleep(backoff.next())
+
+    def download(self, path: str, dest: Path, *, progress: Callable[[int, int | None], None] | None = None) -> Path:
+        """Stream ``path`` (an API path) into ``dest``; ``progress(bytes so far, total or None)``."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".part")
+        with self.http.stream("GET", path) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise self._error(response)
+            total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
+            done = 0
+            with partial.open("wb") as handle:
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+        os.replace(partial, dest)
+        return dest
+
+    def download_case_file(self, case_id: str, path: str, dest: Path, **kwargs) -> Path:
+        from urllib.parse import quote
+
+        return self.download(f"cases/{case_id}/files/{quote(path)}", dest, **kwargs)
+
+    def download_case_archive(self, case_id: str, dest: Path, **kwargs) -> Path:
+        return self.download(f"cases/{case_id}/archive/", dest, **kwargs)
+
+    def wait_case(
+        self, case_id, *, timeout: float | None = None, on_poll: Callable[[dict], None] | None = None
+    ) -> dict:
+        return self._wait(lambda: self.case(case_id), CASE_DONE, f"case {case_id}", timeout, on_poll)
+
+    # -- devices ------------------------------------------------------------------------------
+    def devices(self, pool_id: int) -> list[dict]:
+        return [device for device in self.paginate("devices/", pool=pool_id) if device["pool"] == pool_id]
+
+    def device_specs(self, device_id: int) -> dict:
+        return self.get(f"devices/{device_id}/specs/")
+
+    # -- waiting ------------------------------------------------------------------------------
+    def _wait(self, read, final: set, what: str, timeout, on_poll) -> dict:
+        deadline = None if timeout is None else self.clock() + timeout
+        backoff = Backoff()
+        last_status = None
+        while True:
+            obj = read()
+            if on_poll:
+                on_poll(obj)
+            if obj["status"] in final:
+                return obj
+            if obj["status"] != last_status:
+                last_status = obj["status"]
+                backoff.reset()  # it moved: look again soon
+            pause = backoff.next()
+            if deadline is not None:
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise TimedOut(f"{what} is still {obj['status']}", obj)
+                pause = min(pause, left)
+            self.sleep(pause)
+
+
+class _ProgressFile:
+    """A file opened for upload that reports how many bytes were read."""
+
+    def __init__(self, path: Path, progress):
+        self._handle = Path(path).open("rb")  # noqa: SIM115 - closed by create_case
+        self._progress = progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        if self._progress and data:
+            self._progress(len(data))
+        return data
+
+    def __iter__(self):
+        while chunk := self.read(64 * 1024):
+            yield chunk
+
+    # httpx sizes the multipart body from these (a Content-Length, never a chunked upload).
+    def fileno(self) -> int:
+        return self._handle.fileno()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        self._handle.close()

@@ -1,0 +1,758 @@
+"""``gridgate``: Gridgate from a terminal, a batch script or a notebook's shell.
+
+Every command takes ``--json`` (one JSON document on stdout, for scripts); without it the output
+is for people. Progress bars and status lines go to stderr, and only when stderr is a terminal.
+Errors print the server's own words (its ``detail``) on stderr. The exit status says what
+happened (docs/client.md):
+
+====  ==========================================================================
+0     done: the command did what it was asked (a waited job completed, a case is done)
+1     the work failed (a job or case failed)
+2     usage error (a missing or wrong option)
+3     refused by the server (400, 403, 404, 409, 413: the message says why)
+4     not logged in, or the token is no longer valid (401)
+5     the server cannot be reached, or is unavailable (5xx)
+6     the work was cancelled
+124   a wait timed out (as ``timeout(1)``)
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from gridgate_client import config, devicegrant
+from gridgate_client.api import Client, GridgateError, TimedOut
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_AUTH, EXIT_UNAVAILABLE, EXIT_CANCELLED = 0, 1, 2, 3, 4, 5, 6
+EXIT_TIMEOUT = 124
+OUTCOME = {
+    "completed": EXIT_OK,
+    "done": EXIT_OK,
+    "failed": EXIT_FAILED,
+    "unknown": EXIT_FAILED,
+    "cancelled": EXIT_CANCELLED,
+}
+
+
+def exit_for(error: GridgateError) -> int:
+    if error.status is None or error.status >= 500:
+        return EXIT_UNAVAILABLE
+    if error.status == 401:
+        return EXIT_AUTH
+    return EXIT_REFUSED
+
+
+class Fail(click.ClickException):
+    """An outcome with its own exit status (the message is already the server's or ours)."""
+
+    def __init__(self, message: str, code: int, body: dict | None = None):
+        super().__init__(message)
+        self.exit_code = code
+        self.body = body
+
+    def show(self, file=None):
+        click.echo(f"gridgate: {self.message}", err=True)
+
+
+class Group(click.Group):
+    """Maps the client's exceptions to messages and exit statuses, once for every command."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except GridgateError as exc:
+            hint = " (log in again: gridgate login)" if exc.status == 401 else ""
+            _json_error(ctx, exc.detail, exc.status, exc.body)
+            raise Fail(exc.detail + hint, exit_for(exc)) from None
+        except TimedOut as exc:
+            _json_error(ctx, str(exc), None, exc.last)
+            raise Fail(f"timed out: {exc}", EXIT_TIMEOUT) from None
+
+
+def _json_error(ctx, detail, status, body) -> None:
+    obj = ctx.find_root().obj or {}
+    if obj.get("json"):
+        click.echo(json.dumps({"error": detail, "status": status, "body": body or {}}, default=str))
+
+
+def json_option(command):
+    """``--json`` on every command (also accepted before the command: ``gridgate --json pools``)."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts.")
+    @functools.wraps(command)
+    def wrapper(*args, as_json=False, **kwargs):
+        root = click.get_current_context().find_root()
+        root.obj = root.obj or {}
+        root.obj["json"] = root.obj.get("json") or as_json
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def wants_json() -> bool:
+    return bool((click.get_current_context().find_root().obj or {}).get("json"))
+
+
+def emit(data, human=None) -> None:
+    if wants_json():
+        click.echo(json.dumps(data, indent=2, default=str))
+    elif human is not None:
+        human(data) if callable(human) else click.echo(human)
+
+
+def on_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def client() -> Client:
+    obj = click.get_current_context().find_root().obj or {}
+    url = config.resolve_url(obj.get("url"))
+    token = config.resolve_token(url)
+    if not token:
+        raise Fail(f"not logged in to {url}: run gridgate login (or set GRIDGATE_TOKEN).", EXIT_AUTH)
+    _refresh_if_due(url)
+    return Client(url, config.resolve_token(url))
+
+
+def _refresh_if_due(url: str) -> None:
+    """A device login's access token is short-lived: renew it from its refresh token when due."""
+    if os.environ.get("GRIDGATE_TOKEN"):
+        return
+    entry = config._read().get("servers", {}).get(url, {})
+    if not entry.get("refresh_token") or entry.get("expires_at", 0) > time.time() + 30:
+        return
+    with httpx.Client(timeout=30) as http:
+        tokens = devicegrant.refresh(entry, http=http)
+    config.store_token(
+        url,
+        tokens["access_token"],
+        refresh_token=tokens.get("refresh_token", entry["refresh_token"]),
+        token_endpoint=entry["token_endpoint"],
+        client_id=entry["client_id"],
+        expires_at=time.time() + float(tokens.get("expires_in", 300)),
+    )
+
+
+class Status:
+    """A one-line status on stderr while waiting, rewritten in place; nothing when piped."""
+
+    def __init__(self):
+        self.active = on_terminal() and not wants_json()
+        self.last = ""
+
+    def __call__(self, text: str) -> None:
+        if self.active and text != self.last:
+            click.echo("\r\033[K" + text, nl=False, err=True)
+            self.last = text
+
+    def done(self) -> None:
+        if self.active and self.last:
+            click.echo("", err=True)
+
+
+class Bar:
+    """A byte progress bar on stderr (uploads, downloads), only on a terminal."""
+
+    def __init__(self, total: int | None, label: str):
+        self.bar = None
+        if on_terminal() and not wants_json():
+            self.bar = click.progressbar(length=total or 0, label=label, file=sys.stderr, show_pos=False)
+            self.bar.__enter__()
+        self.done_bytes = 0
+
+    def add(self, n: int) -> None:
+        self.done_bytes += n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def to(self, done: int, total: int | None) -> None:
+        if self.bar is not None and total and not self.bar.length:
+            self.bar.length = total
+        self.add(done - self.done_bytes)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _job_words(job: dict) -> str:
+    words = f"job {job['id']}: {job['status']}"
+    if job["status"] == "pending" and job.get("pending_reason"):
+        words += f" ({job['pending_reason']}"
+        if job.get("queue_position"):
+            words += f", #{job['queue_position']}"
+        if job.get("eta_seconds") is not None:
+            words += f", starts in ~{round(job['eta_seconds'])} s"
+        words += ")"
+    if job.get("error"):
+        words += f": {job['error']}"
+    return words
+
+
+def _case_words(case: dict) -> str:
+    words = f"case {case['id']} ({case['name']}): {case['status']}"
+    if case["status"] == "prepared" and case.get("launch_requested_at"):
+        words += " (submitting)"
+    if case.get("progress") is not None and case["status"] in ("running", "done"):
+        words += f" {round(100 * float(case['progress']))}%"
+    if case.get("status_message"):
+        words += f" — {case['status_message']}"
+    if case.get("last_error"):
+        words += f": {case['last_error']}"
+    return words
+
+
+def _finish(obj: dict, words: str) -> None:
+    """Print the final object and exit with what happened to it."""
+    emit(obj, words)
+    code = OUTCOME.get(obj["status"], EXIT_OK)
+    if code:
+        raise SystemExit(code)
+
+
+# -- the commands ------------------------------------------------------------------------------
+@click.group(cls=Group)
+@click.option("--url", envvar="GRIDGATE_URL", help="The Gridgate site (default: GRIDGATE_URL, then the last login).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts.")
+@click.version_option(config.VERSION, prog_name="gridgate")
+@click.pass_context
+def cli(ctx, url, as_json):
+    """Gridgate from a terminal: pools, sessions, Pulser jobs and cases."""
+    ctx.obj = {"url": url, "json": as_json}
+
+
+@cli.command()
+@click.option("-u", "--username", help="Log in with a password for a personal token.")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option("--device", is_flag=True, help="Sign in in a browser with the centre's provider (RFC 8628).")
+@click.option("--name", default="", help="What the token is for (shown on the API tokens page).")
+@json_option
+def login(username, password_stdin, device, name):
+    """Log in and keep the token (0600, under your config directory) for later commands."""
+    url = config.resolve_url((click.get_current_context().find_root().obj or {}).get("url"))
+    with Client(url, token="") as anonymous:
+        try:
+            methods = anonymous.login_methods()
+        except GridgateError as exc:
+            if exc.status != 404:
+                raise
+            methods = {"password": True, "device": None}  # a server from before login methods
+        use_device = device or (not username and not password_stdin and methods.get("device"))
+        if use_device:
+            if not methods.get("device"):
+                raise Fail(f"{url} offers no sign-in from a terminal with its provider: use --username.", EXIT_REFUSED)
+            status = Status()
+
+            def show(uri, code, complete):
+                click.echo(f"Open {complete or uri} in a browser and enter the code {code}", err=True)
+                status("waiting for the sign-in…")
+
+            with httpx.Client(timeout=30) as http:
+                tokens = devicegrant.device_login(methods["device"], http=http, show=show)
+            status.done()
+            path = config.store_token(
+                url,
+                tokens["access_token"],
+                refresh_token=tokens.get("refresh_token"),
+                token_endpoint=tokens["token_endpoint"],
+                client_id=tokens["client_id"],
+                expires_at=time.time() + float(tokens.get("expires_in", 300)),
+            )
+            emit({"url": url, "method": "device", "stored": str(path)}, f"Logged in to {url} (token in {path}).")
+            return
+        if not methods.get("password", True):
+            raise Fail(f"{url} takes no passwords: run gridgate login --device.", EXIT_REFUSED)
+        username = username or click.prompt("Username", err=True)
+        if password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        else:
+            password = click.prompt("Password", hide_input=True, err=True)
+        answer = anonymous.password_login(username, password, name=name or f"gridgate CLI on {socket.gethostname()}")
+    path = config.store_token(url, answer["token"], expires_at_text=answer.get("expires_at"))
+    emit(
+        {
+            "url": url,
+            "method": "password",
+            "username": username,
+            "expires_at": answer.get("expires_at"),
+            "stored": str(path),
+        },
+        f"Logged in to {url} as {username} until {answer.get('expires_at')} (token in {path}).",
+    )
+
+
+@cli.command()
+@json_option
+def logout():
+    """Forget the stored token of this site (revoke it on the web pages' API tokens page)."""
+    url = config.resolve_url((click.get_current_context().find_root().obj or {}).get("url"))
+    removed = config.forget_token(url)
+    emit({"url": url, "forgotten": removed}, f"{'Forgot' if removed else 'No'} stored token for {url}.")
+
+
+@cli.command()
+@json_option
+def pools():
+    """Pools you can see: usable by you first, and why not for the others."""
+    with client() as api:
+        rows = sorted(api.pools(), key=lambda pool: (not pool.get("usable", True), pool["name"]))
+
+    def human(rows):
+        if not rows:
+            click.echo("No pool is open to you yet.")
+        for pool in rows:
+            runs = {"jobs": "QPU/jobs", "cases": "cases"}.get(pool.get("runs", ""), "nothing yet")
+            usable = "usable by you" if pool.get("usable", True) else f"NOT usable by you: {pool['unusable_reason']}"
+            classes = ", ".join(
+                f"{klass['name']}{'*' if klass.get('default') else ''}" for klass in pool.get("classes", [])
+            )
+            click.echo(f"{pool['name']:<16} {pool['kind']:<10} {runs:<10} {usable}")
+            if classes:
+                click.echo(f"{'':<16} classes: {classes}")
+
+    emit(rows, human)
+
+
+# -- sessions ----------------------------------------------------------------------------------
+@cli.group(cls=Group)
+def session():
+    """Open, list and close sessions (claims on a pool's slots)."""
+
+
+@session.command("open")
+@click.argument("pool")
+@click.option("--class", "class_name", help="A class of the pool (default: its default class).")
+@click.option("--slots", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--external-id", help="A scheduler job id: the same id gives back the same session.")
+@json_option
+def session_open(pool, class_name, slots, external_id):
+    """Open a session on POOL (a name or an id)."""
+    with client() as api:
+        found = api.pool(pool)
+        klass = api.class_of(found, class_name)
+        opened = api.open_session(resource_class=klass["id"], slots=slots, external_id=external_id)
+    emit(opened, lambda s: click.echo(f"{s['id']}  {found['name']}/{klass['name']}  {s['slots']} slot(s)"))
+
+
+@session.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Also ended sessions.")
+@json_option
+def session_list(show_all):
+    """Your sessions (active ones unless --all)."""
+    with client() as api:
+        rows = api.sessions(status=None if show_all else "active")
+
+    def human(rows):
+        for s in rows:
+            click.echo(f"{s['id']}  pool {s['pool']}  {s['slots']} slot(s)  {s['status']}  expires {s['expires_at']}")
+
+    emit(rows, human)
+
+
+@session.command("close")
+@click.argument("session_id")
+@json_option
+def session_close(session_id):
+    """Release a session: its slots go back to the pool, its waiting jobs are cancelled."""
+    with client() as api:
+        api.close_session(session_id)
+        closed = api.session(session_id)
+    emit(closed, f"Session {session_id}: {closed['status']} ({closed.get('revocation_reason') or 'released'}).")
+
+
+# -- jobs --------------------------------------------------------------------------------------
+def read_sequence(path: Path) -> tuple[dict, int | None]:
+    """A job file: ``{"payload": {...}, "shots": N}`` (examples/*.json), or a bare Pulser abstract
+    representation (``seq.to_abstract_repr()`` saved to a file)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise Fail(f"cannot read {path}: {exc}", EXIT_USAGE) from None
+    if isinstance(document, dict) and isinstance(document.get("payload"), dict):
+        shots = document.get("shots")
+        return document["payload"], shots if isinstance(shots, int) else None
+    if isinstance(document, dict) and "register" in document and "operations" in document:
+        return {"sequence": document}, None
+    raise Fail(f"{path} is neither a job file ({{'payload', 'shots'}}) nor a Pulser sequence.", EXIT_USAGE)
+
+
+def wait_job(api: Client, job_id, timeout) -> dict:
+    status = Status()
+    try:
+        return api.wait_job(job_id, timeout=timeout, on_poll=lambda job: status(_job_words(job)))
+    finally:
+        status.done()
+
+
+@cli.group(cls=Group)
+def job():
+    """Submit Pulser jobs and follow them."""
+
+
+@job.command("submit")
+@click.argument("sequence_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--session", "session_id", help="An open session of yours to submit in.")
+@click.option("--pool", help="No session yet: open one on this pool (closed after --wait).")
+@click.option("--class", "class_name", help="With --pool: the class (default: the pool's default class).")
+@click.option("--shots", type=click.IntRange(min=1), help="Shots (default: the file's).")
+@click.option("--device", type=int, help="A device id of the pool (default: any online device).")
+@click.option("--wait", "wait", is_flag=True, help="Wait until it ends; exit status says how.")
+@click.option("--timeout", type=float, help="With --wait: give up after this many seconds (exit 124).")
+@json_option
+def job_submit(sequence_file, session_id, pool, class_name, shots, device, wait, timeout):
+    """Submit SEQUENCE_FILE (a job file or a Pulser abstract representation)."""
+    payload, file_shots = read_sequence(sequence_file)
+    shots = shots or file_shots
+    if not shots:
+        raise click.UsageError("give --shots (the file names none)")
+    if not session_id and not pool:
+        raise click.UsageError("give --session ID, or --pool NAME to open a session for this job")
+    with client() as api:
+        opened = None
+        if not session_id:
+            found = api.pool(pool)
+            opened = api.open_session(resource_class=api.class_of(found, class_name)["id"])
+            session_id = opened["id"]
+        try:
+            submitted = api.submit_job(session_id, payload, shots, device)
+            if not wait:
+                extra = f" in new session {session_id} (close it with: gridgate session close {session_id})"
+                emit(submitted, f"Job {submitted['id']} submitted with {shots} shots{extra if opened else ''}.")
+                return
+            final = wait_job(api, submitted["id"], timeout)
+        finally:
+            if opened and wait:
+                api.close_session(session_id)
+    _finish(final, _job_words(final))
+
+
+@job.command("status")
+@click.argument("job_id", type=int)
+@json_option
+def job_status(job_id):
+    """A job's status, why it waits, its queue position and expected start."""
+    with client() as api:
+        found = api.job(job_id)
+    emit(found, _job_words(found))
+
+
+@job.command("wait")
+@click.argument("job_id", type=int)
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+@json_option
+def job_wait(job_id, timeout):
+    """Wait until a job ends: exit 0 completed, 1 failed, 6 cancelled, 124 timed out."""
+    with client() as api:
+        final = wait_job(api, job_id, timeout)
+    _finish(final, _job_words(final))
+
+
+@job.command("result")
+@click.argument("job_id", type=int)
+@click.option("--csv", "as_csv", is_flag=True, help="bitstring,count,probability rows.")
+@json_option
+def job_result(job_id, as_csv):
+    """A completed job's counts (409, exit 3, while it has none)."""
+    with client() as api:
+        if as_csv and not wants_json():
+            click.echo(api.job_result_csv(job_id), nl=False)
+            return
+        result = api.job_result(job_id)
+
+    def human(result):
+        for bits, count in result["counts"].items():
+            click.echo(f"{bits}  {count}")
+
+    emit(result, human)
+
+
+@job.command("cancel")
+@click.argument("job_id", type=int)
+@json_option
+def job_cancel(job_id):
+    """Cancel a pending job now, or ask a running one to stop."""
+    with client() as api:
+        found = api.cancel_job(job_id)
+    emit(found, _job_words(found) + (" (cancel requested)" if found["status"] == "running" else ""))
+
+
+@job.command("list")
+@click.option("--status", type=click.Choice(["pending", "running", "completed", "failed", "cancelled"]))
+@click.option("--session", "session_id", help="One session's jobs.")
+@json_option
+def job_list(status, session_id):
+    """Your jobs, newest first."""
+    with client() as api:
+        rows = api.jobs(status=status, session=session_id)
+
+    def human(rows):
+        for found in rows:
+            click.echo(_job_words(found))
+
+    emit(rows, human)
+
+
+# -- cases -------------------------------------------------------------------------------------
+def wait_case(api: Client, case_id, timeout) -> dict:
+    status = Status()
+    try:
+        return api.wait_case(case_id, timeout=timeout, on_poll=lambda case: status(_case_words(case)))
+    finally:
+        status.done()
+
+
+def parse_options(pairs) -> dict:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--option takes KEY=VALUE, not {pair!r}")
+        options[key] = value
+    return options
+
+
+@cli.group(cls=Group)
+def case():
+    """Create, launch and follow cases (commands run on a pool's backend)."""
+
+
+@case.command("create")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--pool", required=True, help="A pool that runs cases (gridgate pools).")
+@click.option("--class", "class_name", help="A class of the pool (default: its default class).")
+@click.option("--command", "command", required=True, help="The shell command, run in the case directory.")
+@click.option("--name", help="The case's name (default: the directory's name).")
+@click.option("--watch", multiple=True, help="A file pattern brought back while it runs (repeatable).")
+@click.option("--option", "options", multiple=True, help="A launch option KEY=VALUE (repeatable).")
+@click.option("--launch", is_flag=True, help="Launch it at once.")
+@click.option("--wait", "wait", is_flag=True, help="Launch and wait until it ends; exit status says how.")
+@click.option("--timeout", type=float, help="With --wait: give up after this many seconds (exit 124).")
+@json_option
+def case_create(directory, pool, class_name, command, name, watch, options, launch, wait, timeout):
+    """Create a case whose inputs are the files of DIRECTORY (not its subdirectories)."""
+    inputs = sorted(path for path in directory.iterdir() if path.is_file() and not path.name.startswith("."))
+    launch_options = parse_options(options)
+    with client() as api:
+        found = api.pool(pool)
+        if not found.get("usable", True):
+            # The server refuses it too, at launch: say it before uploading anything.
+            raise Fail(f"pool {found['name']!r} is not usable by you: {found['unusable_reason']}", EXIT_REFUSED)
+        klass = api.class_of(found, class_name)
+        bar = Bar(sum(path.stat().st_size for path in inputs), "uploading")
+        try:
+            created = api.create_case(
+                resource_class=klass["id"],
+                name=name or directory.resolve().name,
+                command=command,
+                inputs=inputs,
+                observability_globs=list(watch),
+                progress=bar.add,
+            )
+        finally:
+            bar.close()
+        if not (launch or wait):
+            emit(created, f"{created['id']}  created with {len(inputs)} input file(s); launch: gridgate case launch …")
+            return
+        launched = api.launch_case(created["id"], launch_options or None)
+        if not wait:
+            emit(launched, f"{launched['id']}  launched: a worker submits it (gridgate case wait {launched['id']}).")
+            return
+        final = wait_case(api, launched["id"], timeout)
+    _finish(final, _case_words(final))
+
+
+@case.command("launch")
+@click.argument("case_id")
+@click.option("--option", "options", multiple=True, help="A launch option KEY=VALUE (repeatable).")
+@click.option("--wait", "wait", is_flag=True, help="Wait until it ends; exit status says how.")
+@click.option("--timeout", type=float, help="With --wait: give up after this many seconds (exit 124).")
+@json_option
+def case_launch(case_id, options, wait, timeout):
+    """Launch a prepared case."""
+    with client() as api:
+        launched = api.launch_case(case_id, parse_options(options) or None)
+        if not wait:
+            emit(launched, _case_words(launched))
+            return
+        final = wait_case(api, case_id, timeout)
+    _finish(final, _case_words(final))
+
+
+@case.command("status")
+@click.argument("case_id")
+@json_option
+def case_status(case_id):
+    """A case's status, provider note, progress and last error."""
+    with client() as api:
+        found = api.case(case_id)
+    emit(found, _case_words(found))
+
+
+@case.command("wait")
+@click.argument("case_id")
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+@json_option
+def case_wait(case_id, timeout):
+    """Wait until a case ends: exit 0 done, 1 failed, 6 cancelled, 124 timed out."""
+    with client() as api:
+        final = wait_case(api, case_id, timeout)
+    _finish(final, _case_words(final))
+
+
+@case.command("logs")
+@click.argument("case_id")
+@click.option("-f", "--follow", is_flag=True, help="Follow the log until the case ends.")
+@click.option("--stderr", "use_stderr", is_flag=True, help="The command's stderr instead of its stdout.")
+@click.option("--tail", type=click.IntRange(min=0, max=10000), default=200, show_default=True)
+@click.option("--timeout", type=float, help="With -f: give up after this many seconds (exit 124).")
+@json_option
+def case_logs(case_id, follow, use_stderr, tail, timeout):
+    """The tail of a case's log, or (-f) all of it as it grows, to the end of the case."""
+    stream = "stderr" if use_stderr else "stdout"
+    with client() as api:
+        if not follow:
+            text = api.case_logs(case_id, stream, tail)
+            emit({"case": case_id, "stream": stream, "text": text}, lambda _: click.echo(text, nl=False))
+            return
+        chunks = []
+        for chunk in api.follow_logs(case_id, stream, timeout=timeout):
+            if wants_json():
+                chunks.append(chunk)
+            else:
+                click.echo(chunk, nl=False)
+        final = api.case(case_id)
+    if wants_json():
+        click.echo(json.dumps({"case": case_id, "stream": stream, "text": "".join(chunks), "status": final["status"]}))
+    code = OUTCOME.get(final["status"], EXIT_OK)
+    if code:
+        raise SystemExit(code)
+
+
+@case.command("ls")
+@click.argument("case_id")
+@json_option
+def case_ls(case_id):
+    """A case's files (inputs, live, results, logs) with their sizes."""
+    with client() as api:
+        rows = api.case_files(case_id)
+
+    def human(rows):
+        for entry in rows:
+            click.echo(f"{entry['size']:>12}  {entry['path']}")
+
+    emit(rows, human)
+
+
+@case.command("get")
+@click.argument("case_id")
+@click.argument("paths", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every file, as one archive unpacked into -o.")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), help="Directory (default: .).")
+@json_option
+def case_get(case_id, paths, everything, output):
+    """Download PATHS of a case (e.g. results/out.txt), or --all of them."""
+    if not paths and not everything:
+        raise click.UsageError("name the files to get, or --all")
+    output = output or Path(".")
+    written = []
+    with client() as api:
+        if everything:
+            with tempfile.TemporaryDirectory(prefix="gridgate-") as scratch:
+                archive = Path(scratch) / "case.tar.gz"
+                bar = Bar(None, "downloading")
+                try:
+                    api.download_case_archive(case_id, archive, progress=bar.to)
+                finally:
+                    bar.close()
+                written = unpack(archive, output)
+        for path in paths:
+            dest = output / path
+            bar = Bar(None, path)
+            try:
+                api.download_case_file(case_id, path, dest, progress=bar.to)
+            finally:
+                bar.close()
+            written.append(str(dest))
+    emit({"case": case_id, "written": written}, f"{len(written)} file(s) written under {output}/.")
+
+
+def unpack(archive: Path, output: Path) -> list[str]:
+    """The archive's regular files (``<case id>/<path>``) as ``output/<path>``. Written by hand,
+    not ``extractall``: a member is refused unless its path stays under ``output`` (no absolute
+    path, no ``..``), and links, devices and modes in the archive are ignored."""
+    written = []
+    output.mkdir(parents=True, exist_ok=True)
+    base = output.resolve()
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            _, _, relative = member.name.partition("/")
+            target = (base / relative).resolve()
+            if not relative or Path(relative).is_absolute() or ".." in Path(relative).parts:
+                raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
+            if not target.is_relative_to(base):
+                raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            with source, open(target, "wb") as handle:
+                while chunk := source.read(1024 * 1024):
+                    handle.write(chunk)
+            written.append(str(output / relative))
+    return written
+
+
+@case.command("cancel")
+@click.argument("case_id")
+@json_option
+def case_cancel(case_id):
+    """Cancel a case (a prepared one at once; a running one at its backend)."""
+    with client() as api:
+        found = api.cancel_case(case_id)
+    emit(found, _case_words(found))
+
+
+@case.command("list")
+@click.option("--status", type=click.Choice(["prepared", "pending", "running", "done", "failed", "cancelled"]))
+@json_option
+def case_list(status):
+    """Your cases."""
+    with client() as api:
+        rows = api.cases(status=status)
+
+    def human(rows):
+        for found in rows:
+            click.echo(_case_words(found))
+
+    emit(rows, human)
+
+
+def main(argv=None) -> int:
+    """Console entry point; returns the exit status (``sys.exit(main())``)."""
+    try:
+        cli.main(args=argv, prog_name="gridgate", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("gridgate: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return EXIT_OK
+
+
+def entry() -> None:
+    sys.exit(main())

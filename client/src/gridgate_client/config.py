@@ -1,0 +1,96 @@
+"""Where the client finds its server and token: ``GRIDGATE_URL`` and ``GRIDGATE_TOKEN`` first, then
+what ``gridgate login`` stored.
+
+Tokens are stored per server URL in ``<config dir>/gridgate/credentials.json`` (``~/.config`` or
+``$XDG_CONFIG_HOME`` on Linux, click's ``get_app_dir`` elsewhere), the directory 0700 and the file
+0600, written whole through a private temporary file so it is never readable by others, not even
+for a moment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+VERSION = "0.1.0"
+DEFAULT_URL = "http://127.0.0.1:8000"
+APP = "gridgate"
+
+
+def config_dir() -> Path:
+    return Path(click.get_app_dir(APP, force_posix=False))
+
+
+def credentials_path() -> Path:
+    return config_dir() / "credentials.json"
+
+
+def normalize(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+def _read() -> dict:
+    path = credentials_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(data: dict) -> Path:
+    directory = config_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    fd, temporary = tempfile.mkstemp(prefix=".credentials-", dir=directory)  # created 0600
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, credentials_path())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return credentials_path()
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The URL given, else ``GRIDGATE_URL``, else the one ``gridgate login`` stored last, else the
+    local demo's."""
+    chosen = url or os.environ.get("GRIDGATE_URL") or _read().get("default_url") or DEFAULT_URL
+    return normalize(chosen)
+
+
+def resolve_token(url: str) -> str:
+    """``GRIDGATE_TOKEN``, else the token stored for ``url``; '' when there is none."""
+    env = os.environ.get("GRIDGATE_TOKEN")
+    if env:
+        return env.strip()
+    entry = _read().get("servers", {}).get(normalize(url), {})
+    return entry.get("token", "") if isinstance(entry, dict) else ""
+
+
+def store_token(url: str, token: str, **extra) -> Path:
+    """Keep ``token`` for ``url`` (0600) and make ``url`` the default server."""
+    data = _read()
+    servers = data.setdefault("servers", {})
+    servers[normalize(url)] = {"token": token, **{k: v for k, v in extra.items() if v is not None}}
+    data["default_url"] = normalize(url)
+    return _write(data)
+
+
+def forget_token(url: str) -> bool:
+    data = _read()
+    removed = data.get("servers", {}).pop(normalize(url), None) is not None
+    if removed:
+        _write(data)
+    return removed

@@ -1,0 +1,101 @@
+"""Sign-in from a terminal with the OAuth 2.0 device authorization grant (RFC 8628).
+
+Gridgate names the centre's provider and its public CLI client (``GET /api/v1/auth/methods/``);
+the provider's discovery document says whether it offers the grant
+(``device_authorization_endpoint``). The user opens the verification address in any browser and
+types the code; the terminal polls the token endpoint at the provider's interval, five seconds
+more after each ``slow_down`` (RFC 8628 §3.5). The access token is a JWT that Gridgate accepts as a
+bearer token (docs/identity.md); the refresh token renews it (:func:`refresh`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from gridgate_client.api import GridgateError
+
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+
+
+def discover(http: httpx.Client, issuer: str) -> dict:
+    try:
+        document = http.get(issuer.rstrip("/") + "/.well-known/openid-configuration").raise_for_status().json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise GridgateError(f"Cannot read the identity provider's discovery document at {issuer}: {exc}") from None
+    if not document.get("device_authorization_endpoint"):
+        raise GridgateError(
+            "The centre's identity provider does not offer sign-in from a terminal (the device authorization "
+            "grant): log in with your username and password (gridgate login --username …) or create a token "
+            "on the web pages (API tokens)."
+        )
+    return document
+
+
+def _token_error(response: httpx.Response) -> tuple[str, str]:
+    try:
+        body = response.json()
+    except ValueError:
+        return "invalid_response", response.text[:200]
+    return str(body.get("error", "invalid_response")), str(body.get("error_description", ""))
+
+
+def device_login(
+    device: dict,
+    *,
+    http: httpx.Client,
+    show: Callable[[str, str, str | None], None],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
+    """Run the grant for ``device`` (``{"issuer", "client_id", "scopes"}`` from Gridgate);
+    ``show(verification_uri, user_code, verification_uri_complete)`` tells the user what to do.
+    Returns the token answer with ``token_endpoint`` and ``client_id`` (for :func:`refresh`)."""
+    document = discover(http, device["issuer"])
+    asked = http.post(
+        document["device_authorization_endpoint"],
+        data={"client_id": device["client_id"], "scope": device.get("scopes") or "openid"},
+    )
+    if asked.status_code >= 400:
+        error, description = _token_error(asked)
+        raise GridgateError(f"The identity provider refused to start the sign-in: {error} {description}".strip())
+    grant = asked.json()
+    show(grant["verification_uri"], grant["user_code"], grant.get("verification_uri_complete"))
+    interval = float(grant.get("interval") or 5)
+    deadline = clock() + float(grant.get("expires_in") or 600)
+    while clock() < deadline:
+        sleep(interval)
+        answer = http.post(
+            document["token_endpoint"],
+            data={"grant_type": DEVICE_GRANT, "device_code": grant["device_code"], "client_id": device["client_id"]},
+        )
+        if answer.status_code == 200:
+            tokens = answer.json()
+            tokens.update(token_endpoint=document["token_endpoint"], client_id=device["client_id"])
+            return tokens
+        error, description = _token_error(answer)
+        if error == "authorization_pending":
+            continue
+        if error == "slow_down":
+            interval += 5
+            continue
+        if error == "access_denied":
+            raise GridgateError("The sign-in was refused at the identity provider.")
+        if error == "expired_token":
+            break
+        raise GridgateError(f"The identity provider refused the sign-in: {error} {description}".strip())
+    raise GridgateError("The code expired before the sign-in was completed: run gridgate login again.")
+
+
+def refresh(entry: dict, *, http: httpx.Client) -> dict:
+    """New tokens for a stored device login (``refresh_token``, ``token_endpoint``, ``client_id``)."""
+    answer = http.post(
+        entry["token_endpoint"],
+        data={"grant_type": "refresh_token", "refresh_token": entry["refresh_token"], "client_id": entry["client_id"]},
+    )
+    if answer.status_code != 200:
+        error, description = _token_error(answer)
+        raise GridgateError(f"Your sign-in has ended ({error}): run gridgate login again.")
+    return answer.json()

@@ -1,0 +1,172 @@
+"""The client's own rules, against HTTP doubles (httpx.MockTransport): polling with back-off that
+honours Retry-After, which requests are retried, the device grant's polling (RFC 8628), and where
+tokens are kept. No server, no database, no sleeping: every wait is recorded instead."""
+
+import json
+import stat
+
+import httpx
+import pytest
+from gridgate_client import config, devicegrant
+from gridgate_client.api import Client, GridgateError, TimedOut
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+        self.slept = []
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def __call__(self):
+        return self.now
+
+
+def client_with(handler, clock=None) -> Client:
+    clock = clock or Clock()
+    return Client("http://gridgate.test", "tok", transport=httpx.MockTransport(handler), sleep=clock.sleep, clock=clock)
+
+
+def test_a_503_is_retried_after_the_servers_retry_after():
+    clock, answers = Clock(), iter([httpx.Response(503, headers={"Retry-After": "7"}, json={"detail": "busy"})])
+
+    def handler(request):
+        return next(answers, httpx.Response(200, json={"id": 1, "status": "pending"}))
+
+    assert client_with(handler, clock).job(1)["id"] == 1
+    assert clock.slept == [7.0]
+
+
+def test_a_write_without_an_idempotency_key_is_not_retried():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(503, headers={"Retry-After": "1"}, json={"detail": "Database busy."})
+
+    with pytest.raises(GridgateError) as caught:
+        client_with(handler).cancel_job(3)
+    assert (len(calls), caught.value.status, caught.value.detail) == (1, 503, "Database busy.")
+
+
+def test_a_submission_carries_an_idempotency_key_and_is_retried_with_the_same_one():
+    keys = []
+
+    def handler(request):
+        keys.append(request.headers["Idempotency-Key"])
+        if len(keys) == 1:
+            return httpx.Response(429, headers={"Retry-After": "2"}, json={"detail": "slow down"})
+        return httpx.Response(201, json={"id": 9})
+
+    assert client_with(handler).submit_job("s", {"sequence": "{}"}, 10)["id"] == 9
+    assert len(keys) == 2 and keys[0] == keys[1]
+
+
+def test_waiting_backs_off_and_starts_again_when_the_status_moves():
+    clock = Clock()
+    statuses = iter(["pending"] * 4 + ["running"] * 2 + ["completed"])
+
+    def handler(request):
+        return httpx.Response(200, json={"id": 1, "status": next(statuses)})
+
+    assert client_with(handler, clock).wait_job(1)["status"] == "completed"
+    assert clock.slept == [0.5, 1.0, 2.0, 4.0, 0.5, 1.0]
+
+
+def test_a_wait_stops_at_its_deadline():
+    clock = Clock()
+
+    def handler(request):
+        return httpx.Response(200, json={"id": 1, "status": "pending"})
+
+    with pytest.raises(TimedOut) as caught:
+        client_with(handler, clock).wait_job(1, timeout=3)
+    assert caught.value.last["status"] == "pending"
+    assert sum(clock.slept) == 3
+
+
+def test_field_errors_read_as_words():
+    def handler(request):
+        return httpx.Response(400, json={"shots": ["Ensure this value is greater than or equal to 1."]})
+
+    with pytest.raises(GridgateError) as caught:
+        client_with(handler).submit_job("s", {}, 0)
+    assert caught.value.detail == "shots: Ensure this value is greater than or equal to 1."
+
+
+def test_device_grant_polls_at_the_interval_and_slows_down_when_asked():
+    clock = Clock()
+    polls = iter(
+        [
+            httpx.Response(400, json={"error": "authorization_pending"}),
+            httpx.Response(400, json={"error": "slow_down"}),
+            httpx.Response(200, json={"access_token": "a.b.c", "refresh_token": "r", "expires_in": 300}),
+        ]
+    )
+    shown = []
+
+    def handler(request):
+        if request.url.path.endswith("openid-configuration"):
+            return httpx.Response(
+                200,
+                json={
+                    "device_authorization_endpoint": "https://idp.test/device",
+                    "token_endpoint": "https://idp.test/token",
+                },
+            )
+        if request.url.path == "/device":
+            return httpx.Response(
+                200,
+                json={
+                    "device_code": "d",
+                    "user_code": "ABCD-EFGH",
+                    "verification_uri": "https://idp.test/go",
+                    "interval": 5,
+                },
+            )
+        assert b"device_code=d" in request.content
+        return next(polls)
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        tokens = devicegrant.device_login(
+            {"issuer": "https://idp.test", "client_id": "gridgate-cli"},
+            http=http,
+            show=lambda *args: shown.append(args),
+            sleep=clock.sleep,
+            clock=clock,
+        )
+
+    assert tokens["access_token"] == "a.b.c" and tokens["client_id"] == "gridgate-cli"
+    assert shown == [("https://idp.test/go", "ABCD-EFGH", None)]
+    assert clock.slept == [5.0, 5.0, 10.0]
+
+
+def test_a_provider_without_the_device_grant_is_told_plainly():
+    def handler(request):
+        return httpx.Response(200, json={"token_endpoint": "https://idp.test/token"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http, pytest.raises(GridgateError) as caught:
+        devicegrant.discover(http, "https://idp.test")
+    assert "does not offer sign-in from a terminal" in caught.value.detail
+
+
+def test_tokens_are_kept_0600_per_server_and_the_environment_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    monkeypatch.delenv("GRIDGATE_URL", raising=False)
+
+    path = config.store_token("https://grid.example.org/", "secret-token")
+
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert json.loads(path.read_text())["default_url"] == "https://grid.example.org"
+    assert config.resolve_url() == "https://grid.example.org"
+    assert config.resolve_token("https://grid.example.org") == "secret-token"
+    assert config.resolve_token("https://other.example.org") == ""
+    monkeypatch.setenv("GRIDGATE_TOKEN", "from-env")
+    monkeypatch.setenv("GRIDGATE_URL", "http://localhost:9000")
+    assert (config.resolve_url(), config.resolve_token("https://grid.example.org")) == (
+        "http://localhost:9000",
+        "from-env",
+    )
