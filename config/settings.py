@@ -442,12 +442,18 @@ if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
     raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
 GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
 
+# Any case (``warning``, ``WARNING``): Python's logging knows the names only in upper case, and a
+# lower-case value used to stop every process at start with a bare "Unknown level" ValueError.
+GRIDGATE_LOG_LEVEL = env_choice(
+    "GRIDGATE_LOG_LEVEL", "info", ["debug", "info", "warning", "error", "critical"]
+).upper()
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("GRIDGATE_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": GRIDGATE_LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         # django-axes: its failed logins and lockouts (warnings), not its start-up banner at every
