@@ -243,6 +243,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON that always encodes (a client's lone surrogate echoed in a 400 is escaped, not a 500).
+    "DEFAULT_RENDERER_CLASSES": [
+        "apps.core.api.renderers.JSONRenderer",
+        "apps.core.api.renderers.BrowsableAPIRenderer",
+    ],
     # JSON with a nesting limit (a deep body is a 400, not a RecursionError 500); forms and uploads.
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.api.parsers.DepthLimitedJSONParser",
@@ -444,9 +449,7 @@ GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
 
 # Any case (``warning``, ``WARNING``): Python's logging knows the names only in upper case, and a
 # lower-case value used to stop every process at start with a bare "Unknown level" ValueError.
-GRIDGATE_LOG_LEVEL = env_choice(
-    "GRIDGATE_LOG_LEVEL", "info", ["debug", "info", "warning", "error", "critical"]
-).upper()
+GRIDGATE_LOG_LEVEL = env_choice("GRIDGATE_LOG_LEVEL", "info", ["debug", "info", "warning", "error", "critical"]).upper()
 
 LOGGING = {
     "version": 1,
