@@ -49,6 +49,9 @@ class Device(models.Model):
     provider_message = models.CharField(max_length=500, blank=True, default="")
     provider_checked_at = models.DateTimeField(null=True, blank=True)
     provider_specs = models.JSONField(null=True, blank=True, help_text="The provider's Pulser device, as last read.")
+    provider_specs_text = models.TextField(
+        blank=True, default="", help_text="The same specs exactly as the provider sent them (QRMI passes them through)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

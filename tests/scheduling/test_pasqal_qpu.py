@@ -1,6 +1,7 @@
 """The pasqal_qpu driver against a local double of the QPU API (SPEC §5, R-DEV-1, R-JOB-2/3,
 R-SCHED-3/4). The worker's functions are driven directly: no sleeps, no timing."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -459,3 +460,18 @@ def test_pasqal_qpu_config_is_validated(qpu_pool):
     )
     text = " ".join(PasqalQpuDriver().validate_config({"url": "https://q", "client_id_env": "GRIDGATE_CRED_X"}))
     assert "go with 'token_url'" in text
+
+
+def test_qrmi_specs_pass_the_qpus_own_text_through_unchanged(qpu_pool, qpu_double, client):
+    """Warden hands the QPU's specs text on as it came; a copy re-serialized from the database
+    had its keys in jsonb's order. Here the QPU writes its keys in reverse order, spaced its way."""
+    from tests.doubles.pasqal_qpu_server import analog_device_specs
+
+    specs = analog_device_specs()
+    text = json.dumps(dict(reversed(list(specs.items()))), indent=1)
+    qpu_double.specs = text  # GET /system answers {"specs": "<that text>"}
+    device = Device.objects.create(pool=qpu_pool, name="fresnel", driver="pasqal_qpu", config={"url": qpu_double.url})
+    assert device_status.check_device(device) == "up"
+    answer = client.get(f"/qrmi/{qpu_pool.name}/qpu/specs")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["specs"] == text

@@ -4,6 +4,7 @@ The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database tra
 (R-SCHED-4) and never reads a driver's own state names.
 """
 
+import json
 from dataclasses import dataclass
 
 
@@ -49,6 +50,7 @@ class ProviderStatus:
     status: str
     message: str = ""
     specs: dict | None = None
+    specs_text: str = ""  # the specs exactly as the provider sent them (key order included)
 
 
 class DeviceDriver:
@@ -78,6 +80,10 @@ class DeviceDriver:
 
     def specs(self, device) -> dict:
         return {"driver": self.name}
+
+    def specs_text(self, device) -> str:
+        """The specs as a JSON string (QRMI ``target()``): a provider's own text where it sent one."""
+        return json.dumps(self.specs(device))
 
     def check_status(self, device) -> ProviderStatus | None:
         """Ask the provider whether the device is operational (worker only; may be slow)."""

@@ -305,6 +305,10 @@ class PasqalQpuDriver(DeviceDriver):
         self.pulser_device(device)  # 503 until the worker has read them
         return device.provider_specs
 
+    def specs_text(self, device):
+        self.pulser_device(device)
+        return device.provider_specs_text or json.dumps(device.provider_specs)
+
     def validate_payload(self, device, payload, shots):
         """R-DEV-1 against the QPU's own Pulser device (``GET /system``, as last read)."""
         validate_sequence(payload, shots, self.pulser_device(device), where=f"QPU device '{device.name}'")
@@ -316,18 +320,23 @@ class PasqalQpuDriver(DeviceDriver):
             specs = client.call("GET", "/system").get("specs")
         except QpuError as exc:
             return ProviderStatus("unreachable", message=str(exc))
+        # The QPU's own text is kept as sent (QRMI's qpu/specs passes it through, as Warden does):
+        # the parsed copy is stored as jsonb, which keeps neither key order nor spacing.
+        text = specs if isinstance(specs, str) else json.dumps(specs) if isinstance(specs, dict) else ""
         if isinstance(specs, str):
             try:
                 specs = json.loads(specs)
             except ValueError:
                 specs = None
         if not isinstance(specs, dict):
-            specs = None
+            specs, text = None, ""
         problem = specs_problem(specs) if specs is not None else ""
         if problem:
             return ProviderStatus("down", message=problem)
         status = "up" if operational == "UP" else "down"
-        return ProviderStatus(status, message=f"QPU operational status: {operational or 'missing'}", specs=specs)
+        return ProviderStatus(
+            status, message=f"QPU operational status: {operational or 'missing'}", specs=specs, specs_text=text
+        )
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, device, job):
