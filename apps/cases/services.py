@@ -244,6 +244,12 @@ def cancel_case(case: Case) -> Case:
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
     case.refresh_from_db()
     if not updated:
+        if case.status == CaseStatus.CANCELLED:
+            # Stopped by this very cancel: a command that traps SIGTERM ends only after the grace
+            # period, and the worker's poll, which runs meanwhile, saw the stop and recorded it
+            # first. The cancel did what was asked (a case cancelled before it was asked is the
+            # 409 above).
+            return case
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
     return case
 
