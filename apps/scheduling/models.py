@@ -232,6 +232,11 @@ class DriverRun(models.Model):
         max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
     )
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="Last time its task was sent (emulator).")
+    sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its submission last left for the provider (pasqal_qpu: a lost answer is judged from it).",
+    )
     enqueues = models.PositiveIntegerField(default=0, help_text="Sends of its task since it was last queued.")
 
     class Meta:

@@ -25,6 +25,17 @@ class UndecidedSubmission(PermanentDriverError):
     the job ends ``unknown`` for an operator, never submitted a second time."""
 
 
+class SubmissionPending(DriverError):
+    """The submission's answer was lost and the provider may still be creating the job: the job
+    keeps its device (a second job sent there meanwhile could be dropped by the late one, or run
+    beside it) and its hand-over is asked again at ``retry_at``, when the driver looks once more.
+    Neither a failure nor a retry of the send."""
+
+    def __init__(self, message: str, *, retry_at):
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
 class InvalidPayload(DriverError):
     """Refused at submission with a 400 and this message."""
 
