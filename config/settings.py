@@ -323,6 +323,9 @@ GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
+# Below this much free space on the cases root's file system a case launch is refused (507), the
+# health endpoint reads "degraded" and doctor fails its space check (docs/operations.md).
+GRIDGATE_CASES_MIN_FREE_MB = env_int("GRIDGATE_CASES_MIN_FREE_MB", 1024, minimum=0)
 # Largest non-file request body (a JSON job payload: a big Pulser sequence); over it: 413 JSON.
 # Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024

@@ -356,59 +356,64 @@ class SlurmBackend(ExecutionBackend):
         archived, unreadable = self._sacct(missing) if missing else ({}, "")
         out: dict[str, BackendState | Exception] = {}
         for job in jobs:
-            rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-            reason = ""
-            if job.remote_id in live and live[job.remote_id][0] == job.case_id:
-                _name, raw, elapsed, cores, reason = live[job.remote_id]
-                exit_code = ""
-            elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
-                _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
-            elif unreadable:
-                # squeue lists every job it accepted (sbatch returns after it did) until MinJobAge
-                # after its end: this one ended and was forgotten (a job failing in its first
-                # second, polled after MinJobAge; a worker outage). How it ended is only in the
-                # completion log, which this account cannot read: waiting cannot tell more (it
-                # was a failed poll backing off for ever, the case pending meanwhile). It ends
-                # failed, saying why, with its output (R-CASE-4).
-                for stream in ("stdout", "stderr"):
-                    files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes())
-                out[job.remote_id] = BackendState(
-                    status=BackendStatus.FAILED,
-                    message=(
-                        f"Slurm job {job.remote_id} ended and slurmctld no longer lists it (MinJobAge), and how it "
-                        f"ended cannot be read here ({unreadable}): the site's only record is the job completion "
-                        "log, which the service's account cannot read. An operator makes JobCompLoc readable by it "
-                        "or runs slurmdbd (docs/operations.md, 'Slurm: finished-job records')."
-                    ),
-                )
-                continue
-            else:
-                # Not listed yet, or sacct's first-seconds allocation record (``ID|allocation|
-                # PENDING``, named "allocation", not the case): "not yet known", a failed poll
-                # that changes no state (R-CASE-3), never a step back to pending.
-                out[job.remote_id] = BackendError(f"Slurm does not know job {job.remote_id} (yet)", transient=True)
-                continue
-            status = map_state(raw)
-            message = ""
-            if status == BackendStatus.PENDING and reason and reason != "None":
-                message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
-            # A finished job writes nothing more: drain its output (it is finalized on this answer).
-            limit = None if status in BackendStatus.TERMINAL else 4 << 20
-            if status == BackendStatus.FAILED and not exit_code:
-                exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
-            if status == BackendStatus.FAILED:
-                message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
-                    f" (exit code {exit_code})" if exit_code else ""
-                )
-            for stream in ("stdout", "stderr"):
-                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
-            out[job.remote_id] = BackendState(
-                status=status,
-                execution_time=elapsed,
-                cores=cores,
-                message=message,
-            )
+            try:
+                out[job.remote_id] = self._state(job, live, archived, unreadable)
+            except OSError as exc:  # its logs could not be written (a full disk): its poll alone fails
+                out[job.remote_id] = exc
         return out
+
+    def _state(self, job: JobRef, live: dict, archived: dict, unreadable: str) -> BackendState | Exception:
+        """One job's answer from the pass's squeue and sacct reads (its output drained)."""
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+        reason = ""
+        if job.remote_id in live and live[job.remote_id][0] == job.case_id:
+            _name, raw, elapsed, cores, reason = live[job.remote_id]
+            exit_code = ""
+        elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
+            _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
+        elif unreadable:
+            # squeue lists every job it accepted (sbatch returns after it did) until MinJobAge
+            # after its end: this one ended and was forgotten (a job failing in its first
+            # second, polled after MinJobAge; a worker outage). How it ended is only in the
+            # completion log, which this account cannot read: waiting cannot tell more (it
+            # was a failed poll backing off for ever, the case pending meanwhile). It ends
+            # failed, saying why, with its output (R-CASE-4).
+            for stream in ("stdout", "stderr"):
+                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes())
+            return BackendState(
+                status=BackendStatus.FAILED,
+                message=(
+                    f"Slurm job {job.remote_id} ended and slurmctld no longer lists it (MinJobAge), and how it "
+                    f"ended cannot be read here ({unreadable}): the site's only record is the job completion "
+                    "log, which the service's account cannot read. An operator makes JobCompLoc readable by it "
+                    "or runs slurmdbd (docs/operations.md, 'Slurm: finished-job records')."
+                ),
+            )
+        else:
+            # Not listed yet, or sacct's first-seconds allocation record (``ID|allocation|
+            # PENDING``, named "allocation", not the case): "not yet known", a failed poll
+            # that changes no state (R-CASE-3), never a step back to pending.
+            return BackendError(f"Slurm does not know job {job.remote_id} (yet)", transient=True)
+        status = map_state(raw)
+        message = ""
+        if status == BackendStatus.PENDING and reason and reason != "None":
+            message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
+        # A finished job writes nothing more: drain its output (it is finalized on this answer).
+        limit = None if status in BackendStatus.TERMINAL else 4 << 20
+        if status == BackendStatus.FAILED and not exit_code:
+            exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
+        if status == BackendStatus.FAILED:
+            message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
+                f" (exit code {exit_code})" if exit_code else ""
+            )
+        for stream in ("stdout", "stderr"):
+            files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
+        return BackendState(
+            status=status,
+            execution_time=elapsed,
+            cores=cores,
+            message=message,
+        )
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         self._helper("collect", job.case_id, job.pool_remote, what="live", globs=list(globs or []))
