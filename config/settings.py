@@ -317,6 +317,9 @@ if _redis_url:
 # This worker's host identity: heartbeats, leases and local-backend host affinity. Two processes on
 # one machine may claim distinct identities (the scale-out test does).
 GRIDGATE_WORKER_HOST = env_str("GRIDGATE_WORKER_HOST", socket.gethostname())[:60]
+# One `manage.py worker` per host name at a time (apps.core.worker_host): the lease it renews every
+# second; a worker that died leaves it to the next after this many seconds.
+GRIDGATE_WORKER_LEASE_SECONDS = env_int("GRIDGATE_WORKER_LEASE_SECONDS", 10, minimum=2)
 # Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
 # graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
 GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
