@@ -450,17 +450,18 @@ class PasqalQpuDriver(DeviceDriver):
 
     def _still_lost(self, run, device, why: str) -> SubmissionPending | UndecidedSubmission:
         """What to raise while a lost submission is not settled: keep the job and its device and
-        look again (before the deadline, every RECHECK; after it, at once), or, once twice the
-        QPU API's deadline has passed without an answer that settles it, leave it to an operator."""
+        look again every RECHECK (and at the deadline itself, whose walk settles it), or, once
+        twice the QPU API's deadline has passed without a walk that could settle it (the QPU API
+        not answering), leave it to an operator."""
         deadline = timedelta(seconds=request_deadline(device.config or {}))
         current = now()
         if run.sent_at is None or current >= run.sent_at + 2 * deadline:
             return self._undecided(run.remote_id)
-        retry_at = min(run.sent_at + deadline, current + RECHECK) if current < run.sent_at + deadline else None
-        retry_at = retry_at or current + RECHECK  # past the deadline: the next look settles it
+        deadline_at = run.sent_at + deadline
+        retry_at = min(deadline_at, current + RECHECK) if current < deadline_at else current + RECHECK
         return SubmissionPending(
             f"The QPU's answer to submission {run.remote_id} was lost ({why}); the QPU API may create the job until "
-            f"{(run.sent_at + deadline):%H:%M:%S} UTC: the job keeps its device and is looked for again.",
+            f"{deadline_at:%H:%M:%S} UTC: the job keeps its device and is looked for again.",
             retry_at=retry_at,
         )
 
