@@ -22,6 +22,17 @@ backlog = int(os.environ.get("GRIDGATE_WEB_BACKLOG", "2048"))
 graceful_timeout = int(os.environ.get("GRIDGATE_STOP_GRACE", "30"))
 timeout = int(os.environ.get("GRIDGATE_WEB_TIMEOUT", "120"))
 keepalive = 5
+# What gunicorn refuses before the application sees a request (docs/deployment.md, "Request
+# size limits"): the request line (path and query string), each header, and how many headers.
+# 8190 is gunicorn's largest bounded line and nginx's default buffer (large_client_header_buffers
+# 4 8k), so a request the proxy passes on is not refused here for its size. Its refusals (414,
+# 431, 400) are answered as the API's JSON errors, not gunicorn's HTML page.
+from apps.core import gunicorn_errors  # noqa: E402 - standard library only, no Django
+
+limit_request_line = gunicorn_errors.limit("GRIDGATE_WEB_LIMIT_REQUEST_LINE", 8190, low=256, high=8190)
+limit_request_fields = gunicorn_errors.limit("GRIDGATE_WEB_LIMIT_REQUEST_FIELDS", 100, low=10, high=32768)
+limit_request_field_size = gunicorn_errors.limit("GRIDGATE_WEB_LIMIT_REQUEST_FIELD_SIZE", 8190, low=256, high=65536)
+gunicorn_errors.install(line=limit_request_line, fields=limit_request_fields, size=limit_request_field_size)
 # Load the application once in the master: a configuration error (e.g. DEBUG off without
 # ALLOWED_HOSTS) stops the server at start with its message instead of looping worker boots.
 preload_app = True

@@ -246,6 +246,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON that always encodes (a client's lone surrogate echoed in a 400 is escaped, not a 500).
+    "DEFAULT_RENDERER_CLASSES": [
+        "apps.core.api.renderers.JSONRenderer",
+        "apps.core.api.renderers.BrowsableAPIRenderer",
+    ],
     # JSON with a nesting limit (a deep body is a 400, not a RecursionError 500); forms and uploads.
     "DEFAULT_PARSER_CLASSES": [
         "apps.core.api.parsers.DepthLimitedJSONParser",
@@ -315,12 +320,18 @@ if _redis_url:
 # This worker's host identity: heartbeats, leases and local-backend host affinity. Two processes on
 # one machine may claim distinct identities (the scale-out test does).
 GRIDGATE_WORKER_HOST = env_str("GRIDGATE_WORKER_HOST", socket.gethostname())[:60]
+# One `manage.py worker` per host name at a time (apps.core.worker_host): the lease it renews every
+# second; a worker that died leaves it to the next after this many seconds.
+GRIDGATE_WORKER_LEASE_SECONDS = env_int("GRIDGATE_WORKER_LEASE_SECONDS", 10, minimum=2)
 # Seconds a stopping web or worker process is given to finish what it is doing (gunicorn's
 # graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
 GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
+# Below this much free space on the cases root's file system a case launch is refused (507), the
+# health endpoint reads "degraded" and doctor fails its space check (docs/operations.md).
+GRIDGATE_CASES_MIN_FREE_MB = env_int("GRIDGATE_CASES_MIN_FREE_MB", 1024, minimum=0)
 # Largest non-file request body (a JSON job payload: a big Pulser sequence); over it: 413 JSON.
 # Uploaded files are streamed to disk and limited by GRIDGATE_MAX_UPLOAD_MB instead.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GRIDGATE_MAX_BODY_MB", 10, minimum=1) * 1024 * 1024
@@ -445,12 +456,16 @@ if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
     raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
 GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
 
+# Any case (``warning``, ``WARNING``): Python's logging knows the names only in upper case, and a
+# lower-case value used to stop every process at start with a bare "Unknown level" ValueError.
+GRIDGATE_LOG_LEVEL = env_choice("GRIDGATE_LOG_LEVEL", "info", ["debug", "info", "warning", "error", "critical"]).upper()
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("GRIDGATE_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": GRIDGATE_LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         # django-axes: its failed logins and lockouts (warnings), not its start-up banner at every

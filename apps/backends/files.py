@@ -11,6 +11,7 @@ tree (R-CASE-7): a command that links ``/etc/passwd`` into its directory gets no
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -182,6 +183,24 @@ def truncation_note(cap: int) -> bytes:
     return f"\n{note}\n".encode()
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``. A regular file takes a short write when its disk fills up: the rest
+    must be written or reported, never skipped (a log would silently miss its middle). An error
+    after part of it was written carries ``written``, how much went in."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            count = os.write(fd, view[done:])
+        except OSError as exc:
+            exc.written = done
+            raise
+        if count == 0:
+            error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            error.written = done
+            raise error
+        done += count
+
+
 def _append_capped(log_fd: int, data: bytes, cap: int) -> int:
     """Append ``data`` to the open log without passing ``cap``; the write that reaches it is cut
     there and followed by a note, once. Returns how much of ``data`` was taken."""
@@ -189,9 +208,9 @@ def _append_capped(log_fd: int, data: bytes, cap: int) -> int:
     if size >= cap:
         return 0
     taken = data[: cap - size]
-    os.write(log_fd, taken)
+    write_all(log_fd, taken)
     if size + len(taken) >= cap:
-        os.write(log_fd, truncation_note(cap))
+        write_all(log_fd, truncation_note(cap))
     return len(taken)
 
 

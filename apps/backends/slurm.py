@@ -169,11 +169,29 @@ def checked(proc, args: list[str], *, check: bool = True, timeout_error=BackendE
 def sacct(args: list[str]) -> subprocess.CompletedProcess:
     """``sacct`` on whichever permanent record the site keeps: accounting (slurmdbd) first, else
     the job-completion log (``-c``). Each refuses when its source is off (exit 1), so the first
-    that answers is the site's."""
+    that answers is the site's. When neither answers, ``unreadable`` on the result is the
+    completion log's refusal if that log is the site's record and this account cannot read it
+    (:func:`unreadable_record`), else ''."""
     proc = run(["sacct", *args], check=False)
     if proc.returncode != 0:
+        plain = proc
         proc = run(["sacct", "-c", *args], check=False)
+        proc.unreadable = unreadable_record(plain, proc)
+    else:
+        proc.unreadable = ""
     return proc
+
+
+def unreadable_record(plain: subprocess.CompletedProcess, log: subprocess.CompletedProcess) -> str:
+    """The completion log's refusal (``sacct: fatal: open /var/log/slurm/jobcomp.log: Permission
+    denied``) when the site keeps no accounting (plain sacct: "Slurm accounting storage is
+    disabled") and this account cannot open the log; '' for anything that may pass (slurmdbd
+    unreachable, a record that answered). Only the former is a lasting fact."""
+    if plain.returncode == 0 or log.returncode == 0:
+        return ""
+    if "accounting storage is disabled" not in (plain.stderr or "").lower():
+        return ""
+    return next((line.strip() for line in (log.stderr or "").splitlines() if "fatal: open" in line), "")
 
 
 def accounting_source() -> tuple[str | None, str]:
@@ -300,7 +318,9 @@ class SlurmBackend(ExecutionBackend):
                 out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[3]), _int(parts[4]), parts[5].strip())
         return out
 
-    def _sacct(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
+    def _sacct(self, ids: list[str]) -> tuple[dict[str, tuple[str, str, float | None, int | None, str]], str]:
+        """The permanent records of ``ids``, and the completion log's refusal when this account
+        cannot read the site's only record (:func:`unreadable_record`)."""
         proc = sacct(
             ["-S", SACCT_START, "-j", ",".join(ids), "-n", "-P", "-o", "jobid,jobname,state,exitcode,elapsed,ncpus"]
         )
@@ -310,7 +330,7 @@ class SlurmBackend(ExecutionBackend):
             # Only the job line: its steps (``ID.batch``, ``ID.extern``) are not the job.
             if len(parts) == 6 and parts[0] in ids:
                 out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[4]), _int(parts[5]), parts[3])
-        return out
+        return out, proc.unreadable
 
     def _exit_code(self, job_id: str) -> str:
         proc = run(["scontrol", "-o", "show", "job", job_id], check=False)
@@ -333,43 +353,67 @@ class SlurmBackend(ExecutionBackend):
         # Jobs slurmctld has purged (past MinJobAge) are resolved from the completion records.
         # The name must match too: job ids restart when a cluster's state is reset.
         missing = [j.remote_id for j in jobs if j.remote_id not in live or live[j.remote_id][0] != j.case_id]
-        archived = self._sacct(missing) if missing else {}
+        archived, unreadable = self._sacct(missing) if missing else ({}, "")
         out: dict[str, BackendState | Exception] = {}
         for job in jobs:
-            rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-            reason = ""
-            if job.remote_id in live and live[job.remote_id][0] == job.case_id:
-                _name, raw, elapsed, cores, reason = live[job.remote_id]
-                exit_code = ""
-            elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
-                _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
-            else:
-                # Not listed yet, or sacct's first-seconds allocation record (``ID|allocation|
-                # PENDING``, named "allocation", not the case): "not yet known", a failed poll
-                # that changes no state (R-CASE-3), never a step back to pending.
-                out[job.remote_id] = BackendError(f"Slurm does not know job {job.remote_id} (yet)", transient=True)
-                continue
-            status = map_state(raw)
-            message = ""
-            if status == BackendStatus.PENDING and reason and reason != "None":
-                message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
-            # A finished job writes nothing more: drain its output (it is finalized on this answer).
-            limit = None if status in BackendStatus.TERMINAL else 4 << 20
-            if status == BackendStatus.FAILED and not exit_code:
-                exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
-            if status == BackendStatus.FAILED:
-                message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
-                    f" (exit code {exit_code})" if exit_code else ""
-                )
-            for stream in ("stdout", "stderr"):
-                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
-            out[job.remote_id] = BackendState(
-                status=status,
-                execution_time=elapsed,
-                cores=cores,
-                message=message,
-            )
+            try:
+                out[job.remote_id] = self._state(job, live, archived, unreadable)
+            except OSError as exc:  # its logs could not be written (a full disk): its poll alone fails
+                out[job.remote_id] = exc
         return out
+
+    def _state(self, job: JobRef, live: dict, archived: dict, unreadable: str) -> BackendState | Exception:
+        """One job's answer from the pass's squeue and sacct reads (its output drained)."""
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
+        reason = ""
+        if job.remote_id in live and live[job.remote_id][0] == job.case_id:
+            _name, raw, elapsed, cores, reason = live[job.remote_id]
+            exit_code = ""
+        elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
+            _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
+        elif unreadable:
+            # squeue lists every job it accepted (sbatch returns after it did) until MinJobAge
+            # after its end: this one ended and was forgotten (a job failing in its first
+            # second, polled after MinJobAge; a worker outage). How it ended is only in the
+            # completion log, which this account cannot read: waiting cannot tell more (it
+            # was a failed poll backing off for ever, the case pending meanwhile). It ends
+            # failed, saying why, with its output (R-CASE-4).
+            for stream in ("stdout", "stderr"):
+                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes())
+            return BackendState(
+                status=BackendStatus.FAILED,
+                message=(
+                    f"Slurm job {job.remote_id} ended and slurmctld no longer lists it (MinJobAge), and how it "
+                    f"ended cannot be read here ({unreadable}): the site's only record is the job completion "
+                    "log, which the service's account cannot read. An operator makes JobCompLoc readable by it "
+                    "or runs slurmdbd (docs/operations.md, 'Slurm: finished-job records')."
+                ),
+            )
+        else:
+            # Not listed yet, or sacct's first-seconds allocation record (``ID|allocation|
+            # PENDING``, named "allocation", not the case): "not yet known", a failed poll
+            # that changes no state (R-CASE-3), never a step back to pending.
+            return BackendError(f"Slurm does not know job {job.remote_id} (yet)", transient=True)
+        status = map_state(raw)
+        message = ""
+        if status == BackendStatus.PENDING and reason and reason != "None":
+            message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
+        # A finished job writes nothing more: drain its output (it is finalized on this answer).
+        limit = None if status in BackendStatus.TERMINAL else 4 << 20
+        if status == BackendStatus.FAILED and not exit_code:
+            exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
+        if status == BackendStatus.FAILED:
+            message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
+                f" (exit code {exit_code})" if exit_code else ""
+            )
+        for stream in ("stdout", "stderr"):
+            files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
+        return BackendState(
+            status=status,
+            execution_time=elapsed,
+            cores=cores,
+            message=message,
+        )
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         self._helper("collect", job.case_id, job.pool_remote, what="live", globs=list(globs or []))

@@ -77,6 +77,14 @@ class Case(models.Model):
     last_refresh_at = models.DateTimeField(null=True, blank=True)
     poll_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    log_gap = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=_(
+            "Output a full cases disk kept out of the logs (when, and per log how many lines and bytes), noted in "
+            "the logs once there is room again."
+        ),
+    )
     status_message = models.CharField(
         max_length=500,
         blank=True,

@@ -46,6 +46,7 @@ from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
+from apps.core import cases_root
 from apps.core.exceptions import ServiceError
 from apps.core.tasks import enqueue
 from apps.resources.launch import case_bounds, launch_spec
@@ -63,6 +64,7 @@ POLL_FIELDS = [
     "last_polled_at",
     "poll_failures",
     "last_error",
+    "log_gap",
     "status_message",
     "results_fetched",
     "next_poll_at",
@@ -355,10 +357,19 @@ def apply_state(case: Case, result, backend, now: datetime, events: list[CaseEve
         case.poll_failures += 1
         case.last_error = f"poll failed: {result}"[:2000]
         case.next_poll_at = now + backoff(case.poll_failures)
+        if cases_root.is_disk_full(result):
+            # The cases disk is full (a backend copying the command's output into the logs): what
+            # the command wrote meanwhile on that disk may be lost; its logs say so once there is room.
+            case.log_gap = workspace.widen_log_gap(case.log_gap, now, None)
         return
     state: BackendState = result
     root = workspace.case_dir(case.id)
-    workspace.append_logs(root, state.stdout_delta, state.stderr_delta)  # R-CASE-5
+    if case.log_gap and workspace.write_log_gap_notes(root, case.log_gap):
+        case.log_gap = {}  # noted, before what comes after it
+    lost = workspace.append_logs(root, state.stdout_delta, state.stderr_delta)  # R-CASE-5
+    if lost:
+        logger.warning("case %s: the cases disk is full: %s of its output not kept", case.id, lost)
+        case.log_gap = workspace.widen_log_gap(case.log_gap, now, lost)
     case.poll_failures = 0
     case.last_error = ""
     case.next_poll_at = now + timedelta(seconds=settings.GRIDGATE_CASE_POLL_SECONDS)

@@ -18,7 +18,8 @@ from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
-from apps.core.exceptions import Conflict, Invalid, NotFound, ServiceError, TooManyRequests
+from apps.core import cases_root
+from apps.core.exceptions import Conflict, InsufficientStorage, Invalid, NotFound, ServiceError, TooManyRequests
 from apps.resources.selectors import can_use_pool
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,16 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options
     launch_options = check_launch_options(case.resource_class, chosen or {}, case.owner)
+    # A case needs room on the cases disk from its first second (its run directory, the output it
+    # writes, its results): below GRIDGATE_CASES_MIN_FREE_MB it is not started at all.
+    free = cases_root.free_bytes()
+    if cases_root.low_on_space(free):
+        raise InsufficientStorage(
+            f"The disk that holds case workspaces is nearly full: {free / 2**20:.0f} MiB free, below the "
+            f"{settings.GRIDGATE_CASES_MIN_FREE_MB} MiB a case needs to start (GRIDGATE_CASES_MIN_FREE_MB): the "
+            "launch was not recorded. Try again once an operator has made room.",
+            free_bytes=free,
+        )
     now = timezone.now()
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
@@ -244,6 +255,12 @@ def cancel_case(case: Case) -> Case:
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
     case.refresh_from_db()
     if not updated:
+        if case.status == CaseStatus.CANCELLED:
+            # Stopped by this very cancel: a command that traps SIGTERM ends only after the grace
+            # period, and the worker's poll, which runs meanwhile, saw the stop and recorded it
+            # first. The cancel did what was asked (a case cancelled before it was asked is the
+            # 409 above).
+            return case
         raise Conflict(f"The case already ended: {case.status}.", status=case.status)
     return case
 

@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 
 from apps.backends import files
 from apps.core import cases_root as root_dir
-from apps.core.exceptions import Conflict, PayloadTooLarge, Unavailable
+from apps.core.exceptions import Conflict, InsufficientStorage, PayloadTooLarge, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,18 @@ def ensure_cases_root() -> Path:
         ) from None
 
 
+def no_room(what: str) -> InsufficientStorage:
+    """507 for a write the cases disk had no room for, with what is left (its caller has removed
+    what it had begun: nothing half-written stays)."""
+    free = root_dir.free_bytes() or 0
+    log.warning("the cases disk is full (%s bytes free under %s): %s refused", free, cases_root(), what)
+    return InsufficientStorage(
+        f"The disk that holds case workspaces is full: {what} could not be stored and nothing was kept. "
+        "Try again once an operator has made room.",
+        free_bytes=free,
+    )
+
+
 def case_dir(case_id) -> Path:
     return cases_root() / str(case_id)
 
@@ -62,10 +74,16 @@ def create_campaign_dir(campaign_id) -> Path:
     the parents), Slurm cases get a copy owned by their account, remote backends upload it."""
     ensure_cases_root()
     shared = campaign_shared_dir(campaign_id)
-    for directory in (shared.parent.parent, shared.parent):
-        directory.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)  # also a campaigns/ left 0755 by an earlier version
-    shared.mkdir(mode=0o755, exist_ok=True)
+    try:
+        for directory in (shared.parent.parent, shared.parent):
+            directory.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o700)  # also a campaigns/ left 0755 by an earlier version
+        shared.mkdir(mode=0o755, exist_ok=True)
+    except OSError as exc:
+        if not root_dir.is_disk_full(exc):
+            raise
+        shutil.rmtree(shared.parent, ignore_errors=True)
+        raise no_room("the campaign's directory") from None
     return shared
 
 
@@ -75,11 +93,17 @@ def create_case_dir(case_id) -> Path:
     own run directory (``.run/``) when the pool has no ``working_root``."""
     ensure_cases_root()
     root = case_dir(case_id)
-    root.mkdir(mode=0o711, exist_ok=True)
-    for name in LAYOUT_DIRS:
-        (root / name).mkdir(mode=0o700, exist_ok=True)
-    for name in LOGS.values():
-        os.close(files.open_for_write(root / name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW))
+    try:
+        root.mkdir(mode=0o711, exist_ok=True)
+        for name in LAYOUT_DIRS:
+            (root / name).mkdir(mode=0o700, exist_ok=True)
+        for name in LOGS.values():
+            os.close(files.open_for_write(root / name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW))
+    except OSError as exc:
+        if not root_dir.is_disk_full(exc):
+            raise
+        shutil.rmtree(root, ignore_errors=True)
+        raise no_room("the case's workspace") from None
     return root
 
 
@@ -223,6 +247,18 @@ def save_uploads(dest: Path, uploads) -> list[str]:
         names.append(name)
     if len(set(names)) != len(names):
         raise ValidationError({"inputs": ["Two uploaded files have the same name."]})
+    free = root_dir.free_bytes()
+    if free is not None and total > free:  # refused before a byte is written
+        raise no_room(f"{len(uploads)} uploaded file(s) of {total} bytes")
+    try:
+        return _save_staged(dest, names, uploads)
+    except OSError as exc:
+        if not root_dir.is_disk_full(exc):
+            raise
+        raise no_room(f"{len(uploads)} uploaded file(s) of {total} bytes") from None
+
+
+def _save_staged(dest: Path, names: list[str], uploads) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".upload-{uuid.uuid4().hex}"
     staging.mkdir()
@@ -257,12 +293,69 @@ def save_uploads(dest: Path, uploads) -> list[str]:
     return names
 
 
-def append_logs(root: Path, stdout: str, stderr: str) -> None:
+def append_logs(root: Path, stdout: str, stderr: str) -> dict[str, list[int]]:
     """R-CASE-5: append output deltas to the workspace logs (bytes round-trip exactly), each log
-    kept within ``GRIDGATE_CASE_MAX_LOG_MB``, never through a symlink (R-CASE-8)."""
-    for name, text in (("stdout.log", stdout), ("stderr.log", stderr)):
-        if text:
-            files.append_log(root / name, text.encode("utf-8", "surrogateescape"), cap=files.log_cap_bytes())
+    kept within ``GRIDGATE_CASE_MAX_LOG_MB``, never through a symlink (R-CASE-8). Returns what a
+    full disk kept out, ``{stream: [lines, bytes]}`` (empty when everything went in): a provider's
+    delta is not offered twice, so it is counted for :func:`widen_log_gap`'s note."""
+    lost = {}
+    for stream, text in (("stdout", stdout), ("stderr", stderr)):
+        if not text:
+            continue
+        data = text.encode("utf-8", "surrogateescape")
+        try:
+            files.append_log(root / LOGS[stream], data, cap=files.log_cap_bytes())
+        except OSError as exc:
+            if not root_dir.is_disk_full(exc):
+                raise
+            rest = data[getattr(exc, "written", 0) :]
+            lost[stream] = [rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1), len(rest)]
+    return lost
+
+
+def widen_log_gap(gap: dict, now, lost: dict[str, list[int]] | None) -> dict:
+    """``gap`` (a case's ``log_gap``) extended to ``now`` with what a full disk kept out: counted
+    lines and bytes per log, or (``lost`` None: output the backend copies from its own files, which
+    the command could not write either) a stretch whose output may be missing."""
+    widened = {"since": gap.get("since") or now.isoformat(), "until": now.isoformat()}
+    for stream in LOGS:
+        lines, size = gap.get(stream) or [0, 0]
+        more = (lost or {}).get(stream) or [0, 0]
+        if lines + more[0] or size + more[1]:
+            widened[stream] = [lines + more[0], size + more[1]]
+    if lost is None or gap.get("uncounted"):
+        widened["uncounted"] = True
+    return widened
+
+
+def _when(text: str) -> str:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def write_log_gap_notes(root: Path, gap: dict) -> bool:
+    """Write, in each log the gap touched, a line saying what it could not keep and when; True
+    once written (the caller clears the gap), False while the disk is still full."""
+    when = f"from {_when(gap['since'])} to {_when(gap['until'])}"
+    notes = {}
+    for stream in LOGS:
+        counted = gap.get(stream)
+        if counted:
+            notes[stream] = (
+                f"[gridgate: {counted[0]} line(s) ({counted[1]} bytes) of this log could not be kept: the cases disk "
+                f"was full {when}]"
+            )
+        elif gap.get("uncounted"):
+            notes[stream] = f"[gridgate: the cases disk was full {when}: output written meanwhile may be missing here]"
+    try:
+        for stream, note in notes.items():
+            files.append_log(root / LOGS[stream], f"\n{note}\n".encode(), cap=files.log_cap_bytes())
+    except OSError as exc:
+        if not root_dir.is_disk_full(exc):
+            raise
+        return False
+    return True
 
 
 def open_file(path: Path):

@@ -10,7 +10,9 @@ backends and the case workspaces all need it, and core imports neither of the ot
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -75,3 +77,47 @@ def cases_root_check() -> tuple[bool, str]:
     if before & OPEN_TO_OTHERS:
         return True, f"{root} was mode {before:04o}, readable by other accounts: now 0711"
     return True, f"{root} is mode {before:04o}: other accounts cannot list it"
+
+
+# -- free space (a full disk is a clear answer, not a 500) -------------------------------------------
+#: the errors of a file system without room: no space left, or the account's quota reached
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def free_bytes() -> int | None:
+    """Free bytes for the service on the cases root's file system (``statvfs``'s ``f_bavail``;
+    before the root exists, on the directory it will be made in), or None when it cannot be read."""
+    path = cases_root()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def min_free_bytes() -> int:
+    return settings.GRIDGATE_CASES_MIN_FREE_MB * 1024 * 1024
+
+
+def low_on_space(free: int | None) -> bool:
+    """Below ``GRIDGATE_CASES_MIN_FREE_MB``: new cases are refused, health is degraded."""
+    return free is not None and free < min_free_bytes()
+
+
+def space_check() -> tuple[bool, str]:
+    """``manage.py doctor``'s check of the room left under the cases root."""
+    root, free = cases_root(), free_bytes()
+    if free is None:
+        return False, f"{root} cannot be read to measure its free space"
+    if low_on_space(free):
+        return False, (
+            f"{free / 2**20:.0f} MiB free under {root}, below GRIDGATE_CASES_MIN_FREE_MB "
+            f"({settings.GRIDGATE_CASES_MIN_FREE_MB} MiB): case launches are refused (507) and health reads "
+            "degraded until an operator makes room (cleanup, a larger file system)"
+        )
+    return True, f"{free / 2**30:.1f} GiB free under {root}"

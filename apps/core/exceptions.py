@@ -77,6 +77,17 @@ class PayloadTooLarge(ServiceError):
     default_detail = "The upload is too large."
 
 
+class InsufficientStorage(ServiceError):
+    """507: the disk the request must write to (the cases root) has no room; ``free_bytes`` says
+    how much is left. Retrying once an operator has made room works."""
+
+    status = 507
+    default_detail = "There is not enough free disk space to store this request."
+
+    def __init__(self, detail: str | None = None, *, free_bytes: int, **extra):
+        super().__init__(detail, free_bytes=free_bytes, **extra)
+
+
 class TooManyRequests(ServiceError):
     """429: asked again too soon; ``retry_after`` seconds until it may be asked again."""
 

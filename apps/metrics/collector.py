@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from apps.cases.models import Case, CaseStatus
+from apps.core import cases_root
 from apps.core.models import WorkerHeartbeat
 from apps.licences.models import LicenceState
 from apps.resources.models import ResourcePool, usage_of
@@ -70,8 +71,26 @@ class StateCollector:
         yield from self._cases(names)
         yield from self._workers(now)
         yield from self._licences(names, now)
+        yield from self._disk()
 
     # -- families -------------------------------------------------------------------------
+    def _disk(self):
+        """The cases root's free space as this web host sees it (a shared file system: the same
+        everywhere), and the floor below which launches are refused (GRIDGATE_CASES_MIN_FREE_MB).
+        No sample when the root cannot be read."""
+        free = GaugeMetricFamily(
+            "gridgate_cases_root_free_bytes", "Free bytes on the file system of the cases root (GRIDGATE_CASES_ROOT)."
+        )
+        floor = GaugeMetricFamily(
+            "gridgate_cases_root_min_free_bytes",
+            "Below this much free space case launches are refused and health is degraded (GRIDGATE_CASES_MIN_FREE_MB).",
+        )
+        measured = cases_root.free_bytes()
+        if measured is not None:
+            free.add_metric([], measured)
+        floor.add_metric([], cases_root.min_free_bytes())
+        yield from (free, floor)
+
     def _pools(self, pools):
         total = GaugeMetricFamily(
             "gridgate_pool_slots_capacity",

@@ -94,7 +94,13 @@ class DeviceAdmin(admin.ModelAdmin):
     list_select_related = ["pool"]
     search_fields = ["name", "pool__name"]
     # Written by the worker's status pass (real QPUs), never by hand.
-    readonly_fields = ["provider_status", "provider_message", "provider_checked_at", "provider_specs"]
+    readonly_fields = [
+        "provider_status",
+        "provider_message",
+        "provider_checked_at",
+        "provider_specs",
+        "provider_specs_text",
+    ]
     actions = ["bring_online", "take_offline", "check_provider_status"]
 
     def get_queryset(self, request):

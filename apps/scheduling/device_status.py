@@ -39,7 +39,8 @@ def record_status(device: Device, status: ProviderStatus) -> None:
         fields = ["provider_status", "provider_message", "provider_checked_at"]
         if status.specs is not None:
             locked.provider_specs = status.specs
-            fields.append("provider_specs")
+            locked.provider_specs_text = status.specs_text
+            fields += ["provider_specs", "provider_specs_text"]
         came_online = False
         if status.status == "up" and previous != "up":
             came_online = not locked.online
@@ -55,7 +56,14 @@ def record_status(device: Device, status: ProviderStatus) -> None:
         log.warning(
             "device %s: provider status %s → %s (%s)", device, previous or "unknown", status.status, status.message
         )
-    for name in ("provider_status", "provider_message", "provider_checked_at", "provider_specs", "online"):
+    for name in (
+        "provider_status",
+        "provider_message",
+        "provider_checked_at",
+        "provider_specs",
+        "provider_specs_text",
+        "online",
+    ):
         setattr(device, name, getattr(locked, name))
 
 

@@ -49,6 +49,9 @@ class Device(models.Model):
     provider_message = models.CharField(max_length=500, blank=True, default="")
     provider_checked_at = models.DateTimeField(null=True, blank=True)
     provider_specs = models.JSONField(null=True, blank=True, help_text="The provider's Pulser device, as last read.")
+    provider_specs_text = models.TextField(
+        blank=True, default="", help_text="The same specs exactly as the provider sent them (QRMI passes them through)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -229,6 +232,11 @@ class DriverRun(models.Model):
         max_length=100, blank=True, default="", help_text="The worker process that started it last (host:pid)."
     )
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="Last time its task was sent (emulator).")
+    sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its submission last left for the provider (pasqal_qpu: a lost answer is judged from it).",
+    )
     enqueues = models.PositiveIntegerField(default=0, help_text="Sends of its task since it was last queued.")
 
     class Meta:

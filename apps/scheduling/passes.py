@@ -24,6 +24,7 @@ from apps.scheduling import latency, runtimes, shares
 from apps.scheduling.drivers import (
     DriverState,
     PermanentDriverError,
+    SubmissionPending,
     TransientDriverError,
     UndecidedSubmission,
     get_driver,
@@ -217,6 +218,9 @@ def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
         log.error("job %s: %s", job.pk, exc)
         _finish(job, DriverState("unknown", error=str(exc)), expect_remote_id="", owner=owner)
         return
+    except SubmissionPending as exc:
+        _hold_for_answer(job, exc, owner)
+        return
     except PermanentDriverError as exc:
         _finish(job, DriverState("failed", error=str(exc)), expect_remote_id="", owner=owner)
         return
@@ -236,6 +240,19 @@ def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
         if accepted and job.scheduled_at:
             latency.observe(job.pool_id, LatencyKind.DISPATCH, (timezone.now() - job.scheduled_at).total_seconds())
     job.remote_id = remote_id
+
+
+def _hold_for_answer(job: Job, exc: SubmissionPending, owner: str) -> None:
+    """The device may be creating the job (its submission's answer was lost): the job stays
+    running on it, holding the slot (a job sent there meanwhile could be dropped by the late one,
+    or run beside it), and its claim ends so that the poll pass due at ``retry_at`` takes the
+    hand-over over and asks the driver again (its submit is idempotent: it looks before it sends).
+    Nothing is charged back and no transient attempt is counted: nothing failed."""
+    log.warning("job %s: %s", job.pk, exc)
+    line = f"{timezone.now():%Y-%m-%d %H:%M:%S} {exc}\n"
+    Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner).update(
+        lease_owner="", lease_until=None, next_poll_at=exc.retry_at, logs=(job.logs + line)[-100_000:]
+    )
 
 
 def _requeue(job: Job, exc: Exception) -> None:

@@ -28,8 +28,9 @@ def test_doctor_fake_backend_passes(settings, tmp_path):
     assert code == 0
     assert out.splitlines()[0].startswith("OK    [site] cases root:")
     assert out.splitlines()[1].startswith("OK    [site] cases root shared: no worker host heartbeat")
-    assert out.splitlines()[2].startswith("OK    [fake] fake:")
-    assert out.strip().endswith("3/3 checks passed")
+    assert out.splitlines()[2].startswith("OK    [site] cases root space:") and "GiB free under" in out
+    assert out.splitlines()[3].startswith("OK    [fake] fake:")
+    assert out.strip().endswith("4/4 checks passed")
 
 
 def test_doctor_creates_a_missing_cases_root_0711_before_any_backend_check(settings, tmp_path):

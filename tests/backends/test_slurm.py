@@ -78,6 +78,55 @@ def aged_job(slurm_cluster, tmp_path_factory):
     return root, case_id, SlurmBackend().submit(spec), remote
 
 
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")  # scripts/slurm-local.sh's cluster: no slurmdbd, jobcomp/filetxt
+
+
+@pytest.fixture(scope="module")
+def unreadable_log_conf(slurm_cluster, tmp_path_factory):
+    """The local cluster's slurm.conf with a completion log this process cannot open: what a
+    site's worker sees when ``JobCompLoc`` is root's (``sacct -c``: "fatal: open …"). The tests
+    run as root, who opens any file, so the log is named where none exists."""
+    text = DEFAULT_CONF.read_text()
+    assert "JobCompType=jobcomp/filetxt" in text and "slurmdbd" not in text, "not scripts/slurm-local.sh's cluster"
+    conf = tmp_path_factory.mktemp("unreadable-log") / "slurm.conf"
+    lines = [line for line in text.splitlines() if not line.startswith("JobCompLoc=")]
+    conf.write_text("\n".join([*lines, "JobCompLoc=/nonexistent/gridgate-test/jobcomp.log"]) + "\n")
+    return conf
+
+
+@pytest.fixture(scope="module")
+def forgotten_failure(unreadable_log_conf, tmp_path_factory):
+    """A job that fails in its first second, submitted when the module starts (on the local
+    cluster, as the service), so that by the end of the module slurmctld has forgotten it."""
+    root = tmp_path_factory.mktemp("forgotten")
+    case_id = str(uuid.uuid4())
+    ws = root / "cases" / case_id
+    for name in ("inputs", "results"):
+        (ws / name).mkdir(parents=True)
+    remote = {"partition": "debug", "working_root": str(root / "scratch")}
+    spec = SubmitSpec(
+        case_id=case_id,
+        command="echo 'no mesh' >&2; exit 3",
+        workspace=ws,
+        pool_remote=remote,
+        resources={"cpu": 1, "memory": 1, "gpu": 0},
+        batch_directives=["--partition=debug"],
+        environment={},
+        launch_options={},
+        observability_globs=[],
+    )
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(DEFAULT_CONF)
+    try:
+        job_id = SlurmBackend().submit(spec)
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+    return root, case_id, job_id, remote, unreadable_log_conf
+
+
 def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
     rc = slurm_pool.classes.get()
     case = make_case(resource_class=rc, command="cat in.txt > out.txt; echo computed")
@@ -396,6 +445,71 @@ def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, m
     case = wait_for_terminal(Case.objects.get(pk=case_id), timeout=90)
     assert case.status == CaseStatus.DONE
     assert (root / "cases" / case_id / "results" / "result.txt").read_text() == "aged input\n"
+
+
+def test_a_forgotten_job_whose_completion_log_cannot_be_read_ends_failed_saying_why(forgotten_failure, monkeypatch):
+    """Runs after the aged job (the same wait): a job that failed in its first second and that
+    slurmctld has forgotten (MinJobAge), on a site whose only record, the completion log, this
+    account cannot open. Its poll was a failed poll backing off for ever (the case pending for
+    minutes, then for good); it ends failed, with the reason and the operator's fix."""
+    root, case_id, job_id, remote, conf = forgotten_failure
+    monkeypatch.setenv("SLURM_CONF", str(DEFAULT_CONF))
+    deadline = time.monotonic() + 150  # MinJobAge (5 s) + slurmctld's ~60 s purge cycle
+    while time.monotonic() < deadline:
+        known = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
+        if job_id not in known.stdout.split():
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"job {job_id} never aged out of slurmctld")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    for name in ("stdout.log", "stderr.log"):
+        (root / "cases" / case_id / name).touch()
+    state = SlurmBackend().poll(JobRef(case_id, job_id, root / "cases" / case_id, remote))
+    assert state.status == BackendStatus.FAILED
+    assert "fatal: open" in state.message and "JobCompLoc" in state.message
+    assert "no mesh" in (root / "cases" / case_id / "stderr.log").read_text()  # its output came back
+
+
+def _slurm_answers(monkeypatch, answers: dict[tuple, tuple[int, str, str]]):
+    from apps.backends import slurm
+
+    def fake_run(args, **kwargs):
+        key = tuple(args[:2]) if args[:2] == ["sacct", "-c"] else (args[0],)
+        code, out, err = answers[key]
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+
+
+NO_ACCOUNTING = (1, "", "Slurm accounting storage is disabled\n")
+
+
+@pytest.mark.parametrize(
+    "plain, log, ends",
+    [
+        (NO_ACCOUNTING, (1, "", "sacct: fatal: open /var/log/slurm/jobcomp.log: Permission denied\n"), True),
+        # Nothing lasting: slurmdbd unreachable; a log that answered without the job (not yet written).
+        (
+            (1, "", "sacct: error: slurm_persist_conn_open: Connection refused\n"),
+            (1, "", "Slurm job completion is disabled\n"),
+            False,
+        ),
+        (NO_ACCOUNTING, (0, "", ""), False),
+    ],
+)
+def test_a_job_slurmctld_forgot_ends_failed_only_when_its_record_cannot_be_read_for_good(
+    monkeypatch, tmp_path, plain, log, ends
+):
+    """Slurm 22.05's own words: with no slurmdbd, plain sacct says "accounting storage is
+    disabled" and ``sacct -c`` on a log it cannot open "fatal: open …". Only that is lasting; a
+    slurmdbd that does not answer, or a record without the job yet, stays a failed poll (R-CASE-3)."""
+    _slurm_answers(monkeypatch, {("squeue",): (0, "", ""), ("sacct",): plain, ("sacct", "-c"): log})
+    state = SlurmBackend().poll_many([JobRef("c", "12", tmp_path, {})])["12"]
+    if ends:
+        assert state.status == BackendStatus.FAILED and "Permission denied" in state.message
+    else:
+        assert isinstance(state, Exception) and "does not know" in str(state)
 
 
 def test_state_mapping_never_turns_an_unknown_state_into_a_failure():

@@ -385,3 +385,21 @@ def test_r_back_1_a_secret_in_a_submission_error_never_reaches_last_error(make_c
     assert case.status == CaseStatus.FAILED
     assert "s3cr3t-token-value" not in case.last_error and "***" in case.last_error
     assert not case.events.filter(message__contains="s3cr3t-token-value").exists()
+
+
+def test_r_case_6_a_cancel_whose_stop_the_poll_recorded_during_its_grace_period_answers_200(make_case, monkeypatch):
+    """A command that traps SIGTERM is stopped only after the grace period (SIGKILL); the worker's
+    poll runs meanwhile, sees the stop and records `cancelled` first. The cancel did what was
+    asked: 200 with the case, not 409 "already ended"."""
+    case = launched(make_case())
+    real_cancel = FakeBackend.cancel
+
+    def cancel_during_which_the_worker_polls(self, job):
+        real_cancel(self, job)
+        passes.poll_pass(case_ids=[case.id])  # the per-host pass, during the grace period
+
+    monkeypatch.setattr(FakeBackend, "cancel", cancel_during_which_the_worker_polls)
+    cancelled = services.cancel_case(case)
+    assert cancelled.status == CaseStatus.CANCELLED
+    with pytest.raises(Conflict):  # a repeat is still the 409 of a case that had ended
+        services.cancel_case(cancelled)

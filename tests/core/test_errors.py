@@ -108,3 +108,38 @@ def test_services_raise_the_projects_exceptions_and_import_nothing_from_drf():
         if "rest_framework" in path.read_text() or "apps.core.api" in path.read_text()
     ]
     assert len(layers) > 8 and not offenders
+
+
+SURROGATE = "\\ud800"  # a lone UTF-16 surrogate, written as JSON writes it
+
+
+@pytest.mark.parametrize(
+    "path, body, who",
+    [
+        ("/api/v1/resource-pools/", '{"name": "p", "kind": "SUR"}', "staff"),
+        ("/api/v1/resource-pools/", '{"name": "p", "kind": "local", "strategy": "SUR"}', "staff"),
+        ("/api/v1/resource-pools/", '{"name": "p", "kind": "local", "share_by": "SUR"}', "staff"),
+        ("/api/v1/devices/", '{"pool": POOL, "name": "d", "driver": "SUR"}', "staff"),
+        ("/api/v1/cases/", '{"name": "c", "resource_class": CLASS, "command": "true", "campaign": "SUR"}', "owner"),
+        (
+            "/api/v1/cases/",
+            '{"name": "c", "resource_class": CLASS, "command": "true", "launch_options": {"SUR": 1}}',
+            "owner",
+        ),
+    ],
+)
+def test_a_lone_surrogate_echoed_in_a_400_is_escaped_not_a_500(api, staff, owner, local_pool, path, body, who):
+    """JSON may carry a lone surrogate ("\\ud800"); a 400 whose message echoes it could not be
+    encoded as UTF-8 and became a 500. It is escaped in the answer instead (the same JSON)."""
+    body = body.replace("SUR", SURROGATE).replace("POOL", str(local_pool.pk))
+    body = body.replace("CLASS", str(local_pool.classes.get().pk))
+    response = api(staff if who == "staff" else owner).post(path, data=body, content_type="application/json")
+    assert_json_error(response, 400)
+    assert b"\\ud800" in response.content  # escaped, and the message still says what was sent
+
+
+def test_a_lone_surrogate_in_a_body_the_browsable_api_shows_again_is_not_a_500(client, staff, local_pool):
+    client.force_login(staff)
+    body = '{"name": "p", "kind": "SUR"}'.replace("SUR", SURROGATE)
+    response = client.post("/api/v1/resource-pools/", body, content_type="application/json", HTTP_ACCEPT="text/html")
+    assert_json_error(response, 400)  # an error page on an API path becomes JSON (ApiErrorMiddleware)

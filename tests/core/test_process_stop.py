@@ -184,3 +184,48 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+LIFELINE_CHILD = """
+import os, subprocess, sys, time
+from apps.core.supervise import watch_lifeline
+assert watch_lifeline()  # what Django's start does in a supervised child (apps.core.apps)
+forked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # like a cluster's workers
+open(sys.argv[1], "w").write(f"{os.getpid()} {forked.pid}")
+time.sleep(600)
+"""
+
+
+def test_a_supervisor_killed_with_sigkill_takes_its_children_and_theirs_with_it(tmp_path):
+    """What the OOM killer or `systemctl kill -s KILL` does to `manage.py worker`: the supervisor
+    runs no code, and its children, each in a session of its own, were left running (a restart
+    then ran a second cluster beside them). The lifeline's end of file ends each child's group."""
+    pids_file = tmp_path / "pids"
+    runner = (
+        "import sys; from apps.core.supervise import supervise; "
+        f"sys.exit(supervise([sys.executable, '-c', {LIFELINE_CHILD!r}, {str(pids_file)!r}], grace=30))"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", runner], cwd=ROOT)
+    pids: list[int] = []
+    try:
+        assert wait_until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2, 60)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        supervisor.kill()
+        supervisor.wait(timeout=30)
+        assert wait_until(lambda: not any(alive(p) for p in pids), 30), "a supervised process outlived its supervisor"
+    finally:
+        supervisor.kill()
+        for pid in pids:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_the_lifeline_is_not_watched_outside_a_supervisor(monkeypatch):
+    from apps.core.supervise import LIFELINE_ENV, watch_lifeline
+
+    monkeypatch.delenv(LIFELINE_ENV, raising=False)
+    assert watch_lifeline() is False
+    monkeypatch.setenv(LIFELINE_ENV, "9999")  # inherited without its pipe: never acted on
+    assert watch_lifeline() is False

@@ -199,3 +199,16 @@ def test_a_case_pass_batch_beyond_what_a_statement_can_name_is_refused_at_start(
     assert refused.returncode != 0 and "GRIDGATE_CASE_PASS_BATCH" in refused.stderr
     accepted = _run(["-c", "import config.settings"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_CASE_PASS_BATCH="10000")
     assert accepted.returncode == 0, accepted.stderr
+
+
+@pytest.mark.parametrize("level", ["warning", "WARNING", "Error", "debug"])
+def test_a_log_level_in_any_case_starts(tmp_path, level):
+    """`GRIDGATE_LOG_LEVEL=warning` (as operators write it, and as gunicorn takes it) stopped every
+    process at start: Python's logging knows the names only in upper case."""
+    started = _run(["manage.py", "check"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_LOG_LEVEL=level)
+    assert started.returncode == 0, started.stderr
+
+
+def test_an_unknown_log_level_is_refused_at_start_naming_the_variable(tmp_path):
+    refused = _run(["manage.py", "check"], GRIDGATE_VAR_DIR=str(tmp_path), GRIDGATE_LOG_LEVEL="loud")
+    assert refused.returncode != 0 and "GRIDGATE_LOG_LEVEL" in refused.stderr

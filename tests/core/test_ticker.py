@@ -308,11 +308,12 @@ def test_worker_runs_the_cluster_and_the_ticker_side_by_side(monkeypatch):
     from apps.core.management.commands import worker
 
     started = []
-    monkeypatch.setattr(worker, "supervise", lambda *commands, grace: started.append(commands) or 0)
+    monkeypatch.setattr(worker, "supervise", lambda *commands, grace, **kept: started.append((commands, kept)) or 0)
     with pytest.raises(SystemExit):
         call_command("worker", grace=3)
-    (commands,) = started
+    ((commands, kept),) = started
     assert [c[-1] for c in commands] == ["qcluster", "ticker"]
+    assert len(kept["keep_fds"]) == 1 and kept["stop_when"]() == ""  # the host's lock and lease (test_worker_host.py)
 
 
 def test_recovery_and_sweep_are_registered_with_the_tick_loop(db):

@@ -21,6 +21,12 @@ issues bearer tokens, and every QPU API request needs one of them (401 otherwise
 ``expire_tokens()`` makes those issued so far invalid; ``token_requests`` counts the grants.
 ``posted`` lists the ``pasqman_job_id`` tag of every job created, so a test counts the POSTs that
 reached the QPU for each Gridgate job.
+
+A slow QPU API: ``delay_creates(seconds, times=…)`` makes the next POSTs create their job only
+``seconds`` after they arrived, by the double's ``clock`` (``time.monotonic`` unless a test gives
+its own), and answer only then (the client has long given up: its answer is lost). With a test's
+clock, ``tick()`` after moving it creates, before it returns, every job then due; with the real
+one, the waiting request creates its job itself when the time comes.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import json
 import logging
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from flask import Flask, jsonify, request
@@ -57,13 +64,26 @@ def analog_device_specs() -> dict:
 FIRST_UID = 100
 
 
+@dataclass
+class DelayedCreate:
+    due: float
+    body: dict
+    done: threading.Event = field(default_factory=threading.Event)
+    job: dict | None = None
+
+
 def envelope(data, code=200, message="OK."):
     return jsonify({"code": code, "message": message, "data": data}), code
 
 
 class QpuDouble:
     def __init__(
-        self, *, specs: dict | None = None, auth: tuple[str, str] | None = None, client: tuple[str, str] | None = None
+        self,
+        *,
+        specs: dict | None = None,
+        auth: tuple[str, str] | None = None,
+        client: tuple[str, str] | None = None,
+        clock=None,
     ):
         self.specs = specs if specs is not None else analog_device_specs()
         self.auth = auth
@@ -78,6 +98,9 @@ class QpuDouble:
         self.hold = False  # jobs stay RUNNING while True (a long run)
         self._next_uid = FIRST_UID
         self.posted: list[str] = []
+        self.clock = clock or time.monotonic
+        self._create_delays: list[float] = []  # one per coming POST
+        self._delayed: list[DelayedCreate] = []
         self._lock = threading.Lock()
         self._server = None
         self.app = self._make_app()
@@ -110,6 +133,23 @@ class QpuDouble:
 
     def drop(self, path_part, *, times=1, method=None):
         self.faults.append(Fault(path_part, method, None, times, drop=True))
+
+    def delay_creates(self, seconds: float, *, times: int = 1) -> None:
+        self._create_delays += [seconds] * times
+
+    def pending_creates(self) -> int:
+        """POSTs received whose job is not created yet."""
+        with self._lock:
+            return sum(1 for delayed in self._delayed if delayed.job is None)
+
+    def tick(self) -> None:
+        """Create every delayed job now due by ``clock`` (a test calls it after moving its clock)."""
+        with self._lock:
+            for delayed in self._delayed:
+                if delayed.job is None and delayed.due <= self.clock():
+                    delayed.job = self._create(delayed.body)
+                    delayed.done.set()
+            self._delayed = [delayed for delayed in self._delayed if delayed.job is None]
 
     def posts(self) -> int:
         return sum(1 for method, path in self.calls if method == "POST" and path.endswith("/jobs"))
@@ -145,6 +185,31 @@ class QpuDouble:
             job["result"] = json.dumps({"counter": {k: v for k, v in counts.items() if v}})
         elif status == "ERROR":
             job["error"] = "Atom loss above threshold during the run."
+
+    def _create(self, body: dict) -> dict:
+        """A new job (the caller holds the lock); one at a time: a new job drops the running one."""
+        for job in self.jobs.values():
+            if job["status"] in ("PENDING", "RUNNING"):
+                self._end(job, "CANCELED")
+        uid = self._next_uid
+        self._next_uid += 1
+        context = body.get("context") or {}
+        self.posted.append(context.get("pasqman_job_id"))
+        job = {
+            "uid": uid,
+            "batch_id": context.get("batch_id"),
+            "status": "PENDING",
+            "result": None,
+            "program_id": uid,
+            "nb_run": body["nb_run"],
+            "pulser_sequence": body["pulser_sequence"],
+            "context": context,
+            "created_datetime": datetime.now(UTC).isoformat(),
+            "start_datetime": None,
+            "end_datetime": None,
+        }
+        self.jobs[uid] = job
+        return job
 
     def _make_app(self) -> Flask:
         app = Flask("pasqal-qpu-double")
@@ -205,28 +270,13 @@ class QpuDouble:
             if not isinstance(body.get("nb_run"), int) or not isinstance(body.get("pulser_sequence"), str):
                 return envelope(None, 400, "Bad request")
             with double._lock:
-                for job in double.jobs.values():  # one job at a time: a new job drops the running one
-                    if job["status"] in ("PENDING", "RUNNING"):
-                        double._end(job, "CANCELED")
-                uid = double._next_uid
-                double._next_uid += 1
-                context = body.get("context") or {}
-                double.posted.append(context.get("pasqman_job_id"))
-                job = {
-                    "uid": uid,
-                    "batch_id": context.get("batch_id"),
-                    "status": "PENDING",
-                    "result": None,
-                    "program_id": uid,
-                    "nb_run": body["nb_run"],
-                    "pulser_sequence": body["pulser_sequence"],
-                    "context": context,
-                    "created_datetime": datetime.now(UTC).isoformat(),
-                    "start_datetime": None,
-                    "end_datetime": None,
-                }
-                double.jobs[uid] = job
-                return envelope(dict(job))
+                if not double._create_delays:
+                    return envelope(dict(double._create(body)))
+                delayed = DelayedCreate(due=double.clock() + double._create_delays.pop(0), body=body)
+                double._delayed.append(delayed)
+            while not delayed.done.wait(0.05):  # a slow QPU API: created when its time comes
+                double.tick()
+            return envelope(dict(delayed.job))
 
         @app.get("/api/v1/jobs/<int:uid>")
         def get(uid):

@@ -594,3 +594,21 @@ def test_the_base_url_answers_as_wardens_greeting(qpu, qrmi):
 def test_a_job_without_logs_answers_wardens_words(qpu, qrmi, alice, open_qrmi_session):
     job_id = submit(qrmi, open_qrmi_session()).json()["id"]
     assert qrmi(USER_UID).get(f"{BASE}/jobs/{job_id}/logs").json() == {"logs": "There are no logs for this job"}
+
+
+@pytest.mark.parametrize(
+    "reason, warden",
+    [
+        (RevocationReason.MAX_LIFETIME, "max_lifetime_expired"),
+        (RevocationReason.IDLE_TIMEOUT, "idle_timeout"),
+        (RevocationReason.MANUAL, "manual"),
+    ],
+)
+def test_revocation_reasons_read_as_wardens_names(qpu, qrmi, alice, open_qrmi_session, reason, warden):
+    """Warden's clients read `max_lifetime_expired` where Gridgate says `max_lifetime`."""
+    from apps.sessions import services
+
+    session = open_qrmi_session(external_id="77")
+    services.revoke(session_ids=[session.pk], reason=reason)
+    found = qrmi(ROOT).get(f"{BASE}/sessions?scheduler_job_id=77").json()
+    assert [s["revocation_reason"] for s in found] == [warden]

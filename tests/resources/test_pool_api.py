@@ -185,3 +185,22 @@ def test_demo_refuses_to_run_without_debug_and_keeps_existing_passwords(settings
     call_command("demo", "--force")
     user.refresh_from_db()
     assert user.check_password("a-real-password") and not user.is_superuser
+
+
+def test_a_pool_patch_with_part_of_a_quota_merges_it_into_the_current_one(api, staff):
+    """`{"quota": {"memory": 4}}` was a KeyError 500: it changes the memory and keeps the rest."""
+    pool = ResourcePool.objects.create(name="q", kind="local", quota_cpu=8, quota_memory=16, quota_gpu=2)
+    response = api(staff).patch(f"/api/v1/resource-pools/{pool.pk}/", {"quota": {"memory": 4}}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["quota"] == {"cpu": 8, "memory": 4, "gpu": 2}
+    pool.refresh_from_db()
+    assert (pool.quota_cpu, pool.quota_memory, pool.quota_gpu) == (8, 4, 2)
+
+
+def test_part_of_a_quota_on_a_pool_without_one_is_400_naming_what_is_missing(api, staff):
+    pool = ResourcePool.objects.create(name="q", kind="local")
+    response = api(staff).patch(f"/api/v1/resource-pools/{pool.pk}/", {"quota": {"memory": 4}}, format="json")
+    assert response.status_code == 400, response.content
+    assert set(response.json()["quota"]) == {"cpu"}
+    pool.refresh_from_db()
+    assert pool.quota is None

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.scheduling import device_status, passes, services
 from apps.scheduling.drivers import pasqal_qpu
-from apps.scheduling.models import Device, Job, JobStatus
+from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
 from tests.scheduling.pulser_sequences import analog_sequence
 
@@ -98,8 +98,14 @@ def test_a_worker_killed_during_a_qpu_submission_never_runs_the_job_twice(qpu, q
         job.refresh_from_db()
         # Claimed by the dead worker (after_commit: handed over, its remote id recorded).
         assert job.status == JobStatus.RUNNING and bool(job.lease_owner) != bool(job.remote_id)
-        # Its claim expires; the next poll pass takes the job over, and settles it in that pass.
+        # Its claim expires, and so has the QPU API's deadline for a POST that may have left (the
+        # QPU API may create a job until then: a walk before it proves nothing, and the taker-over
+        # would keep the job on its device until then); the next poll pass takes the job over and
+        # settles it in that pass.
         Job.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1), next_poll_at=None)
+        DriverRun.objects.filter(remote_id=f"gridgate-job-{job.pk}", sent_at__isnull=False).update(
+            sent_at=timezone.now() - timedelta(hours=1)
+        )
         passes.poll_running(qpu_pool.pk)
         job.refresh_from_db()
         assert job.remote_id, f"{point}: the job was not settled by the pass that took it over"

@@ -1,6 +1,8 @@
 """The pasqal_qpu driver against a local double of the QPU API (SPEC §5, R-DEV-1, R-JOB-2/3,
 R-SCHED-3/4). The worker's functions are driven directly: no sleeps, no timing."""
 
+import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,6 +11,7 @@ from django.utils import timezone
 
 from apps.scheduling import device_status, passes, selectors, services
 from apps.scheduling.devices import validate_driver_settings
+from apps.scheduling.drivers import pasqal_qpu
 from apps.scheduling.drivers.pasqal_qpu import PasqalQpuDriver
 from apps.scheduling.models import Device, DriverRun, Job, JobStatus
 from tests.doubles.pasqal_qpu_server import QpuDouble
@@ -146,15 +149,17 @@ def test_a_qpu_that_went_down_since_the_last_check_is_not_sent_the_job(qpu_pool,
 
 
 def test_a_5xx_burst_is_retried_and_the_job_runs_once(qpu_pool, qpu, qpu_double, open_session, owner):
-    """A 5xx to a POST may come after the QPU created the job: each retry first looks for it
-    (the device's last recorded job is there, the next uid is not), then sends it again."""
+    """A 5xx to a POST may come after the QPU created the job: the QPU API answered, so it is
+    done with the request, and a walk at once settles it (the device's last recorded job is
+    there, the next uid is not): back in the queue, then sent again."""
     session = open_session(qpu_pool, owner)
     finished_one(qpu_pool, session)
     qpu_double.fault("/api/v1/jobs", status=503, times=2, method="POST")
     qpu_double.fault("/api/v1/jobs/101", status=502, times=3, method="GET")
     job = submit(session, shots=10)
     for _ in range(6):
-        Job.objects.filter(pk=job.pk).update(not_before=None)
+        polls_due()
+        Job.objects.filter(pk=job.pk).update(not_before=None)  # its back-off, without waiting it out
         run_to_the_end(qpu_pool, rounds=1)
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and sum(job.result["counts"].values()) == 10
@@ -185,9 +190,10 @@ def test_a_lost_answer_to_a_post_is_found_on_the_qpu_not_resubmitted(qpu_pool, q
     qpu_double.drop("/api/v1/jobs", method="POST")  # the QPU creates uid 101; the answer is lost
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
-    assert job.status == JobStatus.PENDING and job.attempts == 1  # transient: back in the queue
+    # Not a failure and not back in the queue: the job keeps its device while it is looked for.
+    assert job.status == JobStatus.RUNNING and job.remote_id == "" and job.attempts == 0
+    assert "answer to submission" in job.logs
     assert qpu_double.jobs[101]["context"]["pasqman_job_id"] == f"gridgate-job-{job.pk}"
-    Job.objects.filter(pk=job.pk).update(not_before=None)
     run_to_the_end(qpu_pool)
     job.refresh_from_db()
     first.refresh_from_db()
@@ -202,9 +208,15 @@ def test_a_lost_post_the_qpu_never_got_is_sent_again(qpu_pool, qpu, qpu_double, 
     run_to_the_end(qpu_pool)
     job = submit(session)
     claimed = passes.dispatch_once(qpu_pool.pk)
-    # An earlier attempt recorded its intent, and its POST never reached the QPU.
+    # An earlier attempt recorded its intent, and its POST never reached the QPU; the QPU API's
+    # deadline for it has passed.
     DriverRun.objects.create(
-        remote_id=f"gridgate-job-{job.pk}", device=qpu, payload=job.payload, shots=job.shots, status="submitting"
+        remote_id=f"gridgate-job-{job.pk}",
+        device=qpu,
+        payload=job.payload,
+        shots=job.shots,
+        status="submitting",
+        sent_at=timezone.now() - timedelta(hours=1),
     )
     passes.submit_claimed(claimed)
     job.refresh_from_db()
@@ -217,7 +229,7 @@ def test_a_lost_answer_that_cannot_be_looked_up_ends_unknown_instead_of_running_
     job = submit(open_session(qpu_pool, owner))
     qpu_double.drop("/api/v1/jobs", method="POST")  # no uid known on this device yet
     passes.run_pool(qpu_pool.pk)
-    Job.objects.filter(pk=job.pk).update(not_before=None)
+    polls_due()
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.UNKNOWN and "not submitted again" in job.error
@@ -233,7 +245,7 @@ def test_a_5xx_after_the_qpu_created_the_job_is_adopted_not_sent_again(qpu_pool,
     job = submit(session)
     qpu_double.fault("/api/v1/jobs", status=502, method="POST", after=True)  # created, then 502
     passes.run_pool(qpu_pool.pk)
-    Job.objects.filter(pk=job.pk).update(not_before=None)
+    polls_due()
     run_to_the_end(qpu_pool)
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED
@@ -251,7 +263,7 @@ def test_a_lost_answer_after_the_qpu_api_restarted_ends_unknown_never_twice(
     job = submit(session)
     qpu_double.drop("/api/v1/jobs", method="POST")
     passes.run_pool(qpu_pool.pk)
-    Job.objects.filter(pk=job.pk).update(not_before=None)
+    polls_due()
     passes.run_pool(qpu_pool.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.UNKNOWN
@@ -459,3 +471,153 @@ def test_pasqal_qpu_config_is_validated(qpu_pool):
     )
     text = " ".join(PasqalQpuDriver().validate_config({"url": "https://q", "client_id_env": "GRIDGATE_CRED_X"}))
     assert "go with 'token_url'" in text
+    # The QPU API's deadline must lie past what the driver itself waits (timeout + back-offs: 10 + 7).
+    text = " ".join(PasqalQpuDriver().validate_config({"url": "https://q", "request_deadline": 17}))
+    assert "'request_deadline' must be above" in text and "17 s" in text
+    assert PasqalQpuDriver().validate_config({"url": "https://q", "request_deadline": 18}) == []
+
+
+def test_qrmi_specs_pass_the_qpus_own_text_through_unchanged(qpu_pool, qpu_double, client):
+    """Warden hands the QPU's specs text on as it came; a copy re-serialized from the database
+    had its keys in jsonb's order. Here the QPU writes its keys in reverse order, spaced its way."""
+    from tests.doubles.pasqal_qpu_server import analog_device_specs
+
+    specs = analog_device_specs()
+    text = json.dumps(dict(reversed(list(specs.items()))), indent=1)
+    qpu_double.specs = text  # GET /system answers {"specs": "<that text>"}
+    device = Device.objects.create(pool=qpu_pool, name="fresnel", driver="pasqal_qpu", config={"url": qpu_double.url})
+    assert device_status.check_device(device) == "up"
+    answer = client.get(f"/qrmi/{qpu_pool.name}/qpu/specs")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["specs"] == text
+
+
+# -- a slow QPU API: exactly once ------------------------------------------------------------------
+class Clock:
+    """One clock for the QPU double and the driver, moved by the test: no test waits 25 s."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.start = timezone.now()
+
+    def __call__(self) -> float:  # the double's
+        return self.seconds
+
+    def now(self):  # the driver's
+        return self.start + timedelta(seconds=self.seconds)
+
+
+@pytest.fixture
+def slow_qpu(qpu_pool, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(pasqal_qpu, "now", clock.now)
+    double = QpuDouble(clock=clock).start()
+
+    def device(**config):
+        made = Device.objects.create(
+            pool=qpu_pool, name="fresnel", driver="pasqal_qpu", config={"url": double.url, **config}
+        )
+        assert device_status.check_device(made) == "up"
+        return made
+
+    yield clock, double, device
+    double.stop()
+
+
+def lost_post_held(pool, double, job):
+    """The job's POST left, its answer was lost (the driver's timeout), the QPU API has not created it."""
+    passes.run_pool(pool.pk)
+    deadline = time.monotonic() + 30
+    while double.pending_creates() != 1 and time.monotonic() < deadline:  # the request reached the double
+        time.sleep(0.05)
+    assert double.pending_creates() == 1
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.remote_id == ""  # held on its device, not requeued
+
+
+@pytest.mark.parametrize(
+    "delay, config",
+    [
+        (15, {"timeout": 0.3, "backoff": 0}),  # created after the driver's timeout and back-off
+        (25, {"timeout": 0.3}),  # the default deadline, the default back-off
+    ],
+)
+def test_a_job_the_qpu_api_creates_15_or_25_s_after_the_post_runs_exactly_once(
+    qpu_pool, slow_qpu, open_session, owner, delay, config
+):
+    """The QPU API creates the job after the driver gave up on the POST's answer: the walk finds
+    no uid past the last one for a while. That is no proof before the QPU API's own deadline, so
+    the job keeps its device and is looked for again, and adopted once the QPU shows it: one QPU
+    job for one Gridgate job (a resend on the first empty walk made two)."""
+    clock, double, device = slow_qpu
+    device(**config)
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)  # the device knows uid 100
+    job = submit(session)
+    tag = f"gridgate-job-{job.pk}"
+    double.delay_creates(delay)
+    lost_post_held(qpu_pool, double, job)
+    for second in range(5, delay, 5):  # the driver looks again every few seconds: nothing yet
+        clock.seconds = second
+        double.tick()
+        polls_due()
+        passes.run_pool(qpu_pool.pk)
+        job.refresh_from_db()
+        assert job.status == JobStatus.RUNNING and job.remote_id == "", second
+    clock.seconds = delay
+    double.tick()  # the QPU API creates the job now
+    polls_due()
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and job.remote_id == "101"
+    assert double.posted.count(tag) == 1 and len(double.jobs) == 2
+
+
+def test_a_lost_post_the_qpu_never_created_is_sent_again_only_after_its_deadline_and_a_second_walk(
+    qpu_pool, slow_qpu, open_session, owner
+):
+    clock, double, device = slow_qpu
+    device(timeout=0.3, backoff=0)  # request_deadline: the default, 120 s
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)
+    job = submit(session)
+    double.delay_creates(10**6)  # never, as far as this test goes
+    lost_post_held(qpu_pool, double, job)
+    clock.seconds = 119
+    polls_due()
+    passes.run_pool(qpu_pool.pk)  # a walk before the deadline: no uid 101, which proves nothing
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.remote_id == "" and double.posts() == 2
+    clock.seconds = 120
+    polls_due()
+    passes.run_pool(qpu_pool.pk)  # the second walk, after it: never created, sent again
+    job.refresh_from_db()
+    assert job.remote_id == "101" and double.posts() == 3
+    run_to_the_end(qpu_pool)
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED and double.posted.count(f"gridgate-job-{job.pk}") == 1
+
+
+def test_a_lost_post_the_qpu_api_cannot_be_asked_about_until_twice_its_deadline_ends_unknown(
+    qpu_pool, slow_qpu, open_session, owner
+):
+    clock, double, device = slow_qpu
+    qpu = device(timeout=0.3, backoff=0, retries=0, request_deadline=60)
+    session = open_session(qpu_pool, owner)
+    finished_one(qpu_pool, session)
+    job = submit(session)
+    double.delay_creates(10**6)
+    lost_post_held(qpu_pool, double, job)
+    Device.objects.filter(pk=qpu.pk).update(config={**qpu.config, "url": "http://127.0.0.1:9"})  # unreachable
+    for second in (30, 90):
+        clock.seconds = second
+        polls_due()
+        passes.run_pool(qpu_pool.pk)
+        job.refresh_from_db()
+        assert job.status == JobStatus.RUNNING and job.remote_id == "", second  # still held
+    clock.seconds = 120
+    polls_due()
+    passes.run_pool(qpu_pool.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.UNKNOWN and f"gridgate-job-{job.pk}" in job.error
+    assert double.posted.count(f"gridgate-job-{job.pk}") == 0  # never created, never sent twice

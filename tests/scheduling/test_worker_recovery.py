@@ -62,7 +62,7 @@ class Clusters:
         self.tmp_path = tmp_path
         self.started: dict[str, subprocess.Popen] = {}
 
-    def start(self, host: str, redis_url: str | None) -> subprocess.Popen:
+    def start(self, host: str, redis_url: str | None, **settings) -> subprocess.Popen:
         db = connection.settings_dict
         env = dict(
             os.environ,
@@ -77,6 +77,7 @@ class Clusters:
             GRIDGATE_EMULATOR_HEARTBEAT_SECONDS="1",
             GRIDGATE_EMULATOR_DEAD_AFTER="3",
         )
+        env.update(settings)
         env.pop("GRIDGATE_REDIS_URL", None)
         if redis_url:
             env["GRIDGATE_REDIS_URL"] = redis_url
@@ -176,3 +177,43 @@ def test_cluster_killed_mid_simulation_loses_nothing(broker, clusters, qpu_pool,
     print(f"killed → re-run started after {(run.started_at - killed_at).total_seconds():.1f} s")
     assert wait_until(lambda: Lease.objects.filter(name=TICK_LEASE, owner__startswith=f"{survivor}:").exists(), 30)
     assert beating(survivor) and not beating(victim)
+
+
+def terminate_other_connections() -> int:
+    """``pg_terminate_backend`` of every connection to this database but the test's own (what a
+    PostgreSQL restart, ``pg_ctlcluster … restart -m fast``, does to the workers' connections)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("broker", ["orm", "redis"], indirect=True)
+def test_a_database_blip_mid_emulation_costs_seconds_not_the_device(broker, clusters, qpu_pool, owner, open_session):
+    """Every connection of the worker is terminated while it simulates. The simulation's outcome
+    is recorded by its own worker once the database answers again, and the job completes: the
+    device is given back within seconds, the simulation run once. Before, the task failed on
+    "terminating connection due to administrator command" and the run kept its device slot until
+    the dead-worker timeout (here 600 s, far beyond this test's bounded wait: only the worker's
+    own recording can complete the job in time)."""
+    clusters.start("blip", broker, GRIDGATE_EMULATOR_DEAD_AFTER="600")
+    assert wait_until(lambda: beating("blip"), 120), clusters.log("blip")
+    Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 14})
+    session = open_session(qpu_pool, owner)
+    # 14 atoms for 5.5 µs: about ten seconds of simulation, time to pull the database away.
+    payload = {"sequence": custom_sequence(rows=2, columns=7, duration=5500)}
+    job = services.submit_job(user=owner, session_id=session.pk, payload=payload, shots=20)
+    assert wait_until(lambda: DriverRun.objects.filter(remote_id=f"emu-{job.pk}", status="running").exists(), 120)
+    blip_at = timezone.now()
+    assert terminate_other_connections() > 0
+    done = wait_until(lambda: Job.objects.get(pk=job.pk).status in (JobStatus.COMPLETED, JobStatus.FAILED), 120)
+    job.refresh_from_db()
+    run = DriverRun.objects.get(remote_id=job.remote_id)
+    assert done and job.status == JobStatus.COMPLETED, (job.status, job.error, clusters.log("blip"))
+    assert run.finished_at > blip_at  # the blip hit the simulation, not after it
+    assert run.attempts == 1  # recorded by its own worker: not re-run
+    assert sum(job.result["counts"].values()) == 20
+    assert not Job.objects.filter(device__name="emu", status=JobStatus.RUNNING).exists()  # the device is free
+    print(f"database blip → job completed {(job.finished_at - blip_at).total_seconds():.1f} s later")

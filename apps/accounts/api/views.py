@@ -1,7 +1,6 @@
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
@@ -15,6 +14,7 @@ from apps.accounts.api.serializers import (
     TokenResponseSerializer,
 )
 from apps.accounts.models import ApiToken
+from apps.core.api.renderers import JSONRenderer
 from apps.core.api.schema import ErrorSerializer
 
 

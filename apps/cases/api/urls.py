@@ -1,9 +1,9 @@
 from django.urls import re_path
-from rest_framework.renderers import JSONRenderer
 from rest_framework.routers import DefaultRouter
 
 from apps.cases.api.renderers import AnyMediaRenderer
 from apps.cases.api.views import CampaignViewSet, CaseViewSet
+from apps.core.api.renderers import JSONRenderer
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False

@@ -7,7 +7,6 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apps.cases import selectors, services, workspace
@@ -26,6 +25,7 @@ from apps.cases.api.serializers import (
 )
 from apps.cases.models import Campaign, Case, CaseStatus
 from apps.core.api.parsers import DepthLimitedJSONParser, NamedFilesMultiPartParser
+from apps.core.api.renderers import JSONRenderer
 from apps.core.idempotency import idempotent
 from apps.core.text import HIDDEN_IN_NAMES
 

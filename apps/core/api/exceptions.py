@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from apps.core import cases_root
 from apps.core.exceptions import Conflict, InvalidFields, ServiceError, TooManyRequests, field_errors
 
 # Services raise ``apps.core.exceptions``; this name stays for callers that still import it here.
@@ -45,6 +46,11 @@ def request_error(exc) -> tuple[dict, int, dict] | None:
         return {"detail": f"Too many files: at most {limit} per request.", "limit": limit}, 400, {}
     if isinstance(exc, (SuspiciousOperation, BadRequest)):
         return {"detail": "The request is malformed."}, 400, {}
+    if cases_root.is_disk_full(exc):
+        # A disk without room where nothing expected it (an upload's temporary file while Django
+        # parses the body, a write of the service's): 507, as the workspace's own writes answer.
+        detail = "The server's disk is full: the request could not be stored. Try again once an operator has made room."
+        return {"detail": detail, "free_bytes": cases_root.free_bytes() or 0}, 507, {}
     if isinstance(exc, OperationalError):
         # Deadlock, serialization failure, a connection lost to a database restart (a reused
         # connection is not pinged first: config/env.py): the request may well succeed when

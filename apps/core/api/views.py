@@ -9,11 +9,14 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core import cases_root
 from apps.core.models import WorkerHeartbeat
 
 
 class HealthView(APIView):
-    """Database reachability and the age of the newest worker heartbeat. 503 if the DB is down."""
+    """Database reachability, the age of the newest worker heartbeat and the cases root's free
+    space. 503 if the DB is down; "degraded" while no worker beats or the cases root has less
+    than GRIDGATE_CASES_MIN_FREE_MB free (new cases are refused then)."""
 
     permission_classes = [AllowAny]
     authentication_classes = []
@@ -29,6 +32,14 @@ class HealthView(APIView):
                     {
                         "alive": serializers.BooleanField(),
                         "last_heartbeat": serializers.DateTimeField(allow_null=True),
+                    },
+                ),
+                "cases_root": inline_serializer(
+                    "CasesRootHealth",
+                    {
+                        "free_bytes": serializers.IntegerField(allow_null=True),
+                        "min_free_bytes": serializers.IntegerField(),
+                        "low": serializers.BooleanField(),
                     },
                 ),
             },
@@ -50,11 +61,14 @@ class HealthView(APIView):
             )
         stale = timedelta(seconds=settings.GRIDGATE_WORKER_STALE_SECONDS)
         alive = last is not None and timezone.now() - last < stale
+        free = cases_root.free_bytes()
+        low = free is None or cases_root.low_on_space(free)
         return Response(
             {
-                "status": "ok" if alive else "degraded",
+                "status": "ok" if alive and not low else "degraded",
                 "database": "ok",
                 "worker": {"alive": alive, "last_heartbeat": last},
+                "cases_root": {"free_bytes": free, "min_free_bytes": cases_root.min_free_bytes(), "low": low},
             }
         )
 

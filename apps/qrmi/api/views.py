@@ -32,7 +32,7 @@ from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
 from apps.scheduling.selectors import pool_status
 from apps.sessions import services as sessions
-from apps.sessions.models import Session, is_service_principal
+from apps.sessions.models import RevocationReason, Session, is_service_principal
 from apps.sessions.selectors import slots_usage
 
 SESSION_HEADER = "X-Warden-Session"
@@ -73,6 +73,12 @@ def job_body(job: Job, uid: int) -> dict:
     }
 
 
+# Warden's names for why a session ended (warden/lib/session_lifecycle.py), which its clients read:
+# the same reasons as Gridgate's but for the lifetime's. ``released`` stays Gridgate's own (Warden
+# ends every session it is asked to close as ``manual``; docs/qrmi.md, "Deliberate differences").
+WARDEN_REASONS = {RevocationReason.MAX_LIFETIME: "max_lifetime_expired"}
+
+
 def session_body(session: Session, uid: int | None) -> dict:
     """The session shape of the protocol (Warden's fields, both job id names)."""
     created_at, idle_expires_at, expires_at, revoked_at = times(
@@ -88,7 +94,7 @@ def session_body(session: Session, uid: int | None) -> dict:
         "idle_expires_at": idle_expires_at,
         "expires_at": expires_at,
         "revoked_at": revoked_at,
-        "revocation_reason": str(session.revocation_reason) or None,
+        "revocation_reason": WARDEN_REASONS.get(session.revocation_reason, str(session.revocation_reason)) or None,
     }
 
 
@@ -397,13 +403,14 @@ class JobLogsView(QrmiView):
 class SpecsView(OpenView):
     """``GET qpu/specs`` (open, as Warden's): the Pulser device the pool's device runs (the
     emulator: its configured ``pulser_device``; a QPU: its specs as last read), as a JSON string;
-    its name is what sequences must target."""
+    its name is what sequences must target. A QPU's text is passed through as the QPU sent it
+    (Warden does the same): re-serialized, its keys came back in the database's order."""
 
     def get(self, request, pool):
         device = self.pool.devices.order_by("-online", "id").first()
         if device is None:
             raise NotFound(f"Pool '{self.pool.name}' has no device.")
-        return Response({"specs": json.dumps(get_driver(device.driver).specs(device))})
+        return Response({"specs": get_driver(device.driver).specs_text(device)})
 
 
 class SlotsView(OpenView):

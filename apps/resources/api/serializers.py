@@ -183,6 +183,22 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             validated["classes"] = entries.validated_data
         return validated
 
+    def validate_quota(self, value):
+        """A PATCH may carry part of a quota (``{"quota": {"memory": 4}}``): it is merged into the
+        pool's current quota; what is still missing (a pool without one) is a 400 naming the
+        field, never a KeyError 500. PUT and POST give the whole quota."""
+        if value is None:
+            return None
+        current = self.instance.quota if self.partial and self.instance is not None else None
+        merged = {**(current or {}), **value}
+        missing = [key for key in ("cpu", "memory") if merged.get(key) is None]
+        if missing:
+            raise serializers.ValidationError(
+                {key: ["This field is required (the pool has no quota to complete)."] for key in missing}
+            )
+        merged.setdefault("gpu", 0)
+        return merged
+
     def _save(self, instance, validated_data):
         classes = validated_data.pop("classes", None)
         users = validated_data.pop("users", None)
@@ -191,7 +207,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             quota = validated_data.pop("quota")
             validated_data["quota_cpu"] = quota["cpu"] if quota else None
             validated_data["quota_memory"] = quota["memory"] if quota else None
-            validated_data["quota_gpu"] = quota.get("gpu", 0) if quota else None
+            validated_data["quota_gpu"] = quota["gpu"] if quota else None
         if "remote" in validated_data and validated_data["remote"] is None:
             validated_data["remote"] = {}
         return services.save_pool(pool=instance, fields=validated_data, users=users, groups=groups, classes=classes)

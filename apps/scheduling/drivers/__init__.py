@@ -14,6 +14,7 @@ from apps.scheduling.drivers.base import (
     InvalidPayload,
     PermanentDriverError,
     ProviderStatus,
+    SubmissionPending,
     TransientDriverError,
     UndecidedSubmission,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidPayload",
     "PermanentDriverError",
     "ProviderStatus",
+    "SubmissionPending",
     "TransientDriverError",
     "UndecidedSubmission",
     "get_driver",

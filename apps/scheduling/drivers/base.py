@@ -4,6 +4,7 @@ The scheduler calls ``submit``, ``poll`` and ``cancel`` outside any database tra
 (R-SCHED-4) and never reads a driver's own state names.
 """
 
+import json
 from dataclasses import dataclass
 
 
@@ -22,6 +23,17 @@ class PermanentDriverError(DriverError):
 class UndecidedSubmission(PermanentDriverError):
     """The submission's answer was lost and the provider cannot tell whether it created the job:
     the job ends ``unknown`` for an operator, never submitted a second time."""
+
+
+class SubmissionPending(DriverError):
+    """The submission's answer was lost and the provider may still be creating the job: the job
+    keeps its device (a second job sent there meanwhile could be dropped by the late one, or run
+    beside it) and its hand-over is asked again at ``retry_at``, when the driver looks once more.
+    Neither a failure nor a retry of the send."""
+
+    def __init__(self, message: str, *, retry_at):
+        super().__init__(message)
+        self.retry_at = retry_at
 
 
 class InvalidPayload(DriverError):
@@ -49,6 +61,7 @@ class ProviderStatus:
     status: str
     message: str = ""
     specs: dict | None = None
+    specs_text: str = ""  # the specs exactly as the provider sent them (key order included)
 
 
 class DeviceDriver:
@@ -78,6 +91,10 @@ class DeviceDriver:
 
     def specs(self, device) -> dict:
         return {"driver": self.name}
+
+    def specs_text(self, device) -> str:
+        """The specs as a JSON string (QRMI ``target()``): a provider's own text where it sent one."""
+        return json.dumps(self.specs(device))
 
     def check_status(self, device) -> ProviderStatus | None:
         """Ask the provider whether the device is operational (worker only; may be slow)."""

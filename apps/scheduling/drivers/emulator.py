@@ -116,8 +116,11 @@ class EmulatorDriver(DeviceDriver):
         DriverRun.objects.filter(remote_id=remote_id, status="queued").update(status="cancelled", error="cancelled")
 
     def specs(self, device):
+        return json.loads(self.specs_text(device))
+
+    def specs_text(self, device):
         name = (device.config or {}).get("pulser_device", DEFAULT_DEVICE)
-        return json.loads(configured_device(device, name).to_abstract_repr())
+        return configured_device(device, name).to_abstract_repr()  # Pulser's own text
 
 
 def dead_after() -> timedelta:

@@ -274,6 +274,10 @@ class PasqalCloudDriver(DeviceDriver):
     def specs(self, device):
         return json.loads(self.pulser_device(device).to_abstract_repr())
 
+    def specs_text(self, device):
+        device_specs = self.pulser_device(device)  # 503 until known
+        return (device.provider_specs and device.provider_specs_text) or device_specs.to_abstract_repr()
+
     def validate_payload(self, device, payload, shots):
         """R-DEV-1 against the device type's specs as Pasqal Cloud publishes them."""
         validate_sequence(payload, shots, self.pulser_device(device), where=f"device '{device.name}'")
@@ -300,7 +304,10 @@ class PasqalCloudDriver(DeviceDriver):
             return ProviderStatus("down", message=f"unreadable specs for {config['device_type']}: {type(exc).__name__}")
         if problem:
             return ProviderStatus("down", message=f"{config['device_type']}: {problem}")
-        return ProviderStatus("up", message=f"{config['device_type']} offered by Pasqal Cloud", specs=parsed)
+        text = raw if isinstance(raw, str) else json.dumps(raw)  # Pasqal Cloud's own text, kept as sent
+        return ProviderStatus(
+            "up", message=f"{config['device_type']} offered by Pasqal Cloud", specs=parsed, specs_text=text
+        )
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, device, job):

@@ -15,7 +15,10 @@ QPU API answers 401) or a static header (``auth_header``, e.g. ``Authorization``
 the variable holding its value): secrets never go in the database; ``timeout`` (seconds per
 request, default 10),
 ``retries`` (extra attempts on 5xx and connection errors, default 3), ``backoff`` (first pause
-between attempts in seconds, doubled each time, default 1).
+between attempts in seconds, doubled each time, default 1), ``request_deadline`` (seconds: how
+long the QPU API may still carry out a request after it received it, its own server's deadline;
+default the larger of 120 and ``timeout`` + all back-offs + 60, and always above ``timeout`` + all
+back-offs).
 
 Lost answers. ``POST /jobs`` is not idempotent and the API has no list endpoint, so the driver
 writes its intent (a ``DriverRun`` keyed by Gridgate's stable run id, also sent as
@@ -24,21 +27,27 @@ request left (a dropped connection, a read timeout, a 5xx: the QPU may have crea
 before failing), or the worker died between the POST and recording its answer, the next attempt
 does not resend: it walks the QPU's job uids forward from the highest uid this device recorded
 (after checking that job is still there with its own tag: a QPU API restarted on an empty store
-gives its uids again) and adopts the job whose ``pasqman_job_id`` is ours. It resends only when
-the QPU shows it never created the job (the walk reaches a uid the QPU does not have without
-finding ours); when it cannot tell (no uid recorded yet for this device, uids that started again,
-a job without its context, a walk too long), the job ends ``unknown`` for an operator rather than
-risk running it twice (``UndecidedSubmission``).
+gives its uids again) and adopts the job whose ``pasqman_job_id`` is ours. "No uid past the last
+one" proves the QPU never created the job only once the QPU API has finished with the lost
+request: a slow QPU API creates it after the driver's timeout and back-off (seen 15 s and 25 s
+after the POST), and a resend then ran the job twice. So until ``request_deadline`` after the POST
+left, a lost answer keeps its job and device (``SubmissionPending``) and is looked for again; it
+resends only when a walk begun after that deadline still finds neither the job nor a uid past
+the last one. When it cannot tell (no uid recorded yet for this device, uids that started again,
+a job without its context, a walk too long, a QPU API it could not ask until twice the deadline),
+the job ends ``unknown`` for an operator rather than risk running it twice
+(``UndecidedSubmission``).
 """
 
 import json
 import logging
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from urllib.parse import urlparse
 
 import httpx
+from django.utils import timezone
 
 from apps.core import credentials
 from apps.core.exceptions import Unavailable
@@ -49,6 +58,7 @@ from apps.scheduling.drivers.base import (
     DriverState,
     PermanentDriverError,
     ProviderStatus,
+    SubmissionPending,
     TransientDriverError,
     UndecidedSubmission,
 )
@@ -68,11 +78,26 @@ KNOWN = {
     "timeout",
     "retries",
     "backoff",
+    "request_deadline",
 }
 TOKEN_LEEWAY = 30  # seconds before a token's expiry it is fetched again (half its life when shorter)
 HEADER_NAME = ENV_NAME  # letters, digits, underscores; dashes allowed below
 CANNOT_CANCEL = "3003"  # the QPU's code for "this job can no longer be cancelled"
 UID_WALK = 50  # how far past the last known uid a lost submission is looked for
+RECHECK = timedelta(seconds=5)  # how often a lost submission is looked for before its deadline
+now = timezone.now  # the driver's clock (a test moves it)
+
+
+def backoff_total(config: dict) -> float:
+    """Every pause a call may take between its attempts (``backoff`` doubled ``retries`` times)."""
+    return float(config.get("backoff", 1)) * (2 ** int(config.get("retries", 3)) - 1)
+
+
+def request_deadline(config: dict) -> float:
+    """Seconds after a POST left within which the QPU API may still create its job."""
+    floor = float(config.get("timeout", 10)) + backoff_total(config)
+    return float(config.get("request_deadline") or max(120.0, floor + 60))
+
 
 STATES = {"PENDING": "running", "RUNNING": "running", "DONE": "completed", "ERROR": "failed", "CANCELED": "cancelled"}
 
@@ -90,6 +115,12 @@ class QpuError(Exception):
     @property
     def transient(self) -> bool:
         return self.status is None or self.status >= 500 or self.status == 429
+
+    @property
+    def answered(self) -> bool:
+        """The QPU API itself answered (its envelope, with its ``code``), so it is done with the
+        request, whatever it did; a proxy's error page or a lost answer says nothing of that."""
+        return self.status is not None and "code" in self.body
 
 
 class BearerTokens:
@@ -284,12 +315,26 @@ class PasqalQpuDriver(DeviceDriver):
             problems.append("'auth_header' must be an HTTP header name")
         if env is not None and credentials.name_problem(env):
             problems.append(f"'auth_env' {credentials.name_problem(env)}")
-        for key, low, high in (("timeout", 0.1, 300), ("retries", 0, 10), ("backoff", 0, 60)):
+        numbers_ok = True
+        for key, low, high in (
+            ("timeout", 0.1, 300),
+            ("retries", 0, 10),
+            ("backoff", 0, 60),
+            ("request_deadline", 1, 86_400),
+        ):
             value = config.get(key)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
             ):
                 problems.append(f"'{key}' must be a number from {low} to {high}")
+                numbers_ok = False
+        if numbers_ok and config.get("request_deadline") is not None:
+            floor = float(config.get("timeout", 10)) + backoff_total(config)
+            if config["request_deadline"] <= floor:
+                problems.append(
+                    f"'request_deadline' must be above 'timeout' plus every back-off ({floor:g} s): before it, a QPU "
+                    "API may still create a job whose answer was lost"
+                )
         return problems
 
     # -- specs and status (the worker's status pass) ---------------------------------------
@@ -305,6 +350,10 @@ class PasqalQpuDriver(DeviceDriver):
         self.pulser_device(device)  # 503 until the worker has read them
         return device.provider_specs
 
+    def specs_text(self, device):
+        self.pulser_device(device)
+        return device.provider_specs_text or json.dumps(device.provider_specs)
+
     def validate_payload(self, device, payload, shots):
         """R-DEV-1 against the QPU's own Pulser device (``GET /system``, as last read)."""
         validate_sequence(payload, shots, self.pulser_device(device), where=f"QPU device '{device.name}'")
@@ -316,18 +365,23 @@ class PasqalQpuDriver(DeviceDriver):
             specs = client.call("GET", "/system").get("specs")
         except QpuError as exc:
             return ProviderStatus("unreachable", message=str(exc))
+        # The QPU's own text is kept as sent (QRMI's qpu/specs passes it through, as Warden does):
+        # the parsed copy is stored as jsonb, which keeps neither key order nor spacing.
+        text = specs if isinstance(specs, str) else json.dumps(specs) if isinstance(specs, dict) else ""
         if isinstance(specs, str):
             try:
                 specs = json.loads(specs)
             except ValueError:
                 specs = None
         if not isinstance(specs, dict):
-            specs = None
+            specs, text = None, ""
         problem = specs_problem(specs) if specs is not None else ""
         if problem:
             return ProviderStatus("down", message=problem)
         status = "up" if operational == "UP" else "down"
-        return ProviderStatus(status, message=f"QPU operational status: {operational or 'missing'}", specs=specs)
+        return ProviderStatus(
+            status, message=f"QPU operational status: {operational or 'missing'}", specs=specs, specs_text=text
+        )
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, device, job):
@@ -343,11 +397,13 @@ class PasqalQpuDriver(DeviceDriver):
         try:
             client = QpuClient(device.config)
             if run.status == "submitting":  # an earlier POST left and its answer never came back
-                adopted = self._find_lost(client, device, stable)
+                adopted = self._find_lost(client, device, run)
                 if adopted:
                     return self._record(run, adopted)
             self._require_up(client, device)
         except QpuError as exc:
+            if run.status == "submitting":  # the QPU cannot be asked now; the job may be there
+                raise self._still_lost(run, device, f"the QPU API could not be asked about it: {exc}") from None
             raise TransientDriverError(str(exc)) from None
         sequence = job.payload["sequence"]
         body = {
@@ -355,12 +411,25 @@ class PasqalQpuDriver(DeviceDriver):
             "pulser_sequence": sequence if isinstance(sequence, str) else json.dumps(sequence),
             "context": {"batch_id": f"gridgate-session-{job.session_id}", "pasqman_job_id": stable},
         }
-        DriverRun.objects.filter(pk=stable).update(status="submitting")
+        run.sent_at = now()
+        DriverRun.objects.filter(pk=stable).update(status="submitting", sent_at=run.sent_at)
         try:
             answer = client.call("POST", "/jobs", body)
         except QpuError as exc:
-            if not exc.sent:  # the QPU answered with an error, or was never reached: no job there
-                DriverRun.objects.filter(pk=stable, external_id="").update(status="unsent")
+            run.status = "submitting"
+            if exc.sent and exc.answered:
+                # A 5xx from the QPU API itself: it is done with the request, so a walk now says
+                # whether it created the job before failing.
+                try:
+                    adopted = self._find_lost(client, device, run, settled=True)
+                except QpuError as walk_error:
+                    raise self._still_lost(run, device, f"{exc}; then {walk_error}") from None
+                if adopted:
+                    return self._record(run, adopted)
+            elif exc.sent:  # the answer was lost: the QPU may create the job until its own deadline
+                raise self._still_lost(run, device, str(exc)) from None
+            # The QPU answered with an error (and created nothing), or was never reached.
+            DriverRun.objects.filter(pk=stable, external_id="").update(status="unsent")
             if exc.transient:
                 raise TransientDriverError(str(exc)) from None
             raise PermanentDriverError(f"The QPU refused the job: {exc}") from None
@@ -379,25 +448,53 @@ class PasqalQpuDriver(DeviceDriver):
             record_status(device, ProviderStatus("down", message=f"QPU operational status: {operational or 'missing'}"))
             raise TransientDriverError("The QPU is down; the job waits until it is up again.")
 
-    def _find_lost(self, client, device, stable: str) -> dict | None:
+    def _still_lost(self, run, device, why: str) -> SubmissionPending | UndecidedSubmission:
+        """What to raise while a lost submission is not settled: keep the job and its device and
+        look again every RECHECK (and at the deadline itself, whose walk settles it), or, once
+        twice the QPU API's deadline has passed without a walk that could settle it (the QPU API
+        not answering), leave it to an operator."""
+        deadline = timedelta(seconds=request_deadline(device.config or {}))
+        current = now()
+        if run.sent_at is None or current >= run.sent_at + 2 * deadline:
+            return self._undecided(run.remote_id)
+        deadline_at = run.sent_at + deadline
+        retry_at = min(deadline_at, current + RECHECK) if current < deadline_at else current + RECHECK
+        return SubmissionPending(
+            f"The QPU's answer to submission {run.remote_id} was lost ({why}); the QPU API may create the job until "
+            f"{deadline_at:%H:%M:%S} UTC: the job keeps its device and is looked for again.",
+            retry_at=retry_at,
+        )
+
+    @staticmethod
+    def _undecided(stable: str) -> UndecidedSubmission:
+        return UndecidedSubmission(
+            "The QPU's answer to this job's submission was lost and the QPU cannot tell whether it created the job: "
+            f"it was not submitted again, so that it never runs twice. An operator looks for the tag {stable} "
+            "in the QPU's jobs (context.pasqman_job_id) and submits it again if the QPU never ran it."
+        )
+
+    def _find_lost(self, client, device, run, *, settled: bool = False) -> dict | None:
         """The job a lost submission created, if the QPU has it; None when the QPU shows it never
-        created it; UndecidedSubmission when it cannot tell (see the module docstring).
+        created it; SubmissionPending while it may still; UndecidedSubmission when it cannot tell
+        (see the module docstring).
 
         The walk from the last uid this device recorded is only evidence while the QPU's uids
         are the ones Gridgate knew: that last job must still be there, with its own tag. A QPU
         API that lost its jobs (restarted on an empty store) gives uids again from its start, so
-        a missing uid past the last one would prove nothing: the job is left undecided.
+        a missing uid past the last one would prove nothing: the job is left undecided. And a
+        missing uid proves only that the job does not exist *yet*: the QPU API may still be
+        working on the lost request until its own deadline, so only a walk begun after that
+        deadline (``request_deadline`` after the POST left) settles it, or one made after the QPU
+        API itself answered the POST (``settled``).
         """
+        stable = run.remote_id
+        walk_started = now()
         known = sorted(
             (int(uid), tag)
             for uid, tag in DriverRun.objects.filter(device=device).values_list("external_id", "remote_id")
             if uid.isdigit()
         )
-        undecided = UndecidedSubmission(
-            "The QPU's answer to this job's submission was lost and the QPU cannot tell whether it created the job: "
-            f"it was not submitted again, so that it never runs twice. An operator looks for the tag {stable} "
-            "in the QPU's jobs (context.pasqman_job_id) and submits it again if the QPU never ran it."
-        )
+        undecided = self._undecided(stable)
         if not known:
             raise undecided
         last_uid, last_tag = known[-1]
@@ -421,10 +518,17 @@ class PasqalQpuDriver(DeviceDriver):
             try:
                 job = client.call("GET", f"/jobs/{uid}")
             except QpuError as exc:
-                if exc.status in (400, 404):
-                    log.info("lost submission %s: the QPU has no job %s, so it never created it", stable, uid)
+                if exc.status not in (400, 404):
+                    raise
+                deadline = timedelta(seconds=request_deadline(device.config or {}))
+                if settled or (run.sent_at is not None and walk_started >= run.sent_at + deadline):
+                    log.info(
+                        "lost submission %s: the QPU has no job %s after its deadline, so it never created it",
+                        stable,
+                        uid,
+                    )
                     return None
-                raise
+                raise self._still_lost(run, device, f"the QPU has no job {uid} yet") from None
             context = job.get("context")
             if not isinstance(context, dict):
                 raise undecided

@@ -49,13 +49,17 @@ class Command(BaseCommand):
         host; a local case's inputs are written and its logs and results served by the web
         processes, and a launch not yet pinned is submitted by any worker host. One host alone
         passes: it sees its own marker."""
-        from apps.core.cases_root import cases_root_check
+        from apps.core.cases_root import cases_root_check, space_check
         from apps.core.hosts import shared_root_check
 
         # Before any backend's check: those create a missing root with the umask's mode.
         root_ok, root_message = cases_root_check()
         ok, message = shared_root_check()
-        checks = [registry.Check("cases root", root_ok, root_message), registry.Check("cases root shared", ok, message)]
+        checks = [
+            registry.Check("cases root", root_ok, root_message),
+            registry.Check("cases root shared", ok, message),
+            registry.Check("cases root space", *space_check()),
+        ]
         if ResourcePool.objects.exclude(slurm_licence="").exists():
             from apps.licences import sacctmgr
 
