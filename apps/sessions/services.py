@@ -310,6 +310,27 @@ def _sweep(due, reason: str, now: datetime) -> int:
             return count
 
 
+def settle_due(sessions: list) -> list:
+    """R-SESS-7: a session past one of its deadlines reads as what it is, whether or not the sweep
+    has run. Expire the pools of ``sessions`` that hold such a session (R-SESS-3's rule: one idle
+    past its deadline is kept while it has unfinished work) and return ``sessions`` as they are
+    then. Costs nothing while none is past a deadline (every read in the common case)."""
+    now = timezone.now()
+    due = {
+        session.pool_id
+        for session in sessions
+        if session.is_active and min(session.expires_at, session.idle_expires_at) <= now
+    }
+    if not due:
+        return sessions
+    for pool_id in sorted(due):
+        expire_due_sessions(now=now, pool_id=pool_id)
+    for session in sessions:
+        if session.pool_id in due and session.is_active:
+            session.refresh_from_db(fields=["status", "revoked_at", "revocation_reason"])
+    return sessions
+
+
 def recount_usage() -> list[str]:
     """Compare each pool's usage counters with the sums over its active sessions, and repair those
     that differ (a log line, and ``usage_repairs`` for ``gridgate_pool_usage_repairs_total``).

@@ -91,7 +91,7 @@ def _sessions(user):
 @login_required
 @require_GET
 def session_list(request):
-    sessions = list(_sessions(request.user).order_by("-created_at", "id")[:LIST_LIMIT])
+    sessions = session_services.settle_due(list(_sessions(request.user).order_by("-created_at", "id")[:LIST_LIMIT]))
     return render(request, "web/session_list.html", {"sessions": sessions})
 
 
@@ -147,7 +147,7 @@ def session_open(request):
 @login_required
 @require_GET
 def session_detail(request, pk):
-    session = get_object_or_404(_sessions(request.user), pk=pk)
+    (session,) = session_services.settle_due([get_object_or_404(_sessions(request.user), pk=pk)])
     examples = bundled_examples()
     first = next(iter(examples), "")
     initial = {"example": first}

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.models import PoolUsage, ResourceClass, ResourcePool
 from apps.scheduling.models import Device
 from apps.scheduling.services import submit_job
 from apps.sessions import hooks, services
@@ -177,3 +177,30 @@ def test_session_table_is_untouched_by_expiry_of_other_pools(pool, owner):
     with time_machine.travel(start + timedelta(seconds=120), tick=False):
         services.expire_due_sessions(pool_id=pool.pk)
     assert Session.objects.get(pk=s_other.pk).status == "active"
+
+
+def test_r_sess_7_a_session_past_its_lifetime_reads_as_ended_before_any_sweep(pool, owner, api):
+    """No sweep has run: the API reads the session as ended the moment it is due, and its slots
+    are free for the next admission."""
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner, slots=2)
+    with time_machine.travel(start + timedelta(seconds=3601), tick=False):
+        read = api(owner).get(f"/api/v1/sessions/{session.pk}/").json()
+        assert (read["status"], read["revocation_reason"]) == ("revoked", "max_lifetime")
+        assert PoolUsage.objects.get(pool=pool).slots_used == 0
+
+
+def test_r_sess_7_an_idle_session_reads_as_ended_unless_work_keeps_it(pool, owner, busy, client):
+    """Idle past its deadline: the list and the session's page read it as ended (R-SESS-3's rule:
+    one with unfinished work is kept, as the sweep would keep it)."""
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        idle, working = admit(pool, owner), admit(pool, owner, external_id="busy-1")
+    client.force_login(owner)
+    with time_machine.travel(start + timedelta(seconds=601), tick=False):
+        assert client.get(f"/sessions/{idle.pk}/").status_code == 200
+        idle.refresh_from_db()
+        assert (idle.status, idle.revocation_reason) == ("revoked", "idle_timeout")
+        listed = client.get("/api/v1/sessions/").json()["results"]
+    assert {item["id"]: item["status"] for item in listed} == {str(idle.pk): "revoked", str(working.pk): "active"}

@@ -39,9 +39,10 @@ class SessionViewSet(
 
     def get_serializer(self, *args, **kwargs):
         """Lists and reads say when each waiting session's next job starts (constant queries:
-        ``selectors.session_waits``)."""
+        ``selectors.session_waits``), and a session past a deadline reads as ended even before
+        the sweep (R-SESS-7: ``services.settle_due``)."""
         if args and self.action in ("list", "retrieve"):
-            objects = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            objects = services.settle_due(args[0] if isinstance(args[0], (list, tuple)) else [args[0]])
             kwargs.setdefault("context", self.get_serializer_context())
             kwargs["context"]["session_waits"] = selectors.session_waits(objects)
         return super().get_serializer(*args, **kwargs)
