@@ -60,6 +60,30 @@ def test_r_qrmi_real_client_acquires_runs_pulser_and_releases(live_qpu):
     assert str(job.pk) == outcome["batch_id"]
 
 
+def test_r_sess_2_one_slurm_job_acquires_on_two_qpu_pools_through_the_real_client(live_qpu):
+    """``--qpu=fresnel,emu`` gives one QRMI_JOB_ID to two resources: the SPANK plugin acquires
+    on each (one session per pool for the same scheduler job) and releases each at the end."""
+    from apps.resources.models import ResourceClass, ResourcePool
+
+    _, user, url = live_qpu
+    emu = ResourcePool.objects.create(name="emu", kind="local", public=True, slots_total=2)
+    ResourceClass.objects.create(pool=emu, name="access", cpu=1, memory=1, default=True)
+    Device.objects.create(pool=emu, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+
+    def resource(name: str) -> dict:  # the job's QRMI environment for one of its resources
+        return {"QRMI_JOB_QPU_RESOURCES": name, f"{name}_QRMI_WARDEN_URL": url.replace("/fresnel", f"/{name}")}
+
+    tokens = {name: client("acquire", url, **resource(name))["token"] for name in ("fresnel", "emu")}
+    sessions = Session.objects.filter(pk__in=tokens.values())
+    assert sorted((s.pool.name, s.external_id, s.user, s.status) for s in sessions) == [
+        ("emu", "4242", user, SessionStatus.ACTIVE),
+        ("fresnel", "4242", user, SessionStatus.ACTIVE),
+    ]
+    for name, token in tokens.items():
+        client("release", url, **resource(name), **{f"{name}_QRMI_JOB_ACQUISITION_TOKEN": token})
+    assert {s.status for s in sessions.all()} == {SessionStatus.REVOKED}
+
+
 def test_r_qrmi_real_client_reports_an_inaccessible_pool(live_qpu):
     pool, _, url = live_qpu
     pool.is_accessible, pool.accessibility_message = False, "Calibration in progress."
