@@ -39,7 +39,7 @@ def config(*, working_roots=()) -> dict:
         "service_uid": os.geteuid(),
         "service_gid": os.getegid(),
         "min_uid": settings.GRIDGATE_CASE_MIN_UID,
-        "sandbox_accounts": [settings.GRIDGATE_SANDBOX_USER, "nobody"],
+        "sandbox_accounts": [settings.GRIDGATE_SANDBOX_USER],
         "working_roots": [str(root) for root in working_roots],
         "cgroup": settings.GRIDGATE_CASE_CGROUP,
         "nproc": settings.GRIDGATE_CASE_NPROC,

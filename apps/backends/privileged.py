@@ -216,6 +216,14 @@ def account(config: Config, request: dict):
         raise Refused(f"no account with uid {wanted!r} on this host") from None
     if entry.pw_uid == 0 or entry.pw_uid == config.service_uid:
         raise Refused("cases never run as root or as the service's own account")
+    overflow = overflow_ids()
+    if entry.pw_uid in overflow or entry.pw_gid in overflow:
+        # nobody (65534) is the kernel's overflow id: every file a user namespace or an NFS
+        # export cannot map shows as owned by it, so a case running as it could reach them.
+        raise Refused(
+            f"uid {entry.pw_uid} ({entry.pw_name}) is the kernel's overflow account (nobody): files no "
+            "namespace or NFS export can map belong to it, so no case runs as it"
+        )
     if entry.pw_uid < config.min_uid and entry.pw_name not in config.sandbox_accounts:
         raise Refused(
             f"uid {entry.pw_uid} ({entry.pw_name}) is a system account (below {config.min_uid}): "
@@ -237,6 +245,21 @@ def account(config: Config, request: dict):
     if os.geteuid() != 0:
         raise Refused("switching to another account needs root (the helper is not run by sudo or as root)")
     return entry
+
+
+#: where the kernel says which uid and gid stand for "unmapped" (65534 unless changed)
+OVERFLOW_FILES = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid", "/proc/sys/fs/overflowuid")
+
+
+def overflow_ids() -> set[int]:
+    """The overflow uids and gids (``nobody``, 65534 by default), read from the kernel."""
+    ids = {65534}
+    for path in OVERFLOW_FILES:
+        try:
+            ids.add(int(Path(path).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return ids
 
 
 def _positive_int(request: dict, key: str, maximum: int = 1 << 62, minimum: int = 1) -> int:

@@ -47,7 +47,7 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
         # The service can switch accounts (it is root, or has the privileged helper's sudo rule):
         # a trusted pool's command then runs as the unprivileged sandbox account, never as root
         # or as the service itself, whose files (var/, the secret key) it could otherwise read.
-        return _sandbox_account(pool, fallback="nobody")
+        return _sandbox_account(pool)
     uid = unix_uid_for(user)
     if uid is not None:
         if uid == 0:
@@ -69,19 +69,17 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
     )
 
 
-def _sandbox_account(pool: ResourcePool, fallback: str = "") -> RunAs:
-    """The unprivileged sandbox account (``GRIDGATE_SANDBOX_USER``; ``fallback`` when it does not
-    exist on this host); never root."""
+def _sandbox_account(pool: ResourcePool) -> RunAs:
+    """The unprivileged sandbox account (``GRIDGATE_SANDBOX_USER``); never root, and never
+    ``nobody`` as a stand-in (the privileged helper refuses the kernel's overflow account)."""
     name = settings.GRIDGATE_SANDBOX_USER
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        if not fallback:
-            raise Unavailable(
-                f"Pool '{pool.name}' runs unlinked users as the sandbox account '{name}', which does not exist "
-                "on this host: ask an operator to create it (docs/operations.md)."
-            ) from None
-        entry = pwd.getpwnam(fallback)
+        raise Unavailable(
+            f"Pool '{pool.name}' runs cases as the sandbox account '{name}', which does not exist "
+            "on this host: ask an operator to create it (docs/operations.md)."
+        ) from None
     if entry.pw_uid == 0:
         raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
     return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)

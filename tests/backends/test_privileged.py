@@ -62,6 +62,22 @@ def test_the_helper_never_switches_to_root_the_service_or_a_system_account(tmp_p
     assert privileged.account(named, {"account": {"uid": sandbox.pw_uid}}).pw_uid == sandbox.pw_uid
 
 
+def test_the_helper_never_runs_a_case_as_nobody_or_another_overflow_id(tmp_path, sandbox_host, monkeypatch):
+    """F7: uid 65534 (nobody) is the kernel's overflow id: every file a user namespace or an NFS
+    export cannot map shows as its. Even named as a sandbox account, and for whatever the kernel
+    says its overflow ids are, the helper refuses it."""
+    nobody = pwd.getpwuid(65534)
+    named = config(tmp_path, min_uid=1000, sandbox_accounts=[nobody.pw_name, "gridgate-test1"])
+    with pytest.raises(privileged.Refused, match="overflow"):
+        privileged.account(named, {"account": {"uid": 65534}})
+    other = sandbox_host["gridgate-test1"]
+    assert privileged.account(named, {"account": {"uid": other.pw_uid}}).pw_uid == other.pw_uid
+    monkeypatch.setattr(privileged, "overflow_ids", lambda: {65534, other.pw_uid})  # a kernel set otherwise
+    with pytest.raises(privileged.Refused, match="overflow"):
+        privileged.account(named, {"account": {"uid": other.pw_uid}})
+    assert as_root.config()["sandbox_accounts"] == [as_root.settings.GRIDGATE_SANDBOX_USER]
+
+
 @pytest.mark.parametrize("case", ["../../etc", "/etc", "not-a-uuid", "", None, 7])
 def test_a_case_id_that_is_not_a_uuid_is_refused(tmp_path, case):
     with pytest.raises(privileged.Refused):
