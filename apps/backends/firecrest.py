@@ -420,6 +420,7 @@ class FirecrestBackend(ExecutionBackend):
             command=spec.command,
             export_none=False,
             make_progress_dir=True,
+            wall_seconds=sbatch.wall_seconds(spec),
         )
 
     def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat=None) -> dict[str, list]:
@@ -767,7 +768,7 @@ class FirecrestBackend(ExecutionBackend):
         )
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
-        return sbatch.pin_class_partition(answer, resource_class)
+        return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
 
     def doctor(self, pool=None) -> list[Check]:
         checks = []

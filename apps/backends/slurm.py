@@ -227,6 +227,7 @@ class SlurmBackend(ExecutionBackend):
             command=spec.command,
             export_none=True,
             make_progress_dir=False,
+            wall_seconds=sbatch.wall_seconds(spec),
         )
 
     def submit(self, spec: SubmitSpec) -> str:
@@ -427,7 +428,7 @@ class SlurmBackend(ExecutionBackend):
         return LaunchOptions(options=[LaunchOption("partition", "Partition", partitions, default), time_option])
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
-        return sbatch.pin_class_partition(answer, resource_class)
+        return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
 
     def doctor(self, pool=None) -> list[Check]:
         checks = [as_root.helper_check(pool is not None and pool.trusted, cgroup=False)]
