@@ -105,6 +105,22 @@ def env_networks(name: str) -> tuple:
     return tuple(out)
 
 
+def env_proxy_networks(name: str) -> tuple:
+    """The reverse proxies' networks (``127.0.0.1,10.0.3.0/24``). A bare number is the former
+    count of proxies, which believed X-Forwarded-For from whoever reached the web process
+    directly: refused, naming what to write instead."""
+    raw = (os.environ.get(name) or "").strip()
+    if raw.isdigit():
+        if raw == "0":
+            return ()
+        raise ImproperlyConfigured(
+            f"{name}={raw}: a count of proxies is no longer accepted (any client reaching the web process "
+            "directly could pick its own address); list the proxies' addresses or networks instead, e.g. "
+            f"{name}=127.0.0.1 for an nginx on the same host (docs/deployment.md)."
+        )
+    return env_networks(name)
+
+
 def private_sqlite_file(name) -> None:
     """The SQLite file, created 0600 before SQLite opens it (SQLite creates it with the umask's
     mode, 0644 under the usual 022, and its journals take the file's mode): it holds password

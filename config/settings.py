@@ -15,6 +15,7 @@ from config.env import (
     env_list,
     env_mapping,
     env_networks,
+    env_proxy_networks,
     env_str,
     with_query_defaults,
 )
@@ -100,6 +101,9 @@ MIDDLEWARE = [
 ]
 
 AUTHENTICATION_BACKENDS = [
+    # Before anything else: every login attempt counts against its client address's rate,
+    # whatever the username, and past it none reaches a password hash (apps/accounts/lockout.py).
+    "apps.accounts.lockout.LoginRateBackend",
     # First: refuses a locked-out username and address before any password is checked, and needs
     # the request (authenticate(request=...): every login path here passes it).
     "axes.backends.AxesStandaloneBackend",
@@ -190,10 +194,12 @@ GRIDGATE_CONNECT_FLOW_SECONDS = env_int("GRIDGATE_CONNECT_FLOW_SECONDS", 600, mi
 # Failures are stored in the database, so every web process and host counts the same.
 GRIDGATE_LOGIN_FAILURE_LIMIT = env_int("GRIDGATE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
 GRIDGATE_LOGIN_COOLOFF_MINUTES = env_int("GRIDGATE_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
-# Reverse proxies in front of the web processes that append the client's address to
-# X-Forwarded-For (docs/deployment.md): without it, behind a proxy every client would have the
-# proxy's address.
-GRIDGATE_TRUSTED_PROXIES = env_int("GRIDGATE_TRUSTED_PROXIES", 0, minimum=0)
+# Login attempts a minute from one client address, whatever the usernames (apps/accounts/lockout.py).
+GRIDGATE_LOGIN_RATE = env_int("GRIDGATE_LOGIN_RATE", 30, minimum=1)
+# The networks of the reverse proxies in front of the web processes, which append the client's
+# address to X-Forwarded-For (docs/deployment.md): the header is believed from them only. Without
+# it, behind a proxy every client would have the proxy's address.
+GRIDGATE_TRUSTED_PROXIES = env_proxy_networks("GRIDGATE_TRUSTED_PROXIES")
 AXES_FAILURE_LIMIT = GRIDGATE_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=GRIDGATE_LOGIN_COOLOFF_MINUTES)
 # Per username and address together, not either alone: by username anyone could lock a user out

@@ -66,3 +66,23 @@ class Identity(models.Model):
 
     def __str__(self):
         return f"{self.subject} at {self.issuer}"
+
+
+class LoginRate(models.Model):
+    """How many logins one client address attempted in the current window, whatever the
+    usernames (``lockout.LoginRateBackend``): one row per address, its window restarted in place.
+    In the database, like django-axes' counts, so every web process and host counts the same."""
+
+    address = models.GenericIPAddressField(unique=True)
+    window_start = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-window_start", "-id"]
+        indexes = [
+            # manage.py cleanup: DELETE ... WHERE window_start < an hour ago.
+            models.Index(fields=["window_start"], name="accounts_loginrate_window"),
+        ]
+
+    def __str__(self):
+        return f"{self.address}: {self.attempts} since {self.window_start:%H:%M:%S}"

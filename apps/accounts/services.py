@@ -115,7 +115,7 @@ def log_in(*, request, username: str, password: str):
     user = authenticate(request=request, username=username, password=password)
     if user is None:
         if lockout.is_locked_out(request):
-            raise LoginLockedOut(lockout.lockout_message(), retry_after=lockout.cool_off_seconds())
+            raise LoginLockedOut(lockout.lockout_message(request), retry_after=lockout.retry_after(request))
         raise InvalidFields({NON_FIELD_KEY: [BAD_CREDENTIALS]})
     lockout.forget_failures(request, username)
     return user
