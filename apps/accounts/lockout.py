@@ -24,9 +24,9 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.utils import timezone
 from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
+from django.utils import timezone
 
 
 def cool_off_seconds() -> int:
@@ -167,6 +167,4 @@ def lockout_response(request, original_response=None, credentials=None) -> HttpR
         original_response.reason_phrase = None  # recomputed from the new status
         original_response["Retry-After"] = headers["Retry-After"]
         return original_response
-    return HttpResponse(
-        lockout_message(request), status=429, headers=headers, content_type="text/plain; charset=utf-8"
-    )
+    return HttpResponse(lockout_message(request), status=429, headers=headers, content_type="text/plain; charset=utf-8")

@@ -4,23 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('accounts', '0004_identities'),
+        ("accounts", "0004_identities"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LoginRate',
+            name="LoginRate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('address', models.GenericIPAddressField(unique=True)),
-                ('window_start', models.DateTimeField()),
-                ('attempts', models.PositiveIntegerField(default=0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("address", models.GenericIPAddressField(unique=True)),
+                ("window_start", models.DateTimeField()),
+                ("attempts", models.PositiveIntegerField(default=0)),
             ],
             options={
-                'ordering': ['-window_start', '-id'],
-                'indexes': [models.Index(fields=['window_start'], name='accounts_loginrate_window')],
+                "ordering": ["-window_start", "-id"],
+                "indexes": [models.Index(fields=["window_start"], name="accounts_loginrate_window")],
             },
         ),
     ]
