@@ -447,6 +447,10 @@ if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
 
     raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
 GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
+# Load sensors and schedulers that read private pools' status without a login (a pool's
+# `accessible`, QRMI's `qpu-slots`): their networks. Anyone else sees only public pools' and their
+# own pools' status (apps.resources.selectors.may_read_status).
+GRIDGATE_LOAD_SENSOR_NETWORKS = env_networks("GRIDGATE_LOAD_SENSOR_NETWORKS")
 
 LOGGING = {
     "version": 1,

@@ -89,7 +89,8 @@ class LoginRateBackend:
     endpoint, a provider's callback) authenticates with a request, and each attempt from one
     client address counts here, whatever the username. Past the rate, PermissionDenied stops
     ``authenticate`` before any other backend (and before any password is hashed); the request is
-    flagged as axes flags a lockout, so every path answers 429 the way it answers a lockout."""
+    flagged as axes flags a lockout, so every path answers 429 the way it answers a lockout. No
+    ``get_user``: it signs nobody in, so no session names it as its backend."""
 
     def authenticate(self, request, **credentials):
         if request is None or not settings.AXES_ENABLED:
@@ -101,9 +102,6 @@ class LoginRateBackend:
             request.axes_locked_out = True
             request.login_rate_limited = True
             raise PermissionDenied("too many logins from this address")
-        return None
-
-    def get_user(self, user_id):
         return None
 
 

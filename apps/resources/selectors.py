@@ -33,6 +33,28 @@ def can_use_pool(user, pool: ResourcePool) -> bool:
     return ResourcePool.objects.visible_to(user).filter(pk=pool.pk).exists()
 
 
+def may_read_status(pool: ResourcePool, *, user=None, address: str | None = None) -> bool:
+    """R-POOL-8 for the routes that answer without a login (``accessible``, QRMI's ``qpu-slots``
+    and greeting): a public pool's status is anyone's; a private pool's only its users' (and
+    staff's), or a load sensor's from ``GRIDGATE_LOAD_SENSOR_NETWORKS``. Anyone else gets the 404
+    of a pool that does not exist: its name, capacity and use say who works on what."""
+    if pool.public:
+        return True
+    if address and settings.GRIDGATE_LOAD_SENSOR_NETWORKS:
+        import ipaddress
+
+        try:
+            client = ipaddress.ip_address(address)
+        except ValueError:
+            client = None
+        if client is not None and any(
+            client.version == network.version and client in network
+            for network in settings.GRIDGATE_LOAD_SENSOR_NETWORKS
+        ):
+            return True
+    return user is not None and user.is_authenticated and can_use_pool(user, pool)
+
+
 def run_as_for(user, pool: ResourcePool) -> RunAs:
     """R-CASE-8: the Unix account ``user``'s local or Slurm cases on ``pool`` run as.
 
