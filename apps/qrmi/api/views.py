@@ -18,11 +18,11 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.lockout import client_ip
 from apps.core.api.serializers import times
 from apps.core.exceptions import Forbidden
 from apps.core.exceptions import NotFound as NoSuchObject
 from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
-from apps.accounts.lockout import client_ip
 from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid, verified_identity
 from apps.qrmi.permissions import HasMungeIdentity
 from apps.qrmi.selectors import uids_of
