@@ -59,7 +59,7 @@ from apps.backends.base import (
     RunAs,
     SubmitSpec,
 )
-from apps.core.cases_root import ensure_cases_root
+from apps.core.cases_root import ensure_cases_root, root_parent_check
 
 #: the exit status by which a bound shows without the supervisor's word: SIGXFSZ (a file reached
 #: RLIMIT_FSIZE)
@@ -310,6 +310,8 @@ class LocalBackend(ExecutionBackend):
             )
         )
         checks.append(as_root.helper_check(trusted, cgroup=True))
+        if not trusted:
+            checks.append(Check("cases root parent", *root_parent_check()))
         network = pool is not None and pool.network
         slirp = shutil.which("slirp4netns")
         checks.append(

@@ -276,11 +276,37 @@ def _text(value, what: str) -> str:
 
 
 # -- paths reached without following links ---------------------------------------------------------
+#: the configured roots this request opened, by path: each is opened once per request (the
+#: helper serves one request per process, :func:`main` closes them)
+_ROOTS: dict[str, int] = {}
+
+
+def root_fd(root: str) -> int:
+    """The configured root ``root`` (the operator's path: it may be a symlink to a shared file
+    system), opened on first use and the same descriptor for the rest of the request.
+
+    The service owns what lies above the cases root in many set-ups (``/srv/gridgate/var``): it can
+    rename the root away and put a link to a directory of root's in its place. Resolved once, the
+    root cannot change under the request; resolved at each step, a swap between two steps would
+    have root create a directory of the service's inside one of root's (doctor also fails while
+    the root's parent is the service's to write)."""
+    fd = _ROOTS.get(root)
+    if fd is None:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _ROOTS[root] = fd
+    return fd
+
+
+def close_roots() -> None:
+    for fd in _ROOTS.values():
+        os.close(fd)
+    _ROOTS.clear()
+
+
 def open_dir(root: str, *parts: str, create: bool = False, owner: tuple[int, int] | None = None) -> int:
-    """An fd on ``root/parts…``: ``root`` is a configured path (the operator's: it may be a
-    symlink to a shared file system), each part below it is opened ``O_NOFOLLOW`` (and made
-    0700, handed to ``owner``, when ``create``)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """An fd on ``root/parts…``: ``root`` is a configured root (:func:`root_fd`), each part below
+    it is opened ``O_NOFOLLOW`` (and made 0700, handed to ``owner``, when ``create``)."""
+    fd = os.dup(root_fd(root))
     try:
         for part in parts:
             if part in ("", ".", "..") or "/" in part or "\x00" in part:
@@ -1503,7 +1529,10 @@ def main(argv: list[str]) -> int:
                 "helper from the same checkout as the service (docs/deployment.md)"
             )
         config = load_config(request)
-        return answer(VERBS[argv[1]](config, request))
+        try:
+            return answer(VERBS[argv[1]](config, request))
+        finally:
+            close_roots()
     except TooLarge as exc:
         return answer({"error": str(exc), "too_large": True}, 2)
     except Refused as exc:

@@ -78,6 +78,52 @@ def test_the_helper_never_runs_a_case_as_nobody_or_another_overflow_id(tmp_path,
     assert as_root.config()["sandbox_accounts"] == [as_root.settings.GRIDGATE_SANDBOX_USER]
 
 
+@pytest.fixture(autouse=True)
+def one_request_per_test():
+    """The helper serves one request per process and opens each configured root once for it;
+    called in-process, each test is one request."""
+    yield
+    privileged.close_roots()
+
+
+def test_the_cases_root_swapped_between_two_steps_of_a_request_changes_nothing_of_roots(
+    tmp_path, sandbox_host, monkeypatch
+):
+    """F4: the service owns the directory above the cases root; the helper opened the root by path
+    at each step of a request, so renaming it away and linking a directory of root's in its
+    place between two steps had root create a directory of the service's inside root's (121 tries
+    in 60 s). The swap is made here at the exact moment, after the request's first open of the
+    root: the helper goes on in the root it opened."""
+    service = sandbox_host["gridgate-test2"]
+    parent = tmp_path / "service-owned"
+    cases = parent / "cases"
+    roots = tmp_path / "roots-own"
+    roots.mkdir(mode=0o755)
+    settings = config(cases, service_uid=service.pw_uid, service_gid=service.pw_gid)
+    case, rdir = case_dirs(cases)
+    for path in (parent, cases, cases / case, rdir, rdir / "work"):
+        os.chown(path, service.pw_uid, service.pw_gid)
+    (rdir / "work" / "progress.txt").write_text("0.5")
+    os.chown(rdir / "work" / "progress.txt", service.pw_uid, service.pw_gid)
+
+    real_open, swapped = os.open, []
+
+    def open_then_swap(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if str(path) == str(cases) and not swapped:
+            os.rename(cases, parent / "cases.moved")  # what the service may do to its own directory
+            os.symlink(roots, cases)
+            swapped.append(True)
+        return fd
+
+    monkeypatch.setattr(privileged.os, "open", open_then_swap)
+    privileged.collect(settings, {"case_id": case, "what": "live", "globs": ["*.txt"]})
+    monkeypatch.setattr(privileged.os, "open", real_open)
+    assert swapped
+    assert list(roots.iterdir()) == []  # nothing made in root's directory
+    assert (parent / "cases.moved" / case / "live" / "progress.txt").read_text() == "0.5"
+
+
 @pytest.mark.parametrize("case", ["../../etc", "/etc", "not-a-uuid", "", None, 7])
 def test_a_case_id_that_is_not_a_uuid_is_refused(tmp_path, case):
     with pytest.raises(privileged.Refused):
