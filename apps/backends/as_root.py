@@ -95,10 +95,14 @@ def helper_check(trusted: bool, *, cgroup: bool) -> Check:
             "the privileged helper does not run as root: only trusted pools can run cases "
             "(set GRIDGATE_PRIVILEGED_COMMAND to the sudo rule, docs/deployment.md)",
         )
+    if answer.get("seccomp") not in (None, "ok") and not trusted:
+        return Check("run as the owner", False, f"{answer['seccomp']}: no case can start (docs/operations.md)")
     if answer.get("cgroup") not in (None, "ok"):
         return Check("run as the owner", False, f"{answer['cgroup']}: no case can start (docs/operations.md, 'Bounds')")
     return Check(
         "run as the owner",
         True,
-        "the privileged helper runs as root" + (" and makes each case's cgroup" if cgroup else ""),
+        "the privileged helper runs as root"
+        + (" and makes each case's cgroup" if cgroup else "")
+        + (" and its syscall filter (no user namespaces)" if answer.get("seccomp") == "ok" else ""),
     )

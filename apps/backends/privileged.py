@@ -56,7 +56,7 @@ from pathlib import Path
 
 #: a request names the protocol it was written for: a helper installed from an older or newer
 #: checkout refuses it (reinstall it with the checkout, docs/deployment.md)
-PROTOCOL = 1
+PROTOCOL = 2
 CONFIG_FILE = "/etc/gridgate/privileged.json"
 CASE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -64,7 +64,7 @@ JOB_ID = re.compile(r"[0-9]{1,12}")
 #: the largest command, environment and job script a request may carry
 MAX_TEXT = 1 << 20
 #: fds the sandbox's command line refers to (dup'ed there in the sandbox's process)
-COMMAND_FD, INFO_FD, BLOCK_FD, RESOLV_FD, WORK_FD, SHARED_FD = 3, 4, 5, 6, 7, 8
+COMMAND_FD, INFO_FD, BLOCK_FD, RESOLV_FD, WORK_FD, SHARED_FD, SECCOMP_FD = 3, 4, 5, 6, 7, 8, 9
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 #: how long slirp4netns may take to plumb a sandbox's network before the case fails
@@ -790,6 +790,83 @@ class Cgroup:
                     time.sleep(0.1)
 
 
+# -- no user namespaces inside the sandbox ------------------------------------------------------------
+CLONE_NEWUSER = 0x10000000
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_MASKED_EQ = 7
+
+
+def scmp_act_errno(number: int) -> int:
+    return 0x00050000 | (number & 0xFFFF)
+
+
+def user_namespace_filter() -> int:
+    """A sealed memfd holding the BPF program bwrap loads (``--seccomp``) before it runs the
+    command: ``unshare(2)`` and ``clone(2)`` asking for ``CLONE_NEWUSER`` fail with EPERM, and
+    ``clone3(2)``, whose flags sit in memory a filter cannot read, with ENOSYS (libc then falls back
+    to ``clone``). A user namespace would hand the command a full set of capabilities over a
+    namespace of its own: the way into many kernel bugs, which a case has no use for.
+
+    The program is compiled by libseccomp (Debian ``libseccomp2``, the library bwrap's own users
+    such as flatpak compile theirs with), called through ctypes: this helper stays one file of the
+    standard library, run by the system's ``python3 -I -S``, which sees no package of the
+    service's. libseccomp filters the host's native architecture and kills a process calling
+    through another one (a 32-bit binary on x86_64), so the filter cannot be walked around."""
+    import ctypes
+
+    class ArgCmp(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError:
+        raise Refused(
+            "libseccomp is not installed: cases cannot run without their syscall filter (apt install libseccomp2)"
+        ) from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.restype = ctypes.c_int
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(ArgCmp),
+    ]
+    lib.seccomp_export_bpf.restype = ctypes.c_int
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    context = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not context:
+        raise Refused("libseccomp could not make a filter")
+    fd = os.memfd_create("gridgate-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        new_user = ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+        rules = [("unshare", errno.EPERM, new_user), ("clone", errno.EPERM, new_user), ("clone3", errno.ENOSYS, None)]
+        for name, answer, condition in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                continue  # not a system call on this architecture
+            conditions = ctypes.pointer(condition) if condition is not None else None
+            if lib.seccomp_rule_add_array(
+                context, scmp_act_errno(answer), number, int(condition is not None), conditions
+            ):
+                raise Refused(f"libseccomp refused the rule for {name}")
+        if lib.seccomp_export_bpf(context, fd) != 0:
+            raise Refused("libseccomp could not write the filter")
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        lib.seccomp_release(context)
+    # Sealed: nothing that inherits the fd before bwrap reads it can change the program.
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 # -- the sandbox's command line ----------------------------------------------------------------------
 def _bind_system(args: list[str], *, network: bool) -> None:
     for path in SYSTEM_DIRS:
@@ -829,7 +906,7 @@ def switch_to(entry) -> list[str]:
 
 
 def sandbox_argv(
-    config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
+    config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int, seccomp: bool = False
 ) -> list[str]:
     """The command line that runs the case's command (fd 3) as ``entry``'s account in its
     sandbox (R-CASE-8).
@@ -840,7 +917,7 @@ def sandbox_argv(
     is still root inside the sandbox (``setpriv``, with only CAP_SETUID and CAP_SETGID) runs
     with an empty environment: the case's variables (``LD_PRELOAD`` would be one) are set by
     ``env -i`` after the switch, as the account. With the network, bwrap reports on fd 4 and
-    waits on fd 5."""
+    waits on fd 5; with ``seccomp`` it loads the filter on fd 9 (:func:`user_namespace_filter`)."""
     variables = [f"{name}={value}" for name, value in sorted(env.items())]
     work = Path(config.cases_root, case, ".run", "work")
     # Into the working directory as the account (root without CAP_DAC_OVERRIDE may not enter it).
@@ -874,10 +951,14 @@ def sandbox_argv(
     if shared:
         args += ["--ro-bind-fd", str(SHARED_FD), str(work / "shared")]
     args += ["--chdir", "/", "--clearenv"]
+    if seccomp:
+        args += ["--seccomp", str(SECCOMP_FD)]
     if entry is not None:
-        # bwrap run by root keeps root's capabilities unless told: only the two setpriv needs to
-        # switch to the account; setpriv then clears them all (and the bounding set).
-        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        # bwrap run by root keeps root's capabilities unless told: only those setpriv needs to
+        # switch to the account and then clear every set, the bounding set included (dropping a
+        # capability from the bounding set takes CAP_SETPCAP: without it the set stayed full).
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        args += ["--cap-add", "CAP_SETPCAP", "--"]
         args += switch_to(entry)
     else:
         args.append("--")
@@ -963,7 +1044,7 @@ class Supervisor:
                 signal.signal(signal.SIGUSR1, signal.SIG_DFL)
                 for target, fd in high.items():
                     os.dup2(fd, target)  # dup2 clears close-on-exec on the copy
-                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))  # the targets: 0 … 8
+                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))  # the targets: 0 … 9
                 argv = self.plan["argv"]
                 os.execv(argv[0], argv)  # noqa: S606 - the sandbox's command line, no shell
             finally:
@@ -1196,8 +1277,12 @@ def start(config: Config, request: dict) -> dict:
                 os.unlink(name, dir_fd=rdir_fd)
             except FileNotFoundError:
                 pass
+        seccomp = shutil.which("bwrap", path=DEFAULT_PATH) is not None
+        if seccomp:
+            fds[SECCOMP_FD] = user_namespace_filter()
+            opened.append(fds[SECCOMP_FD])
         plan["argv"] = sandbox_argv(
-            config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory
+            config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory, seccomp=seccomp
         )
         cgroup = None
         if entry is not None and config.cgroup != "off":
@@ -1497,6 +1582,11 @@ def version(config: Config, request: dict) -> dict:
     """The protocol, whether this helper runs as root, and (asked by doctor) whether it can make
     and remove a probe cgroup with the memory and pids controllers."""
     answer = {"protocol": PROTOCOL, "cases_root": config.cases_root, "root": os.geteuid() == 0}
+    try:
+        os.close(user_namespace_filter())
+        answer["seccomp"] = "ok"
+    except Refused as exc:
+        answer["seccomp"] = str(exc)
     if request.get("probe_cgroup") and os.geteuid() == 0 and config.cgroup != "off":
         name = f"doctor-{os.getpid()}"
         try:

@@ -151,6 +151,36 @@ def test_a_pool_with_the_network_reaches_out_but_never_the_hosts_loopback(make_c
     assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
 
 
+USERNS_PROBE = """grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status > caps.txt
+unshare --user true 2> unshare.txt && echo created > userns.txt || echo refused > userns.txt
+python3 - <<'EOF' > clone.txt
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER = 0x10000000
+pid = libc.syscall(56, CLONE_NEWUSER | signal.SIGCHLD, 0, 0, 0, 0)  # clone(2) on x86_64
+if pid == 0:
+    os._exit(0)
+print("created" if pid > 0 else f"refused {os.strerror(ctypes.get_errno())}")
+if pid > 0:
+    os.waitpid(pid, 0)
+EOF
+"""
+
+
+def test_a_case_cannot_make_a_user_namespace_and_holds_no_capability_even_bounded(make_case, bounded):
+    """F6: a case could create user namespaces (unshare -U: a fresh set of capabilities over a
+    namespace of its own, the way into many kernel bugs), and its capability bounding set was
+    not cleared (setpriv cannot clear it without CAP_SETPCAP), though the docs said so. A seccomp
+    filter now refuses unshare(2) and clone(2) with CLONE_NEWUSER (and clone3, so libc falls back
+    to clone), and every capability set is empty."""
+    case = run(make_case, bounded(), USERNS_PROBE)
+    assert case.status == CaseStatus.DONE, case.last_error
+    caps = dict(line.split(":\t") for line in result(case, "caps.txt").split("\n") if line)
+    assert caps == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), "0000000000000000"), caps
+    assert result(case, "userns.txt").strip() == "refused", result(case, "unshare.txt")
+    assert result(case, "clone.txt").startswith("refused"), result(case, "clone.txt")
+
+
 def test_memory_past_the_class_is_killed_and_the_case_fails_saying_so(make_case, bounded):
     """2 GB in a 1 GB class: the kernel kills the allocation, and the case fails even though
     the shell's last command succeeded (as Slurm's OUT_OF_MEMORY)."""
@@ -249,7 +279,7 @@ def test_the_command_holds_no_file_descriptor_but_its_standard_ones(make_case, b
 def test_the_cases_variables_are_set_after_the_switch_never_for_root(sandbox_host, tmp_path):
     """Review finding: the case's variables were bwrap's --setenv, i.e. the environment of the
     root setpriv inside the sandbox, so an LD_PRELOAD among them (a compromised service chooses
-    them) ran as root. Root's steps get an empty environment and only two capabilities; the
+    them) ran as root. Root's steps get an empty environment and only the capabilities setpriv needs; the
     variables are set by env -i after the switch."""
     entry = sandbox_host["gridgate-test1"]
     config = privileged.Config(cases_root=str(tmp_path), service_uid=0, service_gid=0)
@@ -258,7 +288,9 @@ def test_the_cases_variables_are_set_after_the_switch_never_for_root(sandbox_hos
     )
     assert "--setenv" not in argv and "--clearenv" in argv
     switch = argv.index("/usr/bin/setpriv")
-    assert argv[switch - 7 : switch - 1] == ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    assert argv[switch - 9 : switch - 1] == [
+        "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"
+    ]  # fmt: skip
     assert argv.index("LD_PRELOAD=/evil.so") > argv.index("--", switch)
     assert argv[argv.index("--", switch) + 1 : argv.index("--", switch) + 3] == ["/usr/bin/env", "-i"]
 
