@@ -106,3 +106,26 @@ def helper_check(trusted: bool, *, cgroup: bool) -> Check:
         + (" and makes each case's cgroup" if cgroup else "")
         + (" and its syscall filter (no user namespaces)" if answer.get("seccomp") == "ok" else ""),
     )
+
+
+def egress_check() -> Check:
+    """doctor's line for a pool whose cases have the network: the helper can load their egress
+    filter (nftables in the case's own network namespace)."""
+    try:
+        answer = call("version", {"probe_egress": True}, timeout=60)
+    except BackendError as exc:
+        return Check("egress filter", False, f"the privileged helper refused: {exc}")
+    result = answer.get("egress")
+    if result == "ok":
+        return Check(
+            "egress filter",
+            True,
+            "each case gets its own network namespace's filter: link-local, private, CGNAT and this host's "
+            "addresses dropped unless the pool lists them",
+        )
+    return Check(
+        "egress filter",
+        False,
+        f"{result or 'the privileged helper does not run as root'}: cases of this pool would reach link-local "
+        "(cloud metadata), private and this host's own addresses, so none starts (docs/operations.md, 'Network')",
+    )

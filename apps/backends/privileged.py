@@ -790,6 +790,129 @@ class Cgroup:
                     time.sleep(0.1)
 
 
+# -- the egress filter of a case with the network ---------------------------------------------------
+#: what a case with the network never reaches unless its pool lists it: "this" network, private
+#: (RFC 1918), shared/CGNAT (RFC 6598), loopback, link-local (cloud metadata at 169.254.169.254),
+#: multicast and reserved; for IPv6 (slirp4netns routes none, kept closed all the same) loopback,
+#: unique-local, link-local and multicast
+BLOCKED_V4 = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.168.0.0/16", "224.0.0.0/3",
+)  # fmt: skip
+BLOCKED_V6 = ("::/127", "fc00::/7", "fe80::/10", "ff00::/8")
+#: slirp4netns's name server inside the sandbox (its 10.0.2.0/24 is otherwise dropped with 10/8:
+#: 10.0.2.2 is the host)
+SLIRP_DNS = "10.0.2.3"
+NFT = ("/usr/sbin/nft", "/sbin/nft")
+NSENTER = "/usr/bin/nsenter"
+
+
+def host_addresses() -> tuple[list[str], list[str]]:
+    """This host's own addresses (every interface's, from the kernel's local routing table and
+    ``if_inet6``): a case with the network reaches none of them, so nothing a host service
+    listens on beyond loopback is in its reach either."""
+    import ipaddress
+
+    v4, v6 = set(), set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for previous, line in zip(lines, lines[1:], strict=False):
+        if line.strip() == "/32 host LOCAL":
+            v4.add(previous.strip().lstrip("|-+ ").strip())
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            v6.add(str(ipaddress.ip_address(int(raw, 16))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return sorted(v4), sorted(v6)
+
+
+def egress_rules(allowed: list[str]) -> str:
+    """The nftables ruleset loaded into a networked case's own network namespace (its OUTPUT
+    hook: every packet the case sends). The command holds no capability, so it cannot change it."""
+    import ipaddress
+
+    own4, own6 = host_addresses()
+
+    def merged(items, version: int) -> list[str]:
+        # An anonymous nftables set refuses overlapping intervals (127.0.0.1 inside 127.0.0.0/8).
+        networks = [n for n in map(ipaddress.ip_network, items) if n.version == version]
+        return [str(n) for n in ipaddress.collapse_addresses(networks)]
+
+    allow4, allow6 = merged(allowed, 4), merged(allowed, 6)
+    drop4, drop6 = merged([*BLOCKED_V4, *own4], 4), merged([*BLOCKED_V6, *own6], 6)
+
+    def elements(items) -> str:
+        return ", ".join(items)
+
+    lines = [
+        "table inet gridgate_egress {",
+        "  chain out {",
+        "    type filter hook output priority 0; policy accept;",
+        '    oif "lo" accept',
+        f"    ip daddr {SLIRP_DNS} udp dport 53 accept",
+        f"    ip daddr {SLIRP_DNS} tcp dport 53 accept",
+    ]
+    if allow4:
+        lines.append(f"    ip daddr {{ {elements(allow4)} }} accept")
+    if allow6:
+        lines.append(f"    ip6 daddr {{ {elements(allow6)} }} accept")
+    lines.append(f"    ip daddr {{ {elements(drop4)} }} drop")
+    lines.append(f"    ip6 daddr {{ {elements(drop6)} }} drop")
+    lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+def nft_command() -> str | None:
+    return next((path for path in NFT if os.access(path, os.X_OK)), None)
+
+
+def load_egress_filter(pid: int, allowed: list[str]) -> str | None:
+    """Load :func:`egress_rules` into the network namespace of ``pid`` (the sandbox's); the
+    reason it could not, or None."""
+    nft = nft_command()
+    if nft is None:
+        return "nftables (nft) is not installed: apt install nftables"
+    try:
+        proc = subprocess.run(
+            [NSENTER, f"--net=/proc/{pid}/ns/net", nft, "-f", "-"],
+            input=egress_rules(allowed).encode(),
+            capture_output=True,
+            timeout=NETWORK_SETUP_SECONDS,
+            env={"PATH": DEFAULT_PATH},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nft could not run: {exc}"
+    if proc.returncode != 0:
+        return f"nft refused the egress filter: {proc.stderr.decode(errors='replace').strip()[:500]}"
+    return None
+
+
+def egress_probe() -> str:
+    """doctor's question: can a filter be loaded into a fresh network namespace here?"""
+    nft = nft_command()
+    if nft is None:
+        return "nftables (nft) is not installed: apt install nftables"
+    try:
+        proc = subprocess.run(
+            ["/usr/bin/unshare", "--net", nft, "-f", "-"],
+            input=egress_rules([]).encode(),
+            capture_output=True,
+            timeout=30,
+            env={"PATH": DEFAULT_PATH},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot load an egress filter into a network namespace: {exc}"
+    if proc.returncode != 0:
+        return f"cannot load an egress filter into a network namespace: {proc.stderr.decode(errors='replace')[:300]}"
+    return "ok"
+
+
 # -- no user namespaces inside the sandbox ------------------------------------------------------------
 CLONE_NEWUSER = 0x10000000
 SCMP_ACT_ALLOW = 0x7FFF0000
@@ -1109,6 +1232,15 @@ class Supervisor:
             ready, _, _ = select.select([ready_r], [], [], NETWORK_SETUP_SECONDS)
             ok = bool(ready) and os.read(ready_r, 1) == b"1"
         os.close(ready_r)
+        if ok:
+            # Before the command starts (bwrap waits on the block fd): link-local, private and
+            # the host's own addresses out of reach, unless the pool lists them.
+            problem = load_egress_filter(child_pid, self.plan.get("allowed_networks", []))
+            if problem:
+                self.plan["messages"]["network"] = (
+                    f"the case's egress filter could not be set up ({problem}): ask an operator"
+                )
+                ok = False
         if not ok:
             self._limit("network")
             self.stop_requested = True
@@ -1219,8 +1351,18 @@ def start(config: Config, request: dict) -> dict:
     if not isinstance(messages, dict):
         raise Refused("messages must be an object")
     messages = {str(key): _text(value, "a message")[:2000] for key, value in messages.items()}
+    allowed = request.get("allowed_networks") or []
+    if not isinstance(allowed, list) or len(allowed) > 256:
+        raise Refused("allowed_networks must be a list of at most 256 networks")
+    import ipaddress
+
+    try:
+        allowed = [str(ipaddress.ip_network(item)) for item in allowed if isinstance(item, str)]
+    except ValueError as exc:
+        raise Refused(f"allowed_networks: {exc}") from None
     plan = {
         "network": network,
+        "allowed_networks": allowed,
         "wall_seconds": _positive_int(request, "wall_seconds"),
         "grace": _positive_int(request, "grace", 3600, minimum=0),
         "disk_interval": _positive_int(request, "disk_interval", 3600),
@@ -1587,6 +1729,8 @@ def version(config: Config, request: dict) -> dict:
         answer["seccomp"] = "ok"
     except Refused as exc:
         answer["seccomp"] = str(exc)
+    if request.get("probe_egress") and os.geteuid() == 0:
+        answer["egress"] = egress_probe()
     if request.get("probe_cgroup") and os.geteuid() == 0 and config.cgroup != "off":
         name = f"doctor-{os.getpid()}"
         try:

@@ -97,7 +97,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
             "Sessions and scheduling",
             {"fields": ["strategy", "share_by", "usage_half_life", "idle_timeout", "max_lifetime"]},
         ),
-        ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
+        ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network", "allowed_networks"]}),
         ("Accessibility", {"fields": ["is_accessible", "accessibility_message", "paused_reason"]}),
         ("Access (private pools)", {"fields": ["users", "groups"]}),
         ("History", {"fields": ["created_at", "updated_at"]}),
@@ -135,9 +135,9 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         if obj.network and obj.kind == PoolKind.LOCAL:
             self.message_user(
                 request,
-                f"Cases of pool '{obj.name}' may reach the network: every address the worker host reaches, "
-                "its own non-loopback services included (never its loopback). Keep them firewalled "
-                "(docs/operations.md, 'Network').",
+                f"Cases of pool '{obj.name}' may reach the network: public addresses, and "
+                f"{obj.allowed_networks or 'no private, link-local or worker-host address'} (their egress "
+                "filter drops the rest; docs/operations.md, 'Network').",
                 messages.WARNING,
             )
 

@@ -65,7 +65,7 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
     """
     if pool.trusted:
         if os.geteuid() != 0 and not settings.GRIDGATE_PRIVILEGED_COMMAND:
-            return RunAs(RunAs.TRUSTED, network=pool.network)
+            return RunAs(RunAs.TRUSTED, network=pool.network, allowed_networks=egress(pool))
         # The service can switch accounts (it is root, or has the privileged helper's sudo rule):
         # a trusted pool's command then runs as the unprivileged sandbox account, never as root
         # or as the service itself, whose files (var/, the secret key) it could otherwise read.
@@ -81,7 +81,7 @@ def run_as_for(user, pool: ResourcePool) -> RunAs:
                 f"Your linked Unix uid {uid} has no account on this host: ask an operator to create it "
                 "or to correct the link (admin → Users → Unix account)."
             ) from None
-        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network)
+        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network, egress(pool))
     if pool.sandbox_unlinked:
         return _sandbox_account(pool)
     raise Forbidden(
@@ -104,4 +104,12 @@ def _sandbox_account(pool: ResourcePool) -> RunAs:
         ) from None
     if entry.pw_uid == 0:
         raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
-    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)
+    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network, egress(pool))
+
+
+def egress(pool: ResourcePool) -> tuple[str, ...]:
+    """The networks a networked case of ``pool`` may reach past its egress filter."""
+    try:
+        return tuple(str(network) for network in pool.egress_exceptions())
+    except ValueError:  # written around validation: nothing more than the filter's default
+        return ()

@@ -134,21 +134,116 @@ def test_a_case_reaches_no_service_on_the_hosts_loopback(make_case, bounded):
     assert "select" not in result(case, "psql.txt") and "1 row" not in result(case, "psql.txt")
 
 
-def test_a_pool_with_the_network_reaches_out_but_never_the_hosts_loopback(make_case, bounded):
+@pytest.fixture
+def test_hosts():
+    """Test hosts in a network namespace of this run's own, behind a veth pair: 198.51.100.2 (a
+    public address, TEST-NET-2), 10.199.0.2 (a private one) and 169.254.169.254 (where clouds serve
+    instance metadata), each answering "reached" on one port. The routes are checked before any
+    case runs, so nothing of this test ever leaves the machine."""
+    import subprocess
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    ns, outer, inner = f"gg-{tag}", f"gg{tag}a", f"gg{tag}b"
+    addresses = {"public": "198.51.100.2", "private": "10.199.0.2", "metadata": "169.254.169.254"}
+
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    ip("netns", "add", ns)
+    server = None
+    try:
+        ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        ip("link", "set", inner, "netns", ns)
+        ip("addr", "add", "198.51.100.1/30", "dev", outer)
+        ip("link", "set", outer, "up")
+        ip("-n", ns, "addr", "add", "198.51.100.2/30", "dev", inner)
+        ip("-n", ns, "link", "set", inner, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "route", "add", "default", "via", "198.51.100.1")
+        for name in ("private", "metadata"):
+            ip("-n", ns, "addr", "add", f"{addresses[name]}/32", "dev", "lo")
+            ip("route", "add", f"{addresses[name]}/32", "via", "198.51.100.2")
+        for address in addresses.values():
+            route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True).stdout
+            assert f"dev {outer}" in route, route  # never the machine's own way out
+        serve = (
+            "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 8047)); s.listen(16); print('up', flush=True)\n"
+            "while True:\n    c, _ = s.accept(); c.sendall(b'reached'); c.close()\n"
+        )
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", serve], stdout=subprocess.PIPE)
+        assert server.stdout.readline().strip() == b"up"
+        yield {name: (address, 8047) for name, address in addresses.items()}
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+        for name in ("private", "metadata"):
+            subprocess.run(["ip", "route", "del", f"{addresses[name]}/32"], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def test_a_networked_case_reaches_public_addresses_only_unless_its_pool_lists_more(make_case, bounded, test_hosts):
+    """F5: a case with the network reached the host's other addresses and 169.254.169.254 (only
+    loopback was kept out). Its own network namespace now drops link-local, private (RFC 1918),
+    CGNAT and the host's own addresses, unless the pool lists them in allowed_networks."""
     address = external_address()
     if address is None:
         pytest.fail("this host has no non-loopback address to test an outgoing connection with")
-    outside, inside = Listener(address), Listener("127.0.0.1")
+    host_service, inside = Listener(address), Listener("127.0.0.1")
     try:
-        targets = [(address, outside.port), ("127.0.0.1", inside.port), ("10.0.2.2", inside.port), ("127.0.0.1", 5432)]
+        targets = [
+            test_hosts["public"],
+            test_hosts["private"],
+            test_hosts["metadata"],
+            (address, host_service.port),
+            ("127.0.0.1", inside.port),
+            ("10.0.2.2", inside.port),
+            ("127.0.0.1", 5432),
+        ]
         case = run(make_case, bounded(network=True), PROBE % targets)
+        assert case.status == CaseStatus.DONE, case.last_error
+        reach = json.loads(result(case, "reach.json"))
+        assert reach.pop("198.51.100.2:8047") == "reached"  # the network works
+        assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+
+        wider = bounded(network=True)
+        wider.pool.allowed_networks = "10.199.0.0/30"
+        wider.pool.full_clean()
+        wider.pool.save()
+        case = run(make_case, wider, PROBE % targets[:3])
+        assert case.status == CaseStatus.DONE, case.last_error
+        reach = json.loads(result(case, "reach.json"))
+        assert reach["10.199.0.2:8047"] == "reached" and reach["169.254.169.254:8047"] != "reached", reach
     finally:
-        outside.close()
+        host_service.close()
         inside.close()
-    assert case.status == CaseStatus.DONE, case.last_error
-    reach = json.loads(result(case, "reach.json"))
-    assert reach.pop(f"{address}:{outside.port}") == "reached"  # the network works
-    assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+
+
+def test_doctor_fails_a_networked_pool_whose_cases_get_no_egress_filter(bounded, monkeypatch):
+    """F5: doctor checks the egress filter for pools with the network (the helper loads a
+    filter into a fresh network namespace), and fails when it cannot."""
+    from apps.backends import as_root
+    from apps.backends.local import LocalBackend
+
+    pool = bounded(network=True).pool
+    check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
+    assert check.ok, check.message
+    assert not any(c.name == "egress filter" for c in LocalBackend().doctor(bounded().pool))
+    real = as_root.call
+    monkeypatch.setattr(
+        as_root,
+        "call",
+        lambda verb, request, **kw: (
+            {"egress": "nftables (nft) is not installed: apt install nftables"}
+            if request.get("probe_egress")
+            else real(verb, request, **kw)
+        ),
+    )
+    check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
+    assert not check.ok and "apt install nftables" in check.message
 
 
 USERNS_PROBE = """grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status > caps.txt

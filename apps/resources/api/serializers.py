@@ -129,6 +129,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "sandbox_unlinked",
             "trusted",
             "network",
+            "allowed_networks",
             "users",
             "groups",
             "classes",
