@@ -164,7 +164,17 @@ OIDC_OP_JWKS_ENDPOINT = env_str("GRIDGATE_OIDC_JWKS_ENDPOINT", f"{_oidc}/certs")
 OIDC_RP_CLIENT_ID = env_str("GRIDGATE_OIDC_CLIENT_ID", "gridgate")
 OIDC_RP_CLIENT_SECRET = env_str("GRIDGATE_OIDC_CLIENT_SECRET", "")
 OIDC_RP_SIGN_ALGO = env_str("GRIDGATE_OIDC_SIGN_ALGO", "RS256")
-OIDC_RP_SCOPES = env_str("GRIDGATE_OIDC_SCOPES", "openid email profile")
+# `groups`: providers that release the groups claim per scope (oidc-provider, Dex, Okta, Authentik)
+# send it only when asked; Keycloak ignores a scope it does not know. An absent claim keeps a user's
+# groups (apps/accounts/oidc.py).
+OIDC_RP_SCOPES = env_str("GRIDGATE_OIDC_SCOPES", "openid email profile groups")
+# RP-initiated logout: the provider's end_session_endpoint (its discovery document), to which
+# /logout/ sends a browser signed in with it; the ID token is kept in the session as its hint.
+GRIDGATE_OIDC_END_SESSION_ENDPOINT = env_str("GRIDGATE_OIDC_END_SESSION_ENDPOINT", f"{_oidc}/logout")
+OIDC_STORE_ID_TOKEN = True
+# How often the worker confirms with the provider (a refresh grant) that a user who signed in
+# there and holds API tokens is still known there; a refusal ends the tokens.
+GRIDGATE_OIDC_RECHECK_SECONDS = env_int("GRIDGATE_OIDC_RECHECK_SECONDS", 900, minimum=60)
 OIDC_USE_PKCE = True
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("GRIDGATE_OIDC_RENEW_SECONDS", 900, minimum=30)
 OIDC_TIMEOUT = 10
@@ -179,7 +189,19 @@ GRIDGATE_OIDC_USERNAME_CLAIM = env_str("GRIDGATE_OIDC_USERNAME_CLAIM", "preferre
 GRIDGATE_OIDC_GROUPS_CLAIM = env_str("GRIDGATE_OIDC_GROUPS_CLAIM", "groups")
 # API bearer tokens: the audience they must name (Keycloak: an audience mapper), and the least
 # seconds between two fetches of the provider's keys when a token names a key not seen yet.
-GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", OIDC_RP_CLIENT_ID)
+# Never the web client's id: that is the audience of its ID tokens (docs/identity.md).
+GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", "gridgate-api")
+if GRIDGATE_OIDC_ISSUER and GRIDGATE_OIDC_AUDIENCE == OIDC_RP_CLIENT_ID:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"GRIDGATE_OIDC_AUDIENCE is the web client's id ({OIDC_RP_CLIENT_ID!r}), the audience of its ID tokens: "
+        "give the API an audience of its own (e.g. gridgate-api, an audience mapper in Keycloak; docs/identity.md)."
+    )
+# The JWT header types an API bearer token may have: RFC 9068 access tokens (never an ID token).
+GRIDGATE_OIDC_ACCESS_TOKEN_TYPES = [
+    kind.lower() for kind in env_list("GRIDGATE_OIDC_ACCESS_TOKEN_TYPES", ["at+jwt", "application/at+jwt"])
+]
 GRIDGATE_OIDC_JWKS_REFRESH_SECONDS = env_int("GRIDGATE_OIDC_JWKS_REFRESH_SECONDS", 30, minimum=1)
 
 # Per-user remote credentials (docs/backends.md, "Per-user credentials"). The Fernet keys that
@@ -246,7 +268,8 @@ REST_FRAMEWORK = {
         "apps.accounts.oidc.BearerAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        # The browser's session, refused once a provider sign-in is past its renewal (pages renew it).
+        "apps.accounts.authentication.FreshSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON with a nesting limit (a deep body is a 400, not a RecursionError 500); forms and uploads.

@@ -59,9 +59,26 @@ class Identity(models.Model):
     subject = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
     last_login_at = models.DateTimeField(null=True, blank=True, help_text="The last browser sign-in.")
+    note = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Why an operator linked it (a service account's client, a merged account), for the next operator.",
+    )
+    # The refresh token of the last browser sign-in, sealed (GRIDGATE_CREDENTIALS_KEY): the
+    # worker's recheck trades it at the provider every GRIDGATE_OIDC_RECHECK_SECONDS, and a refusal
+    # (the user signed out there, disabled, deleted) ends the user's API tokens. Never shown.
+    sealed_refresh_token = models.TextField(blank=True, default="", editable=False)
+    checked_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the provider last confirmed the sign-in."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="accounts_identity_unique")]
+        ordering = ["issuer", "subject", "id"]
+        indexes = [
+            # The recheck pass: identities whose sign-in is due to be confirmed again.
+            models.Index(fields=["checked_at"], name="accounts_identity_checked"),
+        ]
         verbose_name_plural = "identities"
 
     def __str__(self):

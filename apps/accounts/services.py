@@ -48,13 +48,21 @@ def issue_token(user, *, name: str = "", days: int | None = None) -> tuple[ApiTo
         )
     key = secrets.token_urlsafe(KEY_BYTES)
     now = timezone.now()
+    expires_at = now + timedelta(days=days)
+    from apps.accounts.oidc import token_term_limit
+
+    # A user of the identity provider whose sign-in nothing can confirm later (no refresh token
+    # held): the token lasts no longer than their browser session would.
+    limit = token_term_limit(user)
+    if limit is not None:
+        expires_at = min(expires_at, limit)
     token = ApiToken.objects.create(
         user=user,
         digest=digest_of(key),
         prefix=key[:PREFIX_LENGTH],
         name=name[:NAME_LENGTH],
         created_at=now,
-        expires_at=now + timedelta(days=days),
+        expires_at=expires_at,
     )
     return token, key
 
