@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "django_q",
     "django_htmx",
     "axes",
+    "csp",
     "apps.core",
     "apps.accounts",
     "apps.resources",
@@ -94,6 +95,8 @@ MIDDLEWARE = [
     "mozilla_django_oidc.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Content-Security-Policy on every answer (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Last, as django-axes asks: turns a login response it flagged as locked out into a 429
     # (apps.accounts.lockout.lockout_response).
@@ -255,6 +258,25 @@ STORAGES = {
 }
 # DEBUG serves straight from the app directories, so an edited file shows without collectstatic.
 WHITENOISE_USE_FINDERS = DEBUG
+
+# Content-Security-Policy (django-csp): scripts, styles, fonts and connections from this site only,
+# no plugins, no framing, no <base> elsewhere. The pages load their scripts and stylesheet as files
+# (htmx, idiomorph, gridgate.js; no inline script, style or handler), htmx is told not to inject its
+# indicator <style> nor to eval (templates/web/base.html), charts are server-drawn SVG, and Swagger UI
+# runs from its split view (its own script file). An injected <script> or inline handler runs nowhere.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:home"
