@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import PoolKind, ResourceClass, fmt
+from apps.resources.models import PoolKind, ResourceClass, ResourcePool, fmt
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -131,7 +131,19 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         return ", ".join(f"{used} / {limit}" for used, limit in zip(held, limits, strict=True))
 
     def save_model(self, request, obj, form, change):
+        from apps.backends.connections import note_provider_url_change, provider_urls
+
+        before = provider_urls(ResourcePool.objects.get(pk=obj.pk)) if change else None
         super().save_model(request, obj, form, change)
+        if before is not None:
+            ended = note_provider_url_change(pool=obj, before=before, actor=request.user)
+            if ended:
+                self.message_user(
+                    request,
+                    f"The provider URLs of pool '{obj.name}' changed: {ended} user connection(s) were ended and "
+                    "their users must reconnect (the change is in the pool's history).",
+                    messages.WARNING,
+                )
         if obj.network and obj.kind == PoolKind.LOCAL:
             self.message_user(
                 request,
