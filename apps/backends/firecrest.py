@@ -213,8 +213,8 @@ class Session:
         self.secrets: list[str] = []
 
     def credentials(self) -> tuple[str, str]:
-        client_id = env_secret(self.id_env, "FirecREST client id")
-        secret = env_secret(self.secret_env, "FirecREST client secret")
+        client_id = env_secret(self.id_env, "FirecREST client id", self.remote)
+        secret = env_secret(self.secret_env, "FirecREST client secret", self.remote)
         self.secrets = [client_id, secret]
         return client_id, secret
 
@@ -745,7 +745,7 @@ class FirecrestBackend(ExecutionBackend):
         time_option = LaunchOption(
             "time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00"
         )
-        session = Session(pool.remote if pool is not None else {}, identity=identity)
+        session = Session(pool.remote_config() if pool is not None else {}, identity=identity)
         configured = session.remote.get("partition")
         if session.per_user and identity is None:
             # No service account to ask with: until the user connects, the pool's own partition
@@ -780,7 +780,7 @@ class FirecrestBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no FirecREST pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         if session.per_user:
             return checks + _doctor_per_user(session)
         try:

@@ -197,7 +197,7 @@ class Session:
                 )
             token = self.identity.token()
         else:
-            token = env_secret(self.token_env, "Qarnot token")
+            token = env_secret(self.token_env, "Qarnot token", self.remote)
         self.secrets = [token]
         return token
 
@@ -691,7 +691,7 @@ class QarnotBackend(ExecutionBackend):
         ranks = LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS)
         threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
         try:
-            session = Session(pool.remote if pool is not None else {}, identity)
+            session = Session(pool.remote_config() if pool is not None else {}, identity)
             if session.per_user and identity is None:
                 # The catalogue is per account: until the user connects, no node type is offered
                 # (the core constraint still applies).
@@ -719,7 +719,7 @@ class QarnotBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no Qarnot pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         if session.per_user:
             from apps.backends import sealing
 

@@ -28,9 +28,11 @@ class MissingCredential(BackendError):
     variable (``apps.core.credentials``). The message names the variable, never a value."""
 
 
-def env_secret(name: str, what: str) -> str:
+def env_secret(name: str, what: str, remote: dict) -> str:
+    """The credential ``name`` for the pool whose ``remote_config()`` is ``remote`` (it carries
+    the pool's id: the variable must be bound to that pool, ``apps.core.credentials``)."""
     try:
-        return credentials.read(name, what)
+        return credentials.read(name, what, pool=remote.get(credentials.POOL_KEY))
     except credentials.CredentialError as exc:
         raise MissingCredential(str(exc)) from None
 

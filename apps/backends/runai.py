@@ -300,8 +300,8 @@ class Session:
             except (ValueError, KeyError, TypeError):
                 raise BackendError("the stored Run:AI access key cannot be read: reconnect at /connections/") from None
         else:
-            client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id")
-            secret = env_secret(self.remote.get("client_secret_env"), "Run:AI client secret")
+            client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id", self.remote)
+            secret = env_secret(self.remote.get("client_secret_env"), "Run:AI client secret", self.remote)
         self.secrets = [secret]
         return client_id, secret
 
@@ -748,7 +748,7 @@ class RunaiBackend(ExecutionBackend):
         ``gpu_portion`` (static; dropped for classes without GPUs by :meth:`pin_class_overrides`).
         Never raises: when Run:AI cannot be asked the answer is degraded to the pool's values (and
         not cached, R-BACK-2)."""
-        remote = with_defaults("runai", pool.remote if pool is not None else {})
+        remote = with_defaults("runai", pool.remote_config() if pool is not None else {})
         portion = LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS])
 
         def fixed(key, label, value):
@@ -801,7 +801,7 @@ class RunaiBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no Run:AI pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         remote = session.remote
         checks.append(self._volume_check(remote))
         image = remote.get("image")

@@ -313,8 +313,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         return self.kind in SLURM_LIKE
 
     def remote_config(self) -> dict:
-        """``remote`` with the documented defaults filled in (e.g. ``token_env``)."""
-        return remote_rules.with_defaults(self.kind, self.remote)
+        """``remote`` with the documented defaults filled in (e.g. ``token_env``), and the pool's
+        id, by which a credential variable is read only for the pools it is bound to
+        (``apps.core.credentials``; never a key a pool's own ``remote`` may hold)."""
+        from apps.core.credentials import POOL_KEY
+
+        return {**remote_rules.with_defaults(self.kind, self.remote), POOL_KEY: self.pk}
 
     def credentials_changed(self) -> bool:
         """Whether whose provider credentials run the cases (``remote.credentials``) changed."""

@@ -337,3 +337,32 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(user_
     identity = connections.identity_for(ada, pool)
     with pytest.raises(connections.CredentialsRequired, match="other provider URLs"):
         identity.token()
+
+
+@pytest.mark.credential_binding
+def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(double, staff, api, monkeypatch, settings):
+    """F8: any pool could name another pool's GRIDGATE_CRED_ variable: whoever may change one pool
+    pointed it at the service account of another, then at a host of theirs. A variable is now read
+    only for the pools <NAME>_POOLS binds it to, which the environment sets, not a pool editor."""
+    settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
+    service = {"profile": "docker-batch", "cluster_url": double.url, "credentials": "service"}
+    owned = ResourcePool.objects.create(name="render", kind="qarnot", public=True, remote=service)
+    ResourceClass.objects.create(pool=owned, name="c", cpu=1, memory=1, default=True)
+    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN_POOLS", str(owned.pk))
+    elsewhere = Listener()
+    try:
+        theirs = ResourcePool.objects.create(
+            name="mine",
+            kind="qarnot",
+            public=True,
+            remote={**service, "cluster_url": elsewhere.url, "token_env": "GRIDGATE_CRED_QARNOT_TOKEN"},
+        )
+        ResourceClass.objects.create(pool=theirs, name="c", cpu=1, memory=1, default=True)
+        qb._connections.clear()
+        refused = api(staff).get(f"/api/v1/resource-classes/{theirs.classes.get().pk}/launch-options/").json()
+        assert SERVICE_TOKEN not in " ".join(elsewhere.seen)  # the service's token went nowhere
+        assert refused["degraded"] and f"GRIDGATE_CRED_QARNOT_TOKEN_POOLS={theirs.pk}" in refused["message"]
+    finally:
+        elsewhere.stop()
+    allowed = api(staff).get(f"/api/v1/resource-classes/{owned.classes.get().pk}/launch-options/").json()
+    assert not allowed["degraded"], allowed
