@@ -65,6 +65,7 @@ from apps.backends.remote_common import (
     env_secret,
     glob_matches,
     load_state,
+    provider_words,
     save_state,
     scrub,
 )
@@ -290,7 +291,7 @@ class Session:
             except BackendError:
                 raise
             except Exception as exc:
-                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values())
+                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values(), service=not self.per_user)
                 if error.status == 401 and not error.permanent and attempt == 1:
                     _forget_token(client)
                     for arg in args:  # an in-memory upload is sent again from its start
@@ -311,9 +312,10 @@ class Session:
         return posixpath.join(self.working_root, case_id)
 
 
-def provider_error(exc: Exception, prefix: str, secrets: list[str]) -> ProviderError:
+def provider_error(exc: Exception, prefix: str, secrets: list[str], *, service: bool = False) -> ProviderError:
     """The ProviderError for an SDK or transport exception: the facts as attributes, a message
-    without request headers or credential values (R-BACK-1)."""
+    without request headers or credential values (R-BACK-1); under a service account, the
+    provider's own words only in the log (``remote_common.provider_words``)."""
     import httpx
     import requests
 
@@ -335,7 +337,7 @@ def provider_error(exc: Exception, prefix: str, secrets: list[str]) -> ProviderE
                 text = body.get("message") or body.get("description") or json.dumps(body)[:300]
             except ValueError:
                 text = response.text[:300]
-            detail = f"HTTP {status}: {text}"
+            detail = provider_words(scrub(f"HTTP {status}: {text}", secrets), service=service, status=status)
             facts["permanent"] = 400 <= status < 500 and status not in (401, 404, 408, 429)
     elif isinstance(exc, httpx.ConnectTimeout | requests.ConnectTimeout):
         detail = f"cannot connect within {TIMEOUT:g} s (timeout)"  # nothing was sent
@@ -396,7 +398,9 @@ class FirecrestBackend(ExecutionBackend):
         except BackendError:
             raise
         except Exception as exc:
-            error = provider_error(exc, "FirecREST job lookup failed", session.scrub_values())
+            error = provider_error(
+                exc, "FirecREST job lookup failed", session.scrub_values(), service=not session.per_user
+            )
             if error.status == 404:
                 return None
             if error.status == 401 and not error.permanent:  # "expires too soon": once more, fresh

@@ -83,6 +83,7 @@ from apps.backends.remote_common import (
     glob_matches,
     globs_to_regex,
     load_state,
+    provider_words,
     safe_relative,
     save_state,
     scrub,
@@ -242,9 +243,10 @@ class Session:
         except Exception as exc:
             if self.per_user and token_refused(exc) and self.identity is not None and self.identity.refused:
                 raise CredentialsRequired(self.identity.refused()) from None
-            raise BackendError(
-                scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets), transient=unreachable(exc)
-            ) from None
+            words = provider_words(
+                scrub(describe(exc), self.secrets), service=not self.per_user, status=http_status(exc)
+            )
+            raise BackendError(f"Qarnot {what} failed: {words}", transient=unreachable(exc)) from None
 
 
 def token_refused(exc: Exception) -> bool:
@@ -282,6 +284,15 @@ def unreachable(exc: Exception) -> bool:
     import requests
 
     return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
+
+
+def http_status(exc: Exception) -> int | None:
+    """The HTTP status behind an SDK or storage exception, when it carries one."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is None and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
 
 
 def describe(exc: Exception) -> str:

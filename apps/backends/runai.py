@@ -63,7 +63,15 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
-from apps.backends.remote_common import LIVE_MAX_BYTES, MissingCredential, env_secret, load_state, save_state, scrub
+from apps.backends.remote_common import (
+    LIVE_MAX_BYTES,
+    MissingCredential,
+    env_secret,
+    load_state,
+    provider_words,
+    save_state,
+    scrub,
+)
 from apps.resources.remote import USER, credential_mode, with_defaults
 
 logger = logging.getLogger(__name__)
@@ -354,16 +362,17 @@ class Session:
         except TokenRefused as exc:
             if self.per_user and self.identity is not None and self.identity.refused:
                 raise CredentialsRequired(self.identity.refused()) from None
+            words = provider_words(scrub(str(exc), self.secret_values()), service=not self.per_user, status=exc.status)
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {exc} (check the client id and secret)", self.secret_values()),
-                status=exc.status,
+                f"Run:AI {what} failed: {words} (check the client id and secret)", status=exc.status
             ) from None
         except sdk["ApiException"] as exc:
             status = exc.status or None
             text = _message(exc.data if exc.data is not None else exc.body) or str(exc.reason or "")
             transient = status is None or status in RETRY_STATUSES
+            words = scrub(f"{status or 'no answer'} {text}".strip(), self.secret_values())
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {status or 'no answer'} {text}".strip(), self.secret_values()),
+                f"Run:AI {what} failed: {provider_words(words, service=not self.per_user, status=status)}",
                 status=status,
                 transient=transient,
             ) from None
