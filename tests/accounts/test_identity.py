@@ -82,6 +82,12 @@ def test_f2_personal_tokens_end_when_the_provider_says_the_user_is_gone(provider
     assert not ApiToken.objects.exists() and Identity.objects.get().sealed_refresh_token == ""
 
 
+def test_f2_the_recheck_runs_in_the_workers_tick_loop():
+    from apps.core import ticker
+
+    assert ticker.registered()["accounts.recheck_identities"].func is oidc.recheck_identities
+
+
 def test_f2_without_a_refresh_token_to_confirm_with_a_token_lasts_no_longer_than_the_session(provider, settings):
     put_user(provider, "sub-ada", preferred_username="ada")
     client = Client()
