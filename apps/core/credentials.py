@@ -70,8 +70,13 @@ def binding_problem(name: str, pool) -> str | None:
     )
 
 
-#: ``read``'s ``pool`` for a device's credential: devices are not bound to pools yet
+#: ``read``'s ``pool`` when no pool is concerned (a configuration checked before any pool has it)
 NOT_A_POOL = object()
+
+
+def pool_of(config: dict | None):
+    """The pool a ``remote_config()`` or a device's ``credential_config()`` belongs to."""
+    return (config or {}).get(POOL_KEY, NOT_A_POOL)
 
 
 def read(name, what: str, *, pool=NOT_A_POOL) -> str:
