@@ -83,12 +83,15 @@ def test_f2_personal_tokens_end_when_the_provider_says_the_user_is_gone(provider
 
 
 def test_f2_the_recheck_runs_in_the_workers_tick_loop():
+    """F2: the recheck is one of the worker's periodic passes."""
     from apps.core import ticker
 
     assert ticker.registered()["accounts.recheck_identities"].func is oidc.recheck_identities
 
 
 def test_f2_without_a_refresh_token_to_confirm_with_a_token_lasts_no_longer_than_the_session(provider, settings):
+    """F2: with no refresh token held to confirm the sign-in later, a token lasts no longer than
+    the browser session would."""
     put_user(provider, "sub-ada", preferred_username="ada")
     client = Client()
     sign_in(client, provider, "sub-ada")  # no GRIDGATE_CREDENTIALS_KEY: the refresh token is not kept
@@ -165,6 +168,7 @@ def test_f9_provider_usernames_that_pass_for_another_are_refused(provider, claim
 
 
 def test_f9_usernames_are_nfkc_normalised(provider):
+    """F9: a fullwidth ａｄａ is the account ada."""
     put_user(provider, "sub-ada", preferred_username="\uff41\uff44\uff41")  # fullwidth ａｄａ
     sign_in(Client(), provider, "sub-ada")
     assert User.objects.filter(username="ada").exists()

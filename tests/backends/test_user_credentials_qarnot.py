@@ -327,7 +327,7 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(user_pool, doubl
 
 
 def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(user_pool, ada):
-    """The check is made where the credential is used, whoever changed the pool (a shell, a
+    """F3: the check is made where the credential is used, whoever changed the pool (a shell, a
     migration): the connection is refused there too."""
     assert "Token saved" in paste(ada, user_pool, ADA_TOKEN).content.decode()
     ResourcePool.objects.filter(pk=user_pool.pk).update(
