@@ -295,6 +295,13 @@ def http_status(exc: Exception) -> int | None:
     return status if isinstance(status, int) else None
 
 
+def said(session, what: str, exc: Exception) -> str:
+    """``Qarnot <what> failed: …`` as users of the session's pool may read it (the provider's
+    words under a per-user credential; its status and a reference under the service's)."""
+    words = scrub(describe(exc), session.secrets)
+    return f"Qarnot {what} failed: {provider_words(words, service=not session.per_user, status=http_status(exc))}"
+
+
 def describe(exc: Exception) -> str:
     import botocore.exceptions
     import requests
@@ -384,7 +391,7 @@ class QarnotBackend(ExecutionBackend):
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
                 return False
-            raise BackendError(scrub(f"Qarnot bucket check failed: {describe(exc)}", session.secrets)) from None
+            raise BackendError(said(session, "bucket check", exc)) from None
 
     def _object_exists(self, session: Session, bucket: str, key: str) -> bool:
         import botocore.exceptions
@@ -511,7 +518,7 @@ class QarnotBackend(ExecutionBackend):
                 task._connection = session.conn
         except Exception as exc:
             status = answered[0] if answered else None
-            error = scrub(f"Qarnot task submission failed: {describe(exc)}", session.secrets)
+            error = said(session, "task submission", exc)
             if isinstance(exc, _sdk().exceptions.MaxTaskException):
                 # 403 "maximum number of tasks reached": nothing was created; temporary.
                 raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
@@ -658,9 +665,9 @@ class QarnotBackend(ExecutionBackend):
         except qarnot.exceptions.MissingTaskException:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} no longer exists") from None
         except qarnot.exceptions.UnauthorizedException as exc:
-            refused = BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets))
+            refused = BackendError(said(session, "abort", exc))
         except Exception as exc:
-            raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+            raise BackendError(said(session, "abort", exc)) from None
         if map_state(self._task(session, job.remote_id).state) in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
         raise refused
