@@ -105,6 +105,43 @@ def env_networks(name: str) -> tuple:
     return tuple(out)
 
 
+def env_proxy_networks(name: str) -> tuple:
+    """The reverse proxies' networks (``127.0.0.1,10.0.3.0/24``). A bare number is the former
+    count of proxies, which believed X-Forwarded-For from whoever reached the web process
+    directly: refused, naming what to write instead."""
+    raw = (os.environ.get(name) or "").strip()
+    if raw.isdigit():
+        if raw == "0":
+            return ()
+        raise ImproperlyConfigured(
+            f"{name}={raw}: a count of proxies is no longer accepted (any client reaching the web process "
+            "directly could pick its own address); list the proxies' addresses or networks instead, e.g. "
+            f"{name}=127.0.0.1 for an nginx on the same host (docs/deployment.md)."
+        )
+    return env_networks(name)
+
+
+def private_sqlite_file(name) -> None:
+    """The SQLite file, created 0600 before SQLite opens it (SQLite creates it with the umask's
+    mode, 0644 under the usual 022, and its journals take the file's mode): it holds password
+    hashes, session keys and token digests. An existing file of this account's that others may
+    read is closed the same way; an in-memory database has no file."""
+    path = str(name)
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"the SQLite database {path} cannot be opened ({exc.strerror}).") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 def env_database(name: str, default_sqlite: Path) -> dict:
     """Parse ``DATABASE_URL`` (postgres:// or sqlite:///), defaulting to an embedded SQLite file.
 
@@ -136,6 +173,7 @@ def env_database(name: str, default_sqlite: Path) -> dict:
         if engine.endswith("sqlite3") and not config.get("NAME"):
             raise ImproperlyConfigured(f"{name} names no SQLite file (sqlite:///path).")
     if config["ENGINE"].endswith("sqlite3"):
+        private_sqlite_file(config["NAME"])
         config.setdefault("OPTIONS", {})
         config["OPTIONS"].update({"transaction_mode": "IMMEDIATE", "timeout": 30})
     else:

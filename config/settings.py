@@ -15,6 +15,7 @@ from config.env import (
     env_list,
     env_mapping,
     env_networks,
+    env_proxy_networks,
     env_str,
     with_query_defaults,
 )
@@ -60,6 +61,7 @@ INSTALLED_APPS = [
     "django_q",
     "django_htmx",
     "axes",
+    "csp",
     "apps.core",
     "apps.accounts",
     "apps.resources",
@@ -93,6 +95,8 @@ MIDDLEWARE = [
     "mozilla_django_oidc.middleware.SessionRefresh",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Content-Security-Policy on every answer (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Last, as django-axes asks: turns a login response it flagged as locked out into a 429
     # (apps.accounts.lockout.lockout_response).
@@ -100,6 +104,9 @@ MIDDLEWARE = [
 ]
 
 AUTHENTICATION_BACKENDS = [
+    # Before anything else: every login attempt counts against its client address's rate,
+    # whatever the username, and past it none reaches a password hash (apps/accounts/lockout.py).
+    "apps.accounts.lockout.LoginRateBackend",
     # First: refuses a locked-out username and address before any password is checked, and needs
     # the request (authenticate(request=...): every login path here passes it).
     "axes.backends.AxesStandaloneBackend",
@@ -160,7 +167,17 @@ OIDC_OP_JWKS_ENDPOINT = env_str("GRIDGATE_OIDC_JWKS_ENDPOINT", f"{_oidc}/certs")
 OIDC_RP_CLIENT_ID = env_str("GRIDGATE_OIDC_CLIENT_ID", "gridgate")
 OIDC_RP_CLIENT_SECRET = env_str("GRIDGATE_OIDC_CLIENT_SECRET", "")
 OIDC_RP_SIGN_ALGO = env_str("GRIDGATE_OIDC_SIGN_ALGO", "RS256")
-OIDC_RP_SCOPES = env_str("GRIDGATE_OIDC_SCOPES", "openid email profile")
+# `groups`: providers that release the groups claim per scope (oidc-provider, Dex, Okta, Authentik)
+# send it only when asked; Keycloak ignores a scope it does not know. An absent claim keeps a user's
+# groups (apps/accounts/oidc.py).
+OIDC_RP_SCOPES = env_str("GRIDGATE_OIDC_SCOPES", "openid email profile groups")
+# RP-initiated logout: the provider's end_session_endpoint (its discovery document), to which
+# /logout/ sends a browser signed in with it; the ID token is kept in the session as its hint.
+GRIDGATE_OIDC_END_SESSION_ENDPOINT = env_str("GRIDGATE_OIDC_END_SESSION_ENDPOINT", f"{_oidc}/logout")
+OIDC_STORE_ID_TOKEN = True
+# How often the worker confirms with the provider (a refresh grant) that a user who signed in
+# there and holds API tokens is still known there; a refusal ends the tokens.
+GRIDGATE_OIDC_RECHECK_SECONDS = env_int("GRIDGATE_OIDC_RECHECK_SECONDS", 900, minimum=60)
 OIDC_USE_PKCE = True
 OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("GRIDGATE_OIDC_RENEW_SECONDS", 900, minimum=30)
 OIDC_TIMEOUT = 10
@@ -178,7 +195,19 @@ GRIDGATE_OIDC_GROUPS_CLAIM = env_str("GRIDGATE_OIDC_GROUPS_CLAIM", "groups")
 GRIDGATE_OIDC_CLI_CLIENT_ID = env_str("GRIDGATE_OIDC_CLI_CLIENT_ID", "")
 # API bearer tokens: the audience they must name (Keycloak: an audience mapper), and the least
 # seconds between two fetches of the provider's keys when a token names a key not seen yet.
-GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", OIDC_RP_CLIENT_ID)
+# Never the web client's id: that is the audience of its ID tokens (docs/identity.md).
+GRIDGATE_OIDC_AUDIENCE = env_str("GRIDGATE_OIDC_AUDIENCE", "gridgate-api")
+if GRIDGATE_OIDC_ISSUER and GRIDGATE_OIDC_AUDIENCE == OIDC_RP_CLIENT_ID:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"GRIDGATE_OIDC_AUDIENCE is the web client's id ({OIDC_RP_CLIENT_ID!r}), the audience of its ID tokens: "
+        "give the API an audience of its own (e.g. gridgate-api, an audience mapper in Keycloak; docs/identity.md)."
+    )
+# The JWT header types an API bearer token may have: RFC 9068 access tokens (never an ID token).
+GRIDGATE_OIDC_ACCESS_TOKEN_TYPES = [
+    kind.lower() for kind in env_list("GRIDGATE_OIDC_ACCESS_TOKEN_TYPES", ["at+jwt", "application/at+jwt"])
+]
 GRIDGATE_OIDC_JWKS_REFRESH_SECONDS = env_int("GRIDGATE_OIDC_JWKS_REFRESH_SECONDS", 30, minimum=1)
 
 # Per-user remote credentials (docs/backends.md, "Per-user credentials"). The Fernet keys that
@@ -193,10 +222,12 @@ GRIDGATE_CONNECT_FLOW_SECONDS = env_int("GRIDGATE_CONNECT_FLOW_SECONDS", 600, mi
 # Failures are stored in the database, so every web process and host counts the same.
 GRIDGATE_LOGIN_FAILURE_LIMIT = env_int("GRIDGATE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
 GRIDGATE_LOGIN_COOLOFF_MINUTES = env_int("GRIDGATE_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
-# Reverse proxies in front of the web processes that append the client's address to
-# X-Forwarded-For (docs/deployment.md): without it, behind a proxy every client would have the
-# proxy's address.
-GRIDGATE_TRUSTED_PROXIES = env_int("GRIDGATE_TRUSTED_PROXIES", 0, minimum=0)
+# Login attempts a minute from one client address, whatever the usernames (apps/accounts/lockout.py).
+GRIDGATE_LOGIN_RATE = env_int("GRIDGATE_LOGIN_RATE", 30, minimum=1)
+# The networks of the reverse proxies in front of the web processes, which append the client's
+# address to X-Forwarded-For (docs/deployment.md): the header is believed from them only. Without
+# it, behind a proxy every client would have the proxy's address.
+GRIDGATE_TRUSTED_PROXIES = env_proxy_networks("GRIDGATE_TRUSTED_PROXIES")
 AXES_FAILURE_LIMIT = GRIDGATE_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=GRIDGATE_LOGIN_COOLOFF_MINUTES)
 # Per username and address together, not either alone: by username anyone could lock a user out
@@ -231,6 +262,25 @@ STORAGES = {
 # DEBUG serves straight from the app directories, so an edited file shows without collectstatic.
 WHITENOISE_USE_FINDERS = DEBUG
 
+# Content-Security-Policy (django-csp): scripts, styles, fonts and connections from this site only,
+# no plugins, no framing, no <base> elsewhere. The pages load their scripts and stylesheet as files
+# (htmx, idiomorph, gridgate.js; no inline script, style or handler), htmx is told not to inject its
+# indicator <style> nor to eval (templates/web/base.html), charts are server-drawn SVG, and Swagger UI
+# runs from its split view (its own script file). An injected <script> or inline handler runs nowhere.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "web:login"
@@ -243,7 +293,8 @@ REST_FRAMEWORK = {
         "apps.accounts.oidc.BearerAuthentication",
         # R-QRMI-2: X-Munge-Cred as an alternative to a token (uid linked to the user).
         "apps.qrmi.authentication.MungeAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        # The browser's session, refused once a provider sign-in is past its renewal (pages renew it).
+        "apps.accounts.authentication.FreshSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON that always encodes (a client's lone surrogate echoed in a 400 is escaped, not a 500).
@@ -455,6 +506,10 @@ if GRIDGATE_METRICS_TOKEN and len(GRIDGATE_METRICS_TOKEN) < 16:
 
     raise ImproperlyConfigured("GRIDGATE_METRICS_TOKEN is shorter than 16 characters: use a long random value.")
 GRIDGATE_METRICS_NETWORKS = env_networks("GRIDGATE_METRICS_NETWORKS")
+# Load sensors and schedulers that read private pools' status without a login (a pool's
+# `accessible`, QRMI's `qpu-slots`): their networks. Anyone else sees only public pools' and their
+# own pools' status (apps.resources.selectors.may_read_status).
+GRIDGATE_LOAD_SENSOR_NETWORKS = env_networks("GRIDGATE_LOAD_SENSOR_NETWORKS")
 
 # Any case (``warning``, ``WARNING``): Python's logging knows the names only in upper case, and a
 # lower-case value used to stop every process at start with a bare "Unknown level" ValueError.

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.core.api.views import WriteFloorView
 from apps.metrics.views import metrics
@@ -9,7 +9,12 @@ from apps.metrics.views import metrics
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).
+    path(
+        "api/docs/",
+        SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="web/swagger_ui.html"),
+        name="swagger-ui",
+    ),
     path("api/v1/", include("apps.accounts.api.urls")),  # auth/token/
     path("api/v1/", include("apps.core.api.urls")),
     path("api/v1/", include("apps.resources.api.urls")),

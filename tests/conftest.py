@@ -224,3 +224,14 @@ def broker_down(monkeypatch):
     monkeypatch.setattr(Conf, "ORM", None)
     monkeypatch.setattr(Conf, "REDIS", f"redis://127.0.0.1:{port}/7")
     return port
+
+
+@pytest.fixture(autouse=True)
+def credentials_unbound_unless_asked(request, monkeypatch):
+    """Pools' credential variables must be bound to them (``<NAME>_POOLS``, apps/core/credentials.py);
+    the backend tests, which make their pools on the fly, read them as bound unless they test the
+    binding itself (``@pytest.mark.credential_binding``)."""
+    from apps.core import credentials
+
+    if request.node.get_closest_marker("credential_binding") is None:
+        monkeypatch.setattr(credentials, "BINDING_REQUIRED", False)

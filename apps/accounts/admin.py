@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.utils import timezone
 
 from apps.accounts.forms import AdminLoginForm
-from apps.accounts.models import ApiToken
+from apps.accounts.models import ApiToken, Identity
 
 # The admin login says when django-axes refused an attempt (it counts failures like every login).
 admin.site.login_form = AdminLoginForm
@@ -57,3 +57,34 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         count, _ = queryset.delete()
         self.message_user(request, f"{count} token(s) revoked.")
+
+
+class IdentityInline(admin.TabularInline):
+    """A user's identities at the identity provider, on the user's page (``apps/qrmi/admin.py``
+    composes the user page): an operator links a sign-in or a service account to this user here."""
+
+    model = Identity
+    extra = 0
+    fields = ["issuer", "subject", "note", "last_login_at", "checked_at"]
+    readonly_fields = ["last_login_at", "checked_at"]
+    verbose_name_plural = "identities at the identity provider (sign-in, bearer tokens)"
+
+
+@admin.register(Identity)
+class IdentityAdmin(admin.ModelAdmin):
+    """Who a provider's (issuer, subject) is here. Linking: a local account whose first sign-in was
+    refused (its username was taken), or a service account's client credentials tokens. A subject
+    belongs to one user (the constraint); deleting an identity makes that sign-in a stranger again."""
+
+    list_display = ["subject", "user", "issuer", "note", "last_login_at", "checked_at", "created_at"]
+    list_filter = ["issuer"]
+    list_select_related = ["user"]
+    search_fields = ["subject", "user__username", "note"]
+    autocomplete_fields = ["user"]
+    fields = ["user", "issuer", "subject", "note", "created_at", "last_login_at", "checked_at"]
+    readonly_fields = ["created_at", "last_login_at", "checked_at"]
+
+    def get_changeform_initial_data(self, request):
+        from django.conf import settings
+
+        return {"issuer": settings.GRIDGATE_OIDC_ISSUER, **super().get_changeform_initial_data(request)}

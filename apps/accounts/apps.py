@@ -10,3 +10,9 @@ class AccountsConfig(AppConfig):
         from apps.accounts import receivers, schema  # noqa: F401 - schema registers the bearer scheme
 
         receivers.connect()
+
+        from apps.accounts import oidc
+        from apps.core import ticker
+
+        # Personal tokens end when the identity provider says their user is gone (docs/identity.md).
+        ticker.register("accounts.recheck_identities", oidc.recheck_identities, every=lambda: 60)

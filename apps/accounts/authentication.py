@@ -1,7 +1,7 @@
 """``Authorization: Token <key>`` against hashed, expiring tokens."""
 
 from django.utils import timezone
-from rest_framework.authentication import TokenAuthentication
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from apps.accounts.models import ApiToken
@@ -31,3 +31,20 @@ class ApiTokenAuthentication(TokenAuthentication):
             raise AuthenticationFailed("User inactive or deleted.")
         note_use(token, now=now)
         return token.user, token
+
+
+class FreshSessionAuthentication(SessionAuthentication):
+    """The browser's session on the API, as DRF's, except a session signed in with the identity
+    provider whose renewal is due (GRIDGATE_OIDC_RENEW_SECONDS after the sign-in): pages send it back
+    to the provider (``prompt=none``), which signs out a user it no longer knows; the API cannot
+    redirect, so it answers 401 until a page has renewed it. Otherwise a cookie of a user the
+    provider had signed out went on answering the API, and minting API tokens."""
+
+    def authenticate(self, request):
+        from apps.accounts.oidc import session_past_renewal
+
+        if session_past_renewal(request._request):
+            raise AuthenticationFailed(
+                "Your sign-in with the identity provider needs renewing: open a page of the site, or use an API token."
+            )
+        return super().authenticate(request)

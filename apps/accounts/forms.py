@@ -15,7 +15,7 @@ class LockoutMessageMixin:
     def get_invalid_login_error(self):
         if lockout.is_locked_out(self.request):
             self.locked_out = True
-            return ValidationError(lockout.lockout_message(), code="locked_out")
+            return ValidationError(lockout.lockout_message(self.request), code="locked_out")
         return super().get_invalid_login_error()
 
 

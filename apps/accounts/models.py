@@ -59,10 +59,47 @@ class Identity(models.Model):
     subject = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
     last_login_at = models.DateTimeField(null=True, blank=True, help_text="The last browser sign-in.")
+    note = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Why an operator linked it (a service account's client, a merged account), for the next operator.",
+    )
+    # The refresh token of the last browser sign-in, sealed (GRIDGATE_CREDENTIALS_KEY): the
+    # worker's recheck trades it at the provider every GRIDGATE_OIDC_RECHECK_SECONDS, and a refusal
+    # (the user signed out there, disabled, deleted) ends the user's API tokens. Never shown.
+    sealed_refresh_token = models.TextField(blank=True, default="", editable=False)
+    checked_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the provider last confirmed the sign-in."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="accounts_identity_unique")]
+        ordering = ["issuer", "subject", "id"]
+        indexes = [
+            # The recheck pass: identities whose sign-in is due to be confirmed again.
+            models.Index(fields=["checked_at"], name="accounts_identity_checked"),
+        ]
         verbose_name_plural = "identities"
 
     def __str__(self):
         return f"{self.subject} at {self.issuer}"
+
+
+class LoginRate(models.Model):
+    """How many logins one client address attempted in the current window, whatever the
+    usernames (``lockout.LoginRateBackend``): one row per address, its window restarted in place.
+    In the database, like django-axes' counts, so every web process and host counts the same."""
+
+    address = models.GenericIPAddressField(unique=True)
+    window_start = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-window_start", "-id"]
+        indexes = [
+            # manage.py cleanup: DELETE ... WHERE window_start < an hour ago.
+            models.Index(fields=["window_start"], name="accounts_loginrate_window"),
+        ]
+
+    def __str__(self):
+        return f"{self.address}: {self.attempts} since {self.window_start:%H:%M:%S}"

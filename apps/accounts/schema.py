@@ -12,5 +12,16 @@ class BearerAuthenticationScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "bearerFormat": "JWT",
-            "description": "A JWT from the centre's identity provider, for a user who signed in once.",
+            "description": "An access token (RFC 9068, typ at+jwt) from the centre's identity provider, for the "
+            "API's audience, of a user who signed in once or an identity an operator linked.",
         }
+
+
+class FreshSessionAuthenticationScheme(OpenApiAuthenticationExtension):
+    """DRF's session scheme, for the session authentication that refuses a stale provider sign-in."""
+
+    target_class = "apps.accounts.authentication.FreshSessionAuthentication"
+    name = "cookieAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "cookie", "name": "sessionid"}

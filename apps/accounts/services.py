@@ -48,13 +48,21 @@ def issue_token(user, *, name: str = "", days: int | None = None) -> tuple[ApiTo
         )
     key = secrets.token_urlsafe(KEY_BYTES)
     now = timezone.now()
+    expires_at = now + timedelta(days=days)
+    from apps.accounts.oidc import token_term_limit
+
+    # A user of the identity provider whose sign-in nothing can confirm later (no refresh token
+    # held): the token lasts no longer than their browser session would.
+    limit = token_term_limit(user)
+    if limit is not None:
+        expires_at = min(expires_at, limit)
     token = ApiToken.objects.create(
         user=user,
         digest=digest_of(key),
         prefix=key[:PREFIX_LENGTH],
         name=name[:NAME_LENGTH],
         created_at=now,
-        expires_at=now + timedelta(days=days),
+        expires_at=expires_at,
     )
     return token, key
 
@@ -115,7 +123,7 @@ def log_in(*, request, username: str, password: str):
     user = authenticate(request=request, username=username, password=password)
     if user is None:
         if lockout.is_locked_out(request):
-            raise LoginLockedOut(lockout.lockout_message(), retry_after=lockout.cool_off_seconds())
+            raise LoginLockedOut(lockout.lockout_message(request), retry_after=lockout.retry_after(request))
         raise InvalidFields({NON_FIELD_KEY: [BAD_CREDENTIALS]})
     lockout.forget_failures(request, username)
     return user

@@ -39,7 +39,7 @@ def config(*, working_roots=()) -> dict:
         "service_uid": os.geteuid(),
         "service_gid": os.getegid(),
         "min_uid": settings.GRIDGATE_CASE_MIN_UID,
-        "sandbox_accounts": [settings.GRIDGATE_SANDBOX_USER, "nobody"],
+        "sandbox_accounts": [settings.GRIDGATE_SANDBOX_USER],
         "working_roots": [str(root) for root in working_roots],
         "cgroup": settings.GRIDGATE_CASE_CGROUP,
         "nproc": settings.GRIDGATE_CASE_NPROC,
@@ -95,10 +95,37 @@ def helper_check(trusted: bool, *, cgroup: bool) -> Check:
             "the privileged helper does not run as root: only trusted pools can run cases "
             "(set GRIDGATE_PRIVILEGED_COMMAND to the sudo rule, docs/deployment.md)",
         )
+    if answer.get("seccomp") not in (None, "ok") and not trusted:
+        return Check("run as the owner", False, f"{answer['seccomp']}: no case can start (docs/operations.md)")
     if answer.get("cgroup") not in (None, "ok"):
         return Check("run as the owner", False, f"{answer['cgroup']}: no case can start (docs/operations.md, 'Bounds')")
     return Check(
         "run as the owner",
         True,
-        "the privileged helper runs as root" + (" and makes each case's cgroup" if cgroup else ""),
+        "the privileged helper runs as root"
+        + (" and makes each case's cgroup" if cgroup else "")
+        + (" and its syscall filter (no user namespaces)" if answer.get("seccomp") == "ok" else ""),
+    )
+
+
+def egress_check() -> Check:
+    """doctor's line for a pool whose cases have the network: the helper can load their egress
+    filter (nftables in the case's own network namespace)."""
+    try:
+        answer = call("version", {"probe_egress": True}, timeout=60)
+    except BackendError as exc:
+        return Check("egress filter", False, f"the privileged helper refused: {exc}")
+    result = answer.get("egress")
+    if result == "ok":
+        return Check(
+            "egress filter",
+            True,
+            "each case gets its own network namespace's filter: link-local, private, CGNAT and this host's "
+            "addresses dropped unless the pool lists them",
+        )
+    return Check(
+        "egress filter",
+        False,
+        f"{result or 'the privileged helper does not run as root'}: cases of this pool would reach link-local "
+        "(cloud metadata), private and this host's own addresses, so none starts (docs/operations.md, 'Network')",
     )

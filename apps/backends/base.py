@@ -200,6 +200,9 @@ class RunAs:
     name: str = ""
     home: str = ""
     network: bool = True
+    #: networks the egress filter lets through although it drops them otherwise (the pool's
+    #: ``allowed_networks``, as CIDR texts)
+    allowed_networks: tuple[str, ...] = ()
 
     @property
     def switches(self) -> bool:

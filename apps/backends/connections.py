@@ -73,6 +73,61 @@ def service_label(pool) -> str:
     return f"service account ({name})"
 
 
+#: the keys of a pool's ``remote`` that say where a user's credential is sent, by pool kind
+PROVIDER_URL_KEYS = {
+    "firecrest": ("api_url", "token_uri", "authorization_uri", "revocation_uri"),
+    "qarnot": ("cluster_url",),
+    "runai": ("base_url",),
+}
+
+
+def provider_urls(pool) -> dict:
+    """Where ``pool`` sends its users' credentials: its provider URLs as configured (a missing
+    optional one as None). A connection remembers them when it is made and is never used once
+    they differ (:func:`moved`): whoever may change a pool must not be able to redirect the
+    credentials its users already connected to a host of their choosing."""
+    remote = pool.remote or {}
+    return {key: remote.get(key) for key in PROVIDER_URL_KEYS.get(pool.kind, ())}
+
+
+def moved(connection: RemoteConnection, pool) -> str:
+    """The provider URLs of ``pool`` that changed since ``connection`` was made, in words ("" if
+    none): the connection is then not used, and the user reconnects."""
+    now = provider_urls(pool)
+    changed = [key for key in now if (connection.provider_urls or {}).get(key) != now[key]]
+    return ", ".join(changed)
+
+
+def note_provider_url_change(*, pool, before: dict, actor) -> int:
+    """After a pool was saved: if its provider URLs changed and users had connected to it, their
+    connections are marked failed (they reconnect, to the new provider, knowingly) and the change,
+    old and new URLs, goes into the pool's admin history under ``actor``. Returns how many
+    connections were ended."""
+    after = provider_urls(pool)
+    if before == after:
+        return 0
+    changed = {key: (before.get(key), after[key]) for key in after if before.get(key) != after[key]}
+    now = timezone.now()
+    ended = RemoteConnection.objects.filter(pool=pool, state=ConnectionState.CONNECTED).update(
+        state=ConnectionState.FAILED,
+        failed_at=now,
+        failure=f"the pool's provider URLs changed ({', '.join(changed)})",
+        updated_at=now,
+    )
+    if actor is not None and getattr(actor, "pk", None):
+        from django.contrib.admin.models import CHANGE, LogEntry
+
+        message = "Provider URLs changed: " + "; ".join(f"{key} {old} → {new}" for key, (old, new) in changed.items())
+        if ended:
+            message += f"; {ended} user connection(s) must reconnect"
+        LogEntry.objects.log_actions(
+            user_id=actor.pk, queryset=[pool], action_flag=CHANGE, change_message=message, single_object=True
+        )
+    if ended:
+        logger.warning("pool %s moved to other provider URLs: %d connection(s) must reconnect", pool.pk, ended)
+    return ended
+
+
 def _reconnect(user, pool, why: str) -> str:
     return f"{user.username}'s connection to pool '{pool.name}' {why}: reconnect at {connect_page()}"
 
@@ -139,6 +194,10 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
         else f"user {user.username} (subject {connection.subject or 'unknown'})"
     )
     key = f"user:{connection.pk}:{connection.generation}"
+    changed = moved(connection, pool)
+    if changed:
+        why = f"was made for other provider URLs (the pool's {changed} changed since)"
+        return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
     if not connection.is_connected:
         why = f"failed ({connection.failure or 'the provider refused it'})"
         return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
@@ -203,6 +262,9 @@ def _refresh(connection_id: int, generation: int) -> str:
         if not connection.is_connected:
             why = f"failed ({connection.failure or 'the provider refused it'})"
             raise CredentialsRequired(_reconnect(user, pool, why))
+        changed = moved(connection, pool)  # read under the lock: never a refresh token to a new host
+        if changed:
+            raise CredentialsRequired(_reconnect(user, pool, f"was made for other provider URLs ({changed} changed)"))
         try:
             refresh_token = sealing.unseal(connection.sealed_secret)
         except sealing.SealingUnavailable:
@@ -414,6 +476,7 @@ def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str)
         connection.connected_at = connection.last_refreshed_at = now
         connection.failed_at, connection.failure = None, ""
         connection.generation += 1  # access tokens cached for the previous grant are not used again
+        connection.provider_urls = provider_urls(pool)
         connection.save()
         resume_waiting_cases(user, pool)
     logger.info("user %s connected to pool %s as %s", user.pk, pool.pk, subject or "unknown")
@@ -471,6 +534,7 @@ def _forget(connections) -> Forgotten | None:
         if connection is None:
             return None
         connection_id, pool, sealed = connection.pk, connection.pool, connection.sealed_secret
+        changed = moved(connection, pool)
         connection.delete()
     with _access_lock:
         for key in [key for key in _access_tokens if key[0] == connection_id]:
@@ -482,6 +546,10 @@ def _forget(connections) -> Forgotten | None:
             f"Gridgate no longer holds the {what}; it stays valid at the provider until its owner deletes it there.",
         )
     end_it = "end it at the identity provider (Keycloak: Account console → Applications)"
+    if changed:
+        # The grant belongs to the provider it was made with; the pool now names another, which
+        # must not receive it, not even to revoke it.
+        return Forgotten(False, f"Gridgate no longer holds the grant; the pool's {changed} changed since: {end_it}.")
     try:
         oauth.revoke(pool.remote_config(), sealing.unseal(sealed))
     except (sealing.SealingUnavailable, sealing.Unreadable):

@@ -65,6 +65,7 @@ from apps.backends.remote_common import (
     env_secret,
     glob_matches,
     load_state,
+    provider_words,
     save_state,
     scrub,
 )
@@ -213,8 +214,8 @@ class Session:
         self.secrets: list[str] = []
 
     def credentials(self) -> tuple[str, str]:
-        client_id = env_secret(self.id_env, "FirecREST client id")
-        secret = env_secret(self.secret_env, "FirecREST client secret")
+        client_id = env_secret(self.id_env, "FirecREST client id", self.remote)
+        secret = env_secret(self.secret_env, "FirecREST client secret", self.remote)
         self.secrets = [client_id, secret]
         return client_id, secret
 
@@ -290,7 +291,7 @@ class Session:
             except BackendError:
                 raise
             except Exception as exc:
-                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values())
+                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values(), service=not self.per_user)
                 if error.status == 401 and not error.permanent and attempt == 1:
                     _forget_token(client)
                     for arg in args:  # an in-memory upload is sent again from its start
@@ -311,9 +312,10 @@ class Session:
         return posixpath.join(self.working_root, case_id)
 
 
-def provider_error(exc: Exception, prefix: str, secrets: list[str]) -> ProviderError:
+def provider_error(exc: Exception, prefix: str, secrets: list[str], *, service: bool = False) -> ProviderError:
     """The ProviderError for an SDK or transport exception: the facts as attributes, a message
-    without request headers or credential values (R-BACK-1)."""
+    without request headers or credential values (R-BACK-1); under a service account, the
+    provider's own words only in the log (``remote_common.provider_words``)."""
     import httpx
     import requests
 
@@ -335,7 +337,7 @@ def provider_error(exc: Exception, prefix: str, secrets: list[str]) -> ProviderE
                 text = body.get("message") or body.get("description") or json.dumps(body)[:300]
             except ValueError:
                 text = response.text[:300]
-            detail = f"HTTP {status}: {text}"
+            detail = provider_words(scrub(f"HTTP {status}: {text}", secrets), service=service, status=status)
             facts["permanent"] = 400 <= status < 500 and status not in (401, 404, 408, 429)
     elif isinstance(exc, httpx.ConnectTimeout | requests.ConnectTimeout):
         detail = f"cannot connect within {TIMEOUT:g} s (timeout)"  # nothing was sent
@@ -396,7 +398,9 @@ class FirecrestBackend(ExecutionBackend):
         except BackendError:
             raise
         except Exception as exc:
-            error = provider_error(exc, "FirecREST job lookup failed", session.scrub_values())
+            error = provider_error(
+                exc, "FirecREST job lookup failed", session.scrub_values(), service=not session.per_user
+            )
             if error.status == 404:
                 return None
             if error.status == 401 and not error.permanent:  # "expires too soon": once more, fresh
@@ -420,6 +424,7 @@ class FirecrestBackend(ExecutionBackend):
             command=spec.command,
             export_none=False,
             make_progress_dir=True,
+            wall_seconds=sbatch.wall_seconds(spec),
         )
 
     def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat=None) -> dict[str, list]:
@@ -744,7 +749,7 @@ class FirecrestBackend(ExecutionBackend):
         time_option = LaunchOption(
             "time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00"
         )
-        session = Session(pool.remote if pool is not None else {}, identity=identity)
+        session = Session(pool.remote_config() if pool is not None else {}, identity=identity)
         configured = session.remote.get("partition")
         if session.per_user and identity is None:
             # No service account to ask with: until the user connects, the pool's own partition
@@ -767,7 +772,7 @@ class FirecrestBackend(ExecutionBackend):
         )
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
-        return sbatch.pin_class_partition(answer, resource_class)
+        return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
 
     def doctor(self, pool=None) -> list[Check]:
         checks = []
@@ -779,7 +784,7 @@ class FirecrestBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no FirecREST pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         if session.per_user:
             return checks + _doctor_per_user(session)
         try:

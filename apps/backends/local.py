@@ -59,7 +59,7 @@ from apps.backends.base import (
     RunAs,
     SubmitSpec,
 )
-from apps.core.cases_root import ensure_cases_root
+from apps.core.cases_root import ensure_cases_root, root_parent_check
 
 #: the exit status by which a bound shows without the supervisor's word: SIGXFSZ (a file reached
 #: RLIMIT_FSIZE)
@@ -134,6 +134,7 @@ def start_request(spec: SubmitSpec, work: Path) -> dict:
         "account": {"uid": run_as.uid} if run_as.switches else None,
         "env": sandbox_environment(spec, work),
         "network": run_as.network,
+        "allowed_networks": list(run_as.allowed_networks),
         "shared_campaign": spec.campaign_id if spec.shared_dir is not None and spec.shared_dir.is_dir() else None,
         "bounds": {
             "memory_bytes": bounds.memory_bytes,
@@ -310,6 +311,8 @@ class LocalBackend(ExecutionBackend):
             )
         )
         checks.append(as_root.helper_check(trusted, cgroup=True))
+        if not trusted:
+            checks.append(Check("cases root parent", *root_parent_check()))
         network = pool is not None and pool.network
         slirp = shutil.which("slirp4netns")
         checks.append(
@@ -322,6 +325,8 @@ class LocalBackend(ExecutionBackend):
                 "(apt install slirp4netns); other pools' cases have no network",
             )
         )
+        if network:
+            checks.append(as_root.egress_check())
         root = Path(settings.GRIDGATE_CASES_ROOT)
         try:
             ensure_cases_root()

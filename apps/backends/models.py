@@ -48,6 +48,9 @@ class RemoteConnection(models.Model):
     #: bumped whenever the sealed credential changes: an access token a process cached for an
     #: older generation (before a reconnect) is not used again
     generation = models.PositiveIntegerField(default=1, editable=False)
+    #: the pool's provider URLs when the user connected (``connections.provider_urls``): the
+    #: credential is never sent anywhere else; a pool moved to other URLs needs a reconnect
+    provider_urls = models.JSONField(default=dict, blank=True, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -56,7 +56,7 @@ from pathlib import Path
 
 #: a request names the protocol it was written for: a helper installed from an older or newer
 #: checkout refuses it (reinstall it with the checkout, docs/deployment.md)
-PROTOCOL = 1
+PROTOCOL = 2
 CONFIG_FILE = "/etc/gridgate/privileged.json"
 CASE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -64,7 +64,7 @@ JOB_ID = re.compile(r"[0-9]{1,12}")
 #: the largest command, environment and job script a request may carry
 MAX_TEXT = 1 << 20
 #: fds the sandbox's command line refers to (dup'ed there in the sandbox's process)
-COMMAND_FD, INFO_FD, BLOCK_FD, RESOLV_FD, WORK_FD, SHARED_FD = 3, 4, 5, 6, 7, 8
+COMMAND_FD, INFO_FD, BLOCK_FD, RESOLV_FD, WORK_FD, SHARED_FD, SECCOMP_FD = 3, 4, 5, 6, 7, 8, 9
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 #: how long slirp4netns may take to plumb a sandbox's network before the case fails
@@ -216,6 +216,14 @@ def account(config: Config, request: dict):
         raise Refused(f"no account with uid {wanted!r} on this host") from None
     if entry.pw_uid == 0 or entry.pw_uid == config.service_uid:
         raise Refused("cases never run as root or as the service's own account")
+    overflow = overflow_ids()
+    if entry.pw_uid in overflow or entry.pw_gid in overflow:
+        # nobody (65534) is the kernel's overflow id: every file a user namespace or an NFS
+        # export cannot map shows as owned by it, so a case running as it could reach them.
+        raise Refused(
+            f"uid {entry.pw_uid} ({entry.pw_name}) is the kernel's overflow account (nobody): files no "
+            "namespace or NFS export can map belong to it, so no case runs as it"
+        )
     if entry.pw_uid < config.min_uid and entry.pw_name not in config.sandbox_accounts:
         raise Refused(
             f"uid {entry.pw_uid} ({entry.pw_name}) is a system account (below {config.min_uid}): "
@@ -239,6 +247,21 @@ def account(config: Config, request: dict):
     return entry
 
 
+#: where the kernel says which uid and gid stand for "unmapped" (65534 unless changed)
+OVERFLOW_FILES = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid", "/proc/sys/fs/overflowuid")
+
+
+def overflow_ids() -> set[int]:
+    """The overflow uids and gids (``nobody``, 65534 by default), read from the kernel."""
+    ids = {65534}
+    for path in OVERFLOW_FILES:
+        try:
+            ids.add(int(Path(path).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return ids
+
+
 def _positive_int(request: dict, key: str, maximum: int = 1 << 62, minimum: int = 1) -> int:
     value = request.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
@@ -253,11 +276,37 @@ def _text(value, what: str) -> str:
 
 
 # -- paths reached without following links ---------------------------------------------------------
+#: the configured roots this request opened, by path: each is opened once per request (the
+#: helper serves one request per process, :func:`main` closes them)
+_ROOTS: dict[str, int] = {}
+
+
+def root_fd(root: str) -> int:
+    """The configured root ``root`` (the operator's path: it may be a symlink to a shared file
+    system), opened on first use and the same descriptor for the rest of the request.
+
+    The service owns what lies above the cases root in many set-ups (``/srv/gridgate/var``): it can
+    rename the root away and put a link to a directory of root's in its place. Resolved once, the
+    root cannot change under the request; resolved at each step, a swap between two steps would
+    have root create a directory of the service's inside one of root's (doctor also fails while
+    the root's parent is the service's to write)."""
+    fd = _ROOTS.get(root)
+    if fd is None:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _ROOTS[root] = fd
+    return fd
+
+
+def close_roots() -> None:
+    for fd in _ROOTS.values():
+        os.close(fd)
+    _ROOTS.clear()
+
+
 def open_dir(root: str, *parts: str, create: bool = False, owner: tuple[int, int] | None = None) -> int:
-    """An fd on ``root/parts…``: ``root`` is a configured path (the operator's: it may be a
-    symlink to a shared file system), each part below it is opened ``O_NOFOLLOW`` (and made
-    0700, handed to ``owner``, when ``create``)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """An fd on ``root/parts…``: ``root`` is a configured root (:func:`root_fd`), each part below
+    it is opened ``O_NOFOLLOW`` (and made 0700, handed to ``owner``, when ``create``)."""
+    fd = os.dup(root_fd(root))
     try:
         for part in parts:
             if part in ("", ".", "..") or "/" in part or "\x00" in part:
@@ -741,6 +790,206 @@ class Cgroup:
                     time.sleep(0.1)
 
 
+# -- the egress filter of a case with the network ---------------------------------------------------
+#: what a case with the network never reaches unless its pool lists it: "this" network, private
+#: (RFC 1918), shared/CGNAT (RFC 6598), loopback, link-local (cloud metadata at 169.254.169.254),
+#: multicast and reserved; for IPv6 (slirp4netns routes none, kept closed all the same) loopback,
+#: unique-local, link-local and multicast
+BLOCKED_V4 = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.168.0.0/16", "224.0.0.0/3",
+)  # fmt: skip
+BLOCKED_V6 = ("::/127", "fc00::/7", "fe80::/10", "ff00::/8")
+#: slirp4netns's name server inside the sandbox (its 10.0.2.0/24 is otherwise dropped with 10/8:
+#: 10.0.2.2 is the host)
+SLIRP_DNS = "10.0.2.3"
+NFT = ("/usr/sbin/nft", "/sbin/nft")
+NSENTER = "/usr/bin/nsenter"
+
+
+def host_addresses() -> tuple[list[str], list[str]]:
+    """This host's own addresses (every interface's, from the kernel's local routing table and
+    ``if_inet6``): a case with the network reaches none of them, so nothing a host service
+    listens on beyond loopback is in its reach either."""
+    import ipaddress
+
+    v4, v6 = set(), set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for previous, line in zip(lines, lines[1:], strict=False):
+        if line.strip() == "/32 host LOCAL":
+            v4.add(previous.strip().lstrip("|-+ ").strip())
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            v6.add(str(ipaddress.ip_address(int(raw, 16))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return sorted(v4), sorted(v6)
+
+
+def egress_rules(allowed: list[str]) -> str:
+    """The nftables ruleset loaded into a networked case's own network namespace (its OUTPUT
+    hook: every packet the case sends). The command holds no capability, so it cannot change it."""
+    import ipaddress
+
+    own4, own6 = host_addresses()
+
+    def merged(items, version: int) -> list[str]:
+        # An anonymous nftables set refuses overlapping intervals (127.0.0.1 inside 127.0.0.0/8).
+        networks = [n for n in map(ipaddress.ip_network, items) if n.version == version]
+        return [str(n) for n in ipaddress.collapse_addresses(networks)]
+
+    allow4, allow6 = merged(allowed, 4), merged(allowed, 6)
+    drop4, drop6 = merged([*BLOCKED_V4, *own4], 4), merged([*BLOCKED_V6, *own6], 6)
+
+    def elements(items) -> str:
+        return ", ".join(items)
+
+    lines = [
+        "table inet gridgate_egress {",
+        "  chain out {",
+        "    type filter hook output priority 0; policy accept;",
+        '    oif "lo" accept',
+        f"    ip daddr {SLIRP_DNS} udp dport 53 accept",
+        f"    ip daddr {SLIRP_DNS} tcp dport 53 accept",
+    ]
+    if allow4:
+        lines.append(f"    ip daddr {{ {elements(allow4)} }} accept")
+    if allow6:
+        lines.append(f"    ip6 daddr {{ {elements(allow6)} }} accept")
+    lines.append(f"    ip daddr {{ {elements(drop4)} }} drop")
+    lines.append(f"    ip6 daddr {{ {elements(drop6)} }} drop")
+    lines += ["  }", "}", ""]
+    return "\n".join(lines)
+
+
+def nft_command() -> str | None:
+    return next((path for path in NFT if os.access(path, os.X_OK)), None)
+
+
+def load_egress_filter(pid: int, allowed: list[str]) -> str | None:
+    """Load :func:`egress_rules` into the network namespace of ``pid`` (the sandbox's); the
+    reason it could not, or None."""
+    nft = nft_command()
+    if nft is None:
+        return "nftables (nft) is not installed: apt install nftables"
+    try:
+        proc = subprocess.run(
+            [NSENTER, f"--net=/proc/{pid}/ns/net", nft, "-f", "-"],
+            input=egress_rules(allowed).encode(),
+            capture_output=True,
+            timeout=NETWORK_SETUP_SECONDS,
+            env={"PATH": DEFAULT_PATH},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nft could not run: {exc}"
+    if proc.returncode != 0:
+        return f"nft refused the egress filter: {proc.stderr.decode(errors='replace').strip()[:500]}"
+    return None
+
+
+def egress_probe() -> str:
+    """doctor's question: can a filter be loaded into a fresh network namespace here?"""
+    nft = nft_command()
+    if nft is None:
+        return "nftables (nft) is not installed: apt install nftables"
+    try:
+        proc = subprocess.run(
+            ["/usr/bin/unshare", "--net", nft, "-f", "-"],
+            input=egress_rules([]).encode(),
+            capture_output=True,
+            timeout=30,
+            env={"PATH": DEFAULT_PATH},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot load an egress filter into a network namespace: {exc}"
+    if proc.returncode != 0:
+        return f"cannot load an egress filter into a network namespace: {proc.stderr.decode(errors='replace')[:300]}"
+    return "ok"
+
+
+# -- no user namespaces inside the sandbox ------------------------------------------------------------
+CLONE_NEWUSER = 0x10000000
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_MASKED_EQ = 7
+
+
+def scmp_act_errno(number: int) -> int:
+    return 0x00050000 | (number & 0xFFFF)
+
+
+def user_namespace_filter() -> int:
+    """A sealed memfd holding the BPF program bwrap loads (``--seccomp``) before it runs the
+    command: ``unshare(2)`` and ``clone(2)`` asking for ``CLONE_NEWUSER`` fail with EPERM, and
+    ``clone3(2)``, whose flags sit in memory a filter cannot read, with ENOSYS (libc then falls back
+    to ``clone``). A user namespace would hand the command a full set of capabilities over a
+    namespace of its own: the way into many kernel bugs, which a case has no use for.
+
+    The program is compiled by libseccomp (Debian ``libseccomp2``, the library bwrap's own users
+    such as flatpak compile theirs with), called through ctypes: this helper stays one file of the
+    standard library, run by the system's ``python3 -I -S``, which sees no package of the
+    service's. libseccomp filters the host's native architecture and kills a process calling
+    through another one (a 32-bit binary on x86_64), so the filter cannot be walked around."""
+    import ctypes
+
+    class ArgCmp(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError:
+        raise Refused(
+            "libseccomp is not installed: cases cannot run without their syscall filter (apt install libseccomp2)"
+        ) from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.restype = ctypes.c_int
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(ArgCmp),
+    ]
+    lib.seccomp_export_bpf.restype = ctypes.c_int
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    context = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not context:
+        raise Refused("libseccomp could not make a filter")
+    fd = os.memfd_create("gridgate-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        new_user = ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+        rules = [("unshare", errno.EPERM, new_user), ("clone", errno.EPERM, new_user), ("clone3", errno.ENOSYS, None)]
+        for name, answer, condition in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                continue  # not a system call on this architecture
+            conditions = ctypes.pointer(condition) if condition is not None else None
+            if lib.seccomp_rule_add_array(
+                context, scmp_act_errno(answer), number, int(condition is not None), conditions
+            ):
+                raise Refused(f"libseccomp refused the rule for {name}")
+        if lib.seccomp_export_bpf(context, fd) != 0:
+            raise Refused("libseccomp could not write the filter")
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        lib.seccomp_release(context)
+    # Sealed: nothing that inherits the fd before bwrap reads it can change the program.
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 # -- the sandbox's command line ----------------------------------------------------------------------
 def _bind_system(args: list[str], *, network: bool) -> None:
     for path in SYSTEM_DIRS:
@@ -780,7 +1029,7 @@ def switch_to(entry) -> list[str]:
 
 
 def sandbox_argv(
-    config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int
+    config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int, seccomp: bool = False
 ) -> list[str]:
     """The command line that runs the case's command (fd 3) as ``entry``'s account in its
     sandbox (R-CASE-8).
@@ -791,7 +1040,7 @@ def sandbox_argv(
     is still root inside the sandbox (``setpriv``, with only CAP_SETUID and CAP_SETGID) runs
     with an empty environment: the case's variables (``LD_PRELOAD`` would be one) are set by
     ``env -i`` after the switch, as the account. With the network, bwrap reports on fd 4 and
-    waits on fd 5."""
+    waits on fd 5; with ``seccomp`` it loads the filter on fd 9 (:func:`user_namespace_filter`)."""
     variables = [f"{name}={value}" for name, value in sorted(env.items())]
     work = Path(config.cases_root, case, ".run", "work")
     # Into the working directory as the account (root without CAP_DAC_OVERRIDE may not enter it).
@@ -825,10 +1074,14 @@ def sandbox_argv(
     if shared:
         args += ["--ro-bind-fd", str(SHARED_FD), str(work / "shared")]
     args += ["--chdir", "/", "--clearenv"]
+    if seccomp:
+        args += ["--seccomp", str(SECCOMP_FD)]
     if entry is not None:
-        # bwrap run by root keeps root's capabilities unless told: only the two setpriv needs to
-        # switch to the account; setpriv then clears them all (and the bounding set).
-        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        # bwrap run by root keeps root's capabilities unless told: only those setpriv needs to
+        # switch to the account and then clear every set, the bounding set included (dropping a
+        # capability from the bounding set takes CAP_SETPCAP: without it the set stayed full).
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        args += ["--cap-add", "CAP_SETPCAP", "--"]
         args += switch_to(entry)
     else:
         args.append("--")
@@ -914,7 +1167,7 @@ class Supervisor:
                 signal.signal(signal.SIGUSR1, signal.SIG_DFL)
                 for target, fd in high.items():
                     os.dup2(fd, target)  # dup2 clears close-on-exec on the copy
-                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))  # the targets: 0 … 8
+                os.closerange(max(high) + 1, os.sysconf("SC_OPEN_MAX"))  # the targets: 0 … 9
                 argv = self.plan["argv"]
                 os.execv(argv[0], argv)  # noqa: S606 - the sandbox's command line, no shell
             finally:
@@ -979,6 +1232,15 @@ class Supervisor:
             ready, _, _ = select.select([ready_r], [], [], NETWORK_SETUP_SECONDS)
             ok = bool(ready) and os.read(ready_r, 1) == b"1"
         os.close(ready_r)
+        if ok:
+            # Before the command starts (bwrap waits on the block fd): link-local, private and
+            # the host's own addresses out of reach, unless the pool lists them.
+            problem = load_egress_filter(child_pid, self.plan.get("allowed_networks", []))
+            if problem:
+                self.plan["messages"]["network"] = (
+                    f"the case's egress filter could not be set up ({problem}): ask an operator"
+                )
+                ok = False
         if not ok:
             self._limit("network")
             self.stop_requested = True
@@ -1089,8 +1351,18 @@ def start(config: Config, request: dict) -> dict:
     if not isinstance(messages, dict):
         raise Refused("messages must be an object")
     messages = {str(key): _text(value, "a message")[:2000] for key, value in messages.items()}
+    allowed = request.get("allowed_networks") or []
+    if not isinstance(allowed, list) or len(allowed) > 256:
+        raise Refused("allowed_networks must be a list of at most 256 networks")
+    import ipaddress
+
+    try:
+        allowed = [str(ipaddress.ip_network(item)) for item in allowed if isinstance(item, str)]
+    except ValueError as exc:
+        raise Refused(f"allowed_networks: {exc}") from None
     plan = {
         "network": network,
+        "allowed_networks": allowed,
         "wall_seconds": _positive_int(request, "wall_seconds"),
         "grace": _positive_int(request, "grace", 3600, minimum=0),
         "disk_interval": _positive_int(request, "disk_interval", 3600),
@@ -1147,8 +1419,12 @@ def start(config: Config, request: dict) -> dict:
                 os.unlink(name, dir_fd=rdir_fd)
             except FileNotFoundError:
                 pass
+        seccomp = shutil.which("bwrap", path=DEFAULT_PATH) is not None
+        if seccomp:
+            fds[SECCOMP_FD] = user_namespace_filter()
+            opened.append(fds[SECCOMP_FD])
         plan["argv"] = sandbox_argv(
-            config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory
+            config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory, seccomp=seccomp
         )
         cgroup = None
         if entry is not None and config.cgroup != "off":
@@ -1448,6 +1724,13 @@ def version(config: Config, request: dict) -> dict:
     """The protocol, whether this helper runs as root, and (asked by doctor) whether it can make
     and remove a probe cgroup with the memory and pids controllers."""
     answer = {"protocol": PROTOCOL, "cases_root": config.cases_root, "root": os.geteuid() == 0}
+    try:
+        os.close(user_namespace_filter())
+        answer["seccomp"] = "ok"
+    except Refused as exc:
+        answer["seccomp"] = str(exc)
+    if request.get("probe_egress") and os.geteuid() == 0:
+        answer["egress"] = egress_probe()
     if request.get("probe_cgroup") and os.geteuid() == 0 and config.cgroup != "off":
         name = f"doctor-{os.getpid()}"
         try:
@@ -1480,7 +1763,10 @@ def main(argv: list[str]) -> int:
                 "helper from the same checkout as the service (docs/deployment.md)"
             )
         config = load_config(request)
-        return answer(VERBS[argv[1]](config, request))
+        try:
+            return answer(VERBS[argv[1]](config, request))
+        finally:
+            close_roots()
     except TooLarge as exc:
         return answer({"error": str(exc), "too_large": True}, 2)
     except Refused as exc:

@@ -83,6 +83,7 @@ from apps.backends.remote_common import (
     glob_matches,
     globs_to_regex,
     load_state,
+    provider_words,
     safe_relative,
     save_state,
     scrub,
@@ -197,7 +198,7 @@ class Session:
                 )
             token = self.identity.token()
         else:
-            token = env_secret(self.token_env, "Qarnot token")
+            token = env_secret(self.token_env, "Qarnot token", self.remote)
         self.secrets = [token]
         return token
 
@@ -242,9 +243,10 @@ class Session:
         except Exception as exc:
             if self.per_user and token_refused(exc) and self.identity is not None and self.identity.refused:
                 raise CredentialsRequired(self.identity.refused()) from None
-            raise BackendError(
-                scrub(f"Qarnot {what} failed: {describe(exc)}", self.secrets), transient=unreachable(exc)
-            ) from None
+            words = provider_words(
+                scrub(describe(exc), self.secrets), service=not self.per_user, status=http_status(exc)
+            )
+            raise BackendError(f"Qarnot {what} failed: {words}", transient=unreachable(exc)) from None
 
 
 def token_refused(exc: Exception) -> bool:
@@ -282,6 +284,22 @@ def unreachable(exc: Exception) -> bool:
     import requests
 
     return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
+
+
+def http_status(exc: Exception) -> int | None:
+    """The HTTP status behind an SDK or storage exception, when it carries one."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is None and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
+def said(session, what: str, exc: Exception) -> str:
+    """``Qarnot <what> failed: …`` as users of the session's pool may read it (the provider's
+    words under a per-user credential; its status and a reference under the service's)."""
+    words = scrub(describe(exc), session.secrets)
+    return f"Qarnot {what} failed: {provider_words(words, service=not session.per_user, status=http_status(exc))}"
 
 
 def describe(exc: Exception) -> str:
@@ -373,7 +391,7 @@ class QarnotBackend(ExecutionBackend):
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
                 return False
-            raise BackendError(scrub(f"Qarnot bucket check failed: {describe(exc)}", session.secrets)) from None
+            raise BackendError(said(session, "bucket check", exc)) from None
 
     def _object_exists(self, session: Session, bucket: str, key: str) -> bool:
         import botocore.exceptions
@@ -500,7 +518,7 @@ class QarnotBackend(ExecutionBackend):
                 task._connection = session.conn
         except Exception as exc:
             status = answered[0] if answered else None
-            error = scrub(f"Qarnot task submission failed: {describe(exc)}", session.secrets)
+            error = said(session, "task submission", exc)
             if isinstance(exc, _sdk().exceptions.MaxTaskException):
                 # 403 "maximum number of tasks reached": nothing was created; temporary.
                 raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
@@ -647,9 +665,9 @@ class QarnotBackend(ExecutionBackend):
         except qarnot.exceptions.MissingTaskException:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} no longer exists") from None
         except qarnot.exceptions.UnauthorizedException as exc:
-            refused = BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets))
+            refused = BackendError(said(session, "abort", exc))
         except Exception as exc:
-            raise BackendError(scrub(f"Qarnot abort failed: {describe(exc)}", session.secrets)) from None
+            raise BackendError(said(session, "abort", exc)) from None
         if map_state(self._task(session, job.remote_id).state) in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
         raise refused
@@ -691,7 +709,7 @@ class QarnotBackend(ExecutionBackend):
         ranks = LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS)
         threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
         try:
-            session = Session(pool.remote if pool is not None else {}, identity)
+            session = Session(pool.remote_config() if pool is not None else {}, identity)
             if session.per_user and identity is None:
                 # The catalogue is per account: until the user connects, no node type is offered
                 # (the core constraint still applies).
@@ -719,7 +737,7 @@ class QarnotBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no Qarnot pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         if session.per_user:
             from apps.backends import sealing
 

@@ -28,9 +28,11 @@ class MissingCredential(BackendError):
     variable (``apps.core.credentials``). The message names the variable, never a value."""
 
 
-def env_secret(name: str, what: str) -> str:
+def env_secret(name: str, what: str, remote: dict) -> str:
+    """The credential ``name`` for the pool whose ``remote_config()`` is ``remote`` (it carries
+    the pool's id: the variable must be bound to that pool, ``apps.core.credentials``)."""
     try:
-        return credentials.read(name, what)
+        return credentials.read(name, what, pool=remote.get(credentials.POOL_KEY))
     except credentials.CredentialError as exc:
         raise MissingCredential(str(exc)) from None
 
@@ -46,13 +48,54 @@ def scrub_for_pool(pool, text) -> str:
     return scrub(str(text), pool_secrets(pool))
 
 
+def secret_forms(secrets: list[str]) -> list[str]:
+    """Every form in which a provider may echo a credential back: as is, percent-encoded (a
+    form-encoded token request: ``quote`` and ``quote_plus``, upper- and lower-case escapes),
+    JSON-escaped (a body quoting the request), and as HTTP Basic credentials (base64 of
+    ``id:secret`` for each pair of the values, and of each value alone). Longest first, so a
+    form is replaced before a shorter one inside it."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    values = [secret for secret in secrets if secret and len(secret) >= 4]
+    forms = set()
+    for value in values:
+        for encoded in (value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]):
+            forms.update({encoded, encoded.lower() if "%" in encoded else encoded})
+        forms.add(base64.b64encode(value.encode()).decode().rstrip("="))
+    for first in values:
+        for second in values:
+            if first != second:
+                forms.add(base64.b64encode(f"{first}:{second}".encode()).decode().rstrip("="))
+    return sorted(forms, key=len, reverse=True)
+
+
 def scrub(text: str, secrets: list[str]) -> str:
-    """``text`` with every credential value replaced by ``***`` (R-BACK-1)."""
+    """``text`` with every credential value replaced by ``***`` (R-BACK-1), in every form a
+    provider may echo it in (:func:`secret_forms`)."""
     out = str(text)
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            out = out.replace(secret, "***")
+    for form in secret_forms(list(secrets)):
+        out = out.replace(form, "***")
     return out
+
+
+def provider_words(text: str, *, service: bool, status: int | None = None) -> str:
+    """What may be said of a provider's answer (``text``: its words, already scrubbed) in an error
+    users see. A per-user pool's users talk to the provider as themselves: its words. On a pool
+    that runs under the service's account, every user of the pool would read what the provider
+    answered the *service* (an error body may quote the service's request, its account, other
+    tenants' jobs): they get the status and a reference, and the words go to the log under that
+    reference, for the operators. Each backend calls this where it turns a provider's answer into
+    a message (FirecREST, Qarnot, Run:AI)."""
+    if not service:
+        return text
+    import logging
+    import secrets as random
+
+    reference = random.token_hex(4)
+    logging.getLogger(__name__).warning("provider answer %s: %s", reference, text)
+    answered = f"answered HTTP {status}" if isinstance(status, int) else "refused"
+    return f"the provider {answered} (reference {reference}: an operator finds its words in the logs)"
 
 
 def glob_matches(rel: str, globs: list[str]) -> bool:

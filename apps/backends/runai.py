@@ -63,7 +63,15 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
-from apps.backends.remote_common import LIVE_MAX_BYTES, MissingCredential, env_secret, load_state, save_state, scrub
+from apps.backends.remote_common import (
+    LIVE_MAX_BYTES,
+    MissingCredential,
+    env_secret,
+    load_state,
+    provider_words,
+    save_state,
+    scrub,
+)
 from apps.resources.remote import USER, credential_mode, with_defaults
 
 logger = logging.getLogger(__name__)
@@ -300,8 +308,8 @@ class Session:
             except (ValueError, KeyError, TypeError):
                 raise BackendError("the stored Run:AI access key cannot be read: reconnect at /connections/") from None
         else:
-            client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id")
-            secret = env_secret(self.remote.get("client_secret_env"), "Run:AI client secret")
+            client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id", self.remote)
+            secret = env_secret(self.remote.get("client_secret_env"), "Run:AI client secret", self.remote)
         self.secrets = [secret]
         return client_id, secret
 
@@ -354,16 +362,17 @@ class Session:
         except TokenRefused as exc:
             if self.per_user and self.identity is not None and self.identity.refused:
                 raise CredentialsRequired(self.identity.refused()) from None
+            words = provider_words(scrub(str(exc), self.secret_values()), service=not self.per_user, status=exc.status)
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {exc} (check the client id and secret)", self.secret_values()),
-                status=exc.status,
+                f"Run:AI {what} failed: {words} (check the client id and secret)", status=exc.status
             ) from None
         except sdk["ApiException"] as exc:
             status = exc.status or None
             text = _message(exc.data if exc.data is not None else exc.body) or str(exc.reason or "")
             transient = status is None or status in RETRY_STATUSES
+            words = scrub(f"{status or 'no answer'} {text}".strip(), self.secret_values())
             raise RunaiError(
-                scrub(f"Run:AI {what} failed: {status or 'no answer'} {text}".strip(), self.secret_values()),
+                f"Run:AI {what} failed: {provider_words(words, service=not self.per_user, status=status)}",
                 status=status,
                 transient=transient,
             ) from None
@@ -748,7 +757,7 @@ class RunaiBackend(ExecutionBackend):
         ``gpu_portion`` (static; dropped for classes without GPUs by :meth:`pin_class_overrides`).
         Never raises: when Run:AI cannot be asked the answer is degraded to the pool's values (and
         not cached, R-BACK-2)."""
-        remote = with_defaults("runai", pool.remote if pool is not None else {})
+        remote = with_defaults("runai", pool.remote_config() if pool is not None else {})
         portion = LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS])
 
         def fixed(key, label, value):
@@ -801,7 +810,7 @@ class RunaiBackend(ExecutionBackend):
         if pool is None:
             checks.append(Check("pool", True, "no Run:AI pool configured: nothing more to check"))
             return checks
-        session = Session(pool.remote)
+        session = Session(pool.remote_config())
         remote = session.remote
         checks.append(self._volume_check(remote))
         image = remote.get("image")

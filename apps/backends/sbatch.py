@@ -10,6 +10,10 @@ named parameters of :func:`render`, not a second copy:
 - ``make_progress_dir``: FirecREST cannot create ``.gridgate/`` beforehand (the work directory is
   remote), so the script does it.
 
+Every job gets a ``--time``: the user's ``time`` launch option (offered within the class's maximum,
+:func:`pin_class_time`), else the class's wall time. Without one a job inherits the partition's
+limit, which is ``UNLIMITED`` on many sites: a case would hold its nodes for ever.
+
 No value reaches the script unquoted or unchecked. ``#SBATCH`` lines are parsed by ``sbatch``,
 not by a shell, so quoting cannot make them safe: their values must match :data:`SAFE_VALUE` (or
 :data:`SAFE_PATH` for paths), which excludes whitespace, quotes, ``$``, backticks and control
@@ -23,7 +27,7 @@ import re
 import shlex
 from collections.abc import Mapping
 
-from apps.backends.base import BackendError, LaunchOptions
+from apps.backends.base import BackendError, Choice, LaunchOptions
 from apps.core.text import has_control_characters
 
 # Always matched with ``fullmatch``: ``re.match`` with ``$`` would accept a trailing newline.
@@ -91,10 +95,12 @@ def render(
     command: str,
     export_none: bool,
     make_progress_dir: bool,
+    wall_seconds: int,
 ) -> str:
     """The job script. Raises :class:`ScriptError` before anything is written or sent when a
     value is unsafe. ``run_dir`` holds ``stdout``/``stderr``; ``run_dir/work`` is the job's
-    working directory."""
+    working directory; ``wall_seconds`` (the class's wall time) is its ``--time`` unless the
+    launch options chose one."""
     lines = [
         "#!/bin/bash",
         directive("--job-name", job_name),
@@ -104,7 +110,10 @@ def render(
     ]
     if export_none:
         lines.append(directive("--export", "NONE"))
-    lines += [directive(flag, value) for flag, value in merged_directives(batch_directives, launch_options)]
+    pairs = merged_directives(batch_directives, launch_options)
+    if not any(flag == "--time" for flag, _ in pairs):
+        pairs.append(("--time", slurm_duration(wall_seconds)))
+    lines += [directive(flag, value) for flag, value in pairs]
     for name, value in sorted(environment.items()):
         if not ENV_NAME.fullmatch(str(name)):
             raise ScriptError(f"{str(name)[:80]!r} is not a valid environment variable name")
@@ -122,3 +131,60 @@ def pin_class_partition(answer: LaunchOptions, resource_class) -> LaunchOptions:
     if partition:
         answer.pin("partition", partition)
     return answer
+
+
+def slurm_duration(seconds: int) -> str:
+    """``D-HH:MM:SS``, Slurm's form of a time limit (whole minutes, rounded up: Slurm counts
+    minutes, and a limit below the class's wall time would end a case early)."""
+    minutes = max(1, -(-int(seconds) // 60))
+    days, rest = divmod(minutes * 60, 86400)
+    hours, rest = divmod(rest, 3600)
+    return f"{days}-{hours:02d}:{rest // 60:02d}:00"
+
+
+def duration_seconds(text: str) -> int | None:
+    """Seconds of a Slurm duration (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``); None when unreadable."""
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(part) for part in clock.split(":")]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2 and days:
+        hours, minutes, seconds = parts[0], parts[1], 0
+    elif len(parts) == 2:
+        hours, minutes, seconds = 0, parts[0], parts[1]
+    elif len(parts) == 1:
+        hours, minutes, seconds = (parts[0], 0, 0) if days else (0, parts[0], 0)
+    else:
+        return None
+    return ((whole_days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def pin_class_time(answer: LaunchOptions, resource_class) -> LaunchOptions:
+    """The ``time`` choices a class allows: those within its maximum wall time, with its own wall
+    time as the default (and a choice), so no launch asks Slurm for more than the class gives."""
+    for option in answer.options:
+        if option.key != "time":
+            continue
+        default = slurm_duration(resource_class.wall_time)
+        kept = [
+            choice
+            for choice in option.choices
+            if (duration_seconds(choice.value) or 0) <= resource_class.max_wall_time and choice.value != default
+        ]
+        kept.append(Choice(default, f"{default} (the class's wall time)"))
+        option.choices = sorted(kept, key=lambda choice: duration_seconds(choice.value) or 0)
+        option.default = default
+    return answer
+
+
+#: a case without bounds (a spec built by hand) gets the model's default wall time: never none
+DEFAULT_WALL_SECONDS = 24 * 3600
+
+
+def wall_seconds(spec) -> int:
+    """The class's wall time of the case ``spec`` describes."""
+    return spec.bounds.wall_seconds if spec.bounds is not None else DEFAULT_WALL_SECONDS

@@ -52,6 +52,7 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
 )
+from apps.core.cases_root import root_parent_check
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
 
@@ -245,6 +246,7 @@ class SlurmBackend(ExecutionBackend):
             command=spec.command,
             export_none=True,
             make_progress_dir=False,
+            wall_seconds=sbatch.wall_seconds(spec),
         )
 
     def submit(self, spec: SubmitSpec) -> str:
@@ -471,10 +473,13 @@ class SlurmBackend(ExecutionBackend):
         return LaunchOptions(options=[LaunchOption("partition", "Partition", partitions, default), time_option])
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
-        return sbatch.pin_class_partition(answer, resource_class)
+        return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
 
     def doctor(self, pool=None) -> list[Check]:
-        checks = [as_root.helper_check(pool is not None and pool.trusted, cgroup=False)]
+        trusted = pool is not None and pool.trusted
+        checks = [as_root.helper_check(trusted, cgroup=False)]
+        if not trusted:
+            checks.append(Check("cases root parent", *root_parent_check()))
         for command in ("sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"):
             found = shutil.which(command)
             checks.append(
@@ -515,6 +520,9 @@ class SlurmBackend(ExecutionBackend):
                 probe.write_text("ok")
                 probe.unlink()
                 problem = files.unsafe_parent(path)
+                if not problem and not trusted:
+                    closed, message = root_parent_check(path)
+                    problem = None if closed else message
                 checks.append(Check("working_root", not problem, problem or f"{root} is writable"))
             except OSError as exc:
                 checks.append(Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root"))

@@ -100,7 +100,7 @@ def job_ref(case: Case) -> JobRef:
         case_id=str(case.id),
         remote_id=case.remote_id,
         workspace=workspace.case_dir(case.id),
-        pool_remote=case.resource_class.pool.remote or {},
+        pool_remote=case.resource_class.pool.remote_config(),
         max_result_bytes=case_bounds(case.resource_class).disk_bytes,
         identity=remote_identity(case),
     )

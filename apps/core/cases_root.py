@@ -121,3 +121,42 @@ def space_check() -> tuple[bool, str]:
             "degraded until an operator makes room (cleanup, a larger file system)"
         )
     return True, f"{free / 2**30:.1f} GiB free under {root}"
+
+
+def writable_ancestor(path: Path) -> Path | None:
+    """The first directory above ``path`` (the configured path, and the one it resolves to) that
+    the service may write: there it could rename ``path`` away and link another directory in its
+    place while the privileged helper, which opens ``path`` as root, works in it. None when every
+    one is closed to it, or when the service is root (nothing to gain)."""
+    uid = os.geteuid()
+    if uid == 0:
+        return None
+    groups = {os.getegid(), *os.getgroups()}
+    absolute = Path(os.path.abspath(path))
+    for start in (absolute, Path(os.path.realpath(absolute))):
+        for directory in start.parents:
+            try:
+                info = os.stat(directory)
+            except OSError:
+                continue
+            if (
+                info.st_uid == uid
+                or (info.st_mode & stat.S_IWGRP and info.st_gid in groups)
+                or (info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX)
+            ):
+                return directory
+    return None
+
+
+def root_parent_check(path: Path | None = None) -> tuple[bool, str]:
+    """doctor's check of a root the privileged helper works in (the cases root, a Slurm working
+    root): no directory above it is the service's to write."""
+    root = cases_root() if path is None else Path(path)
+    writable = writable_ancestor(root)
+    if writable is not None:
+        return False, (
+            f"{writable}, above {root}, is writable by the service: it could swap {root} for a link while the "
+            f"privileged helper works in it as root. Make it root's (chown root:root {writable}; chmod 0755 "
+            f"{writable}) or move the root below a directory of root's, e.g. /var/lib/gridgate (docs/deployment.md)"
+        )
+    return True, f"no directory above {root} is the service's to write"

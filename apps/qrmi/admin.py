@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
+from apps.accounts.admin import IdentityInline
 from apps.qrmi.models import UnixAccount
 
 User = get_user_model()
@@ -25,9 +26,9 @@ admin.site.unregister(User)
 
 @admin.register(User)
 class UserWithUnixAccountAdmin(UserAdmin):
-    inlines = [*UserAdmin.inlines, UnixAccountInline]
+    inlines = [*UserAdmin.inlines, UnixAccountInline, IdentityInline]
     list_display = [*UserAdmin.list_display, "unix_uid"]
-    search_fields = [*UserAdmin.search_fields, "=unix_account__unix_uid"]
+    search_fields = [*UserAdmin.search_fields, "=unix_account__unix_uid", "identities__subject"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("unix_account")

@@ -7,7 +7,7 @@ from django.utils.html import format_html_join
 
 from apps.resources import services
 from apps.resources.launch import launch_spec
-from apps.resources.models import PoolKind, ResourceClass, fmt, usage_of
+from apps.resources.models import PoolKind, ResourceClass, ResourcePool, fmt, usage_of
 
 
 class ClassInlineFormSet(BaseInlineFormSet):
@@ -98,7 +98,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
             "Sessions and scheduling",
             {"fields": ["strategy", "share_by", "usage_half_life", "idle_timeout", "max_lifetime"]},
         ),
-        ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network"]}),
+        ("Running cases (R-CASE-8)", {"fields": ["sandbox_unlinked", "trusted", "network", "allowed_networks"]}),
         ("Accessibility", {"fields": ["is_accessible", "accessibility_message", "paused_reason"]}),
         ("Access (private pools)", {"fields": ["users", "groups"]}),
         ("History", {"fields": ["created_at", "updated_at"]}),
@@ -138,13 +138,25 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         return usage_of(obj).repairs
 
     def save_model(self, request, obj, form, change):
+        from apps.backends.connections import note_provider_url_change, provider_urls
+
+        before = provider_urls(ResourcePool.objects.get(pk=obj.pk)) if change else None
         super().save_model(request, obj, form, change)
+        if before is not None:
+            ended = note_provider_url_change(pool=obj, before=before, actor=request.user)
+            if ended:
+                self.message_user(
+                    request,
+                    f"The provider URLs of pool '{obj.name}' changed: {ended} user connection(s) were ended and "
+                    "their users must reconnect (the change is in the pool's history).",
+                    messages.WARNING,
+                )
         if obj.network and obj.kind == PoolKind.LOCAL:
             self.message_user(
                 request,
-                f"Cases of pool '{obj.name}' may reach the network: every address the worker host reaches, "
-                "its own non-loopback services included (never its loopback). Keep them firewalled "
-                "(docs/operations.md, 'Network').",
+                f"Cases of pool '{obj.name}' may reach the network: public addresses, and "
+                f"{obj.allowed_networks or 'no private, link-local or worker-host address'} (their egress "
+                "filter drops the rest; docs/operations.md, 'Network').",
                 messages.WARNING,
             )
 

@@ -187,8 +187,17 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         default=False,
         help_text=_(
             "Local cases may reach the network (through slirp4netns; never the worker host's loopback). "
-            "Off: the sandbox has only its own loopback. On, a case can reach every address the worker "
-            "host reaches, other hosts' services and the worker's own non-loopback addresses included."
+            "Off: the sandbox has only its own loopback. On, a case reaches public addresses; link-local "
+            "(169.254.169.254 among them), private (RFC 1918), CGNAT and the worker host's own addresses "
+            "are dropped by its egress filter unless listed in 'allowed networks'."
+        ),
+    )
+    allowed_networks = models.TextField(
+        blank=True,
+        default="",
+        help_text=_(
+            "Networks (CIDRs, comma- or space-separated) the cases of a pool with the network may reach "
+            "although the egress filter drops them otherwise, e.g. a licence server's 10.1.2.3/32."
         ),
     )
     users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="granted_pools")
@@ -286,8 +295,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         return self.kind in SLURM_LIKE
 
     def remote_config(self) -> dict:
-        """``remote`` with the documented defaults filled in (e.g. ``token_env``)."""
-        return remote_rules.with_defaults(self.kind, self.remote)
+        """``remote`` with the documented defaults filled in (e.g. ``token_env``), and the pool's
+        id, by which a credential variable is read only for the pools it is bound to
+        (``apps.core.credentials``; never a key a pool's own ``remote`` may hold)."""
+        from apps.core.credentials import POOL_KEY
+
+        return {**remote_rules.with_defaults(self.kind, self.remote), POOL_KEY: self.pk}
 
     def credentials_changed(self) -> bool:
         """Whether whose provider credentials run the cases (``remote.credentials``) changed."""
@@ -349,6 +362,15 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
                 "A trusted pool runs cases as the service's own account: it cannot be public (R-CASE-8). "
                 "Grant it to its users instead."
             )
+        try:
+            self.allowed_networks = ", ".join(str(network) for network in self.egress_exceptions())
+        except ValueError as exc:
+            errors.setdefault("allowed_networks", []).append(f"{exc}: write networks as CIDRs (10.1.2.0/24).")
+        else:
+            if self.allowed_networks and not self.network:
+                errors.setdefault("allowed_networks", []).append(
+                    "Allowed networks only widen the network of a pool whose cases have it: turn 'network' on."
+                )
         # A licence counts slots: a pool without slot capacity has nothing to hand out.
         if self.slurm_licence and self.slots_total is None:
             errors.setdefault("slurm_licence", []).append(
@@ -369,6 +391,18 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             raise ValidationError(errors)
         if not getattr(self, "_defer_class_checks", False) and self.pk:
             self.clean_classes(list(self.classes.all()))
+
+    def egress_exceptions(self) -> list:
+        """The networks of ``allowed_networks`` (ValueError naming a malformed one)."""
+        import ipaddress
+
+        networks = []
+        for item in (self.allowed_networks or "").replace(",", " ").split():
+            try:
+                networks.append(ipaddress.ip_network(item))
+            except ValueError:
+                raise ValueError(f"{item!r} is not a network") from None
+        return networks
 
     def clean_classes(self, classes) -> None:
         """R-POOL-3 and R-POOL-6 against ``classes`` (the stored ones, or a planned set)."""

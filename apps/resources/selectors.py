@@ -35,6 +35,28 @@ def can_use_pool(user, pool: ResourcePool) -> bool:
     return ResourcePool.objects.visible_to(user).filter(pk=pool.pk).exists()
 
 
+def may_read_status(pool: ResourcePool, *, user=None, address: str | None = None) -> bool:
+    """R-POOL-8 for the routes that answer without a login (``accessible``, QRMI's ``qpu-slots``
+    and greeting): a public pool's status is anyone's; a private pool's only its users' (and
+    staff's), or a load sensor's from ``GRIDGATE_LOAD_SENSOR_NETWORKS``. Anyone else gets the 404
+    of a pool that does not exist: its name, capacity and use say who works on what."""
+    if pool.public:
+        return True
+    if address and settings.GRIDGATE_LOAD_SENSOR_NETWORKS:
+        import ipaddress
+
+        try:
+            client = ipaddress.ip_address(address)
+        except ValueError:
+            client = None
+        if client is not None and any(
+            client.version == network.version and client in network
+            for network in settings.GRIDGATE_LOAD_SENSOR_NETWORKS
+        ):
+            return True
+    return user is not None and user.is_authenticated and can_use_pool(user, pool)
+
+
 #: :func:`run_as_for`'s ``uid`` when the caller did not read the user's link (it is read then)
 LOOK_UP = object()
 
@@ -50,11 +72,11 @@ def run_as_for(user, pool: ResourcePool, *, uid=LOOK_UP) -> RunAs:
     """
     if pool.trusted:
         if os.geteuid() != 0 and not settings.GRIDGATE_PRIVILEGED_COMMAND:
-            return RunAs(RunAs.TRUSTED, network=pool.network)
+            return RunAs(RunAs.TRUSTED, network=pool.network, allowed_networks=egress(pool))
         # The service can switch accounts (it is root, or has the privileged helper's sudo rule):
         # a trusted pool's command then runs as the unprivileged sandbox account, never as root
         # or as the service itself, whose files (var/, the secret key) it could otherwise read.
-        return _sandbox_account(pool, fallback="nobody")
+        return _sandbox_account(pool)
     if uid is LOOK_UP:
         uid = unix_uid_for(user)
     if uid is not None:
@@ -67,7 +89,7 @@ def run_as_for(user, pool: ResourcePool, *, uid=LOOK_UP) -> RunAs:
                 f"Your linked Unix uid {uid} has no account on this host: ask an operator to create it "
                 "or to correct the link (admin → Users → Unix account)."
             ) from None
-        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network)
+        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network, egress(pool))
     if pool.sandbox_unlinked:
         return _sandbox_account(pool)
     raise Forbidden(
@@ -77,19 +99,25 @@ def run_as_for(user, pool: ResourcePool, *, uid=LOOK_UP) -> RunAs:
     )
 
 
-def _sandbox_account(pool: ResourcePool, fallback: str = "") -> RunAs:
-    """The unprivileged sandbox account (``GRIDGATE_SANDBOX_USER``; ``fallback`` when it does not
-    exist on this host); never root."""
+def _sandbox_account(pool: ResourcePool) -> RunAs:
+    """The unprivileged sandbox account (``GRIDGATE_SANDBOX_USER``); never root, and never
+    ``nobody`` as a stand-in (the privileged helper refuses the kernel's overflow account)."""
     name = settings.GRIDGATE_SANDBOX_USER
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        if not fallback:
-            raise Unavailable(
-                f"Pool '{pool.name}' runs unlinked users as the sandbox account '{name}', which does not exist "
-                "on this host: ask an operator to create it (docs/operations.md)."
-            ) from None
-        entry = pwd.getpwnam(fallback)
+        raise Unavailable(
+            f"Pool '{pool.name}' runs cases as the sandbox account '{name}', which does not exist "
+            "on this host: ask an operator to create it (docs/operations.md)."
+        ) from None
     if entry.pw_uid == 0:
         raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
-    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network)
+    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network, egress(pool))
+
+
+def egress(pool: ResourcePool) -> tuple[str, ...]:
+    """The networks a networked case of ``pool`` may reach past its egress filter."""
+    try:
+        return tuple(str(network) for network in pool.egress_exceptions())
+    except ValueError:  # written around validation: nothing more than the filter's default
+        return ()

@@ -25,15 +25,20 @@ def save_pool(
     users=None,
     groups=None,
     classes: list[dict] | None = None,
+    actor=None,
 ) -> ResourcePool:
     """Create or update a pool and, in the same transaction, the classes given inline.
 
     R-POOL-6: class changes are applied before the pool-level checks (kind conversion, quota
     fit) run against the final set of classes, so one PATCH can change the kind and fix the
-    classes. Any error rolls back everything: a refused request changes nothing.
+    classes. Any error rolls back everything: a refused request changes nothing. ``actor``: who
+    asks (the admin history records a change of the provider URLs under their name).
     """
+    from apps.backends.connections import note_provider_url_change, provider_urls
+
     with transaction.atomic():
         pool = pool or ResourcePool()
+        urls_before = provider_urls(pool) if pool.pk else None
         for name, value in fields.items():
             setattr(pool, name, value)
         pool._defer_class_checks = True
@@ -89,6 +94,10 @@ def save_pool(
                 errors.setdefault(key, []).extend(messages)
         if errors:
             raise InvalidFields(errors)
+        if urls_before is not None:
+            # Users' connections never follow the pool to other provider URLs (who changed them
+            # and how is in the pool's admin history).
+            note_provider_url_change(pool=pool, before=urls_before, actor=actor)
     return pool
 
 

@@ -71,6 +71,13 @@ class Device(models.Model):
     def __str__(self):
         return f"{self.pool.name}/{self.name}" if self.pool_id else self.name
 
+    def credential_config(self) -> dict:
+        """``config`` with the device's pool, by which its credential variables are read only
+        where ``<NAME>_POOLS`` binds them to that pool (``apps.core.credentials``)."""
+        from apps.core.credentials import POOL_KEY
+
+        return {**(self.config or {}), POOL_KEY: self.pool_id}
+
     def clean(self):
         # The driver's own rules (its config keys, its concurrency cap) are checked by
         # apps.scheduling.devices for the admin form and the API: models never import drivers.

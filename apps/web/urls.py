@@ -1,6 +1,6 @@
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from apps.accounts import oidc
 from apps.accounts.forms import LoginForm
 from apps.web import views
 from apps.web.connection_urls import urlpatterns as connection_urlpatterns
@@ -14,7 +14,8 @@ urlpatterns = [
         views.LoginView.as_view(template_name="web/login.html", authentication_form=LoginForm),
         name="login",
     ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Also at the identity provider for a browser signed in with it (RP-initiated logout).
+    path("logout/", oidc.logout_view, name="logout"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/open/", views.session_open, name="session-open"),
     path("sessions/<uuid:pk>/", views.session_detail, name="session-detail"),

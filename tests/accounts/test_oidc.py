@@ -34,7 +34,9 @@ def configure(settings, issuer: str):
     settings.OIDC_OP_TOKEN_ENDPOINT = issuer + "/oauth2/token"
     settings.OIDC_OP_USER_ENDPOINT = issuer + "/userinfo"
     settings.OIDC_OP_JWKS_ENDPOINT = issuer + "/jwks"
-    settings.OIDC_RP_CLIENT_ID = settings.GRIDGATE_OIDC_AUDIENCE = "gridgate"
+    settings.GRIDGATE_OIDC_END_SESSION_ENDPOINT = issuer + "/oauth2/end_session"
+    settings.OIDC_RP_CLIENT_ID = "gridgate"
+    settings.GRIDGATE_OIDC_AUDIENCE = "gridgate-api"
     settings.OIDC_RP_CLIENT_SECRET = SECRET
 
 
@@ -120,7 +122,8 @@ def test_oidc_an_expired_sign_in_goes_back_to_the_provider_and_its_refusal_signs
     assert again.status_code == 302 and again["Location"].startswith(f"{provider}/oauth2/authorize?")
     state = parse_qs(urlsplit(again["Location"]).query)
     assert state["prompt"] == ["none"]
-    assert client.get("/api/v1/resource-pools/").status_code == 200  # the API answers, never a redirect
+    api = client.get("/api/v1/resource-pools/")  # the API never redirects: 401 until a page renewed it
+    assert api.status_code == 401 and "needs renewing" in api.json()["detail"]
     # The provider answers that the account cannot sign in any more (disabled there).
     client.get(f"/oidc/callback/?error=login_required&state={state['state'][0]}")
     assert client.get("/jobs/").status_code == 302
@@ -193,10 +196,12 @@ def bearer(client: Client, token: str, path: str = "/api/v1/resource-pools/"):
     return client.get(path, HTTP_AUTHORIZATION=f"Bearer {token}")
 
 
-def test_oidc_bearer_token_from_the_provider_authenticates_its_user_in_one_statement(provider, client):
+def test_oidc_the_web_clients_id_token_is_never_an_api_bearer_token(provider, client):
+    """Identity finding: the web client's ID token (audience: the client id, no typ check) was
+    accepted as an API bearer token. A bearer token must be an RFC 9068 access token (header typ
+    at+jwt) for the API's audience."""
     put_user(provider, "sub-ada", preferred_username="ada")
     sign_in(Client(), provider, "sub-ada")
-    # A token as a script gets it from the provider: the code flow, outside Gridgate.
     start = requests.post(
         f"{provider}/oauth2/authorize?client_id=gridgate&response_type=code&scope=openid"
         "&redirect_uri=http://localhost/cb",
@@ -211,16 +216,20 @@ def test_oidc_bearer_token_from_the_provider_authenticates_its_user_in_one_state
         auth=("gridgate", SECRET),
         timeout=10,
     ).json()
-    first = bearer(client, tokens["id_token"], "/api/v1/sessions/")
-    assert first.status_code == 200 and first.wsgi_request.user.username == "ada"
+    refused = bearer(client, tokens["id_token"], "/api/v1/sessions/")
+    assert refused.status_code == 401 and "not an access token" in refused.json()["detail"]
 
+
+def test_oidc_bearer_access_token_authenticates_its_user_in_one_statement(issuer, linked, client):
     # The keys are cached (no call to the provider) and the user costs what a static token's does.
-    _, key = services.issue_token(User.objects.get(username="ada"))
+    assert bearer(client, issuer.token(), "/api/v1/sessions/").status_code == 200
+    _, key = services.issue_token(linked)
     client.get("/api/v1/sessions/", HTTP_AUTHORIZATION=f"Token {key}")  # its first use is recorded once
     with CaptureQueriesContext(connection) as static:
         client.get("/api/v1/sessions/", HTTP_AUTHORIZATION=f"Token {key}")
     with CaptureQueriesContext(connection) as jwt_bearer:
-        assert bearer(client, tokens["id_token"], "/api/v1/sessions/").status_code == 200
+        response = bearer(client, issuer.token(), "/api/v1/sessions/")
+    assert response.status_code == 200 and response.wsgi_request.user == linked
     assert len(jwt_bearer.captured_queries) <= len(static.captured_queries)
     assert "accounts_identity" in jwt_bearer.captured_queries[0]["sql"]
 
@@ -239,6 +248,9 @@ def test_oidc_bearer_tokens_expired_for_another_audience_or_issuer_or_unknown_ar
         assert response.status_code == 401 and reason in response.json()["detail"], (reason, response.content)
     stranger = bearer(client, issuer.token(sub="user-2"))
     assert stranger.status_code == 401 and "sign in once" in stranger.json()["detail"]
+    for kind, claims in (("JWT", {}), ("at+jwt", {"nonce": "n"}), ("at+jwt", {"typ": "ID"})):
+        id_like = bearer(client, issuer.token(header_typ=kind, **claims))  # an ID token, whatever its header
+        assert id_like.status_code == 401 and "access token" in id_like.json()["detail"], (kind, claims)
     assert bearer(client, "not.a.jwt").status_code == 401
     unsigned = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJ1c2VyLTEifQ."  # alg none
     assert bearer(client, unsigned).status_code == 401

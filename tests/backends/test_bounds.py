@@ -134,21 +134,146 @@ def test_a_case_reaches_no_service_on_the_hosts_loopback(make_case, bounded):
     assert "select" not in result(case, "psql.txt") and "1 row" not in result(case, "psql.txt")
 
 
-def test_a_pool_with_the_network_reaches_out_but_never_the_hosts_loopback(make_case, bounded):
+@pytest.fixture
+def test_hosts():
+    """Test hosts in a network namespace of this run's own, behind a veth pair: 198.51.100.2 (a
+    public address, TEST-NET-2), 10.199.0.2 (a private one) and 169.254.169.254 (where clouds serve
+    instance metadata), each answering "reached" on one port. The routes are checked before any
+    case runs, so nothing of this test ever leaves the machine."""
+    import subprocess
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    ns, outer, inner = f"gg-{tag}", f"gg{tag}a", f"gg{tag}b"
+    addresses = {"public": "198.51.100.2", "private": "10.199.0.2", "metadata": "169.254.169.254"}
+
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    ip("netns", "add", ns)
+    server = None
+    try:
+        ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        ip("link", "set", inner, "netns", ns)
+        ip("addr", "add", "198.51.100.1/30", "dev", outer)
+        ip("link", "set", outer, "up")
+        ip("-n", ns, "addr", "add", "198.51.100.2/30", "dev", inner)
+        ip("-n", ns, "link", "set", inner, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "route", "add", "default", "via", "198.51.100.1")
+        for name in ("private", "metadata"):
+            ip("-n", ns, "addr", "add", f"{addresses[name]}/32", "dev", "lo")
+            ip("route", "add", f"{addresses[name]}/32", "via", "198.51.100.2")
+        for address in addresses.values():
+            route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True).stdout
+            assert f"dev {outer}" in route, route  # never the machine's own way out
+        serve = (
+            "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 8047)); s.listen(16); print('up', flush=True)\n"
+            "while True:\n    c, _ = s.accept(); c.sendall(b'reached'); c.close()\n"
+        )
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", serve], stdout=subprocess.PIPE)
+        assert server.stdout.readline().strip() == b"up"
+        yield {name: (address, 8047) for name, address in addresses.items()}
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+        for name in ("private", "metadata"):
+            subprocess.run(["ip", "route", "del", f"{addresses[name]}/32"], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def test_a_networked_case_reaches_public_addresses_only_unless_its_pool_lists_more(make_case, bounded, test_hosts):
+    """F5: a case with the network reached the host's other addresses and 169.254.169.254 (only
+    loopback was kept out). Its own network namespace now drops link-local, private (RFC 1918),
+    CGNAT and the host's own addresses, unless the pool lists them in allowed_networks."""
     address = external_address()
     if address is None:
         pytest.fail("this host has no non-loopback address to test an outgoing connection with")
-    outside, inside = Listener(address), Listener("127.0.0.1")
+    host_service, inside = Listener(address), Listener("127.0.0.1")
     try:
-        targets = [(address, outside.port), ("127.0.0.1", inside.port), ("10.0.2.2", inside.port), ("127.0.0.1", 5432)]
+        targets = [
+            test_hosts["public"],
+            test_hosts["private"],
+            test_hosts["metadata"],
+            (address, host_service.port),
+            ("127.0.0.1", inside.port),
+            ("10.0.2.2", inside.port),
+            ("127.0.0.1", 5432),
+        ]
         case = run(make_case, bounded(network=True), PROBE % targets)
+        assert case.status == CaseStatus.DONE, case.last_error
+        reach = json.loads(result(case, "reach.json"))
+        assert reach.pop("198.51.100.2:8047") == "reached"  # the network works
+        assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+
+        wider = bounded(network=True)
+        wider.pool.allowed_networks = "10.199.0.0/30"
+        wider.pool.full_clean()
+        wider.pool.save()
+        case = run(make_case, wider, PROBE % targets[:3])
+        assert case.status == CaseStatus.DONE, case.last_error
+        reach = json.loads(result(case, "reach.json"))
+        assert reach["10.199.0.2:8047"] == "reached" and reach["169.254.169.254:8047"] != "reached", reach
     finally:
-        outside.close()
+        host_service.close()
         inside.close()
+
+
+def test_doctor_fails_a_networked_pool_whose_cases_get_no_egress_filter(bounded, monkeypatch):
+    """F5: doctor checks the egress filter for pools with the network (the helper loads a
+    filter into a fresh network namespace), and fails when it cannot."""
+    from apps.backends import as_root
+    from apps.backends.local import LocalBackend
+
+    pool = bounded(network=True).pool
+    check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
+    assert check.ok, check.message
+    assert not any(c.name == "egress filter" for c in LocalBackend().doctor(bounded().pool))
+    real = as_root.call
+    monkeypatch.setattr(
+        as_root,
+        "call",
+        lambda verb, request, **kw: (
+            {"egress": "nftables (nft) is not installed: apt install nftables"}
+            if request.get("probe_egress")
+            else real(verb, request, **kw)
+        ),
+    )
+    check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
+    assert not check.ok and "apt install nftables" in check.message
+
+
+USERNS_PROBE = """grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status > caps.txt
+unshare --user true 2> unshare.txt && echo created > userns.txt || echo refused > userns.txt
+python3 - <<'EOF' > clone.txt
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER = 0x10000000
+pid = libc.syscall(56, CLONE_NEWUSER | signal.SIGCHLD, 0, 0, 0, 0)  # clone(2) on x86_64
+if pid == 0:
+    os._exit(0)
+print("created" if pid > 0 else f"refused {os.strerror(ctypes.get_errno())}")
+if pid > 0:
+    os.waitpid(pid, 0)
+EOF
+"""
+
+
+def test_a_case_cannot_make_a_user_namespace_and_holds_no_capability_even_bounded(make_case, bounded):
+    """F6: a case could create user namespaces (unshare -U: a fresh set of capabilities over a
+    namespace of its own, the way into many kernel bugs), and its capability bounding set was
+    not cleared (setpriv cannot clear it without CAP_SETPCAP), though the docs said so. A seccomp
+    filter now refuses unshare(2) and clone(2) with CLONE_NEWUSER (and clone3, so libc falls back
+    to clone), and every capability set is empty."""
+    case = run(make_case, bounded(), USERNS_PROBE)
     assert case.status == CaseStatus.DONE, case.last_error
-    reach = json.loads(result(case, "reach.json"))
-    assert reach.pop(f"{address}:{outside.port}") == "reached"  # the network works
-    assert not any(outcome in ("reached", "open") for outcome in reach.values()), reach
+    caps = dict(line.split(":\t") for line in result(case, "caps.txt").split("\n") if line)
+    assert caps == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), "0000000000000000"), caps
+    assert result(case, "userns.txt").strip() == "refused", result(case, "unshare.txt")
+    assert result(case, "clone.txt").startswith("refused"), result(case, "clone.txt")
 
 
 def test_memory_past_the_class_is_killed_and_the_case_fails_saying_so(make_case, bounded):
@@ -249,7 +374,7 @@ def test_the_command_holds_no_file_descriptor_but_its_standard_ones(make_case, b
 def test_the_cases_variables_are_set_after_the_switch_never_for_root(sandbox_host, tmp_path):
     """Review finding: the case's variables were bwrap's --setenv, i.e. the environment of the
     root setpriv inside the sandbox, so an LD_PRELOAD among them (a compromised service chooses
-    them) ran as root. Root's steps get an empty environment and only two capabilities; the
+    them) ran as root. Root's steps get an empty environment and only the capabilities setpriv needs; the
     variables are set by env -i after the switch."""
     entry = sandbox_host["gridgate-test1"]
     config = privileged.Config(cases_root=str(tmp_path), service_uid=0, service_gid=0)
@@ -258,7 +383,9 @@ def test_the_cases_variables_are_set_after_the_switch_never_for_root(sandbox_hos
     )
     assert "--setenv" not in argv and "--clearenv" in argv
     switch = argv.index("/usr/bin/setpriv")
-    assert argv[switch - 7 : switch - 1] == ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    assert argv[switch - 9 : switch - 1] == [
+        "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"
+    ]  # fmt: skip
     assert argv.index("LD_PRELOAD=/evil.so") > argv.index("--", switch)
     assert argv[argv.index("--", switch) + 1 : argv.index("--", switch) + 3] == ["/usr/bin/env", "-i"]
 

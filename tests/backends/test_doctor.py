@@ -64,6 +64,36 @@ def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path):
     assert "cases root:" in out and "shell:" in out
 
 
+def test_doctor_fails_while_the_cases_roots_parent_is_the_services_to_write(
+    settings, tmp_path, monkeypatch, sandbox_host
+):
+    """F4: a service that can write the directory above the cases root can swap the root for a
+    link while the privileged helper works in it as root. doctor says so for pools whose cases
+    the helper runs (not for a trusted pool, which runs as the service anyway)."""
+    from apps.core import cases_root
+
+    service_uid = 4242  # the service's own account (not root: a root service has nothing to gain)
+    parent = tmp_path / "srv-gridgate-var"
+    parent.mkdir(mode=0o755)
+    settings.GRIDGATE_CASES_ROOT = parent / "cases"
+    ResourcePool.objects.create(name="shared", kind="local", public=True)
+    monkeypatch.setattr(cases_root.os, "geteuid", lambda: service_uid)
+    monkeypatch.setattr(cases_root.os, "getegid", lambda: service_uid)
+    monkeypatch.setattr(cases_root.os, "getgroups", lambda: [service_uid])
+    os.chown(parent, service_uid, service_uid)
+    closed, message = cases_root.root_parent_check()
+    assert not closed and f"chown root:root {parent}" in message
+    from apps.backends.local import LocalBackend
+
+    pool = ResourcePool.objects.get(name="shared")
+    line = next(check for check in LocalBackend().doctor(pool) if check.name == "cases root parent")
+    assert not line.ok and str(parent) in line.message
+    os.chown(parent, 0, 0)
+    assert cases_root.root_parent_check()[0]
+    pool.trusted, pool.public = True, False
+    assert not any(check.name == "cases root parent" for check in LocalBackend().doctor(pool))
+
+
 def test_doctor_fails_with_an_actionable_message_and_non_zero_exit(monkeypatch, tmp_path):
     pool = ResourcePool.objects.create(
         name="hpc", kind="slurm", public=True, remote={"partition": "debug", "working_root": str(tmp_path / "w")}

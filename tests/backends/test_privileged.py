@@ -62,6 +62,68 @@ def test_the_helper_never_switches_to_root_the_service_or_a_system_account(tmp_p
     assert privileged.account(named, {"account": {"uid": sandbox.pw_uid}}).pw_uid == sandbox.pw_uid
 
 
+def test_the_helper_never_runs_a_case_as_nobody_or_another_overflow_id(tmp_path, sandbox_host, monkeypatch):
+    """F7: uid 65534 (nobody) is the kernel's overflow id: every file a user namespace or an NFS
+    export cannot map shows as its. Even named as a sandbox account, and for whatever the kernel
+    says its overflow ids are, the helper refuses it."""
+    nobody = pwd.getpwuid(65534)
+    named = config(tmp_path, min_uid=1000, sandbox_accounts=[nobody.pw_name, "gridgate-test1"])
+    with pytest.raises(privileged.Refused, match="overflow"):
+        privileged.account(named, {"account": {"uid": 65534}})
+    other = sandbox_host["gridgate-test1"]
+    assert privileged.account(named, {"account": {"uid": other.pw_uid}}).pw_uid == other.pw_uid
+    monkeypatch.setattr(privileged, "overflow_ids", lambda: {65534, other.pw_uid})  # a kernel set otherwise
+    with pytest.raises(privileged.Refused, match="overflow"):
+        privileged.account(named, {"account": {"uid": other.pw_uid}})
+    assert as_root.config()["sandbox_accounts"] == [as_root.settings.GRIDGATE_SANDBOX_USER]
+
+
+@pytest.fixture(autouse=True)
+def one_request_per_test():
+    """The helper serves one request per process and opens each configured root once for it;
+    called in-process, each test is one request."""
+    yield
+    privileged.close_roots()
+
+
+def test_the_cases_root_swapped_between_two_steps_of_a_request_changes_nothing_of_roots(
+    tmp_path, sandbox_host, monkeypatch
+):
+    """F4: the service owns the directory above the cases root; the helper opened the root by path
+    at each step of a request, so renaming it away and linking a directory of root's in its
+    place between two steps had root create a directory of the service's inside root's (121 tries
+    in 60 s). The swap is made here at the exact moment, after the request's first open of the
+    root: the helper goes on in the root it opened."""
+    service = sandbox_host["gridgate-test2"]
+    parent = tmp_path / "service-owned"
+    cases = parent / "cases"
+    roots = tmp_path / "roots-own"
+    roots.mkdir(mode=0o755)
+    settings = config(cases, service_uid=service.pw_uid, service_gid=service.pw_gid)
+    case, rdir = case_dirs(cases)
+    for path in (parent, cases, cases / case, rdir, rdir / "work"):
+        os.chown(path, service.pw_uid, service.pw_gid)
+    (rdir / "work" / "progress.txt").write_text("0.5")
+    os.chown(rdir / "work" / "progress.txt", service.pw_uid, service.pw_gid)
+
+    real_open, swapped = os.open, []
+
+    def open_then_swap(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if str(path) == str(cases) and not swapped:
+            os.rename(cases, parent / "cases.moved")  # what the service may do to its own directory
+            os.symlink(roots, cases)
+            swapped.append(True)
+        return fd
+
+    monkeypatch.setattr(privileged.os, "open", open_then_swap)
+    privileged.collect(settings, {"case_id": case, "what": "live", "globs": ["*.txt"]})
+    monkeypatch.setattr(privileged.os, "open", real_open)
+    assert swapped
+    assert list(roots.iterdir()) == []  # nothing made in root's directory
+    assert (parent / "cases.moved" / case / "live" / "progress.txt").read_text() == "0.5"
+
+
 @pytest.mark.parametrize("case", ["../../etc", "/etc", "not-a-uuid", "", None, 7])
 def test_a_case_id_that_is_not_a_uuid_is_refused(tmp_path, case):
     with pytest.raises(privileged.Refused):

@@ -399,13 +399,19 @@ def test_maximum_number_of_tasks_keeps_the_case_prepared_and_the_retry_submits(q
     assert case.status == CaseStatus.PENDING and len(double.tasks) == count + 1
 
 
-def test_missing_credits_fail_the_launch_with_the_reason(q_pool, make_case, double):
+def test_missing_credits_fail_the_launch_with_a_reference_to_the_reason_in_the_log(q_pool, make_case, double, caplog):
+    """Under the service's account the case's owner reads that the provider refused and a
+    reference (F18: never the provider's words); the operators find the reason under it."""
+    caplog.set_level(logging.WARNING)
     double.credits = False
     try:
         case = launch(make_case, q_pool, "true")
     finally:
         double.credits = True
-    assert case.status == CaseStatus.FAILED and "credits" in case.last_error
+    assert case.status == CaseStatus.FAILED and "Qarnot task submission failed: the provider" in case.last_error
+    reference = case.last_error.split("(reference ")[1].split(":")[0]
+    logged = next(line for line in caplog.text.splitlines() if f"provider answer {reference}" in line)
+    assert "credits" in logged.lower()
 
 
 def test_large_unchanged_input_with_a_multipart_etag_is_not_a_result(q_pool, make_case, double):

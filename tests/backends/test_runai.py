@@ -309,12 +309,20 @@ def test_a_create_refused_with_503_and_not_carried_out_is_uncertain_and_retried(
     assert case.status == CaseStatus.PENDING, case.last_error
 
 
-def test_a_4xx_refusal_fails_the_launch_with_runais_message(double, volume, make_case):
+def test_a_4xx_refusal_fails_the_launch_with_its_status_and_runais_message_in_the_log(
+    double, volume, make_case, caplog
+):
+    """Under the service's account its users read the status and a reference (F18); Run:AI's
+    words are in the log under that reference, for the operators."""
     pool = make_pool(double, volume, name="wrong-pool", project="team-b", node_pool="a100")
     ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    caplog.set_level(logging.WARNING)
     case = launch(make_case, pool, "true")
     assert case.status == CaseStatus.FAILED
-    assert "node pool a100 is not assigned to project team-b" in case.last_error
+    assert "the provider answered HTTP 400 (reference " in case.last_error
+    reference = case.last_error.split("(reference ")[1].split(":")[0]
+    assert f"provider answer {reference}" in caplog.text
+    assert "node pool a100 is not assigned to project team-b" in caplog.text
 
 
 def test_an_unknown_phase_keeps_a_running_case_running(r_pool, make_case, double):
@@ -434,12 +442,17 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
     double.fault("/api/v2/token$", status=503, times=rb.RETRIES + 1)
     double.echo_credentials = rb.RETRIES + 1
     signin = launch(make_case, r_pool, "true")
-    assert signin.status == CaseStatus.PREPARED and "sign-in failed: 503" in signin.last_error
+    assert (
+        signin.status == CaseStatus.PREPARED and "sign-in failed: the provider answered HTTP 503" in signin.last_error
+    )
     # A create refused (400) echoing the bearer token: the launch fails for good.
     double.fault("/api/v1/workloads/trainings$", status=400, times=1, method="POST")
     double.echo_credentials = 1
     refused = launch(make_case, r_pool, "true")
-    assert refused.status == CaseStatus.FAILED and "submission failed: 400" in refused.last_error
+    assert (
+        refused.status == CaseStatus.FAILED
+        and "submission failed: the provider answered HTTP 400" in refused.last_error
+    )
     # A poll answered 502 (each retry too), echoing the bearer token: a failed poll.
     double.hold = {"Pending"}
     polled = launch(make_case, r_pool, "true")
@@ -448,12 +461,15 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
     Case.objects.filter(pk=polled.pk).update(next_poll_at=None)
     passes.poll_pass(case_ids=[polled.id])
     polled.refresh_from_db()
-    assert polled.poll_failures == 1 and "lookup failed: 502" in polled.last_error
+    assert polled.poll_failures == 1 and "lookup failed: the provider answered HTTP 502" in polled.last_error
     assert double.echo_credentials == 0  # every echo was sent
 
     cases = [signin, refused, polled]
     for case in cases:
-        assert "request credential: ***" in case.last_error  # scrubbed, not cut: the rest is kept
+        # A service account's pool: its users read the status and a reference; the provider's
+        # words, scrubbed, are in the log under that reference for the operators.
+        assert "(reference " in case.last_error and "request credential" not in case.last_error
+    assert "request credential: ***" in caplog.text
     texts = [caplog.text] + [case.last_error for case in cases]
     texts += [event.message for case in cases for event in case.events.all()]
     for case in cases:
@@ -469,3 +485,62 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
     for text in texts:
         for secret in secrets:
             assert secret not in text
+
+
+def test_f18_a_providers_echo_of_the_form_encoded_token_request_shows_users_no_secret_in_any_form(
+    double, volume, api, owner, monkeypatch, caplog, settings
+):
+    """F18: scrubbing matched only the literal secret: a provider echoing the form-encoded token
+    request showed a service Run:AI pool's secret, percent-encoded, to any user in launch options.
+    Every form is scrubbed now (percent-, JSON-, Basic-encoded), and users of a service-account
+    pool see the provider's status and a reference, never its answer's body."""
+    import base64
+    import json as json_module
+    from urllib.parse import quote, quote_plus
+
+    settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
+    awkward = 's3cr/et+key=&x "quoted"'
+    double.add_client("gridgate-awkward", awkward, "svc-awkward", "svc@example.org")
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-awkward")
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", awkward)
+    pool = make_pool(double, volume)
+    ResourceClass.objects.create(pool=pool, name="a100", cpu="1.5", memory=4, gpu=1, default=True)
+    double.fault("/api/v2/token$", status=400, times=rb.RETRIES + 1)
+    double.echo_request_body = rb.RETRIES + 1
+    caplog.set_level(logging.WARNING)
+    answer = api(owner).get(f"/api/v1/resource-classes/{pool.classes.get().pk}/launch-options/").json()
+    forms = [
+        awkward,
+        quote(awkward, safe=""),
+        quote_plus(awkward),
+        json_module.dumps(awkward)[1:-1],
+        base64.b64encode(f"gridgate-awkward:{awkward}".encode()).decode().rstrip("="),
+    ]
+    assert answer["degraded"] and "answered HTTP 400 (reference " in answer["message"], answer
+    assert "client_secret" not in answer["message"]
+    for form in forms:
+        assert form not in answer["message"] and form not in caplog.text, form
+    assert "client_secret=***" in caplog.text  # the operators' log keeps the rest of the words
+
+
+def test_f18_scrub_covers_every_form_a_provider_echoes_a_secret_in():
+    """F18: percent-encoded (either case), form-encoded, JSON-escaped and Basic-base64 forms."""
+    import base64
+    import json as json_module
+    from urllib.parse import quote, quote_plus
+
+    from apps.backends.remote_common import scrub
+
+    secret, client = 'p@ss/w+rd=&"x"', "client-7"
+    echoes = [
+        secret,
+        quote(secret, safe=""),
+        quote(secret, safe="").lower(),
+        quote_plus(secret),
+        json_module.dumps(secret)[1:-1],
+        base64.b64encode(f"{client}:{secret}".encode()).decode(),
+        base64.b64encode(secret.encode()).decode(),
+    ]
+    for echo in echoes:
+        scrubbed = scrub(f"body: {echo} end", [client, secret])
+        assert echo.rstrip("=") not in scrubbed and "***" in scrubbed, (echo, scrubbed)

@@ -19,6 +19,7 @@ def render(**overrides):
         "command": "echo hello",
         "export_none": True,
         "make_progress_dir": False,
+        "wall_seconds": 3600,
     }
     arguments.update(overrides)
     return sbatch.render(**arguments)
@@ -93,6 +94,29 @@ def test_a_launch_option_replaces_the_directive_of_the_same_flag_once():
     assert "#SBATCH --partition=debug" not in sbatch_lines
     assert "#SBATCH --time=00:10:00" in sbatch_lines
     assert "#SBATCH --account=proj1" in sbatch_lines
+
+
+def test_every_job_gets_the_class_wall_time_unless_a_launch_option_chose_one():
+    """F15: without --time a job inherits the partition's limit (UNLIMITED on many sites)."""
+    lines = render(wall_seconds=90 * 60).splitlines()
+    assert "#SBATCH --time=0-01:30:00" in lines
+    assert [line for line in render(wall_seconds=2 * 86400 + 1).splitlines() if "--time" in line] == [
+        "#SBATCH --time=2-00:01:00"  # rounded up to Slurm's whole minutes, never below the class
+    ]
+    chosen = render(launch_options={"time": "00:10:00"}, wall_seconds=90 * 60).splitlines()
+    assert [line for line in chosen if "--time" in line] == ["#SBATCH --time=00:10:00"]
+
+
+def test_the_time_choices_stay_within_the_class_maximum_and_default_to_its_wall_time():
+    from apps.backends.base import Choice, LaunchOption, LaunchOptions
+    from apps.backends.slurm import TIME_CHOICES
+    from apps.resources.models import ResourceClass
+
+    offered = LaunchOptions(options=[LaunchOption("time", "Time", [Choice(v, label) for v, label in TIME_CHOICES])])
+    pinned = sbatch.pin_class_time(offered, ResourceClass(wall_time=2 * 3600, max_wall_time=4 * 3600))
+    (time,) = pinned.options
+    assert time.default == "0-02:00:00"
+    assert [choice.value for choice in time.choices] == ["00:10:00", "01:00:00", "0-02:00:00", "04:00:00"]
 
 
 def test_the_intended_differences_are_named_parameters():

@@ -302,6 +302,20 @@ def test_sacct_lookups_look_back_past_midnight(monkeypatch):
     assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
 
 
+def test_a_slurm_job_runs_within_its_class_wall_time_not_unlimited(slurm_pool, make_case):
+    """F15: the job's TimeLimit is the class's wall time (Slurm showed UNLIMITED before)."""
+    rc = slurm_pool.classes.get()
+    rc.wall_time, rc.max_wall_time = 2 * 3600, 4 * 3600
+    rc.save()
+    case = launched(make_case(resource_class=rc, command="sleep 30"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", case.remote_id], capture_output=True, text=True).stdout
+        assert "TimeLimit=02:00:00" in shown, shown
+    finally:
+        subprocess.run(["scancel", case.remote_id], capture_output=True, check=False)
+
+
 def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
     case = make_case(resource_class=slurm_pool.classes.get(), command="echo 'bad mesh' >&2; exit 4")
     case = wait_for_terminal(launched(case), timeout=90)

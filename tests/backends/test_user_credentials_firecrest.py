@@ -478,7 +478,12 @@ def test_a_pool_with_no_revocation_endpoint_says_the_grant_was_not_revoked(doubl
     remote = remote_for(double, token_uri=f"{double.url}/auth/issue", authorization_uri=double.authorization_uri)
     pool = ResourcePool.objects.create(name="no-revoke", kind="firecrest", public=True, remote=remote)
     RemoteConnection.objects.create(
-        user=ada, pool=pool, sealed_secret=sealing.seal("rt-1"), subject="s", connected_at=timezone.now()
+        user=ada,
+        pool=pool,
+        sealed_secret=sealing.seal("rt-1"),
+        subject="s",
+        connected_at=timezone.now(),
+        provider_urls=connections.provider_urls(pool),
     )
     answer = api(ada).delete(f"/api/v1/connections/{pool.pk}/").json()
     assert answer["revoked"] is False and "names no revocation endpoint (revocation_uri)" in answer["detail"]
@@ -722,3 +727,21 @@ def test_a_connected_user_chooses_among_the_partitions_their_own_account_sees(us
         check_launch_options(resource_class, {"partition": "gpu"}, bob)
     RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED)
     assert partitions(ada) == ["debug"]  # a failed connection asks nothing
+
+
+def test_f3_a_refresh_token_never_goes_to_a_token_uri_the_pool_was_moved_to(double, user_pool, ada, monkeypatch):
+    """F3: FirecREST's token_uri would have received users' refresh tokens the same way a moved
+    Qarnot cluster_url received API tokens. The refresh grant reads the connection and the pool
+    under the row lock and refuses (reconnect) when the URLs differ from those it was made with."""
+    from apps.backends import oauth
+
+    connect(browser(ada), double, user_pool, "ada")
+    connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
+    sent = []
+    monkeypatch.setattr(oauth, "refresh", lambda remote, token: sent.append((remote["token_uri"], token)))
+    ResourcePool.objects.filter(pk=user_pool.pk).update(
+        remote=dict(user_pool.remote, token_uri="https://collector.example.org/token")
+    )
+    with pytest.raises(connections.CredentialsRequired, match="other provider URLs"):
+        connections._refresh(connection.pk, connection.generation)
+    assert sent == []

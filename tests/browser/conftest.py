@@ -83,10 +83,22 @@ def browser_context():
 
 @pytest.fixture
 def page(browser_context):
+    """A page; every Content-Security-Policy violation the browser reports on it fails the test
+    (F12: the pages, their htmx and their charts work under the policy)."""
     browser_context.clear_cookies()
     page = browser_context.new_page()
+    violations = []
+    page.on(
+        "console",
+        lambda message: (
+            violations.append(f"{page.url}: {message.text}") if "Content Security Policy" in message.text else None
+        ),
+    )
+    page.csp_violations = violations
     yield page
     page.close()
+    expected = getattr(page, "expected_csp_violations", 0)
+    assert len(violations) == expected, "\n".join(violations)
 
 
 @pytest.fixture

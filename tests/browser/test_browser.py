@@ -131,3 +131,21 @@ def test_launch_dialog_still_opens_when_the_backend_options_are_degraded(
     page.screenshot(path=screenshots_dir / "launch-degraded.png")
     dialog.get_by_role("button", name="Launch").click()  # the defaults still launch
     expect(page.locator("#case-status")).to_have_text("Done", timeout=TIMEOUT_MS)
+
+
+def test_a_script_injected_into_a_page_does_not_run_under_its_content_security_policy(page, site, alice, pools):
+    """F12: no Content-Security-Policy: markup injected into a page (a name, a log line that
+    escaped its escaping) could run script. The policy allows script files of the site only; the
+    pages' own htmx and charts work under it: every browser test fails on any other violation
+    (tests/browser/conftest.py)."""
+    log_in(page, site.url, "alice", "alice-pw")
+    page.evaluate(
+        """() => new Promise(resolve => {
+            document.addEventListener("securitypolicyviolation", () => resolve(), {once: true});
+            document.body.insertAdjacentHTML("beforeend", '<img src="/no-such-image" onerror="window.pwned = 1">');
+        })"""
+    )
+    assert page.evaluate("window.pwned") is None
+    page.expected_csp_violations = 1  # the one refused above, and no other on the way
+    page.goto(f"{site.url}/api/docs/")  # Swagger UI from its own script file
+    expect(page.locator(".swagger-ui .info")).to_be_visible(timeout=TIMEOUT_MS)

@@ -60,3 +60,14 @@ def test_swagger_ui_is_served_offline(client):
     assert response.status_code == 200
     assert b"swagger-ui" in response.content.lower()
     assert b"cdn" not in response.content.lower()
+
+
+@pytest.mark.parametrize("path", ["/login/", "/api/docs/", "/admin/login/", "/api/v1/health/"])
+def test_every_answer_carries_a_content_security_policy_without_inline_script(client, db, path):
+    """F12: no Content-Security-Policy was sent. Now every answer says scripts, styles and
+    connections come from the site itself, with no inline script, no plugins and no framing."""
+    policy = client.get(path)["Content-Security-Policy"]
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";") if part.strip())
+    assert directives["script-src"] == "'self'" and directives["style-src"] == "'self'"
+    assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
+    assert "unsafe" not in policy

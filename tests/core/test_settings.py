@@ -36,6 +36,23 @@ def test_embedded_sqlite_uses_immediate_transactions(monkeypatch, tmp_path):
     assert config["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
 
 
+def test_the_embedded_sqlite_file_is_created_readable_by_its_owner_only(tmp_path):
+    """F13: SQLite created the file with the umask's mode (0644): password hashes, sessions and
+    token digests readable by every account on the host. Now 0600 from its creation, and an
+    older file of the service's left open to others is closed."""
+    script = (
+        "import os; os.umask(0o022); import django; django.setup(); from django.db import connection; "
+        "connection.cursor().execute('create table if not exists probe (x integer)')"
+    )
+    env = {"DJANGO_SETTINGS_MODULE": "config.settings", "GRIDGATE_VAR_DIR": str(tmp_path), "DATABASE_URL": ""}
+    assert _run(["-c", script], **env).returncode == 0
+    database = tmp_path / "gridgate.sqlite3"
+    assert database.stat().st_mode & 0o777 == 0o600
+    database.chmod(0o644)  # made by an earlier version
+    assert _run(["-c", script], **env).returncode == 0
+    assert database.stat().st_mode & 0o777 == 0o600
+
+
 def test_process_start_fails_with_the_variable_name(tmp_path):
     env = dict(os.environ, DATABASE_URL="nonsense://", GRIDGATE_VAR_DIR=str(tmp_path))
     result = subprocess.run(

@@ -40,10 +40,19 @@ class Issuer:
     def withdraw(self, kid: str) -> None:
         self.published.remove(kid)
 
-    def token(self, *, kid: str = "key-1", audience: str = "gridgate", lifetime: int = 300, **claims) -> str:
+    def token(
+        self,
+        *,
+        kid: str = "key-1",
+        audience: str = "gridgate-api",
+        lifetime: int = 300,
+        header_typ: str = "at+jwt",
+        **claims,
+    ) -> str:
+        """An access token as RFC 9068 has them (header ``typ: at+jwt``), unless told otherwise."""
         now = int(time.time())
         body = {"iss": self.url, "aud": audience, "iat": now, "exp": now + lifetime, "sub": "user-1"} | claims
-        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid})
+        return jwt.encode(body, self.keys[kid], algorithm="RS256", headers={"kid": kid, "typ": header_typ})
 
     def jwks(self) -> dict:
         keys = []

@@ -130,6 +130,9 @@ class RunaiDouble:
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str]] = []
         self.token_requests = 0
+        #: the next n error answers carry the raw request body (a form-encoded token request
+        #: echoed, its secret percent-encoded), as a gateway in debug mode does
+        self.echo_request_body = 0
         self.echo_credentials = 0
         self.tick = 0.05
         self.hold: set[str] = set()
@@ -169,6 +172,7 @@ class RunaiDouble:
         self.token_lifetime = 3600
         self.token_requests = 0
         self.echo_credentials = 0
+        self.echo_request_body = 0
         self.expired_clients.clear()
 
     def add_client(self, client_id: str, secret: str, subject: str, email: str) -> None:
@@ -368,6 +372,14 @@ class RunaiDouble:
                 with double._lock:
                     double.echo_credentials -= 1
                 response = echoed(response)
+            if response.status_code >= 400 and double.echo_request_body > 0:
+                with double._lock:
+                    double.echo_request_body -= 1
+                body = response.get_json(silent=True)
+                body = body if isinstance(body, dict) else {}
+                body["message"] = f"{body.get('message', '')} (request: {request.get_data(as_text=True)})".strip()
+                response.set_data(json.dumps(body))
+                response.mimetype = "application/json"
             return response
 
         @app.post("/api/v2/token")

@@ -26,6 +26,11 @@ def user_form(user, uid, total=0):
         "unix_account-0-unix_uid": str(uid),
         "unix_account-0-user": str(user.pk),
         **({"unix_account-0-id": str(user.unix_account.pk)} if total else {}),
+        # The identities inline on the same page (docs/identity.md), left empty.
+        "identities-TOTAL_FORMS": "0",
+        "identities-INITIAL_FORMS": "0",
+        "identities-MIN_NUM_FORMS": "0",
+        "identities-MAX_NUM_FORMS": "1000",
     }
 
 

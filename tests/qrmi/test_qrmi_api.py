@@ -1,5 +1,6 @@
 """R-QRMI-1/3: the Warden routes under /qrmi/<pool>/, with real MUNGE credentials (R-QRMI-2)."""
 
+import ipaddress
 import json
 
 import pytest
@@ -481,13 +482,27 @@ def private_qpu(qpu, bob):
 
 
 @pytest.mark.parametrize("route", ["", "accessible", "qpu-slots", "qpu/specs"])
-def test_the_routes_warden_serves_open_need_no_credential_and_say_nothing_of_sessions(private_qpu, qrmi, route):
+def test_the_routes_warden_serves_open_need_no_credential_and_say_nothing_of_sessions(qpu, qrmi, route):
     """Warden's next client and the schedulers' load sensors send no credential to these: they
     say how the pool is (as ``accessible`` always did), never whose sessions or jobs it holds."""
     response = qrmi(None).get(f"{BASE}/{route}")
     assert response.status_code == 200
     assert "session" not in response.content.decode() and "user" not in response.content.decode()
     assert qrmi(None).get(f"/qrmi/no-such-pool/{route}").status_code == 404
+
+
+@pytest.mark.parametrize("route", ["", "accessible", "qpu-slots", "qpu/specs"])
+def test_a_private_pools_open_routes_answer_only_its_users_and_the_load_sensors(
+    private_qpu, qrmi, alice, bob, settings, route
+):
+    """F11: a private pool's ``accessible`` and ``qpu-slots`` answered anyone. Now anyone else gets
+    the 404 of an unknown pool; a MUNGE credential of one of its users, or a request from
+    GRIDGATE_LOAD_SENSOR_NETWORKS, gets the answer."""
+    assert qrmi(None).get(f"{BASE}/{route}").status_code == 404
+    assert qrmi(USER_UID).get(f"{BASE}/{route}").status_code == 404  # alice may not use it
+    assert qrmi(1001).get(f"{BASE}/{route}").status_code == 200  # bob's group is granted
+    settings.GRIDGATE_LOAD_SENSOR_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"),)
+    assert qrmi(None).get(f"{BASE}/{route}").status_code == 200
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """Pool and class endpoints: permissions, matching, accessibility, pagination, query counts."""
 
+import ipaddress
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -97,18 +99,32 @@ def test_class_kind_is_derived_from_the_pool(api, member, firecrest_pool):
     assert klass["kind"] == "firecrest"
 
 
-def test_accessible_is_readable_without_authentication(api, private_pool):
-    response = api(None).get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/")
+def test_accessible_is_readable_without_authentication(api, local_pool):
+    response = api(None).get(f"/api/v1/resource-pools/{local_pool.pk}/accessible/")
     assert response.status_code == 200
     assert response.json() == {"is_accessible": True, "message": ""}
 
 
-def test_accessible_ignores_a_bad_token_on_get(private_pool):
+def test_a_private_pools_accessible_is_404_unless_its_user_or_a_load_sensor_asks(
+    api, private_pool, member, outsider, settings
+):
+    """F11: a private pool's accessibility answered anyone, naming the pool's state to people
+    who may not know it exists. Now its users (and staff) and GRIDGATE_LOAD_SENSOR_NETWORKS only."""
+    url = f"/api/v1/resource-pools/{private_pool.pk}/accessible/"
+    assert api(None).get(url).status_code == 404
+    assert api(outsider).get(url).status_code == 404
+    assert api(member).get(url).status_code == 200
+    settings.GRIDGATE_LOAD_SENSOR_NETWORKS = (ipaddress.ip_network("10.20.0.0/24"),)
+    assert api(None).get(url, REMOTE_ADDR="10.20.0.5").status_code == 200
+    assert api(None).get(url, REMOTE_ADDR="10.21.0.5").status_code == 404
+
+
+def test_accessible_ignores_a_bad_token_on_get(local_pool):
     from rest_framework.test import APIClient
 
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
-    assert client.get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/").status_code == 200
+    assert client.get(f"/api/v1/resource-pools/{local_pool.pk}/accessible/").status_code == 200
 
 
 def test_staff_sets_accessibility(api, staff, private_pool):
@@ -118,7 +134,7 @@ def test_staff_sets_accessibility(api, staff, private_pool):
         format="json",
     )
     assert response.status_code == 200
-    assert api(None).get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/").json() == {
+    assert api(staff).get(f"/api/v1/resource-pools/{private_pool.pk}/accessible/").json() == {
         "is_accessible": False,
         "message": "QPU calibration until 14:00",
     }

@@ -621,3 +621,24 @@ def test_a_lost_post_the_qpu_api_cannot_be_asked_about_until_twice_its_deadline_
     job.refresh_from_db()
     assert job.status == JobStatus.UNKNOWN and f"gridgate-job-{job.pk}" in job.error
     assert double.posted.count(f"gridgate-job-{job.pk}") == 0  # never created, never sent twice
+
+
+@pytest.mark.credential_binding
+def test_f8_a_device_reads_its_credential_only_where_the_variable_is_bound_to_its_pool(qpu_pool, monkeypatch):
+    """F8 for devices: a device of another pool naming GRIDGATE_CRED_QPU_TOKEN gets nothing until
+    GRIDGATE_CRED_QPU_TOKEN_POOLS lists its pool."""
+    from apps.resources.models import ResourcePool
+
+    double = QpuDouble(auth=("X-QPU-Token", "qpu-secret-VALUE-2")).start()
+    monkeypatch.setenv("GRIDGATE_CRED_QPU_TOKEN", "qpu-secret-VALUE-2")
+    other = ResourcePool.objects.create(name="elsewhere", kind="local", public=False)
+    monkeypatch.setenv("GRIDGATE_CRED_QPU_TOKEN_POOLS", str(other.pk))
+    try:
+        config = {"url": double.url, "auth_header": "X-QPU-Token", "auth_env": "GRIDGATE_CRED_QPU_TOKEN", "backoff": 0}
+        device = Device.objects.create(pool=qpu_pool, name="q", driver="pasqal_qpu", config=config)
+        assert device_status.check_device(device) == "unreachable"
+        assert f"GRIDGATE_CRED_QPU_TOKEN_POOLS={qpu_pool.pk}" in device.provider_message
+        monkeypatch.setenv("GRIDGATE_CRED_QPU_TOKEN_POOLS", f"{other.pk},{qpu_pool.pk}")
+        assert device_status.check_device(device) == "up"
+    finally:
+        double.stop()

@@ -13,20 +13,21 @@ import json
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ParseError, PermissionDenied, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.lockout import client_ip
 from apps.core.api.serializers import times
 from apps.core.exceptions import Forbidden
 from apps.core.exceptions import NotFound as NoSuchObject
 from apps.qrmi.api.serializers import AcquireSerializer, TaskSerializer
-from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid
+from apps.qrmi.authentication import QrmiMungeAuthentication, user_for_uid, verified_identity
 from apps.qrmi.permissions import HasMungeIdentity
 from apps.qrmi.selectors import uids_of
 from apps.resources.models import ResourcePool
-from apps.resources.selectors import can_use_pool
+from apps.resources.selectors import can_use_pool, may_read_status
 from apps.scheduling import services as scheduling
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Job, JobStatus
@@ -166,10 +167,30 @@ class QrmiView(APIView):
 
 class OpenView(QrmiView):
     """The routes Warden serves without a credential (the clients and schedulers' sensors send
-    none): they say how the pool is, never whose sessions or jobs it holds."""
+    none): they say how the pool is, never whose sessions or jobs it holds. A private pool's only
+    to its users (by a MUNGE credential, when one is sent) and the load sensors' networks; anyone
+    else gets the 404 of an unknown pool (``may_read_status``)."""
 
     authentication_classes = []
     permission_classes = [AllowAny]
+
+    @property
+    def pool(self) -> ResourcePool:
+        pool = super().pool
+        if not pool.public and not getattr(self, "_status_readable", False):
+            if not may_read_status(pool, user=self._munge_user(), address=client_ip(self.request)):
+                raise NotFound(f"No pool '{self.kwargs['pool']}'.")
+            self._status_readable = True
+        return pool
+
+    def _munge_user(self):
+        try:
+            identity = verified_identity(self.request)
+        except APIException:  # a bad or unverifiable credential proves nothing: anonymous
+            return None
+        if identity is None:
+            return None
+        return user_for_uid(identity.uid)
 
 
 class RootView(OpenView):

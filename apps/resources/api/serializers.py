@@ -140,6 +140,7 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             "sandbox_unlinked",
             "trusted",
             "network",
+            "allowed_networks",
             "users",
             "groups",
             "classes",
@@ -210,7 +211,15 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
             validated_data["quota_gpu"] = quota["gpu"] if quota else None
         if "remote" in validated_data and validated_data["remote"] is None:
             validated_data["remote"] = {}
-        return services.save_pool(pool=instance, fields=validated_data, users=users, groups=groups, classes=classes)
+        request = self.context.get("request")
+        return services.save_pool(
+            pool=instance,
+            fields=validated_data,
+            users=users,
+            groups=groups,
+            classes=classes,
+            actor=request.user if request is not None else None,
+        )
 
     def create(self, validated_data):
         return self._save(None, validated_data)

@@ -4,11 +4,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
+from apps.accounts.lockout import client_ip
 from apps.backends.readiness import user_readiness
 from apps.core.api.permissions import WRITE_ACTIONS, StaffWithModelPermissionOrReadOnly, model_permission
 from apps.resources import selectors, services
@@ -74,6 +75,13 @@ class ResourcePoolViewSet(viewsets.ModelViewSet):
             return [AllowAny()]
         return super().get_permissions()
 
+    def perform_authentication(self, request):
+        # R-SESS-5: external schedulers read accessibility without credentials; a stale or
+        # foreign token header must not turn that into a 401 (the action reads the caller lazily).
+        if self.action == "accessible" and request.method == "GET":
+            return
+        super().perform_authentication(request)
+
     def write_permissions(self, request) -> list[str]:
         """A class created under a pool is a class write; a pool write that edits classes inline
         needs the class permissions too (the admin's inline asks the same); accessibility is a
@@ -85,20 +93,17 @@ class ResourcePoolViewSet(viewsets.ModelViewSet):
             wanted += [model_permission(ResourceClass, "add"), model_permission(ResourceClass, "change")]
         return wanted
 
-    def get_authenticators(self):
-        # R-SESS-5: external schedulers read accessibility without credentials; a stale or
-        # foreign token header must not turn that into a 401.
-        if self.request is not None and self.request.method == "GET" and "accessible" in self.request.path:
-            return []
-        return super().get_authenticators()
-
     @extend_schema(request=AccessibilitySerializer, responses=AccessibilitySerializer, auth=[])
     @action(detail=True, methods=["get", "put"], url_path="accessible")
     def accessible(self, request, pk=None):
         """R-SESS-5: ``{"is_accessible", "message"}`` for external schedulers (GET needs no login)."""
-        # Deliberately not scoped by visibility: the answer is a bool and a message, and QRMI
-        # clients probe private QPU pools before they authenticate.
+        # External schedulers read it without credentials; a private pool's only its users and
+        # the load sensors' networks may (R-POOL-8, ``may_read_status``): others get a 404.
         pool = get_object_or_404(ResourcePool.objects.all(), pk=pk)
+        if request.method == "GET" and not selectors.may_read_status(
+            pool, user=optional_user(request), address=client_ip(request)
+        ):
+            raise NotFound(f"No pool {pk}.")
         if request.method == "PUT":
             body = AccessibilitySerializer(data=request.data)
             body.is_valid(raise_exception=True)
@@ -152,3 +157,12 @@ class ResourceClassViewSet(
     def launch_spec(self, request, pk=None):
         """R-LAUNCH: resources, environment and batch directives a launch of this class uses."""
         return Response(LaunchSpecSerializer.for_class(self.get_object()).data)
+
+
+def optional_user(request):
+    """The caller when its credentials hold; a stale or foreign header is anonymous here, never a
+    401 (R-SESS-5: schedulers read accessibility without logging in)."""
+    try:
+        return request.user
+    except APIException:  # an authenticator's refusal (AuthenticationFailed, MUNGE unavailable)
+        return None

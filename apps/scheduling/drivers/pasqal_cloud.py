@@ -128,7 +128,7 @@ def client(config: dict):
 
     def env(key: str) -> str:
         try:
-            return credentials.read(config.get(key), f"Pasqal Cloud {key[:-4]}")
+            return credentials.read(config.get(key), f"Pasqal Cloud {key[:-4]}", pool=credentials.pool_of(config))
         except credentials.CredentialError as exc:  # names the variable, never a value
             raise TransientDriverError(str(exc)) from None
 
@@ -200,7 +200,7 @@ def close_ended_batches() -> int:
     for batch in OpenBatch.objects.filter(closed_at=None).exclude(session__status="active").select_related("device"):
         if batch.batch_id:
             try:
-                client(batch.device.config or {}).close_batch(batch.batch_id)
+                client(batch.device.credential_config()).close_batch(batch.batch_id)
             except TransientDriverError as exc:
                 log.warning("Pasqal Cloud batch %s not closed yet: %s", batch.batch_id, exc)
                 continue
@@ -261,7 +261,7 @@ class PasqalCloudDriver(DeviceDriver):
 
     # -- specs and status ------------------------------------------------------------------
     def pulser_device(self, device):
-        config = device.config or {}
+        config = device.credential_config()
         if device.provider_specs:
             return provider_device(device.provider_specs, where=f"device '{device.name}'")
         if config.get("pulser_device"):
@@ -285,7 +285,7 @@ class PasqalCloudDriver(DeviceDriver):
     def check_status(self, device):
         """Up while Pasqal Cloud offers the device type to the project (its specs are listed);
         cloud emulators without published specs are up while the API answers."""
-        config = device.config or {}
+        config = device.credential_config()
         try:
             specs = client(config).get_device_specs_dict()
         except TransientDriverError as exc:
@@ -313,7 +313,7 @@ class PasqalCloudDriver(DeviceDriver):
     def submit(self, device, job):
         from pasqal_cloud.device import DeviceTypeName
 
-        config = device.config or {}
+        config = device.credential_config()
         tag = run_tag(job)
         run, _ = DriverRun.objects.get_or_create(
             remote_id=tag, defaults={"device": device, "payload": job.payload, "shots": job.shots, "status": "prepared"}
@@ -389,7 +389,7 @@ class PasqalCloudDriver(DeviceDriver):
         return str(job_id)
 
     def poll(self, device, remote_id):
-        sdk = client(device.config or {})
+        sdk = client(device.credential_config())
         try:
             job = sdk.get_job(remote_id)
             status = str(job.status).upper()
@@ -426,7 +426,7 @@ class PasqalCloudDriver(DeviceDriver):
     def cancel(self, device, remote_id):
         """A job that already ended cannot be cancelled (a 4xx): the poll that follows reads its
         real final state (R-JOB-2)."""
-        sdk = client(device.config or {})
+        sdk = client(device.credential_config())
         try:
             sdk.cancel_job(remote_id)
         except sdk_errors() as exc:

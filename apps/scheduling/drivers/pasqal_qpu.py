@@ -136,8 +136,9 @@ class BearerTokens:
 
     def get(self, config: dict, timeout: float, *, fresh: bool = False) -> str:
         try:
-            client_id = credentials.read(config.get("client_id_env"), "QPU API client id")
-            secret = credentials.read(config.get("client_secret_env"), "QPU API client secret")
+            pool = credentials.pool_of(config)
+            client_id = credentials.read(config.get("client_id_env"), "QPU API client id", pool=pool)
+            secret = credentials.read(config.get("client_secret_env"), "QPU API client secret", pool=pool)
         except credentials.CredentialError as exc:  # names the variable, never a value
             raise QpuError(str(exc)) from None
         key = (config["token_url"], client_id)
@@ -185,7 +186,9 @@ class QpuClient:
         self.headers = {}
         if config.get("auth_header"):
             try:
-                self.headers[config["auth_header"]] = credentials.read(config.get("auth_env"), "QPU API credential")
+                self.headers[config["auth_header"]] = credentials.read(
+                    config.get("auth_env"), "QPU API credential", pool=credentials.pool_of(config)
+                )
             except credentials.CredentialError as exc:  # names the variable, never a value
                 raise QpuError(str(exc)) from None
 
@@ -360,7 +363,7 @@ class PasqalQpuDriver(DeviceDriver):
 
     def check_status(self, device):
         try:
-            client = QpuClient(device.config)
+            client = QpuClient(device.credential_config())
             operational = str(client.call("GET", "/system/operational").get("operational_status", "")).upper()
             specs = client.call("GET", "/system").get("specs")
         except QpuError as exc:
@@ -395,7 +398,7 @@ class PasqalQpuDriver(DeviceDriver):
         if run.external_id:  # answered before; the worker died before the job recorded it
             return run.external_id
         try:
-            client = QpuClient(device.config)
+            client = QpuClient(device.credential_config())
             if run.status == "submitting":  # an earlier POST left and its answer never came back
                 adopted = self._find_lost(client, device, run)
                 if adopted:
@@ -539,7 +542,7 @@ class PasqalQpuDriver(DeviceDriver):
 
     def poll(self, device, remote_id):
         try:
-            job = QpuClient(device.config).call("GET", f"/jobs/{remote_id}")
+            job = QpuClient(device.credential_config()).call("GET", f"/jobs/{remote_id}")
         except QpuError as exc:
             if exc.transient:
                 raise TransientDriverError(str(exc)) from None
@@ -574,7 +577,7 @@ class PasqalQpuDriver(DeviceDriver):
         """``PUT /jobs/{uid}/cancel``; "already finished" (3003) is not an error: the poll that
         follows reads the job's real final state (R-JOB-2)."""
         try:
-            QpuClient(device.config).call("PUT", f"/jobs/{remote_id}/cancel")
+            QpuClient(device.credential_config()).call("PUT", f"/jobs/{remote_id}/cancel")
         except QpuError as exc:
             if cannot_cancel(exc):
                 log.info("QPU job %s had already finished when cancelled", remote_id)

@@ -34,7 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args, days, dry_run, **options):
         from axes.models import AccessLog
 
-        from apps.accounts.models import ApiToken
+        from apps.accounts.models import ApiToken, LoginRate
         from apps.cases.models import TERMINAL as CASE_TERMINAL
         from apps.cases.models import CaseEvent
         from apps.scheduling.models import TERMINAL as JOB_TERMINAL
@@ -66,6 +66,8 @@ class Command(BaseCommand):
             ("expired API tokens", ApiToken.objects.filter(expires_at__lte=now)),
             # django-axes writes one per successful page login; its failure counts expire by themselves.
             ("login records", AccessLog.objects.filter(attempt_time__lt=cutoff)),
+            # The rate per address counts within a minute: older windows mean nothing.
+            ("login rate windows", LoginRate.objects.filter(window_start__lt=now - timedelta(hours=1))),
         ]
         for label, queryset in targets:
             if dry_run:
