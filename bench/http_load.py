@@ -434,7 +434,12 @@ class Side:
         else:
             command = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "config.wsgi:application"]
         env = dict(env, DATABASE_URL=self.url, PORT=str(self.port), HOST="127.0.0.1")
-        self.process = subprocess.Popen(command, cwd=self.tree, env=env, start_new_session=True)
+        # The server's own log (a baseline's refusals logged one per line) apart from the figures.
+        self.log = ROOT / "var" / f"bench-http-{self.label}.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                command, cwd=self.tree, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -516,6 +521,7 @@ def main() -> int:
     for label, tree in trees:
         database = fresh_database(server_url, f"{DB_PREFIX}_{label}")
         print(f"http_load: preparing the {label} site ({tree}){' with history' if HISTORY else ''}", flush=True)
+        # (its server's log: var/bench-http-<label>.log)
         sides.append(Side(label, tree, database, prepare_site(tree, database, issuer.url)))
     # This tree's own code, for the statement counts, on its own database.
     os.environ["DATABASE_URL"] = sides[0].url
@@ -536,6 +542,7 @@ def main() -> int:
         GRIDGATE_OIDC_ISSUER=issuer.url,
         GRIDGATE_OIDC_JWKS_ENDPOINT=f"{issuer.url}/jwks",
         GRIDGATE_OIDC_CLIENT_ID="gridgate",
+        GRIDGATE_OIDC_AUDIENCE="gridgate-api",  # the test issuer's audience, whatever a checkout's default
     )
     usernames = {c["username"] for side in sides for c in side.site["clients"]} | {"bench-http-cycler"}
     if HISTORY:
@@ -576,7 +583,10 @@ def main() -> int:
             side.stop()
             set_sync_commit(side.url, "on")
     if failed:
-        print(f"http_load: FAILED: {failed} request(s) answered with an error (every scenario must have none)")
+        print(
+            f"http_load: FAILED: {failed} request(s) to this tree's server answered with an error "
+            "(every scenario must have none)"
+        )
         return 1
     return 0
 
@@ -609,13 +619,13 @@ def measure(clients, sides, bearer, sequence, sent, probe_directory, probe_where
                         figure[1] += errors
                         figure[2].append((sum(len(values) for values in latencies.values()), seconds))
     disk = probe.stop()
-    errors_seen = 0
+    errors_seen = 0  # this tree's only: a baseline's errors are a figure, not this run's failure
     print(f"  {clients} clients ({ROUNDS} rounds of {window:g} s per scenario and server, the scenarios taking turns):")
     for proto in PROTOCOLS:
         for kind in KINDS:
             for side in sides:
                 lat, errors, rounds = figures[(side.label, proto, kind)]
-                errors_seen += errors
+                errors_seen += errors if side is sides[0] else 0
                 floor_rounds = figures[(side.label, proto, "floor")][2]
                 write_rounds = figures[(side.label, proto, "write_floor")][2]
                 tag = f"{proto.upper():4s} {kind.replace('_', ' '):14s}" + (
