@@ -521,7 +521,6 @@ def main() -> int:
     for label, tree in trees:
         database = fresh_database(server_url, f"{DB_PREFIX}_{label}")
         print(f"http_load: preparing the {label} site ({tree}){' with history' if HISTORY else ''}", flush=True)
-        # (its server's log: var/bench-http-<label>.log)
         sides.append(Side(label, tree, database, prepare_site(tree, database, issuer.url)))
     # This tree's own code, for the statement counts, on its own database.
     os.environ["DATABASE_URL"] = sides[0].url
