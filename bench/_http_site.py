@@ -100,7 +100,7 @@ def history(made_pool, klass, owner, sessions: int, jobs: int) -> None:
     done = Job(pool=made_pool, user=owner, payload={}, shots=1, status="completed", created_at=now, finished_at=now)
     spread = (
         f"JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM {Session._meta.db_table}"  # noqa: S608
-        f" WHERE pool_id = {int(made_pool.pk)} AND status = 'revoked') s ON s.n = 1 + g % {int(sessions)}"
+        f" WHERE pool_id = {int(made_pool.pk)} AND status = 'revoked') s ON s.n = 1 + g %% {int(sessions)}"
     )
     fill(Job, done, jobs, {"session_id": "s.id"}, spread)
     with connection.cursor() as cursor:
