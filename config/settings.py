@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "apps.web",
     "apps.qrmi",
     "apps.licences",
+    "apps.reservations",
     "apps.metrics",
 ]
 

@@ -15,6 +15,7 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("pools/<int:pk>/", views.pool_detail, name="pool-detail"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/open/", views.session_open, name="session-open"),
     path("sessions/<uuid:pk>/", views.session_detail, name="session-detail"),
