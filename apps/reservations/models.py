@@ -121,10 +121,11 @@ class Reservation(models.Model):
             # dispatcher's and the status's open windows, the schedule: a pool's live windows that
             # have not ended, whatever the pool's past calendar.
             models.Index(fields=["pool", "end"], condition=Q(cancelled_at__isnull=True), name="reservations_live_end"),
-            # The tick's windows to start: only those not started yet.
+            # The tick's windows to start and a refused admission's probe for one: only the windows
+            # not started yet (the tick marks every window it passes, of either kind).
             models.Index(
-                fields=["start"],
-                condition=Q(cancelled_at__isnull=True, started_at__isnull=True, kind="reservation"),
+                fields=["pool", "start"],
+                condition=Q(cancelled_at__isnull=True, started_at__isnull=True),
                 name="reservations_to_start",
             ),
         ]

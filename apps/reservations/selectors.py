@@ -55,25 +55,31 @@ def mark_started(window_ids, at: datetime) -> None:
 
 def to_start(at: datetime) -> list[int]:
     """Pools with a reservation open at ``at`` that has not made room for its holders yet (the
-    tick's work list; ``reservations_to_start`` holds only such windows)."""
-    return sorted(
-        set(
-            Reservation.objects.filter(
-                kind=WindowKind.RESERVATION,
-                cancelled_at__isnull=True,
-                started_at__isnull=True,
-                start__lte=at,
-                end__gt=at,
-            ).values_list("pool_id", flat=True)
+    tick's work list). Every other window that has begun is marked as passed (a maintenance
+    window, one that ended before a tick saw it), so that ``reservations_to_start`` holds only
+    windows still to come or to start."""
+    begun = list(
+        Reservation.objects.filter(cancelled_at__isnull=True, started_at__isnull=True, start__lte=at).values_list(
+            "pk", "pool_id", "kind", "end"
         )
     )
+    due = {pool_id for _, pool_id, kind, end in begun if kind == WindowKind.RESERVATION and end > at}
+    passed = [pk for pk, pool_id, kind, end in begun if not (kind == WindowKind.RESERVATION and end > at)]
+    if passed:
+        mark_started(passed, at)
+    return sorted(due)
 
 
 def any_to_start(pool_id: int, at: datetime) -> bool:
     """Whether a reservation of the pool is open at ``at`` and has not made room yet (a refused
-    admission's probe, through ``reservations_live_end``)."""
+    admission's probe, through ``reservations_to_start``)."""
     return Reservation.objects.filter(
-        pool_id=pool_id, cancelled_at__isnull=True, end__gt=at, start__lte=at, started_at__isnull=True
+        pool_id=pool_id,
+        kind=WindowKind.RESERVATION,
+        cancelled_at__isnull=True,
+        started_at__isnull=True,
+        start__lte=at,
+        end__gt=at,
     ).exists()
 
 

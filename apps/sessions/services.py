@@ -302,9 +302,7 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
     now = now or timezone.now()
     ended = []
     with transaction.atomic():
-        sessions = list(
-            Session.objects.active().filter(pool_id=pool_id).select_for_update().order_by("created_at", "id")
-        )
+        sessions = statements.lock_active(pool_id)
         earlier = {session.reservation_id for session in sessions if session.reservation_id is not None}
         windows = calendar.lock_open_reservations(pool_id, now, also=earlier)
         if not windows:

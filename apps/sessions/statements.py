@@ -301,6 +301,23 @@ def room(session: Session, now) -> dict:
     }
 
 
+def lock_active(pool_id: int) -> list[Session]:
+    """The pool's active sessions, oldest first, locked until the transaction ends (a window's
+    start, R-RES-1), through the partial index of active sessions whatever the pool's history::
+
+        SELECT session.* FROM session WHERE status = 'active' AND pool = pool_id
+         ORDER BY created_at, id FOR UPDATE
+    """
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_SESSION.sql} FROM {Session._meta.db_table} e WHERE e.status = {_ACTIVE}"  # noqa: S608
+            f" AND e.pool_id = %s ORDER BY e.created_at, e.id{lock}",
+            [pool_id],
+        )
+        return [_SESSION.instance(row) for row in cursor.fetchall()]
+
+
 def lock_usage(pool_id: int) -> int:
     """Lock the pool's usage row until the transaction ends; its ``slots_used``::
 

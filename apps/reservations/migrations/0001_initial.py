@@ -89,10 +89,8 @@ class Migration(migrations.Migration):
                         name="reservations_live_end",
                     ),
                     models.Index(
-                        condition=models.Q(
-                            ("cancelled_at__isnull", True), ("kind", "reservation"), ("started_at__isnull", True)
-                        ),
-                        fields=["start"],
+                        condition=models.Q(("cancelled_at__isnull", True), ("started_at__isnull", True)),
+                        fields=["pool", "start"],
                         name="reservations_to_start",
                     ),
                 ],
