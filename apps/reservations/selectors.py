@@ -198,3 +198,69 @@ def schedule(pool, user, start: datetime, end: datetime) -> list[Slot]:
     if cursor < end:
         out.append(Slot("open", cursor, end, pool.slots_total, "open", None, False, None))
     return sorted(out, key=lambda slot: (slot.start, slot.kind == "open", slot.reservation or 0))
+
+
+NOTICE_HOURS = 24  # a session in a reservation's way is told this long before its start
+
+
+def revocation_notices(sessions, at: datetime | None = None) -> dict:
+    """R-RES-1's announcement: ``{session id: notice}`` for the active sessions among ``sessions``
+    that the start of a reservation within ``NOTICE_HOURS`` (or open and not started yet) would
+    revoke if it started now: sessions of people who do not hold it, beyond the shared slots
+    left at its start, newest first (as ``apps.sessions.services.start_reservations`` chooses).
+    Others' sessions ending before then, or older ones, are not in its way. One query when no
+    window is near; four when one is."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    at = at or timezone.now()
+    active = [s for s in sessions if s.status == "active"]
+    pool_ids = {s.pool_id for s in active}
+    if not pool_ids:
+        return {}
+    windows = list(
+        Reservation.objects.live()
+        .filter(
+            pool_id__in=pool_ids,
+            kind=WindowKind.RESERVATION,
+            end__gt=at,
+            start__lte=at + timedelta(hours=NOTICE_HOURS),
+        )
+        .filter(Q(started_at__isnull=True) | Q(start__gt=at))
+        .select_related("pool")
+        .order_by("start", "id")
+    )
+    if not windows:
+        return {}
+    from apps.sessions.models import Session
+
+    holders = holders_of(windows)
+    everyone = defaultdict(list)
+    for session in Session.objects.active().filter(pool_id__in={w.pool_id for w in windows}).order_by("created_at"):
+        everyone[session.pool_id].append(session)
+    notices = {}
+    for window in windows:
+        at_start = [w for w in windows if w.pool_id == window.pool_id and w.start <= window.start < w.end]
+        alive = [s for s in everyone[window.pool_id] if s.expires_at > window.start]
+        mine = [s for s in alive if s.user_id in holders[window.pk]]
+        others = [s for s in alive if s.user_id not in holders[window.pk]]
+        held = sum(w.slots for w in at_start)
+        beyond = max(sum(s.slots for s in mine) - window.slots, 0)  # holders' slots beyond theirs
+        keep = (window.pool.slots_total or 0) - held - beyond
+        kept = 0
+        for session in others:  # oldest first: the newest go
+            kept += session.slots
+            if kept > keep and session.pk not in notices:
+                notices[session.pk] = {
+                    "reason": "reservation",
+                    "at": window.start,
+                    "until": window.end,
+                    "title": window.title,
+                    "message": (
+                        f"Pool '{window.pool.name}' is reserved for others from {window.start:%Y-%m-%d %H:%M} UTC "
+                        f"({window.title}): this session is revoked then (reason 'reservation') unless older "
+                        "sessions of others end first. Release it, or open it again after the window."
+                    ),
+                }
+    return {pk: notice for pk, notice in notices.items() if pk in {s.pk for s in active}}

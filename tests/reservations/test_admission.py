@@ -205,3 +205,22 @@ def test_r_res_1_concurrent_outsiders_inside_the_window_fill_only_the_shared_slo
 
 def test_r_res_1_window_constants_are_the_issues_example():
     assert (TEN.hour, ELEVEN.hour) == (10, 11)
+
+
+def test_r_res_1_sessions_in_the_way_are_told_beforehand_on_the_session(api, qpu, alice, group_a, outsiders, reserve):
+    """At 09:00 both slots are held by outsiders; the 10:00 reservation will revoke the newer:
+    its session says so (``revocation_notice``), the older's does not, nor the holder's."""
+    reserve(qpu, groups=[group_a], title="Hybrid run")
+    with time_machine.travel(at(9, 0), tick=False) as clock:
+        older = admit(outsiders[0], qpu)
+        clock.shift(1)
+        newer = admit(outsiders[1], qpu)
+        told = api(outsiders[1]).get(f"/api/v1/sessions/{newer.pk}/").json()["revocation_notice"]
+        assert told["reason"] == "reservation" and told["title"] == "Hybrid run"
+        assert told["at"].startswith("2030-03-04T10:00")
+        assert api(outsiders[0]).get(f"/api/v1/sessions/{older.pk}/").json()["revocation_notice"] is None
+    with time_machine.travel(at(10, 0, 1), tick=False):
+        passes.start_windows()
+        newer.refresh_from_db()
+        assert newer.revocation_reason == RevocationReason.RESERVATION
+        assert api(outsiders[0]).get(f"/api/v1/sessions/{older.pk}/").json()["revocation_notice"] is None
