@@ -207,12 +207,15 @@ def insert_if_it_fits(session: Session, now=None) -> bool:
     now = now or session.created_at
     usage, pool = PoolUsage._meta.db_table, ResourcePool._meta.db_table
     held = ("reservation_id", "reserved_slots")
-    update = (
-        f"UPDATE {usage} AS u SET slots_used = u.slots_used + %s, cpu_used = ROUND(u.cpu_used + %s, 3),"  # noqa: S608 (names from _meta)
-        f" memory_used = u.memory_used + %s, gpu_used = u.gpu_used + %s FROM {pool} AS p, k"
-        f" WHERE u.pool_id = %s AND p.id = u.pool_id AND {_FITS}"
-    )
-    update_params = [*_amounts(session), session.pool_id, *_fit_params(session)]
+
+    def update(calendar: str) -> str:
+        return (
+            f"UPDATE {usage} AS u SET slots_used = u.slots_used + %s, cpu_used = ROUND(u.cpu_used + %s, 3),"  # noqa: S608 (names from _meta)
+            f" memory_used = u.memory_used + %s, gpu_used = u.gpu_used + %s FROM {pool} AS p, {calendar}"
+            f" WHERE u.pool_id = %s AND p.id = u.pool_id AND {_FITS}"
+        )
+
+    where_params = [session.pool_id, *_fit_params(session)]
     columns, values = insert_values(session, exclude=held)
     columns += ", " + ", ".join(connection.ops.quote_name(column) for column in held)
     marks = ", ".join(["%s"] * len(values))
@@ -224,28 +227,27 @@ def insert_if_it_fits(session: Session, now=None) -> bool:
             with transaction.atomic() if connection.in_atomic_block else nullcontext():
                 cursor.execute(
                     f"WITH {_calendar_sql(lock=True)},"  # noqa: S608
-                    f" u AS ({update} RETURNING u.pool_id, k.window_id, k.part),"
+                    f" u AS ({update('k')} RETURNING u.pool_id, k.window_id, k.part),"
                     f" r AS (UPDATE {windows} AS r SET slots_used = r.slots_used + u.part FROM u"
                     " WHERE r.id = u.window_id)"
                     f" INSERT INTO {table} ({columns}) SELECT {marks}, u.window_id, u.part FROM u"
                     " RETURNING reservation_id, reserved_slots",
-                    [*_calendar_params(session, now), *update_params, *values],
+                    [*_calendar_params(session, now), *_amounts(session), *where_params, *values],
                 )
                 stored = cursor.fetchone()
         else:
             # SQLite: the BEGIN IMMEDIATE transaction serializes every writer; the calendar's row
             # is read first and given to the UPDATE as ``k`` (SQLite's UPDATE ... FROM returns
-            # nothing of its other tables).
+            # nothing of its other tables, and its driver counts no row of a statement that
+            # starts with WITH).
             with transaction.atomic():
                 cursor.execute(
                     f"WITH {_calendar_sql(lock=False)} SELECT held, taken, window_id, asked, part FROM k",  # noqa: S608
                     _calendar_params(session, now),
                 )
                 calendar = cursor.fetchone()
-                cursor.execute(
-                    f"WITH k(held, taken, window_id, asked, part) AS (VALUES (%s, %s, %s, %s, %s)) {update}",  # noqa: S608
-                    [*calendar, *update_params],
-                )
+                row = "(SELECT %s AS held, %s AS taken, %s AS window_id, %s AS asked, %s AS part) AS k"
+                cursor.execute(update(row), [*_amounts(session), *calendar, *where_params])
                 stored = None
                 if cursor.rowcount == 1:
                     window_id, part = calendar[2], calendar[4]
