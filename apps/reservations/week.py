@@ -14,6 +14,8 @@ def monday_of(raw: str | None) -> date:
         day = date.fromisoformat(raw) if raw else timezone.localdate()
     except ValueError:
         day = timezone.localdate()
+    if not 1 < day.year < 9999:  # its previous and next weeks must exist
+        day = timezone.localdate()
     return day - timedelta(days=day.weekday())
 
 

@@ -1,5 +1,6 @@
 from datetime import timedelta
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django_filters import rest_framework as filters
@@ -74,8 +75,11 @@ def _range(request, *, past_days: int = 0, days: int = DEFAULT_DAYS):
             bounds[name] = field.to_internal_value(raw)
         except serializers.ValidationError as exc:
             raise ValidationError({name: exc.detail}) from None
-    start = bounds["from"]
-    end = bounds["to"] or start + timedelta(days=days)
+    try:
+        start = bounds["from"]
+        end = bounds["to"] or start + timedelta(days=days)
+    except OverflowError:
+        raise ValidationError({"from": ["Out of range."]}) from None
     if end <= start:
         raise ValidationError({"to": ["Must be after 'from'."]})
     if end - start > timedelta(days=MAX_DAYS):
@@ -167,6 +171,7 @@ class ScheduleFeedView(APIView):
         body = feeds.ics(
             pool, selectors.schedule(pool, request.user, start, end), host=request.get_host(), generated=now
         )
-        response = Response(body, content_type="text/calendar; charset=utf-8")
+        # The calendar as it is, whichever renderer was negotiated (errors are JSON, above).
+        response = HttpResponse(body, content_type="text/calendar; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="{pool.name}.ics"'
         return response
