@@ -419,4 +419,10 @@ def recount_usage() -> list[str]:
                 sums,
             )
             repaired.append(name)
+    now = timezone.now()
+    for window_id in statements.drifted_windows(now):  # R-RES-1's counters, the same way
+        fixed = statements.repair_window(window_id, now)
+        if fixed is not None:
+            log.warning("reservation %s: slots_used was %s, its sessions hold %s: repaired", window_id, *fixed)
+            repaired.append(f"reservation {window_id}")
     return repaired

@@ -547,3 +547,40 @@ def repair_usage(pool_id: int) -> tuple | None:
             [*sums, pool_id],
         )
     return name, counters[:4], sums
+
+
+def _window_recount_sql(where: str) -> str:
+    """Each live reservation's counter beside the reserved slots its active sessions hold."""
+    sessions, windows = Session._meta.db_table, Reservation._meta.db_table
+    return (
+        f"SELECT r.id, r.slots_used, COALESCE(s.held, 0) FROM {windows} r LEFT JOIN"  # noqa: S608 (names from _meta)
+        f" (SELECT reservation_id, SUM(reserved_slots) AS held FROM {sessions} WHERE status = {_ACTIVE}"
+        " AND reservation_id IS NOT NULL GROUP BY reservation_id) s ON s.reservation_id = r.id"
+        f' WHERE r.cancelled_at IS NULL AND r."end" > %s AND r.slots_used <> COALESCE(s.held, 0){where}'
+    )
+
+
+def drifted_windows(now) -> list[int]:
+    """The live reservations (not ended) whose ``slots_used`` differs from the reserved slots of
+    their active sessions (R-RES-1's counters, recounted like the pools' usage)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_window_recount_sql(""), [connection.ops.adapt_datetimefield_value(now)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def repair_window(window_id: int, now) -> tuple | None:
+    """Set a reservation's counter to its sessions' reserved slots if it still differs, its row
+    locked first (admission and revocation change both under that lock); (before, after) when
+    it repaired it."""
+    windows = Reservation._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        cursor.execute(f"SELECT 1 FROM {windows} WHERE id = %s{lock}", [window_id])  # noqa: S608
+        cursor.execute(
+            _window_recount_sql(" AND r.id = %s"), [connection.ops.adapt_datetimefield_value(now), window_id]
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        cursor.execute(f"UPDATE {windows} SET slots_used = %s WHERE id = %s", [row[2], window_id])  # noqa: S608
+    return row[1], row[2]

@@ -224,3 +224,15 @@ def test_r_res_1_sessions_in_the_way_are_told_beforehand_on_the_session(api, qpu
         newer.refresh_from_db()
         assert newer.revocation_reason == RevocationReason.RESERVATION
         assert api(outsiders[0]).get(f"/api/v1/sessions/{older.pk}/").json()["revocation_notice"] is None
+
+
+def test_r_res_1_a_reservations_counter_written_around_the_statements_is_repaired_by_the_sweep(
+    qpu, alice, group_a, reserve
+):
+    reserve(qpu, groups=[group_a])
+    with time_machine.travel(at(10, 5), tick=False):
+        admit(alice, qpu)
+        Reservation.objects.update(slots_used=0)  # a raw write, a restored backup
+        assert services.recount_usage() == [f"reservation {Reservation.objects.get().pk}"]
+        assert Reservation.objects.get().slots_used == 1
+        assert services.recount_usage() == []
