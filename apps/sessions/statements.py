@@ -89,23 +89,44 @@ def _calendar_sql(*, lock: bool) -> str:
 
     Served by ``reservations_live_end`` (a pool's live windows that have not ended), whatever the
     pool's past calendar. A reservation that starts or ends while a request runs is read as it is
-    at the request's time, the same for every statement of the request.
+    at the request's time, the same for every statement of the request. Rows are locked in id
+    order, as everywhere a reservation's row is locked (no two admissions wait for each other's).
     """
+    w, c, k = _calendar_parts(lock=lock)
+    return f"w AS ({w}), c AS ({c.format(w='w')}), k AS ({k.format(c='c', f='w')})"
+
+
+def _calendar_table() -> str:
+    """The same row ``k`` as :func:`_calendar_sql`, as a derived table (``(...) AS k``) with the
+    same parameters, for SQLite's statements (its driver counts no row of a statement that starts
+    with WITH; the IMMEDIATE transaction serializes them, nothing to lock)."""
+    w, c, k = _calendar_parts(lock=False)
+    sums = c.format(w=f"({w})")
+    return "(" + k.format(c=f"({sums})", f=Reservation._meta.db_table) + ") AS k"
+
+
+def _calendar_parts(*, lock: bool) -> tuple[str, str, str]:
+    """The open reservations (``w``), their sums (``c``, reading ``{w}``) and the row ``k``
+    (reading ``{c}`` and the windows ``{f}``), written once for both forms."""
     holder, _ = holder_sql("r")
     locked = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""
     room = "f.slots - f.slots_used"
-    return (
-        f"w AS (SELECT r.id, r.slots, r.slots_used, {holder} AS mine FROM {Reservation._meta.db_table} r"  # noqa: S608
+    w = (
+        f"SELECT r.id, r.slots, r.slots_used, {holder} AS mine FROM {Reservation._meta.db_table} r"  # noqa: S608
         f" WHERE r.pool_id = %s AND r.cancelled_at IS NULL AND r.kind = {_RESERVATION}"
-        f' AND r."end" > %s AND r.start <= %s{locked}),'
-        " c AS (SELECT COALESCE(SUM(w.slots), 0) AS held,"
-        " COALESCE(SUM(CASE WHEN w.slots_used < w.slots THEN w.slots_used ELSE w.slots END), 0) AS taken,"
-        " MIN(CASE WHEN w.mine AND w.slots_used < w.slots THEN w.id END) AS window_id,"
-        " CAST(%s AS INTEGER) AS asked FROM w),"
-        " k AS (SELECT c.held, c.taken, c.window_id, c.asked,"
-        f" COALESCE((SELECT CASE WHEN c.asked < {room} THEN c.asked ELSE {room} END"
-        " FROM w f WHERE f.id = c.window_id), 0) AS part FROM c)"
+        f' AND r."end" > %s AND r.start <= %s ORDER BY r.id{locked}'
     )
+    c = (
+        "SELECT COALESCE(SUM(w.slots), 0) AS held,"
+        " COALESCE(SUM(CASE WHEN w.slots_used < w.slots THEN w.slots_used ELSE w.slots END), 0) AS taken,"
+        " MIN(CASE WHEN w.mine AND w.slots_used < w.slots THEN w.id END) AS window_id FROM {w} w"
+    )
+    k = (
+        "SELECT c.held, c.taken, c.window_id, a.asked,"  # noqa: S608 (names from _meta)
+        f" COALESCE((SELECT CASE WHEN a.asked < {room} THEN a.asked ELSE {room} END"
+        " FROM {f} f WHERE f.id = c.window_id), 0) AS part FROM {c} c, (SELECT CAST(%s AS INTEGER) AS asked) a"
+    )
+    return w, c, k
 
 
 def _calendar_params(session: Session, now) -> list:
@@ -236,31 +257,26 @@ def insert_if_it_fits(session: Session, now=None) -> bool:
                 )
                 stored = cursor.fetchone()
         else:
-            # SQLite: the BEGIN IMMEDIATE transaction serializes every writer; the calendar's row
-            # is read first and given to the UPDATE as ``k`` (SQLite's UPDATE ... FROM returns
-            # nothing of its other tables, and its driver counts no row of a statement that
-            # starts with WITH).
+            # SQLite: the BEGIN IMMEDIATE transaction serializes every writer. The calendar's row
+            # is a derived table of the UPDATE and of the INSERT (SQLite's UPDATE ... FROM returns
+            # nothing of its other tables): both read the same windows, which change only here.
             with transaction.atomic():
                 cursor.execute(
-                    f"WITH {_calendar_sql(lock=False)} SELECT held, taken, window_id, asked, part FROM k",  # noqa: S608
-                    _calendar_params(session, now),
+                    update(_calendar_table()), [*_amounts(session), *_calendar_params(session, now), *where_params]
                 )
-                calendar = cursor.fetchone()
-                row = "(SELECT %s AS held, %s AS taken, %s AS window_id, %s AS asked, %s AS part) AS k"
-                cursor.execute(update(row), [*_amounts(session), *calendar, *where_params])
                 stored = None
                 if cursor.rowcount == 1:
-                    window_id, part = calendar[2], calendar[4]
                     cursor.execute(
-                        f"INSERT INTO {table} ({columns}) VALUES ({marks}, %s, %s)",  # noqa: S608
-                        [*values, window_id, part],
+                        f"INSERT INTO {table} ({columns}) SELECT {marks}, k.window_id, k.part"  # noqa: S608
+                        f" FROM {_calendar_table()} RETURNING reservation_id, reserved_slots",
+                        [*values, *_calendar_params(session, now)],
                     )
-                    if window_id is not None:
+                    stored = cursor.fetchone()
+                    if stored[0] is not None:
                         cursor.execute(
                             f"UPDATE {windows} SET slots_used = slots_used + %s WHERE id = %s",  # noqa: S608
-                            [part, window_id],
+                            [stored[1], stored[0]],
                         )
-                    stored = (window_id, part)
     if stored:
         session.reservation_id, session.reserved_slots = stored
         session._state.adding, session._state.db = False, connection.alias
