@@ -236,3 +236,25 @@ def test_r_res_1_a_reservations_counter_written_around_the_statements_is_repaire
         assert services.recount_usage() == [f"reservation {Reservation.objects.get().pk}"]
         assert Reservation.objects.get().slots_used == 1
         assert services.recount_usage() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_r_res_1_an_acquire_during_a_reservation_costs_the_same_statements(
+    qpu, alice, group_a, outsiders, reserve, statement_budget
+):
+    """SPEC §9's budget holds inside a window: the calendar is read, locked and counted within the
+    admission's one statement (token lookup, class lookup, the insert-if-it-fits on PostgreSQL).
+    SQLite's holder pays one statement more (its reservation's counter, after the insert)."""
+    from rest_framework.test import APIClient
+
+    from tests.conftest import used_token_key
+
+    reserve(qpu, groups=[group_a])
+    klass = qpu.classes.get()
+    with time_machine.travel(at(10, 5), tick=True):
+        for user, sqlite in ((alice, 5), (outsiders[0], 4)):  # a holder (its reserved slot), an outsider
+            client = APIClient(HTTP_AUTHORIZATION=f"Token {used_token_key(user)}")
+            with statement_budget(3 if connection.vendor == "postgresql" else sqlite):
+                response = client.post("/api/v1/sessions/", {"resource_class": klass.pk}, format="json")
+            assert response.status_code == 201, response.content
+    assert Reservation.objects.get().slots_used == 1
