@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "apps.web",
     "apps.qrmi",
     "apps.licences",
+    "apps.reservations",
     "apps.metrics",
 ]
 

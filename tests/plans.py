@@ -26,7 +26,8 @@ HISTORY_ROWS = 3000
 
 def fill_history(user, pool) -> None:
     """``HISTORY_ROWS`` ended sessions of ``user`` on ``pool`` (each with a scheduler job id and
-    a finished job), then fresh planner statistics."""
+    a finished job), as many ended or cancelled reservations of the pool and one open now, held by
+    ``user`` (admission takes its slot and gives it back), then fresh planner statistics."""
     from apps.scheduling.models import Job
     from apps.sessions.models import Session
 
@@ -51,6 +52,25 @@ def fill_history(user, pool) -> None:
         Job(session=session, pool=pool, user=user, payload={}, shots=1, status="completed", created_at=now)
         for session in ended
     )
+    # The pool's past calendar (R-RES-1): ended and cancelled reservations, which admission's
+    # lookup of the open ones must never read, and one open now that it reads and counts in.
+    from apps.reservations.models import Reservation
+
+    Reservation.objects.bulk_create(
+        Reservation(
+            pool=pool,
+            start=now - timedelta(hours=2 + i),
+            end=now - timedelta(hours=1) if i % 2 else now + timedelta(hours=1),
+            cancelled_at=now if not i % 2 else None,
+            started_at=now - timedelta(hours=2 + i),  # as the tick marks them
+            slots=1,
+            title=f"past {i}",
+        )
+        for i in range(HISTORY_ROWS)
+    )
+    Reservation.objects.create(
+        pool=pool, start=now - timedelta(minutes=5), end=now + timedelta(hours=1), slots=1, title="open now"
+    ).users.add(user)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
 

@@ -59,13 +59,18 @@ def split(row, parts) -> tuple:
     return (*found, *row[start:])
 
 
-def insert_values(instance) -> tuple[str, list]:
+def insert_values(instance, exclude=()) -> tuple[str, list]:
     """The quoted column list of ``instance``'s model and the values ``save(force_insert=True)``
     would send for them (``pre_save``, then ``get_db_prep_save``: JSON adapted, datetimes and
     UUIDs in the backend's form), for a hand-written INSERT. Like ``bulk_create``, such an
     INSERT sends no save signal; the models inserted this way have no receiver.
     ``instance``'s primary key must be set (a UUID default), or left out by the caller's model
-    (an AutoField: its column is not listed)."""
-    fields = [field for field in instance._meta.concrete_fields if not isinstance(field, AutoFieldMixin)]
+    (an AutoField: its column is not listed). ``exclude``: attribute names the caller's INSERT
+    takes from elsewhere (listed last, by the caller)."""
+    fields = [
+        field
+        for field in instance._meta.concrete_fields
+        if not isinstance(field, AutoFieldMixin) and field.attname not in exclude
+    ]
     columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
     return columns, [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]

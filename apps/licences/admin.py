@@ -13,7 +13,17 @@ class LicenceStateAdmin(admin.ModelAdmin):
     list_filter = ["failures"]
     list_select_related = ["pool"]
     search_fields = ["pool__name", "licence"]
-    readonly_fields = ["pool", "licence", "count", "reason", "synced_at", "error", "failures", "pending_since"]
+    readonly_fields = [
+        "pool",
+        "licence",
+        "count",
+        "reason",
+        "reservations",
+        "synced_at",
+        "error",
+        "failures",
+        "pending_since",
+    ]
     actions = ["sync_now"]
 
     def has_add_permission(self, request):

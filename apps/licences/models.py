@@ -19,6 +19,9 @@ class LicenceState(models.Model):
     synced_at = models.DateTimeField(null=True, blank=True, help_text="The last time Slurm held the wanted count.")
     error = models.CharField(max_length=1000, blank=True, default="", help_text="sacctmgr's last failure, if failing.")
     failures = models.PositiveIntegerField(default=0, help_text="Failed syncs in a row (0 when the last one worked).")
+    # R-RES-3: the Slurm reservations (names) this pool's calendar has in Slurm, as last synced;
+    # a pool with none and no live window never runs scontrol.
+    reservations = models.JSONField(default=list, blank=True)
     # Coalesced sync: set by the request that changed the usage, cleared by the sync before it
     # reads; a change after the clear sets it again and enqueues another sync. A sync asked for
     # longer than ``services.LOST_AFTER`` ago whose task was lost is asked for again.

@@ -1,4 +1,5 @@
-"""The licence sync: a pool's Slurm licence kept equal to the slots Slurm may hand out.
+"""The licence sync: a pool's Slurm licence kept equal to the slots Slurm may hand out, and the
+pool's calendar mirrored as Slurm reservations of that licence (R-RES-3, ``wanted_reservations``).
 
 **The accounting model.** A session that holds a scheduler job id (``external_id``: a batch
 job's, acquired by its prolog or the SPANK plugin) got its slots because its job held the licence:
@@ -32,9 +33,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from apps.core.tasks import acquire_lease, release_lease
-from apps.licences import sacctmgr
+from apps.licences import sacctmgr, scontrol
 from apps.licences.models import LicenceState
 from apps.licences.sacctmgr import Licence, SlurmError
+from apps.reservations.models import Reservation, WindowKind
+from apps.reservations.selectors import holders_of
 from apps.resources.models import ResourcePool
 from apps.scheduling.selectors import pool_status
 from apps.sessions.models import Session
@@ -83,13 +86,19 @@ def _sync(pool_id: int) -> str:
     state, _ = LicenceState.objects.get_or_create(pool_id=pool_id)
     try:
         if state.licence and state.licence != pool.slurm_licence:
-            # Renamed or removed: the old licence hands out nothing more.
+            # Renamed or removed: the old licence hands out nothing more, and its reservations go.
             sacctmgr.set_count(Licence.parse(state.licence), 0)
-            LicenceState.objects.filter(pk=pool_id).update(licence="", count=None)
+            for name in state.reservations:
+                scontrol.delete(name)
+            LicenceState.objects.filter(pk=pool_id).update(licence="", count=None, reservations=[])
+            state.reservations = []
         if not pool.slurm_licence:
             return "no licence"
         count, reason = wanted(pool)
         done = sacctmgr.set_count(Licence.parse(pool.slurm_licence), count)
+        mirrored = sync_reservations(pool, count, state.reservations)
+        if mirrored:
+            done = f"{done}; reservations: {mirrored}" if done != "unchanged" else f"reservations: {mirrored}"
     except SlurmError as exc:
         LicenceState.objects.filter(pk=pool_id).update(error=str(exc)[:1000], failures=state.failures + 1)
         log.warning("pool %s: licence %s not synced: %s", pool.name, pool.slurm_licence or state.licence, exc)
@@ -100,6 +109,80 @@ def _sync(pool_id: int) -> str:
     if done != "unchanged":
         log.info("pool %s: licence %s count %s (%s): %s", pool.name, pool.slurm_licence, count, done, reason)
     return done
+
+
+def wanted_reservations(pool: ResourcePool, count: int, now=None) -> list[scontrol.Wanted]:
+    """R-RES-3: the Slurm reservations the pool's calendar wants now, one per live window that
+    has not ended, of the pool's licence (``count``: what the licence holds now, which no
+    reservation may pass):
+
+    - a reservation holds its slots but those its holders' sessions of no batch job hold of it
+      (Slurm already counts them out of the licence), for its holders' Unix accounts;
+    - a maintenance window of the pool, or of its only device, holds all of the licence
+      (``flags=maint``); one of a device among several holds nothing in Slurm (the others work).
+    """
+    now = now or timezone.now()
+    windows = list(Reservation.objects.live().filter(pool=pool, end__gt=now).order_by("start", "id"))
+    if not windows:
+        return []
+    from apps.qrmi.models import UnixAccount
+
+    reservations = [w for w in windows if w.kind == WindowKind.RESERVATION]
+    holders = holders_of(reservations)
+    accounts = {}
+    everyone = set().union(*holders.values()) if holders else set()
+    for user_id, uid in UnixAccount.objects.filter(user_id__in=everyone, unix_uid__isnull=False).values_list(
+        "user_id", "unix_uid"
+    ):
+        name = scontrol.account_name(uid)
+        if name:
+            accounts[user_id] = name
+    outside_slurm = dict(
+        Session.objects.active()
+        .filter(reservation__in=reservations, external_id="")
+        .values("reservation")
+        .annotate(n=Sum("reserved_slots"))
+        .values_list("reservation", "n")
+    )
+    devices = pool.devices.count()
+    out = []
+    for window in windows:
+        if window.kind == WindowKind.MAINTENANCE:
+            if window.device_id is not None and devices > 1:
+                continue
+            slots, users = pool.slots_total or 0, (scontrol.operator(),)
+        else:
+            slots = max(window.slots - (outside_slurm.get(window.pk) or 0), 0)
+            users = tuple(sorted({accounts[u] for u in holders[window.pk] if u in accounts})) or (scontrol.operator(),)
+        licences = f"{pool.slurm_licence}:{min(slots, count)}"
+        out.append(scontrol.Wanted(window.slurm_name, window.start, window.end, users, licences, window.is_maintenance))
+    return out
+
+
+def sync_reservations(pool: ResourcePool, count: int, mirrored: list[str]) -> str:
+    """Create, change and remove the pool's Slurm reservations so that they are
+    :func:`wanted_reservations`; what was done ('' for nothing). Asks Slurm nothing while the
+    pool has no window and mirrored none."""
+    wanted = {w.name: w for w in wanted_reservations(pool, count)}
+    if not wanted and not mirrored:
+        return ""
+    now = timezone.now()
+    present = scontrol.present()
+    done = []
+    for name, want in wanted.items():
+        have = present.get(name)
+        if have is None:
+            scontrol.create(want, now=now)
+            done.append(f"created {name}")
+        elif scontrol.differs(want, have):
+            scontrol.update(want, have)
+            done.append(f"changed {name}")
+    for name in mirrored:
+        if name not in wanted and name in present:
+            scontrol.delete(name)  # cancelled, moved to another pool, or no longer mirrored
+            done.append(f"removed {name}")
+    LicenceState.objects.filter(pk=pool.pk).update(reservations=sorted(wanted))
+    return ", ".join(done)
 
 
 def reconcile() -> dict:
@@ -128,3 +211,34 @@ def close_all(reason: str) -> list[str]:
             log.error("licence %s could not be closed: %s", licence, exc)
     log.error("closed %d Slurm licence(s): %s", len(closed), reason)
     return closed
+
+
+def calendar_check() -> tuple[bool, str]:
+    """doctor (R-RES-3): every live window of a licensed pool is in Slurm as the calendar wants
+    it (a drift names the window and how to repair it); scontrol is asked only when one exists."""
+    pools = list(
+        ResourcePool.objects.exclude(slurm_licence="")
+        .filter(reservations__cancelled_at__isnull=True, reservations__end__gt=timezone.now())
+        .distinct()
+    )
+    if not pools:
+        return True, "no window of a licensed pool to mirror"
+    ok, message = scontrol.check()
+    if not ok:
+        return ok, message
+    present = scontrol.present()
+    drift = []
+    for pool in pools:
+        state = LicenceState.objects.filter(pool=pool).first()
+        count = state.count if state is not None and state.count is not None else wanted(pool)[0]
+        for want in wanted_reservations(pool, count):
+            have = present.get(want.name)
+            if have is None or scontrol.differs(want, have):
+                drift.append(f"{pool.name}: {want.name} {'missing' if have is None else 'differs'}")
+    if drift:
+        return False, (
+            f"Slurm reservations out of step with the calendar: {'; '.join(drift)}. Run `manage.py sync_licences` "
+            "(the reconcile pass repairs it within GRIDGATE_LICENCE_RECONCILE_SECONDS; see the sync's error on "
+            "the admin's Slurm licences page if it does not)"
+        )
+    return True, f"{message}; every window of the licensed pools is in Slurm"

@@ -19,6 +19,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.retry import is_retryable
+from apps.reservations.selectors import now_for as calendar_now
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency, runtimes, shares
 from apps.scheduling.drivers import (
@@ -126,15 +127,18 @@ def dispatch_once(pool_id: int) -> Job | None:
         ).get(pk=pool_id)
         if not pool.is_accessible or pool.paused_reason:
             return None  # jobs wait: the sweep dispatches them once the pool resumes
-        free = free_devices(pool_id)
+        now = timezone.now()
+        calendar = calendar_now([pool_id], now)[pool_id]
+        if calendar.maintenance:
+            return None  # R-RES-2: as paused, until the window ends (the sweep dispatches then)
+        free = [device for device in free_devices(pool_id) if not calendar.paused(device.pk)]
         if not free:
             _set_awaiting(queue, False)  # the job-finished event will dispatch
             return None
         strategy = strategy_for(pool.strategy)
-        now = timezone.now()
         owner = claim_token()
         for _ in range(3):  # a candidate cancelled under our feet: take the next one
-            job = strategy.next_job(pool, queue, [d.pk for d in free], now)
+            job, usable = next_on_calendar(strategy, pool, queue, free, now, calendar)
             if job is None:
                 _set_awaiting(queue, True)  # a device is free: the next submission wakes us
                 return None
@@ -149,9 +153,9 @@ def dispatch_once(pool_id: int) -> Job | None:
                 )
                 continue
             if job.target_device_id:
-                device = next(d for d in free if d.pk == job.target_device_id)
+                device = next(d for d in usable if d.pk == job.target_device_id)
             else:  # least loaded first, then by id: spreads jobs across devices
-                device = min(free, key=lambda d: (d.running / d.max_concurrent_jobs, d.pk))
+                device = min(usable, key=lambda d: (d.running / d.max_concurrent_jobs, d.pk))
             claimed = Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(
                 status=JobStatus.RUNNING,
                 device=device,
@@ -177,6 +181,18 @@ def dispatch_once(pool_id: int) -> Job | None:
     job.device = device
     job._dispatch_charge = charge
     return job
+
+
+def next_on_calendar(strategy, pool, queue, free: list[Device], now, calendar) -> tuple[Job | None, list[Device]]:
+    """Which sessions' jobs may use which free device now (R-RES-1): on a device an open
+    reservation covers, its holders' jobs go first (the strategy's order among them); a device
+    takes anyone's job only when no holder has one it could run. Returns the job and the devices
+    it may go to."""
+    for devices, holders in calendar.first_on(free):
+        job = strategy.next_job(pool, queue, [d.pk for d in devices], now, only=Q(user_id__in=holders))
+        if job is not None:
+            return job, devices
+    return strategy.next_job(pool, queue, [d.pk for d in free], now), free
 
 
 def _set_awaiting(queue: PoolQueue, value: bool) -> None:

@@ -10,6 +10,7 @@ from django.db.models import Count, F, Func, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
+from apps.reservations.selectors import now_for as calendar_now
 from apps.scheduling import runtimes
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
@@ -19,10 +20,12 @@ from apps.sessions.models import SessionStatus
 REASONS = {
     "pool_not_accessible": "pool not accessible",
     "pool_paused": "paused",  # calibration or maintenance
+    "maintenance": "maintenance window",  # R-RES-2: the calendar pauses the pool or every usable device
     "no_device": "no device online",
     "device_down": "device down",  # its provider (a real QPU) reports it down or cannot be reached
     "device_paused": "paused",  # every online device of the pool is paused
     "backoff": "retrying after a transient device error",
+    "reserved": "reserved for others now",  # R-RES-1: the holders of an open reservation go first
     "session_expiring": "its session ends before its expected start",
     "share_exhausted": "others have used less of their share",  # usage_fair: another share goes first
     "device_busy": "devices busy",
@@ -70,8 +73,15 @@ class PoolStatus:
 
 def pool_status(pool) -> PoolStatus:
     """The one definition of a pool's state for schedulers and clients (QRMI ``accessible`` and
-    ``status``, the Slurm licence): two queries, the devices and a count of unfinished jobs."""
-    devices = list(Device.objects.filter(pool_id=pool.pk).values_list("online", "paused_reason", "max_concurrent_jobs"))
+    ``status``, the Slurm licence): three queries, the calendar (a maintenance window pauses the
+    pool or a device with its title, R-RES-2), the devices and a count of unfinished jobs."""
+    calendar = calendar_now([pool.pk], timezone.now())[pool.pk]  # R-RES-2: maintenance pauses
+    devices = [
+        (is_online, paused or calendar.paused(pk), capacity)
+        for pk, is_online, paused, capacity in Device.objects.filter(pool_id=pool.pk).values_list(
+            "pk", "online", "paused_reason", "max_concurrent_jobs"
+        )
+    ]
     jobs = Job.objects.filter(pool_id=pool.pk, status__in=[JobStatus.PENDING, JobStatus.RUNNING]).aggregate(
         pending=Count("pk", filter=Q(status=JobStatus.PENDING)), running=Count("pk", filter=Q(status=JobStatus.RUNNING))
     )
@@ -79,8 +89,8 @@ def pool_status(pool) -> PoolStatus:
     usable = [capacity for paused, capacity in online if not paused]
     if not pool.is_accessible:
         status, reason = "offline", pool.accessibility_message or "the pool is not accessible"
-    elif pool.paused_reason:
-        status, reason = "paused", pool.paused_reason
+    elif pool.paused_reason or calendar.maintenance:
+        status, reason = "paused", pool.paused_reason or calendar.maintenance
     elif not devices:
         status, reason = "offline", "the pool has no device"
     elif not online:
@@ -185,6 +195,10 @@ class _PoolNow:
     running: list  # (device id, shots, scheduled at)
     at: object  # the time it was read
     remaining: tuple | None = None  # (mean, variance) of the running jobs' remaining device time
+    # R-RES-1: the holders of the open reservations covering every usable device (None: no such
+    # reservation), and the users whose jobs run now
+    reserved_for: frozenset | None = None
+    running_users: frozenset = frozenset()
 
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
@@ -203,24 +217,31 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             .distinct()
         )
     running = defaultdict(list)
-    for pool_id, device_id, shots, scheduled_at in Job.objects.filter(
+    running_users = defaultdict(set)
+    for pool_id, device_id, shots, scheduled_at, user_id in Job.objects.filter(
         pool_id__in=pools, status=JobStatus.RUNNING
-    ).values_list("pool_id", "device_id", "shots", "scheduled_at"):
+    ).values_list("pool_id", "device_id", "shots", "scheduled_at", "user_id"):
         running[pool_id].append((device_id, shots, scheduled_at))
+        running_users[pool_id].add(user_id)
+    calendars = calendar_now(pools, at)
     out = {}
     for pool_id, pool in pools.items():
+        calendar = calendars[pool_id]
         devices = online.get(pool_id, [])
-        usable = [d for d in devices if not d.paused_reason]
+        usable = [d for d in devices if not d.paused_reason and not calendar.paused(d.pk)]
         if not pool.is_accessible:
             code = "pool_not_accessible"
         elif pool.paused_reason:
             code = "pool_paused"
+        elif calendar.maintenance:
+            code = "maintenance"
         elif not devices:
             code = "device_down" if pool_id in down else "no_device"
         elif not usable:
-            code = "device_paused"
+            code = "maintenance" if any(calendar.paused(d.pk) for d in devices) else "device_paused"
         else:
             code = None
+        covering = [r for r in calendar.reserved if r.device_id is None or {d.pk for d in usable} <= {r.device_id}]
         usable_ids = {d.pk for d in usable}
         out[pool_id] = _PoolNow(
             code=code,
@@ -228,6 +249,8 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             capacity=sum(d.max_concurrent_jobs for d in usable),
             running=[row for row in running.get(pool_id, []) if row[0] in usable_ids],
             at=at,
+            reserved_for=frozenset().union(*(r.holders for r in covering)) if covering else None,
+            running_users=frozenset(running_users.get(pool_id, ())),
         )
     return out
 
@@ -375,6 +398,8 @@ class _QueueSnapshot:
         self.before_var = np.concatenate(([0.0], np.cumsum(var[order])))
         self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
         self.session_ends = {row[0]: row[9] for row in rows}
+        self.user_of = {row[0]: row[2] for row in rows}
+        self.pending_users = frozenset(self.user_of.values())
 
     def _two_level(self, pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid):
         """The usage_fair order, and what the ETA needs to foresee arrivals (``self.flows``)."""
@@ -468,6 +493,14 @@ class _QueueSnapshot:
         variance = sum(rate * wait * lump for _, _, rate, lump in flows[filled:]) / (capacity * capacity)
         return wait - base, variance, 1.0 / (1.0 - slope) if slope < 1 else 1.0
 
+    def behind_reservation(self, job_id: int, state: _PoolNow) -> bool:
+        """R-RES-1: the job is not its reservation holders' and they have work on the devices the
+        open reservation covers (pending or running): theirs goes first."""
+        holders = state.reserved_for
+        if holders is None or self.user_of.get(job_id) in holders:
+            return False
+        return bool(holders & (self.pending_users | state.running_users))
+
     def covers(self, job_ids) -> bool:
         return all(job_id in self.rank for job_id in job_ids)
 
@@ -496,6 +529,8 @@ class _QueueSnapshot:
         not_before = self.not_before.get(job_id)
         if not_before is not None and not_before > state.at:
             code = "backoff"
+        elif self.behind_reservation(job_id, state):
+            code = "reserved"
         elif ends is not None and (ends - state.at).total_seconds() < start:
             code = "session_expiring"
         elif job_id in self.behind_share:

@@ -20,20 +20,22 @@ def in_backoff(now):
     return Exists(Job.objects.filter(session_id=OuterRef("session_id"), status=JobStatus.PENDING, not_before__gt=now))
 
 
-def eligible_jobs(pool_id: int, free_device_ids: list[int], now):
-    """Pending jobs of the pool that a free device may take now."""
-    return (
+def eligible_jobs(pool_id: int, free_device_ids: list[int], now, only: Q | None = None):
+    """Pending jobs of the pool that a free device may take now (among ``only``, when the
+    calendar restricts them: ``apps.scheduling.passes.next_on_calendar``)."""
+    jobs = (
         Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING)
         .filter(Q(target_device__isnull=True) | Q(target_device_id__in=free_device_ids))
         .exclude(in_backoff(now))
     )
+    return jobs if only is None else jobs.filter(only)
 
 
 class Strategy:
     name = ""
     charge_at_completion = False
 
-    def next_job(self, pool, queue: PoolQueue, free_device_ids: list[int], now) -> Job | None:
+    def next_job(self, pool, queue: PoolQueue, free_device_ids: list[int], now, only: Q | None = None) -> Job | None:
         raise NotImplementedError
 
     def served(self, pool, queue: PoolQueue, job: Job, vruntime: float, now) -> None:
@@ -57,8 +59,8 @@ class Fifo(Strategy):
 
     name = "fifo"
 
-    def next_job(self, pool, queue, free_device_ids, now):
-        return eligible_jobs(pool.pk, free_device_ids, now).order_by("created_at", "id").first()
+    def next_job(self, pool, queue, free_device_ids, now, only=None):
+        return eligible_jobs(pool.pk, free_device_ids, now, only).order_by("created_at", "id").first()
 
 
 class WeightedFair(Strategy):
@@ -68,11 +70,11 @@ class WeightedFair(Strategy):
 
     name = "weighted_fair"
 
-    def next_job(self, pool, queue, free_device_ids, now):
+    def next_job(self, pool, queue, free_device_ids, now, only=None):
         pool_id = pool.pk
         # Exists, not a join + DISTINCT: one index probe per session, in vruntime order, stopping
         # at the first runnable one (sessions_active_vruntime + jobs_pending_session).
-        runnable = Exists(eligible_jobs(pool_id, free_device_ids, now).filter(session_id=OuterRef("pk")))
+        runnable = Exists(eligible_jobs(pool_id, free_device_ids, now, only).filter(session_id=OuterRef("pk")))
         session_id = (
             Session.objects.filter(pool_id=pool_id, status=SessionStatus.ACTIVE)
             .filter(runnable)
@@ -83,7 +85,7 @@ class WeightedFair(Strategy):
         if session_id is None:
             return None
         return (
-            eligible_jobs(pool_id, free_device_ids, now)
+            eligible_jobs(pool_id, free_device_ids, now, only)
             .filter(session_id=session_id)
             .order_by("created_at", "id")
             .first()
@@ -101,8 +103,8 @@ class UsageFair(Strategy):
     name = "usage_fair"
     charge_at_completion = True
 
-    def next_job(self, pool, queue, free_device_ids, now):
-        eligible = eligible_jobs(pool.pk, free_device_ids, now)
+    def next_job(self, pool, queue, free_device_ids, now, only=None):
+        eligible = eligible_jobs(pool.pk, free_device_ids, now, only)
         choice = shares.choose(pool, queue, shares.runnable_sessions(pool.pk, eligible), now.timestamp())
         if choice is None:
             return None

@@ -22,6 +22,8 @@ class RevocationReason(models.TextChoices):
     MANUAL = "manual", "Revoked by staff"
     IDLE_TIMEOUT = "idle_timeout", "Idle timeout"
     MAX_LIFETIME = "max_lifetime", "Maximum lifetime reached"
+    # R-RES-1: revoked at a reservation's start to free the slots it holds for its holders.
+    RESERVATION = "reservation", "Made room for a reservation"
 
 
 class SessionQuerySet(models.QuerySet):
@@ -71,6 +73,19 @@ class Session(models.Model):
     idle_expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     revocation_reason = models.CharField(max_length=16, choices=RevocationReason.choices, blank=True, default="")
+    # R-RES-1: the part of ``slots`` held of a reservation's slots (its holder's session, admitted
+    # during the window or attributed at its start); the window's ``slots_used`` counts it and
+    # gets it back when the session ends. Empty for every other session.
+    reservation = models.ForeignKey(
+        "reservations.Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="sessions",
+        db_index=False,  # sessions_reservation: only the sessions that hold part of one
+        editable=False,
+    )
+    reserved_slots = models.PositiveIntegerField(default=0, editable=False)
     vruntime = models.FloatField(default=0.0, help_text="Fair-scheduler virtual runtime.")
     launch_spec = models.JSONField(default=dict, help_text="The class's launch specification at creation.")
 
@@ -113,6 +128,8 @@ class Session(models.Model):
             ),
             # Lists: staff and service principals see all sessions, newest first.
             models.Index(fields=["-created_at", "id"], name="sessions_created"),
+            # A reservation's sessions (its recount, a window's deletion); most sessions hold none.
+            models.Index(fields=["reservation"], condition=Q(reservation__isnull=False), name="sessions_reservation"),
             # Lists: own sessions, newest first.
             models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
         ]

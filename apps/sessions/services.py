@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.core.exceptions import Conflict, Forbidden, NotFound
 from apps.core.retry import retry_aborted
 from apps.resources.launch import launch_spec
-from apps.resources.models import ResourceClass, fmt
+from apps.resources.models import ResourceClass, ResourcePool, fmt
 from apps.sessions import statements
 from apps.sessions.hooks import batch_capacity_changed, busy_q, sessions_revoked
 from apps.sessions.models import RevocationReason, Session, is_service_principal
@@ -88,8 +88,8 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
             return Admission(_same_or_conflict(same, chosen.pk, slots), False)
     session = _new_session(user, chosen, slots, external_id, now)
     try:
-        if statements.insert_if_it_fits(session) or (
-            _made_room(chosen.pool_id, now) and statements.insert_if_it_fits(session)
+        if statements.insert_if_it_fits(session, now) or (
+            _made_room(chosen.pool_id, now) and statements.insert_if_it_fits(session, now)
         ):
             if chosen.pool.slurm_licence and not external_id:
                 batch_capacity_changed.send(sender=Session, pool_ids=[chosen.pool_id])
@@ -99,7 +99,7 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
         if same is None:
             raise
         return Admission(_same_or_conflict(same, chosen.pk, slots), False)
-    raise _refusal(session)
+    raise _refusal(session, now)
 
 
 def _new_session(user, resource_class: ResourceClass, slots: int, external_id: str, now: datetime) -> Session:
@@ -151,21 +151,33 @@ def _same_or_conflict(same: Session, class_id: int, slots: int) -> Session:
 def _made_room(pool_id: int, now: datetime) -> bool:
     """After a refusal: whether anything changed that may let the session in now. The pool had no
     usage row (made here), or sessions of it were due and are expired now (R-SESS-3; the probe
-    first: an active session past one of its deadlines, the idle one may still be busy)."""
+    first: an active session past one of its deadlines, the idle one may still be busy), or a
+    reservation that started since the last tick made room for its holders now (R-RES-1: a holder
+    asking at its first second need not wait for the tick)."""
     if statements.ensure_usage(pool_id):
         return True
-    return statements.any_due(pool_id, now) and any(expire_due_sessions(now=now, pool_id=pool_id).values())
+    if statements.any_due(pool_id, now) and any(expire_due_sessions(now=now, pool_id=pool_id).values()):
+        return True
+    from apps.reservations import selectors as calendar
+
+    return calendar.any_to_start(pool_id, now) and start_reservations(pool_id=pool_id, now=now)
 
 
-def _refusal(session: Session) -> CapacityExceeded:
+def _refusal(session: Session, now: datetime) -> CapacityExceeded:
     """R-SESS-1's 409: what does not fit, and ``slots_available`` (null when the pool counts no
-    slots), from the pool's usage as it is now."""
-    room = statements.room(session)
-    total, used = room["slots_total"], room["used"]
-    available = None if total is None else max(total - used["slots"], 0)
+    slots), from the pool's usage as it is now: during a reservation, what this user may still
+    take (R-RES-1: its holders' free reserved slots are not available to others)."""
+    room = statements.room(session, now)
+    total, used, reserved = room["slots_total"], room["used"], room["reserved"]
+    available = None
+    if total is not None:
+        shared_free = total - reserved["held"] - (used["slots"] - reserved["taken"])
+        available = max(min(total - used["slots"], reserved["part"] + max(shared_free, 0)), 0)
     if "slots" in room["full"]:
+        held = reserved["held"]
+        why = f" ({held} of them reserved for others now, R-RES-1)" if held and not reserved["part"] else ""
         return CapacityExceeded(
-            f"Pool '{room['pool']}' has {available} of {total} slots available; {session.slots} requested.",
+            f"Pool '{room['pool']}' has {available} of {total} slots available{why}; {session.slots} requested.",
             slots_available=available,
         )
     over = [
@@ -271,6 +283,65 @@ def revoke(*, session_ids, reason: str = RevocationReason.MANUAL) -> int:
     return len(_end([_session_id(pk) for pk in session_ids], reason, timezone.now()))
 
 
+def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
+    """R-RES-1 at a reservation's start (the tick, or a refused admission in its first second):
+    make the slots it holds free for its holders. Run once per window (``started_at``), again if
+    staff change what it holds. Returns whether it changed anything.
+
+    In one transaction, with the locks in the order release takes them (the pool's active
+    sessions → the open reservations → the usage row), so that nothing is admitted or released
+    meanwhile: (1) the sessions its holders opened before, oldest first, take their part of the
+    reservation's slots, as if admitted during it; (2) while the other sessions hold more than the
+    shared slots (``slots_total`` − the slots the open reservations hold), the newest of those
+    sessions is revoked (reason ``reservation``), sessions of people who hold none of the open
+    reservations first. Their owners were told beforehand: their session carried the notice
+    (``apps.reservations.selectors.revocation_notices``). The revocation is announced after the
+    commit, as any (its jobs cancelled, the Slurm licence synced)."""
+    from apps.reservations import selectors as calendar
+
+    now = now or timezone.now()
+    ended = []
+    with transaction.atomic():
+        sessions = statements.lock_active(pool_id)
+        earlier = {session.reservation_id for session in sessions if session.reservation_id is not None}
+        windows = calendar.lock_open_reservations(pool_id, now, also=earlier)
+        if not windows:
+            return False
+        usage = statements.lock_usage(pool_id)
+        pool = ResourcePool.objects.only("name", "slots_total").get(pk=pool_id)
+        holders = calendar.holders_of(windows)
+        open_ids = {window.pk: window for window in windows}
+        changed = False
+        for session in sessions:
+            if session.reservation_id in open_ids:
+                continue
+            for window in windows:
+                if session.user_id in holders[window.pk] and window.slots_used < window.slots:
+                    part = min(session.slots, window.slots - window.slots_used)
+                    statements.attribute(session, window.pk, part)
+                    window.slots_used += part
+                    changed = True
+                    break
+        taken = sum(min(window.slots_used, window.slots) for window in windows)
+        excess = (usage - taken) - (pool.slots_total - sum(window.slots for window in windows))
+        if excess > 0:
+            anyone = set().union(*holders.values())
+            shared = [session for session in sessions if session.reservation_id not in open_ids]
+            shared.sort(key=lambda session: (session.user_id not in anyone, session.created_at, str(session.pk)))
+            chosen = []
+            while excess > 0 and shared:
+                session = shared.pop()  # the last: of someone holding none, the newest
+                chosen.append(session.pk)
+                excess -= session.slots
+            ended = statements.end_sessions(chosen, RevocationReason.RESERVATION, now)
+            changed = changed or bool(ended)
+        calendar.mark_started([window.pk for window in windows], now)
+    _announce(ended, RevocationReason.RESERVATION)
+    if ended:
+        log.info("pool %s: %d session(s) revoked at the start of a reservation", pool.name, len(ended))
+    return changed
+
+
 REVOKED_AT_ONCE = 10_000  # a statement names them in an IN list: PostgreSQL takes 65 535 parameters
 
 
@@ -348,4 +419,10 @@ def recount_usage() -> list[str]:
                 sums,
             )
             repaired.append(name)
+    now = timezone.now()
+    for window_id in statements.drifted_windows(now):  # R-RES-1's counters, the same way
+        fixed = statements.repair_window(window_id, now)
+        if fixed is not None:
+            log.warning("reservation %s: slots_used was %s, its sessions hold %s: repaired", window_id, *fixed)
+            repaired.append(f"reservation {window_id}")
     return repaired

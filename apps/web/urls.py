@@ -16,6 +16,7 @@ urlpatterns = [
     ),
     # Also at the identity provider for a browser signed in with it (RP-initiated logout).
     path("logout/", oidc.logout_view, name="logout"),
+    path("pools/<int:pk>/", views.pool_detail, name="pool-detail"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/open/", views.session_open, name="session-open"),
     path("sessions/<uuid:pk>/", views.session_detail, name="session-detail"),

@@ -83,6 +83,23 @@ def home(request):
     return _home(request)
 
 
+@login_required
+@require_GET
+def pool_detail(request, pk: int):
+    """A pool's page: its week of reservations and maintenance (R-RES-4), with the feed URL."""
+    from apps.reservations import feeds
+    from apps.reservations.week import monday_of, week
+
+    pool = get_object_or_404(visible_pools(request.user), pk=pk)
+    feed = reverse("reservations:schedule-ics", kwargs={"pk": pool.pk})
+    context = {
+        "pool": pool,
+        "week": week([pool], request.user, monday_of(request.GET.get("week"))),
+        "ics_url": request.build_absolute_uri(f"{feed}?token={feeds.feed_token(request.user)}"),
+    }
+    return render(request, "web/pool_detail.html", context)
+
+
 # -- sessions -------------------------------------------------------------------------------------
 def _sessions(user):
     return Session.objects.visible_to(user).select_related("user", "pool", "resource_class")

@@ -18,10 +18,23 @@ class NextJobSerializer(serializers.Serializer):
     eta_error_seconds = serializers.FloatField(allow_null=True)
 
 
+class RevocationNoticeSerializer(serializers.Serializer):
+    """R-RES-1: the session is in the way of a reservation starting soon and is revoked then
+    (newest first) unless others end first."""
+
+    reason = serializers.CharField()
+    at = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    title = serializers.CharField()
+    message = serializers.CharField()
+
+
 class SessionSerializer(serializers.ModelSerializer):
     user = serializers.SlugRelatedField(slug_field="username", read_only=True)
     # Null when nothing of the session is pending, and in the answer to opening one.
     next_job = serializers.SerializerMethodField()
+    # R-RES-1: set while a reservation starting soon would revoke it (lists and reads).
+    revocation_notice = serializers.SerializerMethodField()
     # "" while the session is active: declared so the schema's enum includes it.
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
 
@@ -42,6 +55,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "revocation_reason",
             "launch_spec",
             "next_job",
+            "revocation_notice",
         ]
         read_only_fields = fields
 
@@ -59,6 +73,14 @@ class SessionSerializer(serializers.ModelSerializer):
             "eta_seconds": waiting.eta_seconds,
             "eta_error_seconds": waiting.eta_error_seconds,
         }
+
+    @extend_schema_field(RevocationNoticeSerializer(allow_null=True))
+    def get_revocation_notice(self, session) -> dict | None:
+        notice = (self.context.get("revocation_notices") or {}).get(session.pk)
+        if notice is None:
+            return None
+        at, until = times(notice["at"], notice["until"])
+        return {**notice, "at": at, "until": until}
 
     def to_representation(self, session):
         """What DRF's field-by-field loop gives for ``fields`` (tests/core/test_serializer_fields.py
@@ -82,6 +104,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "revocation_reason": str(session.revocation_reason),
             "launch_spec": session.launch_spec,
             "next_job": self.get_next_job(session),
+            "revocation_notice": self.get_revocation_notice(session),
         }
 
 

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from apps.core.api.permissions import IsStaff
 from apps.core.exceptions import Forbidden
 from apps.core.idempotency import idempotent
+from apps.reservations.selectors import revocation_notices
 from apps.resources.models import ResourcePool
 from apps.resources.selectors import visible_classes
 from apps.scheduling import selectors
@@ -45,6 +46,7 @@ class SessionViewSet(
             objects = services.settle_due(args[0] if isinstance(args[0], (list, tuple)) else [args[0]])
             kwargs.setdefault("context", self.get_serializer_context())
             kwargs["context"]["session_waits"] = selectors.session_waits(objects)
+            kwargs["context"]["revocation_notices"] = revocation_notices(objects)
         return super().get_serializer(*args, **kwargs)
 
     def paginate_queryset(self, queryset):

@@ -62,9 +62,11 @@ class Command(BaseCommand):
         ]
         if ResourcePool.objects.exclude(slurm_licence="").exists():
             from apps.licences import sacctmgr
+            from apps.licences.passes import calendar_check
 
             # Pools with a Slurm licence: their counts are set through slurmdbd (docs/qrmi.md).
             checks.append(registry.Check("slurm licences", *sacctmgr.check()))
+            checks.append(registry.Check("slurm reservations (the QPU calendar)", *calendar_check()))
         return checks
 
     def handle(self, *args, backend=None, pool=None, **options):

@@ -11,7 +11,8 @@ import sys
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 
-from apps.licences import passes, sacctmgr
+from apps.licences import passes, sacctmgr, scontrol
+from apps.licences.models import LicenceState
 from apps.licences.sacctmgr import Licence, SlurmError
 from apps.resources.models import ResourcePool
 
@@ -54,9 +55,39 @@ class Command(BaseCommand):
             line = f"{each.name}: {each.slurm_licence}: Slurm has {have}, wanted {count} ({reason})"
             if dry_run:
                 self.stdout.write(line)
+                failed += self._show_reservations(each, count)
                 continue
             outcome = passes.sync_pool(each.pk)
             failed += outcome == "failed"
             self.stdout.write(f"{line}: {outcome}")
         if failed:
             sys.exit(1)
+
+    def _show_reservations(self, pool, count: int) -> int:
+        """--dry-run: each window's Slurm reservation (R-RES-3), as wanted and as Slurm has it."""
+        wanted = passes.wanted_reservations(pool, count)
+        state = LicenceState.objects.filter(pool=pool).first()
+        if not wanted and not (state and state.reservations):
+            return 0
+        try:
+            present = scontrol.present()
+        except SlurmError as exc:
+            self.stdout.write(self.style.ERROR(f"{pool.name}: reservations: {exc}"))
+            return 1
+        for want in wanted:
+            have = present.get(want.name)
+            when = f"{want.start:%Y-%m-%d %H:%M}-{want.end:%Y-%m-%d %H:%M}"
+            shown = f"{want.name} {when} {want.licences} users={','.join(want.users)}"
+            if have is None:
+                verdict = "missing: would create"
+            elif scontrol.differs(want, have):
+                verdict = (
+                    f"differs (Slurm has {have.licences} users={','.join(have.users)} until {have.end}): would change"
+                )
+            else:
+                verdict = "in step"
+            self.stdout.write(f"{pool.name}: reservation {shown}: {verdict}")
+        for name in sorted(set(state.reservations if state else ()) - {want.name for want in wanted}):
+            if name in present:
+                self.stdout.write(f"{pool.name}: reservation {name}: no longer wanted: would remove")
+        return 0

@@ -1,0 +1,71 @@
+"""The iCalendar feed of a pool's schedule (R-RES-4) and the personal token that reads it.
+
+Calendar applications fetch a URL and send no header, so the feed is also readable with a token
+in its query string: a *feed token*, signed by the server for one user, that reads schedules and
+nothing else (an API token in a URL that a calendar keeps would open the whole API). It is
+derived, never stored: ``SECRET_KEY`` signs the user's id with a digest of the user's password
+hash, so a password change (which also ends the user's API tokens) revokes every feed URL.
+"""
+
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.core import signing
+from django.utils.crypto import salted_hmac
+from icalendar import Calendar, Event
+
+from apps.reservations.selectors import Slot
+
+SALT = "gridgate.calendar-feed"
+
+
+def _secret_of(user) -> str:
+    return salted_hmac(SALT, f"{user.pk}:{user.password}").hexdigest()[:16]
+
+
+def feed_token(user) -> str:
+    return signing.dumps([user.pk, _secret_of(user)], salt=SALT, compress=True)
+
+
+def user_for_feed_token(token: str):
+    """The active user the token was made for, or None (forged, or revoked by a password change)."""
+    try:
+        pk, secret = signing.loads(token, salt=SALT)
+    except (signing.BadSignature, ValueError, TypeError):
+        return None
+    user = get_user_model().objects.filter(pk=pk, is_active=True).first() if isinstance(pk, int) else None
+    if user is None or secret != _secret_of(user):
+        return None
+    return user
+
+
+def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
+    """The schedule as an iCalendar (RFC 5545) calendar: one VEVENT per slot, its kind as its
+    CATEGORIES; open slots are transparent (they block nothing in the reader's calendar)."""
+    calendar = Calendar()
+    calendar.add("prodid", "-//Gridgate//QPU calendar//EN")
+    calendar.add("version", "2.0")
+    calendar.add("x-wr-calname", f"{pool.name} (Gridgate)")
+    for slot in slots:
+        event = Event()
+        if slot.reservation is not None:
+            event.add("uid", f"reservation-{slot.reservation}@{host}")
+        else:
+            event.add("uid", f"open-{pool.pk}-{int(slot.start.timestamp())}@{host}")
+        event.add("dtstamp", generated)
+        event.add("dtstart", slot.start)
+        event.add("dtend", slot.end)
+        mine = " (yours)" if slot.mine else ""
+        if slot.kind == "maintenance":
+            summary = f"Maintenance: {slot.title}"
+        elif slot.kind == "reservation":
+            summary = f"Reserved{mine}: {slot.title} ({slot.slots} slot{'s' if slot.slots != 1 else ''})"
+        else:
+            summary = f"Open ({slot.slots} slots)" if slot.slots is not None else "Open"
+        event.add("summary", f"{pool.name} · {summary}")
+        event.add("categories", [slot.kind.upper()])
+        event.add("transp", "TRANSPARENT" if slot.kind == "open" else "OPAQUE")
+        if slot.device is not None:
+            event.add("location", f"device {slot.device}")
+        calendar.add_component(event)
+    return calendar.to_ical()

@@ -1,0 +1,174 @@
+"""The calendar's API (SPEC §11 pinned paths): /api/v1/reservations/ (staff write by model
+permission, holders read theirs, others' are 404; DELETE cancels), R-RES-1's validation as clear
+400s, and R-RES-4's schedule with ``mine``, as JSON and as an iCalendar feed read with a personal
+feed token and parsed by a real iCalendar library."""
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth.models import Permission
+from icalendar import Calendar
+from rest_framework.test import APIClient
+
+from apps.reservations.models import Reservation
+from tests.reservations.conftest import ELEVEN, TEN, at
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/reservations/"
+
+
+@pytest.fixture
+def operator(django_user_model):
+    user = django_user_model.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="reservations"))
+    return user
+
+
+def body(pool, **more):
+    return {
+        "pool": pool.pk,
+        "kind": "reservation",
+        "start": TEN.isoformat(),
+        "end": ELEVEN.isoformat(),
+        "slots": 1,
+        "groups": ["group-a"],
+        "title": "Hybrid run",
+        **more,
+    }
+
+
+def test_staff_with_the_permission_create_change_and_cancel_a_reservation(api, operator, qpu, group_a):
+    created = api(operator).post(URL, body(qpu), format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["groups"] == ["group-a"] and created.json()["created_by"] == "operator"
+    url = f"{URL}{created.json()['id']}/"
+    assert api(operator).patch(url, {"title": "Course", "users": ["operator"]}, format="json").status_code == 200
+    assert api(operator).delete(url).status_code == 204
+    assert api(operator).delete(url).status_code == 204  # idempotent
+    window = Reservation.objects.get()
+    assert window.cancelled_at is not None and window.title == "Course"  # kept, with cancelled_at
+    assert api(operator).get(url).json()["cancelled_at"] is not None
+
+
+def test_staff_without_the_model_permission_and_users_cannot_write(api, bare_staff, alice, qpu, group_a):
+    assert api(bare_staff).post(URL, body(qpu), format="json").status_code == 403
+    assert api(alice).post(URL, body(qpu), format="json").status_code == 403
+
+
+def test_holders_see_theirs_and_others_get_404(api, operator, qpu, alice, group_a, outsiders, reserve):
+    mine = reserve(qpu, groups=[group_a])
+    assert [w["id"] for w in api(alice).get(URL).json()["results"]] == [mine.pk]
+    assert api(outsiders[0]).get(URL).json()["results"] == []
+    assert api(outsiders[0]).get(f"{URL}{mine.pk}/").status_code == 404
+    assert api(alice).delete(f"{URL}{mine.pk}/").status_code == 403
+
+
+def test_r_res_1_overlapping_reservations_that_would_overbook_are_refused_with_a_clear_400(
+    api, operator, qpu, group_a, reserve
+):
+    reserve(qpu, groups=[group_a], slots=1, title="Course")
+    refused = api(operator).post(
+        URL, body(qpu, slots=2, start=at(10, 30).isoformat(), end=at(12).isoformat()), format="json"
+    )
+    assert refused.status_code == 400
+    message = refused.json()["slots"][0]
+    assert "overbooked" in message and "'Course'" in message and "R-RES-1" in message
+    # What fits beside it is accepted: one slot more, or the same after it ends.
+    assert api(operator).post(URL, body(qpu, start=at(10, 30).isoformat()), format="json").status_code == 201
+    assert (
+        api(operator).post(URL, body(qpu, slots=2, start=ELEVEN.isoformat(), end=at(12).isoformat()), format="json")
+    ).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"end": TEN.isoformat()}, "end"),
+        ({"slots": 3}, "slots"),
+        ({"slots": 0}, "slots"),
+        ({"groups": [], "users": []}, "users"),
+        ({"users": ["nobody-such"]}, "users"),
+        ({"groups": ["no-such-group"]}, "groups"),
+        ({"title": "  "}, "title"),
+    ],
+)
+def test_r_res_1_a_window_that_breaks_a_rule_is_a_400_on_its_field(api, operator, qpu, group_a, change, field):
+    response = api(operator).post(URL, body(qpu, **change), format="json")
+    assert response.status_code == 400
+    assert field in response.json(), response.json()
+
+
+def test_a_device_of_another_pool_and_a_pool_without_slots_are_refused(api, operator, qpu, group_a, local_pool):
+    from apps.scheduling.models import Device
+
+    elsewhere = Device.objects.create(pool=local_pool, name="emu", driver="fake")
+    assert "device" in api(operator).post(URL, body(qpu, device=elsewhere.pk), format="json").json()
+    assert "pool" in api(operator).post(URL, body(local_pool), format="json").json()
+    maintenance = body(local_pool, kind="maintenance", groups=[], slots=0, title="Upgrade")
+    assert api(operator).post(URL, maintenance, format="json").status_code == 201
+
+
+def schedule(client, pool, **params):
+    return client.get(f"/api/v1/resource-pools/{pool.pk}/schedule/", params)
+
+
+def test_r_res_4_the_schedule_gives_typed_slots_with_mine(api, qpu, alice, group_a, outsiders, reserve):
+    reserve(qpu, groups=[group_a], title="Hybrid run")
+    reserve(qpu, kind="maintenance", slots=0, start=at(12), end=at(13), title="Calibration")
+    params = {"from": at(9).isoformat(), "to": at(14).isoformat()}
+    mine = schedule(api(alice), qpu, **params).json()
+    kinds = [(slot["kind"], slot["title"], slot["slots"]) for slot in mine["slots"]]
+    assert kinds == [
+        ("open", "open", 2),
+        ("reservation", "Hybrid run", 1),
+        ("open", "open", 2),
+        ("maintenance", "Calibration", 0),
+        ("open", "open", 2),
+    ]
+    assert [slot["mine"] for slot in mine["slots"]] == [False, True, False, False, False]
+    theirs = schedule(api(outsiders[0]), qpu, **params).json()
+    assert [slot["mine"] for slot in theirs["slots"]] == [False] * 5
+    assert "group-a" not in str(theirs)  # holders are never named to others
+
+
+def test_r_res_4_the_schedule_of_a_pool_you_cannot_see_is_404_and_bad_ranges_are_400(api, alice, qpu, outsiders):
+    qpu.public = False
+    qpu.save()
+    assert schedule(api(alice), qpu).status_code == 404
+    assert schedule(api(None), qpu).status_code in (401, 403)
+    qpu.public = True
+    qpu.save()
+    assert schedule(api(alice), qpu, **{"from": "yesterday"}).status_code == 400
+    assert schedule(api(alice), qpu, **{"from": at(10).isoformat(), "to": at(9).isoformat()}).status_code == 400
+    far = {"from": at(10).isoformat(), "to": (at(10) + timedelta(days=400)).isoformat()}
+    assert schedule(api(alice), qpu, **far).status_code == 400
+
+
+def test_r_res_4_the_ical_feed_is_read_with_the_personal_token_and_parses(qpu, alice, group_a, reserve, api):
+    reserve(qpu, groups=[group_a], title="Hybrid run")
+    reserve(qpu, kind="maintenance", slots=0, start=at(12), end=at(13), title="Calibration; Monday, 8:00")
+    with time_machine.travel(at(8), tick=False):
+        url = schedule(api(alice), qpu).json()["ics_url"]
+        response = APIClient().get(url)  # a calendar application: no header, no cookie
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/calendar")
+    calendar = Calendar.from_ical(response.content)
+    events = list(calendar.walk("VEVENT"))
+    windows = {str(event["CATEGORIES"].cats[0]): event for event in events}
+    assert set(windows) == {"RESERVATION", "MAINTENANCE", "OPEN"}
+    reserved = windows["RESERVATION"]
+    assert reserved.decoded("DTSTART") == TEN and reserved.decoded("DTEND") == ELEVEN
+    assert "Hybrid run" in str(reserved["SUMMARY"]) and "yours" in str(reserved["SUMMARY"])
+    assert str(windows["MAINTENANCE"]["SUMMARY"]).endswith("Calibration; Monday, 8:00")
+    assert all(str(event["UID"]) for event in events) and len({str(e["UID"]) for e in events}) == len(events)
+
+
+def test_r_res_4_a_forged_or_revoked_feed_token_is_refused_with_json(qpu, alice, api):
+    url = schedule(api(alice), qpu).json()["ics_url"]
+    forged = APIClient().get(url[:-3] + "xyz")
+    assert forged.status_code in (401, 403) and "feed token" in forged.json()["detail"]
+    alice.set_password("a new one")
+    alice.save()
+    assert APIClient().get(url).status_code in (401, 403)
+    assert APIClient().get(url.split("?")[0]).status_code in (401, 403)  # no token at all
