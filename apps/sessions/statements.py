@@ -496,11 +496,15 @@ def end_sessions(
             for pool_id, held in freed.items():
                 cursor.execute(
                     f"UPDATE {usage} SET slots_used = slots_used - %s, cpu_used = ROUND(cpu_used - %s, 3),"  # noqa: S608
-                    " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE pool_id = %s",
+                    " memory_used = memory_used - %s, gpu_used = gpu_used - %s WHERE pool_id = %s"
+                    f" RETURNING (SELECT slurm_licence FROM {pools} WHERE id = pool_id)",
                     [int(held[0]), held[1], int(held[2]), int(held[3]), pool_id],
                 )
-                cursor.execute(f"SELECT slurm_licence FROM {pools} WHERE id = %s", [pool_id])  # noqa: S608
-                licences[pool_id] = cursor.fetchone()[0]
+                row = cursor.fetchone()  # none: a pool without a usage row (made by bulk_create)
+                if row is None:
+                    cursor.execute(f"SELECT slurm_licence FROM {pools} WHERE id = %s", [pool_id])  # noqa: S608
+                    row = cursor.fetchone()
+                licences[pool_id] = row[0]
         return [Ended(session, licences[session.pool_id]) for session in ended]
 
 
