@@ -123,6 +123,8 @@ def wanted_reservations(pool: ResourcePool, count: int, now=None) -> list[scontr
     """
     now = now or timezone.now()
     windows = list(Reservation.objects.live().filter(pool=pool, end__gt=now).order_by("start", "id"))
+    for window in windows:
+        window.pool = pool  # its Slurm name is its licence's
     if not windows:
         return []
     from apps.qrmi.models import UnixAccount

@@ -47,9 +47,10 @@ def _environment() -> dict:
     return env
 
 
-def _run(*args: str) -> str:
-    """``sacctmgr --immediate --noheader --parsable2 <args>``'s output; SlurmError otherwise."""
-    command = [shutil.which("sacctmgr") or "sacctmgr", "-i", "-n", "-P", *args]
+def run_slurm(tool: str, *args: str) -> str:
+    """A Slurm client command (``sacctmgr``, ``scontrol``) run with the licence sync's Slurm
+    configuration and timeout: its output, or SlurmError saying what it printed."""
+    command = [shutil.which(tool) or tool, *args]
     try:
         done = subprocess.run(
             command,
@@ -60,11 +61,17 @@ def _run(*args: str) -> str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmError(f"sacctmgr could not be run: {exc}") from None
+        raise SlurmError(f"{tool} could not be run: {exc}") from None
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
-        raise SlurmError(f"sacctmgr {args[0]} {args[1]} failed ({done.returncode}): {' '.join(said)[-500:]}")
+        what = " ".join([arg for arg in args if not arg.startswith("-")][:2])
+        raise SlurmError(f"{tool} {what} failed ({done.returncode}): {' '.join(said)[-500:]}")
     return done.stdout
+
+
+def _run(*args: str) -> str:
+    """``sacctmgr --immediate --noheader --parsable2 <args>``'s output; SlurmError otherwise."""
+    return run_slurm("sacctmgr", "-i", "-n", "-P", *args)
 
 
 def clusters() -> list[str]:

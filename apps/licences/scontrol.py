@@ -3,26 +3,23 @@ of the pool's licence, made, changed and removed with ``scontrol`` by the licenc
 
 A reservation of licences only (``flags=license_only``, which Slurm shows as ``ANY_NODES``)
 holds ``licenses=<licence>:N`` from its start to its end for the jobs that name it
-(``sbatch --reservation=gridgate_<id>``) of its ``users``: other jobs asking for the licence
+(``sbatch --reservation=gridgate_<licence name>_<id>``) of its ``users``: other jobs asking for the licence
 see N fewer (and a job whose time limit would overlap the window is not started on them: Slurm
 checks a job's whole run against the reserved licences). A maintenance window reserves all of
 the licence (``flags=maint``): no job of anyone takes a QPU slot through Slurm meanwhile.
 
 Creating and changing reservations needs a Slurm administrator or operator (the worker's
 account: ``sacctmgr add user <account> adminlevel=Operator``, as for the licence's count).
-Reservations Gridgate makes are named ``gridgate_<window id>``; others are never touched.
+Reservations Gridgate makes are named ``gridgate_<licence name>_<window id>``; others are never touched.
 """
 
 import getpass
 import pwd
 import shutil
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-
-from apps.licences.sacctmgr import SlurmError, _environment
+from apps.licences.sacctmgr import SlurmError, run_slurm
 
 PREFIX = "gridgate_"
 
@@ -62,22 +59,7 @@ def _slurm_time(at: datetime) -> str:
 
 
 def _run(*args: str) -> str:
-    command = [shutil.which("scontrol") or "scontrol", *args]
-    try:
-        done = subprocess.run(
-            command,
-            env=_environment(),
-            capture_output=True,
-            text=True,
-            timeout=settings.GRIDGATE_LICENCE_SACCTMGR_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmError(f"scontrol could not be run: {exc}") from None
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        raise SlurmError(f"scontrol {' '.join(args[:2])} failed ({done.returncode}): {' '.join(said)[-500:]}")
-    return done.stdout
+    return run_slurm("scontrol", *args)
 
 
 def present() -> dict[str, Present]:

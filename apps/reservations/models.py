@@ -164,8 +164,10 @@ class Reservation(models.Model):
 
     @property
     def slurm_name(self) -> str:
-        """The name of the Slurm reservation that mirrors this window (R-RES-3)."""
-        return f"gridgate_{self.pk}"
+        """The name of the Slurm reservation that mirrors this window (R-RES-3): named after its
+        pool's licence as well as its id, so that two Gridgate databases mirroring into one Slurm
+        (two sites, a test instance beside production) never take each other's reservation."""
+        return f"gridgate_{self.pool.slurm_licence.split('@', 1)[0]}_{self.pk}"
 
     def holds_at(self, at) -> bool:
         return self.cancelled_at is None and self.start <= at < self.end
