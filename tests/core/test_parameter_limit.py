@@ -32,8 +32,8 @@ def many_sessions(pool, user, *, at, revoked: bool) -> None:
         cursor.execute(
             f"INSERT INTO {Session._meta.db_table} (id, user_id, resource_class_id, pool_id, slots, external_id,"  # noqa: S608
             " status, created_at, last_activity_at, expires_at, idle_expires_at, revoked_at, revocation_reason,"
-            " vruntime, launch_spec, cpu, memory, gpu)"
-            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, %s, %s, 0, '{}', 1, 1, 0"
+            " vruntime, launch_spec, cpu, memory, gpu, reserved_slots)"
+            " SELECT gen_random_uuid(), %s, %s, %s, 1, '', %s, %s, %s, %s, %s, %s, %s, 0, '{}', 1, 1, 0, 0"
             " FROM generate_series(1, %s)",
             [user.pk, klass.pk, pool.pk, status, *[at] * 4, at if revoked else None, reason]
             + [MORE_THAN_A_STATEMENT_TAKES],
