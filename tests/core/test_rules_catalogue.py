@@ -1,7 +1,8 @@
 """The documentation stays whole as the code moves:
 
 - docs/rules.md has a row for every rule id (``R-SESS-1``, ``R-LAUNCH``) and every SPEC section
-  that the code, the tests, the benchmarks or the client cite, and every test it names exists;
+  that the code, the tests, the benchmarks, the client, the settings, the templates or the scripts
+  cite, and every test it names exists;
 - docs/architecture.md's app map names every app of INSTALLED_APPS that lives under apps/;
 - every relative link in README.md, docs/ and the READMEs of tests/ and bench/ reaches a file
   (and, with a #fragment into a Markdown file, one of its headings)."""
@@ -15,7 +16,7 @@ from django.conf import settings
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "rules.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-CITING = ["apps", "tests", "bench", "client"]
+CITING = ["apps", "tests", "bench", "client", "config", "templates", "scripts", ".ci"]
 RULE_ID = re.compile(r"\bR-[A-Z]+(?:-\d+)?\b")
 SPEC_SECTION = re.compile(r"SPEC ?§ ?(\d+[a-z]?)")
 TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
@@ -24,7 +25,8 @@ TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
 def _cited_texts():
     for folder in CITING:
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.is_file() and path.suffix in {".py", ".md", ".html", ".txt"} and "__pycache__" not in path.parts:
+            wanted = path.suffix in {".py", ".md", ".html", ".txt", ".sh"} or path.name == "run"
+            if path.is_file() and wanted and "__pycache__" not in path.parts:
                 yield path, path.read_text(errors="replace")
 
 
