@@ -5,7 +5,8 @@
   cite, and every test it names exists;
 - docs/architecture.md's app map names every app of INSTALLED_APPS that lives under apps/;
 - every relative link in README.md, docs/ and the READMEs of tests/ and bench/ reaches a file
-  (and, with a #fragment into a Markdown file, one of its headings)."""
+  (and, with a #fragment into a Markdown file, one of its headings), and every repository path
+  they name in backquotes exists."""
 
 import ast
 import re
@@ -154,3 +155,17 @@ def test_every_relative_link_in_the_docs_resolves():
             elif fragment and path.suffix == ".md" and fragment not in anchors(path):
                 broken.append(f"{where} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+REPOSITORY_PATH = re.compile(r"`((?:apps|config|tests|bench|scripts|client|templates|static|examples)/[\w./-]*)`")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A file or folder named in backquotes (`apps/sessions/statements.py`) is still there: a
+    move or a rename updates the docs that send readers to it."""
+    gone = []
+    for document in documents():
+        for path in REPOSITORY_PATH.findall(document.read_text()):
+            if not (ROOT / path.rstrip("/")).exists():
+                gone.append(f"{document.relative_to(ROOT)}: {path}")
+    assert not gone, "the docs name paths that do not exist:\n" + "\n".join(gone)
