@@ -169,3 +169,14 @@ def test_every_repository_path_the_docs_name_exists():
             if not (ROOT / path.rstrip("/")).exists():
                 gone.append(f"{document.relative_to(ROOT)}: {path}")
     assert not gone, "the docs name paths that do not exist:\n" + "\n".join(gone)
+
+
+def test_the_readme_links_every_doc_and_stays_a_front_page():
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert not unlinked, f"docs the README does not link: {unlinked}"
+    assert len(readme) <= 8000, f"the README is {len(readme)} characters: the manual belongs in docs/"
+    first_block = re.search(r"```sh\n(.*?)```", readme, re.DOTALL).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
+    assert readme.split("\n", 1)[1].lstrip().startswith("```sh"), "the README starts with its two commands"
+    assert commands == ["make run", "make test"]
