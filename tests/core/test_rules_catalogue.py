@@ -180,3 +180,23 @@ def test_the_readme_links_every_doc_and_stays_a_front_page():
     commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
     assert readme.split("\n", 1)[1].lstrip().startswith("```sh"), "the README starts with its two commands"
     assert commands == ["make run", "make test"]
+
+
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
+
+
+def test_code_tests_and_benchmarks_cite_no_issue_numbers():
+    """Comments say what and why, not which issue asked for it (commit messages carry those); a
+    bug of an upstream project may still be named as such."""
+    cited = []
+    for folder in ["apps", "tests", "bench", "client", "scripts", "config", "templates", ".ci"]:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix in {".png", ".pyc", ".json"}:
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if ISSUE_NUMBER.search(line) and "upstream" not in line:
+                    cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    for number, line in enumerate((ROOT / "Makefile").read_text().splitlines(), 1):
+        if ISSUE_NUMBER.search(line):
+            cited.append(f"Makefile:{number}: {line.strip()}")
+    assert not cited, "issue numbers in the code:\n" + "\n".join(cited)
