@@ -49,7 +49,7 @@ format: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python scripts/with_test_database.py $(BIN)/python bench/run.py
 
-# Re-take the README's screenshots of the user pages (the browser tests, saving into docs/).
+# Re-take the user guide's screenshots of the user pages (the browser tests, saving into docs/).
 screenshots: $(VENV)/.installed-dev
 	GRIDGATE_SCREENSHOTS_DIR=docs/screenshots $(BIN)/python scripts/with_test_database.py $(BIN)/pytest -m browser tests/browser
 

@@ -1,4 +1,4 @@
-"""Calibration of the expected start shown for a pending job (R-JOB-5, issue 34), on the real
+"""Calibration of the expected start shown for a pending job (R-JOB-5), on the real
 dispatcher with a moved clock (``bench/_usage_sim.py``).
 
 One pool with a one-job device. A warm-up user submits 100 jobs at once, which run first, so that

@@ -7,7 +7,7 @@ newcomer's turns in its first round against its share + 1.
 usage_fair: the same sessions, all of one user (so this checks usage_fair's second level: SFQ
 across a user's sessions), with heavy-tailed (Pareto) job durations measured in device time;
 S_i is device time served, the bound is (longest job)/w_i + (longest job)/w_j.
-usage_fair, two levels (issue 34): users first (decayed device time per unit of share weight,
+usage_fair, two levels (R-SCHED-6): users first (decayed device time per unit of share weight,
 half-life 1 h), then each user's sessions (SFQ). A moved clock (bench/_usage_sim.py): users ada,
 bob (weight 1), cyd (weight 2), each with sessions of 1 and 2 slots, submitting bursts at
 Poisson moments in on/off periods (backlogged most, not all, of the time), and two newcomers

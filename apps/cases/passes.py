@@ -753,7 +753,7 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
                 poll_failures=0,
                 last_error="",
             )
-            # Item 5 of issue 33: the identity the job runs under, in the case's history too.
+            # Per-user credentials: the identity the job runs under, in the case's history too.
             message = f"submitted as {remote_id}" + (f" under {identity}" if identity else "")
         else:
             if transient:

@@ -1,5 +1,5 @@
 """Sign-in with an OpenID Connect provider, groups from its claims, the password switch, and the
-provider's JWTs as API bearer tokens (issue 33; docs/identity.md).
+provider's JWTs as API bearer tokens (docs/identity.md).
 
 The provider is a real one made for tests (oidc-provider-mock, started here on loopback): the
 browser flow goes through its authorization form, its token and user-info endpoints and its

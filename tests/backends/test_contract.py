@@ -29,7 +29,7 @@ def test_registry_maps_pool_kinds_to_backends(settings):
 
 
 def test_every_pool_kind_runs_cases_by_default_runai_included(settings):
-    """Issue 35: a Run:AI pool runs cases (SPEC §6); the default mapping serves every kind."""
+    """A Run:AI pool runs cases (SPEC §6); the default mapping serves every kind."""
     from apps.backends.runai import RunaiBackend
 
     settings.GRIDGATE_CASE_BACKENDS = None

@@ -95,7 +95,7 @@ def test_a_class_partition_is_pinned_over_the_provider_default():
 def test_runai_offers_the_projects_and_node_pools_its_credential_sees_and_degrades_to_the_pools(
     settings, monkeypatch, tmp_path
 ):
-    """Issue 35: Run:AI's options are asked of the provider (projects, their node pools), the
+    """Run:AI's options are asked of the provider (projects, their node pools), the
     pool's own values pinned; unreachable, only those remain (degraded)."""
     from apps.backends import runai
     from tests.doubles.runai_server import RunaiDouble

@@ -1,5 +1,5 @@
 """The Run:AI backend against the local Run:AI double, with the real runapy client over HTTP
-(issue 35; R-BACK-1, R-BACK-6, R-CASE-1 … 7; docs/backends.md "runai"). A temporary directory
+(R-BACK-1, R-BACK-6, R-CASE-1 … 7; docs/backends.md "runai"). A temporary directory
 stands for the shared volume: ``working_root`` here, ``host_path`` on the double's "nodes"."""
 
 import logging

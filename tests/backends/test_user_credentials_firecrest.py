@@ -1,4 +1,4 @@
-"""Per-user credentials on FirecREST (issue 33, items 4 and 5; docs/backends.md "Per-user credentials").
+"""Per-user credentials on FirecREST (docs/backends.md "Per-user credentials").
 
 Everything on loopback: the FirecREST double issues per-user tokens (authorization code + PKCE,
 rotating refresh tokens, revocation) and **checks on every call about a case that the token's

@@ -1,4 +1,4 @@
-"""Per-user credentials on Qarnot (issue 33, items 4 and 5; docs/backends.md "Per-user credentials").
+"""Per-user credentials on Qarnot (docs/backends.md "Per-user credentials").
 
 The user pastes their API token once on the connections page; it is checked against the API and
 kept sealed. The Qarnot double knows several accounts (token → e-mail) and checks **every call

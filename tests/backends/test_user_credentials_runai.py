@@ -1,4 +1,4 @@
-"""Per-user credentials on Run:AI (issue 35; docs/backends.md "Per-user credentials").
+"""Per-user credentials on Run:AI (docs/backends.md "Per-user credentials").
 
 The user saves their own Run:AI access key (client id + secret) once on the connections page; it
 is checked at the token endpoint and kept sealed. The Run:AI double knows several access keys

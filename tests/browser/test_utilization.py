@@ -1,6 +1,6 @@
 """The utilization page in a real Chromium: a staff user follows the admin's link to the
 utilization page, picks a day with known activity, and the charts are drawn (SVG columns, points
-and bars) with their numbers readable; the page fits a phone. The screenshot goes to the README
+and bars) with their numbers readable; the page fits a phone. The screenshot goes to the user guide
 (``make screenshots`` writes docs/screenshots/utilization.png)."""
 
 import pytest

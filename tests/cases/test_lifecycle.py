@@ -243,7 +243,7 @@ def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progre
 
 
 def test_a_runai_pool_runs_cases_and_a_kind_left_out_of_the_mapping_says_so(owner, db, settings):
-    """Issue 35: launching on a Run:AI pool is accepted (the worker submits it to Run:AI); a kind
+    """Launching on a Run:AI pool is accepted (the worker submits it to Run:AI); a kind
     the operators left out of GRIDGATE_CASE_BACKENDS is refused naming the kinds that run cases."""
     from apps.resources.models import ResourceClass, ResourcePool
 

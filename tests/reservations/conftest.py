@@ -11,7 +11,7 @@ from apps.reservations.services import save_reservation
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Device
 
-#: the window of the issue's example: 10:00-11:00
+#: the example window: 10:00-11:00
 TEN = datetime(2030, 3, 4, 10, 0, tzinfo=UTC)
 ELEVEN = datetime(2030, 3, 4, 11, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""Issue 36: DRF's plaintext tokens (``authtoken_token``, from ``rest_framework.authtoken``, no
+"""Hashed API tokens: DRF's plaintext tokens (``authtoken_token``, from ``rest_framework.authtoken``, no
 longer installed) become hashed ApiTokens, and their table goes.
 
 The table is looked for by introspection, not through the authtoken app's migrations (the app is
@@ -45,7 +45,7 @@ def move_drf_tokens(apps, schema_editor):
                 user_id=user_id,
                 digest=hashlib.sha256(key.encode()).hexdigest(),
                 prefix=key[:8],
-                name="from before issue 36",
+                name="from before hashed tokens",
                 created_at=_aware(created, now),
                 expires_at=expires_at,
             )

@@ -1,4 +1,4 @@
-"""Upgrade from the single-host era (issue 17): pin unfinished local cases to this host.
+"""Upgrade from the single-host era (before several worker hosts): pin unfinished local cases to this host.
 
 0007 added ``run_host`` empty for every case. An unfinished local case from before runs as a
 process on the one worker host there was; left unpinned, any new worker host could claim it,

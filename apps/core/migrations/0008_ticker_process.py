@@ -4,7 +4,7 @@ from apps.core.schedules import remove_schedule
 
 
 def forwards(apps, schema_editor):
-    # Issue 17: the tick loop and the worker heartbeat come from each worker's ticker process
+    # Several worker hosts: the tick loop and the worker heartbeat come from each worker's ticker process
     # (manage.py worker starts it; apps.core.ticker). A minutely loop beside it would be a second
     # loop, and a minutely heartbeat would make "heartbeat age" meaningless.
     remove_schedule(apps, name="gridgate.tick")

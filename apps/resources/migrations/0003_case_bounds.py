@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 
 def no_network_by_default(apps, schema_editor):
-    """Issue 36: pools made while the network was the default lose it. Their cases reached the
+    """No network by default: pools made while the network was the default lose it. Their cases reached the
     worker host's loopback (the database, Redis): an operator who wants the network back turns it
     on again per pool, now through slirp4netns and never to the host's loopback."""
     apps.get_model("resources", "ResourcePool").objects.filter(network=True).update(network=False)

@@ -1,4 +1,4 @@
-"""Per-user credentials (issue 33, item 4; docs/backends.md): a FirecREST or Qarnot pool without
+"""Per-user credentials (docs/backends.md): a FirecREST or Qarnot pool without
 ``credentials`` in its ``remote`` now runs each case under its owner's own credentials. Pools that
 existed before the option keep what they did, the service account, written out explicitly here."""
 

@@ -2,7 +2,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# Issue 15: every job inserted wrote an entry into each index of the table. The user column's own
+# Fewer index writes per submission: every job inserted wrote an entry into each index of the table. The user column's own
 # index duplicated jobs_user_created; device and target_device are NULL when a job is submitted
 # (and target_device for most jobs ever), so their indexes become partial, without those rows.
 # The foreign keys keep their constraints: only their indexes change (AlterField would drop and

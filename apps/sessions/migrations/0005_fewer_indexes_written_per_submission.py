@@ -2,7 +2,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# Issue 15: a job submission renews its session's idle deadline; with idle_expires_at in an index,
+# Fewer index writes per submission: a job submission renews its session's idle deadline; with idle_expires_at in an index,
 # every renewal wrote a new entry into each of the table's 11 indexes instead of updating the row
 # in place (PostgreSQL's HOT update). The user column's own index duplicated sessions_user_created.
 # The foreign key keeps its constraint: only its index goes (AlterField would drop and re-add the
