@@ -21,6 +21,7 @@ from django.utils import timezone
 from apps.backends import connections, sealing
 from apps.backends import firecrest as fc
 from apps.backends.base import BackendError, JobRef
+from apps.backends.firecrest import client as fc_client
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
@@ -45,7 +46,7 @@ def sealing_key(settings):
 def double(tmp_path, monkeypatch):
     monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
     monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
-    monkeypatch.setattr(fc, "TIMEOUT", 5.0)
+    monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
     fc._clients.clear()
     connections.forget_access_tokens()
     server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
