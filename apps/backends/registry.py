@@ -19,8 +19,8 @@ BACKENDS: dict[str, str] = {
     "fake": "apps.backends.fake:FakeBackend",
     "firecrest": "apps.backends.firecrest.backend:FirecrestBackend",
     "local": "apps.backends.local:LocalBackend",
-    "qarnot": "apps.backends.qarnot:QarnotBackend",
-    "runai": "apps.backends.runai:RunaiBackend",
+    "qarnot": "apps.backends.qarnot.backend:QarnotBackend",
+    "runai": "apps.backends.runai.backend:RunaiBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
 

@@ -19,6 +19,7 @@ from apps.backends import connections
 from apps.backends import qarnot as qb
 from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
+from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
@@ -45,8 +46,8 @@ def double():
 def fresh(double, monkeypatch, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = [KEY]
     monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", SERVICE_TOKEN)
-    monkeypatch.setattr(qb, "RETRY_WAIT", 0.01)
-    monkeypatch.setattr(qb, "TIMEOUT", 3)
+    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
+    monkeypatch.setattr(qb_client, "TIMEOUT", 3)
     qb._connections.clear()
     double.faults.clear()
     # moto's buckets are one store per process, shared with test_qarnot.py's double: no limit here.

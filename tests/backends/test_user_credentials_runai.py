@@ -19,6 +19,7 @@ from apps.backends import connections
 from apps.backends import runai as rb
 from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
+from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
@@ -47,7 +48,7 @@ def fresh(double, monkeypatch, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = [KEY]
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", SERVICE_ID)
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", SERVICE_SECRET)
-    monkeypatch.setattr(rb, "BACKOFF", 0.01)
+    monkeypatch.setattr(rb_client, "BACKOFF", 0.01)
     rb._clients.clear()
     double.reset()
     double.add_client(ADA_ID, ADA_SECRET, "ada-subject", "ada@example.org")
