@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from apps.backends import connections, sealing
 from apps.backends import firecrest as fc
-from apps.backends.base import BackendError, JobRef
 from apps.backends.firecrest import client as fc_client
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.cases import passes, workspace
@@ -329,20 +328,6 @@ def test_launch_without_a_connection_is_refused_naming_the_connections_page(user
     case.refresh_from_db()
     assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
     assert double.user_jobs() == []
-
-
-def test_r_cred_1_a_per_user_pool_never_calls_under_the_service_account(user_pool, double, ada, make_case):
-    """Without a user identity the backend sends nothing at all: no token request, no API call."""
-    connect(browser(ada), double, user_pool, "ada")
-    case = launched(new_case(make_case, ada, user_pool, "sleep 30", double))
-    calls, grants = len(double.calls), list(double.grants)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote)  # no identity
-    answer = fc.FirecrestBackend().poll_many([job])[case.remote_id]
-    assert isinstance(answer, BackendError) and "R-CRED-1" in str(answer)
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        fc.FirecrestBackend().cancel(job)
-    assert len(double.calls) == calls and double.grants == grants
-    assert "client_credentials" not in double.grants
 
 
 def test_service_account_pools_record_the_service_identity(double, ada, make_case):

@@ -17,7 +17,6 @@ from django.test import Client
 
 from apps.backends import connections
 from apps.backends import qarnot as qb
-from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, workspace
@@ -161,16 +160,6 @@ def test_a_revoked_token_makes_polls_wait_and_a_new_token_resumes_them(user_pool
         double.hold = set()
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE and case.status_message == ""
-
-
-def test_r_cred_1_a_per_user_qarnot_pool_never_uses_the_service_token(user_pool, double, ada, make_case):
-    paste(ada, user_pool, ADA_TOKEN)
-    case = launched(new_case(make_case, ada, user_pool, "sleep 20", double, "ada@example.org"))
-    calls = len(double.calls)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote)  # no identity
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        qb.QarnotBackend().poll(job)
-    assert len(double.calls) == calls
 
 
 def test_the_api_token_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(

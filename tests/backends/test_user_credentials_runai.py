@@ -17,7 +17,6 @@ from django.test import Client
 
 from apps.backends import connections
 from apps.backends import runai as rb
-from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
@@ -212,16 +211,6 @@ def test_a_revoked_or_expired_access_key_makes_polls_wait_and_a_new_key_resumes_
     assert case.status == CaseStatus.DONE and case.status_message == "", case.last_error
     assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
     assert [w.id for w in double.workloads.values()] == [case.remote_id]  # the same workload, not a new one
-
-
-def test_r_cred_1_a_per_user_runai_pool_never_uses_the_service_key(user_pool, double, ada, make_case):
-    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
-    case = launched(new_case(make_case, ada, user_pool, "sleep 20", double, "ada-subject"))
-    calls = len(double.calls)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote_config())  # no identity
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        rb.RunaiBackend().poll(job)
-    assert len(double.calls) == calls
 
 
 def test_the_access_key_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(

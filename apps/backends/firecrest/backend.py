@@ -2,15 +2,7 @@
 
 Quirks this module absorbs so the core never sees them:
 
-- **Credentials** (R-BACK-1): on a per-user pool (``"credentials": "user"``, docs/backends.md
-  "Per-user credentials") every call about a case carries its owner's access token, obtained
-  through the :class:`~apps.backends.base.RemoteIdentity` the core passes in (refresh grant,
-  rotated refresh token stored back); a call without a user identity is refused, never made
-  under the service account (R-CRED-1). On a service pool: OIDC client credentials from the
-  environment variables named by the pool's ``client_id_env``/``client_secret_env``;
-  ``ClientCredentialsAuth`` caches the token. One client is kept per (API, credential) in this
-  process. Values never reach a message: every provider error goes through
-  :func:`remote_common.scrub`.
+- **Credentials** and the client: ``client.py`` (per-user tokens, R-CRED-1, the 401 rule).
 - **Remote id = ``<job id>@<system>``**: a class may override the system (``system_name``), and
   the poll pass only has the pool's remote, so the id carries the system it was submitted to.
 - **Job name = case id.** ``find`` asks ``job_info(name=case id)`` before every submission, and a
@@ -37,7 +29,6 @@ from __future__ import annotations
 import io
 import logging
 import posixpath
-import time
 from pathlib import Path
 
 from apps.backends import files, sbatch
@@ -51,7 +42,6 @@ from apps.backends.base import (
     LaunchOption,
     LaunchOptions,
     SubmitSpec,
-    SubmitUncertain,
 )
 from apps.backends.firecrest.client import ProviderError, Session, _sdk
 from apps.backends.firecrest.doctor import FirecrestDoctor
@@ -227,17 +217,9 @@ class FirecrestBackend(FirecrestDoctor):
             if not exc.maybe_done:
                 raise
             # The request may have reached Slurm: adopt the job if it is there (R-CASE-1).
-            for attempt in range(FIND_AFTER_TIMEOUT_ATTEMPTS):
-                try:
-                    found = self._find(session, spec.case_id)
-                except BackendError:
-                    found = None
-                if found:
-                    logger.info("case %s: submission timed out; adopted job %s", spec.case_id, found)
-                    return found
-                if attempt + 1 < FIND_AFTER_TIMEOUT_ATTEMPTS:
-                    time.sleep(FIND_AFTER_TIMEOUT_SLEEP)
-            raise SubmitUncertain(f"{exc}; the job is not listed (yet): the launch will be retried") from None
+            find = lambda: self._find(session, spec.case_id)  # noqa: E731
+            pause = FIND_AFTER_TIMEOUT_SLEEP
+            return self.adopt_or_uncertain(find, exc, spec, "job", attempts=FIND_AFTER_TIMEOUT_ATTEMPTS, pause=pause)
         job_id = str(answer.get("jobId") or "")
         if not job_id.isdigit():
             raise BackendError(f"FirecREST answered {answer!r} instead of a job id")

@@ -3,14 +3,7 @@
 Quirks this module absorbs so the core never sees them (each was met on a real account, see
 ``docs/backends.md``):
 
-- **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
-  (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use, never at import or
-  in ``launch_options`` without a guard, and kept per (cluster, token) in this process. The token
-  is the case owner's own on a per-user pool (``"credentials": "user"``: pasted once on the
-  connections page, handed in through the core's :class:`~apps.backends.base.RemoteIdentity`;
-  never the service's, R-CRED-1), else the one in the environment variable named by the pool's
-  ``token_env`` (R-BACK-1). A 401 (the SDK's ``UnauthorizedException`` raised without a message:
-  its 403s carry the API's) on a user's token marks their connection failed: they must reconnect.
+- **Lazy connection**, tokens and refused tokens: ``client.py``.
 - **Room before spending.** There is no quota exception: a full bucket or storage quota surfaces
   as a botocore ``ClientError`` in the middle of an upload. The per-case upload plan is checked
   against ``max_upload_mb`` and ``user_info`` (bucket count, storage bytes) before anything is
@@ -67,7 +60,6 @@ from apps.backends.base import (
     LaunchOptions,
     SubmitDeferred,
     SubmitSpec,
-    SubmitUncertain,
 )
 from apps.backends.qarnot.client import MB, Session, _sdk, describe
 from apps.backends.qarnot.doctor import QarnotDoctor
@@ -284,7 +276,6 @@ class QarnotBackend(QarnotDoctor):
             raise BackendError("the case has no command to run")
         session = Session(spec.pool_remote, spec.identity)
         scheduling = self._scheduling(spec.launch_options)  # unknown value: fails before any upload
-        profile = session.remote.get("profile")
         plan = self.plan(session, spec)
         constraints = self._constraints(session, spec)
         in_name, out_name = bucket_names(spec.case_id)
@@ -301,8 +292,37 @@ class QarnotBackend(QarnotDoctor):
         _save_state(spec.workspace, "manifest.json", manifest)
 
         regex = globs_to_regex(spec.observability_globs)
+        task = self._task_for(session, spec, resources, out_name, constraints, scheduling, regex)
+        spec.heartbeat()  # last check that the launch is still ours before the task exists
+        answered: list[int] = []
+        try:
+            self._post(session, task, answered)
+        except Exception as exc:
+            status = answered[0] if answered else None
+            error = session.said("task submission", exc)
+            if isinstance(exc, _sdk().exceptions.MaxTaskException):
+                # 403 "maximum number of tasks reached": nothing was created; temporary.
+                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
+            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
+            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
+            if status is not None and 400 <= status < 500 and status != 429:
+                raise BackendError(error) from None
+            return self.adopt_or_uncertain(lambda: task.uuid or self._find(session, spec.case_id), error, spec, "task")
+        try:
+            with session.guard("periodic snapshot"):
+                # After submit, with the whitelist passed explicitly: called before submit the SDK
+                # keeps only the interval and the snapshot would bring back every file.
+                task.snapshot(int(session.remote.get("snapshot_interval") or 60), whitelist=regex)
+        except BackendError as exc:
+            logger.warning("case %s: periodic snapshot not started: %s", spec.case_id, exc)
+        if not task.uuid:
+            raise BackendError("Qarnot accepted the task without giving its uuid")
+        return task.uuid
+
+    def _task_for(self, session: Session, spec: SubmitSpec, resources, out_name, constraints, scheduling, regex):
+        """The task, every setter applied (most refuse once the task has a uuid)."""
         with session.guard("task preparation"):
-            task = session.conn.create_task(spec.case_id, profile, 1)
+            task = session.conn.create_task(spec.case_id, session.remote.get("profile"), 1)
             task.tags = [case_tag(spec.case_id)]
             constants = {name: str(value) for name, value in spec.environment.items()}
             constants["GRIDGATE_CASE_ID"] = spec.case_id
@@ -322,13 +342,15 @@ class QarnotBackend(QarnotDoctor):
                 task.scheduling_type = scheduling
             # Must be set before submit: the periodic snapshot filter below does not stick otherwise.
             task.snapshot_whitelist = regex
-        spec.heartbeat()  # last check that the launch is still ours before the task exists
-        # The SDK retries a POST that answered 429/5xx: for POST /tasks a retry can create a
-        # second task (the first request may have created one before failing). Submit through a
-        # copy of the connection with retries off, and record the answer's status.
+        return task
+
+    @staticmethod
+    def _post(session: Session, task, answered: list[int]) -> None:
+        """``task.submit()`` once. The SDK retries a POST that answered 429/5xx: for POST /tasks a
+        retry can create a second task (the first request may have created one before failing).
+        Submit through a copy of the connection with retries off; ``answered`` gets the status."""
         submit_conn = copy.copy(session.conn)
         submit_conn._retry_count = 0
-        answered: list[int] = []
         post = submit_conn._post
 
         def recording_post(url, json=None, **kwargs):
@@ -339,39 +361,9 @@ class QarnotBackend(QarnotDoctor):
         submit_conn._post = recording_post
         task._connection = submit_conn
         try:
-            try:
-                task.submit()
-            finally:
-                task._connection = session.conn
-        except Exception as exc:
-            status = answered[0] if answered else None
-            error = session.said("task submission", exc)
-            if isinstance(exc, _sdk().exceptions.MaxTaskException):
-                # 403 "maximum number of tasks reached": nothing was created; temporary.
-                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
-            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
-            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
-            if status is not None and 400 <= status < 500 and status != 429:
-                raise BackendError(error) from None
-            found = None
-            try:
-                found = task.uuid or self._find(session, spec.case_id)
-            except BackendError:
-                pass
-            if found:
-                logger.info("case %s: uncertain submission (%s); adopted task %s", spec.case_id, error, found)
-                return found
-            raise SubmitUncertain(f"{error}; the task is not listed (yet): the launch will be retried") from None
-        try:
-            with session.guard("periodic snapshot"):
-                # After submit, with the whitelist passed explicitly: called before submit the SDK
-                # keeps only the interval and the snapshot would bring back every file.
-                task.snapshot(int(session.remote.get("snapshot_interval") or 60), whitelist=regex)
-        except BackendError as exc:
-            logger.warning("case %s: periodic snapshot not started: %s", spec.case_id, exc)
-        if not task.uuid:
-            raise BackendError("Qarnot accepted the task without giving its uuid")
-        return task.uuid
+            task.submit()
+        finally:
+            task._connection = session.conn
 
     # -- observation -----------------------------------------------------------------------
     def _task(self, session: Session, uuid: str):

@@ -97,11 +97,14 @@ class Session(RemoteSession):
         return client
 
     def classify(self, exc: Exception) -> Failure:
+        import requests
+
         return Failure(
             describe(exc),
             http_status(exc),
             provider_words=True,
             transient=unreachable(exc),
+            timeout=isinstance(exc, requests.Timeout),
             refused=token_refused(exc),
         )
 

@@ -9,8 +9,13 @@ line through :meth:`Doctor.check`.
 
 from __future__ import annotations
 
-from apps.backends.base import BackendError, Check, ExecutionBackend
+import logging
+import time
+
+from apps.backends.base import BackendError, Check, ExecutionBackend, SubmitUncertain
 from apps.backends.remote.session import RemoteSession
+
+logger = logging.getLogger(__name__)
 
 
 class Doctor(list):
@@ -57,6 +62,23 @@ class RemoteBackend(ExecutionBackend):
     def doctor_provider(self, session, doctor: Doctor) -> None:  # pragma: no cover
         """The provider's own listings (systems, profiles, projects…) under the service credential."""
         raise NotImplementedError
+
+    # -- submission ---------------------------------------------------------------------------
+    def adopt_or_uncertain(self, find, error, spec, what: str, *, attempts: int = 1, pause: float = 0.0) -> str:
+        """After a submission that may have reached the provider (no answer, a timeout, a 5xx):
+        the job ``find()`` sees under the case's name is adopted (R-CASE-1); otherwise
+        :class:`SubmitUncertain`, and the core retries the launch later (its ``find`` first)."""
+        for attempt in range(attempts):
+            try:
+                found = find()
+            except BackendError:
+                found = None
+            if found:
+                logger.info("case %s: uncertain submission (%s); adopted %s %s", spec.case_id, error, what, found)
+                return found
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+        raise SubmitUncertain(f"{error}; the {what} is not listed (yet): the launch will be retried") from None
 
     # -- the skeleton -------------------------------------------------------------------------
     def doctor(self, pool=None) -> list[Check]:

@@ -3,21 +3,8 @@ the Run:AI REST API (docs/backends.md, "runai").
 
 Quirks this module absorbs so the core never sees them:
 
-- **Token endpoint.** runapy asks ``POST /api/v1/token`` (JSON ``grantType: app_token``), the
-  deprecated one; current control planes document ``POST /api/v2/token`` (form-encoded
-  ``grant_type=client_credentials``). The client here overrides that one method and otherwise
-  runs runapy as it is. runapy's constructor asks for a token at once (network I/O), so clients are
-  built lazily and kept per (base URL, credential) in this process.
-- **Retries.** runapy retries 401, 429 and 5xx on every method, POST included: a create answered
-  502 after Run:AI accepted it would be sent again. Here urllib3 (runapy's transport) retries only
-  GET and DELETE on 429/5xx (``Retry-After`` honoured up to ``RETRY_AFTER_MAX``), and a create
-  that got no clear answer is looked up by name instead (``SubmitUncertain``, R-CASE-1).
-- **Tokens expire early.** runapy refreshes a token a minute before its ``exp``, but a token the
-  control plane revoked (or whose clock differs) is refused before then, and runapy's refresher
-  leaves its "refreshing" flag set after a failed refresh so it never tries again. A 401 from the
-  API is answered by asking for a new token and repeating the call once (a 401 means the request
-  was refused before anything was done, so this is safe for a create too).
-- **No timeouts** are set by runapy's API methods: every request is bounded here (``TIMEOUT``).
+- **Token endpoint, retries, early expiry, timeouts**: ``client.py``. A create that got no clear
+  answer is looked up by name (``SubmitUncertain``, R-CASE-1).
 - **Results** come back through a shared volume (no file API in Run:AI): the case's run directory
   ``working_root/<case id>`` on Gridgate's hosts is ``host_path/<case id>`` on the cluster's
   nodes, mounted alone (hostPath) at ``mount_path`` in the container, so a case sees its own
@@ -53,7 +40,6 @@ from apps.backends.base import (
     LaunchOptions,
     ResultsTooLarge,
     SubmitSpec,
-    SubmitUncertain,
 )
 from apps.backends.remote_common import LIVE_MAX_BYTES, load_state, save_state, scrub
 from apps.backends.runai import client
@@ -192,25 +178,9 @@ class RunaiBackend(RunaiDoctor):
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
         return rdir
 
-    def submit(self, spec: SubmitSpec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
-        session = client.Session(spec.pool_remote, spec.identity)
-        remote = session.remote
-        if not remote.get("image"):
-            raise BackendError("the pool names no container image (remote.image): cases cannot run there")
-        if not remote.get("host_path"):
-            raise BackendError("the pool has no shared volume (working_root and host_path): results cannot come back")
-        project_name = spec.launch_options.get("project") or remote.get("project")
-        if not project_name:
-            raise BackendError("no Run:AI project: set the pool's project or choose one at launch")
-        project = self._project(session, project_name)
-        cluster = remote.get("cluster_id") or project.get("clusterId")
-        if not cluster:
-            raise BackendError(f"Run:AI project {project_name!r} names no cluster: set the pool's cluster_id")
-        compute = self._compute(spec)
-        node_pool = spec.launch_options.get("node_pool") or remote.get("node_pool")
-        self._prepare(spec, remote)
+    @staticmethod
+    def _body(spec: SubmitSpec, remote: dict, project: dict, cluster, compute: dict, node_pool) -> dict:
+        """The training's creation request: the case's directory alone mounted, one run."""
         mount = remote.get("mount_path") or "/gridgate"
         environment = {str(k): str(v) for k, v in (spec.environment or {}).items()}
         environment["GRIDGATE_CASE_ID"] = spec.case_id
@@ -247,6 +217,28 @@ class RunaiBackend(RunaiDoctor):
             # The job writes as the service's account, so its files on the shared volume are the
             # service's to read and no other account's (the run directory is 0700).
             body["spec"]["security"] = {"uidGidSource": "custom", "runAsUid": os.geteuid(), "runAsGid": os.getegid()}
+        return body
+
+    def submit(self, spec: SubmitSpec) -> str:
+        if not spec.command.strip():
+            raise BackendError("the case has no command to run")
+        session = client.Session(spec.pool_remote, spec.identity)
+        remote = session.remote
+        if not remote.get("image"):
+            raise BackendError("the pool names no container image (remote.image): cases cannot run there")
+        if not remote.get("host_path"):
+            raise BackendError("the pool has no shared volume (working_root and host_path): results cannot come back")
+        project_name = spec.launch_options.get("project") or remote.get("project")
+        if not project_name:
+            raise BackendError("no Run:AI project: set the pool's project or choose one at launch")
+        project = self._project(session, project_name)
+        cluster = remote.get("cluster_id") or project.get("clusterId")
+        if not cluster:
+            raise BackendError(f"Run:AI project {project_name!r} names no cluster: set the pool's cluster_id")
+        compute = self._compute(spec)
+        node_pool = spec.launch_options.get("node_pool") or remote.get("node_pool")
+        self._prepare(spec, remote)
+        body = self._body(spec, remote, project, cluster, compute, node_pool)
         request = client._sdk()["models"].TrainingCreationRequest.from_dict(body)
         spec.heartbeat()  # last check that the launch is still ours before the workload exists
         try:
@@ -264,15 +256,7 @@ class RunaiBackend(RunaiDoctor):
             # timeout, 429, 5xx) the workload may exist: adopt it, or retry the launch later.
             if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                 raise
-            found = None
-            try:
-                found = self._find(session, spec.case_id)
-            except BackendError:
-                pass
-            if found:
-                logger.info("case %s: uncertain submission (%s); adopted workload %s", spec.case_id, exc, found)
-                return found
-            raise SubmitUncertain(f"{exc}; the workload is not listed (yet): the launch will be retried") from None
+            return self.adopt_or_uncertain(lambda: self._find(session, spec.case_id), exc, spec, "workload")
         workload_id = (answer or {}).get("workloadId") or (answer or {}).get("id")
         if not workload_id:
             raise BackendError("Run:AI accepted the workload without giving its id")

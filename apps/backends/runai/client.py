@@ -72,12 +72,8 @@ def _sdk():
 _classes: dict[str, type] = {}
 
 
-def _client_class():
-    """runapy's ``ApiClient`` with the three changes above (token endpoint, retries, timeouts),
-    built once, on first use (runapy is imported only when a Run:AI pool is used)."""
-    if "client" in _classes:
-        return _classes["client"]
-    sdk = _sdk()
+def _transport(sdk) -> tuple[type, type]:
+    """runapy's ``Configuration`` with bounded retries, and its REST client with a timeout."""
     urllib3 = sdk["urllib3"]
 
     class Retry(urllib3.Retry):
@@ -113,6 +109,17 @@ def _client_class():
     class TimedRest(sdk["rest"].RESTClientObject):
         def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
             return super().request(method, url, headers, body, post_params, _request_timeout or TIMEOUT)
+
+    return Configuration, TimedRest
+
+
+def _client_class():
+    """runapy's ``ApiClient`` with the three changes above (token endpoint, retries, timeouts),
+    built once, on first use (runapy is imported only when a Run:AI pool is used)."""
+    if "client" in _classes:
+        return _classes["client"]
+    sdk = _sdk()
+    Configuration, TimedRest = _transport(sdk)
 
     class Client(sdk["ApiClient"]):
         def __init__(self, configuration):
