@@ -15,12 +15,12 @@ from django.contrib.auth import get_user_model
 from django.db import connection as db
 from django.test import Client
 
-from apps.backends import connections
 from apps.backends import qarnot as qb
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal
 from tests.cases.conftest import launched
@@ -211,7 +211,7 @@ def test_service_account_qarnot_pools_are_unchanged(double, ada, make_case, monk
     assert case.remote_identity == "service account (GRIDGATE_CRED_QARNOT_TOKEN)"
     assert double.tasks[case.remote_id].owner == "gridgate@example.org"
     assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
-    assert connections.identity_for(ada, pool).mode == "service"
+    assert credential_services.identity_for(ada, pool).mode == "service"
 
 
 def test_a_script_keeps_its_qarnot_token_through_the_api_and_never_gets_it_back(user_pool, double, ada, api):
@@ -324,8 +324,8 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(user_
         remote=dict(user_pool.remote, cluster_url="https://elsewhere.example.org")
     )
     pool = ResourcePool.objects.get(pk=user_pool.pk)
-    identity = connections.identity_for(ada, pool)
-    with pytest.raises(connections.CredentialsRequired, match="other provider URLs"):
+    identity = credential_services.identity_for(ada, pool)
+    with pytest.raises(credential_services.CredentialsRequired, match="other provider URLs"):
         identity.token()
 
 

@@ -15,12 +15,12 @@ from django.contrib.auth import get_user_model
 from django.db import connection as db
 from django.test import Client
 
-from apps.backends import connections
 from apps.backends import runai as rb
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import wait_for_terminal
 from tests.cases.conftest import launched
@@ -245,7 +245,7 @@ def test_service_account_runai_pools_run_under_the_service_key(user_pool, double
     assert case.status == CaseStatus.PENDING, case.last_error
     assert case.remote_identity == "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
     assert double.workloads[case.remote_id].owner == "svc-gridgate"
-    assert connections.identity_for(ada, user_pool).mode == "service"
+    assert credential_services.identity_for(ada, user_pool).mode == "service"
 
 
 def test_a_connected_user_chooses_among_the_node_pools_their_own_key_sees(user_pool, double, ada, bob, api):

@@ -43,7 +43,7 @@ class FirecrestDoctor(RemoteBackend):
         """No service account to ask FirecREST with: what users need to connect (the
         authorization endpoint, the public client at the token endpoint, revocation); the system,
         partition and working_root are met by the first user's case."""
-        from apps.backends import oauth
+        from apps.credentials import oauth
 
         endpoint = authorization_endpoint(session.remote)
         doctor.check(
@@ -90,7 +90,7 @@ def _working_root(session: Session) -> tuple[bool, str]:
 
 def _revocation(session: Session) -> tuple[bool, str]:
     """Disconnecting revokes the grant there (RFC 7009): a made-up token is answered 200."""
-    from apps.backends import oauth
+    from apps.credentials import oauth
 
     endpoint = revocation_endpoint(session.remote)
     try:

@@ -101,7 +101,7 @@ class RemoteBackend(ExecutionBackend):
         return doctor
 
     def sealing_check(self) -> Check:
-        from apps.backends import sealing
+        from apps.credentials import sealing
 
         words = self.per_user_words
         if sealing.available():
