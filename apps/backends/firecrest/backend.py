@@ -209,7 +209,7 @@ class FirecrestBackend(FirecrestDoctor):
             except ProviderError as exc:
                 if exc.status not in (400, 409):  # already linked by an earlier attempt
                     raise
-        _save_state(spec.workspace, "manifest.json", manifest)
+        save_state(spec.workspace, STATE_DIR, "manifest.json", manifest)
         spec.heartbeat()  # last check that the launch is still ours before the job exists
         try:
             answer = session.call("job submission", "submit", session.system, working_dir=work, script_str=script)
@@ -372,7 +372,7 @@ class FirecrestBackend(FirecrestDoctor):
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
         live = job.workspace / "live"
-        seen = _load_state(job.workspace, "live.json")
+        seen = load_state(job.workspace, STATE_DIR, "live.json")
         for rel, entry in self._walk(session, work, ("shared",)):
             if not glob_matches(rel, globs):
                 continue
@@ -391,13 +391,13 @@ class FirecrestBackend(FirecrestDoctor):
                     continue
             self._download(session, source, target)
             seen[rel] = [*stamp, files._hash(target)]
-        _save_state(job.workspace, "live.json", seen)
+        save_state(job.workspace, STATE_DIR, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
         session = Session(job.pool_remote, identity=job.identity)
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
-        manifest = _load_state(job.workspace, "manifest.json")
+        manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
         for rel, entry in self._walk(session, work, files.NOT_RESULTS):
@@ -514,11 +514,3 @@ def _size(entry: dict) -> int:
         return int(str(entry.get("size") or 0).strip())
     except ValueError:
         return 0
-
-
-def _load_state(workspace: Path, name: str) -> dict:
-    return load_state(workspace, STATE_DIR, name)
-
-
-def _save_state(workspace: Path, name: str, data: dict) -> None:
-    save_state(workspace, STATE_DIR, name, data)

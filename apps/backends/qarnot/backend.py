@@ -289,7 +289,7 @@ class QarnotBackend(QarnotDoctor):
             resources.append(plan["shared_bucket"])
         with session.guard("creation of the results bucket"):
             session.conn.create_bucket(out_name)
-        _save_state(spec.workspace, "manifest.json", manifest)
+        save_state(spec.workspace, STATE_DIR, "manifest.json", manifest)
 
         regex = globs_to_regex(spec.observability_globs)
         task = self._task_for(session, spec, resources, out_name, constraints, scheduling, regex)
@@ -439,7 +439,7 @@ class QarnotBackend(QarnotDoctor):
         session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
         live = job.workspace / "live"
-        seen = _load_state(job.workspace, "live.json")
+        seen = load_state(job.workspace, STATE_DIR, "live.json")
         for item in self._objects(session, out_name):
             key = safe_relative(item.get("Key", ""))
             if key is None or key.startswith("shared/") or not glob_matches(key, globs):
@@ -452,13 +452,13 @@ class QarnotBackend(QarnotDoctor):
                 continue
             self._get(session, out_name, key, target)
             seen[key] = etag
-        _save_state(job.workspace, "live.json", seen)
+        save_state(job.workspace, STATE_DIR, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
         """The case's own results bucket only: never the shared inputs, never unchanged inputs."""
         session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
-        manifest = _load_state(job.workspace, "manifest.json")
+        manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
         for item in self._objects(session, out_name):
@@ -600,11 +600,3 @@ def _unchanged_input(path: Path, md5: str, item: dict) -> bool:
         if parts.hexdigest() == digest:
             return True
     return False
-
-
-def _load_state(workspace: Path, name: str) -> dict:
-    return load_state(workspace, STATE_DIR, name)
-
-
-def _save_state(workspace: Path, name: str, data: dict) -> None:
-    save_state(workspace, STATE_DIR, name, data)
