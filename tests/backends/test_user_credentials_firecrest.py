@@ -13,9 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 from django.utils import timezone
 
 from apps.backends import firecrest as fc
@@ -27,7 +25,7 @@ from apps.credentials import sealing
 from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.resources.remote import revocation_endpoint
-from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.backends.conftest import browser, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
 
@@ -62,16 +60,6 @@ def double(tmp_path, monkeypatch):
     assert server.violations == []
 
 
-@pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
-
-
 def remote_for(double, **extra):
     return {
         "api_url": double.url,
@@ -93,12 +81,6 @@ def user_pool(double):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def connect(client, double, pool, name):

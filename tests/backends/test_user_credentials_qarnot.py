@@ -11,9 +11,7 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 
 from apps.backends import qarnot as qb
 from apps.backends.models import ConnectionState, RemoteConnection
@@ -22,7 +20,7 @@ from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal
+from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.qarnot_server import QarnotDouble
 
@@ -63,16 +61,6 @@ def fresh(double, monkeypatch, settings):
 
 
 @pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
-
-
-@pytest.fixture
 def user_pool(double):
     pool = ResourcePool(
         name="qarnot-users",
@@ -84,12 +72,6 @@ def user_pool(double):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="4c", cpu=4, memory=8, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def paste(user, pool, token):

@@ -11,9 +11,7 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 
 from apps.backends import runai as rb
 from apps.backends.models import ConnectionState, RemoteConnection
@@ -22,7 +20,7 @@ from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal
+from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.runai_server import RunaiDouble
 
@@ -59,16 +57,6 @@ def fresh(double, monkeypatch, settings):
 
 
 @pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
-
-
-@pytest.fixture
 def user_pool(double, tmp_path):
     volume = tmp_path / "volume"
     volume.mkdir(mode=0o755)
@@ -88,12 +76,6 @@ def user_pool(double, tmp_path):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="gpu", cpu=2, memory=4, gpu=1, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def save_key(user, pool, client_id, secret):
