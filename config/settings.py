@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.accounting",
     "apps.backends",
+    "apps.credentials",
     "apps.cases",
     "apps.web",
     "apps.qrmi",

@@ -44,7 +44,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from apps.accounts import statements
 from apps.accounts.models import ApiToken, Identity
-from apps.backends import sealing
+from apps.credentials import sealing
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ field is not editable, not listed and not in any form, and nothing here can open
 
 from django.contrib import admin, messages
 
-from apps.backends import connections
 from apps.backends.models import RemoteConnection
+from apps.credentials import services as credential_services
 
 
 @admin.register(RemoteConnection)
@@ -49,9 +49,9 @@ class RemoteConnectionAdmin(admin.ModelAdmin):
 
     def _forget(self, request, connections_):
         """Deleting revokes a FirecREST grant at the identity provider, as the user's own
-        disconnect does (``connections.forget``)."""
+        disconnect does (``credential_services.forget``)."""
         for connection in connections_:
-            forgotten = connections.forget(connection.pk)
+            forgotten = credential_services.forget(connection.pk)
             if forgotten is None:
                 continue  # deleted meanwhile
             self.message_user(

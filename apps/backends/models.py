@@ -3,7 +3,7 @@
 A pool whose ``remote`` says ``"credentials": "user"`` runs each case under its owner's own
 account at the provider. The user connects once (FirecREST: the provider's OAuth2 authorization
 code flow with PKCE; Qarnot: their API token, pasted once); the refresh token or API token is
-kept here **sealed** (``apps.backends.sealing``), the one credential Gridgate stores. Nothing
+kept here **sealed** (``apps.credentials.sealing``), the one credential Gridgate stores. Nothing
 else of it is kept: access tokens live in the memory of the process that obtained them.
 """
 

@@ -13,9 +13,9 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from apps.backends import sealing
 from apps.backends.registry import NoBackend, backend_name_for_kind
 from apps.core import credentials
+from apps.credentials import sealing
 from apps.resources.remote import USER, credential_mode
 
 ASK = "Ask an administrator to finish setting it up."
@@ -88,7 +88,7 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     """Per pool of ``pools``, whether ``user``'s work would be accepted there: the host's set-up
     (:func:`case_readiness`), the Unix account a case runs as (R-CASE-8,
     ``apps.resources.selectors.run_as_for``) and the user's own provider credential
-    (``apps.backends.connections.connection_refusal``): the rules a launch applies, asked without
+    (``apps.credentials.services.connection_refusal``): the rules a launch applies, asked without
     a provider call and in a constant number of queries (devices, the user's link, the user's
     connections) whatever the number of pools.
 
@@ -97,10 +97,10 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     """
     from django.db.models import Count
 
-    from apps.backends import connections
     from apps.backends.models import RemoteConnection
     from apps.backends.registry import backend_class
     from apps.core.exceptions import ServiceError
+    from apps.credentials import services as credential_services
     from apps.qrmi.selectors import unix_uid_for
     from apps.resources.selectors import run_as_for
     from apps.scheduling.models import Device
@@ -132,7 +132,7 @@ def user_readiness(user, pools) -> dict[int, Usability]:
                 if uid is None:
                     uid = (unix_uid_for(user) if user is not None else None,)
                 run_as_for(user, pool, uid=uid[0])
-            if connections.needs_user_credentials(pool):
+            if credential_services.needs_user_credentials(pool):
                 if connections_of is None:
                     connections_of = {
                         row.pool_id: row
@@ -140,7 +140,7 @@ def user_readiness(user, pools) -> dict[int, Usability]:
                             "pool_id", "state", "failure"
                         )
                     }
-                refusal = connections.connection_refusal(pool, connections_of.get(pool.pk))
+                refusal = credential_services.connection_refusal(pool, connections_of.get(pool.pk))
                 if refusal is not None:
                     raise refusal
         except ServiceError as exc:

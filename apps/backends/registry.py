@@ -17,10 +17,10 @@ from apps.backends.base import BackendError, Check, ExecutionBackend
 #: backend name → "module:Class" (imported lazily so an optional SDK is imported only when used)
 BACKENDS: dict[str, str] = {
     "fake": "apps.backends.fake:FakeBackend",
-    "firecrest": "apps.backends.firecrest:FirecrestBackend",
+    "firecrest": "apps.backends.firecrest.backend:FirecrestBackend",
     "local": "apps.backends.local:LocalBackend",
-    "qarnot": "apps.backends.qarnot:QarnotBackend",
-    "runai": "apps.backends.runai:RunaiBackend",
+    "qarnot": "apps.backends.qarnot.backend:QarnotBackend",
+    "runai": "apps.backends.runai.backend:RunaiBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
 

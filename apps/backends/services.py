@@ -5,9 +5,10 @@ import logging
 from django.conf import settings
 from django.core.cache import cache
 
-from apps.backends import connections, registry
+from apps.backends import registry
 from apps.backends.base import LaunchOptions, validate_launch_options
 from apps.backends.remote_common import scrub_for_pool
+from apps.credentials import services as credential_services
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ def _pool_options(name: str, pool, user) -> LaunchOptions:
     of holding the user to the defaults for ten minutes. On a per-user pool the backend asks with
     ``user``'s own connected credential, and the answer is that credential's alone: cached under
     it, never shown to another user."""
-    identity = connections.connected_identity(user, pool) if user is not None else None
+    identity = credential_services.connected_identity(user, pool) if user is not None else None
     whose = f":{identity.key}" if identity is not None else ""
     key = f"gridgate:launch-options:v3:{name}:{pool.pk}:{pool.updated_at.timestamp() if pool.updated_at else 0}{whose}"
     cached = cache.get(key)

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.backends import connections, files
+from apps.backends import files
 from apps.backends.base import (
     AlreadyFinished,
     BackendError,
@@ -49,6 +49,7 @@ from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
 from apps.core.exceptions import ServiceError
 from apps.core.tasks import enqueue
+from apps.credentials import services as credential_services
 from apps.resources.launch import case_bounds, launch_spec
 from apps.resources.selectors import run_as_for
 
@@ -115,14 +116,14 @@ def remote_identity(case: Case):
     object; a pass resolves all its cases at once (:func:`attach_identities`)."""
     identity = case.__dict__.get("_remote_identity", _UNRESOLVED)
     if identity is _UNRESOLVED:
-        identity = connections.identities_for([case])[case.id]
+        identity = credential_services.identities_for([case])[case.id]
         case._remote_identity = identity
     return identity
 
 
 def attach_identities(cases: list[Case]) -> None:
     """One query for the connections of every per-user case of a pass (none when there is none)."""
-    identities = connections.identities_for(cases)
+    identities = credential_services.identities_for(cases)
     for case in cases:
         case._remote_identity = identities[case.id]
 
@@ -411,7 +412,7 @@ def wait_for_owner(case: Case, exc: CredentialsRequired, now: datetime, events: 
     """The owner's own credential for a per-user pool expired or was revoked: nothing can be asked
     for this case until they reconnect. Not a failed poll and no state change (the job may well
     be running): the case says it waits for its owner, in its status message and once in its
-    history, and is looked at again when they reconnect (``connections.resume_waiting_cases``
+    history, and is looked at again when they reconnect (``credential_services.resume_waiting_cases``
     makes it due) or after the longest back-off."""
     note = f"waiting for its owner to reconnect: {exc}"[:500]
     if note != case.status_message:

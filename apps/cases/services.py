@@ -11,7 +11,6 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.backends import connections
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
@@ -20,6 +19,7 @@ from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
 from apps.core.exceptions import Conflict, InsufficientStorage, Invalid, NotFound, ServiceError, TooManyRequests
+from apps.credentials import services as credential_services
 from apps.resources.selectors import can_use_pool
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     passes.run_as(case)
     # Per-user credentials: refused up front (403 naming the page to connect at) while the owner has
     # no working connection to the pool; a grant revoked without our knowing fails in the worker.
-    connections.require_connection(case.owner, case.resource_class.pool)
+    credential_services.require_connection(case.owner, case.resource_class.pool)
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options

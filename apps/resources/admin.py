@@ -138,7 +138,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
         return usage_of(obj).repairs
 
     def save_model(self, request, obj, form, change):
-        from apps.backends.connections import note_provider_url_change, provider_urls
+        from apps.credentials.services import note_provider_url_change, provider_urls
 
         before = provider_urls(ResourcePool.objects.get(pk=obj.pk)) if change else None
         super().save_model(request, obj, form, change)

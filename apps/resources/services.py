@@ -34,7 +34,7 @@ def save_pool(
     classes. Any error rolls back everything: a refused request changes nothing. ``actor``: who
     asks (the admin history records a change of the provider URLs under their name).
     """
-    from apps.backends.connections import note_provider_url_change, provider_urls
+    from apps.credentials.services import note_provider_url_change, provider_urls
 
     with transaction.atomic():
         pool = pool or ResourcePool()

@@ -2,8 +2,8 @@ from django.urls import path
 
 from apps.accounts import oidc
 from apps.accounts.forms import LoginForm
+from apps.credentials.urls import urlpatterns as connection_urlpatterns
 from apps.web import views
-from apps.web.connection_urls import urlpatterns as connection_urlpatterns
 
 app_name = "web"
 

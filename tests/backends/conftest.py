@@ -8,6 +8,8 @@ import subprocess
 import time
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 
 from apps.cases import passes
 from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
@@ -110,3 +112,21 @@ def link_account(sandbox_host):
         return entry
 
     return link
+
+
+# -- users of the per-user credential tests ------------------------------------------------------
+@pytest.fixture
+def ada(db):
+    return get_user_model().objects.create_user("ada", password="pw")
+
+
+@pytest.fixture
+def bob(db):
+    return get_user_model().objects.create_user("bob", password="pw")
+
+
+def browser(user) -> Client:
+    """A browser logged in as ``user`` (the connections pages)."""
+    client = Client()
+    client.force_login(user)
+    return client

@@ -11,6 +11,8 @@ import pytest
 
 from apps.backends import firecrest as fc
 from apps.backends.base import BackendError, BackendStatus
+from apps.backends.firecrest import backend as fc_backend
+from apps.backends.firecrest import client as fc_client
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
@@ -27,8 +29,8 @@ SECRET = "s3cr3t-client-VALUE-42"
 def double(tmp_path, monkeypatch):
     monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
     monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
-    monkeypatch.setattr(fc, "TIMEOUT", 5.0)
-    monkeypatch.setattr(fc, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
+    monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
+    monkeypatch.setattr(fc_backend, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
     fc._clients.clear()
     server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
     yield server
@@ -401,7 +403,7 @@ def test_secret_in_a_pool_remote_is_refused(fc_pool):
                 "client_secret_env": "GRIDGATE_CRED_UNSET",
                 "client_secret": SECRET,
             }
-        ).credentials()
+        ).service_credential()
 
 
 # -- provider facts of the real FirecREST v2 server (PROVIDERS.md "observed") --------------------
@@ -556,7 +558,7 @@ def test_dropped_connection_with_the_job_not_listed_yet_keeps_the_case_prepared(
     double.hide_new_jobs = 5
     case = launch(make_case, fc_pool, "true")
     assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
-    error = fc.provider_error(httpx.RemoteProtocolError("Server disconnected"), "x", [])
+    error = fc.Session({}).error("x", httpx.RemoteProtocolError("Server disconnected"))
     assert error.dropped and error.maybe_done and not error.permanent
 
 
@@ -594,7 +596,7 @@ def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_poo
 
     request.addfinalizer(double.reap)
     double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
-    double.hide_new_jobs = fc.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
+    double.hide_new_jobs = fc_backend.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
     case = make_case(resource_class=fc_pool.classes.get(), command="sleep 30")
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
     services.launch_case(case)

@@ -8,6 +8,7 @@ import pytest
 
 from apps.backends import qarnot as qb
 from apps.backends.base import AlreadyFinished, BackendError, BackendStatus
+from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, CaseStatus
 from apps.core.exceptions import Invalid
@@ -31,8 +32,8 @@ def double():
 @pytest.fixture(autouse=True)
 def fresh(double, monkeypatch):
     monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", TOKEN)
-    monkeypatch.setattr(qb, "RETRY_WAIT", 0.01)
-    monkeypatch.setattr(qb, "TIMEOUT", 3)
+    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
+    monkeypatch.setattr(qb_client, "TIMEOUT", 3)
     qb._connections.clear()
     double.faults.clear()
     double.calls.clear()

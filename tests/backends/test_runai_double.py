@@ -6,6 +6,7 @@ import pytest
 import requests
 
 from apps.backends import runai as rb
+from apps.backends.runai import client as rb_client
 from tests.backends.conftest import wait_until
 from tests.doubles.runai_server import CLUSTER, RunaiDouble
 
@@ -51,14 +52,16 @@ def body(tmp_path, name="gg-abc", command="true", **compute):
 
 
 def create(client, payload):
-    api = rb._sdk()["api"]
+    api = rb_client._sdk()["api"]
     return (
-        api.TrainingsApi(client).create_training1(rb._sdk()["models"].TrainingCreationRequest.from_dict(payload)).data
+        api.TrainingsApi(client)
+        .create_training1(rb_client._sdk()["models"].TrainingCreationRequest.from_dict(payload))
+        .data
     )
 
 
 def get(client, workload_id):
-    return rb._sdk()["api"].WorkloadsApi(client).get_workload(workload_id).data
+    return rb_client._sdk()["api"].WorkloadsApi(client).get_workload(workload_id).data
 
 
 def test_the_token_is_a_jwt_from_the_v2_endpoint_with_subject_and_exp(double, client):
@@ -75,16 +78,16 @@ def test_a_wrong_secret_is_refused_401_and_the_v1_token_endpoint_is_not_served(d
 
 
 def test_expired_tokens_are_refused_before_their_exp(double, client):
-    get_projects = rb._sdk()["api"].ProjectsApi(client).get_projects
+    get_projects = rb_client._sdk()["api"].ProjectsApi(client).get_projects
     assert get_projects().data["projects"]
     double.expire_tokens()
-    with pytest.raises(rb._sdk()["ApiException"]) as refused:
+    with pytest.raises(rb_client._sdk()["ApiException"]) as refused:
         get_projects()
     assert refused.value.status == 401
 
 
 def test_projects_are_filtered_by_name_as_runapy_sends_the_filter(client):
-    projects = rb._sdk()["api"].ProjectsApi(client).get_projects(filter_by=["name==team-b"]).data["projects"]
+    projects = rb_client._sdk()["api"].ProjectsApi(client).get_projects(filter_by=["name==team-b"]).data["projects"]
     assert [p["name"] for p in projects] == ["team-b"]
 
 
@@ -109,11 +112,11 @@ def test_a_failed_container_is_failed_with_its_exit_code_in_phase_message(client
 
 
 def test_a_deleted_workload_is_404_and_listed_only_among_the_deleted(double, client, tmp_path):
-    api = rb._sdk()["api"]
+    api = rb_client._sdk()["api"]
     workload_id = create(client, body(tmp_path, command="sleep 30"))["workloadId"]
     api.TrainingsApi(client).delete_training(workload_id)
     wait_until(lambda: double.workloads[workload_id].deleted, what="deletion")
-    with pytest.raises(rb._sdk()["ApiException"]) as missing:
+    with pytest.raises(rb_client._sdk()["ApiException"]) as missing:
         get(client, workload_id)
     assert missing.value.status == 404
     listed = api.WorkloadsApi(client).get_workloads(deleted=True, filter_by=["name==gg-abc"]).data["workloads"]
@@ -123,7 +126,7 @@ def test_a_deleted_workload_is_404_and_listed_only_among_the_deleted(double, cli
 
 def test_a_second_workload_of_the_same_name_is_409(client, tmp_path):
     create(client, body(tmp_path, command="sleep 5"))
-    with pytest.raises(rb._sdk()["ApiException"]) as conflict:
+    with pytest.raises(rb_client._sdk()["ApiException"]) as conflict:
         create(client, body(tmp_path))
     assert conflict.value.status == 409
 
@@ -132,14 +135,14 @@ def test_a_second_workload_of_the_same_name_is_409(client, tmp_path):
     "compute", [{"gpuPortionRequest": 0.5}, {"gpuRequestType": "portion", "gpuPortionRequest": 1.0}]
 )
 def test_a_gpu_portion_needs_the_portion_type_and_a_fraction(client, tmp_path, compute):
-    with pytest.raises(rb._sdk()["ApiException"]) as refused:
+    with pytest.raises(rb_client._sdk()["ApiException"]) as refused:
         create(client, body(tmp_path, gpuDevicesRequest=1, **compute))
     assert refused.value.status == 400
 
 
 def test_a_call_about_a_case_by_another_subject_is_refused_and_recorded(double, client, tmp_path):
     double.expect_owner("abc", "ada-subject")
-    with pytest.raises(rb._sdk()["ApiException"]):
+    with pytest.raises(rb_client._sdk()["ApiException"]):
         create(client, body(tmp_path))
     assert double.violations and "belongs to ada-subject" in double.violations[0]
     double.violations.clear()
@@ -160,8 +163,8 @@ def test_an_error_answer_echoes_the_requests_credential_when_asked(double, clien
     )
     assert refused.status_code == 401 and "wrong-secret" in refused.json()["error_description"]
     double.fault("/api/v1/clusters", status=400, times=1)
-    with pytest.raises(rb._sdk()["ApiException"]) as failed:
-        rb._sdk()["api"].ClustersApi(client).get_clusters()
+    with pytest.raises(rb_client._sdk()["ApiException"]) as failed:
+        rb_client._sdk()["api"].ClustersApi(client).get_clusters()
     assert client._token in str(failed.value.body)
     assert double.echo_credentials == 0
     answer = requests.get(f"{double.url}/api/v1/clusters", headers={"Authorization": "Bearer nope"}, timeout=5)

@@ -13,20 +13,19 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 from django.utils import timezone
 
-from apps.backends import connections, sealing
 from apps.backends import firecrest as fc
-from apps.backends.base import BackendError, JobRef
+from apps.backends.firecrest import client as fc_client
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
+from apps.credentials import sealing
+from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.resources.remote import revocation_endpoint
-from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.backends.conftest import browser, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
 
@@ -45,9 +44,9 @@ def sealing_key(settings):
 def double(tmp_path, monkeypatch):
     monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
     monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
-    monkeypatch.setattr(fc, "TIMEOUT", 5.0)
+    monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
     fc._clients.clear()
-    connections.forget_access_tokens()
+    credential_services.forget_access_tokens()
     server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
     server.add_user("ada")
     server.add_user("bob")
@@ -55,20 +54,10 @@ def double(tmp_path, monkeypatch):
     server.reap()
     server.stop()
     fc._clients.clear()
-    connections.forget_access_tokens()
+    credential_services.forget_access_tokens()
     # The double refused (403) and recorded every call about a case made with another subject's
     # token than its owner's: there must be none.
     assert server.violations == []
-
-
-@pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
 
 
 def remote_for(double, **extra):
@@ -92,12 +81,6 @@ def user_pool(double):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def connect(client, double, pool, name):
@@ -237,7 +220,7 @@ def test_refresh_token_rotation_is_stored_back_sealed(user_pool, double, ada, ma
     connection = RemoteConnection.objects.get(user=ada)
     (first,) = double.live_refresh_tokens("ada")
     first_refreshed = connection.last_refreshed_at
-    connections.forget_access_tokens()  # a worker process without the token: it must refresh
+    credential_services.forget_access_tokens()  # a worker process without the token: it must refresh
     case = launched(new_case(make_case, ada, user_pool, "true", double))
     assert case.status == CaseStatus.PENDING, case.last_error
     assert "refresh_token" in double.grants
@@ -249,7 +232,7 @@ def test_refresh_token_rotation_is_stored_back_sealed(user_pool, double, ada, ma
     assert Fernet(KEY).decrypt(sealed.encode()).decode() == second  # the rotated one, stored back
     assert connection.last_refreshed_at > first_refreshed
     # The next refresh uses the stored one (the first is spent: using it again would end the session).
-    connections.forget_access_tokens()
+    credential_services.forget_access_tokens()
     assert wait_for_terminal(case).status == CaseStatus.DONE
     assert double.live_refresh_tokens("ada") != [second]
 
@@ -330,20 +313,6 @@ def test_launch_without_a_connection_is_refused_naming_the_connections_page(user
     assert double.user_jobs() == []
 
 
-def test_r_cred_1_a_per_user_pool_never_calls_under_the_service_account(user_pool, double, ada, make_case):
-    """Without a user identity the backend sends nothing at all: no token request, no API call."""
-    connect(browser(ada), double, user_pool, "ada")
-    case = launched(new_case(make_case, ada, user_pool, "sleep 30", double))
-    calls, grants = len(double.calls), list(double.grants)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote)  # no identity
-    answer = fc.FirecrestBackend().poll_many([job])[case.remote_id]
-    assert isinstance(answer, BackendError) and "R-CRED-1" in str(answer)
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        fc.FirecrestBackend().cancel(job)
-    assert len(double.calls) == calls and double.grants == grants
-    assert "client_credentials" not in double.grants
-
-
 def test_service_account_pools_record_the_service_identity(double, ada, make_case):
     pool = ResourcePool.objects.create(
         name="daint-service", kind="firecrest", public=True, remote=remote_for(double, credentials="service")
@@ -365,11 +334,11 @@ def test_secrets_never_appear_in_responses_logs_schema_or_admin(
     client = browser(ada)
     start, provider, done = connect(client, double, user_pool, "ada")
     connection = RemoteConnection.objects.get(user=ada)
-    connections.forget_access_tokens()
+    credential_services.forget_access_tokens()
     case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "echo out", double)))
     assert case.status == CaseStatus.DONE
     double.revoke_user("ada")
-    connections.forget_access_tokens()
+    credential_services.forget_access_tokens()
     failed = launched(new_case(make_case, ada, user_pool, "true", double))
     assert failed.status == CaseStatus.FAILED
 
@@ -447,12 +416,12 @@ def test_disconnecting_revokes_the_grant_at_the_identity_provider_and_no_other(u
 def test_the_rotated_refresh_token_is_the_one_revoked(user_pool, double, ada, make_case):
     connect(browser(ada), double, user_pool, "ada")
     first = double.live_refresh_tokens("ada")
-    connections.forget_access_tokens()  # the launch runs the refresh grant
+    credential_services.forget_access_tokens()  # the launch runs the refresh grant
     case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "true", double)))  # a refresh grant
     assert case.status == CaseStatus.DONE
     rotated = double.live_refresh_tokens("ada")
     assert rotated and rotated != first
-    connections.disconnect(user=ada, pool_id=user_pool.pk)
+    credential_services.disconnect(user=ada, pool_id=user_pool.pk)
     assert double.live_refresh_tokens("ada") == []
 
 
@@ -483,7 +452,7 @@ def test_a_pool_with_no_revocation_endpoint_says_the_grant_was_not_revoked(doubl
         sealed_secret=sealing.seal("rt-1"),
         subject="s",
         connected_at=timezone.now(),
-        provider_urls=connections.provider_urls(pool),
+        provider_urls=credential_services.provider_urls(pool),
     )
     answer = api(ada).delete(f"/api/v1/connections/{pool.pk}/").json()
     assert answer["revoked"] is False and "names no revocation endpoint (revocation_uri)" in answer["detail"]
@@ -552,7 +521,7 @@ def test_the_credentials_option_is_validated_and_set_through_the_api_and_the_adm
     created = client.post("/api/v1/resource-pools/", body, format="json")
     assert created.status_code == 201, created.content
     pool = ResourcePool.objects.get(name="fresh")
-    assert connections.needs_user_credentials(pool)  # a new pool: each user's own, by default
+    assert credential_services.needs_user_credentials(pool)  # a new pool: each user's own, by default
     bad = client.patch(
         f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote_for(double, credentials="x")}, format="json"
     )
@@ -566,7 +535,7 @@ def test_the_credentials_option_is_validated_and_set_through_the_api_and_the_adm
     )
     assert service.status_code == 200 and service.json()["remote"]["credentials"] == "service"
     pool.refresh_from_db()
-    assert not connections.needs_user_credentials(pool)
+    assert not credential_services.needs_user_credentials(pool)
 
     import json
 
@@ -641,7 +610,7 @@ def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_wor
     settings.GRIDGATE_CREDENTIALS_KEY = [new_key]  # the old key dropped
     (live,) = double.live_refresh_tokens("ada")
     assert Fernet(new_key).decrypt(raw_sealed(connection.pk).encode()).decode() == live
-    connections.forget_access_tokens()  # the next call refreshes with the re-sealed token
+    credential_services.forget_access_tokens()  # the next call refreshes with the re-sealed token
     case = launched(new_case(make_case, ada, user_pool, "true", double))
     assert case.status == CaseStatus.PENDING, case.last_error
     assert wait_for_terminal(case).status == CaseStatus.DONE
@@ -667,7 +636,7 @@ def test_r_cred_2_credentials_do_not_change_while_cases_of_the_pool_run(user_poo
     to_service = {"remote": remote_for(double, credentials="service")}
     refused = api(staff).patch(f"/api/v1/resource-pools/{user_pool.pk}/", to_service, format="json")
     assert refused.status_code == 400 and "cannot change while cases of this pool" in str(refused.json())
-    assert connections.needs_user_credentials(ResourcePool.objects.get(pk=user_pool.pk))
+    assert credential_services.needs_user_credentials(ResourcePool.objects.get(pk=user_pool.pk))
     # Other edits of the remote still go through while they run.
     same = api(staff).patch(
         f"/api/v1/resource-pools/{user_pool.pk}/", {"remote": remote_for(double, partition="debug")}, format="json"
@@ -691,7 +660,7 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
 
     def refresh(_):
         try:
-            return connections._refresh(connection.pk, connection.generation)
+            return credential_services._refresh(connection.pk, connection.generation)
         finally:
             db.close()  # each thread has its own connection
 
@@ -733,7 +702,7 @@ def test_f3_a_refresh_token_never_goes_to_a_token_uri_the_pool_was_moved_to(doub
     """F3: FirecREST's token_uri would have received users' refresh tokens the same way a moved
     Qarnot cluster_url received API tokens. The refresh grant reads the connection and the pool
     under the row lock and refuses (reconnect) when the URLs differ from those it was made with."""
-    from apps.backends import oauth
+    from apps.credentials import oauth
 
     connect(browser(ada), double, user_pool, "ada")
     connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
@@ -742,6 +711,6 @@ def test_f3_a_refresh_token_never_goes_to_a_token_uri_the_pool_was_moved_to(doub
     ResourcePool.objects.filter(pk=user_pool.pk).update(
         remote=dict(user_pool.remote, token_uri="https://collector.example.org/token")
     )
-    with pytest.raises(connections.CredentialsRequired, match="other provider URLs"):
-        connections._refresh(connection.pk, connection.generation)
+    with pytest.raises(credential_services.CredentialsRequired, match="other provider URLs"):
+        credential_services._refresh(connection.pk, connection.generation)
     assert sent == []

@@ -11,18 +11,16 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 
-from apps.backends import connections
 from apps.backends import qarnot as qb
-from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
+from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal
+from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.qarnot_server import QarnotDouble
 
@@ -45,8 +43,8 @@ def double():
 def fresh(double, monkeypatch, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = [KEY]
     monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", SERVICE_TOKEN)
-    monkeypatch.setattr(qb, "RETRY_WAIT", 0.01)
-    monkeypatch.setattr(qb, "TIMEOUT", 3)
+    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
+    monkeypatch.setattr(qb_client, "TIMEOUT", 3)
     qb._connections.clear()
     double.faults.clear()
     # moto's buckets are one store per process, shared with test_qarnot.py's double: no limit here.
@@ -63,16 +61,6 @@ def fresh(double, monkeypatch, settings):
 
 
 @pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
-
-
-@pytest.fixture
 def user_pool(double):
     pool = ResourcePool(
         name="qarnot-users",
@@ -84,12 +72,6 @@ def user_pool(double):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="4c", cpu=4, memory=8, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def paste(user, pool, token):
@@ -162,16 +144,6 @@ def test_a_revoked_token_makes_polls_wait_and_a_new_token_resumes_them(user_pool
     assert case.status == CaseStatus.DONE and case.status_message == ""
 
 
-def test_r_cred_1_a_per_user_qarnot_pool_never_uses_the_service_token(user_pool, double, ada, make_case):
-    paste(ada, user_pool, ADA_TOKEN)
-    case = launched(new_case(make_case, ada, user_pool, "sleep 20", double, "ada@example.org"))
-    calls = len(double.calls)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote)  # no identity
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        qb.QarnotBackend().poll(job)
-    assert len(double.calls) == calls
-
-
 def test_the_api_token_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(
     user_pool, double, ada, make_case, api, admin_client, caplog
 ):
@@ -221,7 +193,7 @@ def test_service_account_qarnot_pools_are_unchanged(double, ada, make_case, monk
     assert case.remote_identity == "service account (GRIDGATE_CRED_QARNOT_TOKEN)"
     assert double.tasks[case.remote_id].owner == "gridgate@example.org"
     assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
-    assert connections.identity_for(ada, pool).mode == "service"
+    assert credential_services.identity_for(ada, pool).mode == "service"
 
 
 def test_a_script_keeps_its_qarnot_token_through_the_api_and_never_gets_it_back(user_pool, double, ada, api):
@@ -334,8 +306,8 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(user_
         remote=dict(user_pool.remote, cluster_url="https://elsewhere.example.org")
     )
     pool = ResourcePool.objects.get(pk=user_pool.pk)
-    identity = connections.identity_for(ada, pool)
-    with pytest.raises(connections.CredentialsRequired, match="other provider URLs"):
+    identity = credential_services.identity_for(ada, pool)
+    with pytest.raises(credential_services.CredentialsRequired, match="other provider URLs"):
         identity.token()
 
 

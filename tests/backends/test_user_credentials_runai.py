@@ -11,18 +11,16 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
 from django.db import connection as db
-from django.test import Client
 
-from apps.backends import connections
 from apps.backends import runai as rb
-from apps.backends.base import BackendError, JobRef
 from apps.backends.models import ConnectionState, RemoteConnection
+from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.credentials import services as credential_services
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal
+from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.runai_server import RunaiDouble
 
@@ -47,7 +45,7 @@ def fresh(double, monkeypatch, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = [KEY]
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", SERVICE_ID)
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", SERVICE_SECRET)
-    monkeypatch.setattr(rb, "BACKOFF", 0.01)
+    monkeypatch.setattr(rb_client, "BACKOFF", 0.01)
     rb._clients.clear()
     double.reset()
     double.add_client(ADA_ID, ADA_SECRET, "ada-subject", "ada@example.org")
@@ -56,16 +54,6 @@ def fresh(double, monkeypatch, settings):
     double.reap()
     rb._clients.clear()
     assert double.violations == []  # every call about a case came from its owner's credential
-
-
-@pytest.fixture
-def ada(db):
-    return get_user_model().objects.create_user("ada", password="pw")
-
-
-@pytest.fixture
-def bob(db):
-    return get_user_model().objects.create_user("bob", password="pw")
 
 
 @pytest.fixture
@@ -88,12 +76,6 @@ def user_pool(double, tmp_path):
     pool.save()
     ResourceClass.objects.create(pool=pool, name="gpu", cpu=2, memory=4, gpu=1, default=True)
     return pool
-
-
-def browser(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def save_key(user, pool, client_id, secret):
@@ -213,16 +195,6 @@ def test_a_revoked_or_expired_access_key_makes_polls_wait_and_a_new_key_resumes_
     assert [w.id for w in double.workloads.values()] == [case.remote_id]  # the same workload, not a new one
 
 
-def test_r_cred_1_a_per_user_runai_pool_never_uses_the_service_key(user_pool, double, ada, make_case):
-    save_key(ada, user_pool, ADA_ID, ADA_SECRET)
-    case = launched(new_case(make_case, ada, user_pool, "sleep 20", double, "ada-subject"))
-    calls = len(double.calls)
-    job = JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), user_pool.remote_config())  # no identity
-    with pytest.raises(BackendError, match="R-CRED-1"):
-        rb.RunaiBackend().poll(job)
-    assert len(double.calls) == calls
-
-
 def test_the_access_key_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(
     user_pool, double, ada, make_case, api, admin_client, caplog
 ):
@@ -255,7 +227,7 @@ def test_service_account_runai_pools_run_under_the_service_key(user_pool, double
     assert case.status == CaseStatus.PENDING, case.last_error
     assert case.remote_identity == "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
     assert double.workloads[case.remote_id].owner == "svc-gridgate"
-    assert connections.identity_for(ada, user_pool).mode == "service"
+    assert credential_services.identity_for(ada, user_pool).mode == "service"
 
 
 def test_a_connected_user_chooses_among_the_node_pools_their_own_key_sees(user_pool, double, ada, bob, api):

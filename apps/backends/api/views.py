@@ -5,7 +5,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.backends import connections, registry
+from apps.backends import registry
 from apps.backends.api.serializers import (
     BackendSerializer,
     ConnectionCredentialSerializer,
@@ -14,6 +14,7 @@ from apps.backends.api.serializers import (
     LaunchOptionsSerializer,
 )
 from apps.backends.services import launch_options_for
+from apps.credentials import services as credential_services
 from apps.resources.selectors import visible_classes
 
 
@@ -35,8 +36,8 @@ class LaunchOptionsView(APIView):
 
 
 def _rows(request):
-    page = connections.connect_page()
-    return [dict(row, connect_url=page) for row in connections.connection_rows(request.user)]
+    page = credential_services.connect_page()
+    return [dict(row, connect_url=page) for row in credential_services.connection_rows(request.user)]
 
 
 class ConnectionListView(APIView):
@@ -77,9 +78,9 @@ class ConnectionDetailView(APIView):
         data = body.validated_data
         kind = self._row(request, pool)["pool"].kind
         if kind == "qarnot" and "token" in data:
-            connections.store_api_token(user=request.user, pool_id=pool, token=data["token"])
+            credential_services.store_api_token(user=request.user, pool_id=pool, token=data["token"])
         elif kind == "runai" and {"client_id", "client_secret"} <= set(data):
-            connections.store_access_key(
+            credential_services.store_access_key(
                 user=request.user, pool_id=pool, client_id=data["client_id"], client_secret=data["client_secret"]
             )
         else:
@@ -91,7 +92,7 @@ class ConnectionDetailView(APIView):
                 {
                     "detail": f"Send {wanted}."
                     if wanted
-                    else f"A {kind} pool connects in the browser: {connections.connect_page()}."
+                    else f"A {kind} pool connects in the browser: {credential_services.connect_page()}."
                 }
             )
         return Response(ConnectionSerializer(self._row(request, pool)).data)
@@ -100,5 +101,5 @@ class ConnectionDetailView(APIView):
         responses={200: DisconnectedSerializer, 404: OpenApiResponse(description="No connection.")},
     )
     def delete(self, request, pool: int):
-        forgotten = connections.disconnect(user=request.user, pool_id=pool)
+        forgotten = credential_services.disconnect(user=request.user, pool_id=pool)
         return Response(DisconnectedSerializer({"revoked": forgotten.revoked, "detail": forgotten.detail}).data)

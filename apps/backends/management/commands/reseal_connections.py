@@ -11,8 +11,8 @@ status is then 1 (those users reconnect). Nothing secret is printed.
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from apps.backends import sealing
 from apps.backends.models import RemoteConnection
+from apps.credentials import sealing
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ docs/backends.md, "Per-user credentials". A FirecREST, Qarnot or Run:AI pool who
   trades the code for tokens and keeps the refresh token. Qarnot: :func:`store_api_token` checks
   the pasted token against the API and keeps it. Run:AI: :func:`store_access_key` checks the
   user's access key (client id + secret) at the token endpoint and keeps it. Each is sealed
-  (``apps.backends.sealing``); without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
+  (``apps.credentials.sealing``); without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
 - **Identity**: :func:`identity_for` / :func:`identities_for` give the backend a
   :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
   a ``token()`` that yields the owner's access token (refresh grant, rotated refresh token
@@ -37,10 +37,10 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from apps.backends import oauth, sealing
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.models import ConnectionState, RemoteConnection
 from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
+from apps.credentials import oauth, sealing
 from apps.resources.remote import SERVICE, USER, credential_mode
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The connections page: a user's own credentials for pools that run cases under them.
 
 docs/backends.md, "Per-user credentials". Thin, as the other pages: the services of
-``apps.backends.connections`` do the work. FirecREST pools connect through the provider's OAuth2
+``apps.credentials.services`` do the work. FirecREST pools connect through the provider's OAuth2
 flow (a redirect there, back to :func:`connection_callback`); Qarnot pools take the user's API
 token in a form, Run:AI pools the user's access key (client id and secret). The flow in progress
 (its state and PKCE verifier) is kept in the user's server-side session between the redirect and
@@ -19,7 +19,8 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.backends import connections, sealing
+from apps.credentials import sealing
+from apps.credentials import services as credential_services
 from apps.web.errors import REFUSALS, refuse
 
 #: the session key of the connect flows in progress (state → flow); a few at most
@@ -46,7 +47,7 @@ def _refuse(request, exc: Exception, what: str) -> None:
 @require_GET
 @never_cache
 def connection_list(request):
-    rows = connections.connection_rows(request.user)
+    rows = credential_services.connection_rows(request.user)
     context = {"rows": rows, "can_seal": sealing.available()}
     return render(request, "web/connection_list.html", context)
 
@@ -56,7 +57,9 @@ def connection_list(request):
 def connection_connect(request, pool):
     """FirecREST: start the provider's authorization code flow (PKCE) and send the browser there."""
     try:
-        url, flow = connections.start_connect(user=request.user, pool_id=pool, redirect_uri=_callback_uri(request))
+        url, flow = credential_services.start_connect(
+            user=request.user, pool_id=pool, redirect_uri=_callback_uri(request)
+        )
     except REFUSALS as exc:
         _refuse(request, exc, "Connecting")
         return _back()
@@ -92,7 +95,7 @@ def connection_callback(request):
         messages.error(request, "The identity provider sent no authorization code back: connect again.")
         return _back()
     try:
-        connection = connections.finish_connect(
+        connection = credential_services.finish_connect(
             user=request.user,
             flow=flow,
             code=code,
@@ -112,7 +115,9 @@ def connection_callback(request):
 def connection_token(request, pool):
     """Qarnot: keep the user's API token (checked against Qarnot first)."""
     try:
-        connection = connections.store_api_token(user=request.user, pool_id=pool, token=request.POST.get("token", ""))
+        connection = credential_services.store_api_token(
+            user=request.user, pool_id=pool, token=request.POST.get("token", "")
+        )
     except REFUSALS as exc:
         _refuse(request, exc, "Saving the token")
         return _back()
@@ -127,7 +132,7 @@ def connection_token(request, pool):
 def connection_access_key(request, pool):
     """Run:AI: keep the user's access key (checked against Run:AI's token endpoint first)."""
     try:
-        connection = connections.store_access_key(
+        connection = credential_services.store_access_key(
             user=request.user,
             pool_id=pool,
             client_id=request.POST.get("client_id", ""),
@@ -145,7 +150,7 @@ def connection_access_key(request, pool):
 @require_POST
 def connection_disconnect(request, pool):
     try:
-        forgotten = connections.disconnect(user=request.user, pool_id=pool)
+        forgotten = credential_services.disconnect(user=request.user, pool_id=pool)
     except REFUSALS as exc:
         _refuse(request, exc, "Disconnecting")
     else:

@@ -3,14 +3,7 @@
 Quirks this module absorbs so the core never sees them (each was met on a real account, see
 ``docs/backends.md``):
 
-- **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
-  (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use, never at import or
-  in ``launch_options`` without a guard, and kept per (cluster, token) in this process. The token
-  is the case owner's own on a per-user pool (``"credentials": "user"``: pasted once on the
-  connections page, handed in through the core's :class:`~apps.backends.base.RemoteIdentity`;
-  never the service's, R-CRED-1), else the one in the environment variable named by the pool's
-  ``token_env`` (R-BACK-1). A 401 (the SDK's ``UnauthorizedException`` raised without a message:
-  its 403s carry the API's) on a user's token marks their connection failed: they must reconnect.
+- **Lazy connection**, tokens and refused tokens: ``client.py``.
 - **Room before spending.** There is no quota exception: a full bucket or storage quota surfaces
   as a botocore ``ClientError`` in the middle of an upload. The per-case upload plan is checked
   against ``max_upload_mb`` and ``user_info`` (bucket count, storage bytes) before anything is
@@ -53,8 +46,6 @@ import math
 import os
 import re
 import shlex
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from apps.backends import files
@@ -63,43 +54,32 @@ from apps.backends.base import (
     BackendError,
     BackendState,
     BackendStatus,
-    Check,
     Choice,
-    CredentialsRequired,
-    ExecutionBackend,
     JobRef,
     LaunchOption,
     LaunchOptions,
-    RemoteIdentity,
     SubmitDeferred,
     SubmitSpec,
-    SubmitUncertain,
 )
+from apps.backends.qarnot.client import MB, Session, _sdk, describe
+from apps.backends.qarnot.doctor import QarnotDoctor
 from apps.backends.remote_common import (
     LIVE_MAX_BYTES,
-    MissingCredential,
     confined_target,
-    env_secret,
     glob_matches,
     globs_to_regex,
     load_state,
-    provider_words,
     safe_relative,
     save_state,
     scrub,
     state_dir,
 )
-from apps.resources.remote import USER, credential_mode, with_defaults
 
 logger = logging.getLogger(__name__)
-sdk_logger = logging.getLogger("apps.backends.qarnot.sdk")  # the SDK prints to stdout otherwise
 
-TIMEOUT = 30  # seconds per API request
-RETRY_COUNT = 2  # the SDK retries 429/5xx with (2 ** try) * RETRY_WAIT sleeps: keep passes bounded
-RETRY_WAIT = 0.5
 STATE_DIR = ".qarnot"
 SHARED_MARKER = ".gridgate-complete"
-MB = 1024 * 1024
+
 #: part sizes S3 uploaders use (boto3 and the AWS CLI: 8 MiB): a multipart ETag is checked
 #: against the local file with each size that gives its number of parts
 PART_SIZES_MB = (8, 5, 16, 15, 32, 64, 100, 128, 256, 512)
@@ -125,24 +105,10 @@ SCHEDULING = {"flex": "Flex", "ondemand": "OnDemand", "reserved": "Reserved"}
 MAX_RANKS = 1024
 MAX_THREADS = 256
 
-_connections: dict[tuple, object] = {}
-_connections_lock = threading.Lock()
-
 
 def map_state(raw) -> str:
     """Qarnot task state → BackendStatus; an unknown state is pending, never a failure."""
     return STATES.get(str(raw or ""), BackendStatus.PENDING)
-
-
-def _sdk():
-    try:
-        import qarnot
-        import qarnot.exceptions
-        import qarnot.hardware_constraint
-        import qarnot.scheduling_type
-    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
-        raise BackendError(f"the qarnot SDK is not installed ({exc}): pip install -r requirements.txt") from None
-    return qarnot
 
 
 def bucket_names(case_id: str) -> tuple[str, str]:
@@ -177,154 +143,7 @@ def parse_duration(text) -> float | None:
     return days * 86400 + seconds
 
 
-class Session:
-    """One pool's view of Qarnot for one credential: the lazily built connection and the secret to scrub."""
-
-    def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
-        self.remote = with_defaults("qarnot", remote or {})
-        self.token_env = self.remote.get("token_env")
-        self.per_user = credential_mode("qarnot", self.remote) == USER
-        self.identity = identity
-        self._conn = None
-        self.secrets: list[str] = []
-
-    def token(self) -> str:
-        if self.per_user:
-            # R-CRED-1: the case owner's own token, never the service's.
-            if self.identity is None or not self.identity.is_user:
-                raise BackendError(
-                    "this pool runs tasks under each user's own Qarnot token and no user credential was given: "
-                    "refusing to act under the service account (R-CRED-1)"
-                )
-            token = self.identity.token()
-        else:
-            token = env_secret(self.token_env, "Qarnot token", self.remote)
-        self.secrets = [token]
-        return token
-
-    @property
-    def conn(self):
-        if self._conn is None:
-            qarnot = _sdk()
-            token = self.token()
-            cluster = self.remote.get("cluster_url") or None
-            key = (cluster, hashlib.sha256(token.encode()).hexdigest())
-            with _connections_lock:
-                conn = _connections.get(key)
-            if conn is None:
-                with self.guard("connection"):
-                    conn = qarnot.connection.Connection(
-                        client_token=token,
-                        cluster_url=cluster,
-                        cluster_timeout=TIMEOUT,
-                        retry_count=RETRY_COUNT,
-                        retry_wait=RETRY_WAIT,
-                        logger=sdk_logger,
-                    )
-                with _connections_lock:
-                    _connections[key] = conn
-            self._conn = conn
-        return self._conn
-
-    @property
-    def s3(self):
-        client = self.conn.s3client
-        if client is None:
-            raise BackendError("this Qarnot cluster announces no storage service: buckets are unavailable")
-        return client
-
-    @contextmanager
-    def guard(self, what: str):
-        """Every SDK, S3 or transport failure becomes a BackendError safe to show (R-BACK-1)."""
-        try:
-            yield
-        except BackendError:
-            raise
-        except Exception as exc:
-            if self.per_user and token_refused(exc) and self.identity is not None and self.identity.refused:
-                raise CredentialsRequired(self.identity.refused()) from None
-            words = provider_words(
-                scrub(describe(exc), self.secrets), service=not self.per_user, status=http_status(exc)
-            )
-            raise BackendError(f"Qarnot {what} failed: {words}", transient=unreachable(exc)) from None
-
-
-def token_refused(exc: Exception) -> bool:
-    """A 401: the token itself was refused. The SDK's retry wrapper raises
-    ``UnauthorizedException()`` without arguments for a 401 only; its 403s (``raise_on_error``)
-    carry the API's message. No text is read, only whether there is any."""
-    qarnot = _sdk()
-    return isinstance(exc, qarnot.exceptions.UnauthorizedException) and not exc.args
-
-
-def account_of(remote: dict, token: str) -> str:
-    """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token (a
-    connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
-    qarnot = _sdk()
-    remote = with_defaults("qarnot", remote or {})
-    try:
-        connection = qarnot.connection.Connection(
-            client_token=token,
-            cluster_url=remote.get("cluster_url") or None,
-            cluster_timeout=TIMEOUT,
-            retry_count=RETRY_COUNT,
-            retry_wait=RETRY_WAIT,
-            logger=sdk_logger,
-        )
-        return str(connection.user_info.email or "")
-    except Exception as exc:
-        if token_refused(exc):
-            raise CredentialsRequired("Qarnot refused the token") from None
-        raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
-
-
-def unreachable(exc: Exception) -> bool:
-    """No answer (timeout, connection, storage transport): retrying later may work (R-CASE-1)."""
-    import botocore.exceptions
-    import requests
-
-    return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
-
-
-def http_status(exc: Exception) -> int | None:
-    """The HTTP status behind an SDK or storage exception, when it carries one."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status is None and isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status if isinstance(status, int) else None
-
-
-def said(session, what: str, exc: Exception) -> str:
-    """``Qarnot <what> failed: …`` as users of the session's pool may read it (the provider's
-    words under a per-user credential; its status and a reference under the service's)."""
-    words = scrub(describe(exc), session.secrets)
-    return f"Qarnot {what} failed: {provider_words(words, service=not session.per_user, status=http_status(exc))}"
-
-
-def describe(exc: Exception) -> str:
-    import botocore.exceptions
-    import requests
-
-    if isinstance(exc, botocore.exceptions.ClientError):
-        error = exc.response.get("Error", {})
-        code = error.get("Code", "")
-        if code in ("QuotaExceeded", "TooManyBuckets", "EntityTooLarge") or "quota" in str(error).lower():
-            return f"storage quota reached ({code}): free buckets or storage on the account"
-        return f"storage error {code}: {error.get('Message', '')}".strip()
-    if isinstance(exc, botocore.exceptions.BotoCoreError):
-        return f"storage unreachable ({type(exc).__name__})"
-    if isinstance(exc, requests.Timeout):
-        return f"no answer within {TIMEOUT} s (timeout)"
-    if isinstance(exc, requests.ConnectionError):
-        return "cannot connect to the Qarnot API"
-    qarnot = _sdk()
-    if isinstance(exc, qarnot.exceptions.UnauthorizedException):
-        return f"unauthorized: {exc}" if str(exc) else "the token was refused (unauthorized)"
-    return f"{type(exc).__name__}: {exc}"
-
-
-class QarnotBackend(ExecutionBackend):
+class QarnotBackend(QarnotDoctor):
     name = "qarnot"
     kinds = ("qarnot",)
 
@@ -391,7 +210,7 @@ class QarnotBackend(ExecutionBackend):
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
                 return False
-            raise BackendError(said(session, "bucket check", exc)) from None
+            raise BackendError(session.said("bucket check", exc)) from None
 
     def _object_exists(self, session: Session, bucket: str, key: str) -> bool:
         import botocore.exceptions
@@ -457,7 +276,6 @@ class QarnotBackend(ExecutionBackend):
             raise BackendError("the case has no command to run")
         session = Session(spec.pool_remote, spec.identity)
         scheduling = self._scheduling(spec.launch_options)  # unknown value: fails before any upload
-        profile = session.remote.get("profile")
         plan = self.plan(session, spec)
         constraints = self._constraints(session, spec)
         in_name, out_name = bucket_names(spec.case_id)
@@ -471,11 +289,40 @@ class QarnotBackend(ExecutionBackend):
             resources.append(plan["shared_bucket"])
         with session.guard("creation of the results bucket"):
             session.conn.create_bucket(out_name)
-        _save_state(spec.workspace, "manifest.json", manifest)
+        save_state(spec.workspace, STATE_DIR, "manifest.json", manifest)
 
         regex = globs_to_regex(spec.observability_globs)
+        task = self._task_for(session, spec, resources, out_name, constraints, scheduling, regex)
+        spec.heartbeat()  # last check that the launch is still ours before the task exists
+        answered: list[int] = []
+        try:
+            self._post(session, task, answered)
+        except Exception as exc:
+            status = answered[0] if answered else None
+            error = session.said("task submission", exc)
+            if isinstance(exc, _sdk().exceptions.MaxTaskException):
+                # 403 "maximum number of tasks reached": nothing was created; temporary.
+                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
+            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
+            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
+            if status is not None and 400 <= status < 500 and status != 429:
+                raise BackendError(error) from None
+            return self.adopt_or_uncertain(lambda: task.uuid or self._find(session, spec.case_id), error, spec, "task")
+        try:
+            with session.guard("periodic snapshot"):
+                # After submit, with the whitelist passed explicitly: called before submit the SDK
+                # keeps only the interval and the snapshot would bring back every file.
+                task.snapshot(int(session.remote.get("snapshot_interval") or 60), whitelist=regex)
+        except BackendError as exc:
+            logger.warning("case %s: periodic snapshot not started: %s", spec.case_id, exc)
+        if not task.uuid:
+            raise BackendError("Qarnot accepted the task without giving its uuid")
+        return task.uuid
+
+    def _task_for(self, session: Session, spec: SubmitSpec, resources, out_name, constraints, scheduling, regex):
+        """The task, every setter applied (most refuse once the task has a uuid)."""
         with session.guard("task preparation"):
-            task = session.conn.create_task(spec.case_id, profile, 1)
+            task = session.conn.create_task(spec.case_id, session.remote.get("profile"), 1)
             task.tags = [case_tag(spec.case_id)]
             constants = {name: str(value) for name, value in spec.environment.items()}
             constants["GRIDGATE_CASE_ID"] = spec.case_id
@@ -495,13 +342,15 @@ class QarnotBackend(ExecutionBackend):
                 task.scheduling_type = scheduling
             # Must be set before submit: the periodic snapshot filter below does not stick otherwise.
             task.snapshot_whitelist = regex
-        spec.heartbeat()  # last check that the launch is still ours before the task exists
-        # The SDK retries a POST that answered 429/5xx: for POST /tasks a retry can create a
-        # second task (the first request may have created one before failing). Submit through a
-        # copy of the connection with retries off, and record the answer's status.
+        return task
+
+    @staticmethod
+    def _post(session: Session, task, answered: list[int]) -> None:
+        """``task.submit()`` once. The SDK retries a POST that answered 429/5xx: for POST /tasks a
+        retry can create a second task (the first request may have created one before failing).
+        Submit through a copy of the connection with retries off; ``answered`` gets the status."""
         submit_conn = copy.copy(session.conn)
         submit_conn._retry_count = 0
-        answered: list[int] = []
         post = submit_conn._post
 
         def recording_post(url, json=None, **kwargs):
@@ -512,39 +361,9 @@ class QarnotBackend(ExecutionBackend):
         submit_conn._post = recording_post
         task._connection = submit_conn
         try:
-            try:
-                task.submit()
-            finally:
-                task._connection = session.conn
-        except Exception as exc:
-            status = answered[0] if answered else None
-            error = said(session, "task submission", exc)
-            if isinstance(exc, _sdk().exceptions.MaxTaskException):
-                # 403 "maximum number of tasks reached": nothing was created; temporary.
-                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
-            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
-            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
-            if status is not None and 400 <= status < 500 and status != 429:
-                raise BackendError(error) from None
-            found = None
-            try:
-                found = task.uuid or self._find(session, spec.case_id)
-            except BackendError:
-                pass
-            if found:
-                logger.info("case %s: uncertain submission (%s); adopted task %s", spec.case_id, error, found)
-                return found
-            raise SubmitUncertain(f"{error}; the task is not listed (yet): the launch will be retried") from None
-        try:
-            with session.guard("periodic snapshot"):
-                # After submit, with the whitelist passed explicitly: called before submit the SDK
-                # keeps only the interval and the snapshot would bring back every file.
-                task.snapshot(int(session.remote.get("snapshot_interval") or 60), whitelist=regex)
-        except BackendError as exc:
-            logger.warning("case %s: periodic snapshot not started: %s", spec.case_id, exc)
-        if not task.uuid:
-            raise BackendError("Qarnot accepted the task without giving its uuid")
-        return task.uuid
+            task.submit()
+        finally:
+            task._connection = session.conn
 
     # -- observation -----------------------------------------------------------------------
     def _task(self, session: Session, uuid: str):
@@ -620,7 +439,7 @@ class QarnotBackend(ExecutionBackend):
         session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
         live = job.workspace / "live"
-        seen = _load_state(job.workspace, "live.json")
+        seen = load_state(job.workspace, STATE_DIR, "live.json")
         for item in self._objects(session, out_name):
             key = safe_relative(item.get("Key", ""))
             if key is None or key.startswith("shared/") or not glob_matches(key, globs):
@@ -633,13 +452,13 @@ class QarnotBackend(ExecutionBackend):
                 continue
             self._get(session, out_name, key, target)
             seen[key] = etag
-        _save_state(job.workspace, "live.json", seen)
+        save_state(job.workspace, STATE_DIR, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
         """The case's own results bucket only: never the shared inputs, never unchanged inputs."""
         session = Session(job.pool_remote, job.identity)
         _in, out_name = bucket_names(job.case_id)
-        manifest = _load_state(job.workspace, "manifest.json")
+        manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
         for item in self._objects(session, out_name):
@@ -665,9 +484,9 @@ class QarnotBackend(ExecutionBackend):
         except qarnot.exceptions.MissingTaskException:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} no longer exists") from None
         except qarnot.exceptions.UnauthorizedException as exc:
-            refused = BackendError(said(session, "abort", exc))
+            refused = BackendError(session.said("abort", exc))
         except Exception as exc:
-            raise BackendError(said(session, "abort", exc)) from None
+            raise BackendError(session.said("abort", exc)) from None
         if map_state(self._task(session, job.remote_id).state) in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Qarnot task {job.remote_id} already ended")
         raise refused
@@ -727,102 +546,6 @@ class QarnotBackend(ExecutionBackend):
             options=[scheduling, LaunchOption("node_type", "Node type", [Choice(k, k) for k in keys]), ranks, threads]
         )
 
-    def doctor(self, pool=None) -> list[Check]:
-        checks = []
-        try:
-            qarnot = _sdk()
-            checks.append(Check("sdk", True, f"qarnot SDK {qarnot.__version__} is installed"))
-        except BackendError as exc:
-            return [Check("sdk", False, str(exc))]
-        if pool is None:
-            checks.append(Check("pool", True, "no Qarnot pool configured: nothing more to check"))
-            return checks
-        session = Session(pool.remote_config())
-        if session.per_user:
-            from apps.backends import sealing
-
-            ok = sealing.available()
-            checks.append(
-                Check(
-                    "credentials",
-                    ok,
-                    "per-user Qarnot tokens: GRIDGATE_CREDENTIALS_KEY is set (value not shown); each user's token is "
-                    "checked when they paste it"
-                    if ok
-                    else "per-user Qarnot tokens need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker "
-                    "host: users cannot connect without it",
-                )
-            )
-            return checks
-        try:
-            session.token()
-            checks.append(Check("credentials", True, f"{session.token_env} is set (value not shown)"))
-        except MissingCredential as exc:
-            checks.append(Check("credentials", False, str(exc)))
-            return checks
-        try:
-            with session.guard("connection"):
-                info = session.conn.user_info
-            checks.append(Check("reachability", True, "the Qarnot API answers and accepts the token"))
-        except BackendError as exc:
-            checks.append(Check("reachability", False, f"{exc}: check cluster_url and the token"))
-            return checks
-        profile = session.remote.get("profile")
-        try:
-            with session.guard("profile listing"):
-                profiles = list(session.conn.profiles_names())
-            ok = profile in profiles
-            checks.append(
-                Check(
-                    "profile",
-                    ok,
-                    f"profile {profile} is available"
-                    if ok
-                    else f"profile {profile!r} is not offered ({', '.join(profiles)}): fix remote.profile",
-                )
-            )
-        except BackendError as exc:
-            checks.append(Check("profile", False, str(exc)))
-        image = session.remote.get("docker_image")
-        if image:
-            ok = " " not in image and not image.startswith(("-", ":"))
-            checks.append(
-                Check("image", ok, f"image {image}" + ("" if ok else " is malformed: fix remote.docker_image"))
-            )
-        else:
-            checks.append(Check("image", True, "no docker_image: the profile's default image runs cases"))
-        try:
-            with session.guard("storage"):
-                session.s3.list_buckets()
-            room = None if info.max_bucket is None or info.max_bucket < 0 else info.max_bucket - info.bucket_count
-            ok = room is None or room >= 3
-            checks.append(
-                Check(
-                    "buckets",
-                    ok,
-                    (f"room for {room} more bucket(s)" if room is not None else "no bucket limit")
-                    + ("" if ok else ": a case needs 2 (3 with shared inputs); delete old buckets"),
-                )
-            )
-            quota, used = info.quota_bytes_bucket, info.used_quota_bytes_bucket
-            limit = int(session.remote.get("max_upload_mb") or 512)
-            if quota is None or quota < 0:
-                checks.append(Check("storage", True, "no storage quota"))
-            else:
-                left = max(0, quota - (used or 0))
-                ok = left >= limit * MB
-                checks.append(
-                    Check(
-                        "storage",
-                        ok,
-                        f"{left / MB:.1f} MB of storage left"
-                        + ("" if ok else f", less than one case's max_upload_mb ({limit} MB): free storage"),
-                    )
-                )
-        except BackendError as exc:
-            checks.append(Check("buckets", False, str(exc)))
-        return checks
-
 
 def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:
     """Append ``fresh`` (consumed from Qarnot) to the stream's spool and return what the
@@ -877,11 +600,3 @@ def _unchanged_input(path: Path, md5: str, item: dict) -> bool:
         if parts.hexdigest() == digest:
             return True
     return False
-
-
-def _load_state(workspace: Path, name: str) -> dict:
-    return load_state(workspace, STATE_DIR, name)
-
-
-def _save_state(workspace: Path, name: str, data: dict) -> None:
-    save_state(workspace, STATE_DIR, name, data)

@@ -2,15 +2,7 @@
 
 Quirks this module absorbs so the core never sees them:
 
-- **Credentials** (R-BACK-1): on a per-user pool (``"credentials": "user"``, docs/backends.md
-  "Per-user credentials") every call about a case carries its owner's access token, obtained
-  through the :class:`~apps.backends.base.RemoteIdentity` the core passes in (refresh grant,
-  rotated refresh token stored back); a call without a user identity is refused, never made
-  under the service account (R-CRED-1). On a service pool: OIDC client credentials from the
-  environment variables named by the pool's ``client_id_env``/``client_secret_env``;
-  ``ClientCredentialsAuth`` caches the token. One client is kept per (API, credential) in this
-  process. Values never reach a message: every provider error goes through
-  :func:`remote_common.scrub`.
+- **Credentials** and the client: ``client.py`` (per-user tokens, R-CRED-1, the 401 rule).
 - **Remote id = ``<job id>@<system>``**: a class may override the system (``system_name``), and
   the poll pass only has the pool's remote, so the id carries the system it was submitted to.
 - **Job name = case id.** ``find`` asks ``job_info(name=case id)`` before every submission, and a
@@ -34,12 +26,9 @@ directory), ``stdout`` and ``stderr``; a campaign's shared inputs are uploaded o
 
 from __future__ import annotations
 
-import hashlib
-import json
+import io
 import logging
 import posixpath
-import threading
-import time
 from pathlib import Path
 
 from apps.backends import files, sbatch
@@ -48,93 +37,25 @@ from apps.backends.base import (
     BackendError,
     BackendState,
     BackendStatus,
-    Check,
     Choice,
-    ExecutionBackend,
     JobRef,
     LaunchOption,
     LaunchOptions,
-    RemoteIdentity,
     SubmitSpec,
-    SubmitUncertain,
 )
-from apps.backends.remote_common import (
-    LIVE_MAX_BYTES,
-    MissingCredential,
-    confined_target,
-    env_secret,
-    glob_matches,
-    load_state,
-    provider_words,
-    save_state,
-    scrub,
-)
+from apps.backends.firecrest.client import ProviderError, Session, _sdk
+from apps.backends.firecrest.doctor import FirecrestDoctor
+from apps.backends.remote import RemoteSession
+from apps.backends.remote_common import LIVE_MAX_BYTES, confined_target, glob_matches, load_state, save_state
 from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
-from apps.resources.remote import USER, authorization_endpoint, credential_mode, revocation_endpoint, with_defaults
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT = 30.0  # seconds per HTTP request: a hung API is a failed call, not a hung worker
-RATE_LIMIT_RETRIES = 2  # pyfirecrest sleeps Retry-After on 429; bounded so a pass stays bounded
 FIND_AFTER_TIMEOUT_ATTEMPTS = 3
 FIND_AFTER_TIMEOUT_SLEEP = 1.0
 MAX_DELTA_CHARS = 4 << 20
 MAX_WALK_ENTRIES = 5000
 STATE_DIR = ".firecrest"  # hidden in the case workspace: not listed, not a result
-
-_clients: dict[tuple, object] = {}
-_clients_lock = threading.Lock()
-
-
-#: pyfirecrest reuses a token until this many seconds before it expires. The real server refuses
-#: a token with less than 30 s left (401 "expires too soon"); the SDK's default of 10 s made a
-#: call fail in every token cycle. 60 s leaves room for the request itself.
-MIN_TOKEN_VALIDITY = 60
-
-
-class ProviderError(BackendError):
-    """A FirecREST call failed. The facts a caller decides on are attributes set where the SDK's
-    exception is caught (never read back from the message):
-
-    - ``status``: the HTTP status, or None when no answer came;
-    - ``timeout``: no answer within ``TIMEOUT``: the request may have been carried out;
-    - ``dropped``: the connection was lost after the request was sent: it may have been carried out;
-    - ``permanent``: retrying the same call will not help (a 4xx refusal).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        status: int | None = None,
-        *,
-        timeout: bool = False,
-        dropped: bool = False,
-        permanent: bool = False,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.timeout = timeout
-        self.dropped = dropped
-        self.permanent = permanent
-
-    @property
-    def transient(self) -> bool:
-        """Retrying later may work (R-CASE-1): anything but a refusal (4xx) is transient."""
-        return not self.permanent
-
-    @property
-    def maybe_done(self) -> bool:
-        """The request may have reached the server and been carried out (R-CASE-1)."""
-        return self.timeout or self.dropped or self.status in (502, 503, 504)
-
-
-def _sdk():
-    try:
-        import firecrest
-        from firecrest.v2 import Firecrest
-    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
-        raise BackendError(f"pyfirecrest is not installed ({exc}): pip install -r requirements.txt") from None
-    return firecrest, Firecrest
 
 
 def map_state(raw, exit_code=None) -> str:
@@ -179,205 +100,10 @@ def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
     return job_id, (system if sep and system else default_system)
 
 
-class UserTokenAuth:
-    """pyfirecrest's authorization object for a per-user pool: the access token comes from the
-    case owner's :class:`RemoteIdentity` (the core's; it refreshes and stores the rotated refresh
-    token). ``forget()`` makes the next request ask for a fresh one (the 401 retry below)."""
-
-    def __init__(self, identity: RemoteIdentity):
-        self.identity = identity
-        self.timeout = TIMEOUT
-        self.last_token = ""
-        self._fresh = False
-
-    def get_access_token(self) -> str:
-        fresh, self._fresh = self._fresh, False
-        self.last_token = self.identity.token(fresh=fresh)
-        return self.last_token
-
-    def forget(self) -> None:
-        self._fresh = True
-
-
-class Session:
-    """One pool's view of FirecREST for one credential: the client, the system, the secrets to scrub."""
-
-    def __init__(self, remote: dict, system: str | None = None, identity: RemoteIdentity | None = None):
-        self.remote = with_defaults("firecrest", remote or {})
-        self.api_url = self.remote.get("api_url") or ""
-        self.system = system or self.remote.get("system_name") or ""
-        self.id_env = self.remote.get("client_id_env")
-        self.secret_env = self.remote.get("client_secret_env")
-        self.per_user = credential_mode("firecrest", self.remote) == USER
-        self.identity = identity
-        self._client = None
-        self.secrets: list[str] = []
-
-    def credentials(self) -> tuple[str, str]:
-        client_id = env_secret(self.id_env, "FirecREST client id", self.remote)
-        secret = env_secret(self.secret_env, "FirecREST client secret", self.remote)
-        self.secrets = [client_id, secret]
-        return client_id, secret
-
-    @property
-    def group_key(self) -> tuple:
-        """Cases sharing this key share one status call per pass (R-BACK-4): on a per-user pool,
-        one per user (each user's listing shows only their jobs)."""
-        if self.per_user:
-            return (self.api_url, self.system, "user", self.identity.key if self.identity else "")
-        return (self.api_url, self.system, self.id_env, self.secret_env)
-
-    @property
-    def client(self):
-        if self._client is None and self.per_user:
-            self._client = self._user_client()
-        if self._client is None:
-            firecrest, Firecrest = _sdk()
-            client_id, secret = self.credentials()
-            digest = hashlib.sha256(f"{client_id}\0{secret}".encode()).hexdigest()
-            key = (self.api_url, self.remote.get("token_uri"), digest)
-            with _clients_lock:
-                client = _clients.get(key)
-                if client is None:
-                    auth = firecrest.ClientCredentialsAuth(
-                        client_id, secret, self.remote.get("token_uri"), min_token_validity=MIN_TOKEN_VALIDITY
-                    )
-                    auth.timeout = TIMEOUT
-                    client = Firecrest(firecrest_url=self.api_url, authorization=auth)
-                    client.timeout = TIMEOUT
-                    client.num_retries_rate_limit = RATE_LIMIT_RETRIES
-                    _clients[key] = client
-            self._client = client
-        return self._client
-
-    def _user_client(self):
-        """R-CRED-1: a per-user pool's calls carry the case owner's own token, never the service
-        account's: without a user identity nothing is sent at all."""
-        if self.identity is None or not self.identity.is_user:
-            raise BackendError(
-                "this pool runs jobs under each user's own credentials and no user credential was given: "
-                "refusing to act under the service account (R-CRED-1)"
-            )
-        _firecrest, Firecrest = _sdk()
-        key = (self.api_url, "user", self.identity.key)
-        with _clients_lock:
-            client = _clients.get(key)
-            if client is None:
-                client = Firecrest(firecrest_url=self.api_url, authorization=UserTokenAuth(self.identity))
-                client.timeout = TIMEOUT
-                client.num_retries_rate_limit = RATE_LIMIT_RETRIES
-                _clients[key] = client
-            # the latest identity object (same credential) answers the next token requests
-            client._authorization.identity = self.identity
-        return client
-
-    def scrub_values(self) -> list[str]:
-        """What no message may show: the service credential, or the user's current access token."""
-        if self.per_user and self._client is not None:
-            token = getattr(self._client._authorization, "last_token", "")
-            return [token] if token else []
-        return self.secrets
-
-    def call(self, what: str, method: str, *args, **kwargs):
-        """Call the SDK; every failure becomes a ProviderError whose message is safe to show.
-
-        A 401 from the API (not from the token endpoint) is retried once with a fresh token: the
-        real server refuses a token with less than 30 s left ("expires too soon"), a refusal
-        that happens before anything is done, so the retry is safe even for a submission."""
-        client = self.client
-        for attempt in (1, 2):
-            try:
-                return getattr(client, method)(*args, **kwargs)
-            except BackendError:
-                raise
-            except Exception as exc:
-                error = provider_error(exc, f"FirecREST {what} failed", self.scrub_values(), service=not self.per_user)
-                if error.status == 401 and not error.permanent and attempt == 1:
-                    _forget_token(client)
-                    for arg in args:  # an in-memory upload is sent again from its start
-                        if hasattr(arg, "seek"):
-                            arg.seek(0)
-                    continue
-                raise error from None
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    @property
-    def working_root(self) -> str:
-        root = self.remote.get("working_root")
-        if not root:
-            raise BackendError("the pool has no remote.working_root: set the remote directory for case workspaces")
-        return root.rstrip("/") or "/"
-
-    def run_dir(self, case_id: str) -> str:
-        return posixpath.join(self.working_root, case_id)
-
-
-def provider_error(exc: Exception, prefix: str, secrets: list[str], *, service: bool = False) -> ProviderError:
-    """The ProviderError for an SDK or transport exception: the facts as attributes, a message
-    without request headers or credential values (R-BACK-1); under a service account, the
-    provider's own words only in the log (``remote_common.provider_words``)."""
-    import httpx
-    import requests
-
-    firecrest, _ = _sdk()
-    status, facts = None, {}
-    if isinstance(exc, firecrest.ClientsCredentialsException):
-        status = exc.responses[-1].status_code if exc.responses else None
-        detail = f"the token endpoint refused the client credentials (HTTP {status}): check them"
-        facts["permanent"] = status is not None and 400 <= status < 500
-        status = None  # the token endpoint's status is not the API's: never retried as a 401
-    elif isinstance(exc, firecrest.FirecrestException):
-        response = exc.responses[-1] if exc.responses else None
-        if response is None:
-            detail = type(exc).__name__
-        else:
-            status = response.status_code
-            try:
-                body = response.json()
-                text = body.get("message") or body.get("description") or json.dumps(body)[:300]
-            except ValueError:
-                text = response.text[:300]
-            detail = provider_words(scrub(f"HTTP {status}: {text}", secrets), service=service, status=status)
-            facts["permanent"] = 400 <= status < 500 and status not in (401, 404, 408, 429)
-    elif isinstance(exc, httpx.ConnectTimeout | requests.ConnectTimeout):
-        detail = f"cannot connect within {TIMEOUT:g} s (timeout)"  # nothing was sent
-    elif isinstance(exc, httpx.TimeoutException | requests.Timeout):
-        detail = f"no answer within {TIMEOUT:g} s (timeout)"
-        facts["timeout"] = True
-    elif isinstance(exc, httpx.ConnectError | requests.ConnectionError):
-        detail = f"cannot connect ({type(exc).__name__})"  # refused before anything was sent
-    elif isinstance(exc, httpx.TransportError):
-        # RemoteProtocolError/ReadError/WriteError: the connection was lost with the request
-        # (partly) sent; the server may have carried it out.
-        detail = f"the connection was lost before the answer ({type(exc).__name__})"
-        facts["dropped"] = True
-    elif isinstance(exc, firecrest.NotImplementedOnAPIversion):
-        detail = f"not supported by this FirecREST version: {exc}"
-        facts["permanent"] = True
-    else:
-        detail = f"{type(exc).__name__}: {exc}"
-    return ProviderError(scrub(f"{prefix}: {detail}", secrets), status, **facts)
-
-
-def describe(exc: Exception) -> tuple[int | None, str]:
-    """(HTTP status, message) for an SDK or transport exception, without request headers."""
-    error = provider_error(exc, "FirecREST", [])
-    return error.status, str(error).removeprefix("FirecREST: ")
-
-
-def _forget_token(client) -> None:
-    """Make pyfirecrest ask the token endpoint again at the next call."""
-    auth = getattr(client, "_authorization", None)
-    if isinstance(auth, UserTokenAuth):
-        auth.forget()
-    elif auth is not None and hasattr(auth, "_token_expiration_ts"):
-        auth._access_token = None
-        auth._token_expiration_ts = None
-
-
-class FirecrestBackend(ExecutionBackend):
+class FirecrestBackend(FirecrestDoctor):
     name = "firecrest"
     kinds = ("firecrest",)
+    session_class = Session
 
     # -- submission --------------------------------------------------------------------------
     def _session(self, spec: SubmitSpec) -> Session:
@@ -390,24 +116,19 @@ class FirecrestBackend(ExecutionBackend):
 
     def _find(self, session: Session, case_id: str) -> str | None:
         firecrest, _ = _sdk()
+
+        def lookup(client):
+            try:
+                return client.job_info(session.system, name=case_id)
+            except firecrest.NotImplementedOnAPIversion:  # API < 2.6 has no name filter: filter here
+                return client.job_info(session.system)
+
         try:
-            jobs = session.client.job_info(session.system, name=case_id)
-        except firecrest.NotImplementedOnAPIversion:
-            # API < 2.6 has no name filter: list the user's jobs and filter here.
-            jobs = session.call("job lookup", "job_info", session.system)
-        except BackendError:
-            raise
-        except Exception as exc:
-            error = provider_error(
-                exc, "FirecREST job lookup failed", session.scrub_values(), service=not session.per_user
-            )
-            if error.status == 404:
+            jobs = RemoteSession.call(session, "job lookup", lookup)  # a function, not one SDK method
+        except ProviderError as exc:
+            if exc.status == 404:
                 return None
-            if error.status == 401 and not error.permanent:  # "expires too soon": once more, fresh
-                _forget_token(session.client)
-                jobs = session.call("job lookup", "job_info", session.system, name=case_id)
-            else:
-                raise error from None
+            raise
         ids = [str(job.get("jobId")) for job in jobs or [] if job.get("name") == case_id and job.get("jobId")]
         ids = [i for i in ids if i.isdigit()]
         return f"{max(ids, key=int)}@{session.system}" if ids else None
@@ -467,7 +188,7 @@ class FirecrestBackend(ExecutionBackend):
         session.call(f"mkdir {target}", "mkdir", session.system, target, create_parents=True)
         self._upload_tree(session, shared_dir, target, heartbeat)
         session.call(
-            "upload of the shared-inputs marker", "upload", session.system, _bytes_io(b"ok\n"), campaign_root,
+            "upload of the shared-inputs marker", "upload", session.system, io.BytesIO(b"ok\n"), campaign_root,
             ".gridgate-complete", file_size=3,
         )  # fmt: skip
         return target
@@ -488,7 +209,7 @@ class FirecrestBackend(ExecutionBackend):
             except ProviderError as exc:
                 if exc.status not in (400, 409):  # already linked by an earlier attempt
                     raise
-        _save_state(spec.workspace, "manifest.json", manifest)
+        save_state(spec.workspace, STATE_DIR, "manifest.json", manifest)
         spec.heartbeat()  # last check that the launch is still ours before the job exists
         try:
             answer = session.call("job submission", "submit", session.system, working_dir=work, script_str=script)
@@ -496,17 +217,9 @@ class FirecrestBackend(ExecutionBackend):
             if not exc.maybe_done:
                 raise
             # The request may have reached Slurm: adopt the job if it is there (R-CASE-1).
-            for attempt in range(FIND_AFTER_TIMEOUT_ATTEMPTS):
-                try:
-                    found = self._find(session, spec.case_id)
-                except BackendError:
-                    found = None
-                if found:
-                    logger.info("case %s: submission timed out; adopted job %s", spec.case_id, found)
-                    return found
-                if attempt + 1 < FIND_AFTER_TIMEOUT_ATTEMPTS:
-                    time.sleep(FIND_AFTER_TIMEOUT_SLEEP)
-            raise SubmitUncertain(f"{exc}; the job is not listed (yet): the launch will be retried") from None
+            find = lambda: self._find(session, spec.case_id)  # noqa: E731
+            pause = FIND_AFTER_TIMEOUT_SLEEP
+            return self.adopt_or_uncertain(find, exc, spec, "job", attempts=FIND_AFTER_TIMEOUT_ATTEMPTS, pause=pause)
         job_id = str(answer.get("jobId") or "")
         if not job_id.isdigit():
             raise BackendError(f"FirecREST answered {answer!r} instead of a job id")
@@ -659,7 +372,7 @@ class FirecrestBackend(ExecutionBackend):
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
         live = job.workspace / "live"
-        seen = _load_state(job.workspace, "live.json")
+        seen = load_state(job.workspace, STATE_DIR, "live.json")
         for rel, entry in self._walk(session, work, ("shared",)):
             if not glob_matches(rel, globs):
                 continue
@@ -678,13 +391,13 @@ class FirecrestBackend(ExecutionBackend):
                     continue
             self._download(session, source, target)
             seen[rel] = [*stamp, files._hash(target)]
-        _save_state(job.workspace, "live.json", seen)
+        save_state(job.workspace, STATE_DIR, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
         session = Session(job.pool_remote, identity=job.identity)
         session.system = split_remote_id(job.remote_id, session.system)[1]
         work = posixpath.join(session.run_dir(job.case_id), "work")
-        manifest = _load_state(job.workspace, "manifest.json")
+        manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
         for rel, entry in self._walk(session, work, files.NOT_RESULTS):
@@ -774,131 +487,6 @@ class FirecrestBackend(ExecutionBackend):
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
 
-    def doctor(self, pool=None) -> list[Check]:
-        checks = []
-        try:
-            firecrest, _ = _sdk()
-            checks.append(Check("sdk", True, f"pyfirecrest {firecrest.__version__} is installed"))
-        except BackendError as exc:
-            return [Check("sdk", False, str(exc))]
-        if pool is None:
-            checks.append(Check("pool", True, "no FirecREST pool configured: nothing more to check"))
-            return checks
-        session = Session(pool.remote_config())
-        if session.per_user:
-            return checks + _doctor_per_user(session)
-        try:
-            session.credentials()
-            checks.append(
-                Check("credentials", True, f"{session.id_env} and {session.secret_env} are set (values not shown)")
-            )
-        except MissingCredential as exc:
-            checks.append(Check("credentials", False, str(exc)))
-            return checks
-        try:
-            session.client._authorization.get_access_token()
-            checks.append(Check("auth", True, "the token endpoint issued a token for these client credentials"))
-        except Exception as exc:
-            _status, detail = describe(exc)
-            checks.append(
-                Check(
-                    "auth", False, scrub(f"no token from {session.remote.get('token_uri')}: {detail}", session.secrets)
-                )
-            )
-            return checks
-        try:
-            systems = session.call("system listing", "systems")
-            names = [s.get("name") for s in systems or []]
-            checks.append(Check("reachability", True, f"{session.api_url} answers ({len(names)} systems)"))
-        except BackendError as exc:
-            checks.append(Check("reachability", False, str(exc)))
-            return checks
-        system = next((s for s in systems if s.get("name") == session.system), None)
-        if system is None:
-            checks.append(
-                Check(
-                    "system",
-                    False,
-                    f"system {session.system!r} is not offered ({', '.join(map(str, names)) or 'none'}): "
-                    "fix remote.system_name",
-                )
-            )
-            return checks
-        # servicesHealth is a list (scheduler, ssh, filesystem…): any entry may be the sick one.
-        health = system.get("servicesHealth")
-        entries = [h for h in health if isinstance(h, dict)] if isinstance(health, list) else []
-        sick = [h for h in entries if h.get("healthy") is False]
-        if sick:
-            detail = "; ".join(
-                f"{h.get('serviceType') or 'service'}" + (f" ({h['message']})" if h.get("message") else "")
-                for h in sick
-            )
-            message = scrub(f"system {session.system} reports unhealthy: {detail}", session.secrets)
-        else:
-            message = f"system {session.system} is up ({len(entries)} service(s) healthy)"
-        checks.append(Check("system", not sick, message))
-        partition = session.remote.get("partition")
-        if partition:
-            try:
-                partitions = [p.get("name") for p in session.call("partition listing", "partitions", session.system)]
-                ok = partition in partitions
-                checks.append(
-                    Check(
-                        "partition",
-                        ok,
-                        f"partition {partition} exists"
-                        if ok
-                        else f"partition {partition} is not on {session.system} ({', '.join(partitions)}): "
-                        "fix remote.partition",
-                    )
-                )
-            except BackendError as exc:
-                checks.append(Check("partition", False, str(exc)))
-        root = session.remote.get("working_root")
-        if not root:
-            checks.append(Check("working_root", False, "remote.working_root is not set: cases need it"))
-        else:
-            try:
-                session.call("working_root creation", "mkdir", session.system, root, create_parents=True)
-                checks.append(Check("working_root", True, f"{root} exists and is writable on {session.system}"))
-            except BackendError as exc:
-                checks.append(Check("working_root", False, f"{exc}: fix remote.working_root"))
-        return checks
-
-
-def _doctor_per_user(session: Session) -> list[Check]:
-    """A per-user pool has no service account to ask FirecREST with: doctor checks what users need
-    to connect (the sealing key, the authorization endpoint, the public client at the token
-    endpoint); the system, partition and working_root are met by the first user's case."""
-    from apps.backends import oauth, sealing
-
-    checks = [
-        Check(
-            "credentials",
-            sealing.available(),
-            "per-user credentials: GRIDGATE_CREDENTIALS_KEY is set (value not shown)"
-            if sealing.available()
-            else "per-user credentials need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker host: "
-            "users cannot connect without it",
-        )
-    ]
-    endpoint = authorization_endpoint(session.remote)
-    checks.append(
-        Check("authorization", bool(endpoint), f"users connect at {endpoint}" if endpoint else "set authorization_uri")
-    )
-    ok, message = oauth.probe_client(session.remote)
-    checks.append(Check("client", ok, message))
-    # Disconnecting revokes the grant there (RFC 7009): a made-up token is answered 200.
-    endpoint = revocation_endpoint(session.remote)
-    try:
-        oauth.revoke(session.remote, "gridgate-doctor-probe")
-    except oauth.OAuthError as exc:
-        advice = "check revocation_uri and the public client" if endpoint else "set revocation_uri"
-        checks.append(Check("revocation", False, f"disconnecting cannot revoke users' grants: {exc}: {advice}"))
-    else:
-        checks.append(Check("revocation", True, f"disconnecting revokes users' grants at {endpoint}"))
-    return checks
-
 
 #: the allocation record FirecREST/sacct shows for a running job (name "allocation", PENDING)
 ALLOCATION = object()
@@ -926,17 +514,3 @@ def _size(entry: dict) -> int:
         return int(str(entry.get("size") or 0).strip())
     except ValueError:
         return 0
-
-
-def _bytes_io(data: bytes):
-    import io
-
-    return io.BytesIO(data)
-
-
-def _load_state(workspace: Path, name: str) -> dict:
-    return load_state(workspace, STATE_DIR, name)
-
-
-def _save_state(workspace: Path, name: str, data: dict) -> None:
-    save_state(workspace, STATE_DIR, name, data)

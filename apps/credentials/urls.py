@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from apps.web import connections
+from apps.credentials import views as connections
 
 urlpatterns = [
     path("connections/", connections.connection_list, name="connection-list"),

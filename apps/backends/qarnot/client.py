@@ -1,0 +1,167 @@
+"""Qarnot's SDK calls: the connection for one token and what the SDK's and S3's errors mean.
+
+- **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
+  (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use and kept per
+  (cluster, token) in this process. The token is the case owner's own on a per-user pool (pasted
+  once on the connections page; never the service's, R-CRED-1), else the one in the environment
+  variable the pool's ``token_env`` names (R-BACK-1).
+- **401 on a user's token** (the SDK's ``UnauthorizedException`` raised without a message: its
+  403s carry the API's) marks their connection failed: they must reconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
+from apps.backends.remote import Failure, RemoteSession
+from apps.backends.remote.session import digest
+from apps.backends.remote_common import env_secret, scrub
+from apps.resources.remote import with_defaults
+
+sdk_logger = logging.getLogger("apps.backends.qarnot.sdk")  # the SDK prints to stdout otherwise
+
+TIMEOUT = 30  # seconds per API request
+RETRY_COUNT = 2  # the SDK retries 429/5xx with (2 ** try) * RETRY_WAIT sleeps: keep passes bounded
+RETRY_WAIT = 0.5
+MB = 1024 * 1024
+
+
+def _sdk():
+    try:
+        import qarnot
+        import qarnot.exceptions
+        import qarnot.hardware_constraint
+        import qarnot.scheduling_type
+    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
+        raise BackendError(f"the qarnot SDK is not installed ({exc}): pip install -r requirements.txt") from None
+    return qarnot
+
+
+def connect(remote: dict, token: str):
+    """A new connection (asks ``/settings`` and ``/info`` now)."""
+    return _sdk().connection.Connection(
+        client_token=token,
+        cluster_url=remote.get("cluster_url") or None,
+        cluster_timeout=TIMEOUT,
+        retry_count=RETRY_COUNT,
+        retry_wait=RETRY_WAIT,
+        logger=sdk_logger,
+    )
+
+
+class Session(RemoteSession):
+    """One pool's view of Qarnot for one credential: the lazily built connection and the secret to scrub."""
+
+    kind = "qarnot"
+    label = "Qarnot"
+    runs = "tasks"
+    user_credential_words = "Qarnot token"
+    sign_in = "connection"
+
+    def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
+        super().__init__(remote, identity)
+        self.token_env = self.remote.get("token_env")
+
+    def service_credential(self) -> tuple[str]:
+        token = env_secret(self.token_env, "Qarnot token", self.remote)
+        self.secrets = [token]
+        return (token,)
+
+    def user_credential(self, identity: RemoteIdentity) -> tuple[str]:
+        token = identity.token()
+        self.secrets = [token]
+        return (token,)
+
+    def token(self) -> str:
+        return self.credential()[0]
+
+    def service_env_names(self) -> list[str]:
+        return [self.token_env]
+
+    def client_key(self, credential: tuple) -> tuple:
+        return (self.remote.get("cluster_url") or None, digest(*credential))
+
+    def open_client(self, credential: tuple):
+        return connect(self.remote, credential[0])
+
+    @property
+    def conn(self):
+        return self.client
+
+    @property
+    def s3(self):
+        client = self.conn.s3client
+        if client is None:
+            raise BackendError("this Qarnot cluster announces no storage service: buckets are unavailable")
+        return client
+
+    def classify(self, exc: Exception) -> Failure:
+        import requests
+
+        return Failure(
+            describe(exc),
+            http_status(exc),
+            provider_words=True,
+            transient=unreachable(exc),
+            timeout=isinstance(exc, requests.Timeout),
+            refused=token_refused(exc),
+        )
+
+
+def token_refused(exc: Exception) -> bool:
+    """A 401: the token itself was refused. The SDK's retry wrapper raises
+    ``UnauthorizedException()`` without arguments for a 401 only; its 403s (``raise_on_error``)
+    carry the API's message. No text is read, only whether there is any."""
+    qarnot = _sdk()
+    return isinstance(exc, qarnot.exceptions.UnauthorizedException) and not exc.args
+
+
+def account_of(remote: dict, token: str) -> str:
+    """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token (a
+    connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
+    try:
+        return str(connect(with_defaults("qarnot", remote or {}), token).user_info.email or "")
+    except Exception as exc:
+        if token_refused(exc):
+            raise CredentialsRequired("Qarnot refused the token") from None
+        raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
+
+
+def unreachable(exc: Exception) -> bool:
+    """No answer (timeout, connection, storage transport): retrying later may work (R-CASE-1)."""
+    import botocore.exceptions
+    import requests
+
+    return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
+
+
+def http_status(exc: Exception) -> int | None:
+    """The HTTP status behind an SDK or storage exception, when it carries one."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is None and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
+def describe(exc: Exception) -> str:
+    import botocore.exceptions
+    import requests
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if code in ("QuotaExceeded", "TooManyBuckets", "EntityTooLarge") or "quota" in str(error).lower():
+            return f"storage quota reached ({code}): free buckets or storage on the account"
+        return f"storage error {code}: {error.get('Message', '')}".strip()
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        return f"storage unreachable ({type(exc).__name__})"
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {TIMEOUT} s (timeout)"
+    if isinstance(exc, requests.ConnectionError):
+        return "cannot connect to the Qarnot API"
+    qarnot = _sdk()
+    if isinstance(exc, qarnot.exceptions.UnauthorizedException):
+        return f"unauthorized: {exc}" if str(exc) else "the token was refused (unauthorized)"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,125 @@
+"""The part of a remote provider's backend written once: the ``doctor`` skeleton (R-BACK-5).
+
+``doctor`` is SDK version → a pool configured? → the pool's own settings → the credential
+(per-user: what users need to connect; service: the environment variables, then a client, which
+asks for a token) → the provider's own listings. A provider fills :meth:`RemoteBackend.sdk_version`
+and :meth:`RemoteBackend.doctor_provider` (and optionally the other ``doctor_*`` hooks), each
+line through :meth:`Doctor.check`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from apps.backends.base import BackendError, Check, ExecutionBackend, SubmitUncertain
+from apps.backends.remote.session import RemoteSession
+
+logger = logging.getLogger(__name__)
+
+
+class Doctor(list):
+    """The lines of one ``doctor`` run."""
+
+    def check(self, name: str, fn, *, fix: str = "") -> bool:
+        """One line: ``fn()`` answers ``(ok, message)`` (or just the message when it passed); a
+        :class:`BackendError` it raises is a failed line with its (already safe) message and the
+        ``fix``. Returns whether the line passed, so a doctor stops where later checks are moot."""
+        try:
+            answer = fn()
+        except BackendError as exc:
+            answer = (False, f"{exc}: {fix}" if fix else str(exc))
+        ok, message = (True, answer) if isinstance(answer, str) else answer
+        self.append(Check(name, bool(ok), message))
+        return bool(ok)
+
+
+class RemoteBackend(ExecutionBackend):
+    session_class: type[RemoteSession] = RemoteSession
+    #: the per-user credential in the sealing line ("per-user <these>: …")
+    per_user_words = "credentials"
+    #: said after the sealing line when it passes
+    per_user_checked = ""
+    #: what to do when the service credential gets no token
+    token_fix = ""
+
+    # -- hooks --------------------------------------------------------------------------------
+    def sdk_version(self) -> str:  # pragma: no cover - every provider fills it
+        """ "<SDK> <version>"; raises BackendError when the SDK is missing."""
+        raise NotImplementedError
+
+    def doctor_pool(self, session, doctor: Doctor) -> None:
+        """Checks of the pool's own settings, needing no credential."""
+
+    def doctor_per_user(self, session, doctor: Doctor) -> None:
+        """What users need to connect, beyond the sealing key."""
+
+    def doctor_client(self, session, doctor: Doctor) -> bool:
+        """A client for the service credential (asks for a token)."""
+        issued = f"{session.label} issues a token for the service credential"
+        return doctor.check("token", lambda: (session.client, issued)[1], fix=self.token_fix)
+
+    def doctor_provider(self, session, doctor: Doctor) -> None:  # pragma: no cover
+        """The provider's own listings (systems, profiles, projects…) under the service credential."""
+        raise NotImplementedError
+
+    # -- submission ---------------------------------------------------------------------------
+    def adopt_or_uncertain(self, find, error, spec, what: str, *, attempts: int = 1, pause: float = 0.0) -> str:
+        """After a submission that may have reached the provider (no answer, a timeout, a 5xx):
+        the job ``find()`` sees under the case's name is adopted (R-CASE-1); otherwise
+        :class:`SubmitUncertain`, and the core retries the launch later (its ``find`` first)."""
+        for attempt in range(attempts):
+            try:
+                found = find()
+            except BackendError:
+                found = None
+            if found:
+                logger.info("case %s: uncertain submission (%s); adopted %s %s", spec.case_id, error, what, found)
+                return found
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+        raise SubmitUncertain(f"{error}; the {what} is not listed (yet): the launch will be retried") from None
+
+    # -- the skeleton -------------------------------------------------------------------------
+    def doctor(self, pool=None) -> list[Check]:
+        doctor = Doctor()
+        if not doctor.check("sdk", lambda: f"{self.sdk_version()} is installed"):
+            return doctor
+        if pool is None:
+            doctor.check("pool", lambda: f"no {self.session_class.label} pool configured: nothing more to check")
+            return doctor
+        session = self.session_class(pool.remote_config())
+        self.doctor_pool(session, doctor)
+        if session.per_user:
+            doctor.append(self.sealing_check())
+            self.doctor_per_user(session, doctor)
+            return doctor
+        if doctor.check("credentials", lambda: self.service_credential_check(session)) and self.doctor_client(
+            session, doctor
+        ):
+            self.doctor_provider(session, doctor)
+        return doctor
+
+    def sealing_check(self) -> Check:
+        from apps.credentials import sealing
+
+        words = self.per_user_words
+        if sealing.available():
+            return Check(
+                "credentials", True, f"per-user {words}: GRIDGATE_CREDENTIALS_KEY is set (value not shown)"
+                + self.per_user_checked
+            )  # fmt: skip
+        return Check(
+            "credentials",
+            False,
+            f"per-user {words} need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker host: "
+            "users cannot connect without it",
+        )
+
+    @staticmethod
+    def service_credential_check(session) -> str:
+        session.service_credential()
+        names = session.service_env_names()
+        if len(names) == 1:
+            return f"{names[0]} is set (value not shown)"
+        return f"{' and '.join(map(str, names))} are set (values not shown)"

@@ -1,0 +1,457 @@
+"""The Run:AI backend: training workloads on a Run:AI cluster through runapy, the Python client of
+the Run:AI REST API (docs/backends.md, "runai").
+
+Quirks this module absorbs so the core never sees them:
+
+- **Token endpoint, retries, early expiry, timeouts**: ``client.py``. A create that got no clear
+  answer is looked up by name (``SubmitUncertain``, R-CASE-1).
+- **Results** come back through a shared volume (no file API in Run:AI): the case's run directory
+  ``working_root/<case id>`` on Gridgate's hosts is ``host_path/<case id>`` on the cluster's
+  nodes, mounted alone (hostPath) at ``mount_path`` in the container, so a case sees its own
+  directory and no other. Inputs go in, stdout/stderr and results come out there.
+- **Phases**: Pending/Creating/Initializing/Resuming → pending; Running/Updating/Degraded and the
+  transitions Stopping/Terminating/Deleting → running; Completed/Succeeded → succeeded; Failed →
+  failed with ``phaseMessage``; Stopped/Deleted → cancelled; anything else (``Unknown`` when the
+  cluster lost contact) → pending, never a failure (the core never moves a running case back).
+- **Deleted workloads** are not found by ``GET /workloads/{id}`` any more: a 404 is looked up among
+  the deleted ones (``deleted=true``) before it is called a failed poll.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from apps.backends import files, privileged
+from apps.backends.base import (
+    AlreadyFinished,
+    BackendError,
+    BackendState,
+    BackendStatus,
+    Choice,
+    CredentialsRequired,
+    JobRef,
+    LaunchOption,
+    LaunchOptions,
+    ResultsTooLarge,
+    SubmitSpec,
+)
+from apps.backends.remote_common import LIVE_MAX_BYTES, load_state, save_state, scrub
+from apps.backends.runai import client
+from apps.backends.runai.doctor import RunaiDoctor
+from apps.resources.remote import with_defaults
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = ".runai"
+NAME_PREFIX = "gg-"  # a Kubernetes name starts with a letter; a case id may start with a digit
+
+
+PHASES = {
+    "Pending": BackendStatus.PENDING,
+    "Creating": BackendStatus.PENDING,
+    "Initializing": BackendStatus.PENDING,
+    "Resuming": BackendStatus.PENDING,
+    "Running": BackendStatus.RUNNING,
+    "Updating": BackendStatus.RUNNING,
+    "Degraded": BackendStatus.RUNNING,
+    "Stopping": BackendStatus.RUNNING,
+    "Terminating": BackendStatus.RUNNING,
+    "Deleting": BackendStatus.RUNNING,
+    "Completed": BackendStatus.SUCCEEDED,
+    "Succeeded": BackendStatus.SUCCEEDED,
+    "Failed": BackendStatus.FAILED,
+    "Stopped": BackendStatus.CANCELLED,
+    "Deleted": BackendStatus.CANCELLED,
+}
+#: fractions of a GPU a launch may ask for (Run:AI's ``gpuPortionRequest``, per device)
+GPU_PORTIONS = ("0.1", "0.2", "0.25", "0.3", "0.4", "0.5", "0.6", "0.7", "0.75", "0.8", "0.9")
+
+
+def map_phase(raw) -> str:
+    """Run:AI workload phase → BackendStatus; an unknown phase is pending, never a failure."""
+    return PHASES.get(str(raw or ""), BackendStatus.PENDING)
+
+
+def workload_name(case_id: str) -> str:
+    return f"{NAME_PREFIX}{case_id}"
+
+
+def run_dir_for(case_id: str, remote: dict) -> Path:
+    root = (remote or {}).get("working_root")
+    if not root:
+        raise BackendError("the pool has no working_root: set the shared volume (working_root and host_path)")
+    return Path(root) / case_id
+
+
+class RunaiBackend(RunaiDoctor):
+    name = "runai"
+    kinds = ("runai",)
+
+    # -- projects and node pools ---------------------------------------------------------------
+    def _project(self, session: client.Session, name: str) -> dict:
+        found = client.projects(session, name)
+        if not found:
+            raise BackendError(f"Run:AI project {name!r} is not visible to this credential: check the pool's project")
+        return found[0]
+
+    @staticmethod
+    def _node_pools_of(project: dict) -> list[str]:
+        names = []
+        for item in project.get("resources") or []:
+            name = ((item or {}).get("nodePool") or {}).get("name")
+            if name and name not in names:
+                names.append(name)
+        return names
+
+    # -- submission --------------------------------------------------------------------------
+    def find(self, spec: SubmitSpec) -> str | None:
+        return self._find(client.Session(spec.pool_remote, spec.identity), spec.case_id)
+
+    def _find(self, session: client.Session, case_id: str, *, deleted: bool = False) -> str | None:
+        name = workload_name(case_id)
+        body = session.call(
+            "workload lookup",
+            lambda c: client._api().WorkloadsApi(c).get_workloads(deleted=deleted or None, filter_by=[f"name=={name}"]),
+        )
+        for item in (body or {}).get("workloads") or []:
+            if isinstance(item, dict) and item.get("name") == name and item.get("id"):
+                return str(item["id"])
+        return None
+
+    def _compute(self, spec: SubmitSpec) -> dict:
+        """Whole CPUs (never fewer than the class's), its memory as request and limit, its GPUs as
+        whole devices or, with ``gpu_portion``, that fraction of each device (R-BACK-6: the option
+        is declared only for classes with GPUs, so the quota the class counts is never passed)."""
+        cpu = max(1, math.ceil(float(spec.resources.get("cpu") or 1)))
+        memory = int(spec.resources.get("memory") or 1)
+        compute = {
+            "cpuCoreRequest": float(cpu),
+            "cpuCoreLimit": float(cpu),
+            "cpuMemoryRequest": f"{memory}G",
+            "cpuMemoryLimit": f"{memory}G",
+        }
+        gpus = int(spec.resources.get("gpu") or 0)
+        portion = spec.launch_options.get("gpu_portion")
+        if portion not in (None, ""):
+            if gpus < 1 or str(portion) not in GPU_PORTIONS:
+                raise BackendError(
+                    f"gpu_portion {portion!r} needs a class with GPUs and one of {', '.join(GPU_PORTIONS)}"
+                )
+            compute.update(
+                {"gpuDevicesRequest": gpus, "gpuRequestType": "portion", "gpuPortionRequest": float(portion)}
+            )
+        elif gpus:
+            compute["gpuDevicesRequest"] = gpus
+        return compute
+
+    def _prepare(self, spec: SubmitSpec, remote: dict) -> Path:
+        """The run directory on the shared volume: ``work/`` (inputs, the campaign's shared inputs
+        copied: no link can point outside the one directory the workload mounts), ``job.sh``,
+        ``stdout``/``stderr``. The inputs' hashes stay in the workspace, out of the job's reach."""
+        rdir = run_dir_for(spec.case_id, remote)
+        try:
+            files.service_run_dir(rdir, 0o700)
+            files.prepare_run_dir(rdir, spec.inputs_dir, spec.shared_dir, shared="copy")
+            manifest = json.loads((rdir / "manifest.json").read_text())
+            (rdir / "manifest.json").unlink()
+            save_state(spec.workspace, STATE_DIR, "manifest.json", manifest)
+            # Paths relative to the script's own directory (the mount): the script does not
+            # depend on where the volume is mounted.
+            script = (
+                "#!/bin/sh\n"
+                'here=$(cd "$(dirname "$0")" && pwd) || exit 97\n'
+                'cd "$here/work" || exit 97\n'
+                "mkdir -p .gridgate\n"
+                'exec >>"$here/stdout" 2>>"$here/stderr"\n'
+                f"{spec.command}\n"
+            )
+            files.write_private(rdir / "job.sh", script.encode())
+            for name in ("stdout", "stderr"):
+                files.write_private(rdir / name)
+        except OSError as exc:
+            raise BackendError(f"cannot prepare {rdir}: {exc}") from None
+        return rdir
+
+    @staticmethod
+    def _body(spec: SubmitSpec, remote: dict, project: dict, cluster, compute: dict, node_pool) -> dict:
+        """The training's creation request: the case's directory alone mounted, one run."""
+        mount = remote.get("mount_path") or "/gridgate"
+        environment = {str(k): str(v) for k, v in (spec.environment or {}).items()}
+        environment["GRIDGATE_CASE_ID"] = spec.case_id
+        body = {
+            "name": workload_name(spec.case_id),
+            "projectId": str(project.get("id")),
+            "clusterId": str(cluster),
+            "spec": {
+                "image": remote["image"],
+                "command": "/bin/sh",
+                "args": f"{mount}/job.sh",
+                "workingDir": f"{mount}/work",
+                "environmentVariables": [{"name": k, "value": v} for k, v in sorted(environment.items())],
+                "compute": compute,
+                # One run: a failed command is a failed case, not six more attempts (the default).
+                "backoffLimit": 0,
+                "restartPolicy": "Never",
+                "storage": {
+                    # Only this case's directory: a case never sees another's files (R-CASE-8).
+                    "hostPath": [
+                        {
+                            "name": "gridgate-case",
+                            "path": f"{remote['host_path'].rstrip('/')}/{spec.case_id}",
+                            "mountPath": mount,
+                            "readOnly": False,
+                        }
+                    ]
+                },
+            },
+        }
+        if node_pool:
+            body["spec"]["nodePools"] = [node_pool]
+        if os.geteuid() != 0:
+            # The job writes as the service's account, so its files on the shared volume are the
+            # service's to read and no other account's (the run directory is 0700).
+            body["spec"]["security"] = {"uidGidSource": "custom", "runAsUid": os.geteuid(), "runAsGid": os.getegid()}
+        return body
+
+    def submit(self, spec: SubmitSpec) -> str:
+        if not spec.command.strip():
+            raise BackendError("the case has no command to run")
+        session = client.Session(spec.pool_remote, spec.identity)
+        remote = session.remote
+        if not remote.get("image"):
+            raise BackendError("the pool names no container image (remote.image): cases cannot run there")
+        if not remote.get("host_path"):
+            raise BackendError("the pool has no shared volume (working_root and host_path): results cannot come back")
+        project_name = spec.launch_options.get("project") or remote.get("project")
+        if not project_name:
+            raise BackendError("no Run:AI project: set the pool's project or choose one at launch")
+        project = self._project(session, project_name)
+        cluster = remote.get("cluster_id") or project.get("clusterId")
+        if not cluster:
+            raise BackendError(f"Run:AI project {project_name!r} names no cluster: set the pool's cluster_id")
+        compute = self._compute(spec)
+        node_pool = spec.launch_options.get("node_pool") or remote.get("node_pool")
+        self._prepare(spec, remote)
+        body = self._body(spec, remote, project, cluster, compute, node_pool)
+        request = client._sdk()["models"].TrainingCreationRequest.from_dict(body)
+        spec.heartbeat()  # last check that the launch is still ours before the workload exists
+        try:
+            answer = session.call(
+                "workload submission", lambda c: client._api().TrainingsApi(c).create_training1(request)
+            )
+        except CredentialsRequired:
+            raise
+        except client.RunaiError as exc:
+            if exc.status == 409:
+                found = self._find(session, spec.case_id)  # a workload of this name exists: ours
+                if found:
+                    return found
+            # Refused outright (4xx but 429): nothing was created. Otherwise (no answer, a
+            # timeout, 429, 5xx) the workload may exist: adopt it, or retry the launch later.
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                raise
+            return self.adopt_or_uncertain(lambda: self._find(session, spec.case_id), exc, spec, "workload")
+        workload_id = (answer or {}).get("workloadId") or (answer or {}).get("id")
+        if not workload_id:
+            raise BackendError("Run:AI accepted the workload without giving its id")
+        return str(workload_id)
+
+    # -- observation -----------------------------------------------------------------------
+    def _workload(self, session: client.Session, job: JobRef) -> dict | None:
+        """The workload, or None when Run:AI lists it among the deleted ones."""
+        try:
+            return session.call("workload lookup", lambda c: client._api().WorkloadsApi(c).get_workload(job.remote_id))
+        except client.RunaiError as exc:
+            if exc.status != 404:
+                raise
+        if self._find(session, job.case_id, deleted=True):
+            return None
+        # Just submitted and not known yet, or gone without a trace: a failed poll (R-CASE-3).
+        raise client.RunaiError(f"Run:AI does not know workload {job.remote_id} (yet)", status=404, transient=True)
+
+    def poll(self, job: JobRef) -> BackendState:
+        session = client.Session(job.pool_remote, job.identity)
+        workload = self._workload(session, job)
+        if workload is None:
+            status, raw, message, elapsed = BackendStatus.CANCELLED, "Deleted", "deleted at Run:AI", None
+        else:
+            raw = str(workload.get("phase") or "")
+            status = map_phase(raw)
+            text = str(workload.get("phaseMessage") or "").strip()
+            elapsed = workload.get("totalRunningTimeSeconds")
+            message = ""
+            if status == BackendStatus.FAILED:
+                message = f"Run:AI workload {job.remote_id} failed" + (f": {text}" if text else "")
+            elif status == BackendStatus.PENDING and text:
+                message = f"Run:AI: {text}"  # why it waits: unschedulable, over quota…
+        rdir = run_dir_for(job.case_id, job.pool_remote)
+        limit = None if status in BackendStatus.TERMINAL else 4 << 20
+        for stream in ("stdout", "stderr"):
+            files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
+        allocated = (workload or {}).get("allocatedResources") or {}
+        cores = allocated.get("cpu") if isinstance(allocated.get("cpu"), (int, float)) else None
+        return BackendState(
+            status=status,
+            execution_time=float(elapsed) if isinstance(elapsed, (int, float)) else None,
+            cores=math.ceil(cores) if cores else None,
+            message=scrub(message, session.secret_values())[:1000],
+        )
+
+    def _copy_tree(self, job: JobRef, what: str, globs: list[str]) -> None:
+        """``work/`` on the shared volume into ``live/`` or ``results/``, following no symlink out
+        (the job chooses what lies there, R-CASE-7): results are what the command created or
+        changed (not its unchanged inputs, not ``shared/`` or ``.gridgate/``), never more than
+        the case's storage; live files match the globs, each at most ``LIVE_MAX_BYTES``."""
+        import fnmatch
+
+        rdir = run_dir_for(job.case_id, job.pool_remote)
+        manifest = load_state(job.workspace, STATE_DIR, "manifest.json") if what == "results" else {}
+        seen = load_state(job.workspace, STATE_DIR, "live.json") if what == "live" else {}
+        patterns = [*globs, files.PROGRESS_FILE]
+        owner = (os.geteuid(), os.getegid())
+        target = job.workspace / what
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            work_fd = os.open(rdir / "work", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise BackendError(f"the working directory on the shared volume is gone: {exc}") from None
+        target_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        stored = 0
+        try:
+            skip = files.NOT_RESULTS if what == "results" else ("shared",)
+            for rel, dir_fd, name in privileged.untrusted_files(work_fd, skip):
+                if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
+                    continue
+                fd = privileged.open_regular(name, dir_fd=dir_fd)
+                if fd is None:
+                    continue
+                try:
+                    info = os.fstat(fd)
+                    if what == "live":
+                        stamp = f"{info.st_size}:{info.st_mtime_ns}"
+                        if info.st_size > LIVE_MAX_BYTES or seen.get(rel) == stamp:
+                            continue
+                        seen[rel] = stamp
+                    else:
+                        if rel in manifest and manifest[rel] == privileged.sha256_fd(fd):
+                            continue  # an input returned unchanged is not a result
+                        stored += info.st_blocks * 512
+                        if job.max_result_bytes is not None and stored > job.max_result_bytes:
+                            raise ResultsTooLarge(
+                                f"the results hold more than the case's storage limit of "
+                                f"{privileged.human_size(job.max_result_bytes)}: {rel!r} and what follows were not "
+                                "brought back"
+                            )
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    try:
+                        privileged.write_into(target_fd, rel, fd, owner)
+                    except OSError:
+                        if what == "results":
+                            raise
+                finally:
+                    os.close(fd)
+        except privileged.Refused as exc:
+            raise BackendError(str(exc)) from None
+        finally:
+            os.close(work_fd)
+            os.close(target_fd)
+        if what == "live":
+            save_state(job.workspace, STATE_DIR, "live.json", seen)
+
+    def sync(self, job: JobRef, globs: list[str]) -> None:
+        self._copy_tree(job, "live", list(globs or []))
+
+    def fetch_final(self, job: JobRef) -> None:
+        self._copy_tree(job, "results", [])
+
+    def cancel(self, job: JobRef) -> None:
+        """DELETE the workload (its pods go; its logs and files stay on the shared volume). A
+        workload that already ended is ``AlreadyFinished`` (R-CASE-6); one already deleted too."""
+        session = client.Session(job.pool_remote, job.identity)
+        workload = self._workload(session, job)
+        if workload is None or map_phase(workload.get("phase")) in BackendStatus.TERMINAL:
+            raise AlreadyFinished(f"Run:AI workload {job.remote_id} already ended")
+        try:
+            session.call("workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id))
+        except client.RunaiError as exc:
+            if exc.status != 404:
+                raise
+            raise AlreadyFinished(f"Run:AI workload {job.remote_id} no longer exists") from None
+
+    def purge(self, job: JobRef) -> None:
+        """The run directory on the shared volume and the workload's record at Run:AI (what is
+        already gone is skipped)."""
+        if job.remote_id:
+            session = client.Session(job.pool_remote, job.identity)
+            try:
+                session.call(
+                    "workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id)
+                )
+            except client.RunaiError as exc:
+                if exc.status != 404:
+                    raise
+        root = (job.pool_remote or {}).get("working_root")
+        if not root:
+            return
+        rdir = Path(root) / job.case_id
+        try:
+            if stat.S_ISDIR(os.lstat(rdir).st_mode):
+                shutil.rmtree(rdir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
+
+    # -- launch form and doctor ----------------------------------------------------------------
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
+        """``project`` and ``node_pool`` (what the service credential sees, or on a per-user pool
+        the user's own access key; the pool's own values pinned when it names them) and
+        ``gpu_portion`` (static; dropped for classes without GPUs by :meth:`pin_class_overrides`).
+        Never raises: when Run:AI cannot be asked the answer is degraded to the pool's values (and
+        not cached, R-BACK-2)."""
+        remote = with_defaults("runai", pool.remote_config() if pool is not None else {})
+        portion = LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS])
+
+        def fixed(key, label, value):
+            return LaunchOption(key, label, [Choice(value, value)] if value else [], value or None)
+
+        pinned = [
+            fixed("project", "Project", remote.get("project")),
+            fixed("node_pool", "Node pool", remote.get("node_pool")),
+        ]
+        session = client.Session(remote, identity)
+        if session.per_user and identity is None:
+            # Each user's key sees its own projects: until the user connects, the pool's.
+            return LaunchOptions(options=[*pinned, portion])
+        try:
+            projects = client.projects(session, remote.get("project"))
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, BackendError) else f"Run:AI could not be asked: {type(exc).__name__}"
+            return LaunchOptions(options=[*pinned, portion], degraded=True, message=message)
+        names = [p["name"] for p in projects if p.get("name")]
+        if remote.get("project"):
+            project = pinned[0]
+        else:
+            project = LaunchOption("project", "Project", [Choice(n, n) for n in names], names[0] if names else None)
+        if remote.get("node_pool"):
+            node_pool = pinned[1]
+        else:
+            pools = []
+            for item in projects:
+                pools += [n for n in self._node_pools_of(item) if n not in pools]
+            node_pool = LaunchOption("node_pool", "Node pool", [Choice(n, n) for n in pools])
+        return LaunchOptions(options=[project, node_pool, portion])
+
+    def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
+        """A fraction of a GPU only for classes with GPUs: for others the option is not declared,
+        so asking for one is refused (400) like any undeclared option (R-BACK-6)."""
+        if (resource_class.gpu or 0) >= 1:
+            return answer
+        kept = [option for option in answer.options if option.key != "gpu_portion"]
+        return LaunchOptions(options=kept, degraded=answer.degraded, message=answer.message)

@@ -1,0 +1,305 @@
+"""Run:AI's SDK calls (runapy): the client for one access key and what its errors mean.
+
+- **Token endpoint.** runapy asks ``POST /api/v1/token`` (JSON ``grantType: app_token``), the
+  deprecated one; current control planes document ``POST /api/v2/token`` (form-encoded
+  ``grant_type=client_credentials``). The client here overrides that one method and otherwise
+  runs runapy as it is. runapy's constructor asks for a token at once (network I/O), so clients are
+  built lazily and kept per (base URL, credential) in this process.
+- **Retries.** runapy retries 401, 429 and 5xx on every method, POST included: a create answered
+  502 after Run:AI accepted it would be sent again. Here urllib3 (runapy's transport) retries only
+  GET and DELETE on 429/5xx (``Retry-After`` honoured up to ``RETRY_AFTER_MAX``).
+- **Tokens expire early.** runapy's refresher leaves its "refreshing" flag set after a failed
+  refresh so it never tries again: a 401 is answered by a new token and one more try
+  (:meth:`Session.renew`, through the shared session's rule).
+- **No timeouts** are set by runapy's API methods: every request is bounded here (``TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import time
+
+from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
+from apps.backends.remote import Failure, ProviderError, RemoteSession
+from apps.backends.remote.session import digest
+from apps.backends.remote_common import env_secret
+from apps.resources.remote import with_defaults
+
+sdk_logger = logging.getLogger("apps.backends.runai.sdk")
+
+TIMEOUT = 30  # seconds per request: runapy sets none
+RETRIES = 2  # GET/DELETE on 429/5xx, and the token request: keep a pass bounded
+BACKOFF = 0.5  # urllib3's backoff factor: 0.5 s, 1 s
+RETRY_AFTER_MAX = 10  # a Retry-After longer than this is not waited for: the next pass retries
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+IDEMPOTENT = ("GET", "DELETE")
+
+#: a Run:AI call failed (``status``, ``timeout``, ``transient`` set where the exception is caught)
+RunaiError = ProviderError
+
+
+class TokenRefused(Exception):
+    """The token endpoint refused the credential (400/401: wrong or revoked access key)."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(f"the token endpoint answered {status}: {text}")
+        self.status = status
+
+
+def _sdk():
+    try:
+        import urllib3
+        from runai import api, models, rest
+        from runai.api_client import ApiClient
+        from runai.configuration import Configuration
+        from runai.exceptions import ApiException
+    except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
+        raise BackendError(f"runapy is not installed ({exc}): pip install -r requirements.txt") from None
+    return {
+        "urllib3": urllib3,
+        "api": api,
+        "models": models,
+        "rest": rest,
+        "ApiClient": ApiClient,
+        "Configuration": Configuration,
+        "ApiException": ApiException,
+    }
+
+
+_classes: dict[str, type] = {}
+
+
+def _transport(sdk) -> tuple[type, type]:
+    """runapy's ``Configuration`` with bounded retries, and its REST client with a timeout."""
+    urllib3 = sdk["urllib3"]
+
+    class Retry(urllib3.Retry):
+        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+            # urllib3 cuts a longer Retry-After down to retry_after_max and still waits that
+            # long, retries included: a pass would sleep 2 × RETRY_AFTER_MAX per call. Give up
+            # instead (the last answer is returned, as when retries run out); the next pass asks.
+            header = response.headers.get("Retry-After") if response is not None else None
+            if header:
+                try:
+                    wait = self.new(retry_after_max=math.inf).parse_retry_after(header)
+                except urllib3.exceptions.InvalidHeader:
+                    wait = 0
+                if wait > RETRY_AFTER_MAX:
+                    cause = urllib3.exceptions.ResponseError(f"Retry-After {header} is over {RETRY_AFTER_MAX} s")
+                    raise urllib3.exceptions.MaxRetryError(_pool, url, cause)
+            return super().increment(method, url, response, error, _pool, _stacktrace)
+
+    class Configuration(sdk["Configuration"]):
+        def get_retry_object(self):
+            # Only idempotent methods, only 429/5xx; the last answer is returned (not raised) so
+            # its status reaches the error; Retry-After is honoured but never for long.
+            return Retry(
+                total=RETRIES,
+                connect=0,
+                backoff_factor=BACKOFF,
+                status_forcelist=RETRY_STATUSES,
+                allowed_methods=IDEMPOTENT,
+                raise_on_status=False,
+                retry_after_max=RETRY_AFTER_MAX,
+            )
+
+    class TimedRest(sdk["rest"].RESTClientObject):
+        def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+            return super().request(method, url, headers, body, post_params, _request_timeout or TIMEOUT)
+
+    return Configuration, TimedRest
+
+
+def _client_class():
+    """runapy's ``ApiClient`` with the three changes above (token endpoint, retries, timeouts),
+    built once, on first use (runapy is imported only when a Run:AI pool is used)."""
+    if "client" in _classes:
+        return _classes["client"]
+    sdk = _sdk()
+    Configuration, TimedRest = _transport(sdk)
+
+    class Client(sdk["ApiClient"]):
+        def __init__(self, configuration):
+            # runapy's constructor builds its REST client and asks for a token at once: the REST
+            # client must be the bounded one before that first request.
+            self._pending_rest = TimedRest(configuration)
+            super().__init__(configuration)
+
+        def _make_token_request(self) -> str:
+            if getattr(self, "_pending_rest", None) is not None:
+                self.rest_client, self._pending_rest = self._pending_rest, None
+            config = self.configuration
+            url = f"{config.runai_base_url}/api/v2/token"
+            form = {
+                "grant_type": "client_credentials",
+                "client_id": config.client_id,
+                "client_secret": config.client_secret,
+            }
+            headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
+            for attempt in range(RETRIES + 1):
+                response = self.rest_client.request("POST", url, headers=dict(headers), post_params=form)
+                data = response.read()
+                if response.status in RETRY_STATUSES and attempt < RETRIES:
+                    time.sleep(BACKOFF * (2**attempt))  # no side effect: safe to ask again
+                    continue
+                break
+            if response.status in (400, 401, 403):
+                raise TokenRefused(response.status, _message(data))
+            if response.status != 200:
+                raise sdk["ApiException"](status=response.status, reason=_message(data))
+            try:
+                token = json.loads(data)["access_token"]
+            except (ValueError, KeyError, TypeError):
+                raise sdk["ApiException"](status=response.status, reason="no access_token in the answer") from None
+            return token
+
+    Client.Configuration = Configuration
+    _classes["client"] = Client
+    return Client
+
+
+def _message(data) -> str:
+    """The provider's message from an error body (``{"code":…, "message":…}``), bounded."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
+    try:
+        parsed = json.loads(data) if isinstance(data, str) else data
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        text = parsed.get("message") or parsed.get("error_description") or parsed.get("error") or ""
+        return str(text)[:500]
+    return str(data or "")[:200]
+
+
+def token_claims(token: str) -> dict:
+    """The claims of a Run:AI access token (a JWT) as it came from the token endpoint over TLS:
+    read, not verified (the API verifies it), for the identity a connection records."""
+    try:
+        payload = token.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return {}
+
+
+class Session(RemoteSession):
+    """One pool's view of Run:AI for one credential: the lazily built client and the secrets to scrub."""
+
+    kind = "runai"
+    label = "Run:AI"
+    runs = "workloads"
+    user_credential_words = "Run:AI access key"
+
+    def service_credential(self) -> tuple[str, str]:
+        client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id", self.remote)
+        secret = env_secret(self.remote.get("client_secret_env"), "Run:AI client secret", self.remote)
+        self.secrets = [secret]
+        return client_id, secret
+
+    def user_credential(self, identity: RemoteIdentity) -> tuple[str, str]:
+        try:
+            key = json.loads(identity.token())
+            client_id, secret = str(key["client_id"]), str(key["client_secret"])
+        except (ValueError, KeyError, TypeError):
+            raise BackendError("the stored Run:AI access key cannot be read: reconnect at /connections/") from None
+        self.secrets = [secret]
+        return client_id, secret
+
+    def service_env_names(self) -> list[str]:
+        return [self.remote.get("client_id_env"), self.remote.get("client_secret_env")]
+
+    def client_key(self, credential: tuple) -> tuple:
+        return (self.remote.get("base_url", "").rstrip("/"), digest(*credential))
+
+    def open_client(self, credential: tuple):
+        return build_client(self.remote.get("base_url", "").rstrip("/"), *credential)
+
+    def secret_values(self) -> list[str]:
+        """The access key's secret and the bearer token the client holds now (a provider, a
+        gateway in debug mode, may echo either in an error body)."""
+        token = getattr(self._client, "_token", None)
+        return [*self.secrets, token] if token else list(self.secrets)
+
+    def call(self, what: str, fn):
+        """``fn(client)``'s answer (the JSON body), through the shared rules (401: renewed once)."""
+        return super().call(what, lambda client: fn(client).data)
+
+    def renew(self, client) -> None:
+        """A new token now (the old one was refused before its exp: revoked, or the clocks
+        differ), and runapy's refresher made usable again."""
+        client._token = client._make_token_request()
+        client.set_default_header("authorization", f"Bearer {client._token}")
+        refresher = getattr(client, "token_refresher", None)
+        if refresher is not None:
+            refresher._set_token_expiry()
+            refresher._token_refresh_thread_is_locked = False
+
+    def classify(self, exc: Exception) -> Failure:
+        sdk = _sdk()
+        urllib3 = sdk["urllib3"]
+        if isinstance(exc, TokenRefused):
+            advice = " (check the client id and secret)"
+            return Failure(str(exc), exc.status, provider_words=True, transient=False, refused=True, advice=advice)
+        if isinstance(exc, sdk["ApiException"]):
+            status = exc.status or None
+            text = _message(exc.data if exc.data is not None else exc.body) or str(exc.reason or "")
+            transient = status is None or status in RETRY_STATUSES
+            detail = f"{status or 'no answer'} {text}".strip()
+            return Failure(detail, status, provider_words=True, transient=transient, renewable=status == 401)
+        if isinstance(exc, (urllib3.exceptions.TimeoutError, urllib3.exceptions.MaxRetryError)):
+            timeout = isinstance(exc, urllib3.exceptions.TimeoutError) or isinstance(
+                getattr(exc, "reason", None), urllib3.exceptions.TimeoutError
+            )
+            why = f"no answer within {TIMEOUT} s (timeout)" if timeout else "cannot connect to the Run:AI API"
+            return Failure(why, timeout=timeout, transient=True)
+        if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+            return Failure(f"connection lost ({type(exc).__name__})", transient=True)
+        return Failure(f"{type(exc).__name__}: {exc}")
+
+
+def build_client(base_url: str, client_id: str, secret: str):
+    """A runapy client for one credential (asks for its first token now)."""
+    client_class = _client_class()
+    config = client_class.Configuration(
+        client_id=client_id,
+        client_secret=secret,
+        runai_base_url=base_url,
+        retry_max_retries=RETRIES,
+        retry_backoff_factor=BACKOFF,
+        logger=sdk_logger,
+    )
+    return client_class(config)
+
+
+def account_of(remote: dict, client_id: str, secret: str) -> tuple[str, str]:
+    """(subject, e-mail or name) of the account an access key belongs to, from the claims of a
+    token asked for with it (a client of its own, not cached). :class:`CredentialsRequired` when
+    Run:AI refuses the key."""
+    remote = with_defaults("runai", remote or {})
+    session = Session({**remote, "credentials": "service"})
+    session.secrets = [secret]
+    try:
+        client = session.guarded("access-key check", lambda: session.open_client((client_id, secret)))
+    except RunaiError as exc:
+        if exc.status in (400, 401, 403):
+            raise CredentialsRequired("Run:AI refused the access key") from None
+        raise
+    claims = token_claims(client._token)
+    client.close()
+    subject = str(claims.get("sub") or client_id)
+    return subject, str(claims.get("email") or claims.get("preferred_username") or "")
+
+
+def _api():
+    return _sdk()["api"]
+
+
+def projects(session: Session, name: str | None = None) -> list[dict]:
+    """The projects the session's credential sees (only ``name``'s when given)."""
+    filters = [f"name=={name}"] if name else None
+    body = session.call("project listing", lambda c: _api().ProjectsApi(c).get_projects(filter_by=filters))
+    found = (body or {}).get("projects") or []
+    return [p for p in found if isinstance(p, dict) and (name is None or p.get("name") == name)]
