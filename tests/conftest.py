@@ -235,3 +235,25 @@ def credentials_unbound_unless_asked(request, monkeypatch):
 
     if request.node.get_closest_marker("credential_binding") is None:
         monkeypatch.setattr(credentials, "BINDING_REQUIRED", False)
+
+
+#: fixtures that open the test database: none of them in the unit tier
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_has_no_database(request):
+    """The unit tier (``tests/<app>/unit/``) is pure logic: a test there that asks for the
+    database is an error, and the database must be out of reach (pytest-django blocks it for
+    every test without the ``django_db`` mark; this checks the block holds)."""
+    if request.node.path.parent.name != "unit":
+        return
+    from django.db import connection
+
+    asked = sorted(_DATABASE_FIXTURES & set(request.fixturenames))
+    marked = request.node.get_closest_marker("django_db") is not None
+    assert not asked and not marked, f"a unit test must not use the database (asked for {asked or 'django_db'})"
+    with pytest.raises(RuntimeError, match="Database access not allowed"):
+        connection.ensure_connection()
