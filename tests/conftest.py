@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
-from apps.resources.models import ResourceClass, ResourcePool
+from tests import factories
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +53,7 @@ def staff(db):
     """An operator: staff, with the pool, class and device permissions."""
     from django.contrib.auth.models import Permission
 
-    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    user = factories.user("staff", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename__in=OPERATOR_PERMISSIONS))
     return user
 
@@ -61,22 +61,22 @@ def staff(db):
 @pytest.fixture
 def bare_staff(db):
     """Staff without any model permission."""
-    return User.objects.create_user("bare-staff", password="pw", is_staff=True)
+    return factories.user("bare-staff", is_staff=True)
 
 
 @pytest.fixture
 def owner(db):
-    return User.objects.create_user("owner", password="pw")
+    return factories.user("owner")
 
 
 @pytest.fixture
 def member(db):
-    return User.objects.create_user("member", password="pw")
+    return factories.user("member")
 
 
 @pytest.fixture
 def outsider(db):
-    return User.objects.create_user("outsider", password="pw")
+    return factories.user("outsider")
 
 
 def client_for(user) -> APIClient:
@@ -108,18 +108,15 @@ def api():
 
 @pytest.fixture
 def local_pool(db):
-    pool = ResourcePool.objects.create(name="local", kind="local", public=True, default=True)
-    ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=2, default=True)
-    return pool
+    return factories.pool("local", default=True, class_name="small", memory=2)
 
 
 @pytest.fixture
 def private_pool(db, member):
     group = Group.objects.create(name="qpu-users")
     member.groups.add(group)
-    pool = ResourcePool.objects.create(name="qpu", kind="local", public=False, slots_total=10)
+    pool = factories.pool("qpu", public=False, slots_total=10, class_name="qpu-access")
     pool.groups.add(group)
-    ResourceClass.objects.create(pool=pool, name="qpu-access", cpu=1, memory=1, default=True)
     return pool
 
 
@@ -132,11 +129,15 @@ FIRECREST_REMOTE = {
 
 @pytest.fixture
 def firecrest_pool(db):
-    pool = ResourcePool.objects.create(
-        name="alps", kind="firecrest", public=True, remote=dict(FIRECREST_REMOTE, partition="normal")
+    return factories.pool(
+        "alps",
+        kind="firecrest",
+        remote=dict(FIRECREST_REMOTE, partition="normal"),
+        class_name="node",
+        cpu=64,
+        memory=256,
+        gpu=4,
     )
-    ResourceClass.objects.create(pool=pool, name="node", cpu=64, memory=256, gpu=4, default=True)
-    return pool
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def service_principal(db):
     """An integration account (e.g. the SPANK plugin) holding ``act_on_behalf``."""
     from django.contrib.auth.models import Permission
 
-    user = User.objects.create_user("spank", password="pw")
+    user = factories.user("spank")
     user.user_permissions.add(Permission.objects.get(codename="act_on_behalf"))
     return User.objects.get(pk=user.pk)  # fresh instance: permission cache
 
@@ -161,10 +162,9 @@ def admin_client(client, staff):
 @pytest.fixture
 def open_session():
     """``open_session(pool, user, slots=1, **kwargs)`` → a session admitted on the pool's default class."""
-    from apps.sessions import services as session_services
 
     def make(pool, user, slots=1, **kwargs):
-        return session_services.admit(user=user, resource_class=pool.classes.get(), slots=slots, **kwargs).session
+        return factories.session(pool, user, slots=slots, **kwargs)
 
     return make
 
@@ -235,3 +235,25 @@ def credentials_unbound_unless_asked(request, monkeypatch):
 
     if request.node.get_closest_marker("credential_binding") is None:
         monkeypatch.setattr(credentials, "BINDING_REQUIRED", False)
+
+
+#: fixtures that open the test database: none of them in the unit tier
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_has_no_database(request):
+    """The unit tier (``tests/<app>/unit/``) is pure logic: a test there that asks for the
+    database is an error, and the database must be out of reach (pytest-django blocks it for
+    every test without the ``django_db`` mark; this checks the block holds)."""
+    if request.node.path.parent.name != "unit":
+        return
+    from django.db import connection
+
+    asked = sorted(_DATABASE_FIXTURES & set(request.fixturenames))
+    marked = request.node.get_closest_marker("django_db") is not None
+    assert not asked and not marked, f"a unit test must not use the database (asked for {asked or 'django_db'})"
+    with pytest.raises(RuntimeError, match="Database access not allowed"):
+        connection.ensure_connection()

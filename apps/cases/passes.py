@@ -48,6 +48,7 @@ from apps.cases import workspace
 from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
 from apps.core.exceptions import ServiceError
+from apps.core.rows import bulk_write
 from apps.core.tasks import enqueue
 from apps.credentials import services as credential_services
 from apps.resources.launch import case_bounds, launch_spec
@@ -302,43 +303,6 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
             CaseEvent.objects.bulk_create(kept_events)
     report.recorded += len(keep)
     report.transitions += [(str(e.case_id), e.from_status, e.to_status) for e in kept_events if e.to_status]
-
-
-def bulk_write(cases: list[Case], fields: list[str]) -> None:
-    """One UPDATE for all rows. On PostgreSQL ``UPDATE … FROM (VALUES …)``: Django's bulk_update
-    builds a CASE WHEN per field and row, which made the write-back most of a 1 000-case pass.
-    A statement takes at most the backend's parameter limit (65 535 on PostgreSQL, a value per
-    field and row, 4 095 cases of the poll's 16): a larger pass is written in several."""
-    if connection.vendor != "postgresql":
-        Case.objects.bulk_update(cases, fields)
-        return
-    per_statement = connection.features.max_query_params // (len(fields) + 1)
-    for start in range(0, len(cases), per_statement):
-        _bulk_write(cases[start : start + per_statement], fields)
-
-
-def _bulk_write(cases: list[Case], fields: list[str]) -> None:
-    model_fields = [Case._meta.get_field(name) for name in fields]
-    table = connection.ops.quote_name(Case._meta.db_table)
-    pk_column = connection.ops.quote_name(Case._meta.pk.column)
-    columns = [connection.ops.quote_name(field.column) for field in model_fields]
-    sets = ", ".join(
-        f"{column} = CAST(v.c{i} AS {field.db_type(connection)})"
-        for i, (column, field) in enumerate(zip(columns, model_fields, strict=True))
-    )
-    names = ", ".join(["pk"] + [f"c{i}" for i in range(len(fields))])
-    row = "(" + ", ".join(["%s"] * (len(fields) + 1)) + ")"
-    params = []
-    for case in cases:
-        params.append(str(case.pk))
-        params += [field.get_db_prep_save(getattr(case, field.attname), connection) for field in model_fields]
-    # Only model metadata (quoted names, column types) is interpolated; every value is a parameter.
-    values = ", ".join([row] * len(cases))
-    sql = (
-        f"UPDATE {table} SET {sets} FROM (VALUES {values}) AS v({names}) WHERE {table}.{pk_column} = CAST(v.pk AS uuid)"  # noqa: S608, E501
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 def _transition(case: Case, to: str, now: datetime, message: str, events: list[CaseEvent]) -> None:

@@ -3,7 +3,9 @@
 A statement written by hand for a measured reason (admission, job submission) selects the
 concrete columns of one or more models side by side; ``Columns`` names them in order and turns its
 part of a row back into an instance through the converters the ORM itself applies (JSON
-decoding, SQLite's decimals and datetimes), so callers get ordinary model objects.
+decoding, SQLite's decimals and datetimes), so callers get ordinary model objects. The other
+way round, ``insert_values`` gives a hand-written INSERT its columns and values, and
+``bulk_write`` writes fields of many rows back in one ``UPDATE … FROM (VALUES …)``.
 """
 
 from django.db import connection
@@ -74,3 +76,47 @@ def insert_values(instance, exclude=()) -> tuple[str, list]:
     ]
     columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
     return columns, [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+
+
+def bulk_write(instances: list, fields: list[str]) -> None:
+    """Write ``fields`` of ``instances`` (saved rows of one model) back in one UPDATE per
+    statement's worth of rows, sending no save signal (like ``bulk_update``).
+
+    On PostgreSQL ``UPDATE t SET f = CAST(v.f AS type), … FROM (VALUES (pk, f, …), …) AS v
+    WHERE t.pk = CAST(v.pk AS type)``: Django's ``bulk_update`` builds a ``CASE WHEN`` per field
+    and row instead, which made the write-back most of a 1 000-case poll pass. A statement takes
+    at most the backend's parameter limit (65 535 on PostgreSQL; a value per field and row, plus
+    the key), so a larger batch is written in several. Elsewhere (SQLite) ``bulk_update``."""
+    if not instances:
+        return
+    model = type(instances[0])
+    if connection.vendor != "postgresql":
+        model._base_manager.bulk_update(instances, fields)
+        return
+    per_statement = connection.features.max_query_params // (len(fields) + 1)
+    for start in range(0, len(instances), per_statement):
+        _update_from_values(model, instances[start : start + per_statement], fields)
+
+
+def _update_from_values(model, instances: list, fields: list[str]) -> None:
+    quote = connection.ops.quote_name
+    pk = model._meta.pk
+    model_fields = [model._meta.get_field(name) for name in fields]
+    table = quote(model._meta.db_table)
+    sets = ", ".join(
+        f"{quote(field.column)} = CAST(v.c{i} AS {field.db_type(connection)})" for i, field in enumerate(model_fields)
+    )
+    names = ", ".join(["pk"] + [f"c{i}" for i in range(len(fields))])
+    row = "(" + ", ".join(["%s"] * (len(fields) + 1)) + ")"
+    params = []
+    for instance in instances:
+        params.append(pk.get_db_prep_save(instance.pk, connection))
+        params += [field.get_db_prep_save(getattr(instance, field.attname), connection) for field in model_fields]
+    # Only model metadata (quoted names, column types) is interpolated; every value is a parameter.
+    values = ", ".join([row] * len(instances))
+    sql = (
+        f"UPDATE {table} SET {sets} FROM (VALUES {values}) AS v({names}) "  # noqa: S608
+        f"WHERE {table}.{quote(pk.column)} = CAST(v.pk AS {pk.db_type(connection)})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)

@@ -19,6 +19,7 @@ from django.utils import timezone
 from apps.core.tasks import enqueue
 from apps.scheduling.drivers import ProviderStatus, get_driver
 from apps.scheduling.models import Device, DriverName
+from apps.scheduling.services import wake_pool
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def record_status(device: Device, status: ProviderStatus) -> None:
             fields.append("online")
         locked.save(update_fields=fields)
         if came_online:
-            enqueue("apps.scheduling.tasks.run_pool", locked.pool_id)  # R-SCHED-5: device back online
+            wake_pool(locked.pool_id)  # R-SCHED-5: device back online
     if previous != status.status:
         log.warning(
             "device %s: provider status %s → %s (%s)", device, previous or "unknown", status.status, status.message

@@ -150,6 +150,13 @@ def _check_payload(target: statements.Target, payload, shots: int, device_id: in
         get_driver(device.driver).validate_payload(device, payload, shots)
 
 
+def wake_pool(pool_id: int) -> None:
+    """Run a dispatcher pass over ``pool_id`` in a worker once the current transaction commits
+    (R-SCHED-5: a job waits, a device came back, a cancel was asked). The one way to wake the
+    dispatcher; a lost wake-up costs only time, since the sweep runs every pool anyway."""
+    enqueue("apps.scheduling.tasks.run_pool", pool_id)
+
+
 def _wake_if_waiting(pool_id: int, awaiting: bool | None) -> None:
     """R-SCHED-5 on submission, coalesced: wake the dispatcher only when its last pass left a
     device free with nothing to run (``awaiting``, read by the submission's statement; None: the
@@ -166,7 +173,7 @@ def _wake_if_waiting(pool_id: int, awaiting: bool | None) -> None:
     def wake():
         try:
             if PoolQueue.objects.filter(pool_id=pool_id, awaiting_work=True).update(awaiting_work=False):
-                enqueue("apps.scheduling.tasks.run_pool", pool_id)
+                wake_pool(pool_id)
         except Exception:
             log.exception("pool %s: could not wake the dispatcher; the sweep will catch up", pool_id)
 
@@ -186,7 +193,7 @@ def cancel_job(job: Job) -> Job:
     if Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, cancel_requested_at__isnull=True).update(
         cancel_requested_at=now, next_poll_at=now
     ):
-        enqueue("apps.scheduling.tasks.run_pool", job.pool_id)
+        wake_pool(job.pool_id)
         job.refresh_from_db()
         return job
     job.refresh_from_db()
@@ -206,7 +213,7 @@ def on_sessions_revoked(sender, session_ids, reason, **kwargs):
     pool_ids = set(running.values_list("pool_id", flat=True))
     running.update(cancel_requested_at=now, next_poll_at=now)
     for pool_id in pool_ids:
-        enqueue("apps.scheduling.tasks.run_pool", pool_id)
+        wake_pool(pool_id)
 
 
 def cancel_jobs_of_ended_sessions() -> int:
@@ -240,4 +247,4 @@ def set_device_online(device: Device, online: bool) -> None:
     Device.objects.filter(pk=device.pk).update(online=online)
     device.online = online
     if online:
-        enqueue("apps.scheduling.tasks.run_pool", device.pool_id)  # R-SCHED-5: device back online
+        wake_pool(device.pool_id)  # R-SCHED-5: device back online

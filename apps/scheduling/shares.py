@@ -171,6 +171,19 @@ def level_one(pool, shares: dict[Key, FairShare], flying: dict[Key, float], v1: 
     return keys
 
 
+def first_share(ranked: dict[Key, float]) -> tuple[float, Key]:
+    """Level 1's pick among ``ranked`` (:func:`level_one`'s keys): the smallest key, and on a
+    tie groups before users, then the smaller id."""
+    return min((value, key) for key, value in ranked.items())
+
+
+def first_session(rows, vtime: float):
+    """Level 2's pick among one share's runnable sessions (rows of id, user id, vruntime, slots,
+    created at): the smallest vruntime, each counted at least at the share's virtual time
+    ``vtime`` (a session that arrives is not behind the others); ties: the older, then the id."""
+    return min(rows, key=lambda row: (max(row[2], vtime), row[4], str(row[0])))
+
+
 # -- choosing the next job -----------------------------------------------------------------------
 @dataclass
 class Choice:
@@ -193,11 +206,10 @@ def choose(pool, queue: PoolQueue, runnable, now: float) -> Choice | None:
     flying = in_flight(pool, keys)
     v1 = decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life)
     ranked = level_one(pool, shares, flying, v1, now)
-    value, key = min((value, key) for key, value in ranked.items())  # ties: groups, then users, by id
+    value, key = first_share(ranked)
     share = shares[key]
-    # Level 2: the share's sessions, each at least at the share's virtual time.
     mine = [row for row in runnable if keys[row[1]] == key]
-    session_id = min(mine, key=lambda row: (max(row[2], share.vtime), row[4], str(row[0])))[0]
+    session_id = first_session(mine, share.vtime)[0]
     behind = [row[0] for row in mine if row[2] < share.vtime]
     if behind:
         Session.objects.filter(pk__in=behind, vruntime__lt=share.vtime).update(vruntime=share.vtime)

@@ -3,12 +3,12 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from apps.cases.models import Case, CaseStatus
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device, Job, JobStatus
+from apps.resources.models import ResourcePool
+from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
+from tests import factories
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -55,14 +55,12 @@ def history(db):
 def make_history(username: str = "u") -> dict:
     """A day (2026-11-01 UTC) of a QPU pool (two devices), a case pool and a quiet pool, with
     every edge the sums must clip. The exact answers are in tests/accounting/test_utilization.py."""
-    user = get_user_model().objects.create_user(username)
-    qpu = ResourcePool.objects.create(name="qpu", public=True, slots_total=10)
-    ResourceClass.objects.create(pool=qpu, name="c", cpu=1, memory=1, default=True)
-    d1 = Device.objects.create(pool=qpu, name="d1", driver="fake")
-    d2 = Device.objects.create(pool=qpu, name="d2", driver="fake")
-    local = ResourcePool.objects.create(name="local", public=True)
-    local_class = ResourceClass.objects.create(pool=local, name="small", cpu=1, memory=1, default=True)
-    ResourcePool.objects.create(name="quiet", public=True)
+    user = factories.user(username, password=None)
+    qpu = factories.pool("qpu", slots_total=10, class_name="c")
+    d1, d2 = factories.device(qpu, "d1"), factories.device(qpu, "d2")
+    local = factories.pool("local", class_name="small")
+    local_class = local.classes.get()
+    ResourcePool.objects.create(name="quiet", public=True)  # without a class: nothing ran there
 
     s1 = make_session(qpu, user, 2, T0 + 30 * M, revoked=T0 + 2 * H)  # 1.0 in hour 0, 2.0 in hour 1
     make_session(qpu, user, 3, T0 + H)  # still active: 3.0 from hour 1 to the end

@@ -6,7 +6,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.cases.models import Case
-from apps.cases.passes import POLL_FIELDS, bulk_write
+from apps.cases.passes import POLL_FIELDS
+from apps.core.rows import bulk_write
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
 
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device
+from tests import factories
 from tests.backends.conftest import link_account, sandbox_host  # noqa: F401 - local cases run as real accounts
 from tests.browser.conftest import site, worker  # noqa: F401 - the live server and its worker thread
 
@@ -36,17 +34,15 @@ class Run:
 @pytest.fixture
 def pools(transactional_db):
     """The demo's shape: a local pool for cases, a QPU pool with an emulator for jobs."""
-    local = ResourcePool.objects.create(name="local", kind="local", public=True, default=True)
-    ResourceClass.objects.create(pool=local, name="small", cpu=1, memory=2, default=True)
-    qpu = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=4)
-    ResourceClass.objects.create(pool=qpu, name="access", cpu=1, memory=1, default=True)
-    Device.objects.create(pool=qpu, name="emulator", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    local = factories.pool("local", default=True, class_name="small", memory=2)
+    qpu = factories.pool("qpu", slots_total=4)
+    factories.emulator(qpu, "emulator")
     return {"local": local, "qpu": qpu}
 
 
 @pytest.fixture
 def alice(transactional_db):
-    return get_user_model().objects.create_user("alice", password="alice-pw")
+    return factories.user("alice", password="alice-pw")
 
 
 @pytest.fixture

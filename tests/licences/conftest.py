@@ -10,8 +10,7 @@ import pytest
 
 from apps.licences import sacctmgr
 from apps.licences.models import LicenceState
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device
+from tests import factories
 from tests.qrmi.conftest import munged  # noqa: F401 - the jobs sign their acquires with the real munged
 
 #: the accounting cluster of scripts/slurm-local.sh (SLURM_LOCAL_ACCOUNTING=1): slurmdbd + MariaDB
@@ -54,11 +53,8 @@ def acct_cluster():
 def licensed_pool(db):
     """A two-slot QPU pool with an online emulator and a licence name of its own."""
     name = f"qpu_t{uuid.uuid4().hex[:10]}"
-    pool = ResourcePool.objects.create(
-        name=name, kind="local", public=True, slots_total=2, slurm_licence=f"{name}@gridgate"
-    )
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    pool = factories.pool(name, slots_total=2, slurm_licence=f"{name}@gridgate")
+    factories.emulator(pool, "emu")
     # No worker runs here: the sync that creating the pool asked for was never taken.
     LicenceState.objects.filter(pool=pool).update(pending_since=None)
     return pool

@@ -17,6 +17,7 @@ from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling import passes as scheduling
 from apps.scheduling.models import Device
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = os.environ.get("CI", "").lower() == "true"
@@ -90,9 +91,8 @@ def link(user, uid: int):
 @pytest.fixture
 def qpu(db):
     """A QPU pool with an emulator device (AnalogDevice) and 4 slots."""
-    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=4)
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    Device.objects.create(pool=pool, name="emu", driver="emulator", config={"pulser_device": "AnalogDevice"})
+    pool = factories.pool("fresnel", slots_total=4)
+    factories.emulator(pool, "emu")
     return pool
 
 
@@ -111,12 +111,9 @@ def bob(member):
 @pytest.fixture
 def open_qrmi_session(qpu, alice):
     """A session of alice on the QPU pool, as acquire would open it."""
-    from apps.sessions import services
 
     def make(external_id: str = "", slots: int = 1):
-        return services.admit(
-            user=alice, resource_class=qpu.classes.get(), slots=slots, external_id=external_id
-        ).session
+        return factories.session(qpu, alice, slots=slots, external_id=external_id)
 
     return make
 

@@ -8,8 +8,7 @@ from django.contrib.auth.models import Group
 
 from apps.reservations.models import Reservation, WindowKind
 from apps.reservations.services import save_reservation
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device
+from tests import factories
 
 #: the example window: 10:00-11:00
 TEN = datetime(2030, 3, 4, 10, 0, tzinfo=UTC)
@@ -22,14 +21,12 @@ def at(hour: int, minute: int = 0, second: int = 0) -> datetime:
 
 @pytest.fixture
 def qpu(db):
-    pool = ResourcePool.objects.create(name="fresnel", kind="local", public=True, slots_total=2)
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    return pool
+    return factories.pool("fresnel", slots_total=2)
 
 
 @pytest.fixture
 def emulator(qpu):
-    return Device.objects.create(pool=qpu, name="emu", driver="fake", config={})
+    return factories.device(qpu, "emu")
 
 
 @pytest.fixture
@@ -40,14 +37,12 @@ def group_a(db, django_user_model):
 
 @pytest.fixture
 def alice(group_a, django_user_model):
-    user = django_user_model.objects.create_user("alice", password="pw")
-    user.groups.add(group_a)
-    return user
+    return factories.user("alice", groups=[group_a])
 
 
 @pytest.fixture
 def outsiders(django_user_model, db):
-    return [django_user_model.objects.create_user(f"out{i}", password="pw") for i in range(8)]
+    return [factories.user(f"out{i}") for i in range(8)]
 
 
 @pytest.fixture

@@ -1,29 +1,24 @@
 import pytest
 from django.utils import timezone
 
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device
+from tests import factories
 
 
 @pytest.fixture
 def qpu_pool(db, owner, member):
-    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=100, strategy="weighted_fair")
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    return pool
+    return factories.pool("qpu", slots_total=100, strategy="weighted_fair")
 
 
 @pytest.fixture
 def fake_device(qpu_pool):
-    return Device.objects.create(
-        pool=qpu_pool, name="fake1", driver="fake", config={"script": ["running", "completed"]}
-    )
+    return factories.device(qpu_pool, "fake1", config={"script": ["running", "completed"]})
 
 
 @pytest.fixture
 def parked_device(qpu_pool):
     """An offline device: the pool can run jobs (R-DEV-1 refuses jobs on a pool without any
     device), but nothing is dispatched until a test brings a device online."""
-    return Device.objects.create(pool=qpu_pool, name="parked", driver="fake", online=False)
+    return factories.device(qpu_pool, "parked", online=False)
 
 
 def complete(job, runtime=1.0):

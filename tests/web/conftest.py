@@ -5,8 +5,7 @@ import pytest
 from django.test import Client
 
 from apps.backends.fake import FakeBackend
-from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling.models import Device
+from tests import factories
 
 
 @pytest.fixture
@@ -42,13 +41,9 @@ def _fresh_launch_options_cache():
 
 @pytest.fixture
 def qpu_pool(db):
-    pool = ResourcePool.objects.create(name="emulators", kind="local", public=True, slots_total=2, strategy="fifo")
-    ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
-    return pool
+    return factories.pool("emulators", slots_total=2, strategy="fifo")
 
 
 @pytest.fixture
 def fake_device(qpu_pool):
-    return Device.objects.create(
-        pool=qpu_pool, name="fake1", driver="fake", config={"script": ["running", "completed"]}
-    )
+    return factories.device(qpu_pool, "fake1", config={"script": ["running", "completed"]})

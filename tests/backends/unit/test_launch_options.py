@@ -1,0 +1,87 @@
+"""R-BACK-6: the user's launch options checked against what the backend declared
+(``apps.backends.base.validate_launch_options``), without a database: case creation and launch
+reach it through ``apps.cases.services`` (tested in tests/cases/ and tests/backends/)."""
+
+import pytest
+
+from apps.backends.base import Choice, LaunchOption, LaunchOptions, validate_launch_options
+from apps.core.exceptions import Invalid
+
+
+def declared(degraded=False):
+    return LaunchOptions(
+        options=[
+            LaunchOption("partition", "Partition", [Choice("normal", "normal"), Choice("debug", "debug")], "normal"),
+            LaunchOption("nodes", "Nodes", [], minimum=1, maximum=4),
+        ],
+        degraded=degraded,
+    )
+
+
+def refused(chosen, options=None) -> Invalid:
+    with pytest.raises(Invalid) as caught:
+        validate_launch_options(options or declared(), chosen)
+    return caught.value
+
+
+def test_a_declared_choice_and_a_number_in_range_are_accepted():
+    assert validate_launch_options(declared(), {"partition": "debug", "nodes": 2}) == {"partition": "debug", "nodes": 2}
+
+
+def test_a_range_value_posted_as_digits_is_returned_as_a_whole_number():
+    assert validate_launch_options(declared(), {"nodes": "3"}) == {"nodes": 3}
+
+
+def test_an_empty_value_means_the_default_and_is_dropped():
+    assert validate_launch_options(declared(), {"partition": "", "nodes": None}) == {}
+
+
+def test_an_undeclared_key_is_refused_naming_the_declared_ones():
+    error = refused({"qos": "high"})
+    assert "partition, nodes" in error.extra["launch_options"]["qos"][0]
+
+
+def test_a_value_outside_the_choices_is_refused_naming_the_allowed_ones():
+    error = refused({"partition": "gpu"})
+    assert "one of normal, debug" in error.extra["launch_options"]["partition"][0]
+
+
+@pytest.mark.parametrize("value", [0, 5, "5", "-1", "1.5", True, "²", "1" * 10])
+def test_a_number_outside_the_range_or_not_a_whole_number_is_refused(value):
+    error = refused({"nodes": value})
+    assert "a whole number from 1 to 4" in error.extra["launch_options"]["nodes"][0]
+
+
+def test_a_value_with_a_newline_is_refused_as_control_characters():
+    error = refused({"partition": "normal\n#SBATCH --uid=0"})
+    assert "control characters" in error.extra["launch_options"]["partition"][0]
+
+
+def test_options_that_are_not_an_object_are_refused():
+    assert refused(["partition"]).extra == {"launch_options": ["Must be a JSON object."]}
+
+
+def test_a_refusal_while_the_provider_could_not_be_asked_says_so():
+    assert "could not be asked" in refused({"partition": "gpu"}, declared(degraded=True)).detail
+
+
+def test_a_long_refused_value_is_shown_cut_short():
+    error = refused({"partition": "x" * 500})
+    assert len(error.extra["launch_options"]["partition"][0]) < 200
+
+
+def test_a_pinned_option_accepts_only_its_value():
+    options = declared()
+    options.pin("partition", "big")
+    assert validate_launch_options(options, {"partition": "big"}) == {"partition": "big"}
+    refused({"partition": "normal"}, options)
+
+
+def test_pinning_an_undeclared_option_declares_it_with_that_one_value():
+    options = LaunchOptions()
+    options.pin("partition", "big")
+    assert validate_launch_options(options, {"partition": "big"}) == {"partition": "big"}
+
+
+def test_declared_options_survive_a_round_trip_through_their_stored_form():
+    assert LaunchOptions.from_dict(declared(degraded=True).as_dict()) == declared(degraded=True)
