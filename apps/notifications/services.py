@@ -1,0 +1,50 @@
+"""Notification subscriptions (R-NOTE-1): the one code path for the API, the user page and the admin.
+
+``notify`` is the producers' entry point (``apps.notifications.outbox``): other apps call
+``notifications.services.notify(user=…, event=…, subject=…, payload=…)`` in the transaction of the
+change they report.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.db import IntegrityError, transaction
+
+from apps.backends import sealing
+from apps.core.exceptions import Conflict, NotFound
+from apps.notifications.models import Channel, Subscription
+from apps.notifications.outbox import notify, notify_many
+
+__all__ = ["create_subscription", "delete_subscription", "notify", "notify_many"]
+
+SECRET_BYTES = 32
+
+
+def create_subscription(*, user, event: str, channel: str, url: str = "") -> tuple[Subscription, str]:
+    """Subscribe ``user`` to ``event`` by ``channel``. Returns the subscription and, for a webhook,
+    its signing secret: the only time it is ever shown (it is kept sealed). Raises Django's
+    ``ValidationError`` (a URL the outbound rules refuse, e-mail without an address),
+    :class:`~apps.backends.sealing.SealingUnavailable` (503: no key to seal the secret) or
+    :class:`~apps.core.exceptions.Conflict` (the same subscription exists)."""
+    subscription = Subscription(user=user, event=event, channel=channel, url=(url or "").strip())
+    secret = ""
+    if channel == Channel.WEBHOOK:
+        sealing.require()  # before anything else: say 503 rather than validate a URL for nothing
+    subscription.full_clean(validate_constraints=False)
+    if channel == Channel.WEBHOOK:
+        secret = secrets.token_urlsafe(SECRET_BYTES)
+        subscription.secret_sealed = sealing.seal(secret)
+    try:
+        with transaction.atomic():
+            subscription.save()
+    except IntegrityError:
+        raise Conflict("You already have this subscription.") from None
+    return subscription, secret
+
+
+def delete_subscription(*, user, subscription_id) -> None:
+    """Unsubscribe: its pending deliveries go with it (nothing more is sent to that destination)."""
+    deleted, _ = Subscription.objects.filter(pk=subscription_id, user=user).delete()
+    if not deleted:
+        raise NotFound()
