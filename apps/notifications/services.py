@@ -48,3 +48,15 @@ def delete_subscription(*, user, subscription_id) -> None:
     deleted, _ = Subscription.objects.filter(pk=subscription_id, user=user).delete()
     if not deleted:
         raise NotFound()
+
+
+def retry_deliveries(*, delivery_ids) -> int:
+    """Operators (the admin): make failed deliveries due again now, with a fresh count of attempts.
+    Returns how many were failed and are pending again."""
+    from django.utils import timezone
+
+    from apps.notifications.models import Delivery, DeliveryStatus
+
+    return Delivery.objects.filter(pk__in=list(delivery_ids), status=DeliveryStatus.FAILED).update(
+        status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=timezone.now(), lease_owner="", lease_until=None
+    )
