@@ -133,3 +133,17 @@ def test_admin_lists_subscriptions_and_deliveries_and_retries_a_failed_one(admin
     delivery.refresh_from_db()
     assert delivery.status == "pending" and delivery.attempts == 0
     assert admin_client.get("/admin/notifications/subscription/add/").status_code == 403
+
+
+def test_a_key_rotation_reseals_webhook_secrets(owner, subscribe, settings):
+    from cryptography.fernet import Fernet
+    from django.core.management import call_command
+
+    subscription, secret = subscribe(owner, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/x")
+    old = settings.GRIDGATE_CREDENTIALS_KEY[0]
+    new = Fernet.generate_key().decode()
+    settings.GRIDGATE_CREDENTIALS_KEY = [new, old]
+    call_command("reseal_connections")
+    settings.GRIDGATE_CREDENTIALS_KEY = [new]  # the old key dropped
+    subscription.refresh_from_db()
+    assert sealing.unseal(subscription.secret_sealed) == secret
