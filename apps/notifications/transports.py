@@ -17,6 +17,7 @@ from django.core.mail import EmailMessage
 
 from apps.backends import sealing
 from apps.core import outbound
+from apps.core.text import printable
 from apps.notifications.models import Channel, Delivery, Event
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,9 @@ def send(delivery: Delivery) -> Outcome:
 
 
 def summary(delivery: Delivery) -> str:
+    """One line for the e-mail's subject: a name a user chose (a case's) never splits a header."""
     text = delivery.payload.get("summary") if isinstance(delivery.payload, dict) else None
-    return str(text or f"{Event(delivery.event).label}: {delivery.subject}")[:200]
+    return printable(str(text or f"{Event(delivery.event).label}: {delivery.subject}"))[:200]
 
 
 def send_email(delivery: Delivery) -> Outcome:

@@ -147,3 +147,22 @@ def test_a_key_rotation_reseals_webhook_secrets(owner, subscribe, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = [new]  # the old key dropped
     subscription.refresh_from_db()
     assert sealing.unseal(subscription.secret_sealed) == secret
+
+
+def test_cleanup_drops_old_sent_and_failed_deliveries_but_never_pending_ones(owner, subscribe):
+    from datetime import timedelta
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    owner.email = "owner@example.org"
+    owner.save(update_fields=["email"])
+    subscribe(owner, Event.JOB_FINISHED)
+    old = timezone.now() - timedelta(days=200)
+    for i, status in enumerate(["delivered", "failed", "pending"]):
+        outbox.notify(user=owner, event=Event.JOB_FINISHED, subject=f"job:{i}", payload={}, now=old)
+        Delivery.objects.filter(subject=f"job:{i}").update(status=status)
+    outbox.notify(user=owner, event=Event.JOB_FINISHED, subject="job:new", payload={})
+    Delivery.objects.filter(subject="job:new").update(status="delivered")
+    call_command("cleanup", "--days", "90")
+    assert sorted(Delivery.objects.values_list("subject", flat=True)) == ["job:2", "job:new"]

@@ -136,3 +136,13 @@ def test_email_goes_to_the_account_address_read_at_delivery_and_nowhere_without_
     passes.deliver_due()
     assert mail.outbox == []
     assert Delivery.objects.get().status == DeliveryStatus.FAILED
+
+
+def test_a_name_with_a_newline_never_splits_the_email_subject(owner_with_email, subscribe):
+    from apps.notifications import outbox
+
+    subscribe(owner_with_email, Event.CASE_FINISHED)
+    summary = "Case x\nBcc: victim@example.org finished"
+    outbox.notify(user=owner_with_email, event=Event.CASE_FINISHED, subject="case:1", payload={"summary": summary})
+    assert passes.deliver_due()["delivered"] == 1
+    assert "\n" not in mail.outbox[0].subject and mail.outbox[0].bcc == []
