@@ -33,9 +33,9 @@ from apps.notifications.models import Delivery, DeliveryAttempt, DeliveryStatus,
 log = logging.getLogger(__name__)
 
 BATCH = 50
-#: a claim's lease; a pass stops starting new calls after half of it (each call is bounded by
-#: GRIDGATE_NOTIFY_TIMEOUT_SECONDS, at most 60 s), so it records well within its lease
-LEASE_SECONDS = 180
+#: a claim's lease; a pass stops starting new calls after half of it (a webhook call ends within
+#: twice GRIDGATE_NOTIFY_TIMEOUT_SECONDS, at most 120 s), so it records within its lease
+LEASE_SECONDS = 300
 MAX_BACKOFF_SECONDS = 3600
 
 

@@ -6,6 +6,7 @@ raises. Nothing here puts a secret into an outcome or a log line.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 USER_AGENT = "Gridgate-Webhooks/1"
 #: what a receiver's answer may say that we keep (its body is never read)
 ERROR_LENGTH = 500
+#: a whole call (connect, send, the answer's head) ends after this many timeouts
+DEADLINE = 2
 
 
 @dataclass
@@ -50,6 +53,21 @@ def envelope(delivery: Delivery) -> bytes:
 def signature(secret: str, body: bytes) -> str:
     """``X-Gridgate-Signature``: ``sha256=`` and the hex HMAC-SHA256 of the body under the secret."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+async def _post(url: str, body: bytes, headers: dict, extensions: dict) -> int:
+    """The POST, its answer's status code. Async for one reason: a whole-call deadline
+    (``asyncio.wait_for``); httpx's timeouts bound each read, and a receiver dripping its answer a
+    byte at a time would otherwise hold the pass for as long as it likes."""
+    import httpx
+
+    timeout = settings.GRIDGATE_NOTIFY_TIMEOUT_SECONDS
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+        request = client.build_request("POST", url, content=body, headers=headers)
+        request.extensions.update(extensions)
+        response = await client.send(request, stream=True)
+        await response.aclose()  # the body is never read
+        return response.status_code
 
 
 def send(delivery: Delivery) -> Outcome:
@@ -120,14 +138,11 @@ def send_webhook(delivery: Delivery) -> Outcome:
     extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
     timeout = settings.GRIDGATE_NOTIFY_TIMEOUT_SECONDS
     try:
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-            request = client.build_request("POST", target.connect_url, content=body, headers=headers)
-            request.extensions.update(extensions)
-            response = client.send(request, stream=True)
-            response.close()
+        code = asyncio.run(asyncio.wait_for(_post(target.connect_url, body, headers, extensions), DEADLINE * timeout))
+    except TimeoutError:
+        return Outcome(False, error=f"no answer within {DEADLINE * timeout} s")
     except httpx.HTTPError as exc:
         return Outcome(False, error=f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
-    code = response.status_code
     if 200 <= code < 300:
         return Outcome(True, status_code=code)
     # Retried: the receiver's trouble (5xx), a timeout or a rate limit. A redirect or any other

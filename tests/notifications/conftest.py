@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -46,12 +47,24 @@ class Receiver:
     def __init__(self):
         self.requests: list[dict] = []
         self.codes: list[int] = []
+        self.drip = False  # answer one header line every half second, for ten seconds
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 receiver.requests.append({"headers": dict(self.headers), "body": body, "path": self.path})
+                if receiver.drip:
+                    try:
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                        for i in range(20):
+                            self.wfile.write(b"X-Pad-%d: x\r\n" % i)
+                            self.wfile.flush()
+                            time.sleep(0.5)
+                    except OSError:
+                        pass  # the client hung up: what the test expects
+                    self.close_connection = True
+                    return
                 code = receiver.codes.pop(0) if receiver.codes else 200
                 self.send_response(code)
                 self.send_header("Content-Length", "0")

@@ -105,7 +105,7 @@ def test_a_webhook_whose_name_moved_to_a_private_address_is_refused_at_delivery(
     subscribe(owner_with_email, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/in")
     resolver["hooks.example.org"] = ["93.184.216.34", "10.0.0.1"]  # DNS changed since
     sent = []
-    monkeypatch.setattr(httpx.Client, "send", lambda *a, **k: sent.append(a))
+    monkeypatch.setattr(httpx.AsyncClient, "send", lambda *a, **k: sent.append(a))
     run_job(owner_with_email, ["running", "completed"])
     report = passes.deliver_due()
     assert report["failed"] == 1 and sent == []
@@ -146,3 +146,15 @@ def test_a_name_with_a_newline_never_splits_the_email_subject(owner_with_email, 
     outbox.notify(user=owner_with_email, event=Event.CASE_FINISHED, subject="case:1", payload={"summary": summary})
     assert passes.deliver_due()["delivered"] == 1
     assert "\n" not in mail.outbox[0].subject and mail.outbox[0].bcc == []
+
+
+def test_a_receiver_dripping_its_answer_is_cut_off_at_the_deadline_and_retried(
+    owner_with_email, subscribe, receiver, settings
+):
+    settings.GRIDGATE_NOTIFY_TIMEOUT_SECONDS = 1  # each read gets a byte within it: only the deadline ends it
+    receiver.drip = True
+    subscribe(owner_with_email, Event.JOB_FINISHED, "webhook", receiver.url)
+    run_job(owner_with_email, ["running", "completed"])
+    assert passes.deliver_due()["retried"] == 1
+    delivery = Delivery.objects.get()
+    assert delivery.status == DeliveryStatus.PENDING and delivery.last_error == "no answer within 2 s"
