@@ -105,7 +105,12 @@ def test_a_webhook_whose_name_moved_to_a_private_address_is_refused_at_delivery(
     subscribe(owner_with_email, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/in")
     resolver["hooks.example.org"] = ["93.184.216.34", "10.0.0.1"]  # DNS changed since
     sent = []
-    monkeypatch.setattr(httpx.AsyncClient, "send", lambda *a, **k: sent.append(a))
+
+    async def send(*args, **kwargs):
+        sent.append(args)
+        raise httpx.ConnectError("no connection in this test")
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", send)
     run_job(owner_with_email, ["running", "completed"])
     report = passes.deliver_due()
     assert report["failed"] == 1 and sent == []
