@@ -29,9 +29,7 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
     :class:`~apps.core.exceptions.Conflict` (the same subscription exists)."""
     subscription = Subscription(user=user, event=event, channel=channel, url=(url or "").strip())
     secret = ""
-    if channel == Channel.WEBHOOK:
-        sealing.require()  # before anything else: say 503 rather than validate a URL for nothing
-    subscription.full_clean(validate_constraints=False)
+    subscription.full_clean(validate_constraints=False)  # what the caller can fix (400) before 503
     if channel == Channel.WEBHOOK:
         secret = secrets.token_urlsafe(SECRET_BYTES)
         subscription.secret_sealed = sealing.seal(secret)
