@@ -22,8 +22,9 @@ SECRET_BYTES = 32
 
 
 def create_subscription(*, user, event: str, channel: str, url: str = "") -> tuple[Subscription, str]:
-    """Subscribe ``user`` to ``event`` by ``channel``. Returns the subscription and, for a webhook,
-    its signing secret: the only time it is ever shown (it is kept sealed). Raises Django's
+    """Subscribe ``user`` to ``event`` by ``channel``. Returns the subscription and, for a webhook
+    to a URL new to ``user``, its signing secret: the only time it is ever shown (it is kept
+    sealed); a webhook to a URL they already use shares that URL's secret ("" here). Raises Django's
     ``ValidationError`` (a URL the outbound rules refuse, e-mail without an address),
     :class:`~apps.backends.sealing.SealingUnavailable` (503: no key to seal the secret) or
     :class:`~apps.core.exceptions.Conflict` (the same subscription exists)."""
@@ -31,8 +32,18 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
     secret = ""
     subscription.full_clean(validate_constraints=False)  # what the caller can fix (400) before 503
     if channel == Channel.WEBHOOK:
-        secret = secrets.token_urlsafe(SECRET_BYTES)
-        subscription.secret_sealed = sealing.seal(secret)
+        # One secret per receiver: another event to a URL the user already has keeps its secret
+        # (shown when that URL was first subscribed), so a receiver checks one signature key.
+        same_url = (
+            Subscription.objects.filter(user=user, channel=Channel.WEBHOOK, url=subscription.url)
+            .values_list("secret_sealed", flat=True)
+            .first()
+        )
+        if same_url:
+            subscription.secret_sealed = same_url
+        else:
+            secret = secrets.token_urlsafe(SECRET_BYTES)
+            subscription.secret_sealed = sealing.seal(secret)
     try:
         with transaction.atomic():
             subscription.save()

@@ -166,3 +166,13 @@ def test_cleanup_drops_old_sent_and_failed_deliveries_but_never_pending_ones(own
     Delivery.objects.filter(subject="job:new").update(status="delivered")
     call_command("cleanup", "--days", "90")
     assert sorted(Delivery.objects.values_list("subject", flat=True)) == ["job:2", "job:new"]
+
+
+def test_a_second_event_to_the_same_url_shares_its_secret_and_does_not_show_it_again(api, owner):
+    first = api(owner).post(URL, {"event": "job.finished", "channel": "webhook", "url": "https://hooks.example.org/x"})
+    second = api(owner).post(URL, {"event": "job.failed", "channel": "webhook", "url": "https://hooks.example.org/x"})
+    assert second.status_code == 201 and second.json()["secret"] is None
+    sealed = Subscription.objects.filter(user=owner).values_list("secret_sealed", flat=True)
+    assert {sealing.unseal(value) for value in sealed} == {first.json()["secret"]}
+    other = api(owner).post(URL, {"event": "job.failed", "channel": "webhook", "url": "https://other.example.org/x"})
+    assert other.json()["secret"] not in (None, first.json()["secret"])

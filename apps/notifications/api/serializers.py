@@ -37,8 +37,9 @@ class SubscriptionCreatedSerializer(SubscriptionSerializer):
     @extend_schema_field(
         serializers.CharField(
             allow_null=True,
-            help_text="The webhook's signing secret, shown this once (null for e-mail): verify "
-            "`X-Gridgate-Signature: sha256=<hex HMAC-SHA256 of the body>` with it.",
+            help_text="The webhook's signing secret, shown this once: verify "
+            "`X-Gridgate-Signature: sha256=<hex HMAC-SHA256 of the body>` with it. Null for e-mail, "
+            "and for a URL you already subscribed (it keeps the secret shown then).",
         )
     )
     def get_secret(self, obj):
