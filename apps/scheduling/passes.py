@@ -366,6 +366,7 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
 
 
 def notify_job_ended(job: Job, status: str, now) -> None:
+    """R-NOTE-1: the owner's ``job.finished`` (completed) or ``job.failed`` (failed, unknown)."""
     event = Event.JOB_FINISHED if status == JobStatus.COMPLETED else Event.JOB_FAILED
     word = "finished" if status == JobStatus.COMPLETED else f"ended {status}"
     notifications.notify(

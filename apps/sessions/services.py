@@ -337,8 +337,8 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
             ended = statements.end_sessions(chosen, RevocationReason.RESERVATION, now)
             changed = changed or bool(ended)
         calendar.mark_started([window.pk for window in windows], now)
-        # R-NOTE-1: its holders hear that it started, once (a window staff changed starts again:
-        # the outbox's key keeps the first notice).
+        # R-NOTE-1: its holders hear that it started, once per start (a window staff changed
+        # starts again; the outbox's key, which holds the start, drops the repeat).
         window_passes.notify_started([window for window in windows if window.started_at is None], holders, pool.name)
     _announce(ended, RevocationReason.RESERVATION)
     if ended:
