@@ -391,6 +391,8 @@ GRIDGATE_NOTIFY_TIMEOUT_SECONDS = env_int("GRIDGATE_NOTIFY_TIMEOUT_SECONDS", 5, 
 GRIDGATE_NOTIFY_MAX_ATTEMPTS = env_int("GRIDGATE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
 GRIDGATE_NOTIFY_RETRY_SECONDS = env_int("GRIDGATE_NOTIFY_RETRY_SECONDS", 30, minimum=1)
 GRIDGATE_NOTIFY_SESSION_EXPIRING_SECONDS = env_int("GRIDGATE_NOTIFY_SESSION_EXPIRING_SECONDS", 900, minimum=60)
+# The most subscriptions one user may hold (each event fans out to all of theirs).
+GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS = env_int("GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS", 50, minimum=1)
 # E-mail (notifications) through Django's mail settings; the console backend prints them instead.
 EMAIL_BACKEND = env_str("GRIDGATE_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = env_str("GRIDGATE_EMAIL_HOST", "localhost")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import secrets
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from apps.backends import sealing
@@ -44,8 +46,15 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
         else:
             secret = secrets.token_urlsafe(SECRET_BYTES)
             subscription.secret_sealed = sealing.seal(secret)
+    limit = settings.GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS
     try:
         with transaction.atomic():
+            # The user's row serializes their own creations: the cap holds under concurrent requests.
+            get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk").first()
+            if Subscription.objects.filter(user=user).count() >= limit:
+                # Each event fans out to every subscription: a cap keeps one user's job ends from
+                # becoming a flood of requests (to the receivers, and for the delivery pass).
+                raise Conflict(f"You have {limit} subscriptions, the most this site allows: delete one first.")
             subscription.save()
     except IntegrityError:
         raise Conflict("You already have this subscription.") from None

@@ -176,3 +176,14 @@ def test_a_second_event_to_the_same_url_shares_its_secret_and_does_not_show_it_a
     assert {sealing.unseal(value) for value in sealed} == {first.json()["secret"]}
     other = api(owner).post(URL, {"event": "job.failed", "channel": "webhook", "url": "https://other.example.org/x"})
     assert other.json()["secret"] not in (None, first.json()["secret"])
+
+
+def test_a_user_cannot_hold_more_subscriptions_than_the_cap(api, owner, settings):
+    settings.GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS = 2
+    for i in range(2):
+        body = {"event": "job.finished", "channel": "webhook", "url": f"https://hooks.example.org/{i}"}
+        assert api(owner).post(URL, body).status_code == 201
+    body = {"event": "job.finished", "channel": "webhook", "url": "https://hooks.example.org/2"}
+    response = api(owner).post(URL, body)
+    assert response.status_code == 409 and "delete one first" in response.json()["detail"]
+    assert Subscription.objects.filter(user=owner).count() == 2

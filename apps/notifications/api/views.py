@@ -30,7 +30,9 @@ ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The subscri
                 description="A URL the outbound rules refuse (not https, a private or loopback address, "
                 "unresolvable), a URL for e-mail, or e-mail without an address on your account.",
             ),
-            409: OpenApiResponse(ErrorSerializer, description="You already have this subscription."),
+            409: OpenApiResponse(
+                ErrorSerializer, description="You already have this subscription, or as many as the site allows."
+            ),
             503: OpenApiResponse(ErrorSerializer, description="Webhooks: no key to seal the secret is configured."),
         },
     ),
