@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "apps.qrmi",
     "apps.licences",
     "apps.reservations",
+    "apps.notifications",
     "apps.metrics",
 ]
 
@@ -380,6 +381,28 @@ GRIDGATE_WORKER_LEASE_SECONDS = env_int("GRIDGATE_WORKER_LEASE_SECONDS", 10, min
 # graceful timeout; `manage.py worker` then kills the cluster). Below systemd's TimeoutStopSec.
 GRIDGATE_STOP_GRACE = env_int("GRIDGATE_STOP_GRACE", 30, minimum=1)
 GRIDGATE_ALLOW_INSECURE_REMOTES = env_bool("GRIDGATE_ALLOW_INSECURE_REMOTES", False)
+# The outbound rules (apps.core.outbound): networks (CIDRs) users' webhooks may reach although they
+# are loopback, private or link-local (a site's own receiver on 10.1.2.3/32). Empty: none.
+GRIDGATE_OUTBOUND_ALLOWED_NETWORKS = env_list("GRIDGATE_OUTBOUND_ALLOWED_NETWORKS", [])
+# Notifications (apps.notifications, docs/operations.md "Notifications"): the delivery pass's
+# cadence, a webhook's timeout, attempts before a delivery is given up, the first retry's delay
+# (doubled at each attempt, capped at an hour), and how long before a session's end its owner hears.
+GRIDGATE_NOTIFY_TICK = env_int("GRIDGATE_NOTIFY_TICK", 5, minimum=1)
+GRIDGATE_NOTIFY_TIMEOUT_SECONDS = env_int("GRIDGATE_NOTIFY_TIMEOUT_SECONDS", 5, minimum=1, maximum=60)
+GRIDGATE_NOTIFY_MAX_ATTEMPTS = env_int("GRIDGATE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+GRIDGATE_NOTIFY_RETRY_SECONDS = env_int("GRIDGATE_NOTIFY_RETRY_SECONDS", 30, minimum=1)
+GRIDGATE_NOTIFY_SESSION_EXPIRING_SECONDS = env_int("GRIDGATE_NOTIFY_SESSION_EXPIRING_SECONDS", 900, minimum=60)
+# The most subscriptions one user may hold (each event fans out to all of theirs).
+GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS = env_int("GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS", 50, minimum=1)
+# E-mail (notifications) through Django's mail settings; the console backend prints them instead.
+EMAIL_BACKEND = env_str("GRIDGATE_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("GRIDGATE_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("GRIDGATE_EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("GRIDGATE_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("GRIDGATE_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("GRIDGATE_EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("GRIDGATE_EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("GRIDGATE_EMAIL_FROM", "gridgate@localhost")
 GRIDGATE_CASES_ROOT = Path(env_str("GRIDGATE_CASES_ROOT", str(VAR_DIR / "cases")))
 GRIDGATE_MAX_UPLOAD_MB = env_int("GRIDGATE_MAX_UPLOAD_MB", 512, minimum=1)
 # Below this much free space on the cases root's file system a case launch is refused (507), the

@@ -51,6 +51,8 @@ from apps.core.exceptions import ServiceError
 from apps.core.rows import bulk_write
 from apps.core.tasks import enqueue
 from apps.credentials import services as credential_services
+from apps.notifications import services as notifications
+from apps.notifications.models import Event
 from apps.resources.launch import case_bounds, launch_spec
 from apps.resources.selectors import run_as_for
 
@@ -301,8 +303,33 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
         kept_events = [event for event in events if event.case_id in kept]
         if kept_events:
             CaseEvent.objects.bulk_create(kept_events)
+            # R-NOTE-1: one outbox statement for the pass's ended cases, in this transaction.
+            by_id = {case.id: case for case in keep}
+            notify_cases_ended([(by_id[e.case_id], e.to_status, e.at) for e in kept_events if e.to_status in ENDS])
     report.recorded += len(keep)
     report.transitions += [(str(e.case_id), e.from_status, e.to_status) for e in kept_events if e.to_status]
+
+
+#: the ends a case's owner may be told about (a cancel is their own or staff's doing)
+ENDS = {CaseStatus.DONE: Event.CASE_FINISHED, CaseStatus.FAILED: Event.CASE_FAILED}
+
+
+def notify_cases_ended(ended: list[tuple[Case, str, datetime]]) -> None:
+    """Outbox rows for cases that reached ``done`` or ``failed`` (none when none did)."""
+    notifications.notify_many(
+        (
+            ENDS[status],
+            case.owner_id,
+            f"case:{case.id}",
+            {
+                "summary": f"Case {case.name} {'finished' if status == CaseStatus.DONE else 'failed'}",
+                "case": {"id": str(case.id), "name": case.name, "status": status, "campaign": case.campaign_id},
+                "finished_at": at,
+            },
+        )
+        for case, status, at in ended
+        if status in ENDS
+    )
 
 
 def _transition(case: Case, to: str, now: datetime, message: str, events: list[CaseEvent]) -> None:
@@ -728,6 +755,8 @@ def submit_claimed(case: Case, *, owner: str) -> bool:
         updated = Case.objects.filter(pk=case.pk, lease_owner=owner, status=CaseStatus.PREPARED).update(**fields)
         if updated:
             _event(case.pk, now, from_status=CaseStatus.PREPARED, to_status=fields["status"], message=message)
+            if fields["status"] == CaseStatus.FAILED:
+                notify_cases_ended([(case, CaseStatus.FAILED, now)])
     if not updated:
         current = Case.objects.filter(pk=case.pk).values_list("status", flat=True).first()
         if remote_id and current == CaseStatus.CANCELLED:

@@ -9,11 +9,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
-from django.conf import settings
-
-from apps.core import credentials
+from apps.core import credentials, outbound
 from apps.core.text import has_control_characters
 
 # Matched with fullmatch: ``$`` would also accept a trailing newline.
@@ -37,16 +34,11 @@ def _no_control_characters(value: str) -> str:
 
 
 def _https_url(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise RemoteError("must be a URL")
-    _no_control_characters(value)
-    parsed = urlparse(value)
-    allowed = {"https", "http"} if settings.GRIDGATE_ALLOW_INSECURE_REMOTES else {"https"}
-    if parsed.scheme not in allowed or not parsed.netloc:
-        if parsed.scheme == "http":
-            raise RemoteError("must be an https URL (http is only allowed with GRIDGATE_ALLOW_INSECURE_REMOTES=true)")
-        raise RemoteError("must be an https URL")
-    return value
+    # The one copy of the outbound scheme rule (apps.core.outbound), also applied to webhooks.
+    try:
+        return outbound.check_url(value)
+    except outbound.OutboundRefused as exc:
+        raise RemoteError(str(exc)) from None
 
 
 def _text(value: Any) -> str:

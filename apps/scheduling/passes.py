@@ -19,6 +19,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.core.retry import is_retryable
+from apps.notifications import services as notifications
+from apps.notifications.models import Event
 from apps.reservations.selectors import now_for as calendar_now
 from apps.resources.models import ResourcePool
 from apps.scheduling import latency, runtimes, shares
@@ -340,6 +342,10 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
             lease_owner="",
             lease_until=None,
         )
+        if updated and status != JobStatus.CANCELLED:
+            # R-NOTE-1: the outbox row commits with the job's end (one statement, none matching
+            # when its owner subscribed to nothing).
+            notify_job_ended(job, status, now)
     if updated and state.runtime_seconds:
         # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
         # job ran too). In its own transaction, after the job row's, taking the session first:
@@ -357,6 +363,23 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
         if status == JobStatus.COMPLETED and job.device_id:
             runtimes.observe(job.device_id, job.shots, state.runtime_seconds)  # R-JOB-5: the ETA's figures
     return bool(updated)
+
+
+def notify_job_ended(job: Job, status: str, now) -> None:
+    """R-NOTE-1: the owner's ``job.finished`` (completed) or ``job.failed`` (failed, unknown)."""
+    event = Event.JOB_FINISHED if status == JobStatus.COMPLETED else Event.JOB_FAILED
+    word = "finished" if status == JobStatus.COMPLETED else f"ended {status}"
+    notifications.notify(
+        user=job.user_id,
+        event=event,
+        subject=f"job:{job.pk}",
+        payload={
+            "summary": f"Job {job.pk} {word}",
+            "job": {"id": job.pk, "status": status, "pool": job.pool_id, "session": str(job.session_id)},
+            "finished_at": now,
+        },
+        now=now,
+    )
 
 
 def poll_running(pool_id: int) -> int:

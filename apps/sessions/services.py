@@ -297,6 +297,7 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
     reservations first. Their owners were told beforehand: their session carried the notice
     (``apps.reservations.selectors.revocation_notices``). The revocation is announced after the
     commit, as any (its jobs cancelled, the Slurm licence synced)."""
+    from apps.reservations import passes as window_passes
     from apps.reservations import selectors as calendar
 
     now = now or timezone.now()
@@ -336,6 +337,9 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
             ended = statements.end_sessions(chosen, RevocationReason.RESERVATION, now)
             changed = changed or bool(ended)
         calendar.mark_started([window.pk for window in windows], now)
+        # R-NOTE-1: its holders hear that it started, once per start (a window staff changed
+        # starts again; the outbox's key, which holds the start, drops the repeat).
+        window_passes.notify_started([window for window in windows if window.started_at is None], holders, pool.name)
     _announce(ended, RevocationReason.RESERVATION)
     if ended:
         log.info("pool %s: %d session(s) revoked at the start of a reservation", pool.name, len(ended))

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from apps.accounts.models import ApiToken
 from apps.core import jsonlimits
+from apps.notifications.models import Channel, Event
 from apps.web.selectors import case_classes
 
 # The database's integer range: a larger number typed in a form is a form error, not a 500
@@ -186,3 +187,20 @@ class UtilizationForm(forms.Form):
             raise forms.ValidationError(f"Pick at most {MAX_PERIOD.days} days.")
         data["start"], data["end"] = start, end
         return data
+
+
+class SubscriptionForm(forms.Form):
+    """A notification subscription (R-NOTE-1): the rules are the service's (the URL's outbound
+    check, e-mail needing an address on the account)."""
+
+    event = forms.ChoiceField(choices=Event.choices)
+    channel = forms.ChoiceField(
+        choices=Channel.choices,
+        help_text="E-mail goes to the address of your account; a webhook to the URL below.",
+    )
+    url = forms.CharField(
+        label="Webhook URL",
+        required=False,
+        max_length=2000,
+        help_text="https, on a public address; leave empty for e-mail.",
+    )

@@ -3,7 +3,7 @@ from django.urls import path
 from apps.accounts import oidc
 from apps.accounts.forms import LoginForm
 from apps.credentials.urls import urlpatterns as connection_urlpatterns
-from apps.web import views
+from apps.web import notifications, views
 
 app_name = "web"
 
@@ -34,6 +34,8 @@ urlpatterns = [
     path("tokens/", views.token_list, name="token-list"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("utilization/", views.utilization, name="utilization"),
+    path("notifications/", notifications.notification_list, name="notification-list"),
+    path("notifications/<int:pk>/delete/", notifications.notification_delete, name="notification-delete"),
 ]
 
 # Per-user remote credentials (docs/backends.md, "Per-user credentials"): the connections pages.

@@ -1,4 +1,5 @@
-"""``manage.py reseal_connections``: re-seal every stored per-user credential under the first key of
+"""``manage.py reseal_connections``: re-seal every stored per-user credential (and every
+notification webhook's signing secret) under the first key of
 ``GRIDGATE_CREDENTIALS_KEY`` (docs/backends.md, "Per-user credentials", key rotation).
 
 Rotation: put the new key first (``GRIDGATE_CREDENTIALS_KEY=new,old``) on every web and worker
@@ -37,9 +38,38 @@ class Command(BaseCommand):
                 connection.save(update_fields=["sealed_secret", "updated_at"])
                 resealed += 1
         self.stdout.write(f"re-sealed {resealed} connection(s) under the first key")
+        hooks, unreadable_hooks = self._webhooks()
+        self.stdout.write(f"re-sealed {hooks} webhook secret(s) under the first key")
+        if unreadable_hooks:
+            ids = ", ".join(map(str, unreadable_hooks))
+            self.stderr.write(
+                f"{len(unreadable_hooks)} webhook secret(s) cannot be opened with any configured key (subscriptions "
+                f"{ids}): their users must create those webhooks again"
+            )
         if unreadable:
             ids = ", ".join(map(str, unreadable))
             raise CommandError(
                 f"{len(unreadable)} connection(s) cannot be opened with any configured key (ids {ids}): "
                 "their users must reconnect (or put the key they were sealed with back into GRIDGATE_CREDENTIALS_KEY)"
             )
+        if unreadable_hooks:
+            raise CommandError("some webhook secrets cannot be opened with any configured key (above)")
+
+    def _webhooks(self) -> tuple[int, list[int]]:
+        """The notification webhooks' signing secrets (apps.notifications), the same way."""
+        from apps.notifications.models import Subscription
+
+        resealed, unreadable = 0, []
+        for pk in Subscription.objects.exclude(secret_sealed="").order_by("pk").values_list("pk", flat=True).iterator():
+            with transaction.atomic():
+                subscription = Subscription.objects.select_for_update().filter(pk=pk).first()
+                if subscription is None:
+                    continue  # unsubscribed meanwhile
+                try:
+                    subscription.secret_sealed = sealing.reseal(subscription.secret_sealed)
+                except sealing.Unreadable:
+                    unreadable.append(pk)
+                    continue
+                subscription.save(update_fields=["secret_sealed"])
+                resealed += 1
+        return resealed, unreadable

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 class Command(BaseCommand):
     help = (
-        "Delete ended sessions, finished jobs, case events and login records older than the "
+        "Delete ended sessions, finished jobs, case events, notification deliveries and login records older than the "
         "retention, idempotency keys older than 24 h and expired API tokens; purge the provider side "
         "(Qarnot buckets, FirecREST and Slurm run directories) of cases finished before the retention. "
         "Active work is never touched."
@@ -37,6 +37,7 @@ class Command(BaseCommand):
         from apps.accounts.models import ApiToken, LoginRate
         from apps.cases.models import TERMINAL as CASE_TERMINAL
         from apps.cases.models import CaseEvent
+        from apps.notifications.models import Delivery, DeliveryStatus
         from apps.scheduling.models import TERMINAL as JOB_TERMINAL
         from apps.scheduling.models import UNFINISHED, DriverRun, Job
         from apps.sessions.models import Session, SessionStatus
@@ -62,6 +63,11 @@ class Command(BaseCommand):
                 ),
             ),
             ("events of finished cases", CaseEvent.objects.filter(at__lt=cutoff, case__status__in=CASE_TERMINAL)),
+            # The notifications' log (R-NOTE-1): a pending delivery is still to be sent, whatever its age.
+            (
+                "sent or failed notifications",
+                Delivery.objects.filter(created_at__lt=cutoff).exclude(status=DeliveryStatus.PENDING),
+            ),
             # An expired token no longer authenticates (each login issues a new one).
             ("expired API tokens", ApiToken.objects.filter(expires_at__lte=now)),
             # django-axes writes one per successful page login; its failure counts expire by themselves.
