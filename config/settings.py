@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "apps.licences",
     "apps.reservations",
     "apps.metrics",
+    "apps.allocations",
 ]
 
 MIDDLEWARE = [

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.allocations.services import check_case_launch
 from apps.backends import connections
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
@@ -149,6 +150,8 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             free_bytes=free,
         )
     now = timezone.now()
+    # R-ALLOC-1: no core-hours left in the owner's project on this pool: 409 with what is left.
+    check_case_launch(case=case, now=now)
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
