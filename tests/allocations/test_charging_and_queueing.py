@@ -134,3 +134,18 @@ def test_a_session_may_name_only_its_own_allocation(qpu, owner, member, grant, a
         "/api/v1/sessions/", {"resource_class": qpu.classes.get().pk, "allocation": others.pk}, format="json"
     )
     assert answer.status_code == 404
+
+
+def test_submission_answer_carries_what_is_left(qpu, owner, grant, open_session, api):
+    grant(qpu, user=owner, device_seconds=300)
+    session = open_session(qpu, owner)
+    answer = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.data["allocation_remaining"]["device_seconds"] == 300
+
+
+def test_submission_answer_without_an_allocation_says_null(qpu, owner, open_session, api):
+    session = open_session(qpu, owner)
+    answer = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.data["allocation_remaining"] is None
