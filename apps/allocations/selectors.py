@@ -86,3 +86,16 @@ def _hours(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
     return f"{seconds / 3600:.1f} h"
+
+
+def defaults_on(user, pool_ids, now) -> dict:
+    """The pools page: ``user``'s default allocation on each of ``pool_ids`` with its summary
+    ('1.2 h of 5 h device time left this period'), in one query."""
+    mine: dict[int, list] = {}
+    for allocation in Allocation.objects.filter(of_user(user.pk), pool_id__in=list(pool_ids)):
+        mine.setdefault(allocation.pool_id, []).append(allocation)
+    out = {}
+    for pool_id, allocations in mine.items():
+        chosen = preferred(allocations, now)
+        out[pool_id] = {"allocation": chosen, "summary": summary(chosen, now)}
+    return out

@@ -32,7 +32,7 @@ def as_csv_error(data) -> str:
     return "error\n" + str(data).replace("\n", " ") + "\n"
 
 
-class UsageRowSerializer(serializers.Serializer):
+class UsageExportRowSerializer(serializers.Serializer):
     period = serializers.CharField(help_text="2026-11 (month), or the first day of the week or the day.")
     group_by = serializers.CharField()
     key = serializers.CharField(help_text="The username, group name, project name or pool name ('' for none).")
@@ -48,7 +48,7 @@ class UsageExportSerializer(serializers.Serializer):
     until = serializers.DateTimeField()
     group_by = serializers.CharField()
     period = serializers.CharField()
-    rows = UsageRowSerializer(many=True)
+    rows = UsageExportRowSerializer(many=True)
 
 
 class UsageExportView(APIView):
