@@ -6,7 +6,7 @@ import csv
 import io
 from datetime import UTC, datetime
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, DateTimeField, Q, Sum, Value
 from django.db.models.functions import Coalesce, TruncDay, TruncMonth, TruncWeek
 
 from apps.allocations.models import Charge, ChargeKind
@@ -30,15 +30,23 @@ def month_bounds(value: str) -> tuple[datetime, datetime]:
     return start, end
 
 
-def usage(*, since: datetime, until: datetime, group_by: str = "user", period: str = "month") -> list[dict]:
-    """One row per (period, key) with charges in [since, until): device seconds, core-hours, and
-    the jobs and cases charged. Charges with no allocation (pools without any) count under an
-    empty group and project."""
+def usage(
+    *, since: datetime, until: datetime, group_by: str = "user", period: str | None = "month", pool_ids=None
+) -> list[dict]:
+    """One row per (period, key) with charges in [since, until) (on ``pool_ids``, when given):
+    device seconds, core-hours, and the jobs and cases charged; ``period`` None: one row per key
+    for the whole range (the utilization page). Charges with no allocation (pools without any)
+    count under an empty group and project."""
     label, columns = GROUP_BY[group_by]
+    charges = Charge.objects.filter(charged_at__gte=since, charged_at__lt=until)
+    if pool_ids is not None:
+        charges = charges.filter(pool_id__in=pool_ids)
+    if period is None:
+        charges = charges.annotate(bucket=Value(None, output_field=DateTimeField()))
+    else:
+        charges = charges.annotate(bucket=PERIODS[period]("charged_at", tzinfo=UTC))
     rows = (
-        Charge.objects.filter(charged_at__gte=since, charged_at__lt=until)
-        .annotate(bucket=PERIODS[period]("charged_at", tzinfo=UTC))
-        .values("bucket", *columns)
+        charges.values("bucket", *columns)
         .annotate(
             device=Coalesce(Sum("device_seconds"), 0.0),
             cores=Coalesce(Sum("core_hours"), 0.0),
@@ -65,7 +73,7 @@ def usage(*, since: datetime, until: datetime, group_by: str = "user", period: s
     return out
 
 
-def _period_label(bucket, period: str) -> str:
+def _period_label(bucket, period: str | None) -> str:
     if bucket is None:
         return ""
     return bucket.strftime("%Y-%m") if period == "month" else bucket.strftime("%Y-%m-%d")

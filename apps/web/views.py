@@ -544,8 +544,31 @@ def utilization(request):
         "step": charts.step_text(result.step),
         "panels": [panel for panel in panels if panel.pool.active],
         "quiet": [panel.pool.name for panel in panels if not panel.pool.active],
+        "breakdown": _usage_breakdown(data["start"], data["end"], data["pool"]),
     }
     return render(request, "web/utilization.html", context)
+
+
+def _usage_breakdown(since, until, pool) -> list[dict]:
+    """R-ACCT-1 on the utilization page: the period's charges per user, group and project (one
+    query each), with the export's CSV link for the same range."""
+    from urllib.parse import urlencode
+
+    from apps.allocations.usage import usage
+
+    pool_ids = [pool.pk] if pool else None
+    out = []
+    for group_by, title in (("user", "Per user"), ("group", "Per group"), ("project", "Per project")):
+        query = urlencode({"group_by": group_by, "since": since.isoformat(), "until": until.isoformat()})
+        out.append(
+            {
+                "title": title,
+                "key": group_by,
+                "rows": usage(since=since, until=until, group_by=group_by, period=None, pool_ids=pool_ids),
+                "csv": f"{reverse('allocations:usage-export')}?{query}&format=csv",
+            }
+        )
+    return out
 
 
 def session_end_words(session, viewer) -> str:

@@ -1,6 +1,8 @@
 """R-ALLOC-1 visible before spending: the pools page and the session page say what is left of
 your project; /metrics has a gauge per allocation."""
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 from django.utils import timezone
@@ -50,3 +52,26 @@ def test_metrics_have_a_gauge_per_allocation(qpu, owner, team, grant):
     assert sample("gridgate_allocation_remaining", allocation="lattice", resource="device_seconds") == [-100]
     assert sample("gridgate_allocation_remaining", allocation="cases", resource="core_hours") == [10]
     assert sample("gridgate_allocation_granted", allocation="cases", resource="device_seconds") == []
+
+
+def test_utilization_page_breaks_usage_down_per_user_group_and_project_with_csv_links(
+    qpu, owner, member, team, grant, staff
+):
+    from apps.allocations.models import Charge, ChargeKind
+
+    mine = grant(qpu, name="lattice", user=owner, device_seconds=10_000)
+    theirs = grant(qpu, name="qsim", group=team, device_seconds=10_000)
+    now = timezone.now() - timedelta(hours=2)  # inside the last 24 hours' whole buckets
+    Charge.objects.create(
+        kind=ChargeKind.JOB, allocation=mine, pool=qpu, user=owner, device_seconds=120, charged_at=now
+    )
+    Charge.objects.create(
+        kind=ChargeKind.JOB, allocation=theirs, pool=qpu, user=member, device_seconds=60, charged_at=now
+    )
+
+    page = logged_in(staff).get("/utilization/?period=24h").content.decode()
+
+    assert 'id="usage-user"' in page and 'id="usage-group"' in page and 'id="usage-project"' in page
+    assert "lattice" in page and "qsim" in page and "team" in page
+    assert "120.0" in page and "60.0" in page
+    assert "/api/v1/accounting/usage/?group_by=project" in page and "format=csv" in page
