@@ -150,7 +150,9 @@ def _record(charges: list[Charge], allocations: dict[int, Allocation], now) -> i
                 total = spent.setdefault(allocation_id, [0.0, 0.0])
                 total[0] += device
                 total[1] += cores
-        for allocation_id, (device, cores) in spent.items():
+        # In id order: two passes charging the same allocations lock their rows in one order.
+        for allocation_id in sorted(spent):
+            device, cores = spent[allocation_id]
             _spend(allocations[allocation_id], device, cores, now)
     return len(inserted)
 

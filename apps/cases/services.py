@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.allocations.services import check_case_launch
+from apps.allocations.services import charge_cases, check_case_launch
 from apps.backends import connections
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
@@ -256,6 +256,8 @@ def cancel_case(case: Case) -> Case:
         )
         if updated:
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
+            # R-ALLOC-1: the run time it had used by its last poll, charged once with its end.
+            charge_cases(cases=[case], now=timezone.now())
     case.refresh_from_db()
     if not updated:
         if case.status == CaseStatus.CANCELLED:
