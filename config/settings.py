@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "apps.reservations",
     "apps.notifications",
     "apps.metrics",
+    "apps.allocations",
 ]
 
 MIDDLEWARE = [
@@ -329,7 +330,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"CaseStatusEnum": "apps.cases.models.CaseStatus"},
+    "ENUM_NAME_OVERRIDES": {
+        "CaseStatusEnum": "apps.cases.models.CaseStatus",
+        "JobStatusEnum": "apps.scheduling.models.JobStatus",
+    },
 }
 
 # django-q2: the ORM broker needs nothing beyond the database; Redis is an option for larger

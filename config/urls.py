@@ -25,6 +25,7 @@ urlpatterns = [
     path("api/v1/", include("apps.cases.api.urls")),
     path("api/v1/", include("apps.reservations.api.urls")),
     path("api/v1/", include("apps.notifications.api.urls")),
+    path("api/v1/", include("apps.allocations.api.urls")),
     # bench/http_load.py's write floor: no route at all unless the bench's server asks for it.
     *(
         [path("api/v1/bench/write-floor/", WriteFloorView.as_view(), name="bench-write-floor")]

@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.allocations import services as charges
 from apps.backends import files
 from apps.backends.base import (
     AlreadyFinished,
@@ -45,7 +46,7 @@ from apps.backends.base import (
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
-from apps.cases.models import ACTIVE, Case, CaseEvent, CaseStatus
+from apps.cases.models import ACTIVE, TERMINAL, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
 from apps.core.exceptions import ServiceError
 from apps.core.rows import bulk_write
@@ -297,6 +298,11 @@ def _record(cases: list[Case], original: dict, owner: str, fields: list[str], ev
             keep.append(case)
         if keep:
             bulk_write(keep, fields)
+            # R-ALLOC-1: a case that ended in this pass is charged cores × run time, once (the
+            # ledger's unique case), in the transaction that records its end.
+            ended = [c for c in keep if c.status in TERMINAL and original[c.id][0] not in TERMINAL]
+            if ended:
+                charges.charge_cases(cases=ended, now=timezone.now())
         if release:
             Case.objects.filter(id__in=release, lease_owner=owner).update(lease_owner="", lease_until=None)
         kept = {case.id for case in keep}

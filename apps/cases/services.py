@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.allocations.services import charge_cases, check_case_launch
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
@@ -149,6 +150,8 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
             free_bytes=free,
         )
     now = timezone.now()
+    # R-ALLOC-1: no core-hours left in the owner's project on this pool: 409 with what is left.
+    check_case_launch(case=case, now=now)
     with transaction.atomic():
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
@@ -253,6 +256,8 @@ def cancel_case(case: Case) -> Case:
         )
         if updated:
             _event(case, kind=CaseEvent.Kind.CANCEL, from_status=previous, to_status=CaseStatus.CANCELLED)
+            # R-ALLOC-1: the run time it had used by its last poll, charged once with its end.
+            charge_cases(cases=[case], now=timezone.now())
     case.refresh_from_db()
     if not updated:
         if case.status == CaseStatus.CANCELLED:

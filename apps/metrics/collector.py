@@ -14,9 +14,10 @@ slots and quota used          the pool rows' usage counters (``apps.sessions.sta
 jobs per state / device       status IN (pending, running): ``jobs_unfinished_session``
 cases per state               status IN (prepared, pending, running): ``cases_case_unfinished``
 latency histograms            ``JobLatencyBucket``: a few rows per pool, counted at the event
+allocations                   ``Allocation``: one row per project and pool, set by operators
 ============================  ================================================================
 
-Seven queries per scrape whatever the number of pools, jobs or cases (a test keeps it so), and
+Eight queries per scrape whatever the number of pools, jobs or cases (a test keeps it so), and
 for ``gridgate_pending_jobs`` a few more per pool with pending jobs: each such pool's queue
 snapshot (``apps.scheduling.selectors``, shared with the job lists for 5 s), whose cost follows
 the pending jobs, never the history;
@@ -72,8 +73,36 @@ class StateCollector:
         yield from self._workers(now)
         yield from self._licences(names, now)
         yield from self._disk()
+        yield from self._allocations(now)
 
     # -- families -------------------------------------------------------------------------
+    def _allocations(self, now):
+        """R-ALLOC-1: each allocation's grant, its spending this period and what is left, per
+        resource (device_seconds, core_hours; a resource not limited has no granted/remaining
+        sample). One query over the allocations (an operator-sized table)."""
+        from apps.allocations.models import INFINITY, Allocation
+
+        labels = ["allocation", "project", "pool", "resource"]
+        granted = GaugeMetricFamily(
+            "gridgate_allocation_granted", "Granted per period (device seconds, core-hours).", labels=labels
+        )
+        used = GaugeMetricFamily("gridgate_allocation_used", "Spent in the current period.", labels=labels)
+        remaining = GaugeMetricFamily(
+            "gridgate_allocation_remaining", "Left in the current period (negative: overdrawn).", labels=labels
+        )
+        for allocation in Allocation.objects.select_related("pool", "user", "group").order_by("pk"):
+            left = allocation.remaining_at(now)
+            spent = allocation.used_in(allocation.period_at(now))
+            for i, (resource, grant) in enumerate(
+                (("device_seconds", allocation.device_seconds), ("core_hours", allocation.core_hours))
+            ):
+                key = [allocation.name, allocation.project, allocation.pool.name, resource]
+                used.add_metric(key, spent[i])
+                if grant is not None:
+                    granted.add_metric(key, grant)
+                    remaining.add_metric(key, left[i] if left[i] != INFINITY else grant)
+        yield from (granted, used, remaining)
+
     def _disk(self):
         """The cases root's free space as this web host sees it (a shared file system: the same
         everywhere), and the floor below which launches are refused (GRIDGATE_CASES_MIN_FREE_MB).

@@ -41,7 +41,16 @@ def recall(session_id: uuid.UUID, user_id: int, pool_name: str | None) -> Target
     # Active when its job was stored; the submission's statement checks that it still is, and
     # that it is not due (its deadlines are the statement's to compare, not this memory's).
     return Target(
-        session_id, user_id, SessionStatus.ACTIVE, "", None, None, latest.pool, latest.devices, latest.version
+        session_id,
+        user_id,
+        SessionStatus.ACTIVE,
+        "",
+        None,
+        None,
+        latest.pool,
+        latest.devices,
+        latest.version,
+        allocation_id=known[2],
     )
 
 
@@ -51,7 +60,7 @@ def remember(target: Target) -> None:
         return
     with _lock:
         _pools[target.pool.pk] = target
-        _sessions[target.session_id] = (target.user_id, target.pool.pk)
+        _sessions[target.session_id] = (target.user_id, target.pool.pk, target.allocation_id)
         _sessions.move_to_end(target.session_id)
         if len(_sessions) > KNOWN_SESSIONS:
             _sessions.popitem(last=False)

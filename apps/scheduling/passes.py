@@ -18,6 +18,8 @@ from django.db.models import Case, Count, F, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from apps.allocations import selectors as allocations
+from apps.allocations import services as charges
 from apps.core.retry import is_retryable
 from apps.notifications import services as notifications
 from apps.notifications.models import Event
@@ -124,9 +126,11 @@ def dispatch_once(pool_id: int) -> Job | None:
     """
     with transaction.atomic():
         queue = _lock_queue(pool_id)
-        pool = ResourcePool.objects.only(
-            "is_accessible", "paused_reason", "strategy", "share_by", "usage_half_life"
-        ).get(pk=pool_id)
+        pool = (
+            ResourcePool.objects.only("is_accessible", "paused_reason", "strategy", "share_by", "usage_half_life")
+            .annotate(has_allocations=allocations.pool_has_allocations())
+            .get(pk=pool_id)
+        )
         if not pool.is_accessible or pool.paused_reason:
             return None  # jobs wait: the sweep dispatches them once the pool resumes
         now = timezone.now()
@@ -139,8 +143,13 @@ def dispatch_once(pool_id: int) -> Job | None:
             return None
         strategy = strategy_for(pool.strategy)
         owner = claim_token()
+        # R-ALLOC-1: jobs of a project with no device time left wait (``allocation_exhausted``)
+        # until a new period or a raised grant; read from the allocations' own rows, one query,
+        # and only on a pool that has allocations (the others are unlimited).
+        exhausted = allocations.exhausted_ids(pool_id, now) if pool.has_allocations else set()
+        spendable = ~Q(session__allocation_id__in=exhausted) if exhausted else None
         for _ in range(3):  # a candidate cancelled under our feet: take the next one
-            job, usable = next_on_calendar(strategy, pool, queue, free, now, calendar)
+            job, usable = next_on_calendar(strategy, pool, queue, free, now, calendar, spendable)
             if job is None:
                 _set_awaiting(queue, True)  # a device is free: the next submission wakes us
                 return None
@@ -185,16 +194,19 @@ def dispatch_once(pool_id: int) -> Job | None:
     return job
 
 
-def next_on_calendar(strategy, pool, queue, free: list[Device], now, calendar) -> tuple[Job | None, list[Device]]:
+def next_on_calendar(
+    strategy, pool, queue, free: list[Device], now, calendar, spendable: Q | None = None
+) -> tuple[Job | None, list[Device]]:
     """Which sessions' jobs may use which free device now (R-RES-1): on a device an open
     reservation covers, its holders' jobs go first (the strategy's order among them); a device
     takes anyone's job only when no holder has one it could run. Returns the job and the devices
-    it may go to."""
+    it may go to. ``spendable``: only jobs whose allocation has time left (R-ALLOC-1)."""
     for devices, holders in calendar.first_on(free):
-        job = strategy.next_job(pool, queue, [d.pk for d in devices], now, only=Q(user_id__in=holders))
+        only = Q(user_id__in=holders) if spendable is None else Q(user_id__in=holders) & spendable
+        job = strategy.next_job(pool, queue, [d.pk for d in devices], now, only=only)
         if job is not None:
             return job, devices
-    return strategy.next_job(pool, queue, [d.pk for d in free], now), free
+    return strategy.next_job(pool, queue, [d.pk for d in free], now, only=spendable), free
 
 
 def _set_awaiting(queue: PoolQueue, value: bool) -> None:
@@ -346,6 +358,9 @@ def _finish(job: Job, state: DriverState, *, expect_remote_id: str, owner: str |
             # R-NOTE-1: the outbox row commits with the job's end (one statement, none matching
             # when its owner subscribed to nothing).
             notify_job_ended(job, status, now)
+        if updated and state.runtime_seconds:
+            # R-ALLOC-1: charged once (the ledger's unique job), with the record of its end.
+            charges.charge_job(job=job, seconds=state.runtime_seconds, now=now)
     if updated and state.runtime_seconds:
         # usage_fair charges the device time a job used, whatever its end (a failed or cancelled
         # job ran too). In its own transaction, after the job row's, taking the session first:

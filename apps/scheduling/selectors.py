@@ -24,6 +24,7 @@ REASONS = {
     "no_device": "no device online",
     "device_down": "device down",  # its provider (a real QPU) reports it down or cannot be reached
     "device_paused": "paused",  # every online device of the pool is paused
+    "allocation_exhausted": "your project's allocation is used up for this period",  # R-ALLOC-1
     "backoff": "retrying after a transient device error",
     "reserved": "reserved for others now",  # R-RES-1: the holders of an open reservation go first
     "session_expiring": "its session ends before its expected start",
@@ -199,6 +200,17 @@ class _PoolNow:
     # reservation), and the users whose jobs run now
     reserved_for: frozenset | None = None
     running_users: frozenset = frozenset()
+    pool_id: int = 0
+    exhausted: set | None = None  # R-ALLOC-1: read once, when a listed job spends an allocation
+
+    def allocation_exhausted(self, allocation_id) -> bool:
+        if allocation_id is None:
+            return False
+        if self.exhausted is None:
+            from apps.allocations.selectors import exhausted_ids
+
+            self.exhausted = exhausted_ids(self.pool_id, self.at)
+        return allocation_id in self.exhausted
 
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
@@ -251,6 +263,7 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             at=at,
             reserved_for=frozenset().union(*(r.holders for r in covering)) if covering else None,
             running_users=frozenset(running_users.get(pool_id, ())),
+            pool_id=pool_id,
         )
     return out
 
@@ -335,6 +348,7 @@ class _QueueSnapshot:
                 "session__slots",
                 "session__created_at",
                 "session__expires_at",
+                "session__allocation_id",
             )
         )
         devices = list(Device.objects.filter(pool_id=pool.pk).values_list("pk", "max_concurrent_jobs"))
@@ -399,6 +413,7 @@ class _QueueSnapshot:
         self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
         self.session_ends = {row[0]: row[9] for row in rows}
         self.user_of = {row[0]: row[2] for row in rows}
+        self.allocation_of = {row[0]: row[10] for row in rows if row[10] is not None}
         self.pending_users = frozenset(self.user_of.values())
 
     def _two_level(self, pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid):
@@ -527,7 +542,9 @@ class _QueueSnapshot:
         spread = gain * math.sqrt(queued_var + arriving_var)
         ends = self.session_ends.get(job_id)
         not_before = self.not_before.get(job_id)
-        if not_before is not None and not_before > state.at:
+        if state.allocation_exhausted(self.allocation_of.get(job_id)):
+            code = "allocation_exhausted"
+        elif not_before is not None and not_before > state.at:
             code = "backoff"
         elif self.behind_reservation(job_id, state):
             code = "reserved"

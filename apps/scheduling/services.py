@@ -109,6 +109,7 @@ def _submit_once(user, session_id, payload, shots, device_id, pool_name, *, reme
     if not remembered and not connection.in_atomic_block:
         known.remember(target)
     _wake_if_waiting(target.pool.pk, awaiting)
+    job.allocation_id = target.allocation_id  # R-ALLOC-1: the submission's answer says what is left
     return job
 
 

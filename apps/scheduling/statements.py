@@ -38,6 +38,7 @@ class Target:
     pool: ResourcePool
     devices: list
     version: str | None
+    allocation_id: int | None = None  # R-ALLOC-1: the allocation the session spends, if any
 
 
 def _rows_version_sql() -> str:
@@ -61,7 +62,7 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
     the pool's devices in the model's order (name, then id); None when there is none::
 
         SELECT session.user, session.status, session.revocation_reason, session's deadlines,
-               pool.*, device.*, pool.xmin, device.xmin
+               session.allocation, pool.*, device.*, pool.xmin, device.xmin
           FROM session JOIN pool LEFT JOIN device ON device.pool = pool
          WHERE session.id = session_id [AND pool.name = pool_name] ORDER BY device.name, device.id
 
@@ -77,7 +78,7 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {_POOL.sql}, {_DEVICE.sql}, s.user_id, s.status, s.revocation_reason, s.expires_at,"  # noqa: S608 (names from _meta)
-            f" s.idle_expires_at, {xmins}"
+            f" s.idle_expires_at, s.allocation_id, {xmins}"
             f" FROM {Session._meta.db_table} s JOIN {ResourcePool._meta.db_table} p ON p.id = s.pool_id"
             f" LEFT JOIN {Device._meta.db_table} d ON d.pool_id = p.id WHERE {where} ORDER BY d.name, d.id",
             params,
@@ -85,7 +86,9 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
         rows = cursor.fetchall()
     if not rows:
         return None
-    pool, first, user_id, status, reason, expires_at, idle_expires_at, pool_xmin, _ = split(rows[0], (_POOL, _DEVICE))
+    pool, first, user_id, status, reason, expires_at, idle_expires_at, allocation_id, pool_xmin, _ = split(
+        rows[0], (_POOL, _DEVICE)
+    )
     expires_at, idle_expires_at = (_datetime(value) for value in (expires_at, idle_expires_at))
     devices = [first, *(_DEVICE.instance(row[len(_POOL) : len(_POOL) + len(_DEVICE)]) for row in rows[1:])]
     devices = devices if first is not None else []
@@ -93,7 +96,9 @@ def target(session_id: uuid.UUID, pool_name: str | None) -> Target | None:
     if versioned:
         xmins = sorted((device.pk, row[-1]) for device, row in zip(devices, rows, strict=False))
         version = f"{pool_xmin}:" + ",".join(f"{pk}.{xmin}" for pk, xmin in xmins)
-    return Target(session_id, user_id, status, reason, expires_at, idle_expires_at, pool, devices, version)
+    return Target(
+        session_id, user_id, status, reason, expires_at, idle_expires_at, pool, devices, version, allocation_id
+    )
 
 
 def _datetime(value):

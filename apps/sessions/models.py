@@ -86,6 +86,17 @@ class Session(models.Model):
         editable=False,
     )
     reserved_slots = models.PositiveIntegerField(default=0, editable=False)
+    # R-ALLOC-1: the allocation (project) this session's jobs spend, chosen when it opens; empty
+    # on a pool with no allocations (unlimited) or for a user with no project there.
+    allocation = models.ForeignKey(
+        "allocations.Allocation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="sessions",
+        db_index=False,  # sessions_allocation: only the sessions that spend one
+        editable=False,
+    )
     vruntime = models.FloatField(default=0.0, help_text="Fair-scheduler virtual runtime.")
     launch_spec = models.JSONField(default=dict, help_text="The class's launch specification at creation.")
 
@@ -132,6 +143,8 @@ class Session(models.Model):
             models.Index(fields=["reservation"], condition=Q(reservation__isnull=False), name="sessions_reservation"),
             # Lists: own sessions, newest first.
             models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
+            # An allocation's sessions (its deletion's SET NULL); most sessions spend none.
+            models.Index(fields=["allocation"], condition=Q(allocation__isnull=False), name="sessions_allocation"),
         ]
 
     def __str__(self):

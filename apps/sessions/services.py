@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.allocations.services import choose_for_session
 from apps.core.exceptions import Conflict, Forbidden, NotFound
 from apps.core.retry import retry_aborted
 from apps.resources.launch import launch_spec
@@ -53,7 +54,9 @@ class UsableClass:
     pool_name: str | None = None
 
 
-def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, external_id: str = "") -> Admission:
+def admit(
+    *, user, resource_class: ResourceClass | UsableClass, slots: int = 1, external_id: str = "", allocation=None
+) -> Admission:
     """Open a session if it fits (201), or return the active one of the same scheduler job (200).
 
     ``resource_class``: a class the caller already checked ``user`` may use, or a
@@ -81,12 +84,17 @@ def admit(*, user, resource_class: ResourceClass | UsableClass, slots: int = 1, 
     )
     if found is None:
         raise NoSuchClass("No such class that you can use.")
-    chosen, same_job = found
+    chosen, same_job, allocation_id = found
     if same_job is not None:
         same = _unless_due(Session.objects.filter(pk=same_job).first(), now)
         if same is not None:
             return Admission(_same_or_conflict(same, chosen.pk, slots), False)
     session = _new_session(user, chosen, slots, external_id, now)
+    # R-ALLOC-1: the allocation its jobs spend, chosen now: the one named (one of the user's on
+    # this pool, else 404) or the user's default, read with the class; none: not limited.
+    if allocation is not None:
+        allocation_id = choose_for_session(user=user, pool_id=chosen.pool_id, allocation_id=allocation, now=now).pk
+    session.allocation_id = allocation_id
     try:
         if statements.insert_if_it_fits(session, now) or (
             _made_room(chosen.pool_id, now) and statements.insert_if_it_fits(session, now)

@@ -36,6 +36,7 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from apps.core.rows import Columns, fetch_one, insert_values, split
 from apps.reservations.models import Reservation, WindowKind, holder_sql
@@ -143,12 +144,31 @@ def _fit_params(session: Session) -> list:
     return [session.cpu, session.memory, session.gpu]
 
 
-def usable_class(user, *, class_id: int | None, pool_name: str | None, check_access: bool, external_id: str):
-    """The chosen class with its pool, and the id of ``user``'s active session on that pool for
-    ``external_id`` (R-SESS-2), or None when there is no such class ``user`` may use::
+def _default_allocation_sql() -> str:
+    """R-ALLOC-1: the id of the allocation a user's new session on pool ``p`` spends by default
+    (``apps.allocations.selectors.preferred``: one in its period first, the user's own before a
+    group's, then the oldest), or NULL; its parameters are the user, the user, now, now."""
+    from django.contrib.auth import get_user_model
+
+    from apps.allocations.models import Allocation
+
+    members = get_user_model().groups.through._meta.db_table
+    return (
+        f"SELECT a.id FROM {Allocation._meta.db_table} a WHERE a.pool_id = p.id"  # noqa: S608 (names from _meta)
+        f" AND (a.user_id = %s OR a.group_id IN (SELECT m.group_id FROM {members} m WHERE m.user_id = %s))"
+        " ORDER BY CASE WHEN a.starts_at <= %s AND (a.period = 'rolling' OR a.ends_at > %s) THEN 0 ELSE 1 END,"
+        " CASE WHEN a.user_id IS NULL THEN 1 ELSE 0 END, a.id LIMIT 1"
+    )
+
+
+def usable_class(user, *, class_id: int | None, pool_name: str | None, check_access: bool, external_id: str, now=None):
+    """The chosen class with its pool, the id of ``user``'s active session on that pool for
+    ``external_id`` (R-SESS-2) and the id of the allocation a new session there spends by default
+    (R-ALLOC-1), or None when there is no such class ``user`` may use::
 
         SELECT class.*, pool.*, (SELECT id FROM session WHERE active AND user = user
-                                    AND pool = pool.id AND external_id = external_id)
+                                    AND pool = pool.id AND external_id = external_id),
+               (the user's default allocation on pool.id)
           FROM class JOIN pool
          WHERE class.id = class_id | pool.name = pool_name AND class is the default
            [AND pool.id IN (pools visible to user)]          -- R-POOL-8, when check_access
@@ -162,6 +182,8 @@ def usable_class(user, *, class_id: int | None, pool_name: str | None, check_acc
         params += [user.pk, external_id]
     else:
         same = "NULL"
+    at = connection.ops.adapt_datetimefield_value(now or timezone.now())
+    params += [user.pk, user.pk, at, at]
     if class_id is not None:
         where = "c.id = %s"
         params.append(class_id)
@@ -173,7 +195,7 @@ def usable_class(user, *, class_id: int | None, pool_name: str | None, check_acc
         where += f" AND p.id IN ({visible})"
         params += visible_params
     found = fetch_one(
-        f"SELECT {_CLASS.sql}, {_POOL.sql}, {same}"  # noqa: S608 (names from _meta; values are parameters)
+        f"SELECT {_CLASS.sql}, {_POOL.sql}, {same}, ({_default_allocation_sql()})"  # noqa: S608 (names from _meta; values are parameters)
         f" FROM {ResourceClass._meta.db_table} c JOIN {ResourcePool._meta.db_table} p ON p.id = c.pool_id"
         f" WHERE {where} ORDER BY c.id LIMIT 1",
         params,
@@ -182,9 +204,9 @@ def usable_class(user, *, class_id: int | None, pool_name: str | None, check_acc
     )
     if found is None:
         return None
-    resource_class, pool, same_job = found
+    resource_class, pool, same_job, allocation_id = found
     resource_class.pool = pool
-    return resource_class, same_job
+    return resource_class, same_job, allocation_id
 
 
 def _same_job_sql(pool: str) -> str:

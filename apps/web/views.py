@@ -22,6 +22,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -29,6 +30,7 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounting.selectors import utilization as utilization_of
 from apps.accounts import selectors as token_selectors
 from apps.accounts import services as token_services
+from apps.allocations import selectors as allocation_selectors
 from apps.backends.readiness import case_readiness
 from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
@@ -71,7 +73,11 @@ def _home(request, refused: dict | None = None, status: int = 200):
     uses = pool_uses(pools, request.user)
     # The pools that would take this user's work first; those that would refuse it after, saying why.
     pools.sort(key=lambda pool: not uses[pool.pk].usable)
-    rows = [{"pool": pool, "gauge": gauges[pool.pk], "use": uses[pool.pk]} for pool in pools]
+    projects = allocation_selectors.defaults_on(request.user, [pool.pk for pool in pools], timezone.now())
+    rows = [
+        {"pool": pool, "gauge": gauges[pool.pk], "use": uses[pool.pk], "project": projects.get(pool.pk)}
+        for pool in pools
+    ]
     active = Session.objects.filter(user=request.user, status=SessionStatus.ACTIVE).count()
     context = {"rows": rows, "active_sessions": active, "refused": refused or {}}
     return render(request, "web/home.html", context, status=status)
@@ -102,7 +108,7 @@ def pool_detail(request, pk: int):
 
 # -- sessions -------------------------------------------------------------------------------------
 def _sessions(user):
-    return Session.objects.visible_to(user).select_related("user", "pool", "resource_class")
+    return Session.objects.visible_to(user).select_related("user", "pool", "resource_class", "allocation")
 
 
 @login_required
@@ -182,8 +188,17 @@ def session_detail(request, pk):
             "can_submit": session.is_active and session.user_id == request.user.pk,
             "next_job": job_selectors.session_waits([session]).get(session.pk),
             "share": _share(session),
+            "project": _project(session),
         },
     )
+
+
+def _project(session):
+    """R-ALLOC-1: the allocation the session spends and what is left of it, else None."""
+    if session.allocation_id is None:
+        return None
+    allocation = session.allocation
+    return {"allocation": allocation, "summary": allocation_selectors.summary(allocation, timezone.now())}
 
 
 def _share(session):
@@ -529,8 +544,31 @@ def utilization(request):
         "step": charts.step_text(result.step),
         "panels": [panel for panel in panels if panel.pool.active],
         "quiet": [panel.pool.name for panel in panels if not panel.pool.active],
+        "breakdown": _usage_breakdown(data["start"], data["end"], data["pool"]),
     }
     return render(request, "web/utilization.html", context)
+
+
+def _usage_breakdown(since, until, pool) -> list[dict]:
+    """R-ACCT-1 on the utilization page: the period's charges per user, group and project (one
+    query each), with the export's CSV link for the same range."""
+    from urllib.parse import urlencode
+
+    from apps.allocations.usage import usage
+
+    pool_ids = [pool.pk] if pool else None
+    out = []
+    for group_by, title in (("user", "Per user"), ("group", "Per group"), ("project", "Per project")):
+        query = urlencode({"group_by": group_by, "since": since.isoformat(), "until": until.isoformat()})
+        out.append(
+            {
+                "title": title,
+                "key": group_by,
+                "rows": usage(since=since, until=until, group_by=group_by, period=None, pool_ids=pool_ids),
+                "csv": f"{reverse('allocations:usage-export')}?{query}&format=csv",
+            }
+        )
+    return out
 
 
 def session_end_words(session, viewer) -> str:

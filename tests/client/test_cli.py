@@ -3,6 +3,7 @@ it: log in, sessions, the README's Pulser sequence, cases from a directory, refu
 
 import stat
 import tarfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -193,3 +194,30 @@ def test_a_refused_launch_exits_non_zero_with_the_servers_reason(gridgate, alice
     local = next(pool for pool in listed if pool["name"] == "local")
     assert (local["usable"], local["runs"]) == (False, "cases")
     assert [pool["name"] for pool in listed] == ["qpu", "local"]  # usable first
+
+
+def test_allocations_lists_what_is_left_of_your_projects(gridgate, alice, pools):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.allocations.models import Allocation
+
+    start = timezone.now() - timedelta(hours=1)
+    Allocation.objects.create(
+        name="lattice",
+        pool=pools["qpu"],
+        user=alice,
+        device_seconds=5 * 3600,
+        starts_at=start,
+        ends_at=start + timedelta(days=30),
+        used_device_seconds=3.8 * 3600,
+        used_period_start=start,
+    )
+    log_in(gridgate)
+    this_client = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "client" / "src")}  # this tree's CLI
+    done = gridgate("allocations", env=this_client)
+    assert done.code == 0, done.stderr
+    assert "lattice" in done.stdout and "device time: 1.2 h of 5.0 h left this period" in done.stdout
+    rows = gridgate("allocations", "--json", env=this_client).json()
+    assert rows[0]["remaining"]["device_seconds"] == pytest.approx(1.2 * 3600)

@@ -118,5 +118,6 @@ def test_the_page_costs_the_same_queries_with_more_jobs_and_pools(web, staff, hi
     Device.objects.create(pool=more, name="d9", driver="fake")
     make_session(more, qpu.sessions.first().user, 2, T0 + 2 * H)
     assert count() == before
-    # the session and its user, the form's pool choices, the selector's eight (seven on SQLite)
-    assert before == (11 if connection.vendor == "postgresql" else 10)
+    # the session and its user, the form's pool choices, the selector's eight (seven on SQLite),
+    # the usage breakdown's three (per user, group, project: apps.allocations.usage)
+    assert before == (14 if connection.vendor == "postgresql" else 13)

@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.allocations.api.serializers import AllocationRemainingSerializer
 from apps.core.api.serializers import ValidatedModelSerializer, times
 from apps.resources.models import ResourcePool
 from apps.scheduling.devices import validate_driver_settings
@@ -138,6 +139,17 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 MAX_SHOTS = 1_000_000
+
+
+class SubmittedJobSerializer(JobSerializer):
+    """The answer to a submission: the job, and what is left of its session's allocation
+    (R-ALLOC-1; null when the session spends none: not limited)."""
+
+    allocation_remaining = AllocationRemainingSerializer(allow_null=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "allocation_remaining"]
+        read_only_fields = fields
 
 
 class JobSubmitSerializer(serializers.Serializer):

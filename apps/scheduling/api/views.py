@@ -1,5 +1,6 @@
 import time
 
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -10,6 +11,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.allocations.selectors import remaining_by_id
 from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.idempotency import idempotent
 from apps.resources.models import ResourcePool
@@ -22,6 +24,7 @@ from apps.scheduling.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
     ShareSerializer,
+    SubmittedJobSerializer,
 )
 from apps.scheduling.drivers import DriverError, get_driver
 from apps.scheduling.models import Device, Job
@@ -143,7 +146,8 @@ class SessionJobsView(APIView):
     """``POST /sessions/{id}/jobs/``: submit a job in your active session (R-JOB-1)."""
 
     @extend_schema(
-        request=JobSubmitSerializer, responses={201: JobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()}
+        request=JobSubmitSerializer,
+        responses={201: SubmittedJobSerializer, 400: OpenApiResponse(), 403: OpenApiResponse()},
     )
     def post(self, request, pk):
         return idempotent(request, lambda: self._submit(request, pk))
@@ -168,6 +172,10 @@ class SessionJobsView(APIView):
         # pending_reason and queue_position stay null here: computing them reads the pool's queue,
         # which would double the statements of a submission; GET the job.
         data = JobSerializer(job, context={"queue_info": {}}).data
+        # R-ALLOC-1: what is left of the session's allocation (null: not limited); one query, and
+        # only when the session spends an allocation.
+        allocation_id = getattr(job, "allocation_id", None)
+        data["allocation_remaining"] = remaining_by_id([allocation_id], timezone.now()).get(allocation_id)
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=JobSerializer(many=True))

@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.allocations.api.serializers import AllocationRemainingSerializer
 from apps.core.api.serializers import times
 from apps.sessions.models import RevocationReason, Session
 
@@ -37,6 +38,8 @@ class SessionSerializer(serializers.ModelSerializer):
     revocation_notice = serializers.SerializerMethodField()
     # "" while the session is active: declared so the schema's enum includes it.
     revocation_reason = serializers.ChoiceField(choices=RevocationReason.choices, allow_blank=True, read_only=True)
+    # R-ALLOC-1: the allocation its jobs spend (null: not limited) and what is left of it now.
+    allocation_remaining = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -56,6 +59,8 @@ class SessionSerializer(serializers.ModelSerializer):
             "launch_spec",
             "next_job",
             "revocation_notice",
+            "allocation",
+            "allocation_remaining",
         ]
         read_only_fields = fields
 
@@ -82,6 +87,10 @@ class SessionSerializer(serializers.ModelSerializer):
         at, until = times(notice["at"], notice["until"])
         return {**notice, "at": at, "until": until}
 
+    @extend_schema_field(AllocationRemainingSerializer(allow_null=True))
+    def get_allocation_remaining(self, session) -> dict | None:
+        return (self.context.get("allocation_remaining") or {}).get(session.allocation_id)
+
     def to_representation(self, session):
         """What DRF's field-by-field loop gives for ``fields`` (tests/core/test_serializer_fields.py
         compares the two), written out, as ``JobSerializer``'s: DRF's loop cost every acquire's
@@ -105,6 +114,8 @@ class SessionSerializer(serializers.ModelSerializer):
             "launch_spec": session.launch_spec,
             "next_job": self.get_next_job(session),
             "revocation_notice": self.get_revocation_notice(session),
+            "allocation": session.allocation_id,
+            "allocation_remaining": self.get_allocation_remaining(session),
         }
 
 
@@ -121,6 +132,12 @@ class SessionCreateSerializer(serializers.Serializer):
     scheduler_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
     slurm_job_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
     user = serializers.CharField(max_length=150, required=False, help_text="Username (service principals only).")
+    allocation = serializers.IntegerField(
+        min_value=1,
+        max_value=2**63 - 1,
+        required=False,
+        help_text="The allocation (project) its jobs spend; default: the user's own on the pool, else a group's.",
+    )
 
     def validate(self, attrs):
         given = {attrs.pop(name).strip() for name in EXTERNAL_ID_ALIASES if attrs.get(name, "").strip()}

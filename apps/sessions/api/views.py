@@ -1,4 +1,5 @@
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -7,6 +8,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.allocations.selectors import remaining_by_id
 from apps.core.api.permissions import IsStaff
 from apps.core.exceptions import Forbidden
 from apps.core.idempotency import idempotent
@@ -21,6 +23,12 @@ from apps.sessions.models import Session, is_service_principal
 from apps.sessions.selectors import slots_usage
 
 CONFLICT = OpenApiResponse(description="No capacity (with slots_available) or a different session for the id.")
+
+
+def allocation_remaining(sessions) -> dict:
+    """R-ALLOC-1: what is left of each session's allocation (one query, none when no session
+    spends one)."""
+    return remaining_by_id({session.allocation_id for session in sessions}, timezone.now())
 
 
 class SessionViewSet(
@@ -47,6 +55,7 @@ class SessionViewSet(
             kwargs.setdefault("context", self.get_serializer_context())
             kwargs["context"]["session_waits"] = selectors.session_waits(objects)
             kwargs["context"]["revocation_notices"] = revocation_notices(objects)
+            kwargs["context"]["allocation_remaining"] = allocation_remaining(objects)
         return super().get_serializer(*args, **kwargs)
 
     def paginate_queryset(self, queryset):
@@ -88,6 +97,7 @@ class SessionViewSet(
                 resource_class=services.UsableClass(pk=data["resource_class"]),
                 slots=data["slots"],
                 external_id=data["external_id"],
+                allocation=data.get("allocation"),
             )
         except services.NoSuchClass:
             seen = visible_classes(caller).filter(pk=data["resource_class"]).first() if target != caller else None
@@ -96,8 +106,9 @@ class SessionViewSet(
             raise ValidationError(
                 {"resource_class": [f"No class {data['resource_class']} that you can use."]}
             ) from None
+        context = {"allocation_remaining": allocation_remaining([admission.session])}
         return Response(
-            SessionSerializer(admission.session).data,
+            SessionSerializer(admission.session, context=context).data,
             status=status.HTTP_201_CREATED if admission.created else status.HTTP_200_OK,
         )
 

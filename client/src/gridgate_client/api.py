@@ -209,6 +209,10 @@ class Client:
     def pools(self) -> list[dict]:
         return list(self.paginate("resource-pools/"))
 
+    def allocations(self) -> list[dict]:
+        """Your projects' allocations (staff: all): granted, used and remaining this period."""
+        return list(self.paginate("allocations/"))
+
     def pool(self, name_or_id: str | int) -> dict:
         """A pool by id or by name (a 404-like error naming the pools you can see otherwise)."""
         text = str(name_or_id)

@@ -325,6 +325,38 @@ def pools():
     emit(rows, human)
 
 
+def _amount(value, unit: str) -> str:
+    if value is None:
+        return "unlimited"
+    if unit == "s":
+        return f"{value / 3600:.1f} h" if abs(value) >= 3600 else f"{value / 60:.0f} min"
+    return f"{value:.1f} core-h"
+
+
+@cli.command()
+@json_option
+def allocations():
+    """Your projects' allocations: what is left this period of device time and core-hours."""
+    with client() as api:
+        rows = api.allocations()
+
+    def human(rows):
+        if not rows:
+            click.echo("No allocation: your work on every pool is not limited.")
+        for row in rows:
+            project = f"group {row['group']}" if row.get("group") else f"user {row.get('user')}"
+            click.echo(f"{row['name']:<20} {row['pool']:<12} {project}")
+            for key, unit, label in (("device_seconds", "s", "device time"), ("core_hours", "h", "case time")):
+                granted = row["granted"][key]
+                if granted is not None:
+                    left = _amount(row["remaining"][key], unit)
+                    click.echo(f"{'':<20} {label}: {left} of {_amount(granted, unit)} left this period")
+            if row.get("period_end"):
+                click.echo(f"{'':<20} period ends {row['period_end']}")
+
+    emit(rows, human)
+
+
 # -- sessions ----------------------------------------------------------------------------------
 @cli.group(cls=Group)
 def session():

@@ -1,0 +1,69 @@
+from django.contrib import admin
+from django.utils import timezone
+
+from apps.allocations import selectors
+from apps.allocations.models import Allocation, Charge
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    """Operators grant, raise and end allocations here. Raising a grant (or a new period)
+    releases the project's waiting jobs at the next dispatch; the used figures are the charges'."""
+
+    list_display = ["name", "pool", "project", "period", "device_seconds", "core_hours", "left", "starts_at", "ends_at"]
+    list_filter = ["pool", "period"]
+    search_fields = ["name", "user__username", "group__name", "pool__name"]
+    list_select_related = ["pool", "user", "group"]
+    autocomplete_fields = ["user", "group"]
+    readonly_fields = ["used_device_seconds", "used_core_hours", "used_period_start", "created_at", "updated_at"]
+    fields = [
+        "name",
+        "pool",
+        "user",
+        "group",
+        "device_seconds",
+        "core_hours",
+        "period",
+        "starts_at",
+        "ends_at",
+        "window_days",
+        *readonly_fields,
+    ]
+
+    @admin.display(description="project")
+    def project(self, allocation):
+        return allocation.project
+
+    @admin.display(description="left this period")
+    def left(self, allocation):
+        return selectors.summary(allocation, timezone.now())
+
+
+@admin.register(Charge)
+class ChargeAdmin(admin.ModelAdmin):
+    """The ledger: one row per job or case that used time, written by the workers only."""
+
+    list_display = [
+        "charged_at",
+        "kind",
+        "pool",
+        "user",
+        "allocation",
+        "job_id",
+        "case_id",
+        "device_seconds",
+        "core_hours",
+    ]
+    list_filter = ["kind", "pool"]
+    search_fields = ["user__username", "allocation__name"]
+    list_select_related = ["pool", "user", "allocation"]
+    date_hierarchy = "charged_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,125 @@
+"""R-ACCT-1: staff export usage per user, group, project or pool per period, as JSON and CSV,
+equal to the charges, at a constant number of queries."""
+
+import csv
+import io
+import json
+from datetime import UTC, datetime
+
+import pytest
+from django.core.management import call_command
+
+from apps.allocations.models import Charge, ChargeKind
+
+pytestmark = pytest.mark.django_db
+
+NOVEMBER = datetime(2026, 11, 10, 12, tzinfo=UTC)
+
+
+@pytest.fixture
+def ledger(qpu, owner, member, team, grant):
+    """Charges in November 2026 for two projects, one with no project, and one in October."""
+    mine = grant(qpu, name="lattice", user=owner, device_seconds=10_000, core_hours=100)
+    theirs = grant(qpu, name="qsim", group=team, device_seconds=10_000)
+
+    def charge(user, allocation, *, device=0.0, cores=0.0, at=NOVEMBER):
+        kind = ChargeKind.JOB if device else ChargeKind.CASE
+        return Charge.objects.create(
+            kind=kind,
+            allocation=allocation,
+            pool=qpu,
+            user=user,
+            device_seconds=device,
+            core_hours=cores,
+            charged_at=at,
+        )
+
+    charge(owner, mine, device=120)
+    charge(owner, mine, device=30.5)
+    charge(owner, mine, cores=2.25)
+    charge(member, theirs, device=60)
+    charge(member, None, device=7)
+    charge(owner, mine, device=1000, at=datetime(2026, 10, 31, 23, tzinfo=UTC))
+    return mine, theirs
+
+
+def rows_of(answer):
+    return {row["key"]: row for row in answer.data["rows"]}
+
+
+def test_usage_per_user_equals_the_charges(ledger, staff, api, owner, member):
+    answer = api(staff).get("/api/v1/accounting/usage/?group_by=user&period=month&month=2026-11")
+    assert answer.status_code == 200, answer.content
+    rows = rows_of(answer)
+    assert set(rows) == {"owner", "member"}
+    assert rows["owner"]["device_seconds"] == 150.5
+    assert rows["owner"]["core_hours"] == 2.25
+    assert (rows["owner"]["jobs"], rows["owner"]["cases"]) == (2, 1)
+    assert rows["member"]["device_seconds"] == 67
+    assert all(row["period"] == "2026-11" for row in rows.values())
+    november = Charge.objects.filter(charged_at__month=11)
+    assert sum(r["device_seconds"] for r in rows.values()) == sum(november.values_list("device_seconds", flat=True))
+
+
+def test_usage_per_project_group_and_pool(ledger, staff, api):
+    mine, theirs = ledger
+    projects = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=project&month=2026-11"))
+    assert projects["lattice"]["project_id"] == mine.pk and projects["lattice"]["device_seconds"] == 150.5
+    assert projects["qsim"]["device_seconds"] == 60
+    assert projects[""]["device_seconds"] == 7  # no project: a pool without allocations
+    groups = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=group&month=2026-11"))
+    assert groups["team"]["device_seconds"] == 60
+    pools = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=pool&month=2026-11"))
+    assert pools["qpu"]["device_seconds"] == 217.5 and pools["qpu"]["jobs"] == 4
+
+
+def test_csv_export_matches_the_json(ledger, staff, api):
+    url = "/api/v1/accounting/usage/?group_by=user&month=2026-11"
+    as_json = api(staff).get(url).data["rows"]
+    by_param = api(staff).get(url + "&format=csv")
+    by_accept = api(staff).get(url, HTTP_ACCEPT="text/csv")
+    for answer in (by_param, by_accept):
+        assert answer.status_code == 200
+        assert answer["Content-Type"].startswith("text/csv")
+        parsed = list(csv.DictReader(io.StringIO(answer.content.decode())))
+        assert [row["key"] for row in parsed] == [row["key"] for row in as_json]
+        assert [float(row["device_seconds"]) for row in parsed] == [row["device_seconds"] for row in as_json]
+        assert [float(row["core_hours"]) for row in parsed] == [row["core_hours"] for row in as_json]
+        assert [int(row["jobs"]) for row in parsed] == [row["jobs"] for row in as_json]
+
+
+def test_usage_export_is_staff_only(ledger, owner, api):
+    assert api(owner).get("/api/v1/accounting/usage/").status_code == 403
+    assert api(None).get("/api/v1/accounting/usage/").status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    "query", ["group_by=nobody", "period=year", "month=2026-13", "month=soon", "since=2026-12-01&until=2026-11-01"]
+)
+def test_bad_parameters_are_400(staff, api, query):
+    answer = api(staff).get(f"/api/v1/accounting/usage/?{query}")
+    assert answer.status_code == 400, answer.content
+
+
+def test_usage_export_costs_the_same_queries_whatever_the_charges(
+    ledger, staff, api, qpu, owner, django_assert_max_num_queries
+):
+    client = api(staff)
+    client.get("/api/v1/accounting/usage/?group_by=project&month=2026-11")  # warm: the token, the session
+    with django_assert_max_num_queries(3):
+        client.get("/api/v1/accounting/usage/?group_by=project&month=2026-11")
+    Charge.objects.bulk_create(
+        Charge(kind=ChargeKind.JOB, pool=qpu, user=owner, device_seconds=1, charged_at=NOVEMBER) for _ in range(200)
+    )
+    with django_assert_max_num_queries(3):
+        answer = client.get("/api/v1/accounting/usage/?group_by=project&month=2026-11")
+    assert rows_of(answer)[""]["jobs"] == 201
+
+
+def test_export_usage_command_writes_the_same_rows(ledger, staff, api, capsys):
+    as_json = api(staff).get("/api/v1/accounting/usage/?group_by=user&month=2026-11").data["rows"]
+    call_command("export_usage", "--month", "2026-11", "--group-by", "user", "--format", "json")
+    assert json.loads(capsys.readouterr().out)["rows"] == as_json
+    call_command("export_usage", "--month", "2026-11")
+    parsed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [row["key"] for row in parsed] == [row["key"] for row in as_json]
