@@ -65,6 +65,7 @@ def draw_job(rng):
 def calibrate(strategy: str) -> bool:
     import time_machine
 
+    from apps.scheduling import eta as model
     from apps.scheduling import selectors
     from apps.scheduling.models import Job
     from bench._usage_sim import START, Simulation, UserSpec
@@ -82,13 +83,13 @@ def calibrate(strategy: str) -> bool:
     def submitted(arrival, jobs):
         if sim.sessions[arrival.session].user == "warm":
             return
-        selectors._SNAPSHOT_CACHE.clear()  # the clock moved: the cache's 5 s are real seconds
+        model.clear_cache()  # the clock moved: the cache's 5 s are real seconds
         info = selectors.queue_info(jobs)
-        snapshot = selectors._SNAPSHOT_CACHE[sim.pool.pk][2]  # the one queue_info just built
+        snapshot = model.CACHE.snapshots[sim.pool.pk][2]  # the one queue_info just built
         pending = frozenset(snapshot.rank)
         for job in jobs:
             waiting = info[job.pk]
-            ahead = float(snapshot.before_mean[waiting.position - 1])
+            ahead = float(snapshot.queue.before_mean[waiting.position - 1])
             sampled[job.pk] = (sim.clock, waiting.eta_seconds, waiting.eta_error_seconds, waiting.position, ahead)
             ranked = frozenset(j for j, r in snapshot.rank.items() if r < waiting.position)
             queued[job.pk] = (pending, ranked)
@@ -162,17 +163,17 @@ def record_means() -> dict:
     """``{job id: (mean wait with nothing arriving, mean added by arrivals)}`` of each ETA computed
     from now on: what the ETA's median stands on, for ``why`` (the snapshot's ``arrivals`` is
     wrapped to note its arguments and answer)."""
-    from apps.scheduling import selectors
+    from apps.scheduling import eta as model
 
     means = {}
-    original = selectors._QueueSnapshot.arrivals
+    original = model.Queue.arrivals
 
     def recording(snapshot, job_id, base, capacity):
         found = original(snapshot, job_id, base, capacity)
         means[job_id] = (base, found[0])
         return found
 
-    selectors._QueueSnapshot.arrivals = recording
+    model.Queue.arrivals = recording
     return means
 
 
@@ -261,6 +262,7 @@ def no_arrivals(strategy: str) -> None:
     after it, while the ETA still expects each user's recent rate. Same error measure."""
     import time_machine
 
+    from apps.scheduling import eta as model
     from apps.scheduling import selectors
     from apps.scheduling.models import Job, JobStatus
     from bench._usage_sim import START, Simulation, UserSpec
@@ -275,7 +277,7 @@ def no_arrivals(strategy: str) -> None:
     def submitted(arrival, jobs):
         if sim.queue:  # not the last submission yet
             return
-        selectors._SNAPSHOT_CACHE.clear()
+        model.clear_cache()
         pending = list(Job.objects.filter(pool=sim.pool, status=JobStatus.PENDING).select_related("pool"))
         info = selectors.queue_info(pending)
         sampled.update({job.pk: (sim.clock, info[job.pk].eta_seconds) for job in pending})

@@ -147,10 +147,10 @@ def test_lists_and_shares_cost_the_same_queries_whatever_the_jobs_and_users(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from apps.scheduling import selectors
+    from apps.scheduling import eta
 
     def queries(client, url):
-        selectors._SNAPSHOT_CACHE.clear()  # every read rebuilds its pools' snapshots
+        eta.clear_cache()  # every read rebuilds its pools' snapshots
         with CaptureQueriesContext(connection) as ctx:
             assert client.get(url).status_code == 200
         return len(ctx)
