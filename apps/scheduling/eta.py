@@ -334,6 +334,22 @@ class Queue:
         return estimate(queued, queued_var, arriving, arriving_var, gain)
 
 
+def push_past(wait: float, blocked: list[tuple[float, float]]) -> float:
+    """The start of a job that needs ``wait`` seconds of its devices' time before it when they
+    serve nobody else's queue during ``blocked`` ([(from, to)] seconds from now: a maintenance
+    window, others' reservation): the clock stops in each window it reaches, and a start that
+    would fall in one moves to its end."""
+    t, need = 0.0, wait
+    for start, end in sorted(blocked):
+        if end <= t:
+            continue
+        if start > t + need:
+            break
+        need -= max(start - t, 0.0)
+        t = max(t, end)
+    return t + need
+
+
 # -- self-correction -----------------------------------------------------------------------------
 CORRECTION_STARTS = 200  # the last dispatched jobs of a pool a correction is learned from
 CORRECTION_MIN = 30  # fewer recorded starts: no correction
@@ -345,7 +361,7 @@ CORRECTION_MAX_AGE = 60.0  # seconds a pool's correction is reused
 class Correction:
     """What a pool's last starts say about its predictions: multiply the median by ``median``
     and the bound by ``p90`` to make them hold as promised; ``starts`` is how many it is learned
-    from, ``coverage`` how often the corrected bound held over them."""
+    from, ``coverage`` how often the bound shown to those jobs (corrected as it was then) held."""
 
     median: float = 1.0
     p90: float = 1.0
@@ -366,45 +382,55 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def learn(starts: list[tuple[float, float, float]]) -> Correction:
+def learn(starts: list[tuple[float, float, float, float]]) -> Correction:
     """The correction from recorded starts ``[(predicted median wait, predicted bound, actual
-    wait)]``, each in seconds and uncorrected: the median of actual / predicted median, and the
-    90th percentile of actual / predicted bound (so the bound times it held for 90 % of them).
-    Waits are floored at one second (a job that started at once says nothing of ratios)."""
+    wait, bound shown)]`` in seconds, the predictions uncorrected: the median of actual /
+    predicted median, and the 90th percentile of actual / predicted bound (so the bound times it
+    held for 90 % of them); with the coverage of the bounds shown. Waits are floored at one
+    second (a job that started at once says nothing of ratios)."""
+    covered = [max(actual, 1.0) <= max(shown, 1.0) for _, _, actual, shown in starts]
+    coverage = sum(covered) / len(covered) if covered else None
     if len(starts) < CORRECTION_MIN:
-        return NO_CORRECTION
+        return Correction(starts=len(starts), coverage=coverage)
     low, high = CORRECTION_RANGE
-    to_median = [max(actual, 1.0) / max(predicted, 1.0) for predicted, _, actual in starts]
-    to_bound = [max(actual, 1.0) / max(bound, 1.0) for _, bound, actual in starts]
+    to_median = [max(actual, 1.0) / max(predicted, 1.0) for predicted, _, actual, _ in starts]
+    to_bound = [max(actual, 1.0) / max(bound, 1.0) for _, bound, actual, _ in starts]
     m = min(max(_quantile(to_median, 0.5), low), high)
     b = min(max(_quantile(to_bound, 0.9), low), high)
-    covered = sum(max(actual, 1.0) <= max(bound, 1.0) * b for _, bound, actual in starts) / len(starts)
-    return Correction(m, b, len(starts), covered)
+    return Correction(m, b, len(starts), coverage)
 
 
 # -- the one per-process cache -------------------------------------------------------------------
 @dataclass
 class Cache:
     """Per-process: each pool's queue snapshot ``{pool id: (version, taken at, snapshot)}`` and
-    its correction ``{pool id: (taken at, Correction)}``, monotonic times."""
+    its correction ``learned``, ``{pool id: (taken at, Correction)}``, monotonic times."""
 
     snapshots: dict = field(default_factory=dict)
-    corrections: dict = field(default_factory=dict)
+    learned: dict = field(default_factory=dict)
 
     def clear(self) -> None:
         self.snapshots.clear()
-        self.corrections.clear()
+        self.learned.clear()
 
-    def correction(self, pool_id: int, read) -> Correction:
-        """The pool's correction, learned again (``read()``: its recorded starts) once a
-        ``CORRECTION_MAX_AGE``."""
+    def corrections(self, pool_ids, read) -> dict[int, Correction]:
+        """Each pool's correction, learned again once a ``CORRECTION_MAX_AGE``: ``read(pool ids)``
+        returns ``{pool id: its recorded starts}`` for the pools whose correction is stale (one
+        query for them all)."""
         now = time.monotonic()
-        cached = self.corrections.get(pool_id)
-        if cached is not None and now - cached[0] < CORRECTION_MAX_AGE:
-            return cached[1]
-        found = learn(read())
-        self.corrections[pool_id] = (now, found)
-        return found
+        out, stale = {}, []
+        for pool_id in pool_ids:
+            cached = self.learned.get(pool_id)
+            if cached is not None and now - cached[0] < CORRECTION_MAX_AGE:
+                out[pool_id] = cached[1]
+            else:
+                stale.append(pool_id)
+        if stale:
+            starts = read(stale)
+            for pool_id in stale:
+                out[pool_id] = learn(starts.get(pool_id, []))
+                self.learned[pool_id] = (now, out[pool_id])
+        return out
 
 
 CACHE = Cache()

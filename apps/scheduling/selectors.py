@@ -204,6 +204,9 @@ class _PoolNow:
     reserved_for: frozenset | None = None
     running_users: frozenset = frozenset()
     correction: eta.Correction = eta.NO_CORRECTION  # what the pool's last starts taught (``eta.learn``)
+    # R-RES-1/2 ahead: the live windows until ``CALENDAR_AHEAD`` and the usable devices' ids
+    windows: tuple = ()
+    usable_ids: frozenset = frozenset()
 
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
@@ -228,7 +231,8 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
     ).values_list("pool_id", "device_id", "shots", "scheduled_at", "user_id"):
         running[pool_id].append((device_id, shots, scheduled_at))
         running_users[pool_id].add(user_id)
-    calendars = calendar_now(pools, at)
+    calendars = calendar_now(pools, at, CALENDAR_AHEAD)
+    corrections = eta.CACHE.corrections(pools, recorded_starts)
     out = {}
     for pool_id, pool in pools.items():
         calendar = calendars[pool_id]
@@ -256,7 +260,57 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             at=at,
             reserved_for=frozenset().union(*(r.holders for r in covering)) if covering else None,
             running_users=frozenset(running_users.get(pool_id, ())),
+            correction=corrections[pool_id],
+            windows=calendar.upcoming,
+            usable_ids=frozenset(usable_ids),
         )
+    return out
+
+
+CALENDAR_AHEAD = timedelta(days=7)  # the ETA pushes a start past the calendar's windows this far ahead
+
+
+def blocked_for(windows, usable_ids, user_id: int, target: int | None, at) -> list[tuple[float, float]]:
+    """[(from, to)] seconds from ``at`` when the calendar keeps a job of ``user_id`` from the
+    pool's devices (R-RES-1, R-RES-2): a maintenance window, or a reservation it does not hold,
+    on the whole pool, on its target device, or on every usable device of the pool. (A window on
+    some of several devices only slows the pool down: not counted.)"""
+    out = []
+    for w in windows:
+        if w.kind != "maintenance" and user_id in w.holders:
+            continue
+        if w.device_id is None or w.device_id == target or (not target and usable_ids == {w.device_id}):
+            out.append(((w.start - at).total_seconds(), (w.end - at).total_seconds()))
+    return out
+
+
+def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float]]]:
+    """``{pool id: [(median wait expected, bound expected, actual wait, bound shown)]}`` of each
+    pool's last ``eta.CORRECTION_STARTS`` dispatched jobs whose expected start was recorded (the
+    expectations uncorrected), in seconds: what ``eta.learn`` corrects the ETA from. One query
+    for every pool (a window over the jobs_eta_recorded_pool index), not a counter row written
+    at each dispatch."""
+    from django.db.models import Window
+    from django.db.models.functions import RowNumber
+
+    rows = (
+        Job.objects.filter(pool_id__in=list(pool_ids), eta_recorded_at__isnull=False, scheduled_at__isnull=False)
+        .annotate(nth=Window(RowNumber(), partition_by=[F("pool_id")], order_by=F("scheduled_at").desc()))
+        .filter(nth__lte=eta.CORRECTION_STARTS)
+        .order_by()
+        .values_list(
+            "pool_id",
+            "eta_recorded_seconds",
+            "eta_p90_recorded_seconds",
+            "eta_p90_factor",
+            "eta_recorded_at",
+            "scheduled_at",
+        )
+    )
+    out: dict[int, list] = defaultdict(list)
+    for pool_id, median, bound, factor, recorded_at, scheduled_at in rows:
+        actual = (scheduled_at - recorded_at).total_seconds()
+        out[pool_id].append((median, bound, actual, bound * (factor or 1.0)))
     return out
 
 
@@ -374,6 +428,7 @@ class _QueueSnapshot:
         )
         self.rank = self.queue.rank
         self.first_of_session = self.queue.first_of_session
+        self.target_of = {row[0]: row[4] for row in rows if row[4] is not None}
 
     def covers(self, job_ids) -> bool:
         return self.queue.covers(job_ids)
@@ -407,6 +462,13 @@ class _QueueSnapshot:
         found = self.queue.estimate(job_id, self.remaining(state), state.capacity)
         start, bound = state.correction.apply(found)
         queue = self.queue
+        if state.windows:  # pushed past the calendar's windows that keep the job off its devices
+            blocked = blocked_for(
+                state.windows, state.usable_ids, queue.user_of[job_id], self.target_of.get(job_id), state.at
+            )
+            if blocked:
+                start, bound = eta.push_past(start, blocked), eta.push_past(bound, blocked)
+                found = eta.Estimate(eta.push_past(found.median, blocked), found.std, eta.push_past(found.p90, blocked))
         ends = queue.session_ends.get(job_id)
         not_before = queue.not_before.get(job_id)
         if not_before is not None and not_before > state.at:

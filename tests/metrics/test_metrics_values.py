@@ -198,9 +198,10 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     site, metrics_on, client, django_assert_num_queries, owner
 ):
     # 7 families' queries, then for gridgate_pending_jobs: the pools, their queue versions, the
-    # devices, running jobs and open calendar windows of now (3), and per pool with pending jobs its
-    # snapshot (4: its jobs, devices, measured device times, the last hour's submissions).
-    with django_assert_num_queries(7 + 5 + 4):
+    # devices, running jobs, open calendar windows of now and the ETA's recorded starts (6), and per
+    # pool with pending jobs its snapshot (4: its jobs, devices, measured device times, the last
+    # hour's submissions).
+    with django_assert_num_queries(7 + 6 + 4):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     more = ResourcePool.objects.create(name="more", kind="local", public=True, slots_total=3)
     more_class = ResourceClass.objects.create(pool=more, name="c", cpu=1, memory=1, default=True)
@@ -212,12 +213,12 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     )
     latency.observe(more.pk, LatencyKind.QUEUE_WAIT, 1)
     eta.clear_cache()  # each pool's snapshot rebuilt in full, its arrivals read again
-    with django_assert_num_queries(7 + 5 + 4 * 2):
+    with django_assert_num_queries(7 + 6 + 4 * 2):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     Job.objects.bulk_create(
         Job(session=session, pool=more, user=owner, payload={}, shots=1, created_at=NOW, status=status)
         for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 200
     )
     eta.clear_cache()
-    with django_assert_num_queries(7 + 5 + 4 * 2):  # ten times the jobs: the same queries
+    with django_assert_num_queries(7 + 6 + 4 * 2):  # ten times the jobs: the same queries
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")

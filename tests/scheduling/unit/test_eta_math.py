@@ -78,36 +78,54 @@ def test_a_queue_estimate_counts_the_running_rest_and_the_jobs_ranked_before():
     assert found.median == pytest.approx(60.0)
 
 
-def test_too_few_recorded_starts_correct_nothing():
-    assert eta.learn([(60.0, 120.0, 300.0)] * (eta.CORRECTION_MIN - 1)) == eta.NO_CORRECTION
+def test_too_few_recorded_starts_correct_nothing_but_still_say_how_the_bounds_held():
+    correction = eta.learn([(60.0, 120.0, 300.0, 120.0)] * (eta.CORRECTION_MIN - 1))
+    assert (correction.median, correction.p90) == (1.0, 1.0)
+    assert (correction.starts, correction.coverage) == (eta.CORRECTION_MIN - 1, 0.0)
 
 
 def test_a_bound_that_held_too_rarely_is_widened_until_it_holds_nine_times_in_ten():
     # Every actual wait is 1 to 3 times the bound predicted: the bound must grow.
-    starts = [(50.0, 100.0, 100.0 * (1 + 2 * i / 99)) for i in range(100)]
+    starts = [(50.0, 100.0, 100.0 * (1 + 2 * i / 99), 100.0) for i in range(100)]
     correction = eta.learn(starts)
     assert correction.p90 == pytest.approx(100.0 * (1 + 2 * 90 / 99) / 100.0)
-    assert correction.coverage == pytest.approx(0.91)
+    assert correction.coverage == pytest.approx(0.01)  # the bounds shown held once in 100
     assert correction.median == pytest.approx((1 + 2 * 50 / 99) * 2)
 
 
 def test_a_correction_is_clamped_and_never_puts_the_bound_below_the_median():
-    starts = [(50.0, 100.0, 1.0)] * 100  # everything started at once
+    starts = [(50.0, 100.0, 1.0, 100.0)] * 100  # everything started at once
     correction = eta.learn(starts)
     assert (correction.median, correction.p90) == eta.CORRECTION_RANGE[:1] * 2
     shown, bound = correction.apply(eta.Estimate(40.0, 10.0, 41.0))
     assert shown == pytest.approx(10.0) and bound >= shown
 
 
-def test_a_pools_correction_is_learned_once_per_max_age():
+def test_a_pools_correction_is_learned_once_per_max_age_and_stale_pools_in_one_read():
     cache, reads = eta.Cache(), []
 
-    def read():
-        reads.append(1)
-        return [(60.0, 60.0, 120.0)] * eta.CORRECTION_MIN
+    def read(pool_ids):
+        reads.append(sorted(pool_ids))
+        return {7: [(60.0, 60.0, 120.0, 60.0)] * eta.CORRECTION_MIN}
 
-    first = cache.correction(7, read)
-    assert cache.correction(7, read) is first and len(reads) == 1
+    first = cache.corrections([7, 8], read)
+    assert first[7].median == 2.0 and first[8] == eta.NO_CORRECTION
+    assert cache.corrections([7, 8], read) == first and reads == [[7, 8]]
     cache.clear()
-    cache.correction(7, read)
-    assert len(reads) == 2
+    cache.corrections([7], read)
+    assert reads == [[7, 8], [7]]
+
+
+def test_a_start_that_reaches_a_window_is_pushed_past_it_by_the_time_left():
+    # 60 s of work, a window from 30 s to 630 s: 30 s before it, the other 30 s after it.
+    assert eta.push_past(60.0, [(30.0, 630.0)]) == pytest.approx(660.0)
+
+
+def test_a_start_before_a_window_or_after_it_ended_is_untouched():
+    assert eta.push_past(20.0, [(30.0, 630.0)]) == pytest.approx(20.0)
+    assert eta.push_past(20.0, [(-600.0, -10.0)]) == pytest.approx(20.0)
+
+
+def test_an_open_window_and_a_start_that_falls_on_a_window_both_wait_for_its_end():
+    assert eta.push_past(0.0, [(-10.0, 100.0)]) == pytest.approx(100.0)
+    assert eta.push_past(30.0, [(30.0, 90.0), (100.0, 200.0)]) == pytest.approx(90.0)
