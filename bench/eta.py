@@ -1,37 +1,33 @@
-"""Calibration of the expected start shown for a pending job (R-JOB-5, issue 34), on the real
-dispatcher with a moved clock (``bench/_usage_sim.py``).
+"""Calibration of the expected start shown for a pending job (R-JOB-5), on the real dispatcher
+with a moved clock (``bench/_usage_sim.py``): its median (``eta_seconds``) and its bound
+(``eta_p90_seconds``, promised to hold 9 times in 10), against a baseline.
 
 One pool with a one-job device. A warm-up user submits 100 jobs at once, which run first, so that
 ``DeviceRuntime`` holds measured device times in every shots band; then three users with two
 sessions each (slots 1 and 2) submit bursts of jobs at random moments (on and off periods,
-Poisson bursts while on), about 2 000 jobs in all, of 10, 100 or 1 000 shots (40/40/20 %) whose
-device time is log-normal (sigma 0.6 unless ``BENCH_ETA_SIGMA`` says) around 15, 45 and 150 s:
-the device is busy most of the time and the queue comes and goes.
+Poisson bursts while on), about 2 000 jobs in all (``BENCH_ETA_JOBS``), of 10, 100 or 1 000 shots
+(40/40/20 %) whose device time is log-normal (sigma 0.6 unless ``BENCH_ETA_SIGMA`` says) around
+15, 45 and 150 s: the device is busy most of the time and the queue comes and goes.
 
-What is sampled: each job's ETA (``selectors.queue_info``, the snapshot cache cleared first) the
-moment it is submitted, which is what its owner sees first; one call for the jobs of a burst.
-Its actual wait: ``scheduled_at`` minus that moment. The error is |ETA - wait| / wait, over the
-jobs that waited at least ``FLOOR`` seconds (below it the ratio divides by almost nothing; the
-excluded jobs are counted, with their largest absolute error). Targets: median <= 15 %, p90 <= 40 %.
-Also printed: the median of ETA / wait (below 1: the ETA is early), how often the wait fell in
-ETA ± the error shown, the factor the ETA is off by (symmetric: early and late alike), and the
-error by the job's position in the queue when sampled, beside the **floor**: the error of an
-oracle told which jobs will go first (later arrivals and order as they happened) that still has
-only the expected device times. No estimator that knows device times as distributions does better
-than the floor; where the floor misses the target, so must the ETA.
+What is sampled: each job's ETA (``selectors.queue_info``, the ETA cache cleared first) the moment
+it is submitted, which is what its owner sees first, and then what the dispatcher's pass after a
+submission does: ``passes.record_predictions``, so that the ETA corrects itself from the starts
+as they come (``eta.learn``). Its actual wait: ``scheduled_at`` minus that moment. Printed per
+strategy and seed: the median and p90 of |ETA - wait| / wait over the jobs that waited at least
+``FLOOR`` seconds; the share of jobs that started within 60 s and within 10 % of ``eta_seconds``;
+the coverage of ``eta_p90_seconds`` (over all jobs and in each window of 200 submissions) and the
+median bound / wait; the same for the **baseline**, queue position x the pool's dispatch rate
+over the last hour; the **floor**, the error of an oracle told which jobs go first (later arrivals
+and order as they happened) that still has only the expected device times; and
+(``no_arrivals``) the median error when arrivals stop: every pending job's ETA read at the last of
+400 submissions, nothing arriving after it.
 
-Then where the error comes from (``why``: the running job's remaining time, the device times of
-the jobs ranked ahead, the order, the later arrivals against what the ETA foresaw, and the median
-shown instead of the mean) and, after the verdict, the same estimator when nothing arrives after
-the sample (``no_arrivals``: every pending job's ETA read at the last submission of a run) although
-users were submitting until then: the ETA foresees arrivals that do not come.
+Targets: coverage 90 % ± 3 in every 200-job window with median bound / wait <= 2; median error
+<= 25 % (<= 10 % when arrivals stop); at least 30 % below the baseline's median error.
 
-``usage_fair`` and ``fifo`` by default (``fifo``, where nothing submitted later goes first, is the
-control: what the estimator does when the order is known); ``BENCH_ETA_STRATEGIES`` names others
-(the same arrivals and device times in each: they are drawn per session, not in serving order).
-``BENCH_ETA_SIGMA`` sets the log-normal spread of device times within a band (default 0.6),
-``BENCH_ETA_SEED`` the seed (default 34). The simulation's
-connection commits without waiting for the WAL flush (``_usage_sim.fast_commits``).
+``BENCH_ETA_STRATEGIES`` (default all three), ``BENCH_ETA_SEEDS`` (default 34,35,36),
+``BENCH_ETA_WHY=1`` prints where each run's error comes from. The simulation's connection
+commits without waiting for the WAL flush (``_usage_sim.fast_commits``).
 """
 
 import math
