@@ -106,7 +106,7 @@ def test_the_session_page_shows_the_users_share_and_next_job(usage_pool, fake_de
     page = client.get(f"/sessions/{session.pk}/").content.decode()
     assert "Your share of qpu" in page
     assert re.search(r"1 min (29|30) s \(decayed\)", page)  # 90 s, decayed by the second or so since
-    assert "Next job" in page and "starts in about" in page
+    assert "Next job" in page and "starts likely in about" in page
 
 
 def test_operators_set_weights_and_rebuild_usage_in_the_admin(usage_pool, fake_device, open_session, owner, client):
