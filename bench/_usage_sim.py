@@ -102,7 +102,12 @@ class Simulation:
         Session.objects.all().delete()
         ResourcePool.objects.filter(name__startswith="bench-").delete()
         self.pool = ResourcePool.objects.create(
-            name=f"bench-sim-{self.strategy}", kind="local", strategy=self.strategy, usage_half_life=3600
+            name=f"bench-sim-{self.strategy}",
+            kind="local",
+            strategy=self.strategy,
+            usage_half_life=3600,
+            idle_timeout=30 * 86400,  # a session off for hours is still the same session
+            max_lifetime=30 * 86400,
         )
         self.klass = ResourceClass.objects.create(pool=self.pool, name="c", cpu=1, memory=1, default=True)
         self.device = Device.objects.create(pool=self.pool, name="d", driver="fake", max_concurrent_jobs=1)

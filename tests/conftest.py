@@ -11,11 +11,11 @@ from tests import factories
 
 @pytest.fixture(autouse=True)
 def _fresh_queue_snapshots():
-    """Each test reads its pools' queues afresh: the per-process snapshots (and the arrival
-    figures they keep for a minute) are keyed by pool id, which SQLite reuses after a rollback."""
-    from apps.scheduling import selectors
+    """Each test reads its pools' queues afresh: the ETA's per-process cache (snapshots, the arrival
+    figures they keep for a minute, corrections) is keyed by pool id, which SQLite reuses after a rollback."""
+    from apps.scheduling import eta
 
-    selectors._SNAPSHOT_CACHE.clear()
+    eta.clear_cache()
 
 
 @pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count

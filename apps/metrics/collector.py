@@ -53,6 +53,11 @@ HISTOGRAMS = {
         "gridgate_job_dispatch_seconds",
         "Time from a job's dispatch to its acceptance by the device's driver.",
     ),
+    # A ratio: the bound's observed coverage is the le="1" bucket over the count (90 % promised).
+    LatencyKind.ETA_BOUND: (
+        "gridgate_job_eta_bound_ratio",
+        "A dispatched job's wait over the bound it was shown (eta_p90_seconds): at most 1 when the bound held.",
+    ),
 }
 
 

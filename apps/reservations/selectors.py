@@ -94,13 +94,26 @@ class Reserved:
 
 
 @dataclass(frozen=True)
+class Window:
+    """A live window of the calendar as the ETA sees it: what it blocks and when."""
+
+    device_id: int | None  # None: every device of the pool
+    kind: str
+    start: datetime
+    end: datetime
+    holders: frozenset  # a reservation's; empty for maintenance
+
+
+@dataclass(frozen=True)
 class CalendarNow:
     """What the calendar says of one pool at one instant: the pool's maintenance (its title, ''
-    when none), its devices' ({device id: title}), its open reservations."""
+    when none), its devices' ({device id: title}), its open reservations; with ``ahead``, every
+    live window from now to that far ahead (``upcoming``, the open ones included)."""
 
     maintenance: str = ""
     device_maintenance: dict = field(default_factory=dict)
     reserved: tuple = ()
+    upcoming: tuple = ()
 
     def paused(self, device_id: int) -> str:
         """The maintenance title that pauses this device now, or ''."""
@@ -125,12 +138,16 @@ class CalendarNow:
 NOTHING = CalendarNow()
 
 
-def now_for(pool_ids, at: datetime) -> dict[int, CalendarNow]:
-    """{pool id: CalendarNow} at ``at`` for ``pool_ids`` (pools without an open window get
-    ``NOTHING``): one query, and two more when a reservation is open."""
+def now_for(pool_ids, at: datetime, ahead=None) -> dict[int, CalendarNow]:
+    """{pool id: CalendarNow} at ``at`` for ``pool_ids`` (pools without a window get
+    ``NOTHING``): one query, and two more when a reservation is read. With ``ahead`` (a
+    timedelta), the same query also reads the windows that start until ``at + ahead``
+    (``CalendarNow.upcoming``, for the ETA)."""
     pool_ids = list(pool_ids)
     windows = list(
-        Reservation.objects.filter(pool_id__in=pool_ids, cancelled_at__isnull=True, start__lte=at, end__gt=at)
+        Reservation.objects.filter(
+            pool_id__in=pool_ids, cancelled_at__isnull=True, start__lte=at + ahead if ahead else at, end__gt=at
+        )
         .only("pool_id", "device_id", "kind", "title", "start", "end", "cancelled_at")
         .order_by("start", "id")
     )
@@ -140,7 +157,11 @@ def now_for(pool_ids, at: datetime) -> dict[int, CalendarNow]:
     maintenance: dict[int, str] = {}
     devices: dict[int, dict] = defaultdict(dict)
     reserved: dict[int, list] = defaultdict(list)
+    upcoming: dict[int, list] = defaultdict(list)
     for window in windows:
+        held = frozenset(holders.get(window.pk, ()))
+        upcoming[window.pool_id].append(Window(window.device_id, window.kind, window.start, window.end, held))
+    for window in [w for w in windows if w.start <= at]:
         if window.kind == WindowKind.MAINTENANCE:
             if window.device_id is None:
                 maintenance.setdefault(window.pool_id, window.title)
@@ -149,8 +170,13 @@ def now_for(pool_ids, at: datetime) -> dict[int, CalendarNow]:
         else:
             reserved[window.pool_id].append(Reserved(window.device_id, frozenset(holders[window.pk]), window.title))
     return {
-        pool_id: CalendarNow(maintenance.get(pool_id, ""), dict(devices.get(pool_id, {})), tuple(reserved[pool_id]))
-        if pool_id in maintenance or pool_id in devices or pool_id in reserved
+        pool_id: CalendarNow(
+            maintenance.get(pool_id, ""),
+            dict(devices.get(pool_id, {})),
+            tuple(reserved[pool_id]),
+            tuple(upcoming[pool_id]) if ahead else (),
+        )
+        if pool_id in upcoming
         else NOTHING
         for pool_id in pool_ids
     }

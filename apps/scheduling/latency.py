@@ -5,6 +5,10 @@ Two histograms (``LatencyKind``), exported by ``/metrics`` (docs/metrics.md):
 - **queue wait**: a job's ``created_at`` → its dispatch (``scheduled_at``), observed in
   ``dispatch_once`` under the pool's queue lock. A job requeued after a transient driver error
   is observed again at its next dispatch (each dispatch is one observation).
+- **eta bound**: not a duration but a dispatched job's wait over the bound it was shown
+  (``eta_p90_seconds``, both from the moment its expected start was recorded, each floored at a
+  second), observed in ``dispatch_once`` for the jobs with one recorded: the share at or below 1
+  is the bound's observed coverage (R-JOB-5; 90 % promised).
 - **dispatch**: the dispatch → the driver's acceptance (``remote_id`` recorded), observed in
   ``submit_claimed``: how long handing a job to its device takes, including a recovered claim
   whose first worker died.
@@ -32,6 +36,8 @@ from apps.scheduling.models import JobLatencyBucket, LatencyKind
 BUCKETS: dict[str, tuple[float, ...]] = {
     LatencyKind.QUEUE_WAIT: (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, math.inf),
     LatencyKind.DISPATCH: (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, math.inf),
+    # A ratio, not seconds: the wait over the bound shown (1: the bound held, just).
+    LatencyKind.ETA_BOUND: (0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.25, 1.5, 2, 3, 5, 10, math.inf),
 }
 
 

@@ -148,6 +148,16 @@ class Job(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
     charged = models.BooleanField(default=False, help_text="usage_fair: device time charged to the session.")
+    # R-JOB-5: the expected start recorded once while it waits (``passes.record_predictions``),
+    # the model's own figures before any correction, and the correction of the bound shown then;
+    # the dispatch compares them with the actual start (``scheduled_at``), and the pool's last
+    # starts teach the ETA its correction (``apps.scheduling.eta.learn``).
+    eta_recorded_at = models.DateTimeField(null=True, blank=True)
+    eta_recorded_seconds = models.FloatField(null=True, blank=True, help_text="Median wait expected, uncorrected.")
+    eta_p90_recorded_seconds = models.FloatField(
+        null=True, blank=True, help_text="Wait beaten 90 % of the time, uncorrected."
+    )
+    eta_p90_factor = models.FloatField(null=True, blank=True, help_text="Correction of the bound shown then.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -160,6 +170,13 @@ class Job(models.Model):
         indexes = [
             # fifo next job, and queue position: oldest pending job of a pool.
             models.Index(fields=["pool", "created_at", "id"], condition=Q(status="pending"), name="jobs_pending_pool"),
+            # The ETA's correction: a pool's last dispatched jobs with a recorded expected start
+            # (apps.scheduling.selectors.recorded_starts).
+            models.Index(
+                fields=["pool", "-scheduled_at"],
+                condition=Q(eta_recorded_at__isnull=False, scheduled_at__isnull=False),
+                name="jobs_eta_recorded_pool",
+            ),
             # weighted/usage fair: "does this session have a pending job" and its oldest one.
             models.Index(
                 fields=["session", "created_at", "id"], condition=Q(status="pending"), name="jobs_pending_session"
@@ -314,6 +331,9 @@ class PoolQueue(models.Model):
 class LatencyKind(models.TextChoices):
     QUEUE_WAIT = "queue_wait", "Queue wait (submitted → dispatched)"
     DISPATCH = "dispatch", "Dispatch (dispatched → accepted by the device)"
+    # Not seconds: a dispatched job's wait over the bound it was shown (``eta_p90_seconds``);
+    # the share of observations at or below 1 is the bound's coverage.
+    ETA_BOUND = "eta_bound", "Wait over its expected bound (eta_p90_seconds)"
 
 
 class JobLatencyBucket(models.Model):

@@ -25,7 +25,7 @@ from apps.notifications import services as notifications
 from apps.notifications.models import Event
 from apps.reservations.selectors import now_for as calendar_now
 from apps.resources.models import ResourcePool
-from apps.scheduling import latency, runtimes, shares
+from apps.scheduling import latency, runtimes, selectors, shares
 from apps.scheduling.drivers import (
     DriverState,
     PermanentDriverError,
@@ -181,6 +181,8 @@ def dispatch_once(pool_id: int) -> Job | None:
         else:
             return None
         latency.observe(pool_id, LatencyKind.QUEUE_WAIT, (now - job.created_at).total_seconds())
+        if job.eta_recorded_at is not None:  # R-JOB-5: did the bound it was shown hold?
+            latency.observe(pool_id, LatencyKind.ETA_BOUND, bound_ratio(job, now))
         charge = strategy.dispatch_charge(job, slots)
         if charge:
             strategy.charge(job, charge)
@@ -192,6 +194,49 @@ def dispatch_once(pool_id: int) -> Job | None:
     job.device = device
     job._dispatch_charge = charge
     return job
+
+
+def bound_ratio(job: Job, started) -> float:
+    """A job's wait over the bound it was shown (``eta_p90_seconds``), both from the moment its
+    expected start was recorded and floored at a second (a job that started at once says
+    nothing of ratios): at most 1 when the bound held."""
+    wait = max((started - job.eta_recorded_at).total_seconds(), 1.0)
+    bound = (job.eta_p90_recorded_seconds or 0.0) * (job.eta_p90_factor or 1.0)
+    return wait / max(bound, 1.0)
+
+
+RECORD_BATCH = 500  # pending jobs whose expected start one pass records at most
+
+
+def record_predictions(pool_id: int) -> int:
+    """Record the expected start of the pool's pending jobs that have none yet (R-JOB-5): the
+    model's median and bound, uncorrected, with the correction of the bound shown, on the job
+    row alone (no pool row, no lock a submission or an admission waits on). The dispatch
+    compares them with the actual start, and the pool's last starts correct the ETA
+    (``eta.learn``). One query when there is nothing to record; else the list read's queries
+    and one UPDATE, which skips a job dispatched or cancelled meanwhile."""
+    jobs = list(
+        Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING, eta_recorded_at__isnull=True)
+        .select_related("pool")
+        .order_by("created_at", "id")[:RECORD_BATCH]
+    )
+    if not jobs:
+        return 0
+    info = selectors.queue_info(jobs)
+    now = timezone.now()
+    recorded = []
+    for job in jobs:
+        waiting = info.get(job.pk)
+        if waiting is None or waiting.estimate is None:
+            continue  # no device can run it now: nothing to promise
+        job.eta_recorded_at = now
+        job.eta_recorded_seconds = waiting.estimate.median
+        job.eta_p90_recorded_seconds = waiting.estimate.p90
+        job.eta_p90_factor = waiting.eta_p90_seconds / waiting.estimate.p90 if waiting.estimate.p90 > 0 else 1.0
+        recorded.append(job)
+    fields = ["eta_recorded_at", "eta_recorded_seconds", "eta_p90_recorded_seconds", "eta_p90_factor"]
+    # Only jobs still pending and unrecorded: bulk_update keeps the queryset's filter.
+    return Job.objects.filter(status=JobStatus.PENDING, eta_recorded_at__isnull=True).bulk_update(recorded, fields)
 
 
 def next_on_calendar(
@@ -468,8 +513,10 @@ def _poll_claimed(job: Job, interval: timedelta) -> None:
 
 
 def run_pool(pool_id: int) -> dict:
-    """One pass for a pool: poll what runs, then fill free devices. Idempotent and bounded."""
+    """One pass for a pool: poll what runs, record the new jobs' expected starts, then fill free
+    devices. Idempotent and bounded."""
     polled = poll_running(pool_id)
+    record_predictions(pool_id)
     dispatched = 0
     while dispatched < DISPATCH_BATCH:
         try:

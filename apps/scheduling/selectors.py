@@ -1,9 +1,8 @@
 """Read-side helpers: device load and why a job waits (R-JOB-4)."""
 
-import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db.models import Count, F, Func, OuterRef, Q, Subquery
@@ -11,7 +10,7 @@ from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
 from apps.reservations.selectors import now_for as calendar_now
-from apps.scheduling import runtimes
+from apps.scheduling import eta, runtimes
 from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
 
@@ -114,13 +113,18 @@ def pool_status(pool) -> PoolStatus:
 @dataclass(frozen=True)
 class Waiting:
     """Why a pending job waits (``code``, ``reason``), where it stands in its pool's queue and
-    when it is expected to start (seconds from now, with one standard deviation; None when no
-    device can run it now)."""
+    when it is expected to start, in seconds from now (None when no device can run it now): the
+    median (``eta_seconds``, as likely before as after), one standard deviation of it
+    (``eta_error_seconds``) and a start it beats 90 % of the time (``eta_p90_seconds``), both
+    corrected by what the pool's last starts showed; ``estimate``: the model's own figures,
+    before correction (what the dispatcher records to learn the correction)."""
 
     code: str | None
     position: int | None
     eta_seconds: float | None
     eta_error_seconds: float | None
+    eta_p90_seconds: float | None = None
+    estimate: eta.Estimate | None = field(default=None, compare=False)
 
     @property
     def reason(self) -> str | None:
@@ -138,7 +142,7 @@ def queue_info(jobs) -> dict[int, Waiting]:
     the device time before each job come from a snapshot of its queue (``_snapshots``), rebuilt
     only when the queue changed: a list read costs the same with 100 000 pending jobs as with
     100. Positions follow the pool's strategy as if nothing else arrived; ETAs also expect what
-    others submit meanwhile at their recent rates (``_QueueSnapshot.arrivals``), and the
+    others submit meanwhile at their recent rates (``eta.Queue.arrivals``), and the
     device times measured so far.
     """
     pending = [j for j in jobs if j.status == JobStatus.PENDING]
@@ -212,6 +216,11 @@ class _PoolNow:
             self.exhausted = exhausted_ids(self.pool_id, self.at)
         return allocation_id in self.exhausted
 
+    correction: eta.Correction = eta.NO_CORRECTION  # what the pool's last starts taught (``eta.learn``)
+    # R-RES-1/2 ahead: the live windows until ``CALENDAR_AHEAD`` and the usable devices' ids
+    windows: tuple = ()
+    usable_ids: frozenset = frozenset()
+
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
     """Three queries for every pool at once: their online devices with their load, which pools
@@ -235,7 +244,8 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
     ).values_list("pool_id", "device_id", "shots", "scheduled_at", "user_id"):
         running[pool_id].append((device_id, shots, scheduled_at))
         running_users[pool_id].add(user_id)
-    calendars = calendar_now(pools, at)
+    calendars = calendar_now(pools, at, CALENDAR_AHEAD)
+    corrections = eta.CACHE.corrections(pools, recorded_starts)
     out = {}
     for pool_id, pool in pools.items():
         calendar = calendars[pool_id]
@@ -264,12 +274,61 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             reserved_for=frozenset().union(*(r.holders for r in covering)) if covering else None,
             running_users=frozenset(running_users.get(pool_id, ())),
             pool_id=pool_id,
+            correction=corrections[pool_id],
+            windows=calendar.upcoming,
+            usable_ids=frozenset(usable_ids),
         )
     return out
 
 
-# Per-process snapshots of pools' queues: {pool id: (version, taken at, _QueueSnapshot)}.
-_SNAPSHOT_CACHE: dict[int, tuple[tuple, float, "_QueueSnapshot"]] = {}
+CALENDAR_AHEAD = timedelta(days=7)  # the ETA pushes a start past the calendar's windows this far ahead
+
+
+def blocked_for(windows, usable_ids, user_id: int, target: int | None, at) -> list[tuple[float, float]]:
+    """[(from, to)] seconds from ``at`` when the calendar keeps a job of ``user_id`` from the
+    pool's devices (R-RES-1, R-RES-2): a maintenance window, or a reservation it does not hold,
+    on the whole pool, on its target device, or on every usable device of the pool. (A window on
+    some of several devices only slows the pool down: not counted.)"""
+    out = []
+    for w in windows:
+        if w.kind != "maintenance" and user_id in w.holders:
+            continue
+        if w.device_id is None or w.device_id == target or (not target and usable_ids == {w.device_id}):
+            out.append(((w.start - at).total_seconds(), (w.end - at).total_seconds()))
+    return out
+
+
+def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float]]]:
+    """``{pool id: [(median wait expected, bound expected, actual wait, bound shown)]}`` of each
+    pool's last ``eta.CORRECTION_STARTS`` dispatched jobs whose expected start was recorded (the
+    expectations uncorrected), in seconds: what ``eta.learn`` corrects the ETA from. One query
+    for every pool (a window over the jobs_eta_recorded_pool index), not a counter row written
+    at each dispatch."""
+    from django.db.models import Window
+    from django.db.models.functions import RowNumber
+
+    rows = (
+        Job.objects.filter(pool_id__in=list(pool_ids), eta_recorded_at__isnull=False, scheduled_at__isnull=False)
+        .annotate(nth=Window(RowNumber(), partition_by=[F("pool_id")], order_by=F("scheduled_at").desc()))
+        .filter(nth__lte=eta.CORRECTION_STARTS)
+        .order_by()
+        .values_list(
+            "pool_id",
+            "eta_recorded_seconds",
+            "eta_p90_recorded_seconds",
+            "eta_p90_factor",
+            "eta_recorded_at",
+            "scheduled_at",
+        )
+    )
+    out: dict[int, list] = defaultdict(list)
+    for pool_id, median, bound, factor, recorded_at, scheduled_at in rows:
+        actual = (scheduled_at - recorded_at).total_seconds()
+        out[pool_id].append((median, bound, actual, bound * (factor or 1.0)))
+    return out
+
+
+# The per-process snapshots of pools' queues live in the ETA's one cache (``eta.CACHE``).
 SNAPSHOT_MAX_AGE = 5.0  # seconds: bounds what the version below does not see (a cancelled job)
 ARRIVALS_MAX_AGE = 60.0  # seconds: a snapshot's figures of the last hour's submissions are reused this long
 
@@ -290,6 +349,7 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
         for queue in PoolQueue.objects.filter(pool_id__in=listed).annotate(newest=Subquery(newest.values("id")[:1]))
     }
     now = time.monotonic()
+    cache = eta.CACHE.snapshots
     out = {}
     for pool_id, job_ids in listed.items():
         pool = pools[pool_id]
@@ -297,7 +357,7 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
         version = None
         if queue is not None:
             version = (queue.last_dispatch_at, queue.vtime, queue.share_vtime, queue.newest, pool.strategy)
-        cached = _SNAPSHOT_CACHE.get(pool_id)
+        cached = cache.get(pool_id)
         if (
             version is not None
             and cached is not None
@@ -312,28 +372,17 @@ def _snapshots(listed: dict[int, set], pools: dict) -> dict[int, "_QueueSnapshot
         previous = cached[2].recent if cached is not None else None
         fresh = previous is not None and now - previous[0] < ARRIVALS_MAX_AGE
         out[pool_id] = _QueueSnapshot(pool, queue, previous if fresh else None)
-        _SNAPSHOT_CACHE[pool_id] = (version, now, out[pool_id])  # version None: only its arrivals are reused
+        cache[pool_id] = (version, now, out[pool_id])  # version None: only its arrivals are reused
     return out
 
 
 class _QueueSnapshot:
-    """Every pending job of one pool (of an active session) in the order the pool's strategy
-    would serve them if nothing else arrived, with the expected device time before each.
-
-    The order: ``fifo`` by (created_at, id); ``weighted_fair`` by the start tag of each session's
-    k-th job, vruntime + k/slots (ties: older session); ``usage_fair`` the same within each share
-    with tags in expected device time / slots, and across shares by (decayed usage + in flight +
-    the expected device time of the share's jobs before it, charged later weighing more) /
-    weight, each level raised to its virtual time (``apps.scheduling.shares``). A job's expected
-    start (``waiting``): the running jobs' expected remaining time plus the expected device time
-    of every job before it, over the usable devices' capacity, its variance summed likewise
-    (``apps.scheduling.runtimes``); then what others are expected to submit meanwhile and that
-    goes first (``arrivals``); shown as the median of the sum.
-    """
+    """What one pool's queue reads from the database for the ETA (``apps.scheduling.eta``):
+    every pending job of an active session with its expected device time
+    (``apps.scheduling.runtimes``), what was submitted lately, the shares (usage_fair), ordered
+    and summed by ``eta.Queue``; ``waiting`` adds the facts of now (``_PoolNow``)."""
 
     def __init__(self, pool, queue, recent=None):
-        import numpy as np
-
         rows = list(
             Job.objects.filter(pool_id=pool.pk, status=JobStatus.PENDING, session__status=SessionStatus.ACTIVE)
             .order_by("created_at", "id")
@@ -363,168 +412,53 @@ class _QueueSnapshot:
                 estimates[key] = self.table.on_device(target, shots) if target else self.table.on_any(device_ids, shots)
             return estimates[key]
 
-        n = len(rows)
-        ids = [row[0] for row in rows]
-        mean = np.array([estimate(row[4], row[3]).mean for row in rows], dtype=float)
-        var = np.array([estimate(row[4], row[3]).var for row in rows], dtype=float)
-        # Each job's index in its session, and the expected device time before it there.
-        index, before = np.zeros(n), np.zeros(n)
-        seen: dict = {}
-        for i, row in enumerate(rows):
-            k, spent = seen.get(row[1], (0, 0.0))
-            index[i], before[i] = k, spent
-            seen[row[1]] = (k + 1, spent + mean[i])
-        vruntime = np.array([row[6] for row in rows], dtype=float)
-        slots = np.array([row[7] for row in rows], dtype=float)
-        age = np.array([row[8].timestamp() for row in rows], dtype=float)
-        session_rank = {session_id: r for r, session_id in enumerate(sorted(seen, key=str))}
-        sid = np.array([session_rank[row[1]] for row in rows], dtype=float)
-        self.behind_share: set = set()  # usage_fair: jobs of a share other than the one served next
-        # What may arrive and go first (``arrivals``): each job's tag in its strategy's order and
-        # the expected device time before it; each flow's tag after its pending jobs, the device
-        # seconds a unit of tag stands for, what it submitted lately. None in a fifo pool.
-        self.tag: dict = {}  # job id -> (tag, expected seconds before it, its share, its tag there)
-        self.flows: list = []  # figures (``_Flow.figures``) of the flows of the pool's order
-        self.siblings: dict = {}  # usage_fair: {share: figures of its sessions}, the order within it
-        self.half_life = math.inf  # usage_fair: device time charged later weighs more
-        self.recent = None  # (monotonic time read, ``_recent_submissions``), fifo: never read
-        if pool.strategy == "fifo":
-            order = np.arange(n)
-        elif pool.strategy == "weighted_fair":
-            tag = vruntime + index / slots
-            order = np.lexsort((index, sid, age, tag))
-            self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
-            v = queue.vtime if queue else 0.0
-            flows = _session_flows(
-                rows, tag, 1.0 / slots, self.recent[1], lambda user_id, vruntime: max(vruntime, v), True
+        pending = [
+            eta.Pending(
+                id=pk,
+                session_id=session_id,
+                user_id=user_id,
+                mean=estimate(target, shots).mean,
+                var=estimate(target, shots).var,
+                not_before=not_before,
+                vruntime=vruntime,
+                slots=slots,
+                session_created=created.timestamp(),
+                session_ends=ends,
             )
-            self.flows = [figures for _, figures in flows]
-            self.tag = {ids[j]: (float(tag[j]), 0.0, None, 0.0) for j in range(n)}
-        else:
+            for pk, session_id, user_id, shots, target, not_before, vruntime, slots, created, ends, _ in rows
+        ]
+        self.recent = None  # (monotonic time read, ``_recent_submissions``), fifo: never read
+        shares_now = None
+        if pool.strategy != "fifo":
             self.recent = recent or (time.monotonic(), _recent_submissions(pool, self.table))
-            order = self._two_level(pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid)
-        self.rank = {ids[j]: r for r, j in enumerate(order, start=1)}
-        self.first_of_session: dict = {}
-        for j in order:
-            self.first_of_session.setdefault(rows[j][1], ids[j])
-        # Device time expected before the job at each rank (its mean and variance).
-        self.before_mean = np.concatenate(([0.0], np.cumsum(mean[order])))
-        self.before_var = np.concatenate(([0.0], np.cumsum(var[order])))
-        self.not_before = {row[0]: row[5] for row in rows if row[5] is not None}
-        self.session_ends = {row[0]: row[9] for row in rows}
-        self.user_of = {row[0]: row[2] for row in rows}
+        if pool.strategy == "usage_fair":
+            shares_now = _shares(pool, queue, {row.user_id for row in pending}, self.recent[1])
+        self.queue = eta.Queue(
+            pool.strategy,
+            pending,
+            capacity=self.capacity,
+            recent=self.recent[1] if self.recent else (),
+            vtime=queue.vtime if queue else 0.0,
+            shares=shares_now,
+        )
+        self.rank = self.queue.rank
+        self.first_of_session = self.queue.first_of_session
+        self.target_of = {row[0]: row[4] for row in rows if row[4] is not None}
         self.allocation_of = {row[0]: row[10] for row in rows if row[10] is not None}
-        self.pending_users = frozenset(self.user_of.values())
 
-    def _two_level(self, pool, queue, rows, ids, mean, index, before, vruntime, slots, age, sid):
-        """The usage_fair order, and what the ETA needs to foresee arrivals (``self.flows``)."""
-        import heapq
-
-        import numpy as np
-
-        from apps.scheduling import shares
-
-        now = timezone.now().timestamp()
-        recent = self.recent[1]
-        keys = shares.keys_of(pool, {row[2] for row in rows} | {r.user_id for r in recent})
-        submitted: dict = defaultdict(_Flow)
-        for r in recent:
-            submitted[keys[r.user_id]].add(r.minute, r.seconds, r.jobs)
-        found = shares.read(pool, set(keys.values()), now)
-        flying = shares.in_flight(pool, keys)
-        v1 = shares.decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life) if queue else 0.0
-        share_of = [keys[row[2]] for row in rows]
-        share_rank = {key: r for r, key in enumerate(sorted(found))}
-        share_id = np.array([share_rank[key] for key in share_of], dtype=float)
-        # Level 2: within each share, by session tag in expected device time / slots.
-        floor = np.array([found[key].vtime for key in share_of], dtype=float)
-        inner_tag = np.maximum(vruntime, floor) + before / slots
-        inner = np.lexsort((index, sid, age, inner_tag, share_id))
-        queues: dict = {}
-        for j in inner:
-            queues.setdefault(share_of[j], []).append(j)
-        # Level 1: the share with the smallest key goes next; a job adds its expected device time
-        # over the share's weight. Keys are decayed to now, so device time charged later weighs
-        # more (2^(t / half-life) at t seconds from now): the sooner the past is forgotten.
-        start = shares.level_one(pool, found, flying, v1, now)
-        capacity = max(self.capacity, 1)
-        heap = [(start[key], share_rank[key], key, 0) for key in queues]
-        heapq.heapify(heap)
-        order, elapsed = [], 0.0
-        while heap:
-            value, rank, key, k = heapq.heappop(heap)
-            j = queues[key][k]
-            order.append(j)
-            self.tag[ids[j]] = (value, elapsed, key, float(inner_tag[j]))
-            value += mean[j] * _growth(elapsed, pool.usage_half_life) / found[key].weight
-            elapsed += mean[j] / capacity
-            start[key] = value
-            if k + 1 < len(queues[key]):
-                heapq.heappush(heap, (value, rank, key, k + 1))
-        # Each share that submitted lately may add before a job: its key after its pending jobs,
-        # and a key unit is 1 / weight device seconds; within the job's own share, its sessions
-        # (an idle one starts at the share's virtual time).
-        self.flows = [flow.figures(start[key], found[key].weight) for key, flow in submitted.items()]
-        self.half_life = pool.usage_half_life
-
-        def idle_start(user_id, vruntime):
-            return max(vruntime, found[keys[user_id]].vtime)
-
-        for user_id, figures in _session_flows(rows, inner_tag, mean / slots, recent, idle_start, False):
-            self.siblings.setdefault(keys[user_id], []).append(figures)
-        if order:
-            first = share_of[order[0]]
-            self.behind_share = {ids[j] for j in range(len(rows)) if share_of[j] != first}
-        return np.array(order, dtype=int)
-
-    def arrivals(self, job_id: int, base: float, capacity: int) -> tuple[float, float, float]:
-        """What the other flows (sessions in weighted_fair; in usage_fair the other shares, and the
-        other sessions of the job's share) are expected to submit while the job waits and that
-        goes first: each submits at its recent rate of device time, up to the room its tag leaves
-        below the job's (usage_fair's shares: weighted, and device time charged later weighs more).
-        ``base`` is the wait with nothing arriving; the wait ``W`` is the fixed point of
-        ``W = base + sum(min(rate * W, room)) / capacity``, solved exactly (the right side is
-        concave and piecewise linear). Returns the seconds added to ``base``, the
-        variance of the flows' arrivals while their room is not used up (compound Poisson), and
-        ``1 / (1 - slope)``: how much any deviation of the wait is amplified by the arrivals it
-        lets in."""
-        if job_id not in self.tag:
-            return 0.0, 0.0, 1.0
-        tag, at, share, inner_tag = self.tag[job_id]
-        growth = _growth(at, self.half_life)
-        rooms = [((tag - end) * unit / growth, rate, lump) for end, unit, rate, lump in self.flows]
-        rooms += [((inner_tag - end) * unit, rate, lump) for end, unit, rate, lump in self.siblings.get(share, ())]
-        # None for the job's own flow (share, session): it ends past the job.
-        flows = [(room / rate, room, rate, lump) for room, rate, lump in rooms if room > 0 and rate > 0]
-        flows.sort()
-        constant, slope, filled = base, sum(f[2] for f in flows) / capacity, 0
-        for breakpoint, room, rate, _ in flows:
-            if slope < 1 and constant / (1 - slope) <= breakpoint:
-                break
-            constant += room / capacity
-            slope -= rate / capacity
-            filled += 1
-        wait = constant / (1 - slope) if slope < 1 else constant
-        variance = sum(rate * wait * lump for _, _, rate, lump in flows[filled:]) / (capacity * capacity)
-        return wait - base, variance, 1.0 / (1.0 - slope) if slope < 1 else 1.0
+    def covers(self, job_ids) -> bool:
+        return self.queue.covers(job_ids)
 
     def behind_reservation(self, job_id: int, state: _PoolNow) -> bool:
         """R-RES-1: the job is not its reservation holders' and they have work on the devices the
         open reservation covers (pending or running): theirs goes first."""
         holders = state.reserved_for
-        if holders is None or self.user_of.get(job_id) in holders:
+        if holders is None or self.queue.user_of.get(job_id) in holders:
             return False
-        return bool(holders & (self.pending_users | state.running_users))
+        return bool(holders & (self.queue.pending_users | state.running_users))
 
-    def covers(self, job_ids) -> bool:
-        return all(job_id in self.rank for job_id in job_ids)
-
-    def waiting(self, job_id: int, state: _PoolNow) -> Waiting:
-        if job_id not in self.rank:  # its session ended meanwhile: it is about to be cancelled
-            return Waiting(state.code or "waiting_turn", 1, None, None)
-        rank = self.rank[job_id]
-        if state.code or not state.capacity:
-            return Waiting(state.code or "no_device", rank, None, None)
+    def remaining(self, state: _PoolNow) -> tuple[float, float]:
+        """(mean, variance) of the running jobs' remaining device time, computed once per read."""
         if state.remaining is None:
             mean = var = 0.0
             for device_id, shots, scheduled_at in state.running:
@@ -533,15 +467,26 @@ class _QueueSnapshot:
                 mean += left.mean
                 var += left.var
             state.remaining = (mean, var)
-        # The wait: what is queued now (the running jobs' rest and the jobs before it), then what
-        # others submit meanwhile that goes first; deviations of either let more arrivals in.
-        queued = (state.remaining[0] + float(self.before_mean[rank - 1])) / state.capacity
-        queued_var = (state.remaining[1] + float(self.before_var[rank - 1])) / state.capacity**2
-        arriving, arriving_var, gain = self.arrivals(job_id, queued, state.capacity)
-        start = _median(queued, queued_var) + _median(arriving, gain * gain * arriving_var)
-        spread = gain * math.sqrt(queued_var + arriving_var)
-        ends = self.session_ends.get(job_id)
-        not_before = self.not_before.get(job_id)
+        return state.remaining
+
+    def waiting(self, job_id: int, state: _PoolNow) -> Waiting:
+        if job_id not in self.rank:  # its session ended meanwhile: it is about to be cancelled
+            return Waiting(state.code or "waiting_turn", 1, None, None)
+        rank = self.rank[job_id]
+        if state.code or not state.capacity:
+            return Waiting(state.code or "no_device", rank, None, None)
+        found = self.queue.estimate(job_id, self.remaining(state), state.capacity)
+        start, bound = state.correction.apply(found)
+        queue = self.queue
+        if state.windows:  # pushed past the calendar's windows that keep the job off its devices
+            blocked = blocked_for(
+                state.windows, state.usable_ids, queue.user_of[job_id], self.target_of.get(job_id), state.at
+            )
+            if blocked:
+                start, bound = eta.push_past(start, blocked), eta.push_past(bound, blocked)
+                found = eta.Estimate(eta.push_past(found.median, blocked), found.std, eta.push_past(found.p90, blocked))
+        ends = queue.session_ends.get(job_id)
+        not_before = queue.not_before.get(job_id)
         if state.allocation_exhausted(self.allocation_of.get(job_id)):
             code = "allocation_exhausted"
         elif not_before is not None and not_before > state.at:
@@ -550,70 +495,37 @@ class _QueueSnapshot:
             code = "reserved"
         elif ends is not None and (ends - state.at).total_seconds() < start:
             code = "session_expiring"
-        elif job_id in self.behind_share:
+        elif job_id in queue.behind_share:
             code = "share_exhausted"
         elif state.busy:
             code = "device_busy"
         else:
             code = "waiting_turn"
-        return Waiting(code, rank, start, spread)
+        return Waiting(code, rank, start, found.std, bound, found)
 
 
-def _growth(seconds: float, half_life: float) -> float:
-    """How much more device time charged ``seconds`` from now weighs than today's usage; past 60
-    half-lives today's usage is forgotten anyway (and 2^x would overflow a float)."""
-    return 2.0 ** min(seconds / half_life, 60.0)
+def _shares(pool, queue, user_ids, recent) -> eta.Shares:
+    """usage_fair's facts for ``eta.Queue``: the shares of the pending and recent users, their
+    virtual times, weights and level-one keys now (``apps.scheduling.shares``)."""
+    from apps.scheduling import shares
+
+    now = timezone.now().timestamp()
+    keys = shares.keys_of(pool, set(user_ids) | {r.user_id for r in recent})
+    found = shares.read(pool, set(keys.values()), now)
+    flying = shares.in_flight(pool, keys)
+    v1 = shares.decayed(queue.share_vtime, queue.share_vtime_at, now, pool.usage_half_life) if queue else 0.0
+    return eta.Shares(
+        key_of=keys,
+        vtime={key: share.vtime for key, share in found.items()},
+        weight={key: share.weight for key, share in found.items()},
+        start=shares.level_one(pool, found, flying, v1, now),
+        half_life=pool.usage_half_life,
+    )
 
 
-def _median(mean: float, variance: float) -> float:
-    """The median of a skewed positive quantity known by its mean and variance (a log-normal's):
-    the ETA is a start as likely before as after, and waits are long-tailed (a job's device time;
-    a burst that may or may not arrive)."""
-    return mean / math.sqrt(1.0 + variance / (mean * mean)) if mean > 0 else 0.0
-
-
-ARRIVAL_WINDOW = 3600.0  # seconds: what a share submitted over this is its recent rate
-
-
-def _session_flows(rows, tag, step, recent, idle_start, per_job: bool) -> list:
-    """[(user id, figures)] of the active sessions that submitted lately (``recent``), for
-    ``arrivals``: each one's tag after its pending jobs (its last job's ``tag`` + ``step``), or
-    ``idle_start(user id, vruntime)`` when none is pending; a unit of tag stands for ``slots``
-    device seconds, or with ``per_job`` (tags that count jobs) ``slots`` of its mean job's."""
-    submitted: dict = defaultdict(_Flow)
-    sessions = {}
-    for submission in recent:
-        if submission.active:
-            submitted[submission.session_id].add(submission.minute, submission.seconds, submission.jobs)
-            sessions[submission.session_id] = submission
-    ends: dict = {}
-    for j, row in enumerate(rows):
-        ends[row[1]] = max(ends.get(row[1], -math.inf), float(tag[j] + step[j]))
-    out = []
-    for session_id, flow in submitted.items():
-        session = sessions[session_id]
-        end = ends.get(session_id, idle_start(session.user_id, session.vruntime))
-        out.append((session.user_id, flow.figures(end, session.slots * (flow.mean_job if per_job else 1.0))))
-    return out
-
-
-@dataclass(frozen=True)
-class _Submitted:
-    """Jobs one session submitted to a pool in one minute, with what the ETA reads of the session."""
-
-    user_id: int
-    session_id: object
-    vruntime: float
-    slots: int
-    active: bool
-    minute: object
-    seconds: float  # expected device time
-    jobs: int
-
-
-def _recent_submissions(pool, table) -> list[_Submitted]:
-    """What was submitted to ``pool`` over the last ``ARRIVAL_WINDOW``, per session and minute."""
-    since = timezone.now() - timedelta(seconds=ARRIVAL_WINDOW)
+def _recent_submissions(pool, table) -> list[eta.Submitted]:
+    """What was submitted to ``pool`` over the last ``eta.ARRIVAL_WINDOW``, per session and minute."""
+    since = timezone.now() - timedelta(seconds=eta.ARRIVAL_WINDOW)
     grouped = (
         "user_id",
         "session_id",
@@ -638,32 +550,8 @@ def _recent_submissions(pool, table) -> list[_Submitted]:
         if key not in means:
             means[key] = (table.on_device(target, shots) if target else table.on_any(device_ids, shots)).mean
         active = status == SessionStatus.ACTIVE
-        out.append(_Submitted(user_id, session_id, vruntime, slots, active, minute, n * means[key], n))
+        out.append(eta.Submitted(user_id, session_id, vruntime, slots, active, minute, n * means[key], n))
     return out
-
-
-class _Flow:
-    """What one share (usage_fair) or session (weighted_fair) submitted lately, added up per minute."""
-
-    def __init__(self):
-        self.minutes: dict = {}
-        self.jobs = 0
-
-    def add(self, minute, seconds: float, jobs: int) -> None:
-        self.minutes[minute] = self.minutes.get(minute, 0.0) + seconds
-        self.jobs += jobs
-
-    def figures(self, end: float, seconds_per_unit: float) -> tuple:
-        """For ``arrivals``: the flow's tag after its pending jobs, the device seconds a unit of
-        tag stands for, its rate in device seconds per second, and how lumpy it comes (a compound
-        Poisson's variance per unit of mean: each minute's device time, squared, over their sum)."""
-        seconds = sum(self.minutes.values())
-        lump = sum(v * v for v in self.minutes.values()) / seconds if seconds else 0.0
-        return end, seconds_per_unit, seconds / ARRIVAL_WINDOW, lump
-
-    @property
-    def mean_job(self) -> float:
-        return sum(self.minutes.values()) / self.jobs if self.jobs else 0.0
 
 
 def _count_running():

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from apps.cases.models import Case, CaseStatus
 from apps.core.models import WorkerHeartbeat
 from apps.resources.models import ResourceClass, ResourcePool
-from apps.scheduling import latency, selectors
+from apps.scheduling import eta, latency
 from apps.scheduling.models import Device, Job, JobStatus, LatencyKind
 from apps.sessions import services as session_services
 
@@ -197,10 +197,11 @@ def test_worker_heartbeat_age(families):
 def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     site, metrics_on, client, django_assert_num_queries, owner
 ):
-    # 8 families' queries (allocations included), then for gridgate_pending_jobs: the pools, their queue versions, the
-    # devices, running jobs and open calendar windows of now (3), and per pool with pending jobs its
-    # snapshot (4: its jobs, devices, measured device times, the last hour's submissions).
-    with django_assert_num_queries(8 + 5 + 4):
+    # 8 families' queries (allocations included), then for gridgate_pending_jobs: the pools, their
+    # queue versions, the devices, running jobs, open calendar windows of now and the ETA's recorded
+    # starts (6), and per pool with pending jobs its snapshot (4: its jobs, devices, measured device
+    # times, the last hour's submissions).
+    with django_assert_num_queries(8 + 6 + 4):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     more = ResourcePool.objects.create(name="more", kind="local", public=True, slots_total=3)
     more_class = ResourceClass.objects.create(pool=more, name="c", cpu=1, memory=1, default=True)
@@ -211,13 +212,13 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
         for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 20
     )
     latency.observe(more.pk, LatencyKind.QUEUE_WAIT, 1)
-    selectors._SNAPSHOT_CACHE.clear()  # each pool's snapshot rebuilt in full, its arrivals read again
-    with django_assert_num_queries(8 + 5 + 4 * 2):
+    eta.clear_cache()  # each pool's snapshot rebuilt in full, its arrivals read again
+    with django_assert_num_queries(8 + 6 + 4 * 2):
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     Job.objects.bulk_create(
         Job(session=session, pool=more, user=owner, payload={}, shots=1, created_at=NOW, status=status)
         for status in [JobStatus.PENDING, JobStatus.COMPLETED] * 200
     )
-    selectors._SNAPSHOT_CACHE.clear()
-    with django_assert_num_queries(8 + 5 + 4 * 2):  # ten times the jobs: the same queries
+    eta.clear_cache()
+    with django_assert_num_queries(8 + 6 + 4 * 2):  # ten times the jobs: the same queries
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")

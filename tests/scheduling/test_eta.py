@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.scheduling import passes, selectors
+from apps.scheduling import eta, passes, selectors
 from apps.scheduling.models import DeviceRuntime, FairShare, Job, JobStatus
 from tests.scheduling.test_strategies import dispatch_and_finish, submit
 from tests.scheduling.test_usage_fair import pending, set_usage
@@ -48,7 +48,7 @@ def history(pool, session, n):
 
 
 def eta_of(pool, job):
-    selectors._SNAPSHOT_CACHE.clear()
+    eta.clear_cache()
     return selectors.queue_info(pending(pool))[job.pk]
 
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.scheduling import selectors
+from apps.scheduling import eta
 from apps.scheduling.drivers.emulator import available_devices
 from apps.scheduling.models import Device, Job, JobStatus
 from apps.sessions import services as session_services
@@ -140,7 +140,7 @@ def test_job_list_query_count_is_constant(api, owner, qpu_pool, fake_device, ope
     client = api(owner)
 
     def queries():
-        selectors._SNAPSHOT_CACHE.clear()  # the queue's snapshot rebuilt in full each time
+        eta.clear_cache()  # the queue's snapshot rebuilt in full each time
         with CaptureQueriesContext(connection) as ctx:
             assert client.get("/api/v1/jobs/?page_size=500").status_code == 200
         return len(ctx)

@@ -52,6 +52,7 @@ class JobSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     eta_seconds = serializers.SerializerMethodField()
     eta_error_seconds = serializers.SerializerMethodField()
+    eta_p90_seconds = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -76,6 +77,7 @@ class JobSerializer(serializers.ModelSerializer):
             "queue_position",
             "eta_seconds",
             "eta_error_seconds",
+            "eta_p90_seconds",
         ]
         read_only_fields = fields
 
@@ -112,6 +114,7 @@ class JobSerializer(serializers.ModelSerializer):
             "queue_position": waiting.position,
             "eta_seconds": waiting.eta_seconds,
             "eta_error_seconds": waiting.eta_error_seconds,
+            "eta_p90_seconds": waiting.eta_p90_seconds,
         }
 
     # Null once the job left the queue: declared, or the schema says non-nullable.
@@ -129,13 +132,20 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.FloatField(allow_null=True))
     def get_eta_seconds(self, obj) -> float | None:
-        """Expected seconds until it starts (R-JOB-5); null when no device can run it now."""
+        """Expected seconds until it starts (R-JOB-5), the median: as likely before as after;
+        null when no device can run it now."""
         return self._info(obj).eta_seconds
 
     @extend_schema_field(serializers.FloatField(allow_null=True))
     def get_eta_error_seconds(self, obj) -> float | None:
         """One standard deviation of ``eta_seconds``."""
         return self._info(obj).eta_error_seconds
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_eta_p90_seconds(self, obj) -> float | None:
+        """Seconds within which it starts 9 times in 10 (R-JOB-5): calibrated on the pool's last
+        starts; null when no device can run it now."""
+        return self._info(obj).eta_p90_seconds
 
 
 MAX_SHOTS = 1_000_000

@@ -17,6 +17,7 @@ class NextJobSerializer(serializers.Serializer):
     queue_position = serializers.IntegerField()
     eta_seconds = serializers.FloatField(allow_null=True)
     eta_error_seconds = serializers.FloatField(allow_null=True)
+    eta_p90_seconds = serializers.FloatField(allow_null=True)
 
 
 class RevocationNoticeSerializer(serializers.Serializer):
@@ -77,6 +78,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "queue_position": waiting.position,
             "eta_seconds": waiting.eta_seconds,
             "eta_error_seconds": waiting.eta_error_seconds,
+            "eta_p90_seconds": waiting.eta_p90_seconds,
         }
 
     @extend_schema_field(RevocationNoticeSerializer(allow_null=True))

@@ -104,10 +104,14 @@ def duration(seconds) -> str:
 
 @register.filter
 def eta(waiting) -> str:
-    """A pending job's expected start (R-JOB-5), ``about 4 min (± 1 min)``; empty without one."""
+    """A pending job's expected start (R-JOB-5), the median and the bound it beats 9 times in 10:
+    ``likely in about 4 min, almost surely within 11 min``; empty without one."""
     if waiting is None or waiting.eta_seconds is None:
         return ""
-    return f"about {duration(waiting.eta_seconds)} (± {duration(waiting.eta_error_seconds or 0)})"
+    likely = f"likely in about {duration(waiting.eta_seconds)}"  # "starts likely in …" on a session
+    if waiting.eta_p90_seconds is None:
+        return likely
+    return f"{likely}, almost surely within {duration(waiting.eta_p90_seconds)}"
 
 
 @register.simple_tag(takes_context=True)
