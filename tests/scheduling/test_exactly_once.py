@@ -10,6 +10,7 @@ itself at the point; the parent then plays the worker that takes over.
 
 import os
 import signal
+import traceback
 from datetime import timedelta
 
 import pytest
@@ -77,9 +78,16 @@ def worker_killed_at(point: str, pool_id: int) -> None:
 
             pasqal_qpu.QpuClient.call = call
             job = passes.dispatch_once(pool_id)
+            if job is None:  # the parent's failure shows what the dispatcher saw
+                seen = list(Device.objects.filter(pool_id=pool_id).values()) + list(
+                    Job.objects.filter(pool_id=pool_id).values("pk", "status", "device_id", "session_id")
+                )
+                os.write(2, f"dispatch_once found no job: {seen}\n".encode())
             passes.submit_claimed(job)
             if point == "after_commit":
                 kill_self()
+        except BaseException:
+            os.write(2, traceback.format_exc().encode())  # the parent's failure shows why
         finally:
             os._exit(3)  # never reached the point: the parent's check fails
     _, status = os.waitpid(pid, 0)
