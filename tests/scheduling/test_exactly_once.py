@@ -65,6 +65,8 @@ def worker_killed_at(point: str, pool_id: int) -> None:
     connections.close_all()  # the child opens its own connection
     pid = os.fork()
     if pid == 0:  # the worker
+        for alias in connections:  # its own connections, never a socket it inherited
+            connections[alias].connection = None
         try:
             post = pasqal_qpu.QpuClient.call
 
