@@ -7,7 +7,7 @@ import pytest
 
 from apps.backends.local import LocalBackend, run_dir
 from apps.cases import passes, services, workspace
-from apps.cases.models import CaseStatus
+from apps.cases.models import TERMINAL, CaseStatus
 from tests.backends.conftest import wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 
@@ -21,7 +21,12 @@ def owner_linked(link_account, owner):
 
 
 def _kill(case):
-    """Stop a case's process group whatever the test's outcome (idempotent)."""
+    """Stop a case's process group whatever the test's outcome (idempotent). Not once the case
+    has ended: its group is gone and its number may be another's (a sandbox on the other xdist
+    worker, killed by this clean-up)."""
+    case.refresh_from_db()
+    if case.status in TERMINAL:
+        return
     try:
         os.killpg(int(case.remote_id.split(":", 1)[1]), signal.SIGKILL)
     except (ProcessLookupError, ValueError, IndexError, PermissionError):

@@ -94,6 +94,8 @@ class Workers:
                 process.kill()
                 process.wait(timeout=30)
         for pid in self.seen:
+            if "manage.py" not in cmdline(pid):
+                continue  # gone, and its pid maybe another's now (a case's sandbox on the other xdist worker)
             try:
                 group = os.getpgid(pid)
                 if group != os.getpgrp():
