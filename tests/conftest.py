@@ -4,9 +4,17 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.test.utils import override_settings
 from rest_framework.test import APIClient
 
 from tests import factories
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing():
+    """Users are made and logged in with few PBKDF2 iterations (``tests/passwords.py``)."""
+    with override_settings(PASSWORD_HASHERS=["tests.passwords.FastPBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]):
+        yield
 
 
 @pytest.fixture(autouse=True)
