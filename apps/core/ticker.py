@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
-from apps.core.tasks import acquire_lease, heartbeat, release_lease
+from apps.core.leases import Heartbeat, acquire_lease, release_lease
+from apps.core.tasks import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -163,42 +164,33 @@ class Ticker:
             self._last_contact = done
         return self.holding
 
-    def _keeper(self, stop: threading.Event) -> None:
-        try:
-            while True:
-                self.keep()
-                if stop.wait(KEEPER_SECONDS):
-                    break
-        finally:
-            connection.close()  # the thread's own connection
-
     # -- the process ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: run the passes while this ticker holds the lease."""
         global _running
         _running = self
-        keeper = threading.Thread(target=self._keeper, args=(stop,), name="ticker-lease", daemon=True)
-        keeper.start()
+        # The keeper: its first beat at once, then every KEEPER_SECONDS until ``stop`` is set.
+        keeper = Heartbeat(self.keep, every=lambda: KEEPER_SECONDS, name="ticker-lease", immediately=True, stop=stop)
         log.info("ticker %s started", self.owner)
         try:
-            while not stop.is_set():
-                holding = self.holding
-                passes = [p for p in _REGISTRY.values() if holding or p.per_host]
-                if not passes:
-                    stop.wait(KEEPER_SECONDS / 4)
-                    continue
-                started = clock()
-                self.step_started = started
-                try:
-                    close_old_connections()
-                    self.run_due(shared=lambda: self.holding)
-                finally:
-                    self.step_started = None
-                interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
-                stop.wait(max(0.0, interval - (clock() - started)))
+            with keeper:
+                while not stop.is_set():
+                    holding = self.holding
+                    passes = [p for p in _REGISTRY.values() if holding or p.per_host]
+                    if not passes:
+                        stop.wait(KEEPER_SECONDS / 4)
+                        continue
+                    started = clock()
+                    self.step_started = started
+                    try:
+                        close_old_connections()
+                        self.run_due(shared=lambda: self.holding)
+                    finally:
+                        self.step_started = None
+                    interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
+                    stop.wait(max(0.0, interval - (clock() - started)))
         finally:
             stop.set()
-            keeper.join()
             if _running is self:
                 _running = None
             try:

@@ -1,0 +1,166 @@
+"""Leases: how a worker claims rows, keeps them while it works, and how one loop per kind is
+held across clusters (PATTERNS.md §3, §4). Every worker pass takes its rows this way, so a
+killed worker's rows go to another once its leases expire, and a slow one keeps them.
+
+- :func:`claim`: due rows no live lease holds, ``SELECT … FOR UPDATE SKIP LOCKED`` then one
+  ``UPDATE`` writing the owner and the expiry (rows another worker is claiming are left to it);
+- :func:`renew`: extend the leases an owner still holds, a compare-and-set on the owner (a row
+  taken over by another worker, or released, is left as it is);
+- :class:`Heartbeat`: one thread renewing while a slow call runs, stopped and joined with it;
+  :func:`kept` is the heart-beat that renews a claim's rows every quarter of its lease;
+- :func:`acquire_lease`, :func:`release_lease`: a named lease (``core.Lease``), one holder
+  across all clusters (the tick loop, a worker host, a pool's licence sync).
+
+Rows are leased through two columns, ``lease_owner`` (``""`` when free) and ``lease_until``
+(``NULL`` when free) unless the caller names others. Releasing a claim is part of each pass's
+own write-back (its compare-and-set on the owner, with the outcome it records).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from apps.core.models import Lease
+
+log = logging.getLogger(__name__)
+
+OWNER, UNTIL = "lease_owner", "lease_until"
+
+
+def free(now: datetime, *, until_field: str = UNTIL) -> Q:
+    """Rows no live lease holds: never leased, released, or expired (its worker died)."""
+    return Q(**{f"{until_field}__isnull": True}) | Q(**{f"{until_field}__lt": now})
+
+
+def claim(
+    rows: QuerySet,
+    *,
+    owner: str,
+    now: datetime,
+    lease: timedelta,
+    batch: int,
+    owner_field: str = OWNER,
+    until_field: str = UNTIL,
+) -> list:
+    """Lease to ``owner`` until ``now + lease`` up to ``batch`` of ``rows`` (filtered and ordered
+    by the caller) that no live lease holds; returns their primary keys, in ``rows``' order."""
+    with transaction.atomic():
+        # skip_locked: rows another worker is claiming right now are left to it, never shared and
+        # never waited for; they are locked until this transaction commits the new owner.
+        locked = rows.filter(free(now, until_field=until_field)).select_for_update(skip_locked=True)
+        ids = list(locked.values_list("pk", flat=True)[:batch])
+        if ids:
+            rows.model.objects.filter(pk__in=ids).update(**{owner_field: owner, until_field: now + lease})
+    return ids
+
+
+def renew(rows: QuerySet, *, owner: str, until: datetime, owner_field: str = OWNER, until_field: str = UNTIL) -> int:
+    """Extend to ``until`` the leases ``owner`` still holds among ``rows``; returns how many.
+    Compare-and-set on the owner: a worker whose lease expired and was taken over loses here,
+    and a row whose outcome was recorded (its lease cleared) stays as it is."""
+    return rows.filter(**{owner_field: owner}).update(**{until_field: until})
+
+
+class Heartbeat:
+    """One thread calling ``beat`` every ``every`` seconds (a number, or a function read before
+    each wait, so a settings override applies) from :meth:`start` until :meth:`stop`, which joins
+    it; as a context manager, while its body runs. ``immediately``: a first beat at once.
+
+    A beat that raises (the database is away) is logged (``what`` failed) and the thread's
+    connection closed, so the next beat opens a new one: the lease may lapse meanwhile, and
+    every write-back checks its owner. A beat that returns ``False`` ends the thread (its lease
+    is lost: nothing is left to renew). ``stop``: the caller's own stop signal, which ends the
+    beat as soon as it is set (and which :meth:`stop` sets)."""
+
+    def __init__(
+        self,
+        beat: Callable[[], object],
+        *,
+        every: float | Callable[[], float],
+        name: str,
+        what: str = "",
+        immediately: bool = False,
+        stop: threading.Event | None = None,
+    ):
+        self.beat, self.every, self.immediately = beat, every, immediately
+        self.what = what or f"the heart-beat {name}"
+        self._stop = stop or threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _interval(self) -> float:
+        return self.every() if callable(self.every) else self.every
+
+    def _run(self) -> None:
+        try:
+            if self.immediately and self._beat() is False:
+                return
+            while not self._stop.wait(self._interval()):
+                if self._beat() is False:
+                    return
+        finally:
+            connection.close()  # the thread's own connection, if it opened one
+
+    def _beat(self):
+        try:
+            return self.beat()
+        except Exception:
+            log.warning("%s failed", self.what, exc_info=True)
+            connection.close()  # broken by the outage: the next beat opens a new one
+            return None
+
+
+def kept(rows: QuerySet, *, owner: str, lease: Callable[[], timedelta], name: str, what: str = "") -> Heartbeat:
+    """The heart-beat renewing, every quarter of ``lease()``, the leases ``owner`` still holds
+    among ``rows`` to now + ``lease()``: one UPDATE per beat whatever the number of rows, and
+    none unless the body outlasts a quarter of the lease."""
+    return Heartbeat(
+        lambda: renew(rows, owner=owner, until=timezone.now() + lease()),
+        every=lambda: lease().total_seconds() / 4,
+        name=name,
+        what=what,
+    )
+
+
+# -- named leases ---------------------------------------------------------------------------------
+def acquire_lease(name: str, owner: str, ttl: timedelta) -> bool:
+    """Take or renew the lease ``name`` for ``owner`` (compare-and-set: ours, or expired);
+    False while someone else holds it."""
+    now = timezone.now()
+    renewed = Lease.objects.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name).update(
+        owner=owner, expires_at=now + ttl
+    )
+    if renewed:
+        return True
+    try:
+        with transaction.atomic():
+            Lease.objects.create(name=name, owner=owner, expires_at=now + ttl)
+        return True
+    except IntegrityError:
+        return False
+
+
+def release_lease(name: str, owner: str) -> None:
+    """Give the lease ``name`` back if ``owner`` still holds it (the next holder needs not wait)."""
+    Lease.objects.filter(name=name, owner=owner).delete()
