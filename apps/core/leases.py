@@ -131,12 +131,14 @@ class Heartbeat:
             return None
 
 
-def kept(rows: QuerySet, *, owner: str, lease: Callable[[], timedelta], name: str, what: str = "") -> Heartbeat:
+def kept(
+    rows: QuerySet, *, owner: str, lease: Callable[[], timedelta], name: str, what: str = "", **columns: str
+) -> Heartbeat:
     """The heart-beat renewing, every quarter of ``lease()``, the leases ``owner`` still holds
     among ``rows`` to now + ``lease()``: one UPDATE per beat whatever the number of rows, and
-    none unless the body outlasts a quarter of the lease."""
+    none unless the body outlasts a quarter of the lease. ``columns``: as :func:`renew`'s."""
     return Heartbeat(
-        lambda: renew(rows, owner=owner, until=timezone.now() + lease()),
+        lambda: renew(rows, owner=owner, until=timezone.now() + lease(), **columns),
         every=lambda: lease().total_seconds() / 4,
         name=name,
         what=what,
