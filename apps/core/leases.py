@@ -68,6 +68,10 @@ def renew(rows: QuerySet, *, owner: str, until: datetime, owner_field: str = OWN
     return rows.filter(**{owner_field: owner}).update(**{until_field: until})
 
 
+class Lost(Exception):
+    """Raised by a heart-beat's beat whose lease went to another holder: the heart-beat ends."""
+
+
 class Heartbeat:
     """One thread calling ``beat`` every ``every`` seconds (a number, or a function read before
     each wait, so a settings override applies) from :meth:`start` until :meth:`stop`, which joins
@@ -75,9 +79,9 @@ class Heartbeat:
 
     A beat that raises (the database is away) is logged (``what`` failed) and the thread's
     connection closed, so the next beat opens a new one: the lease may lapse meanwhile, and
-    every write-back checks its owner. A beat that returns ``False`` ends the thread (its lease
-    is lost: nothing is left to renew). ``stop``: the caller's own stop signal, which ends the
-    beat as soon as it is set (and which :meth:`stop` sets)."""
+    every write-back checks its owner. A beat that raises :class:`Lost` ends the thread (nothing
+    is left to renew). What a beat returns is ignored. ``stop``: the caller's own stop signal,
+    which ends the beat as soon as it is set (and which :meth:`stop` sets)."""
 
     def __init__(
         self,
@@ -114,21 +118,23 @@ class Heartbeat:
 
     def _run(self) -> None:
         try:
-            if self.immediately and self._beat() is False:
-                return
+            if self.immediately:
+                self._beat()
             while not self._stop.wait(self._interval()):
-                if self._beat() is False:
-                    return
+                self._beat()
+        except Lost:
+            pass
         finally:
             connection.close()  # the thread's own connection, if it opened one
 
-    def _beat(self):
+    def _beat(self) -> None:
         try:
-            return self.beat()
+            self.beat()
+        except Lost:
+            raise
         except Exception:
             log.warning("%s failed", self.what, exc_info=True)
             connection.close()  # broken by the outage: the next beat opens a new one
-            return None
 
 
 def kept(

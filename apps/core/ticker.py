@@ -171,26 +171,26 @@ class Ticker:
         _running = self
         # The keeper: its first beat at once, then every KEEPER_SECONDS until ``stop`` is set.
         keeper = Heartbeat(self.keep, every=lambda: KEEPER_SECONDS, name="ticker-lease", immediately=True, stop=stop)
+        keeper.start()
         log.info("ticker %s started", self.owner)
         try:
-            with keeper:
-                while not stop.is_set():
-                    holding = self.holding
-                    passes = [p for p in _REGISTRY.values() if holding or p.per_host]
-                    if not passes:
-                        stop.wait(KEEPER_SECONDS / 4)
-                        continue
-                    started = clock()
-                    self.step_started = started
-                    try:
-                        close_old_connections()
-                        self.run_due(shared=lambda: self.holding)
-                    finally:
-                        self.step_started = None
-                    interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
-                    stop.wait(max(0.0, interval - (clock() - started)))
+            while not stop.is_set():
+                holding = self.holding
+                passes = [p for p in _REGISTRY.values() if holding or p.per_host]
+                if not passes:
+                    stop.wait(KEEPER_SECONDS / 4)
+                    continue
+                started = clock()
+                self.step_started = started
+                try:
+                    close_old_connections()
+                    self.run_due(shared=lambda: self.holding)
+                finally:
+                    self.step_started = None
+                interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
+                stop.wait(max(0.0, interval - (clock() - started)))
         finally:
-            stop.set()
+            keeper.stop()  # sets ``stop``, then joins the keeper
             if _running is self:
                 _running = None
             try:

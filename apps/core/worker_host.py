@@ -33,7 +33,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection
 
-from apps.core.leases import Heartbeat, acquire_lease, release_lease
+from apps.core.leases import Heartbeat, Lost, acquire_lease, release_lease
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,13 @@ class HostClaim:
         return f"{lease[0]} until {lease[1]:%H:%M:%S} UTC" if lease else "nobody (just released)"
 
     # -- keeping it ------------------------------------------------------------------------------
-    def _renew(self) -> bool:
-        if acquire_lease(lease_name(self.host), self.owner, self.ttl):
-            return True
-        self._lost = (
-            f"worker host '{self.host}' was taken over by {self._holder()} while this worker could not renew its lease"
-        )
-        return False  # nothing left to renew: the heart-beat ends
+    def _renew(self) -> None:
+        if not acquire_lease(lease_name(self.host), self.owner, self.ttl):
+            self._lost = (
+                f"worker host '{self.host}' was taken over by {self._holder()} while this worker could not renew "
+                "its lease"
+            )
+            raise Lost(self._lost)  # nothing left to renew: the heart-beat ends
 
     def lost(self) -> str:
         """Why this worker must stop (its lease went to another), or ''."""

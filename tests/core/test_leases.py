@@ -174,9 +174,22 @@ def test_a_failed_renewal_is_reported_and_the_heartbeat_goes_on(caplog):
 
 
 @pytest.mark.django_db
-def test_a_heartbeat_whose_beat_says_the_lease_is_lost_ends_by_itself():
+def test_a_heartbeat_whose_lease_is_lost_ends_by_itself_and_one_answering_false_goes_on():
+    answers = []
+
+    def not_holding():  # the ticker's keep(): False while another cluster holds the loop
+        answers.append(False)
+        return False
+
+    with leases.Heartbeat(not_holding, every=0.01, name="waiting"):
+        assert wait_until(lambda: len(answers) >= 3)
     calls = []
-    heartbeat = leases.Heartbeat(lambda: calls.append(1) or False, every=0.01, name="lost").start()
+
+    def lost():
+        calls.append(1)
+        raise leases.Lost("taken over")
+
+    heartbeat = leases.Heartbeat(lost, every=0.01, name="lost").start()
     try:
         heartbeat._thread.join(timeout=30)
         assert not heartbeat._thread.is_alive() and calls == [1]
