@@ -107,6 +107,10 @@ class Heartbeat:
         if self._thread.ident is not None:
             self._thread.join()
 
+    @property
+    def beating(self) -> bool:
+        return self._thread.is_alive()
+
     def __enter__(self) -> Heartbeat:
         return self.start()
 
