@@ -1,19 +1,12 @@
-"""Leases: how a worker claims rows, keeps them while it works, and how one loop per kind is
-held across clusters (PATTERNS.md §3, §4). Every worker pass takes its rows this way, so a
-killed worker's rows go to another once its leases expire, and a slow one keeps them.
+"""Leases: how a worker claims rows and keeps them while it works, and how one holder of a named
+lease is chosen across clusters (PATTERNS.md §3, §4). A killed worker's rows go to another once
+their leases expire; a slow one keeps them.
 
-- :func:`claim`: due rows no live lease holds, ``SELECT … FOR UPDATE SKIP LOCKED`` then one
-  ``UPDATE`` writing the owner and the expiry (rows another worker is claiming are left to it);
-- :func:`renew`: extend the leases an owner still holds, a compare-and-set on the owner (a row
-  taken over by another worker, or released, is left as it is);
-- :class:`Heartbeat`: one thread renewing while a slow call runs, stopped and joined with it;
-  :func:`kept` is the heart-beat that renews a claim's rows every quarter of its lease;
-- :func:`acquire_lease`, :func:`release_lease`: a named lease (``core.Lease``), one holder
-  across all clusters (the tick loop, a worker host, a pool's licence sync).
-
-Rows are leased through two columns, ``lease_owner`` (``""`` when free) and ``lease_until``
-(``NULL`` when free) unless the caller names others. Releasing a claim is part of each pass's
-own write-back (its compare-and-set on the owner, with the outcome it records).
+- :func:`claim`: ``SELECT … FOR UPDATE SKIP LOCKED`` of due rows no live lease holds, then one
+  ``UPDATE`` writing the owner and the expiry (``lease_owner``, ``lease_until`` unless named);
+- :func:`renew`: a compare-and-set on the owner; releasing is each pass's own write-back;
+- :class:`Heartbeat`: the one thread that renews while a slow call runs (:func:`kept`);
+- :func:`acquire_lease`, :func:`release_lease`: named leases (``core.Lease``).
 """
 
 from __future__ import annotations
@@ -34,34 +27,22 @@ log = logging.getLogger(__name__)
 OWNER, UNTIL = "lease_owner", "lease_until"
 
 
-def free(now: datetime, *, until_field: str = UNTIL) -> Q:
-    """Rows no live lease holds: never leased, released, or expired (its worker died)."""
-    return Q(**{f"{until_field}__isnull": True}) | Q(**{f"{until_field}__lt": now})
-
-
 def claim(
-    rows: QuerySet,
-    *,
-    owner: str,
-    now: datetime,
-    lease: timedelta,
-    batch: int,
-    owner_field: str = OWNER,
-    until_field: str = UNTIL,
+    rows: QuerySet, *, owner: str, now: datetime, lease: timedelta, batch: int, owner_field=OWNER, until_field=UNTIL
 ) -> list:
     """Lease to ``owner`` until ``now + lease`` up to ``batch`` of ``rows`` (filtered and ordered
     by the caller) that no live lease holds; returns their primary keys, in ``rows``' order."""
+    free = Q(**{f"{until_field}__isnull": True}) | Q(**{f"{until_field}__lt": now})  # none, or expired
     with transaction.atomic():
         # skip_locked: rows another worker is claiming right now are left to it, never shared and
-        # never waited for; they are locked until this transaction commits the new owner.
-        locked = rows.filter(free(now, until_field=until_field)).select_for_update(skip_locked=True)
-        ids = list(locked.values_list("pk", flat=True)[:batch])
+        # never waited for; they stay locked until this transaction commits their new owner.
+        ids = list(rows.filter(free).select_for_update(skip_locked=True).values_list("pk", flat=True)[:batch])
         if ids:
             rows.model.objects.filter(pk__in=ids).update(**{owner_field: owner, until_field: now + lease})
     return ids
 
 
-def renew(rows: QuerySet, *, owner: str, until: datetime, owner_field: str = OWNER, until_field: str = UNTIL) -> int:
+def renew(rows: QuerySet, *, owner: str, until: datetime, owner_field=OWNER, until_field=UNTIL) -> int:
     """Extend to ``until`` the leases ``owner`` still holds among ``rows``; returns how many.
     Compare-and-set on the owner: a worker whose lease expired and was taken over loses here,
     and a row whose outcome was recorded (its lease cleared) stays as it is."""
