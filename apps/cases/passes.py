@@ -170,11 +170,7 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, ho
     fail it. ``host_only`` claims only this host's pinned cases (the per-host loop).
     """
     host = this_host()
-    queryset = Case.objects.all()
-    if host_only:
-        queryset = queryset.filter(run_host=host)
-    else:
-        queryset = queryset.filter(Q(run_host="") | Q(run_host=host))
+    queryset = Case.objects.filter(Q(run_host=host) if host_only else Q(run_host="") | Q(run_host=host))
     if kind == "poll":
         queryset = queryset.filter(status__in=list(ACTIVE)).exclude(remote_id="")
         if case_ids is None:

@@ -54,26 +54,14 @@ class Lost(Exception):
 
 
 class Heartbeat:
-    """One thread calling ``beat`` every ``every`` seconds (a number, or a function read before
-    each wait, so a settings override applies) from :meth:`start` until :meth:`stop`, which joins
-    it; as a context manager, while its body runs. ``immediately``: a first beat at once.
+    """One thread calling ``beat`` every ``every`` seconds (or ``every()``, read before each wait)
+    from :meth:`start` until :meth:`stop` joins it, or while a ``with`` body runs; ``immediately``:
+    a first beat at once; ``stop``: the caller's own stop signal, which ends it too. A beat that
+    raises is logged (``what`` failed) and its connection closed, so the next beat opens a new one
+    (the lease may lapse meanwhile: every write-back checks its owner); one that raises
+    :class:`Lost` ends the thread. What a beat returns is ignored."""
 
-    A beat that raises (the database is away) is logged (``what`` failed) and the thread's
-    connection closed, so the next beat opens a new one: the lease may lapse meanwhile, and
-    every write-back checks its owner. A beat that raises :class:`Lost` ends the thread (nothing
-    is left to renew). What a beat returns is ignored. ``stop``: the caller's own stop signal,
-    which ends the beat as soon as it is set (and which :meth:`stop` sets)."""
-
-    def __init__(
-        self,
-        beat: Callable[[], object],
-        *,
-        every: float | Callable[[], float],
-        name: str,
-        what: str = "",
-        immediately: bool = False,
-        stop: threading.Event | None = None,
-    ):
+    def __init__(self, beat: Callable[[], object], *, every, name: str, what="", immediately=False, stop=None):
         self.beat, self.every, self.immediately = beat, every, immediately
         self.what = what or f"the heart-beat {name}"
         self._stop = stop or threading.Event()
@@ -98,33 +86,23 @@ class Heartbeat:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def _interval(self) -> float:
-        return self.every() if callable(self.every) else self.every
-
     def _run(self) -> None:
+        first = self.immediately
         try:
-            if self.immediately:
-                self._beat()
-            while not self._stop.wait(self._interval()):
-                self._beat()
-        except Lost:
-            pass
+            while first or not self._stop.wait(self.every() if callable(self.every) else self.every):
+                first = False
+                try:
+                    self.beat()
+                except Lost:
+                    return
+                except Exception:
+                    log.warning("%s failed", self.what, exc_info=True)
+                    connection.close()  # broken by the outage: the next beat opens a new one
         finally:
             connection.close()  # the thread's own connection, if it opened one
 
-    def _beat(self) -> None:
-        try:
-            self.beat()
-        except Lost:
-            raise
-        except Exception:
-            log.warning("%s failed", self.what, exc_info=True)
-            connection.close()  # broken by the outage: the next beat opens a new one
 
-
-def kept(
-    rows: QuerySet, *, owner: str, lease: Callable[[], timedelta], name: str, what: str = "", **columns: str
-) -> Heartbeat:
+def kept(rows: QuerySet, *, owner: str, lease: Callable[[], timedelta], name: str, what="", **columns) -> Heartbeat:
     """The heart-beat renewing, every quarter of ``lease()``, the leases ``owner`` still holds
     among ``rows`` to now + ``lease()``: one UPDATE per beat whatever the number of rows, and
     none unless the body outlasts a quarter of the lease. ``columns``: as :func:`renew`'s."""
@@ -141,10 +119,8 @@ def acquire_lease(name: str, owner: str, ttl: timedelta) -> bool:
     """Take or renew the lease ``name`` for ``owner`` (compare-and-set: ours, or expired);
     False while someone else holds it."""
     now = timezone.now()
-    renewed = Lease.objects.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name).update(
-        owner=owner, expires_at=now + ttl
-    )
-    if renewed:
+    ours_or_expired = Lease.objects.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name)
+    if ours_or_expired.update(owner=owner, expires_at=now + ttl):
         return True
     try:
         with transaction.atomic():

@@ -169,7 +169,6 @@ class Ticker:
         """Until ``stop`` is set: run the passes while this ticker holds the lease."""
         global _running
         _running = self
-        # The keeper: its first beat at once, then every KEEPER_SECONDS until ``stop`` is set.
         keeper = Heartbeat(self.keep, every=lambda: KEEPER_SECONDS, name="ticker-lease", immediately=True, stop=stop)
         keeper.start()
         log.info("ticker %s started", self.owner)

@@ -89,7 +89,6 @@ class HostClaim:
         else:
             return False
         self.say(f"worker host '{self.host}': lease taken by {self.owner}")
-        # A renewal the database cannot answer is retried a second later: everyone waits for it.
         what = f"worker host {self.host}: renewing its lease"
         self._keeper = Heartbeat(self._renew, every=RENEW_SECONDS, name="worker-host-lease", what=what).start()
         return True

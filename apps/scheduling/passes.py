@@ -52,23 +52,15 @@ def claim_token() -> str:
 
 
 def kept_claimed(job_ids, owner: str) -> leases.Heartbeat:
-    """The heart-beat renewing, every quarter of the lease, the claims ``owner`` still holds
-    among ``job_ids`` while driver calls run (one hand-over, or a whole poll pass).
-
-    A provider call may take minutes (a QPU's timeouts and retries); without renewal the lease
-    would have to outlast the slowest call, and a job whose worker died would wait that long
-    (it was 5 minutes). A poll pass calls the provider for up to POLL_BATCH jobs one after the
-    other, so the whole batch is renewed, not only the job whose call runs: else the later jobs
-    of a slow batch lapse and another worker claims them too. One UPDATE per renewal whatever the
-    batch size, and none unless the calls outlast a quarter of the lease (``leases.kept``)."""
+    """Renew, every quarter of the lease, the claims ``owner`` still holds among ``job_ids`` while
+    driver calls run (one hand-over, or a whole poll pass). A provider call may take minutes (a
+    QPU's timeouts and retries): without renewal the lease would have to outlast the slowest call
+    (a dead worker's job waited that long), and the later jobs of a slow poll batch would lapse to
+    another worker. One UPDATE per renewal whatever the batch size, none for a quick pass."""
     job_ids = list(job_ids)
-    return leases.kept(
-        Job.objects.filter(id__in=job_ids, status=JobStatus.RUNNING),
-        owner=owner,
-        lease=lease,
-        name=f"job-claims-{owner[:8]}",
-        what=f"renewing the claims of {owner} on {len(job_ids)} jobs",
-    )
+    rows = Job.objects.filter(id__in=job_ids, status=JobStatus.RUNNING)
+    what = f"renewing the claims of {owner} on {len(job_ids)} jobs"
+    return leases.kept(rows, owner=owner, lease=lease, name=f"job-claims-{owner[:8]}", what=what)
 
 
 MAX_TRANSIENT_ATTEMPTS = 5

@@ -220,15 +220,13 @@ def recover_runs(now=None) -> dict:
 
 
 def heartbeat(run_pk: str, attempt: int) -> leases.Heartbeat:
-    """While a simulation runs (CPU-bound, in the worker's main thread), a thread with its own
-    database connection stamps ``heartbeat_at`` every ``GRIDGATE_EMULATOR_HEARTBEAT_SECONDS``;
-    a missed beat is retried at the next, never killing the simulation. The simulation releases
-    the GIL often enough (numpy/scipy) for it to keep time. It stamps only its own attempt: a
-    worker presumed dead whose run was started again elsewhere does not keep the new attempt alive."""
+    """While a simulation runs (CPU-bound, in the worker's main thread; numpy/scipy release the
+    GIL often enough), a thread stamps ``heartbeat_at`` every ``GRIDGATE_EMULATOR_HEARTBEAT_SECONDS``
+    (a missed beat is retried at the next). It stamps only its own attempt: a worker presumed dead
+    whose run was started again elsewhere does not keep the new attempt alive."""
+    mine = DriverRun.objects.filter(pk=run_pk, status="running", attempts=attempt)
     return leases.Heartbeat(
-        lambda: DriverRun.objects.filter(pk=run_pk, status="running", attempts=attempt).update(
-            heartbeat_at=timezone.now()
-        ),
+        lambda: mine.update(heartbeat_at=timezone.now()),
         every=lambda: settings.GRIDGATE_EMULATOR_HEARTBEAT_SECONDS,
         name=f"heartbeat-{run_pk}",
         what=f"emulation {run_pk}: heartbeat",
