@@ -20,12 +20,11 @@ import os
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -47,7 +46,7 @@ from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.cases import workspace
 from apps.cases.models import ACTIVE, TERMINAL, Case, CaseEvent, CaseStatus
-from apps.core import cases_root
+from apps.core import cases_root, leases
 from apps.core.exceptions import ServiceError
 from apps.core.rows import bulk_write
 from apps.core.tasks import enqueue
@@ -163,10 +162,6 @@ class PassReport:
 
 
 # -- claim -----------------------------------------------------------------------------------------
-def _lease_free(now: datetime) -> Q:
-    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-
-
 def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, host_only: bool = False) -> list:
     """Lease up to ``batch`` due cases to ``owner``; returns their ids (R-CASE-2).
 
@@ -175,11 +170,7 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, ho
     fail it. ``host_only`` claims only this host's pinned cases (the per-host loop).
     """
     host = this_host()
-    queryset = Case.objects.filter(_lease_free(now))
-    if host_only:
-        queryset = queryset.filter(run_host=host)
-    else:
-        queryset = queryset.filter(Q(run_host="") | Q(run_host=host))
+    queryset = Case.objects.filter(Q(run_host=host) if host_only else Q(run_host="") | Q(run_host=host))
     if kind == "poll":
         queryset = queryset.filter(status__in=list(ACTIVE)).exclude(remote_id="")
         if case_ids is None:
@@ -204,14 +195,7 @@ def claim(kind: str, *, now: datetime, owner: str, batch: int, case_ids=None, ho
         raise ValueError(kind)
     if case_ids is not None:
         queryset = queryset.filter(id__in=list(case_ids))
-    with transaction.atomic():
-        # skip_locked: rows another worker is claiming right now are simply left to it.
-        ids = list(queryset.select_for_update(skip_locked=True).values_list("id", flat=True)[:batch])
-        if ids:
-            Case.objects.filter(id__in=ids).update(
-                lease_owner=owner, lease_until=now + timedelta(seconds=lease_seconds())
-            )
-    return ids
+    return leases.claim(queryset, owner=owner, now=now, lease=timedelta(seconds=lease_seconds()), batch=batch)
 
 
 class Leases:
@@ -235,35 +219,21 @@ class Leases:
                 return set(self.held)
             until = self.now + timedelta(seconds=clock - self.started + lease_seconds())
             with transaction.atomic():
-                mine = Case.objects.filter(id__in=list(self.held), lease_owner=self.owner)
-                mine.update(lease_until=until)
-                self.held = set(mine.values_list("id", flat=True))
+                held = Case.objects.filter(id__in=list(self.held))
+                leases.renew(held, owner=self.owner, until=until)
+                self.held = set(held.filter(lease_owner=self.owner).values_list("id", flat=True))
             self.renewed = clock
             return set(self.held)
 
-    @contextmanager
-    def kept_alive(self):
-        """Renew every quarter of the lease from a heartbeat thread while the block runs (R-CASE-2:
+    def kept_alive(self) -> leases.Heartbeat:
+        """Renew every quarter of the lease from a heart-beat thread while the block runs (R-CASE-2:
         one download can outlast the whole lease; past it a second worker would take the case)."""
-        stop = threading.Event()
-
-        def beat():
-            try:
-                while not stop.wait(lease_seconds() / 4):
-                    try:
-                        self.renew(force=True)
-                    except Exception:  # the database is away: the lease may lapse, the write-back checks it
-                        logger.warning("lease heartbeat of %s failed", self.owner, exc_info=True)
-            finally:
-                connection.close()  # the thread's own connection
-
-        thread = threading.Thread(target=beat, name=f"lease-heartbeat-{self.owner}", daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            stop.set()
-            thread.join()
+        return leases.Heartbeat(
+            lambda: self.renew(force=True),
+            every=lambda: lease_seconds() / 4,
+            name=f"lease-heartbeat-{self.owner}",
+            what=f"lease heartbeat of {self.owner}",
+        )
 
 
 def _load(ids, owner) -> list[Case]:
@@ -475,7 +445,7 @@ def poll_pass(
         return report
     cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
-    leases = Leases(ids, owner, now)
+    held = Leases(ids, owner, now)
     events: list[CaseEvent] = []
     by_backend: dict[str, list[Case]] = {}
     for case in cases:
@@ -487,14 +457,14 @@ def poll_pass(
             for case in group:
                 apply_state(case, exc, None, now, events)
             continue
-        with leases.kept_alive():
+        with held.kept_alive():
             # A local cancel waits out its grace (GRIDGATE_CASE_CANCEL_GRACE_SECONDS) per case: a
             # batch of them can outlast the lease, so the heartbeat covers them too.
             _carry_out_cancels(backend, group)
             answers = backend.poll_many([job_ref(case) for case in group])  # no transaction open
-            leases.renew(force=True)
+            held.renew(force=True)
             for case in group:
-                if case.id not in leases.renew():
+                if case.id not in held.renew():
                     # Our lease expired during the provider call and another worker took the case:
                     # it appends this delta itself. Appending it here too would write it twice.
                     continue
@@ -552,14 +522,14 @@ def sync_pass(
     cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
     interval = timedelta(seconds=settings.GRIDGATE_CASE_SYNC_SECONDS)
-    leases = Leases(ids, owner, now)
+    held = Leases(ids, owner, now)
     for case in cases:
         case.next_sync_at = now + interval
-        if case.id not in leases.renew():
+        if case.id not in held.renew():
             continue  # taken over by another worker: it syncs the case (the write-back skips it)
         try:
             backend = get_backend(case.backend)
-            with leases.kept_alive():  # one sync of big files can outlast the lease
+            with held.kept_alive():  # one sync of big files can outlast the lease
                 backend.sync(job_ref(case), list(case.observability_globs or []))
         except Exception as exc:
             case.last_error = f"sync failed: {exc}"[:2000]
@@ -595,11 +565,8 @@ class LaunchLease:
     def renew(self) -> None:
         if threading.get_ident() != self.thread:
             return
-        now = timezone.now()
-        held = Case.objects.filter(pk=self.case_id, lease_owner=self.owner, status=CaseStatus.PREPARED).update(
-            lease_until=now + timedelta(seconds=lease_seconds())
-        )
-        if not held:
+        launch = Case.objects.filter(pk=self.case_id, status=CaseStatus.PREPARED)
+        if not leases.renew(launch, owner=self.owner, until=timezone.now() + timedelta(seconds=lease_seconds())):
             raise LeaseLost("the launch was taken over or cancelled meanwhile; this attempt stops here")
 
 
@@ -681,10 +648,10 @@ def orphan_cancel_pass(
     report.claimed = len(ids)
     if not ids:
         return report
-    leases = Leases(ids, owner, now)
-    with leases.kept_alive():  # each local cancel may wait out its grace period
+    held = Leases(ids, owner, now)
+    with held.kept_alive():  # each local cancel may wait out its grace period
         for case in _load(ids, owner):
-            if case.id not in leases.renew() or not cancel_orphan(case):
+            if case.id not in held.renew() or not cancel_orphan(case):
                 report.skipped += 1  # taken over meanwhile, or failed: the lease times the retry
                 continue
             report.recorded += Case.objects.filter(pk=case.pk, lease_owner=owner).update(

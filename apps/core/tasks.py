@@ -1,14 +1,12 @@
-"""django-q2 entry points of the core app, and helpers to enqueue, lease and beat."""
+"""django-q2 entry points of the core app, and helpers to enqueue and beat (leases: apps.core.leases)."""
 
 import logging
-from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import transaction
 from django.utils import timezone
 
-from apps.core.models import Lease, WorkerHeartbeat
+from apps.core.models import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +45,6 @@ def enqueue(func: str, *args, **kwargs) -> None:
             log.warning("could not enqueue %s%r; the tick loop will take it", func, args, exc_info=True)
 
     transaction.on_commit(send)
-
-
-def acquire_lease(name: str, owner: str, ttl: timedelta) -> bool:
-    """Take or renew the lease ``name`` for ``owner``; False while someone else holds it."""
-    now = timezone.now()
-    renewed = Lease.objects.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name).update(
-        owner=owner, expires_at=now + ttl
-    )
-    if renewed:
-        return True
-    try:
-        with transaction.atomic():
-            Lease.objects.create(name=name, owner=owner, expires_at=now + ttl)
-        return True
-    except IntegrityError:
-        return False
-
-
-def release_lease(name: str, owner: str) -> None:
-    Lease.objects.filter(name=name, owner=owner).delete()
 
 
 def cleanup() -> str:

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
-from apps.core.tasks import acquire_lease, heartbeat, release_lease
+from apps.core.leases import Heartbeat, acquire_lease, release_lease
+from apps.core.tasks import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -163,21 +164,12 @@ class Ticker:
             self._last_contact = done
         return self.holding
 
-    def _keeper(self, stop: threading.Event) -> None:
-        try:
-            while True:
-                self.keep()
-                if stop.wait(KEEPER_SECONDS):
-                    break
-        finally:
-            connection.close()  # the thread's own connection
-
     # -- the process ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: run the passes while this ticker holds the lease."""
         global _running
         _running = self
-        keeper = threading.Thread(target=self._keeper, args=(stop,), name="ticker-lease", daemon=True)
+        keeper = Heartbeat(self.keep, every=lambda: KEEPER_SECONDS, name="ticker-lease", immediately=True, stop=stop)
         keeper.start()
         log.info("ticker %s started", self.owner)
         try:
@@ -197,8 +189,7 @@ class Ticker:
                 interval = min(min(p.every() for p in passes), KEEPER_SECONDS)
                 stop.wait(max(0.0, interval - (clock() - started)))
         finally:
-            stop.set()
-            keeper.join()
+            keeper.stop()  # sets ``stop``, then joins the keeper
             if _running is self:
                 _running = None
             try:

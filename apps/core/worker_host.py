@@ -33,7 +33,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection
 
-from apps.core.tasks import acquire_lease, release_lease
+from apps.core.leases import Heartbeat, Lost, acquire_lease, release_lease
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ class HostClaim:
         self.say = say
         self.lock_fd: int | None = None
         self._lost = ""
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
+        self._keeper: Heartbeat | None = None
 
     @property
     def ttl(self) -> timedelta:
@@ -90,8 +89,8 @@ class HostClaim:
         else:
             return False
         self.say(f"worker host '{self.host}': lease taken by {self.owner}")
-        self._keeper = threading.Thread(target=self._keep, name="worker-host-lease", daemon=True)
-        self._keeper.start()
+        what = f"worker host {self.host}: renewing its lease"
+        self._keeper = Heartbeat(self._renew, every=RENEW_SECONDS, name="worker-host-lease", what=what).start()
         return True
 
     def _take_lock(self, stop: threading.Event) -> bool:
@@ -124,21 +123,13 @@ class HostClaim:
         return f"{lease[0]} until {lease[1]:%H:%M:%S} UTC" if lease else "nobody (just released)"
 
     # -- keeping it ------------------------------------------------------------------------------
-    def _keep(self) -> None:
-        try:
-            while not self._stop.wait(RENEW_SECONDS):
-                try:
-                    if not acquire_lease(lease_name(self.host), self.owner, self.ttl):
-                        self._lost = (
-                            f"worker host '{self.host}' was taken over by {self._holder()} while this worker could "
-                            "not renew its lease"
-                        )
-                        return
-                except Exception as exc:  # the database is away: everyone waits for it, the lease too
-                    log.warning("worker host %s: could not renew its lease: %s", self.host, exc)
-                    connection.close()
-        finally:
-            connection.close()  # the thread's own connection
+    def _renew(self) -> None:
+        if not acquire_lease(lease_name(self.host), self.owner, self.ttl):
+            self._lost = (
+                f"worker host '{self.host}' was taken over by {self._holder()} while this worker could not renew "
+                "its lease"
+            )
+            raise Lost(self._lost)  # nothing left to renew: the heart-beat ends
 
     def lost(self) -> str:
         """Why this worker must stop (its lease went to another), or ''."""
@@ -146,9 +137,8 @@ class HostClaim:
 
     # -- giving it back --------------------------------------------------------------------------
     def release(self) -> None:
-        self._stop.set()
         if self._keeper is not None:
-            self._keeper.join()
+            self._keeper.stop()
             try:
                 release_lease(lease_name(self.host), self.owner)  # the next worker needs not wait
             except Exception:

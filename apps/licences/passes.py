@@ -32,7 +32,7 @@ from django.db import DatabaseError
 from django.db.models import Sum
 from django.utils import timezone
 
-from apps.core.tasks import acquire_lease, release_lease
+from apps.core.leases import acquire_lease, release_lease
 from apps.licences import sacctmgr, scontrol
 from apps.licences.models import LicenceState
 from apps.licences.sacctmgr import Licence, SlurmError

@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
+from apps.core import leases
 from apps.core.ticker import worker_identity
 from apps.notifications import outbox, transports
 from apps.notifications.models import Delivery, DeliveryAttempt, DeliveryStatus, Event, Subscription
@@ -46,20 +46,9 @@ def backoff(attempts: int) -> timedelta:
 
 
 def claim(*, now: datetime, owner: str, batch: int) -> list[int]:
-    with transaction.atomic():
-        # skip_locked: rows another worker is claiming right now are left to it.
-        ids = list(
-            Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
-            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-            .order_by("next_attempt_at", "id")
-            .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)[:batch]
-        )
-        if ids:
-            Delivery.objects.filter(id__in=ids).update(
-                lease_owner=owner, lease_until=now + timedelta(seconds=LEASE_SECONDS)
-            )
-    return ids
+    due = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+    due = due.order_by("next_attempt_at", "id")
+    return leases.claim(due, owner=owner, now=now, lease=timedelta(seconds=LEASE_SECONDS), batch=batch)
 
 
 def deliver_due(*, now: datetime | None = None, batch: int = BATCH) -> dict:

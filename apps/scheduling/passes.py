@@ -7,19 +7,19 @@ transaction open (R-SCHED-4). The request path (submission, cancellation) is
 """
 
 import logging
-import threading
 import uuid
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 from django.db.models import Case, Count, F, OuterRef, Q, Subquery, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.allocations import selectors as allocations
 from apps.allocations import services as charges
+from apps.core import leases
 from apps.core.retry import is_retryable
 from apps.notifications import services as notifications
 from apps.notifications.models import Event
@@ -51,43 +51,16 @@ def claim_token() -> str:
     return uuid.uuid4().hex
 
 
-@contextmanager
-def kept_claimed(job_ids, owner: str):
-    """Renew, every quarter of the lease, the claims ``owner`` still holds among ``job_ids``,
-    while driver calls run (one hand-over, or a whole poll pass).
-
-    A provider call may take minutes (a QPU's timeouts and retries); without renewal the lease
-    would have to outlast the slowest call, and a job whose worker died would wait that long
-    (it was 5 minutes). A poll pass calls the provider for up to POLL_BATCH jobs one after the
-    other, so the whole batch is renewed, not only the job whose call runs: else the later jobs
-    of a slow batch lapse and another worker claims them too. One UPDATE per renewal whatever the
-    batch size, and none at all unless the calls outlast a quarter of the lease (the common, fast
-    pass costs a thread start and no statement). Only rows still carrying ``owner`` are renewed:
-    a job already recorded (its claim cleared) or taken over by another worker stays as it is."""
+def kept_claimed(job_ids, owner: str) -> leases.Heartbeat:
+    """Renew, every quarter of the lease, the claims ``owner`` still holds among ``job_ids`` while
+    driver calls run (one hand-over, or a whole poll pass). A provider call may take minutes (a
+    QPU's timeouts and retries): without renewal the lease would have to outlast the slowest call
+    (a dead worker's job waited that long), and the later jobs of a slow poll batch would lapse to
+    another worker. One UPDATE per renewal whatever the batch size, none for a quick pass."""
     job_ids = list(job_ids)
-    stop = threading.Event()
-
-    def beat():
-        try:
-            period = settings.GRIDGATE_JOB_LEASE_SECONDS / 4
-            while not stop.wait(period):
-                try:
-                    Job.objects.filter(id__in=job_ids, lease_owner=owner, status=JobStatus.RUNNING).update(
-                        lease_until=timezone.now() + lease()
-                    )
-                except Exception:  # the database is away: the claims may lapse; the writes check them
-                    log.warning("renewing the claims of %s on %s jobs failed", owner, len(job_ids), exc_info=True)
-                    connection.close()  # a connection the outage broke: the next renewal opens a new one
-        finally:
-            connection.close()  # this thread's own connection, if it opened one
-
-    thread = threading.Thread(target=beat, name=f"job-claims-{owner[:8]}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    rows = Job.objects.filter(id__in=job_ids, status=JobStatus.RUNNING)
+    what = f"renewing the claims of {owner} on {len(job_ids)} jobs"
+    return leases.kept(rows, owner=owner, lease=lease, name=f"job-claims-{owner[:8]}", what=what)
 
 
 MAX_TRANSIENT_ATTEMPTS = 5
@@ -277,10 +250,10 @@ def submit_claimed(job: Job, *, taken_over: bool = False) -> None:
     # the claim and this hand-over wins too: the user saw the job pending and asked to cancel it;
     # it must never reach the device. A cancel landing after this line is a running job's cancel
     # (R-JOB-2).
-    ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=owner)
+    ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="")
     if not taken_over:
         ours = ours.filter(cancel_requested_at=None)
-    handed_over = ours.update(lease_until=timezone.now() + lease())
+    handed_over = leases.renew(ours, owner=owner, until=timezone.now() + lease())
     if not handed_over:
         # Still ours and cancelled: finish it. Another worker's claim now: theirs to hand over or
         # cancel, nothing to do here (finishing it would cancel a job they may be submitting).
@@ -453,16 +426,12 @@ def poll_running(pool_id: int) -> int:
     now = timezone.now()
     interval = timedelta(seconds=settings.GRIDGATE_JOB_POLL_INTERVAL)
     owner = claim_token()
-    with transaction.atomic():
-        due = (
-            Job.objects.filter(pool_id=pool_id, status=JobStatus.RUNNING)
-            .filter(Q(next_poll_at__isnull=True) | Q(next_poll_at__lte=now))
-            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-            .select_for_update(skip_locked=True)
-            .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
-        )
-        ids = list(due.values_list("id", flat=True)[:POLL_BATCH])
-        Job.objects.filter(id__in=ids).update(lease_owner=owner, lease_until=now + lease())
+    due = (
+        Job.objects.filter(pool_id=pool_id, status=JobStatus.RUNNING)
+        .filter(Q(next_poll_at__isnull=True) | Q(next_poll_at__lte=now))
+        .order_by(F("next_poll_at").asc(nulls_first=True), "id")  # NULL means "poll now"
+    )
+    ids = leases.claim(due, owner=owner, now=now, lease=lease(), batch=POLL_BATCH)
     if not ids:
         return 0
     with kept_claimed(ids, owner):

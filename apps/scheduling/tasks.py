@@ -55,7 +55,7 @@ def run_emulation(remote_id: str) -> str:
     run = once_the_database_answers(lambda: _start(remote_id), within=patience, what=f"emulation {remote_id}")
     if run is None:
         return "skipped"  # already started (a duplicate delivery) or cancelled before it started
-    with emulator.Heartbeat(run.pk, run.attempts):  # a killed worker stops beating: recover_runs re-runs it
+    with emulator.heartbeat(run.pk, run.attempts):  # a killed worker stops beating: recover_runs re-runs it
         emulator.execute(run)  # minutes of CPU at most; no transaction held
         outcome = (run.status, run.result, run.error)
         recorded = once_the_database_answers(

@@ -10,8 +10,8 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.core import ticker
+from apps.core.leases import acquire_lease
 from apps.core.models import Lease, WorkerHeartbeat
-from apps.core.tasks import acquire_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -97,8 +97,6 @@ def test_a_renewal_that_hung_then_succeeded_restarts_the_database_contact_clock(
     """Dropped packets make the renewal hang without an error, then succeed; that outage must count
     like one that raised, or recovery would judge every live emulation (whose heartbeats could not
     be written meanwhile) dead at once."""
-    from apps.core import tasks
-
     now = [1000.0]
     monkeypatch.setattr(ticker, "clock", lambda: now[0])
     t = ticker.Ticker("a")
@@ -108,7 +106,7 @@ def test_a_renewal_that_hung_then_succeeded_restarts_the_database_contact_clock(
         now[0] += 1
         assert t.keep()
     assert ticker.database_contact_seconds() == 40
-    real = tasks.acquire_lease
+    real = acquire_lease
 
     def hangs(*args, **kwargs):
         now[0] += 120  # two minutes without an answer, then it goes through

@@ -127,7 +127,7 @@ def test_a_renamed_licence_closes_the_old_one(licensed_pool, fake_slurm):
 
 
 def test_a_second_sync_of_a_pool_while_one_runs_leaves_it_pending_for_that_one(licensed_pool, fake_slurm):
-    from apps.core.tasks import acquire_lease
+    from apps.core.leases import acquire_lease
 
     assert acquire_lease(f"licence-sync:{licensed_pool.pk}", "another worker", passes.LEASE)
     assert passes.sync_pool(licensed_pool.pk) == "running elsewhere"

@@ -241,7 +241,7 @@ def test_heartbeat_is_stamped_while_the_simulation_runs(qpu_pool, settings):
     first = run.heartbeat_at
     settings.GRIDGATE_EMULATOR_HEARTBEAT_SECONDS = 0.05
     seen = []
-    with emulator.Heartbeat(run.pk, run.attempts):
+    with emulator.heartbeat(run.pk, run.attempts):
         for _ in range(400):  # bounded wait (a loaded machine): stop at the first new beat
             seen = list(DriverRun.objects.filter(pk=run.pk, heartbeat_at__gt=first).values_list("heartbeat_at"))
             if seen:

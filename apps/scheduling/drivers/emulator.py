@@ -12,7 +12,6 @@ doubles per atom).
 
 import json
 import logging
-import threading
 import time
 from datetime import timedelta
 
@@ -20,6 +19,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.core import leases
 from apps.core.exceptions import Unavailable
 from apps.scheduling.drivers.base import DeviceDriver, DriverState, PermanentDriverError
 from apps.scheduling.drivers.sequences import load_sequence, validate_sequence
@@ -219,41 +219,18 @@ def recover_runs(now=None) -> dict:
     return outcome
 
 
-class Heartbeat:
-    """While a simulation runs (CPU-bound, in the worker's main thread), a thread with its own
-    database connection stamps ``heartbeat_at`` every ``GRIDGATE_EMULATOR_HEARTBEAT_SECONDS``.
-    The simulation releases the GIL often enough (numpy/scipy) for it to keep time. It stamps
-    only its own attempt: a worker presumed dead whose run was started again elsewhere does not
-    keep the new attempt alive."""
-
-    def __init__(self, run_pk: str, attempt: int):
-        self.run_pk = run_pk
-        self.attempt = attempt
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._beat, name=f"heartbeat-{run_pk}", daemon=True)
-
-    def _beat(self) -> None:
-        from django.db import connection
-
-        try:
-            while not self.stop.wait(settings.GRIDGATE_EMULATOR_HEARTBEAT_SECONDS):
-                try:
-                    DriverRun.objects.filter(pk=self.run_pk, status="running", attempts=self.attempt).update(
-                        heartbeat_at=timezone.now()
-                    )
-                except Exception:  # a missed beat is retried at the next; never kill the simulation
-                    log.exception("emulation %s: heartbeat failed", self.run_pk)
-                    connection.close()  # a connection the outage broke: the next beat opens a new one
-        finally:
-            connection.close()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.stop.set()
-        self.thread.join()
+def heartbeat(run_pk: str, attempt: int) -> leases.Heartbeat:
+    """While a simulation runs (CPU-bound, in the worker's main thread; numpy/scipy release the
+    GIL often enough), a thread stamps ``heartbeat_at`` every ``GRIDGATE_EMULATOR_HEARTBEAT_SECONDS``
+    (a missed beat is retried at the next). It stamps only its own attempt: a worker presumed dead
+    whose run was started again elsewhere does not keep the new attempt alive."""
+    mine = DriverRun.objects.filter(pk=run_pk, status="running", attempts=attempt)
+    return leases.Heartbeat(
+        lambda: mine.update(heartbeat_at=timezone.now()),
+        every=lambda: settings.GRIDGATE_EMULATOR_HEARTBEAT_SECONDS,
+        name=f"heartbeat-{run_pk}",
+        what=f"emulation {run_pk}: heartbeat",
+    )
 
 
 def execute(run: DriverRun) -> None:
