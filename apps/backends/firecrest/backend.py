@@ -462,7 +462,7 @@ class FirecrestBackend(FirecrestDoctor):
             raise exc from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def fixed_options(self, session: Session, *, connected: bool = True) -> list[LaunchOption]:
+    def fixed_options(self, session: Session) -> list[LaunchOption]:
         """The pool's own partition (a class's is pinned later) and the time limits."""
         configured = session.remote.get("partition")
         fallback = [Choice(configured, configured)] if configured else []

@@ -509,7 +509,7 @@ class QarnotBackend(QarnotDoctor):
                 raise
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def fixed_options(self, session: Session, *, connected: bool = True, node_types=()) -> list[LaunchOption]:
+    def fixed_options(self, session: Session, *, node_types=()) -> list[LaunchOption]:
         """Scheduling choices are static; node types come from the catalogue, which is per account
         (none offered until the user of a per-user pool connects: the core constraint still
         applies). R-BACK-3: ranks × threads size the core constraint, as ranges (R-BACK-6)."""

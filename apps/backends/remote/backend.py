@@ -75,13 +75,12 @@ class RemoteBackend(ExecutionBackend):
         """The remote id of the job named after ``case_id``, or None."""
         raise NotImplementedError
 
-    def submit_as(self, session, spec) -> str:  # pragma: no cover - every provider fills it
+    def submit_as(self, session, spec) -> str:  # pragma: no cover
         """Upload, create the job, return its remote id."""
         raise NotImplementedError
 
-    def fixed_options(self, session, *, connected: bool = True) -> list:  # pragma: no cover
-        """The launch options that need no provider call (``connected``: the user of a per-user
-        pool has a working connection)."""
+    def fixed_options(self, session) -> list:  # pragma: no cover
+        """The launch options that need no provider call."""
         raise NotImplementedError
 
     def asked_options(self, session) -> list:  # pragma: no cover
@@ -107,7 +106,7 @@ class RemoteBackend(ExecutionBackend):
         (and therefore not cached, R-BACK-2)."""
         session = self.session_class(pool.remote_config() if pool is not None else {}, identity=identity)
         if session.per_user and identity is None:
-            return LaunchOptions(options=self.fixed_options(session, connected=False))
+            return LaunchOptions(options=self.fixed_options(session))
         try:
             return LaunchOptions(options=self.asked_options(session))
         except BackendError as exc:

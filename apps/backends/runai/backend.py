@@ -396,7 +396,7 @@ class RunaiBackend(RunaiDoctor):
             raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def fixed_options(self, session: client.Session, *, connected: bool = True) -> list[LaunchOption]:
+    def fixed_options(self, session: client.Session) -> list[LaunchOption]:
         """The pool's ``project`` and ``node_pool`` (each user's key sees its own projects: until
         the user connects, the pool's) and ``gpu_portion`` (static; dropped for classes without
         GPUs by :meth:`pin_class_overrides`)."""
