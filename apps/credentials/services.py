@@ -38,9 +38,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
-from apps.backends.models import ConnectionState, RemoteConnection
 from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
 from apps.credentials import oauth, sealing
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.remote import SERVICE, USER, credential_mode
 
 logger = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from apps.backends import firecrest as fc
 from apps.backends.firecrest import client as fc_client
-from apps.backends.models import ConnectionState, RemoteConnection
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import sealing
 from apps.credentials import services as credential_services
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.resources.remote import revocation_endpoint
 from tests.backends.conftest import browser, wait_for_terminal, wait_until
@@ -352,8 +352,8 @@ def test_secrets_never_appear_in_responses_logs_schema_or_admin(
         api(ada).get(f"/api/v1/cases/{case.id}/events/"),
         api(ada).get(f"/api/v1/cases/{failed.id}/"),
         api(ada).get("/api/schema/"),
-        admin_client.get("/admin/backends/remoteconnection/"),
-        admin_client.get(f"/admin/backends/remoteconnection/{connection.pk}/change/"),
+        admin_client.get("/admin/credentials/remoteconnection/"),
+        admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/"),
         admin_client.get(f"/admin/cases/case/{case.id}/change/"),
     ]
     secrets = list(double.refresh_tokens) + [
@@ -373,12 +373,12 @@ def test_secrets_never_appear_in_responses_logs_schema_or_admin(
 def test_staff_see_connections_in_the_admin_and_can_delete_them(user_pool, double, ada, admin_client):
     connect(browser(ada), double, user_pool, "ada")
     connection = RemoteConnection.objects.get(user=ada)
-    listing = admin_client.get("/admin/backends/remoteconnection/").content.decode()
+    listing = admin_client.get("/admin/credentials/remoteconnection/").content.decode()
     assert "ada" in listing and double.subject_of("ada") in listing
-    assert admin_client.get("/admin/backends/remoteconnection/add/").status_code == 403
-    page = admin_client.get(f"/admin/backends/remoteconnection/{connection.pk}/change/").content.decode()
+    assert admin_client.get("/admin/credentials/remoteconnection/add/").status_code == 403
+    page = admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/").content.decode()
     assert "sealed" not in page.lower() and 'name="sealed_secret"' not in page
-    answer = admin_client.post(f"/admin/backends/remoteconnection/{connection.pk}/delete/", {"post": "yes"})
+    answer = admin_client.post(f"/admin/credentials/remoteconnection/{connection.pk}/delete/", {"post": "yes"})
     assert answer.status_code == 302 and not RemoteConnection.objects.exists()
     assert double.live_refresh_tokens("ada") == [] and double.revocations == ["refresh_token"]
 
@@ -388,7 +388,7 @@ def test_deleting_several_connections_in_the_admin_revokes_each_grant(user_pool,
     connect(browser(bob), double, user_pool, "bob")
     ids = [str(pk) for pk in RemoteConnection.objects.values_list("pk", flat=True)]
     answer = admin_client.post(
-        "/admin/backends/remoteconnection/",
+        "/admin/credentials/remoteconnection/",
         {"action": "delete_selected", "_selected_action": ids, "post": "yes"},
         follow=True,
     )

@@ -14,11 +14,11 @@ from cryptography.fernet import Fernet
 from django.db import connection as db
 
 from apps.backends import qarnot as qb
-from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
@@ -166,8 +166,8 @@ def test_the_api_token_never_appears_in_responses_logs_or_the_admin_and_is_store
         api(ada).get(f"/api/v1/cases/{case.id}/"),
         api(ada).get(f"/api/v1/cases/{failed.id}/events/"),
         api(ada).get("/api/schema/"),
-        admin_client.get("/admin/backends/remoteconnection/"),
-        admin_client.get(f"/admin/backends/remoteconnection/{connection.pk}/change/"),
+        admin_client.get("/admin/credentials/remoteconnection/"),
+        admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/"),
     ]
     for text in [page.content.decode() for page in pages] + [caplog.text, failed.last_error]:
         assert ADA_TOKEN not in text and sealed not in text

@@ -14,11 +14,11 @@ from cryptography.fernet import Fernet
 from django.db import connection as db
 
 from apps.backends import runai as rb
-from apps.backends.models import ConnectionState, RemoteConnection
 from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import browser, wait_for_terminal
 from tests.cases.conftest import launched
@@ -213,8 +213,8 @@ def test_the_access_key_never_appears_in_responses_logs_or_the_admin_and_is_stor
         api(ada).get("/api/v1/connections/"),
         api(ada).get(f"/api/v1/cases/{case.id}/"),
         api(ada).get(f"/api/v1/cases/{case.id}/events/"),
-        admin_client.get("/admin/backends/remoteconnection/"),
-        admin_client.get(f"/admin/backends/remoteconnection/{connection.pk}/change/"),
+        admin_client.get("/admin/credentials/remoteconnection/"),
+        admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/"),
     ]
     for text in [page.content.decode() for page in pages] + [caplog.text, case.last_error]:
         assert ADA_SECRET not in text and sealed not in text
