@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from apps.cases import passes
+from apps.cases import passes, workspace
 from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
 
 
@@ -130,3 +130,22 @@ def browser(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+def owned_case(make, user, pool, command, double, owner, *, inputs=None):
+    """A case of ``user`` on ``pool`` whose every provider call the double checks is made as
+    ``owner`` (``expect_owner``), with its inputs written."""
+    case = make(user=user, resource_class=pool.classes.get(), command=command)
+    double.expect_owner(case.id, owner)
+    for name, text in (inputs or {"in.txt": "input\n"}).items():
+        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
+    return case
+
+
+def raw_sealed(connection_id) -> str:
+    """The sealed credential as the database column holds it."""
+    from django.db import connection as db
+
+    with db.cursor() as cursor:
+        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection_id])
+        return cursor.fetchone()[0]

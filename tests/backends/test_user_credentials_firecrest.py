@@ -25,7 +25,7 @@ from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.resources.remote import revocation_endpoint
-from tests.backends.conftest import browser, wait_for_terminal, wait_until
+from tests.backends.conftest import browser, owned_case, raw_sealed, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
 
@@ -100,17 +100,7 @@ def connect(client, double, pool, name):
 
 
 def new_case(make_case, user, pool, command, double, *, inputs=None):
-    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
-    double.expect_owner(case.id, user.username)
-    for name, text in (inputs or {"in.txt": "input\n"}).items():
-        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
-    return case
-
-
-def raw_sealed(connection_id) -> str:
-    with db.cursor() as cursor:
-        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection_id])
-        return cursor.fetchone()[0]
+    return owned_case(make_case, user, pool, command, double, user.username, inputs=inputs)
 
 
 # -- connecting ----------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.db import connection as db
 
 from apps.backends import qarnot as qb
 from apps.backends.qarnot import client as qb_client
@@ -20,7 +19,7 @@ from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import browser, wait_for_terminal
+from tests.backends.conftest import browser, owned_case, raw_sealed, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.qarnot_server import QarnotDouble
 
@@ -78,19 +77,12 @@ def paste(user, pool, token):
     return browser(user).post(f"/connections/{pool.pk}/token/", {"token": token}, follow=True)
 
 
-def new_case(make_case, user, pool, command, double, email):
-    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
-    double.expect_owner(case.id, email)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    return case
-
-
 def test_a_pasted_token_runs_that_users_case_under_their_account(user_pool, double, ada, make_case, api):
     answer = paste(ada, user_pool, ADA_TOKEN)
     assert "Token saved for qarnot-users (Qarnot account ada@example.org)" in answer.content.decode()
     connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
     assert connection.subject == "ada@example.org" and connection.state == ConnectionState.CONNECTED
-    case = launched(new_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada@example.org"))
+    case = launched(owned_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada@example.org"))
     assert case.status == CaseStatus.PENDING, case.last_error
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
@@ -106,8 +98,8 @@ def test_a_pasted_token_runs_that_users_case_under_their_account(user_pool, doub
 def test_two_users_qarnot_cases_each_use_their_own_token(user_pool, double, ada, bob, make_case):
     paste(ada, user_pool, ADA_TOKEN)
     paste(bob, user_pool, BOB_TOKEN)
-    mine = launched(new_case(make_case, ada, user_pool, "echo ada", double, "ada@example.org"))
-    theirs = launched(new_case(make_case, bob, user_pool, "echo bob", double, "bob@example.org"))
+    mine = launched(owned_case(make_case, ada, user_pool, "echo ada", double, "ada@example.org"))
+    theirs = launched(owned_case(make_case, bob, user_pool, "echo bob", double, "bob@example.org"))
     mine, theirs = wait_for_terminal(mine, timeout=90), wait_for_terminal(theirs, timeout=90)
     assert mine.status == theirs.status == CaseStatus.DONE
     assert double.tasks[mine.remote_id].owner == "ada@example.org"
@@ -124,7 +116,7 @@ def test_a_revoked_token_makes_polls_wait_and_a_new_token_resumes_them(user_pool
     paste(ada, user_pool, ADA_TOKEN)
     double.hold = {"FullyExecuting"}
     try:
-        case = launched(new_case(make_case, ada, user_pool, "echo hi", double, "ada@example.org"))
+        case = launched(owned_case(make_case, ada, user_pool, "echo hi", double, "ada@example.org"))
         assert case.status == CaseStatus.PENDING, case.last_error
         double.revoke(ADA_TOKEN)  # deleted in Qarnot's console
         qb._connections.clear()  # a new worker process: no connection kept from before
@@ -150,14 +142,12 @@ def test_the_api_token_never_appears_in_responses_logs_or_the_admin_and_is_store
     caplog.set_level(logging.DEBUG)
     pasted = paste(ada, user_pool, ADA_TOKEN)
     connection = RemoteConnection.objects.get(user=ada)
-    case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "true", double, "ada@example.org")))
+    case = wait_for_terminal(launched(owned_case(make_case, ada, user_pool, "true", double, "ada@example.org")))
     double.revoke(ADA_TOKEN)
     qb._connections.clear()
-    failed = launched(new_case(make_case, ada, user_pool, "true", double, "ada@example.org"))
+    failed = launched(owned_case(make_case, ada, user_pool, "true", double, "ada@example.org"))
     assert failed.status == CaseStatus.FAILED and "reconnect at /connections/" in failed.last_error
-    with db.cursor() as cursor:
-        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection.pk])
-        (sealed,) = cursor.fetchone()
+    sealed = raw_sealed(connection.pk)
     assert ADA_TOKEN not in sealed and Fernet(KEY).decrypt(sealed.encode()).decode() == ADA_TOKEN
     pages = [
         pasted,

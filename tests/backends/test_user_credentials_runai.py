@@ -11,7 +11,6 @@ import logging
 
 import pytest
 from cryptography.fernet import Fernet
-from django.db import connection as db
 
 from apps.backends import runai as rb
 from apps.backends.runai import client as rb_client
@@ -20,7 +19,7 @@ from apps.cases.models import Case, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import browser, wait_for_terminal
+from tests.backends.conftest import browser, owned_case, raw_sealed, wait_for_terminal
 from tests.cases.conftest import launched
 from tests.doubles.runai_server import RunaiDouble
 
@@ -84,13 +83,6 @@ def save_key(user, pool, client_id, secret):
     )
 
 
-def new_case(make_case, user, pool, command, double, subject):
-    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
-    double.expect_owner(case.id, subject)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    return case
-
-
 def test_a_per_user_runai_pool_names_its_project():
     pool = ResourcePool(name="p", kind="runai", remote={"base_url": "https://runai.example.org"})
     with pytest.raises(Exception, match="'project' is required for per-user credentials"):
@@ -102,7 +94,7 @@ def test_a_saved_access_key_runs_that_users_case_under_their_account(user_pool, 
     assert "Access key saved for runai-users (Run:AI account ada@example.org)" in answer.content.decode()
     connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
     assert connection.subject == "ada-subject" and connection.state == ConnectionState.CONNECTED
-    case = launched(new_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
+    case = launched(owned_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
     assert case.status == CaseStatus.PENDING, case.last_error
     case = wait_for_terminal(case)
     assert case.status == CaseStatus.DONE, case.last_error
@@ -115,8 +107,8 @@ def test_a_saved_access_key_runs_that_users_case_under_their_account(user_pool, 
 def test_two_users_runai_cases_each_use_their_own_access_key(user_pool, double, ada, bob, make_case):
     save_key(ada, user_pool, ADA_ID, ADA_SECRET)
     save_key(bob, user_pool, BOB_ID, BOB_SECRET)
-    mine = launched(new_case(make_case, ada, user_pool, "echo ada", double, "ada-subject"))
-    theirs = launched(new_case(make_case, bob, user_pool, "echo bob", double, "bob-subject"))
+    mine = launched(owned_case(make_case, ada, user_pool, "echo ada", double, "ada-subject"))
+    theirs = launched(owned_case(make_case, bob, user_pool, "echo bob", double, "bob-subject"))
     assert wait_for_terminal(mine).status == wait_for_terminal(theirs).status == CaseStatus.DONE
     assert double.workloads[mine.remote_id].owner == "ada-subject"
     assert double.workloads[theirs.remote_id].owner == "bob-subject"
@@ -131,7 +123,7 @@ def test_an_access_key_runai_refuses_is_not_kept(user_pool, double, ada):
 def test_a_revoked_access_key_fails_the_launch_with_the_page_to_reconnect_at(user_pool, double, ada, make_case):
     save_key(ada, user_pool, ADA_ID, ADA_SECRET)
     double.revoke_client(ADA_ID)  # deleted in Run:AI's user settings
-    case = launched(new_case(make_case, ada, user_pool, "true", double, "ada-subject"))
+    case = launched(owned_case(make_case, ada, user_pool, "true", double, "ada-subject"))
     assert case.status == CaseStatus.FAILED and "reconnect at /connections/" in case.last_error
     assert RemoteConnection.objects.get(user=ada).state == ConnectionState.FAILED
 
@@ -157,7 +149,7 @@ def test_a_revoked_or_expired_access_key_makes_polls_wait_and_a_new_key_resumes_
     save_key(ada, user_pool, ADA_ID, ADA_SECRET)
     double.hold = {"Running"}
     try:
-        case = launched(new_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
+        case = launched(owned_case(make_case, ada, user_pool, "cat in.txt > out.txt", double, "ada-subject"))
         assert case.status == CaseStatus.PENDING, case.last_error
         double.wait_phase(case.remote_id, {"Running"})
         assert poll_once(case).status == CaseStatus.RUNNING
@@ -201,10 +193,8 @@ def test_the_access_key_never_appears_in_responses_logs_or_the_admin_and_is_stor
     caplog.set_level(logging.DEBUG)
     saved = save_key(ada, user_pool, ADA_ID, ADA_SECRET)
     connection = RemoteConnection.objects.get(user=ada)
-    case = wait_for_terminal(launched(new_case(make_case, ada, user_pool, "exit 2", double, "ada-subject")))
-    with db.cursor() as cursor:
-        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection.pk])
-        (sealed,) = cursor.fetchone()
+    case = wait_for_terminal(launched(owned_case(make_case, ada, user_pool, "exit 2", double, "ada-subject")))
+    sealed = raw_sealed(connection.pk)
     assert ADA_SECRET not in sealed
     assert json.loads(Fernet(KEY).decrypt(sealed.encode())) == {"client_id": ADA_ID, "client_secret": ADA_SECRET}
     pages = [
