@@ -8,7 +8,10 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+import logging
+
 import pytest
+from cryptography.fernet import Fernet
 
 from apps.backends.base import BackendError, CredentialsRequired, JobRef, RemoteIdentity
 from apps.backends.firecrest import client as fc_client
@@ -19,7 +22,13 @@ from apps.backends.remote import ProviderError, clear_clients
 from apps.backends.remote_common import secret_forms
 from apps.backends.runai import client as rb_client
 from apps.backends.runai.backend import RunaiBackend
+from apps.cases import passes, workspace
+from apps.cases.models import Case, CaseEvent, CaseStatus
+from apps.credentials import services as credential_services
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourcePool
+from tests.backends.conftest import SEALING_KEY, browser, raw_sealed, wait_for_terminal
+from tests.cases.conftest import launched
 from tests.doubles.firecrest_server import FirecrestDouble
 from tests.doubles.qarnot_server import QarnotDouble
 from tests.doubles.runai_server import RunaiDouble
@@ -137,16 +146,6 @@ def provider(request, tmp_path, monkeypatch):
     rb_client._classes.clear()
 
 
-def only(*names):
-    """Skip the providers the rule does not apply to (they say why in their own tests)."""
-
-    def check(provider):
-        if provider.name not in names:
-            pytest.skip(f"{provider.name}: not part of this rule")
-
-    return check
-
-
 # -- R-CRED-1 ------------------------------------------------------------------------------------
 def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(provider, tmp_path):
     """Without the case owner's identity (none, or the service's) nothing is sent at all, though
@@ -164,8 +163,9 @@ def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(provider,
 
 
 # -- the 401 rule --------------------------------------------------------------------------------
+# Qarnot's API tokens are long-lived: a 401 means the token is gone, nothing to renew.
+@pytest.mark.parametrize("provider", ["firecrest", "runai"], indirect=True)
 def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(provider):
-    only("firecrest", "runai")(provider)
     session = provider.session(provider.pool())
     assert provider.listing(session)
     tokens = provider.token_requests()
@@ -178,10 +178,12 @@ def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(provider):
     assert refused.value.status == 401
 
 
+# FirecREST's per-user tokens come from the identity provider, which refuses the refresh grant
+# itself (an invalid_grant, not the API's refusal): test_a_lost_credential_… below.
+@pytest.mark.parametrize("provider", ["qarnot", "runai"], indirect=True)
 def test_a_credential_the_provider_refuses_asks_its_user_to_reconnect(provider, tmp_path):
     """A per-user credential refused by the provider itself marks the connection failed (the
     identity's ``refused``) and the call raises CredentialsRequired with its message."""
-    only("qarnot", "runai")(provider)
     marked = []
     token = json.dumps({"client_id": "nobody", "client_secret": "wrong"}) if provider.name == "runai" else "nobody"
     identity = RemoteIdentity(
@@ -281,3 +283,230 @@ def test_f18_scrub_covers_every_form_a_provider_echoes_a_secret_in():
     for echo in echoes:
         scrubbed = scrub(f"body: {echo} end", [client, secret])
         assert echo.rstrip("=") not in scrubbed and "***" in scrubbed, (echo, scrubbed)
+
+
+# -- per-user credentials, over each provider's driver (tests/backends/conftest.py) ---------------
+per_user = pytest.mark.parametrize("driver", ["firecrest", "qarnot", "runai"], indirect=True)
+
+
+@per_user
+def test_a_connected_users_case_runs_under_their_own_credential(driver, ada, make_case, api):
+    answer = driver.connect(ada)[-1]
+    assert driver.saved(ada) in answer.content.decode()
+    connection = RemoteConnection.objects.get(user=ada, pool=driver.pool)
+    assert connection.subject == driver.subject(ada) and connection.state == ConnectionState.CONNECTED
+    case = launched(driver.case(make_case, ada, "cat in.txt > out.txt; echo hello"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert "hello" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert driver.owner_of(case) == driver.subject(ada)
+    # The identity it ran under, on the case (API, page) and in its history.
+    label = driver.label(ada)
+    assert case.remote_identity == label
+    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["remote_identity"] == label
+    assert f"under {label}" in browser(ada).get(f"/cases/{case.id}/").content.decode()
+    submitted = case.events.get(to_status=CaseStatus.PENDING)
+    assert submitted.message == f"submitted as {case.remote_id} under {label}"
+    events = api(ada).get(f"/api/v1/cases/{case.id}/events/").json()["results"]
+    assert any(label in event["message"] for event in events)
+
+
+@per_user
+def test_two_users_cases_on_one_pool_each_run_under_their_own_credential(driver, ada, bob, make_case):
+    driver.connect(ada)
+    driver.connect(bob)
+    mine = launched(driver.case(make_case, ada, "echo ada > who.txt"))
+    theirs = launched(driver.case(make_case, bob, "echo bob > who.txt"))
+    assert mine.status == theirs.status == CaseStatus.PENDING
+    if driver.listing:  # R-BACK-4 per credential: one listing per user (each shows only their jobs)
+        before = len(driver.double.status_calls())
+        passes.poll_pass(case_ids=[mine.id, theirs.id])
+        assert driver.double.status_calls()[before:] == [driver.listing] * 2
+    mine, theirs = wait_for_terminal(mine, timeout=90), wait_for_terminal(theirs, timeout=90)
+    assert mine.status == theirs.status == CaseStatus.DONE
+    assert (driver.owner_of(mine), driver.owner_of(theirs)) == (driver.subject(ada), driver.subject(bob))
+    assert "ada" in mine.remote_identity and "bob" in theirs.remote_identity
+    for case, name in ((mine, "ada"), (theirs, "bob")):
+        assert (workspace.case_dir(case.id) / "results" / "who.txt").read_text() == f"{name}\n"
+
+
+@per_user
+def test_a_credential_the_provider_refuses_is_not_kept(driver, ada):
+    answer = driver.refuse(ada).content.decode()
+    assert all(words in answer for words in driver.refused_words), answer
+    assert not RemoteConnection.objects.exists()
+
+
+@per_user
+def test_launch_without_a_connection_is_refused_naming_the_connections_page(driver, ada, make_case, api):
+    case = driver.case(make_case, ada, "true")
+    response = api(ada).post(f"/api/v1/cases/{case.id}/launch/", {}, format="json")
+    assert response.status_code == 403
+    assert "connect it first at /connections/" in response.json()["detail"]
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+    assert driver.jobs() == 0
+
+
+@per_user
+def test_service_account_pools_run_under_the_service_credential_as_before(driver, ada, make_case):
+    pool = driver.service_pool()
+    case = launched(make_case(user=ada, resource_class=pool.classes.get(), command="true"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert case.remote_identity == driver.service_label
+    assert driver.owner_of(case) == driver.service_owner
+    assert credential_services.identity_for(ada, pool).mode == "service"
+    assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
+    assert not RemoteConnection.objects.exists()
+    assert "authorization_code" not in getattr(driver.double, "grants", [])  # no user signed in
+
+
+@per_user
+def test_a_users_credential_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(
+    driver, ada, make_case, api, admin_client, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    connected = driver.connect(ada)
+    connection = RemoteConnection.objects.get(user=ada)
+    credential_services.forget_access_tokens()  # a worker without an access token: it refreshes
+    case = wait_for_terminal(launched(driver.case(make_case, ada, "echo out")), timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    ended = wait_for_terminal(launched(driver.case(make_case, ada, "echo out; exit 2")), timeout=90)
+    assert ended.status == CaseStatus.FAILED and ended.last_error
+    sealed = raw_sealed(connection.pk)
+    assert sealed.startswith("gAAAAA")
+    assert Fernet(SEALING_KEY).decrypt(sealed.encode()).decode() == driver.sealed_opens_to(ada)
+    # Once the provider no longer takes it, a launch fails saying where to reconnect.
+    driver.lose(ada, "revoked")
+    credential_services.forget_access_tokens()
+    failed = launched(driver.case(make_case, ada, "true"))
+    assert failed.status == CaseStatus.FAILED, failed.last_error
+    assert driver.lost_words in failed.last_error and "reconnect at /connections/" in failed.last_error
+    assert RemoteConnection.objects.get(user=ada).state == ConnectionState.FAILED
+
+    pages = [
+        *connected,
+        browser(ada).get("/connections/"),
+        api(ada).get("/api/v1/connections/"),
+        api(ada).get(f"/api/v1/connections/{driver.pool.pk}/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/events/"),
+        api(ada).get(f"/api/v1/cases/{failed.id}/"),
+        api(ada).get(f"/api/v1/cases/{failed.id}/events/"),
+        api(ada).get("/api/schema/"),
+        admin_client.get("/admin/credentials/remoteconnection/"),
+        admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/"),
+        admin_client.get(f"/admin/cases/case/{case.id}/change/"),
+    ]
+    assert all(page.status_code in (200, 302) for page in pages)
+    assert "sealed_secret" not in pages[-4].content.decode()  # not in the OpenAPI schema either
+    texts = [page.content.decode() + str(dict(page.items())) for page in pages]
+    texts += [caplog.text, ended.last_error, failed.last_error]
+    secrets = driver.secrets(ada)
+    for text in texts:
+        for secret in [*secrets, sealed, SEALING_KEY]:
+            assert secret not in text
+
+
+@per_user
+def test_a_connected_user_chooses_among_the_options_their_own_account_sees(driver, ada, bob, api):
+    url = f"/api/v1/resource-classes/{driver.pool.classes.get().pk}/launch-options/"
+
+    def choices(user):
+        (option,) = [o for o in api(user).get(url).json()["options"] if o["key"] == driver.option]
+        return [choice["value"] for choice in option["choices"]]
+
+    unconnected, connected = driver.choices
+    assert choices(ada) == unconnected
+    driver.connect(ada)
+    asked = len(driver.double.calls)
+    assert choices(ada) == connected  # asked under ada's own credential
+    assert len(driver.double.calls) > asked
+    assert choices(bob) == unconnected  # ada's answer (cached for her) is not bob's
+    RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED)
+    assert choices(ada) == unconnected  # a failed connection asks nothing
+
+
+def poll_once(case):
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    return case
+
+
+@pytest.mark.parametrize(
+    "driver,how",
+    [("firecrest", "revoked"), ("qarnot", "revoked"), ("runai", "revoked"), ("runai", "expired")],
+    indirect=["driver"],
+)
+def test_a_lost_credential_makes_polls_wait_and_reconnecting_resumes_them(driver, how, ada, make_case, api):
+    """Polls keep the case as it is (no failure counted) and say, once, that the owner must
+    reconnect; launches are refused up front and cancels wait, and the credential never shows
+    (though a refusal may echo it). Reconnecting makes the case due at once and it ends done,
+    the same job."""
+    driver.connect(ada)
+    case = launched(driver.case(make_case, ada, driver.held("cat in.txt > out.txt; echo done")))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.running(case)
+    assert poll_once(case).status == CaseStatus.RUNNING
+    driver.lose(ada, how)
+    for _ in range(2):  # refused, then known failed
+        poll_once(case)
+    notes = case.events.filter(kind=CaseEvent.Kind.NOTE, message__startswith="waiting for its owner")
+    said = notes.count()
+    poll_once(case)
+    assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
+    assert case.status_message.startswith("waiting for its owner to reconnect")
+    assert "reconnect at /connections/" in case.status_message
+    assert notes.count() == said and notes.filter(message=case.status_message).count() == 1  # not at every poll
+    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["status_message"] == case.status_message
+    connection = RemoteConnection.objects.get(user=ada)
+    assert connection.state == ConnectionState.FAILED
+    assert not driver.echoes or driver.double.echo_credentials < 10  # a refusal echoed the secret
+    texts = [case.status_message, case.last_error, connection.failure]
+    texts += [event.message for event in case.events.all()]
+    texts += [api(ada).get(f"/api/v1/cases/{case.id}/").content.decode()]
+    assert not [text for text in texts for secret in driver.secrets(ada) if secret in text]
+    # Now that the failure is known, a launch is refused up front with the same advice (403).
+    third = driver.case(make_case, ada, "true")
+    refused = api(ada).post(f"/api/v1/cases/{third.id}/launch/", {}, format="json")
+    assert refused.status_code == 403 and refused.json()["connect_url"] == "/connections/"
+    assert "reconnect at /connections/" in refused.json()["detail"]
+    # Only the owner's own credential may act on their job: a cancel waits for the reconnect too.
+    cancel = api(ada).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert cancel.status_code == 409 and "until its owner reconnects" in cancel.json()["detail"]
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+    waiting_until = case.next_poll_at
+
+    assert driver.saved(ada) in driver.reconnect(ada)[-1].content.decode()
+    assert RemoteConnection.objects.get(user=ada).state == ConnectionState.CONNECTED
+    case.refresh_from_db()
+    assert case.next_poll_at < waiting_until  # made due at once, not at the end of the back-off
+    driver.release(case)
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE and case.status_message == "", case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert "done" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert driver.jobs() == 1  # the same job, not a new one
+
+
+@per_user
+def test_without_the_sealing_key_connecting_is_refused_with_a_clear_message_and_the_app_still_starts(
+    driver, ada, api, settings
+):
+    from django.core.management import call_command
+
+    settings.GRIDGATE_CREDENTIALS_KEY = []
+    call_command("check")  # the site starts without it
+    page = browser(ada).get("/connections/")
+    assert page.status_code == 200 and "GRIDGATE_CREDENTIALS_KEY" in page.content.decode()
+    calls = len(driver.double.calls)
+    answer = driver.offer(ada).content.decode()
+    assert "the operators have not set GRIDGATE_CREDENTIALS_KEY" in answer
+    assert len(driver.double.calls) == calls and getattr(driver.double, "grants", []) == []  # nothing asked
+    assert not RemoteConnection.objects.exists()
+    assert browser(ada).get("/").status_code == 200
+    assert api(ada).get("/api/v1/connections/").status_code == 200
