@@ -1,13 +1,12 @@
 """Backends run for real here: local pools use the local backend, Slurm pools the Slurm one,
 FirecREST, Qarnot and Run:AI pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
 
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import time
-
-import json
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -16,7 +15,13 @@ from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from apps.backends.firecrest import client as fc_client
+from apps.backends.firecrest.backend import FirecrestBackend
+from apps.backends.qarnot import client as qb_client
+from apps.backends.qarnot.backend import QarnotBackend
 from apps.backends.remote import clear_clients
+from apps.backends.runai import client as rb_client
+from apps.backends.runai.backend import RunaiBackend
 from apps.cases import passes, workspace
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
@@ -177,11 +182,21 @@ class Driver:
     refused_words: tuple = ()  # what the page says when the provider refuses what the user gave
     lost_words = "was refused by the provider (401: revoked or expired)"  # a launch's words after
     disconnected: dict = {}  # the API's answer to DELETE /connections/{pool}/
-    listing: str | None = None  # the one listing a poll pass makes per user's credential (R-BACK-4)
+    poll_listing: str | None = None  # the one listing a poll pass makes per user's credential (R-BACK-4)
+    options_call: tuple = ()  # the double's (method, path) the option's choices are read from
     losses: tuple = ("revoked",)  # ways the provider stops taking a credential
     echoes = False  # the provider's refusals echo the credential
     service_label = service_owner = ""
     resources: dict = {}  # the pools' one class
+    backend = module = None  # the provider's backend and its client.py
+    secret = secret_env = ""  # the service credential's secret and its variable
+    listing_path = ""  # the double's path of ``listing``
+
+    def session(self, pool, identity=None):
+        return self.module.Session(pool.remote_config(), identity=identity)
+
+    def token_requests(self) -> int:
+        return sum(1 for _method, path in list(self.double.calls) if "token" in path)
 
     def __init__(self, double, remote: dict):
         self.double = double
@@ -193,7 +208,10 @@ class Driver:
 
     def service_pool(self) -> ResourcePool:
         pool = ResourcePool.objects.create(
-            name=f"{self.name}-service", kind=self.kind, public=True, remote={**self.pool.remote, "credentials": "service"}
+            name=f"{self.name}-service",
+            kind=self.kind,
+            public=True,
+            remote={**self.pool.remote, "credentials": "service"},
         )
         ResourceClass.objects.create(pool=pool, name="node", default=True, **self.resources)
         return pool
@@ -208,6 +226,7 @@ class Driver:
         return self.secrets(user)[0]
 
     # what differs, filled in below
+    def listing(self, session): ...  # one cheap listing
     def connect(self, user) -> list: ...  # the responses the user saw; the last one followed
     def offer(self, user): ...  # the first step of connecting, followed
     def refuse(self, user): ...  # what the user gives is refused by the provider
@@ -241,13 +260,16 @@ class FirecrestDriver(Driver):
     service_label = "service account (GRIDGATE_CRED_FC_ID)"
     service_owner = "service-account-gridgate-client"
     resources = {"cpu": 1, "memory": 1}
+    backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
+    secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
 
     def __init__(self, tmp_path):
-        double = FirecrestDouble(tmp_path / "hpc", client_secret="s3cr3t-client-VALUE-42").start()  # noqa: S106
+        double = FirecrestDouble(tmp_path / "hpc", client_secret=self.secret).start()
         double.add_user("ada")
         double.add_user("bob")
         double.partitions = ["debug", "normal", "gpu"]
-        self.listing = f"/compute/{double.system}/jobs"
+        self.poll_listing = f"/compute/{double.system}/jobs"
+        self.options_call = ("GET", f"/status/{double.system}/partitions")
         super().__init__(double, self.remote(double))
 
     @staticmethod
@@ -263,6 +285,9 @@ class FirecrestDriver(Driver):
             "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
             **extra,
         }
+
+    def listing(self, session):
+        return session.call("system listing", "systems")
 
     def start(self, client, user, login_as=None):
         self.double.login_as = login_as or user.username
@@ -378,11 +403,14 @@ class QarnotDriver(PastedDriver):
     service_label = "service account (GRIDGATE_CRED_QARNOT_TOKEN)"
     service_owner = "gridgate@example.org"
     held_state = "FullyExecuting"
+    backend, module, listing_path = QarnotBackend(), qb_client, "/profiles"
+    secret, secret_env = "qarnot-TOKEN-value-9f8e7d", "GRIDGATE_CRED_QARNOT_TOKEN"  # noqa: S105
+    options_call = ("GET", "/hardware-constraints")
     resources = {"cpu": 4, "memory": 8}
     credentials = {"ada": ("qarnot-ada-PERSONAL-token-1a2b3c",), "bob": ("qarnot-bob-PERSONAL-token-4d5e6f",)}
 
     def __init__(self, tmp_path):
-        double = QarnotDouble(token="qarnot-TOKEN-value-9f8e7d").start()  # noqa: S106
+        double = QarnotDouble(token=self.secret).start()
         # moto's buckets are one store per process, shared with the other Qarnot doubles: no limit here.
         double.user = {"email": "gridgate@example.org", "maxBucket": 100_000, "quotaBytesBucket": 10 << 30}
         for name, (token,) in self.credentials.items():
@@ -390,6 +418,9 @@ class QarnotDriver(PastedDriver):
         self.store = double.tasks
         remote = {"profile": "docker-batch", "cluster_url": double.url, "snapshot_interval": 1, "max_upload_mb": 1}
         super().__init__(double, remote)
+
+    def listing(self, session):
+        return session.guarded("profile listing", lambda: list(session.conn.profiles_names()))
 
     def refuse(self, user):
         return self.paste(user, "not-a-token-of-anyone")
@@ -434,6 +465,9 @@ class RunaiDriver(PastedDriver):
     service_label = "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
     service_owner = "svc-gridgate"
     held_state = "Running"
+    backend, module, listing_path = RunaiBackend(), rb_client, "/api/v1/org-unit/projects"
+    secret, secret_env = "runai-SVC-secret-6e5d4c", "GRIDGATE_CRED_RUNAI_CLIENT_SECRET"  # noqa: S105
+    options_call = ("GET", "/api/v1/org-unit/projects")
     resources = {"cpu": 2, "memory": 4, "gpu": 1}
     echoes = True
     credentials = {
@@ -442,7 +476,7 @@ class RunaiDriver(PastedDriver):
     }
 
     def __init__(self, tmp_path):
-        double = RunaiDouble(client_id="gridgate-svc", client_secret="runai-SVC-secret-6e5d4c").start()  # noqa: S106
+        double = RunaiDouble(client_id="gridgate-svc", client_secret=self.secret).start()
         for name, (client_id, secret) in self.credentials.items():
             double.add_client(client_id, secret, f"{name}-subject", f"{name}@example.org")
         self.store = double.workloads
@@ -456,6 +490,9 @@ class RunaiDriver(PastedDriver):
             "host_path": str(volume),
         }
         super().__init__(double, remote)
+
+    def listing(self, session):
+        return rb_client.projects(session)
 
     def refuse(self, user):
         return self.paste(user, self.credentials[user.username][0], "not-the-secret")
@@ -502,18 +539,18 @@ class RunaiDriver(PastedDriver):
 def driver(request, tmp_path, monkeypatch, settings, db):
     """A provider's :class:`Driver`: ``request.param`` names it (an indirect parametrize), else the
     module's ``PROVIDER``."""
-    from apps.backends.firecrest import client as fc_client
-    from apps.backends.qarnot import client as qb_client
-    from apps.backends.runai import client as rb_client
+    yield from driving(getattr(request, "param", None) or request.module.PROVIDER, tmp_path, monkeypatch, settings)
+
+
+def driving(name, tmp_path, monkeypatch, settings):
     from apps.credentials import services as credential_services
 
-    name = getattr(request, "param", None) or request.module.PROVIDER
     settings.GRIDGATE_CREDENTIALS_KEY = [SEALING_KEY]
     monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", "s3cr3t-client-VALUE-42")
-    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", "qarnot-TOKEN-value-9f8e7d")
+    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", FirecrestDriver.secret)
+    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", QarnotDriver.secret)
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-svc")
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "runai-SVC-secret-6e5d4c")
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", RunaiDriver.secret)
     monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
     monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
     monkeypatch.setattr(qb_client, "TIMEOUT", 3)
