@@ -186,6 +186,7 @@ class Driver:
     options_call: tuple = ()  # the double's (method, path) the option's choices are read from
     losses: tuple = ("revoked",)  # ways the provider stops taking a credential
     echoes = False  # the provider's refusals echo the credential
+    secrets_known = 2  # at least this many of the user's secrets by the time a case ran
     service_label = service_owner = ""
     resources: dict = {}  # the pools' one class
     backend = module = None  # the provider's backend and its client.py
@@ -260,6 +261,7 @@ class FirecrestDriver(Driver):
     service_label = "service account (GRIDGATE_CRED_FC_ID)"
     service_owner = "service-account-gridgate-client"
     resources = {"cpu": 1, "memory": 1}
+    secrets_known = 4  # refresh tokens (rotated), access tokens, the PKCE verifier
     backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
     secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
 

@@ -181,7 +181,7 @@ def test_a_connected_users_case_runs_under_their_own_credential(driver, ada, mak
     assert case.status == CaseStatus.DONE, case.last_error
     assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
     assert "hello" in (workspace.case_dir(case.id) / "stdout.log").read_text()
-    assert driver.owner_of(case) == driver.subject(ada)
+    assert driver.jobs() == 1 and driver.owner_of(case) == driver.subject(ada)
     # The identity it ran under, on the case (API, page) and in its history.
     label = driver.label(ada)
     assert case.remote_identity == label
@@ -205,6 +205,7 @@ def test_two_users_cases_on_one_pool_each_run_under_their_own_credential(driver,
         assert driver.double.status_calls()[before:] == [driver.poll_listing] * 2
     mine, theirs = wait_for_terminal(mine, timeout=90), wait_for_terminal(theirs, timeout=90)
     assert mine.status == theirs.status == CaseStatus.DONE
+    assert driver.jobs() == 2
     assert (driver.owner_of(mine), driver.owner_of(theirs)) == (driver.subject(ada), driver.subject(bob))
     assert "ada" in mine.remote_identity and "bob" in theirs.remote_identity
     for case, name in ((mine, "ada"), (theirs, "bob")):
@@ -280,6 +281,7 @@ def test_a_users_credential_never_appears_in_responses_logs_or_the_admin_and_is_
     texts = [page.content.decode() + str(dict(page.items())) for page in pages]
     texts += [caplog.text, ended.last_error, failed.last_error]
     secrets = driver.secrets(ada)
+    assert len(secrets) >= driver.secrets_known
     for text in texts:
         for secret in [*secrets, sealed, SEALING_KEY]:
             assert secret not in text
