@@ -97,10 +97,10 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     """
     from django.db.models import Count
 
-    from apps.backends.models import RemoteConnection
     from apps.backends.registry import backend_class
     from apps.core.exceptions import ServiceError
     from apps.credentials import services as credential_services
+    from apps.credentials.models import RemoteConnection
     from apps.qrmi.selectors import unix_uid_for
     from apps.resources.selectors import run_as_for
     from apps.scheduling.models import Device

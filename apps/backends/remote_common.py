@@ -148,11 +148,13 @@ def safe_relative(key: str) -> str | None:
     return pure.as_posix()
 
 
-def write_atomically(target: Path, data: bytes) -> None:
+def download_atomically(target: Path, fetch) -> None:
+    """``fetch(path)`` writes the file beside ``target``, which it replaces once complete (a
+    reader never sees half of it)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+    fetch(str(tmp))
+    tmp.replace(target)
 
 
 def confined_target(root: Path, rel: str) -> Path | None:

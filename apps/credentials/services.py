@@ -38,9 +38,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
-from apps.backends.models import ConnectionState, RemoteConnection
 from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
 from apps.credentials import oauth, sealing
+from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.remote import SERVICE, USER, credential_mode
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ def identity_for(user, pool) -> RemoteIdentity | None:
     if mode is None:
         return None
     if mode == SERVICE:
-        return RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
+        return _service_identity(pool)
     connection = RemoteConnection.objects.filter(user=user, pool=pool).first()
     return _user_identity(user, pool, connection)
 
@@ -164,9 +164,7 @@ def identities_for(cases) -> dict:
         if mode == USER:
             wanted.append(case)
         else:
-            out[case.id] = (
-                None if mode is None else RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
-            )
+            out[case.id] = None if mode is None else _service_identity(pool)
     if wanted:
         pairs = {(case.owner_id, case.resource_class.pool_id) for case in wanted}
         rows = RemoteConnection.objects.filter(
@@ -179,14 +177,20 @@ def identities_for(cases) -> dict:
     return out
 
 
+def _service_identity(pool) -> RemoteIdentity:
+    return RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
+
+
+def _refusing_identity(user, pool, label: str, key: str, why: str) -> RemoteIdentity:
+    """An identity whose every ``token()`` raises CredentialsRequired: "reconnect at …"."""
+    return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
+
+
 def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIdentity:
     if connection is None:
         why = "does not exist: the pool runs cases under each user's own credentials"
-        return RemoteIdentity(
-            RemoteIdentity.USER,
-            f"user {user.username} (not connected)",
-            key=f"user:{user.pk}:{pool.pk}:none",
-            token=partial(_refuse, _reconnect(user, pool, why)),
+        return _refusing_identity(
+            user, pool, f"user {user.username} (not connected)", f"user:{user.pk}:{pool.pk}:none", why
         )
     label = (
         f"user {user.username} (Qarnot account {connection.subject or 'unknown'})"
@@ -197,10 +201,9 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
     changed = moved(connection, pool)
     if changed:
         why = f"was made for other provider URLs (the pool's {changed} changed since)"
-        return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
+        return _refusing_identity(user, pool, label, key, why)
     if not connection.is_connected:
-        why = f"failed ({connection.failure or 'the provider refused it'})"
-        return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
+        return _refusing_identity(user, pool, label, key, f"failed ({connection.failure or 'the provider refused it'})")
     refused = partial(
         _refused,
         connection.pk,
@@ -221,6 +224,7 @@ def _refuse(message: str, *, fresh: bool = False) -> str:
 
 
 def _api_token(sealed: str, unreadable: str, *, fresh: bool = False) -> str:
+    """A sealed credential opened; a worker that cannot open it fails the call, transiently."""
     try:
         return sealing.unseal(sealed)
     except sealing.SealingUnavailable:
@@ -265,15 +269,7 @@ def _refresh(connection_id: int, generation: int) -> str:
         changed = moved(connection, pool)  # read under the lock: never a refresh token to a new host
         if changed:
             raise CredentialsRequired(_reconnect(user, pool, f"was made for other provider URLs ({changed} changed)"))
-        try:
-            refresh_token = sealing.unseal(connection.sealed_secret)
-        except sealing.SealingUnavailable:
-            raise BackendError(
-                "stored credentials cannot be opened on this worker: GRIDGATE_CREDENTIALS_KEY is not set",
-                transient=True,
-            ) from None
-        except sealing.Unreadable as exc:
-            raise BackendError(f"{_reconnect(user, pool, 'cannot be read')} ({exc})", transient=True) from None
+        refresh_token = _api_token(connection.sealed_secret, _reconnect(user, pool, "cannot be read"))
         try:
             answer = oauth.refresh(pool.remote_config(), refresh_token)
         except oauth.OAuthError as exc:
@@ -395,16 +391,12 @@ def store_api_token(*, user, pool_id, token: str) -> RemoteConnection:
     from apps.backends.qarnot import account_of
 
     pool = _user_pool(user, pool_id, "qarnot")
-    sealing.require()
-    token = (token or "").strip()
-    if not token or len(token) > 4096 or any(ord(char) < 33 for char in token):
-        raise Invalid("Paste the API token exactly as Qarnot's console shows it (one line, no spaces).")
-    try:
-        account = account_of(pool.remote_config(), token)
-    except CredentialsRequired:
-        raise Invalid("Qarnot refused this token: copy it again from your Qarnot account's settings.") from None
-    except BackendError as exc:
-        raise Unavailable(f"Qarnot could not be asked to check the token: {exc}") from None
+    (token,), account = _pasted(
+        pool, [token], 4096, account_of,
+        malformed="Paste the API token exactly as Qarnot's console shows it (one line, no spaces).",
+        refused="Qarnot refused this token: copy it again from your Qarnot account's settings.",
+        unasked="Qarnot could not be asked to check the token",
+    )  # fmt: skip
     return _store(user, pool, token, subject=account, username="", issuer="")
 
 
@@ -418,23 +410,30 @@ def store_access_key(*, user, pool_id, client_id: str, client_secret: str) -> Re
     from apps.backends.runai import account_of
 
     pool = _user_pool(user, pool_id, "runai")
-    sealing.require()
-    client_id, client_secret = (client_id or "").strip(), (client_secret or "").strip()
-    for value in (client_id, client_secret):
-        if not value or len(value) > 1024 or any(ord(char) < 33 for char in value):
-            raise Invalid(
-                "Paste the access key's client ID and client secret exactly as Run:AI showed them (one line each)."
-            )
-    try:
-        subject, username = account_of(pool.remote_config(), client_id, client_secret)
-    except CredentialsRequired:
-        raise Invalid(
-            "Run:AI refused this access key: check the client ID and secret (User settings → Access keys)."
-        ) from None
-    except BackendError as exc:
-        raise Unavailable(f"Run:AI could not be asked to check the access key: {exc}") from None
+    (client_id, client_secret), (subject, username) = _pasted(
+        pool, [client_id, client_secret], 1024, account_of,
+        malformed="Paste the access key's client ID and client secret exactly as Run:AI showed them (one line each).",
+        refused="Run:AI refused this access key: check the client ID and secret (User settings → Access keys).",
+        unasked="Run:AI could not be asked to check the access key",
+    )  # fmt: skip
     secret = json.dumps({"client_id": client_id, "client_secret": client_secret}, sort_keys=True)
     return _store(user, pool, secret, subject=subject, username=username, issuer="")
+
+
+def _pasted(pool, values: list, limit: int, account_of, *, malformed: str, refused: str, unasked: str):
+    """(the pasted ``values`` stripped, ``account_of(remote, *values)``): each value one line of
+    at most ``limit`` characters, then checked at the provider. Refused before anything when
+    nothing could be kept (no sealing key)."""
+    sealing.require()
+    values = [(value or "").strip() for value in values]
+    if any(not value or len(value) > limit or any(ord(char) < 33 for char in value) for value in values):
+        raise Invalid(malformed)
+    try:
+        return values, account_of(pool.remote_config(), *values)
+    except CredentialsRequired:
+        raise Invalid(refused) from None
+    except BackendError as exc:
+        raise Unavailable(f"{unasked}: {exc}") from None
 
 
 def _check_linked_identity(user, issuer: str, subject: str) -> None:

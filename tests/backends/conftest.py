@@ -1,18 +1,33 @@
 """Backends run for real here: local pools use the local backend, Slurm pools the Slurm one,
 FirecREST, Qarnot and Run:AI pools theirs against the HTTP doubles of ``tests/doubles`` (on 127.0.0.1)."""
 
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import time
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from apps.cases import passes
+from apps.backends.firecrest import client as fc_client
+from apps.backends.firecrest.backend import FirecrestBackend
+from apps.backends.qarnot import client as qb_client
+from apps.backends.qarnot.backend import QarnotBackend
+from apps.backends.remote import clear_clients
+from apps.backends.runai import client as rb_client
+from apps.backends.runai.backend import RunaiBackend
+from apps.cases import passes, workspace
+from apps.resources.models import ResourceClass, ResourcePool
 from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
+from tests.doubles.firecrest_server import FirecrestDouble
+from tests.doubles.qarnot_server import QarnotDouble
+from tests.doubles.runai_server import RunaiDouble
 
 
 @pytest.fixture(autouse=True)
@@ -130,3 +145,428 @@ def browser(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+def owned_case(make, user, pool, command, double, owner, *, inputs=None):
+    """A case of ``user`` on ``pool`` whose every provider call the double checks is made as
+    ``owner`` (``expect_owner``), with its inputs written."""
+    case = make(user=user, resource_class=pool.classes.get(), command=command)
+    double.expect_owner(case.id, owner)
+    for name, text in (inputs or {"in.txt": "input\n"}).items():
+        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
+    return case
+
+
+def raw_sealed(connection_id) -> str:
+    """The sealed credential as the database column holds it."""
+    from django.db import connection as db
+
+    with db.cursor() as cursor:
+        cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection_id])
+        return cursor.fetchone()[0]
+
+
+# -- one provider's per-user side, for the contract tests and the provider's own ----------------------
+#: the sealing key of the per-user credential tests
+SEALING_KEY = Fernet.generate_key().decode()
+
+
+class Driver:
+    """One provider's per-user credentials as the tests drive them: its loopback double, which
+    knows ada and bob and checks that every call about a case comes from the case owner's
+    credential (``expect_owner``; the ``driver`` fixture fails the test on any that did not), a
+    per-user pool, the user's connect step, and what the double saw."""
+
+    name = kind = label_word = option = ""
+    choices: tuple = ((), ())  # the option's choices before connecting, and with ada's credential
+    refused_words: tuple = ()  # what the page says when the provider refuses what the user gave
+    lost_words = "was refused by the provider (401: revoked or expired)"  # a launch's words after
+    disconnected: dict = {}  # the API's answer to DELETE /connections/{pool}/
+    poll_listing: str | None = None  # the one listing a poll pass makes per user's credential (R-BACK-4)
+    options_call: tuple = ()  # the double's (method, path) the option's choices are read from
+    losses: tuple = ("revoked",)  # ways the provider stops taking a credential
+    echoes = False  # the provider's refusals echo the credential
+    secrets_known = 2  # at least this many of the user's secrets by the time a case ran
+    service_label = service_owner = ""
+    resources: dict = {}  # the pools' one class
+    backend = module = None  # the provider's backend and its client.py
+    secret = secret_env = ""  # the service credential's secret and its variable
+    listing_path = ""  # the double's path of ``listing``
+
+    def session(self, pool, identity=None):
+        return self.module.Session(pool.remote_config(), identity=identity)
+
+    def token_requests(self) -> int:
+        return sum(1 for _method, path in list(self.double.calls) if "token" in path)
+
+    def __init__(self, double, remote: dict):
+        self.double = double
+        pool = ResourcePool(name=f"{self.name}-users", kind=self.kind, public=True, remote=remote)
+        pool.full_clean()  # valid as written: no "credentials" key means each user's own
+        pool.save()
+        ResourceClass.objects.create(pool=pool, name="node", default=True, **self.resources)
+        self.pool = pool
+
+    def service_pool(self) -> ResourcePool:
+        pool = ResourcePool.objects.create(
+            name=f"{self.name}-service",
+            kind=self.kind,
+            public=True,
+            remote={**self.pool.remote, "credentials": "service"},
+        )
+        ResourceClass.objects.create(pool=pool, name="node", default=True, **self.resources)
+        return pool
+
+    def case(self, make, user, command, *, pool=None):
+        return owned_case(make, user, pool or self.pool, command, self.double, self.account(user))
+
+    def label(self, user) -> str:
+        return f"user {user.username} ({self.label_word} {self.subject(user)})"
+
+    def sealed_opens_to(self, user) -> str:
+        return self.secrets(user)[0]
+
+    # what differs, filled in below
+    def listing(self, session): ...  # one cheap listing
+    def connect(self, user) -> list: ...  # the responses the user saw; the last one followed
+    def offer(self, user): ...  # the first step of connecting, followed
+    def refuse(self, user): ...  # what the user gives is refused by the provider
+    def reconnect(self, user) -> list: ...  # a new working credential
+    def lose(self, user, how: str) -> None: ...  # the provider no longer takes the credential
+    def account(self, user) -> str: ...  # whom ``expect_owner`` names
+    def subject(self, user) -> str: ...  # the connection's subject, and the owner the double records
+    def saved(self, user) -> str: ...  # the page's words once connected
+    def owner_of(self, case) -> str: ...
+    def jobs(self) -> int: ...
+    def secrets(self, user) -> list[str]: ...  # the credential as stored first, then what it gave
+    def alive(self, user) -> bool: ...  # the provider still takes the user's credential
+    def held(self, command) -> str: ...  # ``command``, run once released
+    def running(self, case) -> None: ...  # wait until the provider runs it
+    def release(self, case) -> None: ...
+
+
+class FirecrestDriver(Driver):
+    """FirecREST: the double is also the identity provider; a user connects through its OAuth
+    flow (authorization code + PKCE), the browser played by the Django test client and httpx."""
+
+    name = kind = "firecrest"
+    label_word, option = "subject", "partition"
+    choices = (["debug"], ["debug", "normal", "gpu"])  # not connected: the pool's own partition
+    refused_words = ("Connecting was refused", "Code not valid")
+    lost_words = "has expired or was revoked"
+    disconnected = {
+        "revoked": True,
+        "detail": "Gridgate no longer holds the grant, and the identity provider has revoked it.",
+    }
+    service_label = "service account (GRIDGATE_CRED_FC_ID)"
+    service_owner = "service-account-gridgate-client"
+    resources = {"cpu": 1, "memory": 1}
+    secrets_known = 4  # refresh tokens (rotated), access tokens, the PKCE verifier
+    backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
+    secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
+
+    def __init__(self, tmp_path):
+        double = FirecrestDouble(tmp_path / "hpc", client_secret=self.secret).start()
+        double.add_user("ada")
+        double.add_user("bob")
+        double.partitions = ["debug", "normal", "gpu"]
+        self.poll_listing = f"/compute/{double.system}/jobs"
+        self.options_call = ("GET", f"/status/{double.system}/partitions")
+        super().__init__(double, self.remote(double))
+
+    @staticmethod
+    def remote(double, **extra) -> dict:
+        return {
+            "api_url": double.url,
+            "token_uri": double.token_uri,
+            "authorization_uri": double.authorization_uri,
+            "system_name": double.system,
+            "partition": "debug",
+            "working_root": str(double.fs_root / "scratch"),
+            "client_id_env": "GRIDGATE_CRED_FC_ID",
+            "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
+            **extra,
+        }
+
+    def listing(self, session):
+        return session.call("system listing", "systems")
+
+    def start(self, client, user, login_as=None):
+        self.double.login_as = login_as or user.username
+        start = client.post(f"/connections/{self.pool.pk}/connect/")
+        assert start.status_code == 302, start.content
+        return start
+
+    def connect(self, user, *, login_as=None):
+        """Gridgate → the provider's authorize endpoint (signed in there as ``login_as``) → back."""
+        client = browser(user)
+        start = self.start(client, user, login_as)
+        provider = httpx.get(start["Location"], follow_redirects=False)
+        assert provider.status_code == 302, provider.text
+        back = urlsplit(provider.headers["location"])
+        assert back.path == "/connections/callback/"
+        done = client.get(f"{back.path}?{back.query}", follow=True)
+        assert done.redirect_chain[0][1] == 302
+        return [start, done]
+
+    def offer(self, user):
+        return browser(user).post(f"/connections/{self.pool.pk}/connect/", follow=True)
+
+    def refuse(self, user):
+        client = browser(user)
+        state = parse_qs(urlsplit(self.start(client, user)["Location"]).query)["state"][0]
+        return client.get(f"/connections/callback/?code=made-up&state={state}", follow=True)
+
+    def reconnect(self, user):
+        return self.connect(user)  # a new grant
+
+    def lose(self, user, how):
+        self.double.revoke_user(user.username)  # e.g. an administrator ended the user's sessions
+
+    def account(self, user):
+        return user.username
+
+    def subject(self, user):
+        return self.double.subject_of(user.username)
+
+    def saved(self, user):
+        return f"Connected to {self.pool.name} as {user.username}"
+
+    def owner_of(self, case):
+        return next(job.owner for job in self.double.user_jobs() if job.name == str(case.id))
+
+    def jobs(self):
+        return len(self.double.user_jobs())
+
+    def sealed_opens_to(self, user):
+        (live,) = self.double.live_refresh_tokens(user.username)
+        return live
+
+    def secrets(self, user):
+        subject = self.subject(user)
+        refresh = [t for t, r in self.double.refresh_tokens.items() if r["sub"] == subject]
+        access = [token for token, owner in self.double.token_subjects.items() if owner == subject]
+        return refresh + access + self.double.verifiers
+
+    def alive(self, user):
+        return bool(self.double.live_refresh_tokens(user.username))
+
+    def held(self, command):
+        return f"echo started; while [ ! -e go ]; do sleep 0.1; done; {command}"
+
+    def running(self, case):
+        out = self.double.fs_root / "scratch" / str(case.id) / "stdout"
+        wait_until(out.exists, what="the job to start")
+
+    def release(self, case):
+        (self.double.fs_root / "scratch" / str(case.id) / "work" / "go").write_text("")
+
+
+class PastedDriver(Driver):
+    """Qarnot and Run:AI: a user pastes their own credential on the connections page."""
+
+    path = ""
+    new_credential: tuple = ()
+
+    def paste(self, user, *values):
+        fields = dict(zip(self.fields, values, strict=True))
+        return browser(user).post(f"/connections/{self.pool.pk}/{self.path}/", fields, follow=True)
+
+    def connect(self, user):
+        return [self.offer(user)]
+
+    def offer(self, user):
+        return self.paste(user, *self.credentials[user.username])
+
+    def jobs(self):
+        return len(self.store)
+
+    def owner_of(self, case):
+        return self.store[case.remote_id].owner
+
+    def held(self, command):
+        self.double.hold = {self.held_state}
+        return command
+
+    def release(self, case):
+        self.double.hold = set()
+
+
+class QarnotDriver(PastedDriver):
+    name = kind = "qarnot"
+    label_word, option, path, fields = "Qarnot account", "node_type", "token", ("token",)
+    choices = ([], ["8c-32g-amd-rome", "16c-64g-intel"])  # not connected: the catalogue is per account
+    refused_words = ("Qarnot refused this token",)
+    disconnected = {
+        "revoked": None,  # the user's own token: Gridgate forgets it, the user deletes it at Qarnot
+        "detail": "Gridgate no longer holds the API token; it stays valid at the provider until its owner "
+        "deletes it there.",
+    }
+    service_label = "service account (GRIDGATE_CRED_QARNOT_TOKEN)"
+    service_owner = "gridgate@example.org"
+    held_state = "FullyExecuting"
+    backend, module, listing_path = QarnotBackend(), qb_client, "/profiles"
+    secret, secret_env = "qarnot-TOKEN-value-9f8e7d", "GRIDGATE_CRED_QARNOT_TOKEN"  # noqa: S105
+    options_call = ("GET", "/hardware-constraints")
+    resources = {"cpu": 4, "memory": 8}
+    credentials = {"ada": ("qarnot-ada-PERSONAL-token-1a2b3c",), "bob": ("qarnot-bob-PERSONAL-token-4d5e6f",)}
+
+    def __init__(self, tmp_path):
+        double = QarnotDouble(token=self.secret).start()
+        # moto's buckets are one store per process, shared with the other Qarnot doubles: no limit here.
+        double.user = {"email": "gridgate@example.org", "maxBucket": 100_000, "quotaBytesBucket": 10 << 30}
+        for name, (token,) in self.credentials.items():
+            double.add_account(token, f"{name}@example.org")
+        self.store = double.tasks
+        remote = {"profile": "docker-batch", "cluster_url": double.url, "snapshot_interval": 1, "max_upload_mb": 1}
+        super().__init__(double, remote)
+
+    def listing(self, session):
+        return session.guarded("profile listing", lambda: list(session.conn.profiles_names()))
+
+    def refuse(self, user):
+        return self.paste(user, "not-a-token-of-anyone")
+
+    def reconnect(self, user):
+        self.double.add_account(f"qarnot-{user.username}-NEW-token-777", self.subject(user))
+        return [self.paste(user, f"qarnot-{user.username}-NEW-token-777")]
+
+    def lose(self, user, how):
+        self.double.revoke(self.credentials[user.username][0])  # deleted in Qarnot's console
+        clear_clients()  # a new worker process: no connection kept from before
+
+    def account(self, user):
+        return f"{user.username}@example.org"
+
+    subject = account
+
+    def saved(self, user):
+        return f"Token saved for {self.pool.name} (Qarnot account {self.subject(user)})"
+
+    def secrets(self, user):
+        return [*self.credentials[user.username], f"qarnot-{user.username}-NEW-token-777"]
+
+    def alive(self, user):
+        return self.credentials[user.username][0] in self.double.accounts
+
+    def running(self, case):
+        self.double.wait_state(case.remote_id, {self.held_state})
+
+
+class RunaiDriver(PastedDriver):
+    name = kind = "runai"
+    label_word, option, path, fields = "subject", "node_pool", "access-key", ("client_id", "client_secret")
+    choices = ([], ["default", "a100"])  # not connected: the pool names none; team-a's once connected
+    refused_words = ("Run:AI refused this access key",)
+    disconnected = {
+        "revoked": None,
+        "detail": "Gridgate no longer holds the access key; it stays valid at the provider until its owner "
+        "deletes it there.",
+    }
+    losses = ("revoked", "expired")
+    service_label = "service account (GRIDGATE_CRED_RUNAI_CLIENT_ID)"
+    service_owner = "svc-gridgate"
+    held_state = "Running"
+    backend, module, listing_path = RunaiBackend(), rb_client, "/api/v1/org-unit/projects"
+    secret, secret_env = "runai-SVC-secret-6e5d4c", "GRIDGATE_CRED_RUNAI_CLIENT_SECRET"  # noqa: S105
+    options_call = ("GET", "/api/v1/org-unit/projects")
+    resources = {"cpu": 2, "memory": 4, "gpu": 1}
+    echoes = True
+    credentials = {
+        "ada": ("ada-key", "runai-ada-PERSONAL-secret-1a2b3c"),
+        "bob": ("bob-key", "runai-bob-PERSONAL-secret-4d5e6f"),
+    }
+
+    def __init__(self, tmp_path):
+        double = RunaiDouble(client_id="gridgate-svc", client_secret=self.secret).start()
+        for name, (client_id, secret) in self.credentials.items():
+            double.add_client(client_id, secret, f"{name}-subject", f"{name}@example.org")
+        self.store = double.workloads
+        volume = tmp_path / "volume"
+        volume.mkdir(mode=0o755)
+        remote = {
+            "base_url": double.url,
+            "project": "team-a",
+            "image": "registry.example.org/solver:1.2",
+            "working_root": str(volume),
+            "host_path": str(volume),
+        }
+        super().__init__(double, remote)
+
+    def listing(self, session):
+        return rb_client.projects(session)
+
+    def refuse(self, user):
+        return self.paste(user, self.credentials[user.username][0], "not-the-secret")
+
+    def reconnect(self, user):
+        self.double.echo_credentials = 0
+        client_id, secret = f"{user.username}-key-2", f"runai-{user.username}-RENEWED-secret-7a8b9c"
+        self.double.add_client(client_id, secret, self.subject(user), f"{user.username}@example.org")
+        return [self.paste(user, client_id, secret)]
+
+    def lose(self, user, how):
+        client_id = self.credentials[user.username][0]
+        if how == "revoked":
+            self.double.revoke_client(client_id)  # deleted in Run:AI's user settings; the worker keeps its client
+        else:
+            self.double.expire_client(client_id)
+            self.double.expire_tokens()  # and the last token ran out
+            clear_clients()  # a new worker process
+        self.double.echo_credentials = 10  # the refusals echo the key's secret, which never shows
+
+    def account(self, user):
+        return f"{user.username}-subject"
+
+    subject = account
+
+    def saved(self, user):
+        return f"Access key saved for {self.pool.name} (Run:AI account {user.username}@example.org)"
+
+    def sealed_opens_to(self, user):
+        client_id, secret = self.credentials[user.username]
+        return json.dumps({"client_id": client_id, "client_secret": secret}, sort_keys=True)
+
+    def secrets(self, user):
+        return [self.credentials[user.username][1], f"runai-{user.username}-RENEWED-secret-7a8b9c"]
+
+    def alive(self, user):
+        return self.credentials[user.username][0] in self.double.clients
+
+    def running(self, case):
+        self.double.wait_phase(case.remote_id, {self.held_state})
+
+
+@pytest.fixture
+def driver(request, tmp_path, monkeypatch, settings, db):
+    """A provider's :class:`Driver`: ``request.param`` names it (an indirect parametrize), else the
+    module's ``PROVIDER``."""
+    yield from driving(getattr(request, "param", None) or request.module.PROVIDER, tmp_path, monkeypatch, settings)
+
+
+def driving(name, tmp_path, monkeypatch, settings):
+    from apps.credentials import services as credential_services
+
+    settings.GRIDGATE_CREDENTIALS_KEY = [SEALING_KEY]
+    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
+    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", FirecrestDriver.secret)
+    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", QarnotDriver.secret)
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-svc")
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", RunaiDriver.secret)
+    monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
+    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
+    monkeypatch.setattr(qb_client, "TIMEOUT", 3)
+    monkeypatch.setattr(rb_client, "BACKOFF", 0.01)
+    rb_client._classes.clear()  # the retry policy is built from BACKOFF
+    clear_clients()
+    credential_services.forget_access_tokens()
+    made = {"firecrest": FirecrestDriver, "qarnot": QarnotDriver, "runai": RunaiDriver}[name](tmp_path)
+    yield made
+    made.double.reap()
+    made.double.stop()
+    clear_clients()
+    rb_client._classes.clear()
+    credential_services.forget_access_tokens()
+    # The double refused and recorded every call about a case made with another credential than
+    # its owner's: there must be none.
+    assert made.double.violations == []

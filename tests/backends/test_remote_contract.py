@@ -5,221 +5,108 @@ only what is its own."""
 
 import base64
 import json
-from dataclasses import dataclass, field
+import logging
 from urllib.parse import quote
 
 import pytest
+from cryptography.fernet import Fernet
 
 from apps.backends.base import BackendError, CredentialsRequired, JobRef, RemoteIdentity
-from apps.backends.firecrest import client as fc_client
-from apps.backends.firecrest.backend import FirecrestBackend
-from apps.backends.qarnot import client as qb_client
-from apps.backends.qarnot.backend import QarnotBackend
-from apps.backends.remote import ProviderError, clear_clients
+from apps.backends.remote import ProviderError
 from apps.backends.remote_common import secret_forms
-from apps.backends.runai import client as rb_client
-from apps.backends.runai.backend import RunaiBackend
-from apps.resources.models import ResourcePool
-from tests.doubles.firecrest_server import FirecrestDouble
-from tests.doubles.qarnot_server import QarnotDouble
-from tests.doubles.runai_server import RunaiDouble
+from apps.cases import passes, workspace
+from apps.cases.models import Case, CaseEvent, CaseStatus
+from apps.credentials import services as credential_services
+from apps.credentials.models import ConnectionState, RemoteConnection
+from tests.backends.conftest import SEALING_KEY, browser, driving, raw_sealed, wait_for_terminal
+from tests.cases.conftest import launched
 
 pytestmark = pytest.mark.django_db
 
-FC_SECRET = "s3cr3t-client-VALUE-42"
-QARNOT_TOKEN = "qarnot-TOKEN-value-9f8e7d"
-RUNAI_SECRET = "runai-SVC-secret-6e5d4c"
-
-
-@dataclass
-class Provider:
-    """One provider as the contract sees it: its double, a service pool, one cheap listing."""
-
-    name: str
-    double: object
-    backend: object
-    module: object  # its client.py
-    remote: dict  # the service pool's remote
-    secret: str  # the service credential's secret value
-    secret_env: str
-    listing_path: str  # the double's path of the listing below
-    renews: bool  # a 401 is answered with a fresh token and one more try
-    user_remote: dict = field(default_factory=dict)
-
-    def pool(self, **extra) -> ResourcePool:
-        return ResourcePool.objects.create(name=f"{self.name}-svc", kind=self.name, remote={**self.remote, **extra})
-
-    def session(self, pool, identity=None):
-        return self.module.Session(pool.remote_config(), identity=identity)
-
-    def listing(self, session):
-        if self.name == "firecrest":
-            return session.call("system listing", "systems")
-        if self.name == "qarnot":
-            return session.guarded("profile listing", lambda: list(session.conn.profiles_names()))
-        return rb_client.projects(session)
-
-    def token_requests(self) -> int:
-        return sum(1 for _method, path in list(self.double.calls) if "token" in path)
-
-
-def _firecrest(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", FC_SECRET)
-    monkeypatch.setattr(fc_client, "TIMEOUT", 2.0)
-    double = FirecrestDouble(tmp_path / "hpc", client_secret=FC_SECRET).start()
-    remote = {
-        "api_url": double.url,
-        "token_uri": double.token_uri,
-        "system_name": double.system,
-        "partition": "debug",
-        "working_root": str(double.fs_root / "scratch"),
-        "client_id_env": "GRIDGATE_CRED_FC_ID",
-        "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
-        "credentials": "service",
-    }
-    user_remote = {**remote, "credentials": "user"}
-    return Provider(
-        "firecrest", double, FirecrestBackend(), fc_client, remote, FC_SECRET, "GRIDGATE_CRED_FC_SECRET",
-        "/status/systems", True, user_remote,
-    )  # fmt: skip
-
-
-def _qarnot(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", QARNOT_TOKEN)
-    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
-    monkeypatch.setattr(qb_client, "TIMEOUT", 2)
-    double = QarnotDouble(token=QARNOT_TOKEN).start()
-    remote = {
-        "profile": "docker-batch",
-        "cluster_url": double.url,
-        "token_env": "GRIDGATE_CRED_QARNOT_TOKEN",
-        "credentials": "service",
-    }
-    return Provider(
-        "qarnot", double, QarnotBackend(), qb_client, remote, QARNOT_TOKEN, "GRIDGATE_CRED_QARNOT_TOKEN",
-        "/profiles", False, {**remote, "credentials": "user"},
-    )  # fmt: skip
-
-
-def _runai(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-svc")
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", RUNAI_SECRET)
-    monkeypatch.setattr(rb_client, "BACKOFF", 0.01)
-    monkeypatch.setattr(rb_client, "TIMEOUT", 2)
-    rb_client._classes.clear()  # the retry policy is built from BACKOFF
-    double = RunaiDouble(client_id="gridgate-svc", client_secret=RUNAI_SECRET).start()
-    volume = tmp_path / "volume"
-    volume.mkdir(mode=0o755)
-    remote = {
-        "base_url": double.url,
-        "project": "team-a",
-        "image": "registry.example.org/solver:1.2",
-        "working_root": str(volume),
-        "host_path": str(volume),
-        "client_id_env": "GRIDGATE_CRED_RUNAI_CLIENT_ID",
-        "client_secret_env": "GRIDGATE_CRED_RUNAI_CLIENT_SECRET",
-        "credentials": "service",
-    }
-    return Provider(
-        "runai", double, RunaiBackend(), rb_client, remote, RUNAI_SECRET, "GRIDGATE_CRED_RUNAI_CLIENT_SECRET",
-        "/api/v1/org-unit/projects", True, {**remote, "credentials": "user"},
-    )  # fmt: skip
-
 
 @pytest.fixture(params=["firecrest", "qarnot", "runai"])
-def provider(request, tmp_path, monkeypatch):
-    clear_clients()
-    made = {"firecrest": _firecrest, "qarnot": _qarnot, "runai": _runai}[request.param](tmp_path, monkeypatch)
-    yield made
-    made.double.stop()
-    clear_clients()
-    rb_client._classes.clear()
-
-
-def only(*names):
-    """Skip the providers the rule does not apply to (they say why in their own tests)."""
-
-    def check(provider):
-        if provider.name not in names:
-            pytest.skip(f"{provider.name}: not part of this rule")
-
-    return check
+def driver(request, tmp_path, monkeypatch, settings, db):
+    """Each provider's driver (tests/backends/conftest.py): its double with the service credential
+    in the environment and ada's and bob's accounts, a per-user pool, the user's connect step."""
+    yield from driving(request.param, tmp_path, monkeypatch, settings)
 
 
 # -- R-CRED-1 ------------------------------------------------------------------------------------
-def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(provider, tmp_path):
+def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(driver, tmp_path):
     """Without the case owner's identity (none, or the service's) nothing is sent at all, though
     the service credential is right there in the environment."""
-    calls = len(provider.double.calls)
+    calls = len(driver.double.calls)
     service = RemoteIdentity(RemoteIdentity.SERVICE, "service account", key="service")
     for identity in (None, service):
-        remote_id = "1@cluster" if provider.name == "firecrest" else "w-1"
-        job = JobRef("c1", remote_id, tmp_path, provider.user_remote, identity=identity)
+        remote_id = "1@cluster" if driver.name == "firecrest" else "w-1"
+        job = JobRef("c1", remote_id, tmp_path, driver.pool.remote, identity=identity)
         with pytest.raises(BackendError, match="R-CRED-1"):
-            provider.backend.poll(job)
+            driver.backend.poll(job)
         with pytest.raises(BackendError, match="R-CRED-1"):
-            provider.backend.cancel(job)
-    assert len(provider.double.calls) == calls
+            driver.backend.cancel(job)
+    assert len(driver.double.calls) == calls
 
 
 # -- the 401 rule --------------------------------------------------------------------------------
-def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(provider):
-    only("firecrest", "runai")(provider)
-    session = provider.session(provider.pool())
-    assert provider.listing(session)
-    tokens = provider.token_requests()
-    provider.double.fault(provider.listing_path, status=401, times=1, method="GET")
-    assert provider.listing(session)  # refused, renewed, repeated
-    assert provider.token_requests() == tokens + 1
-    provider.double.fault(provider.listing_path, status=401, times=2, method="GET")
+# Qarnot's API tokens are long-lived: a 401 means the token is gone, nothing to renew.
+@pytest.mark.parametrize("driver", ["firecrest", "runai"], indirect=True)
+def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(driver):
+    session = driver.session(driver.service_pool())
+    assert driver.listing(session)
+    tokens = driver.token_requests()
+    driver.double.fault(driver.listing_path, status=401, times=1, method="GET")
+    assert driver.listing(session)  # refused, renewed, repeated
+    assert driver.token_requests() == tokens + 1
+    driver.double.fault(driver.listing_path, status=401, times=2, method="GET")
     with pytest.raises(ProviderError) as refused:
-        provider.listing(session)
+        driver.listing(session)
     assert refused.value.status == 401
 
 
-def test_a_credential_the_provider_refuses_asks_its_user_to_reconnect(provider, tmp_path):
+# FirecREST's per-user tokens come from the identity provider, which refuses the refresh grant
+# itself (an invalid_grant, not the API's refusal): test_a_lost_credential_… below.
+@pytest.mark.parametrize("driver", ["qarnot", "runai"], indirect=True)
+def test_a_credential_the_provider_refuses_asks_its_user_to_reconnect(driver, tmp_path):
     """A per-user credential refused by the provider itself marks the connection failed (the
     identity's ``refused``) and the call raises CredentialsRequired with its message."""
-    only("qarnot", "runai")(provider)
     marked = []
-    token = json.dumps({"client_id": "nobody", "client_secret": "wrong"}) if provider.name == "runai" else "nobody"
+    token = json.dumps({"client_id": "nobody", "client_secret": "wrong"}) if driver.name == "runai" else "nobody"
     identity = RemoteIdentity(
         RemoteIdentity.USER, "user ada", key="ada", token=lambda fresh=False: token,
         refused=lambda: marked.append(1) or "reconnect at /connections/",
     )  # fmt: skip
-    pool = ResourcePool.objects.create(name="u", kind=provider.name, remote=provider.user_remote)
     with pytest.raises(CredentialsRequired, match="reconnect at /connections/"):
-        provider.listing(provider.session(pool, identity))
+        driver.listing(driver.session(driver.pool, identity))
     assert marked == [1]
 
 
 # -- error facts and scrubbing ---------------------------------------------------------------------
-def test_a_provider_error_carries_its_facts_as_attributes_and_names_the_call(provider):
-    session = provider.session(provider.pool())
-    provider.listing(session)  # signed in
-    provider.double.fault(provider.listing_path, status=404, times=5, method="GET")
+def test_a_provider_error_carries_its_facts_as_attributes_and_names_the_call(driver):
+    session = driver.session(driver.service_pool())
+    driver.listing(session)  # signed in
+    driver.double.fault(driver.listing_path, status=404, times=5, method="GET")
     with pytest.raises(ProviderError) as failed:
-        provider.listing(session)
-    label = provider.module.Session.label
+        driver.listing(session)
+    label = driver.module.Session.label
     assert str(failed.value).startswith(f"{label} ") and " listing failed: " in str(failed.value)
-    assert failed.value.status == 404 or provider.name == "qarnot"  # qarnot's SDK drops a GET's status
+    assert failed.value.status == 404 or driver.name == "qarnot"  # qarnot's SDK drops a GET's status
     assert not failed.value.timeout
 
 
-def test_no_answer_in_time_is_a_transient_timeout(provider):
-    session = provider.session(provider.pool())
-    provider.listing(session)
-    provider.double.fault(provider.listing_path, delay=3.5, times=5, method="GET")
+def test_no_answer_in_time_is_a_transient_timeout(driver, monkeypatch):
+    monkeypatch.setattr(driver.module, "TIMEOUT", 2)
+    session = driver.session(driver.service_pool())
+    driver.listing(session)
+    driver.double.fault(driver.listing_path, delay=3.5, times=5, method="GET")
     with pytest.raises(ProviderError) as late:
-        provider.listing(session)
+        driver.listing(session)
     assert late.value.timeout and late.value.transient
 
 
-def test_every_form_of_a_secret_is_scrubbed_from_every_message_and_log(provider, caplog):
-    session = provider.session(provider.pool())
+def test_every_form_of_a_secret_is_scrubbed_from_every_message_and_log(driver, caplog):
+    session = driver.session(driver.service_pool())
     session.credential()
-    secret = provider.secret
+    secret = driver.secret
     echoed = RuntimeError(
         f"as is {secret}, encoded {quote(secret, safe='')}, json {json.dumps(secret)}, "
         f"basic {base64.b64encode(f'id:{secret}'.encode()).decode()} {base64.b64encode(secret.encode()).decode()}"
@@ -232,31 +119,30 @@ def test_every_form_of_a_secret_is_scrubbed_from_every_message_and_log(provider,
 
 
 # -- doctor ----------------------------------------------------------------------------------------
-def test_doctor_without_a_pool_checks_the_sdk_only(provider):
-    checks = provider.backend.doctor(None)
+def test_doctor_without_a_pool_checks_the_sdk_only(driver):
+    checks = driver.backend.doctor(None)
     assert [(c.name, c.ok) for c in checks] == [("sdk", True), ("pool", True)]
 
 
-def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(provider):
-    checks = provider.backend.doctor(provider.pool())
+def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver):
+    checks = driver.backend.doctor(driver.service_pool())
     assert [c.name for c in checks if not c.ok] == []
     assert ("credentials", True) in [(c.name, c.ok) for c in checks]
-    assert not any(provider.secret in c.message for c in checks)
+    assert not any(driver.secret in c.message for c in checks)
 
 
-def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(provider, monkeypatch):
-    monkeypatch.delenv(provider.secret_env)
-    calls = len(provider.double.calls)
-    checks = provider.backend.doctor(provider.pool())
+def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver, monkeypatch):
+    monkeypatch.delenv(driver.secret_env)
+    calls = len(driver.double.calls)
+    checks = driver.backend.doctor(driver.service_pool())
     assert checks[-1].name == "credentials" and not checks[-1].ok
-    assert provider.secret_env in checks[-1].message
-    assert len(provider.double.calls) == calls
+    assert driver.secret_env in checks[-1].message
+    assert len(driver.double.calls) == calls
 
 
-def test_doctor_of_a_per_user_pool_needs_the_sealing_key(provider, settings):
+def test_doctor_of_a_per_user_pool_needs_the_sealing_key(driver, settings):
     settings.GRIDGATE_CREDENTIALS_KEY = []
-    pool = ResourcePool.objects.create(name="u", kind=provider.name, remote=provider.user_remote)
-    credentials = next(c for c in provider.backend.doctor(pool) if c.name == "credentials")
+    credentials = next(c for c in driver.backend.doctor(driver.pool) if c.name == "credentials")
     assert not credentials.ok and "GRIDGATE_CREDENTIALS_KEY" in credentials.message
 
 
@@ -281,3 +167,250 @@ def test_f18_scrub_covers_every_form_a_provider_echoes_a_secret_in():
     for echo in echoes:
         scrubbed = scrub(f"body: {echo} end", [client, secret])
         assert echo.rstrip("=") not in scrubbed and "***" in scrubbed, (echo, scrubbed)
+
+
+# -- per-user credentials ------------------------------------------------------------------------
+def test_a_connected_users_case_runs_under_their_own_credential(driver, ada, make_case, api):
+    answer = driver.connect(ada)[-1]
+    assert driver.saved(ada) in answer.content.decode()
+    connection = RemoteConnection.objects.get(user=ada, pool=driver.pool)
+    assert connection.subject == driver.subject(ada) and connection.state == ConnectionState.CONNECTED
+    case = launched(driver.case(make_case, ada, "cat in.txt > out.txt; echo hello"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert "hello" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert driver.jobs() == 1 and driver.owner_of(case) == driver.subject(ada)
+    # The identity it ran under, on the case (API, page) and in its history.
+    label = driver.label(ada)
+    assert case.remote_identity == label
+    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["remote_identity"] == label
+    assert f"under {label}" in browser(ada).get(f"/cases/{case.id}/").content.decode()
+    submitted = case.events.get(to_status=CaseStatus.PENDING)
+    assert submitted.message == f"submitted as {case.remote_id} under {label}"
+    events = api(ada).get(f"/api/v1/cases/{case.id}/events/").json()["results"]
+    assert any(label in event["message"] for event in events)
+
+
+def test_two_users_cases_on_one_pool_each_run_under_their_own_credential(driver, ada, bob, make_case):
+    driver.connect(ada)
+    driver.connect(bob)
+    mine = launched(driver.case(make_case, ada, "echo ada > who.txt"))
+    theirs = launched(driver.case(make_case, bob, "echo bob > who.txt"))
+    assert mine.status == theirs.status == CaseStatus.PENDING
+    if driver.poll_listing:  # R-BACK-4 per credential: one listing per user (each shows only their jobs)
+        before = len(driver.double.status_calls())
+        passes.poll_pass(case_ids=[mine.id, theirs.id])
+        assert driver.double.status_calls()[before:] == [driver.poll_listing] * 2
+    mine, theirs = wait_for_terminal(mine, timeout=90), wait_for_terminal(theirs, timeout=90)
+    assert mine.status == theirs.status == CaseStatus.DONE
+    assert driver.jobs() == 2
+    assert (driver.owner_of(mine), driver.owner_of(theirs)) == (driver.subject(ada), driver.subject(bob))
+    assert "ada" in mine.remote_identity and "bob" in theirs.remote_identity
+    for case, name in ((mine, "ada"), (theirs, "bob")):
+        assert (workspace.case_dir(case.id) / "results" / "who.txt").read_text() == f"{name}\n"
+
+
+def test_a_credential_the_provider_refuses_is_not_kept(driver, ada):
+    answer = driver.refuse(ada).content.decode()
+    assert all(words in answer for words in driver.refused_words), answer
+    assert not RemoteConnection.objects.exists()
+
+
+def test_launch_without_a_connection_is_refused_naming_the_connections_page(driver, ada, make_case, api):
+    case = driver.case(make_case, ada, "true")
+    response = api(ada).post(f"/api/v1/cases/{case.id}/launch/", {}, format="json")
+    assert response.status_code == 403
+    assert "connect it first at /connections/" in response.json()["detail"]
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+    assert driver.jobs() == 0
+
+
+def test_service_account_pools_run_under_the_service_credential_as_before(driver, ada, make_case):
+    pool = driver.service_pool()
+    case = launched(make_case(user=ada, resource_class=pool.classes.get(), command="true"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    assert case.remote_identity == driver.service_label
+    assert driver.owner_of(case) == driver.service_owner
+    assert credential_services.identity_for(ada, pool).mode == "service"
+    assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
+    assert not RemoteConnection.objects.exists()
+    assert "authorization_code" not in getattr(driver.double, "grants", [])  # no user signed in
+
+
+def test_a_users_credential_never_appears_in_responses_logs_or_the_admin_and_is_stored_sealed(
+    driver, ada, make_case, api, admin_client, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    connected = driver.connect(ada)
+    connection = RemoteConnection.objects.get(user=ada)
+    credential_services.forget_access_tokens()  # a worker without an access token: it refreshes
+    case = wait_for_terminal(launched(driver.case(make_case, ada, "echo out")), timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    ended = wait_for_terminal(launched(driver.case(make_case, ada, "echo out; exit 2")), timeout=90)
+    assert ended.status == CaseStatus.FAILED and ended.last_error
+    sealed = raw_sealed(connection.pk)
+    assert sealed.startswith("gAAAAA")
+    assert Fernet(SEALING_KEY).decrypt(sealed.encode()).decode() == driver.sealed_opens_to(ada)
+    # Once the provider no longer takes it, a launch fails saying where to reconnect.
+    driver.lose(ada, "revoked")
+    credential_services.forget_access_tokens()
+    failed = launched(driver.case(make_case, ada, "true"))
+    assert failed.status == CaseStatus.FAILED, failed.last_error
+    assert driver.lost_words in failed.last_error and "reconnect at /connections/" in failed.last_error
+    assert RemoteConnection.objects.get(user=ada).state == ConnectionState.FAILED
+
+    pages = [
+        *connected,
+        browser(ada).get("/connections/"),
+        api(ada).get("/api/v1/connections/"),
+        api(ada).get(f"/api/v1/connections/{driver.pool.pk}/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/"),
+        api(ada).get(f"/api/v1/cases/{case.id}/events/"),
+        api(ada).get(f"/api/v1/cases/{failed.id}/"),
+        api(ada).get(f"/api/v1/cases/{failed.id}/events/"),
+        api(ada).get("/api/schema/"),
+        admin_client.get("/admin/credentials/remoteconnection/"),
+        admin_client.get(f"/admin/credentials/remoteconnection/{connection.pk}/change/"),
+        admin_client.get(f"/admin/cases/case/{case.id}/change/"),
+    ]
+    assert all(page.status_code in (200, 302) for page in pages)
+    assert "sealed_secret" not in pages[-4].content.decode()  # not in the OpenAPI schema either
+    texts = [page.content.decode() + str(dict(page.items())) for page in pages]
+    texts += [caplog.text, ended.last_error, failed.last_error]
+    secrets = driver.secrets(ada)
+    assert len(secrets) >= driver.secrets_known
+    for text in texts:
+        for secret in [*secrets, sealed, SEALING_KEY]:
+            assert secret not in text
+
+
+def test_a_connected_user_chooses_among_the_options_their_own_account_sees(driver, ada, bob, api):
+    from apps.backends.services import check_launch_options
+    from apps.core.exceptions import Invalid
+
+    url = f"/api/v1/resource-classes/{driver.pool.classes.get().pk}/launch-options/"
+
+    def choices(user):
+        (option,) = [o for o in api(user).get(url).json()["options"] if o["key"] == driver.option]
+        return [choice["value"] for choice in option["choices"]]
+
+    unconnected, connected = driver.choices
+    assert choices(ada) == unconnected
+    driver.connect(ada)
+    asked = len(driver.double.calls)
+    assert choices(ada) == connected  # asked under ada's own credential
+    assert driver.options_call in driver.double.calls[asked:]
+    assert choices(bob) == unconnected  # ada's answer (cached for her) is not bob's
+    resource_class, chosen = driver.pool.classes.get(), {driver.option: connected[-1]}
+    assert check_launch_options(resource_class, chosen, ada) == chosen
+    with pytest.raises(Invalid, match=f"one of {unconnected[0]}" if unconnected else "none can be offered right now"):
+        check_launch_options(resource_class, chosen, bob)
+    RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED)
+    assert choices(ada) == unconnected  # a failed connection asks nothing
+
+
+def poll_once(case):
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    return case
+
+
+@pytest.mark.parametrize(
+    "driver,how",
+    [("firecrest", "revoked"), ("qarnot", "revoked"), ("runai", "revoked"), ("runai", "expired")],
+    indirect=["driver"],
+)
+def test_a_lost_credential_makes_polls_wait_and_reconnecting_resumes_them(driver, how, ada, make_case, api):
+    """Polls keep the case as it is (no failure counted) and say, once, that the owner must
+    reconnect; launches are refused up front and cancels wait, and the credential never shows
+    (though a refusal may echo it). Reconnecting makes the case due at once and it ends done,
+    the same job."""
+    driver.connect(ada)
+    case = launched(driver.case(make_case, ada, driver.held("cat in.txt > out.txt; echo done")))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.running(case)
+    assert poll_once(case).status == CaseStatus.RUNNING
+    driver.lose(ada, how)
+    for _ in range(2):  # refused, then known failed
+        poll_once(case)
+    notes = case.events.filter(kind=CaseEvent.Kind.NOTE, message__startswith="waiting for its owner")
+    said = notes.count()
+    poll_once(case)
+    assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
+    assert case.status_message.startswith("waiting for its owner to reconnect")
+    assert "reconnect at /connections/" in case.status_message
+    assert notes.count() == said and notes.filter(message=case.status_message).count() == 1  # not at every poll
+    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["status_message"] == case.status_message
+    connection = RemoteConnection.objects.get(user=ada)
+    assert connection.state == ConnectionState.FAILED
+    assert not driver.echoes or driver.double.echo_credentials < 10  # a refusal echoed the secret
+    texts = [case.status_message, case.last_error, connection.failure]
+    texts += [event.message for event in case.events.all()]
+    texts += [api(ada).get(f"/api/v1/cases/{case.id}/").content.decode()]
+    assert not [text for text in texts for secret in driver.secrets(ada) if secret in text]
+    # Now that the failure is known, a launch is refused up front with the same advice (403).
+    third = driver.case(make_case, ada, "true")
+    refused = api(ada).post(f"/api/v1/cases/{third.id}/launch/", {}, format="json")
+    assert refused.status_code == 403 and refused.json()["connect_url"] == "/connections/"
+    assert "reconnect at /connections/" in refused.json()["detail"]
+    # Only the owner's own credential may act on their job: a cancel waits for the reconnect too.
+    cancel = api(ada).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert cancel.status_code == 409 and "until its owner reconnects" in cancel.json()["detail"]
+    case.refresh_from_db()
+    assert case.status == CaseStatus.RUNNING
+    waiting_until = case.next_poll_at
+
+    assert driver.saved(ada) in driver.reconnect(ada)[-1].content.decode()
+    assert RemoteConnection.objects.get(user=ada).state == ConnectionState.CONNECTED
+    case.refresh_from_db()
+    assert case.next_poll_at < waiting_until  # made due at once, not at the end of the back-off
+    driver.release(case)
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE and case.status_message == "", case.last_error
+    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
+    assert "done" in (workspace.case_dir(case.id) / "stdout.log").read_text()
+    assert driver.jobs() == 1  # the same job, not a new one
+
+
+def test_without_the_sealing_key_connecting_is_refused_with_a_clear_message_and_the_app_still_starts(
+    driver, ada, api, settings
+):
+    from django.core.management import call_command
+
+    settings.GRIDGATE_CREDENTIALS_KEY = []
+    call_command("check")  # the site starts without it
+    page = browser(ada).get("/connections/")
+    assert page.status_code == 200 and "GRIDGATE_CREDENTIALS_KEY" in page.content.decode()
+    calls = len(driver.double.calls)
+    answer = driver.offer(ada).content.decode()
+    assert "the operators have not set GRIDGATE_CREDENTIALS_KEY" in answer
+    assert len(driver.double.calls) == calls and getattr(driver.double, "grants", []) == []  # nothing asked
+    assert not RemoteConnection.objects.exists()
+    assert browser(ada).get("/").status_code == 200
+    assert api(ada).get("/api/v1/connections/").status_code == 200
+
+
+def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob, api):
+    """Disconnecting forgets the credential; a FirecREST grant is revoked at the identity provider
+    (RFC 7009), a pasted one stays valid there until its owner deletes it, as the answer says."""
+    driver.connect(ada)
+    driver.connect(bob)
+    (row,) = api(ada).get("/api/v1/connections/").json()
+    assert row["pool"] == driver.pool.pk and row["state"] == "connected"
+    assert row["subject"] == driver.subject(ada) and row["connect_url"] == "/connections/"
+    assert set(row) == {
+        "pool", "pool_name", "kind", "state", "subject", "connected_at", "last_refreshed_at", "failed_at",
+        "failure", "connect_url",
+    }  # fmt: skip
+    answer = api(ada).delete(f"/api/v1/connections/{driver.pool.pk}/")
+    assert answer.status_code == 200 and answer.json() == driver.disconnected
+    revoked = driver.disconnected["revoked"]
+    assert driver.alive(ada) is not revoked  # the provider's session is over, or left to its owner
+    assert getattr(driver.double, "revocations", []) == (["refresh_token"] if revoked else [])
+    assert api(ada).delete(f"/api/v1/connections/{driver.pool.pk}/").status_code == 404
+    assert api(ada).get("/api/v1/connections/").json()[0]["state"] == "not_connected"
+    assert driver.alive(bob) and RemoteConnection.objects.filter(user=bob).exists()  # bob's is untouched

@@ -432,6 +432,12 @@ def test_a_runai_pool_without_image_or_volume_says_it_cannot_run_cases_yet(doubl
     assert "no working directory" in case_readiness(pool).message
 
 
+def test_a_per_user_runai_pool_names_its_project():
+    pool = ResourcePool(name="p", kind="runai", remote={"base_url": "https://runai.example.org"})
+    with pytest.raises(Exception, match="'project' is required for per-user credentials"):
+        pool.full_clean()
+
+
 def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_api_or_admin(
     r_pool, make_case, double, caplog, api, owner, admin_client
 ):

@@ -10,7 +10,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.backends.models import RemoteConnection
+from apps.credentials.models import RemoteConnection
 from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Device

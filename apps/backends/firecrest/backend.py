@@ -46,7 +46,14 @@ from apps.backends.base import (
 from apps.backends.firecrest.client import ProviderError, Session, _sdk
 from apps.backends.firecrest.doctor import FirecrestDoctor
 from apps.backends.remote import RemoteSession
-from apps.backends.remote_common import LIVE_MAX_BYTES, confined_target, glob_matches, load_state, save_state
+from apps.backends.remote_common import (
+    LIVE_MAX_BYTES,
+    confined_target,
+    download_atomically,
+    glob_matches,
+    load_state,
+    save_state,
+)
 from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
 
 logger = logging.getLogger(__name__)
@@ -95,6 +102,11 @@ def _exit_code(value) -> int | None:
         return None
 
 
+def time_option() -> LaunchOption:
+    """A new one each time: a class pins its own choices into it (``sbatch.pin_class_time``)."""
+    return LaunchOption("time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00")
+
+
 def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
     job_id, sep, system = str(remote_id).partition("@")
     return job_id, (system if sep and system else default_system)
@@ -105,16 +117,16 @@ class FirecrestBackend(FirecrestDoctor):
     kinds = ("firecrest",)
     session_class = Session
 
+    def session(self, ref: SubmitSpec | JobRef) -> Session:
+        """A submission's system is its class's override, else the pool's; a job's is in its id."""
+        if isinstance(ref, SubmitSpec):
+            return Session(ref.pool_remote, ref.environment.get("RSC_FIRECREST_SYSTEM_NAME"), ref.identity)
+        session = Session(ref.pool_remote, identity=ref.identity)
+        session.system = split_remote_id(ref.remote_id, session.system)[1]
+        return session
+
     # -- submission --------------------------------------------------------------------------
-    def _session(self, spec: SubmitSpec) -> Session:
-        system = spec.environment.get("RSC_FIRECREST_SYSTEM_NAME")  # class override, else pool
-        return Session(spec.pool_remote, system, spec.identity)
-
-    def find(self, spec: SubmitSpec) -> str | None:
-        session = self._session(spec)
-        return self._find(session, spec.case_id)
-
-    def _find(self, session: Session, case_id: str) -> str | None:
+    def find_in(self, session: Session, case_id: str) -> str | None:
         firecrest, _ = _sdk()
 
         def lookup(client):
@@ -193,10 +205,7 @@ class FirecrestBackend(FirecrestDoctor):
         )  # fmt: skip
         return target
 
-    def submit(self, spec: SubmitSpec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
-        session = self._session(spec)
+    def submit_as(self, session: Session, spec: SubmitSpec) -> str:
         rdir = session.run_dir(spec.case_id)
         work = posixpath.join(rdir, "work")
         script = self.job_script(spec, rdir)  # validates launch options before anything is sent
@@ -217,7 +226,7 @@ class FirecrestBackend(FirecrestDoctor):
             if not exc.maybe_done:
                 raise
             # The request may have reached Slurm: adopt the job if it is there (R-CASE-1).
-            find = lambda: self._find(session, spec.case_id)  # noqa: E731
+            find = lambda: self.find_in(session, spec.case_id)  # noqa: E731
             pause = FIND_AFTER_TIMEOUT_SLEEP
             return self.adopt_or_uncertain(find, exc, spec, "job", attempts=FIND_AFTER_TIMEOUT_ATTEMPTS, pause=pause)
         job_id = str(answer.get("jobId") or "")
@@ -235,9 +244,7 @@ class FirecrestBackend(FirecrestDoctor):
     def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
         groups: dict[tuple, tuple[Session, list[JobRef]]] = {}
         for job in jobs:
-            session = Session(job.pool_remote, identity=job.identity)
-            _job_id, system = split_remote_id(job.remote_id, session.system)
-            session.system = system
+            session = self.session(job)
             groups.setdefault(session.group_key, (session, []))[1].append(job)
         out: dict[str, BackendState | Exception] = {}
         for session, group in groups.values():
@@ -368,8 +375,7 @@ class FirecrestBackend(FirecrestDoctor):
                     yield rel, entry
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
-        session = Session(job.pool_remote, identity=job.identity)
-        session.system = split_remote_id(job.remote_id, session.system)[1]
+        session = self.session(job)
         work = posixpath.join(session.run_dir(job.case_id), "work")
         live = job.workspace / "live"
         seen = load_state(job.workspace, STATE_DIR, "live.json")
@@ -394,8 +400,7 @@ class FirecrestBackend(FirecrestDoctor):
         save_state(job.workspace, STATE_DIR, "live.json", seen)
 
     def fetch_final(self, job: JobRef) -> None:
-        session = Session(job.pool_remote, identity=job.identity)
-        session.system = split_remote_id(job.remote_id, session.system)[1]
+        session = self.session(job)
         work = posixpath.join(session.run_dir(job.case_id), "work")
         manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
@@ -413,13 +418,13 @@ class FirecrestBackend(FirecrestDoctor):
             self._download(session, posixpath.join(work, rel), target)
 
     def _download(self, session: Session, source: str, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
+        def fetch(tmp: str):
+            session.call(f"download of {source}", "download", session.system, source, tmp)
+
         try:
-            session.call(f"download of {source}", "download", session.system, source, str(tmp))
+            download_atomically(target, fetch)
         except FileNotFoundError:
             raise BackendError(f"{source} vanished during the download") from None
-        tmp.replace(target)
 
     # -- cancel --------------------------------------------------------------------------------
     def cancel(self, job: JobRef) -> None:
@@ -427,8 +432,8 @@ class FirecrestBackend(FirecrestDoctor):
         with 500 and scancel's message ("Job/step already completing or complete", "Invalid job
         id specified"), older ones with 404: the job's state then decides whether it had already
         ended (R-CASE-6); its output is not read here, so the next poll still brings all of it."""
-        session = Session(job.pool_remote, identity=job.identity)
-        job_id, session.system = split_remote_id(job.remote_id, session.system)
+        session = self.session(job)
+        job_id = split_remote_id(job.remote_id, session.system)[0]
         try:
             session.call(f"cancel of job {job_id}", "cancel_job", session.system, job_id)
             return
@@ -444,8 +449,7 @@ class FirecrestBackend(FirecrestDoctor):
     def purge(self, job: JobRef) -> None:
         """``<working_root>/<case id>`` goes (SPEC §8, ``manage.py cleanup``). Idempotent: when
         the removal is refused, a stat that answers 404 means it was already gone."""
-        session = Session(job.pool_remote, identity=job.identity)
-        session.system = split_remote_id(job.remote_id, session.system)[1]
+        session = self.session(job)
         rdir = session.run_dir(job.case_id)
         try:
             session.call(f"removal of {rdir}", "rm", session.system, rdir)
@@ -458,31 +462,18 @@ class FirecrestBackend(FirecrestDoctor):
             raise exc from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool, identity=None) -> LaunchOptions:
-        time_option = LaunchOption(
-            "time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00"
-        )
-        session = Session(pool.remote_config() if pool is not None else {}, identity=identity)
+    def fixed_options(self, session: Session) -> list[LaunchOption]:
+        """The pool's own partition (a class's is pinned later) and the time limits."""
         configured = session.remote.get("partition")
-        if session.per_user and identity is None:
-            # No service account to ask with: until the user connects, the pool's own partition
-            # (and a class's, pinned later) is what may be chosen.
-            fallback = [Choice(configured, configured)] if configured else []
-            return LaunchOptions(options=[LaunchOption("partition", "Partition", fallback, configured), time_option])
-        try:
-            partitions = session.call("partition listing", "partitions", session.system)
-        except BackendError as exc:
-            fallback = [Choice(configured, configured)] if configured else []
-            return LaunchOptions(
-                options=[LaunchOption("partition", "Partition", fallback, configured), time_option],
-                degraded=True,
-                message=str(exc),
-            )
+        fallback = [Choice(configured, configured)] if configured else []
+        return [LaunchOption("partition", "Partition", fallback, configured), time_option()]
+
+    def asked_options(self, session: Session) -> list[LaunchOption]:
+        configured = session.remote.get("partition")
+        partitions = session.call("partition listing", "partitions", session.system)
         names = [str(p.get("name")) for p in partitions or [] if p.get("name")]
         default = configured if configured in names else (names[0] if names else configured)
-        return LaunchOptions(
-            options=[LaunchOption("partition", "Partition", [Choice(n, n) for n in names], default), time_option]
-        )
+        return [LaunchOption("partition", "Partition", [Choice(n, n) for n in names], default), time_option()]
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)

@@ -57,15 +57,16 @@ from apps.backends.base import (
     Choice,
     JobRef,
     LaunchOption,
-    LaunchOptions,
     SubmitDeferred,
     SubmitSpec,
 )
 from apps.backends.qarnot.client import MB, Session, _sdk, describe
 from apps.backends.qarnot.doctor import QarnotDoctor
+from apps.backends.remote.backend import state_map
 from apps.backends.remote_common import (
     LIVE_MAX_BYTES,
     confined_target,
+    download_atomically,
     glob_matches,
     globs_to_regex,
     load_state,
@@ -106,9 +107,7 @@ MAX_RANKS = 1024
 MAX_THREADS = 256
 
 
-def map_state(raw) -> str:
-    """Qarnot task state → BackendStatus; an unknown state is pending, never a failure."""
-    return STATES.get(str(raw or ""), BackendStatus.PENDING)
+map_state = state_map(STATES)
 
 
 def bucket_names(case_id: str) -> tuple[str, str]:
@@ -148,10 +147,7 @@ class QarnotBackend(QarnotDoctor):
     kinds = ("qarnot",)
 
     # -- submission --------------------------------------------------------------------------
-    def find(self, spec: SubmitSpec) -> str | None:
-        return self._find(Session(spec.pool_remote, spec.identity), spec.case_id)
-
-    def _find(self, session: Session, case_id: str) -> str | None:
+    def find_in(self, session: Session, case_id: str) -> str | None:
         with session.guard("task lookup"):
             for task in session.conn.all_tasks(summary=False, tags=[case_tag(case_id)]):
                 if task.name == case_id and task.uuid:
@@ -271,10 +267,7 @@ class QarnotBackend(QarnotDoctor):
             md5s[key] = hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
         return md5s
 
-    def submit(self, spec: SubmitSpec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
-        session = Session(spec.pool_remote, spec.identity)
+    def submit_as(self, session: Session, spec: SubmitSpec) -> str:
         scheduling = self._scheduling(spec.launch_options)  # unknown value: fails before any upload
         plan = self.plan(session, spec)
         constraints = self._constraints(session, spec)
@@ -303,11 +296,9 @@ class QarnotBackend(QarnotDoctor):
             if isinstance(exc, _sdk().exceptions.MaxTaskException):
                 # 403 "maximum number of tasks reached": nothing was created; temporary.
                 raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
-            # Refused outright (4xx): nothing was created. Otherwise (no answer, a timeout, 429,
-            # 5xx, or a failure after the task was accepted) the task may exist: adopt it.
-            if status is not None and 400 <= status < 500 and status != 429:
-                raise BackendError(error) from None
-            return self.adopt_or_uncertain(lambda: task.uuid or self._find(session, spec.case_id), error, spec, "task")
+            # A failure after the task was accepted (no status recorded) may have created it too.
+            find = lambda: task.uuid or self.find_in(session, spec.case_id)  # noqa: E731
+            return self.refused_or_adopted(BackendError(error), status, find, spec, "task")
         try:
             with session.guard("periodic snapshot"):
                 # After submit, with the whitelist passed explicitly: called before submit the SDK
@@ -372,7 +363,7 @@ class QarnotBackend(QarnotDoctor):
             return session.conn.retrieve_task(uuid)
 
     def poll(self, job: JobRef) -> BackendState:
-        session = Session(job.pool_remote, job.identity)
+        session = self.session(job)
         task = self._task(session, job.remote_id)
         status = map_state(task.state)
         fresh_out = fresh_err = ""
@@ -428,15 +419,15 @@ class QarnotBackend(QarnotDoctor):
                 yield from page.get("Contents", []) or []
 
     def _get(self, session: Session, bucket: str, key: str, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        with session.guard(f"download of {key}"):
-            session.s3.download_file(bucket, key, str(tmp))
-        tmp.replace(target)
+        def fetch(tmp: str):
+            with session.guard(f"download of {key}"):
+                session.s3.download_file(bucket, key, tmp)
+
+        download_atomically(target, fetch)
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         """Only new or changed whitelisted objects (by ETag) come down while the task runs."""
-        session = Session(job.pool_remote, job.identity)
+        session = self.session(job)
         _in, out_name = bucket_names(job.case_id)
         live = job.workspace / "live"
         seen = load_state(job.workspace, STATE_DIR, "live.json")
@@ -456,7 +447,7 @@ class QarnotBackend(QarnotDoctor):
 
     def fetch_final(self, job: JobRef) -> None:
         """The case's own results bucket only: never the shared inputs, never unchanged inputs."""
-        session = Session(job.pool_remote, job.identity)
+        session = self.session(job)
         _in, out_name = bucket_names(job.case_id)
         manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
@@ -476,7 +467,7 @@ class QarnotBackend(QarnotDoctor):
         "Invalid operation on non-running task", ``UnauthorizedException``): the task's state,
         read again, says whether it had ended (R-CASE-6); the message is never parsed."""
         qarnot = _sdk()
-        session = Session(job.pool_remote, job.identity)
+        session = self.session(job)
         task = self._task(session, job.remote_id)
         try:
             task.abort()
@@ -495,7 +486,7 @@ class QarnotBackend(QarnotDoctor):
         """The case's buckets (inputs, results) and its task record; a campaign's shared bucket
         serves other cases and stays. Idempotent: what is already gone is skipped."""
         qarnot = _sdk()
-        session = Session(job.pool_remote, job.identity)
+        session = self.session(job)
         for name in bucket_names(job.case_id):
             if not self._bucket_exists(session, name):
                 continue
@@ -518,33 +509,24 @@ class QarnotBackend(QarnotDoctor):
                 raise
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool, identity=None) -> LaunchOptions:
-        """Never raises: scheduling choices are static; node types need the catalogue, and when
-        it cannot be read the answer is degraded (and therefore not cached, R-BACK-2)."""
-        scheduling = LaunchOption(
-            "scheduling", "Scheduling", [Choice(v, v) for v in SCHEDULING.values()], default="Flex"
-        )
-        # R-BACK-3: ranks × threads size the core constraint; declared as ranges (R-BACK-6).
-        ranks = LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS)
-        threads = LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS)
-        try:
-            session = Session(pool.remote_config() if pool is not None else {}, identity)
-            if session.per_user and identity is None:
-                # The catalogue is per account: until the user connects, no node type is offered
-                # (the core constraint still applies).
-                return LaunchOptions(options=[scheduling, LaunchOption("node_type", "Node type", []), ranks, threads])
-            hw = _sdk().hardware_constraint
-            catalogue = self._catalogue(session)
-        except Exception as exc:
-            return LaunchOptions(
-                options=[scheduling, LaunchOption("node_type", "Node type", [], None), ranks, threads],
-                degraded=True,
-                message=str(exc) if isinstance(exc, BackendError) else f"Qarnot could not be asked: {describe(exc)}",
-            )
-        keys = [c._specification_key for c in catalogue if isinstance(c, hw.SpecificHardware)]
-        return LaunchOptions(
-            options=[scheduling, LaunchOption("node_type", "Node type", [Choice(k, k) for k in keys]), ranks, threads]
-        )
+    def fixed_options(self, session: Session, *, node_types=()) -> list[LaunchOption]:
+        """Scheduling choices are static; node types come from the catalogue, which is per account
+        (none offered until the user of a per-user pool connects: the core constraint still
+        applies). R-BACK-3: ranks × threads size the core constraint, as ranges (R-BACK-6)."""
+        return [
+            LaunchOption("scheduling", "Scheduling", [Choice(v, v) for v in SCHEDULING.values()], default="Flex"),
+            LaunchOption("node_type", "Node type", [Choice(k, k) for k in node_types]),
+            LaunchOption("ranks", "MPI ranks", [], None, minimum=1, maximum=MAX_RANKS),
+            LaunchOption("threads", "Threads per rank", [], None, minimum=1, maximum=MAX_THREADS),
+        ]
+
+    def asked_options(self, session: Session) -> list[LaunchOption]:
+        hw = _sdk().hardware_constraint
+        keys = [c._specification_key for c in self._catalogue(session) if isinstance(c, hw.SpecificHardware)]
+        return self.fixed_options(session, node_types=keys)
+
+    def unasked(self, exc: Exception) -> str:
+        return describe(exc)
 
 
 def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:

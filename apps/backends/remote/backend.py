@@ -1,4 +1,6 @@
-"""The part of a remote provider's backend written once: the ``doctor`` skeleton (R-BACK-5).
+"""The part of a remote provider's backend written once: a session per submission or job, the
+``find``/``submit`` entry, what a failed submission means, the launch form's fallbacks (R-BACK-2)
+and the ``doctor`` skeleton (R-BACK-5).
 
 ``doctor`` is SDK version → a pool configured? → the pool's own settings → the credential
 (per-user: what users need to connect; service: the environment variables, then a client, which
@@ -12,10 +14,16 @@ from __future__ import annotations
 import logging
 import time
 
-from apps.backends.base import BackendError, Check, ExecutionBackend, SubmitUncertain
+from apps.backends.base import BackendError, BackendStatus, Check, ExecutionBackend, LaunchOptions, SubmitUncertain
 from apps.backends.remote.session import RemoteSession
 
 logger = logging.getLogger(__name__)
+
+
+def state_map(states: dict):
+    """The provider's state word → BackendStatus through ``states``; an unknown word is pending,
+    never a failure (the core never moves a running case back)."""
+    return lambda raw: states.get(str(raw or ""), BackendStatus.PENDING)
 
 
 class Doctor(list):
@@ -63,7 +71,61 @@ class RemoteBackend(ExecutionBackend):
         """The provider's own listings (systems, profiles, projects…) under the service credential."""
         raise NotImplementedError
 
-    # -- submission ---------------------------------------------------------------------------
+    def find_in(self, session, case_id: str) -> str | None:  # pragma: no cover - every provider fills it
+        """The remote id of the job named after ``case_id``, or None."""
+        raise NotImplementedError
+
+    def submit_as(self, session, spec) -> str:  # pragma: no cover
+        """Upload, create the job, return its remote id."""
+        raise NotImplementedError
+
+    def fixed_options(self, session) -> list:  # pragma: no cover
+        """The launch options that need no provider call."""
+        raise NotImplementedError
+
+    def asked_options(self, session) -> list:  # pragma: no cover
+        """The launch options as the provider answers them under the session's credential."""
+        raise NotImplementedError
+
+    # -- written once -----------------------------------------------------------------------------
+    def session(self, ref) -> RemoteSession:
+        """The session of a :class:`SubmitSpec` or :class:`JobRef`: its pool's remote, its owner's identity."""
+        return self.session_class(ref.pool_remote, identity=ref.identity)
+
+    def find(self, spec) -> str | None:
+        return self.find_in(self.session(spec), spec.case_id)
+
+    def submit(self, spec) -> str:
+        if not spec.command.strip():
+            raise BackendError("the case has no command to run")
+        return self.submit_as(self.session(spec), spec)
+
+    def launch_options(self, pool, identity=None) -> LaunchOptions:
+        """Never raises. Until the user of a per-user pool connects there is no credential to ask
+        with: the fixed options; when the provider cannot be asked, the answer is degraded to them
+        (and therefore not cached, R-BACK-2)."""
+        session = self.session_class(pool.remote_config() if pool is not None else {}, identity=identity)
+        if session.per_user and identity is None:
+            return LaunchOptions(options=self.fixed_options(session))
+        try:
+            return LaunchOptions(options=self.asked_options(session))
+        except BackendError as exc:
+            why = str(exc)
+        except Exception as exc:
+            why = f"{session.label} could not be asked: {self.unasked(exc)}"
+        return LaunchOptions(options=self.fixed_options(session), degraded=True, message=why)
+
+    def unasked(self, exc: Exception) -> str:
+        """Why the provider could not be asked, for an exception that is not a BackendError."""
+        return type(exc).__name__
+
+    def refused_or_adopted(self, error: BackendError, status: int | None, find, spec, what: str) -> str:
+        """After a failed submission: refused outright (a 4xx but 429), nothing was created and
+        ``error`` stands; otherwise (no answer, a timeout, 429, a 5xx) the job may exist."""
+        if status is not None and 400 <= status < 500 and status != 429:
+            raise error from None
+        return self.adopt_or_uncertain(find, error, spec, what)
+
     def adopt_or_uncertain(self, find, error, spec, what: str, *, attempts: int = 1, pause: float = 0.0) -> str:
         """After a submission that may have reached the provider (no answer, a timeout, a 5xx):
         the job ``find()`` sees under the case's name is adopted (R-CASE-1); otherwise

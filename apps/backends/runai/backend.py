@@ -41,10 +41,10 @@ from apps.backends.base import (
     ResultsTooLarge,
     SubmitSpec,
 )
+from apps.backends.remote.backend import state_map
 from apps.backends.remote_common import LIVE_MAX_BYTES, load_state, save_state, scrub
 from apps.backends.runai import client
 from apps.backends.runai.doctor import RunaiDoctor
-from apps.resources.remote import with_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,7 @@ PHASES = {
 GPU_PORTIONS = ("0.1", "0.2", "0.25", "0.3", "0.4", "0.5", "0.6", "0.7", "0.75", "0.8", "0.9")
 
 
-def map_phase(raw) -> str:
-    """Run:AI workload phase → BackendStatus; an unknown phase is pending, never a failure."""
-    return PHASES.get(str(raw or ""), BackendStatus.PENDING)
+map_phase = state_map(PHASES)
 
 
 def workload_name(case_id: str) -> str:
@@ -110,10 +108,7 @@ class RunaiBackend(RunaiDoctor):
         return names
 
     # -- submission --------------------------------------------------------------------------
-    def find(self, spec: SubmitSpec) -> str | None:
-        return self._find(client.Session(spec.pool_remote, spec.identity), spec.case_id)
-
-    def _find(self, session: client.Session, case_id: str, *, deleted: bool = False) -> str | None:
+    def find_in(self, session: client.Session, case_id: str, *, deleted: bool = False) -> str | None:
         name = workload_name(case_id)
         body = session.call(
             "workload lookup",
@@ -219,10 +214,7 @@ class RunaiBackend(RunaiDoctor):
             body["spec"]["security"] = {"uidGidSource": "custom", "runAsUid": os.geteuid(), "runAsGid": os.getegid()}
         return body
 
-    def submit(self, spec: SubmitSpec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
-        session = client.Session(spec.pool_remote, spec.identity)
+    def submit_as(self, session: client.Session, spec: SubmitSpec) -> str:
         remote = session.remote
         if not remote.get("image"):
             raise BackendError("the pool names no container image (remote.image): cases cannot run there")
@@ -248,15 +240,10 @@ class RunaiBackend(RunaiDoctor):
         except CredentialsRequired:
             raise
         except client.RunaiError as exc:
-            if exc.status == 409:
-                found = self._find(session, spec.case_id)  # a workload of this name exists: ours
-                if found:
-                    return found
-            # Refused outright (4xx but 429): nothing was created. Otherwise (no answer, a
-            # timeout, 429, 5xx) the workload may exist: adopt it, or retry the launch later.
-            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
-                raise
-            return self.adopt_or_uncertain(lambda: self._find(session, spec.case_id), exc, spec, "workload")
+            find = lambda: self.find_in(session, spec.case_id)  # noqa: E731
+            if exc.status == 409 and (found := find()):  # a workload of this name exists: ours
+                return found
+            return self.refused_or_adopted(exc, exc.status, find, spec, "workload")
         workload_id = (answer or {}).get("workloadId") or (answer or {}).get("id")
         if not workload_id:
             raise BackendError("Run:AI accepted the workload without giving its id")
@@ -270,13 +257,13 @@ class RunaiBackend(RunaiDoctor):
         except client.RunaiError as exc:
             if exc.status != 404:
                 raise
-        if self._find(session, job.case_id, deleted=True):
+        if self.find_in(session, job.case_id, deleted=True):
             return None
         # Just submitted and not known yet, or gone without a trace: a failed poll (R-CASE-3).
         raise client.RunaiError(f"Run:AI does not know workload {job.remote_id} (yet)", status=404, transient=True)
 
     def poll(self, job: JobRef) -> BackendState:
-        session = client.Session(job.pool_remote, job.identity)
+        session = self.session(job)
         workload = self._workload(session, job)
         if workload is None:
             status, raw, message, elapsed = BackendStatus.CANCELLED, "Deleted", "deleted at Run:AI", None
@@ -373,7 +360,7 @@ class RunaiBackend(RunaiDoctor):
     def cancel(self, job: JobRef) -> None:
         """DELETE the workload (its pods go; its logs and files stay on the shared volume). A
         workload that already ended is ``AlreadyFinished`` (R-CASE-6); one already deleted too."""
-        session = client.Session(job.pool_remote, job.identity)
+        session = self.session(job)
         workload = self._workload(session, job)
         if workload is None or map_phase(workload.get("phase")) in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Run:AI workload {job.remote_id} already ended")
@@ -388,7 +375,7 @@ class RunaiBackend(RunaiDoctor):
         """The run directory on the shared volume and the workload's record at Run:AI (what is
         already gone is skipped)."""
         if job.remote_id:
-            session = client.Session(job.pool_remote, job.identity)
+            session = self.session(job)
             try:
                 session.call(
                     "workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id)
@@ -409,44 +396,35 @@ class RunaiBackend(RunaiDoctor):
             raise BackendError(f"the run directory of case {job.case_id} was not removed: {exc}") from None
 
     # -- launch form and doctor ----------------------------------------------------------------
-    def launch_options(self, pool, identity=None) -> LaunchOptions:
-        """``project`` and ``node_pool`` (what the service credential sees, or on a per-user pool
-        the user's own access key; the pool's own values pinned when it names them) and
-        ``gpu_portion`` (static; dropped for classes without GPUs by :meth:`pin_class_overrides`).
-        Never raises: when Run:AI cannot be asked the answer is degraded to the pool's values (and
-        not cached, R-BACK-2)."""
-        remote = with_defaults("runai", pool.remote_config() if pool is not None else {})
-        portion = LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS])
+    def fixed_options(self, session: client.Session) -> list[LaunchOption]:
+        """The pool's ``project`` and ``node_pool`` (each user's key sees its own projects: until
+        the user connects, the pool's) and ``gpu_portion`` (static; dropped for classes without
+        GPUs by :meth:`pin_class_overrides`)."""
 
-        def fixed(key, label, value):
+        def pinned(key, label, value):
             return LaunchOption(key, label, [Choice(value, value)] if value else [], value or None)
 
-        pinned = [
-            fixed("project", "Project", remote.get("project")),
-            fixed("node_pool", "Node pool", remote.get("node_pool")),
+        return [
+            pinned("project", "Project", session.remote.get("project")),
+            pinned("node_pool", "Node pool", session.remote.get("node_pool")),
+            LaunchOption("gpu_portion", "GPU fraction per device", [Choice(v, v) for v in GPU_PORTIONS]),
         ]
-        session = client.Session(remote, identity)
-        if session.per_user and identity is None:
-            # Each user's key sees its own projects: until the user connects, the pool's.
-            return LaunchOptions(options=[*pinned, portion])
-        try:
-            projects = client.projects(session, remote.get("project"))
-        except Exception as exc:
-            message = str(exc) if isinstance(exc, BackendError) else f"Run:AI could not be asked: {type(exc).__name__}"
-            return LaunchOptions(options=[*pinned, portion], degraded=True, message=message)
-        names = [p["name"] for p in projects if p.get("name")]
-        if remote.get("project"):
-            project = pinned[0]
-        else:
+
+    def asked_options(self, session: client.Session) -> list[LaunchOption]:
+        """What the service credential sees, or on a per-user pool the user's own access key; the
+        pool's own values pinned when it names them."""
+        remote = session.remote
+        project, node_pool, portion = self.fixed_options(session)
+        projects = client.projects(session, remote.get("project"))
+        if not remote.get("project"):
+            names = [p["name"] for p in projects if p.get("name")]
             project = LaunchOption("project", "Project", [Choice(n, n) for n in names], names[0] if names else None)
-        if remote.get("node_pool"):
-            node_pool = pinned[1]
-        else:
+        if not remote.get("node_pool"):
             pools = []
             for item in projects:
                 pools += [n for n in self._node_pools_of(item) if n not in pools]
             node_pool = LaunchOption("node_pool", "Node pool", [Choice(n, n) for n in pools])
-        return LaunchOptions(options=[project, node_pool, portion])
+        return [project, node_pool, portion]
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         """A fraction of a GPU only for classes with GPUs: for others the option is not declared,

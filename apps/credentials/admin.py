@@ -7,8 +7,8 @@ field is not editable, not listed and not in any form, and nothing here can open
 
 from django.contrib import admin, messages
 
-from apps.backends.models import RemoteConnection
 from apps.credentials import services as credential_services
+from apps.credentials.models import RemoteConnection
 
 
 @admin.register(RemoteConnection)

@@ -2,9 +2,10 @@
 
 A pool whose ``remote`` says ``"credentials": "user"`` runs each case under its owner's own
 account at the provider. The user connects once (FirecREST: the provider's OAuth2 authorization
-code flow with PKCE; Qarnot: their API token, pasted once); the refresh token or API token is
-kept here **sealed** (``apps.credentials.sealing``), the one credential Gridgate stores. Nothing
-else of it is kept: access tokens live in the memory of the process that obtained them.
+code flow with PKCE; Qarnot: their API token, pasted once; Run:AI: their access key); the refresh
+token, API token or access key is kept here **sealed** (``apps.credentials.sealing``), the one
+credential Gridgate stores. Nothing else of it is kept: access tokens live in the memory of the
+process that obtained them.
 """
 
 from django.conf import settings
@@ -48,12 +49,13 @@ class RemoteConnection(models.Model):
     #: bumped whenever the sealed credential changes: an access token a process cached for an
     #: older generation (before a reconnect) is not used again
     generation = models.PositiveIntegerField(default=1, editable=False)
-    #: the pool's provider URLs when the user connected (``connections.provider_urls``): the
+    #: the pool's provider URLs when the user connected (``services.provider_urls``): the
     #: credential is never sent anywhere else; a pool moved to other URLs needs a reconnect
     provider_urls = models.JSONField(default=dict, blank=True, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "backends_remoteconnection"  # made by the backends app, which held the model first
         ordering = ["user_id", "pool_id", "id"]
         constraints = [
             models.UniqueConstraint(fields=["user", "pool"], name="backends_connection_one_per_pool"),

@@ -12,8 +12,8 @@ status is then 1 (those users reconnect). Nothing secret is printed.
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from apps.backends.models import RemoteConnection
 from apps.credentials import sealing
+from apps.credentials.models import RemoteConnection
 
 
 class Command(BaseCommand):
