@@ -5,6 +5,9 @@
    usage_fair's sessions belong to 50 users (its first level chooses among their shares), and
    each dispatched job ends through ``passes._finish`` (untimed) with a device time of 1-7 s, so
    that the shares' usage and the sessions' vruntimes move as in service.
+   Beside each, what a pool's pass spends before it dispatches: recording the expected start of
+   up to ``passes.RECORD_BATCH`` pending jobs not yet recorded (R-JOB-5; the ETA's snapshot
+   rebuilt, as after a dispatch), and the same pass once every job is recorded.
 2. The same 1 000 pending jobs with no finished job vs 200 000 finished jobs on the device:
    dispatch, ``GET /devices/`` and ``devices_with_load`` must cost the same
    (ratio ≤ 1.5), with a constant query count.
@@ -143,6 +146,33 @@ def measure(pool_id, finish=False):
     return statistics.median(times), queries
 
 
+def measure_recording(pool_id):
+    """Median time of a pass's recording step with jobs to record (the ETA's cache cleared, as
+    after a dispatch changed the queue), then of one with nothing left to record."""
+    from apps.scheduling import eta, passes
+    from apps.scheduling.models import Job
+
+    busy = []
+    for _ in range(3):  # each records up to RECORD_BATCH: the first of 800 pending leaves 300
+        eta.clear_cache()
+        start = time.perf_counter()
+        if passes.record_predictions(pool_id):
+            busy.append(time.perf_counter() - start)
+    Job.objects.filter(pool_id=pool_id, eta_recorded_at__isnull=True).update(eta_recorded_at=timezone_now())
+    idle = []
+    for _ in range(REQUESTS):
+        start = time.perf_counter()
+        assert passes.record_predictions(pool_id) == 0
+        idle.append(time.perf_counter() - start)
+    return statistics.median(busy), statistics.median(idle)
+
+
+def timezone_now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
 def main() -> int:
     if django_on_bench_database() is None:
         print("dispatch: skipped (needs PostgreSQL)")
@@ -165,7 +195,7 @@ def main() -> int:
         strategies = (sys.argv[sys.argv.index("--strategy") + 1],)
     for strategy in () if "--history" in sys.argv else strategies:
         usage = strategy == "usage_fair"
-        results = {}
+        results, recording = {}, {}
         for per_session in (1, 100):
             Job.objects.all().delete()
             Session.objects.all().delete()
@@ -177,6 +207,7 @@ def main() -> int:
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE scheduling_job; ANALYZE compute_sessions_session")
             results[per_session] = measure(pool.pk, finish=usage)
+            recording[per_session] = measure_recording(pool.pk)
         (small_t, small_q), (big_t, big_q) = results[1], results[100]
         label = f"{strategy} ({SHARE_USERS} users)" if usage else strategy
         print(
@@ -184,6 +215,11 @@ def main() -> int:
             f"{SESSIONS * 100:>7,} pending {big_t * 1000:6.2f} ms/dispatch; ratio {big_t / small_t:.2f} "
             f"(target <= 1.5); queries/dispatch {sorted(set(small_q))} vs {sorted(set(big_q))}"
         )
+        for per_session, (busy, idle) in recording.items():
+            print(
+                f"  {'':13s}  recording ({SESSIONS * per_session:>7,} pending): {busy * 1000:8.1f} ms a pass with "
+                f"jobs to record ({busy / results[per_session][0]:.0f} x a dispatch), {idle * 1000:5.2f} ms with none"
+            )
     if "--strategy" not in sys.argv:  # ``--strategy NAME``: that part-1 line only
         history(user)
     Job.objects.all().delete()
