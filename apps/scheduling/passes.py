@@ -482,10 +482,10 @@ def _poll_claimed(job: Job, interval: timedelta) -> None:
 
 
 def run_pool(pool_id: int) -> dict:
-    """One pass for a pool: poll what runs, record the new jobs' expected starts, then fill free
-    devices. Idempotent and bounded."""
+    """One pass for a pool: poll what runs, fill free devices, then record the expected start of
+    the jobs left waiting (after the dispatch, which it would delay: building the ETA of a
+    100 000-job queue takes seconds). Idempotent and bounded."""
     polled = poll_running(pool_id)
-    record_predictions(pool_id)
     dispatched = 0
     while dispatched < DISPATCH_BATCH:
         try:
@@ -500,6 +500,7 @@ def run_pool(pool_id: int) -> dict:
             break
         submit_claimed(job)
         dispatched += 1
+    record_predictions(pool_id)
     return {"polled": polled, "dispatched": dispatched}
 
 

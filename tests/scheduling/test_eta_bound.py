@@ -97,6 +97,16 @@ def test_the_dispatcher_records_each_waiting_jobs_expected_start_once(fifo, open
     assert passes.record_predictions(fifo.pk) == 0  # recorded once: the first promise is the one checked
 
 
+def test_a_pass_dispatches_before_it_records_the_expected_starts_of_the_jobs_left_waiting(fifo, open_session, owner):
+    """Building the ETA of a deep queue takes seconds (bench/dispatch.py): done after the
+    dispatch, it never delays a free device's next job; a job dispatched at once has no wait to
+    predict."""
+    first, second = submit(open_session(fifo, owner), 2)
+    assert passes.run_pool(fifo.pk)["dispatched"] == 1
+    assert Job.objects.get(pk=first.pk).eta_recorded_at is None
+    assert Job.objects.get(pk=second.pk).eta_recorded_at is not None
+
+
 def test_a_job_dispatched_meanwhile_is_not_recorded(fifo, fake_device, open_session, owner, monkeypatch):
     jobs = submit(open_session(fifo, owner), 2)
     real = selectors.queue_info
