@@ -18,7 +18,9 @@ strategy and seed: the median and p90 of |ETA - wait| / wait over the jobs that 
 the coverage of ``eta_p90_seconds`` (over all jobs and in each window of 200 submissions) and the
 median bound / wait; the same for the **baseline**, queue position x the pool's dispatch rate
 over the last hour; the **floor**, the error of an oracle told which jobs go first (later arrivals
-and order as they happened) that still has only the expected device times; and
+and order as they happened) that still has only the expected device times, and how often that
+oracle's own 90 % bound (from the device times' exact distribution) held, over the run and in
+each 200-job window (the control run for the bound's coverage); and
 (``no_arrivals``) the median error when arrivals stop: every pending job's ETA read at the last of
 400 submissions, nothing arriving after it.
 
