@@ -150,6 +150,7 @@ def measure_recording(pool_id):
     """Median time of a pass's recording step with jobs to record (the ETA's cache cleared, as
     after a dispatch changed the queue), then of one with nothing left to record."""
     from django.db import connection
+    from django.utils import timezone
 
     from apps.scheduling import eta, passes
     from apps.scheduling.models import Job
@@ -160,7 +161,7 @@ def measure_recording(pool_id):
         start = time.perf_counter()
         if passes.record_predictions(pool_id):
             busy.append(time.perf_counter() - start)
-    Job.objects.filter(pool_id=pool_id, eta_recorded_at__isnull=True).update(eta_recorded_at=timezone_now())
+    Job.objects.filter(pool_id=pool_id, eta_recorded_at__isnull=True).update(eta_recorded_at=timezone.now())
     with connection.cursor() as cursor:  # as autovacuum's analyze sees the jobs recorded, 500 a pass
         cursor.execute("VACUUM ANALYZE scheduling_job")
     idle = []
@@ -169,12 +170,6 @@ def measure_recording(pool_id):
         assert passes.record_predictions(pool_id) == 0
         idle.append(time.perf_counter() - start)
     return statistics.median(busy), statistics.median(idle)
-
-
-def timezone_now():
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 def main() -> int:

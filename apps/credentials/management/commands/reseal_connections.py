@@ -24,21 +24,11 @@ class Command(BaseCommand):
             sealing.require()
         except sealing.SealingUnavailable as exc:
             raise CommandError(exc.detail) from None
-        resealed, unreadable = 0, []
-        for pk in RemoteConnection.objects.order_by("pk").values_list("pk", flat=True).iterator():
-            with transaction.atomic():
-                connection = RemoteConnection.objects.select_for_update().filter(pk=pk).first()
-                if connection is None:
-                    continue  # disconnected meanwhile
-                try:
-                    connection.sealed_secret = sealing.reseal(connection.sealed_secret)
-                except sealing.Unreadable:
-                    unreadable.append(pk)
-                    continue
-                connection.save(update_fields=["sealed_secret", "updated_at"])
-                resealed += 1
+        from apps.notifications.models import Subscription
+
+        resealed, unreadable = reseal(RemoteConnection.objects.all(), "sealed_secret", also=["updated_at"])
         self.stdout.write(f"re-sealed {resealed} connection(s) under the first key")
-        hooks, unreadable_hooks = self._webhooks()
+        hooks, unreadable_hooks = reseal(Subscription.objects.exclude(secret_sealed=""), "secret_sealed")
         self.stdout.write(f"re-sealed {hooks} webhook secret(s) under the first key")
         if unreadable_hooks:
             ids = ", ".join(map(str, unreadable_hooks))
@@ -55,21 +45,21 @@ class Command(BaseCommand):
         if unreadable_hooks:
             raise CommandError("some webhook secrets cannot be opened with any configured key (above)")
 
-    def _webhooks(self) -> tuple[int, list[int]]:
-        """The notification webhooks' signing secrets (apps.notifications), the same way."""
-        from apps.notifications.models import Subscription
 
-        resealed, unreadable = 0, []
-        for pk in Subscription.objects.exclude(secret_sealed="").order_by("pk").values_list("pk", flat=True).iterator():
-            with transaction.atomic():
-                subscription = Subscription.objects.select_for_update().filter(pk=pk).first()
-                if subscription is None:
-                    continue  # unsubscribed meanwhile
-                try:
-                    subscription.secret_sealed = sealing.reseal(subscription.secret_sealed)
-                except sealing.Unreadable:
-                    unreadable.append(pk)
-                    continue
-                subscription.save(update_fields=["secret_sealed"])
-                resealed += 1
-        return resealed, unreadable
+def reseal(rows, field: str, also=()) -> tuple[int, list[int]]:
+    """Re-seal ``field`` of each of ``rows`` under the first key, one short transaction a row (a
+    row deleted meanwhile is skipped); returns how many, and the ids no configured key opens."""
+    resealed, unreadable = 0, []
+    for pk in rows.order_by("pk").values_list("pk", flat=True).iterator():
+        with transaction.atomic():
+            row = rows.model.objects.select_for_update().filter(pk=pk).first()
+            if row is None:
+                continue  # disconnected or unsubscribed meanwhile
+            try:
+                setattr(row, field, sealing.reseal(getattr(row, field)))
+            except sealing.Unreadable:
+                unreadable.append(pk)
+                continue
+            row.save(update_fields=[field, *also])
+            resealed += 1
+    return resealed, unreadable
