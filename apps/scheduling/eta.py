@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 
 import numpy as np
 
@@ -334,19 +335,44 @@ class Queue:
         return estimate(queued, queued_var, arriving, arriving_var, gain)
 
 
-def push_past(wait: float, blocked: list[tuple[float, float]]) -> float:
-    """The start of a job that needs ``wait`` seconds of its devices' time before it when they
-    serve nobody else's queue during ``blocked`` ([(from, to)] seconds from now: a maintenance
-    window, others' reservation): the clock stops in each window it reaches, and a start that
-    would fall in one moves to its end."""
+def capacity_left(spans: list[tuple[float, float, object]], capacity_of: dict) -> list[tuple[float, float, float]]:
+    """[(from, to, share)] seconds from now, in order and apart: the share of the devices'
+    capacity (``capacity_of``, {device: jobs at once}) left while ``spans`` ([(from, to, device)],
+    None: every device) keep devices off, where some is lost. Two spans on one device count once."""
+    total = sum(capacity_of.values())
+    points = sorted({point for start, end, _ in spans for point in (start, end)})
+    out: list[tuple[float, float, float]] = []
+    for start, end in pairwise(points):
+        off = {device for a, b, device in spans if a <= start and end <= b}
+        lost = total if None in off else sum(capacity_of.get(device, 0) for device in off)
+        share = max(1.0 - lost / total, 0.0) if total else 0.0
+        if share >= 1.0:
+            continue
+        if out and out[-1][1] == start and out[-1][2] == share:
+            out[-1] = (out[-1][0], end, share)
+        else:
+            out.append((start, end, share))
+    return out
+
+
+def push_past(wait: float, slowed: list[tuple[float, float, float]]) -> float:
+    """The start of a job that needs ``wait`` seconds of its devices' time before it when the
+    calendar leaves only a ``share`` of that time during ``slowed`` ([(from, to, share)] seconds
+    from now, in order and apart: ``capacity_left``): the clock runs at that share in each one it
+    reaches, and stops in one that leaves nothing (a maintenance window, others' reservation on
+    every device the job may use), so a start that would fall in it moves to its end."""
     t, need = 0.0, wait
-    for start, end in sorted(blocked):
+    for start, end, share in slowed:
         if end <= t:
             continue
         if start > t + need:
             break
         need -= max(start - t, 0.0)
-        t = max(t, end)
+        t = max(t, start)
+        if share > 0 and need < share * (end - t):
+            return t + need / share
+        need -= share * (end - t)
+        t = end
     return t + need
 
 

@@ -217,9 +217,9 @@ class _PoolNow:
         return allocation_id in self.exhausted
 
     correction: eta.Correction = eta.NO_CORRECTION  # what the pool's last starts taught (``eta.learn``)
-    # R-RES-1/2 ahead: the live windows until ``CALENDAR_AHEAD`` and the usable devices' ids
+    # R-RES-1/2 ahead: the live windows until ``CALENDAR_AHEAD``, and the usable devices' jobs at once
     windows: tuple = ()
-    usable_ids: frozenset = frozenset()
+    capacity_of: dict = field(default_factory=dict)
 
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
@@ -276,7 +276,7 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
             pool_id=pool_id,
             correction=corrections[pool_id],
             windows=calendar.upcoming,
-            usable_ids=frozenset(usable_ids),
+            capacity_of={d.pk: d.max_concurrent_jobs for d in usable},
         )
     return out
 
@@ -284,18 +284,21 @@ def _now(pools: dict) -> dict[int, _PoolNow]:
 CALENDAR_AHEAD = timedelta(days=7)  # the ETA pushes a start past the calendar's windows this far ahead
 
 
-def blocked_for(windows, usable_ids, user_id: int, target: int | None, at) -> list[tuple[float, float]]:
-    """[(from, to)] seconds from ``at`` when the calendar keeps a job of ``user_id`` from the
-    pool's devices (R-RES-1, R-RES-2): a maintenance window, or a reservation it does not hold,
-    on the whole pool, on its target device, or on every usable device of the pool. (A window on
-    some of several devices only slows the pool down: not counted.)"""
-    out = []
+def slowed_for(windows, capacity_of: dict, user_id: int, target: int | None, at) -> list[tuple[float, float, float]]:
+    """``eta.capacity_left`` of the calendar for a job of ``user_id``, seconds from ``at``
+    (R-RES-1, R-RES-2): a maintenance window, or a reservation it does not hold, keeps a device
+    off: on the whole pool or the job's target device it stops the job's clock, on some of the
+    pool's usable devices (``capacity_of``, {device id: jobs at once}) it slows the pool to what
+    the others leave."""
+    spans = []
     for w in windows:
         if w.kind != "maintenance" and user_id in w.holders:
             continue
-        if w.device_id is None or w.device_id == target or (not target and usable_ids == {w.device_id}):
-            out.append(((w.start - at).total_seconds(), (w.end - at).total_seconds()))
-    return out
+        if target and w.device_id not in (None, target):
+            continue
+        device = None if w.device_id is None or w.device_id == target else w.device_id
+        spans.append(((w.start - at).total_seconds(), (w.end - at).total_seconds(), device))
+    return eta.capacity_left(spans, capacity_of)
 
 
 def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float]]]:
@@ -478,13 +481,13 @@ class _QueueSnapshot:
         found = self.queue.estimate(job_id, self.remaining(state), state.capacity)
         start, bound = state.correction.apply(found)
         queue = self.queue
-        if state.windows:  # pushed past the calendar's windows that keep the job off its devices
-            blocked = blocked_for(
-                state.windows, state.usable_ids, queue.user_of[job_id], self.target_of.get(job_id), state.at
+        if state.windows:  # the calendar's windows stop or slow the job's clock
+            slowed = slowed_for(
+                state.windows, state.capacity_of, queue.user_of[job_id], self.target_of.get(job_id), state.at
             )
-            if blocked:
-                start, bound = eta.push_past(start, blocked), eta.push_past(bound, blocked)
-                found = eta.Estimate(eta.push_past(found.median, blocked), found.std, eta.push_past(found.p90, blocked))
+            if slowed:
+                start, bound = eta.push_past(start, slowed), eta.push_past(bound, slowed)
+                found = eta.Estimate(eta.push_past(found.median, slowed), found.std, eta.push_past(found.p90, slowed))
         ends = queue.session_ends.get(job_id)
         not_before = queue.not_before.get(job_id)
         if state.allocation_exhausted(self.allocation_of.get(job_id)):

@@ -190,3 +190,48 @@ def test_a_maintenance_window_or_anothers_reservation_pushes_the_eta_and_the_bou
     assert waiting_of(fifo, jobs[1]).eta_seconds > 3600 - 10
     window.users.set([owner])  # the owner's own reservation does not hold its job back
     assert waiting_of(fifo, jobs[1]).eta_seconds < 600
+
+
+def test_a_window_on_one_of_two_devices_slows_the_eta_to_the_capacity_the_other_leaves(
+    fifo, fake_device, open_session, owner, member
+):
+    """R-RES-1/2 on a pool of two one-job devices: while one is in maintenance (or reserved for
+    others) the queue moves at half speed, so the part of the wait that falls in the window takes
+    twice as long; a job pinned to that device waits for the window's end; a job pinned to the
+    other one is not slowed."""
+    from apps.reservations.models import Reservation, WindowKind
+    from tests import factories
+
+    other = factories.device(fifo, "fake2", config={"script": ["running", "completed"]})
+    for band in (1, -1):
+        DeviceRuntime.objects.create(device=other, band=band, count=50, mean=60.0, var=900.0)
+    jobs = submit(open_session(fifo, owner), 40)
+    before = waiting_of(fifo, jobs[-1]).eta_seconds
+    assert 900 < before < 1800  # 39 jobs of about 60 s ahead, two at a time
+    now = timezone.now()
+    window = Reservation.objects.create(
+        pool=fifo,
+        device=other,
+        kind=WindowKind.MAINTENANCE,
+        start=now + timedelta(seconds=600),
+        end=now + timedelta(hours=2),
+        title="swap",
+    )
+    # 600 s at full speed, then the rest of the wait at half speed.
+    slowed = 600 + 2 * (before - 600)
+    assert waiting_of(fifo, jobs[-1]).eta_seconds == pytest.approx(slowed, rel=0.02)
+    window.kind, window.slots = WindowKind.RESERVATION, 1
+    window.save()
+    window.users.set([member])
+    assert waiting_of(fifo, jobs[-1]).eta_seconds == pytest.approx(slowed, rel=0.02)
+    window.users.set([owner])  # the owner's own reservation leaves the owner both devices
+    assert waiting_of(fifo, jobs[-1]).eta_seconds == pytest.approx(before, rel=0.02)
+    # Pinned jobs: to the device in the window, it waits for the end; to the other, no matter.
+    window.users.set([member])
+    Job.objects.filter(pk=jobs[-1].pk).update(target_device=other)
+    pinned = waiting_of(fifo, jobs[-1]).eta_seconds
+    assert pinned > 2 * 3600
+    Job.objects.filter(pk=jobs[-1].pk).update(target_device=fake_device)
+    pinned = waiting_of(fifo, jobs[-1]).eta_seconds
+    window.delete()
+    assert pinned == pytest.approx(waiting_of(fifo, jobs[-1]).eta_seconds, rel=0.02)

@@ -118,14 +118,36 @@ def test_a_pools_correction_is_learned_once_per_max_age_and_stale_pools_in_one_r
 
 def test_a_start_that_reaches_a_window_is_pushed_past_it_by_the_time_left():
     # 60 s of work, a window from 30 s to 630 s: 30 s before it, the other 30 s after it.
-    assert eta.push_past(60.0, [(30.0, 630.0)]) == pytest.approx(660.0)
+    assert eta.push_past(60.0, [(30.0, 630.0, 0.0)]) == pytest.approx(660.0)
 
 
 def test_a_start_before_a_window_or_after_it_ended_is_untouched():
-    assert eta.push_past(20.0, [(30.0, 630.0)]) == pytest.approx(20.0)
-    assert eta.push_past(20.0, [(-600.0, -10.0)]) == pytest.approx(20.0)
+    assert eta.push_past(20.0, [(30.0, 630.0, 0.0)]) == pytest.approx(20.0)
+    assert eta.push_past(20.0, [(-600.0, -10.0, 0.0)]) == pytest.approx(20.0)
 
 
 def test_an_open_window_and_a_start_that_falls_on_a_window_both_wait_for_its_end():
-    assert eta.push_past(0.0, [(-10.0, 100.0)]) == pytest.approx(100.0)
-    assert eta.push_past(30.0, [(30.0, 90.0), (100.0, 200.0)]) == pytest.approx(90.0)
+    assert eta.push_past(0.0, [(-10.0, 100.0, 0.0)]) == pytest.approx(100.0)
+    assert eta.push_past(30.0, [(30.0, 90.0, 0.0), (100.0, 200.0, 0.0)]) == pytest.approx(90.0)
+
+
+def test_a_window_on_some_of_the_devices_slows_the_clock_to_the_capacity_the_others_leave():
+    # 60 s of work; from 30 s to 630 s half the capacity is left: the other 30 s take 60 s.
+    assert eta.push_past(60.0, [(30.0, 630.0, 0.5)]) == pytest.approx(90.0)
+    # 400 s of work: 30 s before, 300 s of work in the 600 s window at half speed, 70 s after it.
+    assert eta.push_past(400.0, [(30.0, 630.0, 0.5)]) == pytest.approx(700.0)
+    # A start that falls on a window that leaves some capacity is not moved to its end.
+    assert eta.push_past(30.0, [(30.0, 630.0, 0.5)]) == pytest.approx(30.0)
+
+
+def test_the_capacity_left_counts_each_device_once_and_the_whole_pool_as_every_device():
+    capacity_of = {1: 1, 2: 1, 3: 2}  # four jobs at once
+    assert eta.capacity_left([(10.0, 20.0, 1)], capacity_of) == [(10.0, 20.0, 0.75)]
+    # Device 1 off from 0 to 30 (twice: maintenance and a reservation), device 3 from 20 to 40.
+    spans = [(0.0, 30.0, 1), (0.0, 30.0, 1), (20.0, 40.0, 3)]
+    assert eta.capacity_left(spans, capacity_of) == [(0.0, 20.0, 0.75), (20.0, 30.0, 0.25), (30.0, 40.0, 0.5)]
+    # Every device, or the pool itself (None): nothing left.
+    assert eta.capacity_left([(0.0, 5.0, 1), (0.0, 5.0, 2), (0.0, 5.0, 3)], capacity_of) == [(0.0, 5.0, 0.0)]
+    assert eta.capacity_left([(0.0, 5.0, None), (3.0, 9.0, 2)], capacity_of) == [(0.0, 5.0, 0.0), (5.0, 9.0, 0.75)]
+    # A device that is not usable now (not in capacity_of) is already left out of the capacity.
+    assert eta.capacity_left([(0.0, 5.0, 9)], capacity_of) == []
