@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -15,10 +16,11 @@ from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from apps.backends.firecrest import backend as fc_backend
 from apps.backends.firecrest import client as fc_client
 from apps.backends.firecrest.backend import FirecrestBackend
 from apps.backends.qarnot import client as qb_client
-from apps.backends.qarnot.backend import QarnotBackend
+from apps.backends.qarnot.backend import QarnotBackend, bucket_names
 from apps.backends.remote import clear_clients
 from apps.backends.runai import client as rb_client
 from apps.backends.runai.backend import RunaiBackend
@@ -192,6 +194,13 @@ class Driver:
     backend = module = None  # the provider's backend and its client.py
     secret = secret_env = ""  # the service credential's secret and its variable
     listing_path = ""  # the double's path of ``listing``
+    # -- service-account pools (the contract's last section)
+    secret_key = ""  # the remote key a pool would hold the secret under: R-POOL-7 names ``<key>_env``
+    refused_service_words = ""  # a launch's words when the provider refuses the service credential
+    submit_call: tuple = ()  # the double's (method, path) of a submission
+    lookup_call: tuple = ()  # what finds a job by its name after an uncertain submission (R-CASE-1)
+    state_dir, state_files = "", frozenset()  # the backend's directory in the case workspace, its files
+    doctor_checks: tuple = ()  # what ``manage.py doctor --pool`` checks on a service pool
 
     def session(self, pool, identity=None):
         return self.module.Session(pool.remote_config(), identity=identity)
@@ -243,6 +252,12 @@ class Driver:
     def held(self, command) -> str: ...  # ``command``, run once released
     def running(self, case) -> None: ...  # wait until the provider runs it
     def release(self, case) -> None: ...
+    def ended(self, case) -> None: ...  # wait until the provider has the job ended, its output unread
+    def cancelled(self, case) -> None: ...  # assert (waiting if need be) the provider cancelled the job
+    def named(self, case) -> str: ...  # the provider's id of the job named after the case
+    def remote_side(self, case) -> tuple[bool, ...]: ...  # what of the case the provider still holds
+    def access_tokens(self) -> list[str]: ...  # the tokens the provider issued (none: Qarnot's is the secret)
+    def quote_refusals(self, sent: str) -> None: ...  # its refusals quote the credential (a gateway in debug mode)
 
 
 class FirecrestDriver(Driver):
@@ -264,6 +279,9 @@ class FirecrestDriver(Driver):
     secrets_known = 4  # refresh tokens (rotated), access tokens, the PKCE verifier
     backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
     secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
+    secret_key, refused_service_words = "client_secret", "client credentials"
+    state_dir, state_files = ".firecrest", frozenset({"manifest.json"})
+    doctor_checks = ("sdk", "credentials", "auth", "reachability", "system", "partition", "working_root")
 
     def __init__(self, tmp_path):
         double = FirecrestDouble(tmp_path / "hpc", client_secret=self.secret).start()
@@ -272,6 +290,7 @@ class FirecrestDriver(Driver):
         double.partitions = ["debug", "normal", "gpu"]
         self.poll_listing = f"/compute/{double.system}/jobs"
         self.options_call = ("GET", f"/status/{double.system}/partitions")
+        self.submit_call, self.lookup_call = ("POST", self.poll_listing), ("GET", self.poll_listing)
         super().__init__(double, self.remote(double))
 
     @staticmethod
@@ -361,6 +380,28 @@ class FirecrestDriver(Driver):
     def release(self, case):
         (self.double.fs_root / "scratch" / str(case.id) / "work" / "go").write_text("")
 
+    def job(self, case):
+        return next(job for job in self.double.user_jobs() if job.name == str(case.id))
+
+    def ended(self, case):
+        wait_until(lambda: self.job(case).proc.poll() is not None, what="the job to end")
+
+    def cancelled(self, case):
+        assert self.job(case).cancelled  # scancel reached the job
+
+    def named(self, case):
+        return f"{self.job(case).job_id}@{self.double.system}"
+
+    def remote_side(self, case):
+        return ((self.double.fs_root / "scratch" / str(case.id)).is_dir(),)  # <working_root>/<case id>
+
+    def access_tokens(self):
+        return list(self.double.token_subjects)
+
+    def quote_refusals(self, sent):
+        """Keycloak's refusal quotes nothing. One that did would reach the log unscrubbed through
+        pyfirecrest's own record of the answer (``firecrest.Authorization``, CRITICAL)."""
+
 
 class PastedDriver(Driver):
     """Qarnot and Run:AI: a user pastes their own credential on the connections page."""
@@ -407,6 +448,10 @@ class QarnotDriver(PastedDriver):
     held_state = "FullyExecuting"
     backend, module, listing_path = QarnotBackend(), qb_client, "/profiles"
     secret, secret_env = "qarnot-TOKEN-value-9f8e7d", "GRIDGATE_CRED_QARNOT_TOKEN"  # noqa: S105
+    secret_key, refused_service_words = "token", "Qarnot connection failed"
+    submit_call, lookup_call = ("POST", "/tasks"), ("POST", "/tasks/paginate")  # by its tag
+    state_dir, state_files = ".qarnot", frozenset({"manifest.json", "stdout.spool", "stdout.base"})
+    doctor_checks = ("sdk", "credentials", "reachability", "profile", "image", "buckets", "storage")
     options_call = ("GET", "/hardware-constraints")
     resources = {"cpu": 4, "memory": 8}
     credentials = {"ada": ("qarnot-ada-PERSONAL-token-1a2b3c",), "bob": ("qarnot-bob-PERSONAL-token-4d5e6f",)}
@@ -452,6 +497,26 @@ class QarnotDriver(PastedDriver):
     def running(self, case):
         self.double.wait_state(case.remote_id, {self.held_state})
 
+    def ended(self, case):
+        self.double.wait_state(case.remote_id, ("Success",))
+
+    def cancelled(self, case):
+        self.double.wait_state(case.remote_id, ("Cancelled",))  # through PendingCancel, as Qarnot does
+
+    def named(self, case):
+        return next(uuid for uuid, task in self.store.items() if task.body.get("name") == str(case.id))
+
+    def remote_side(self, case):
+        buckets = set(self.double.buckets())
+        return (*(name in buckets for name in bucket_names(str(case.id))), case.remote_id in self.store)
+
+    def access_tokens(self):
+        return []  # the API token is the secret itself
+
+    def quote_refusals(self, sent):
+        # The SDK drops a 401's body; its 403s carry the API's message.
+        self.double.fault("/", status=403, times=20, body={"message": f"Forbidden for token {sent}"})
+
 
 class RunaiDriver(PastedDriver):
     name = kind = "runai"
@@ -469,6 +534,10 @@ class RunaiDriver(PastedDriver):
     held_state = "Running"
     backend, module, listing_path = RunaiBackend(), rb_client, "/api/v1/org-unit/projects"
     secret, secret_env = "runai-SVC-secret-6e5d4c", "GRIDGATE_CRED_RUNAI_CLIENT_SECRET"  # noqa: S105
+    secret_key, refused_service_words = "client_secret", "401"
+    submit_call, lookup_call = ("POST", "/api/v1/workloads/trainings"), ("GET", "/api/v1/workloads")
+    state_dir, state_files = ".runai", frozenset({"manifest.json"})
+    doctor_checks = ("sdk", "shared volume", "credentials", "token", "project", "cluster")
     options_call = ("GET", "/api/v1/org-unit/projects")
     resources = {"cpu": 2, "memory": 4, "gpu": 1}
     echoes = True
@@ -536,6 +605,29 @@ class RunaiDriver(PastedDriver):
     def running(self, case):
         self.double.wait_phase(case.remote_id, {self.held_state})
 
+    def ended(self, case):
+        self.double.wait_phase(case.remote_id, {"Completed"})
+
+    def cancelled(self, case):
+        workload = self.store[case.remote_id]
+        assert ("DELETE", f"/api/v1/workloads/trainings/{workload.id}") in self.double.calls
+        wait_until(lambda: workload.deleted, what="deletion")
+        assert workload.proc.poll() is not None  # its pod is gone
+
+    def named(self, case):
+        return next(workload.id for workload in self.store.values() if workload.name == f"gg-{case.id}")
+
+    def remote_side(self, case):
+        workload = self.store[case.remote_id]
+        kept = not workload.deleted and workload.phase != "Deleting"  # deleted a tick after the DELETE
+        return Path(self.pool.remote["working_root"], str(case.id)).is_dir(), kept
+
+    def access_tokens(self):
+        return list(self.double.tokens)
+
+    def quote_refusals(self, sent):
+        self.double.echo_credentials = 20
+
 
 @pytest.fixture
 def driver(request, tmp_path, monkeypatch, settings, db):
@@ -554,6 +646,7 @@ def driving(name, tmp_path, monkeypatch, settings):
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-svc")
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", RunaiDriver.secret)
     monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
+    monkeypatch.setattr(fc_backend, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
     monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
     monkeypatch.setattr(qb_client, "TIMEOUT", 3)
     monkeypatch.setattr(rb_client, "BACKOFF", 0.01)

@@ -1,20 +1,26 @@
 """The remote-provider contract (``apps.backends.remote``), proved once for every provider against
 its loopback double with the real SDK: R-CRED-1, the 401 renewal, error facts as attributes,
-scrubbing of every form of a secret, and the doctor skeleton. Each provider's own module tests
-only what is its own."""
+scrubbing of every form of a secret, the doctor skeleton, each user's own credentials, and what a
+service-account pool owes (R-POOL-7, R-BACK-1, R-CASE-1, R-CASE-6, the cleanup). Each provider's
+own module tests only what is its own."""
 
 import base64
 import json
 import logging
+from datetime import timedelta
+from io import StringIO
 from urllib.parse import quote
 
 import pytest
 from cryptography.fernet import Fernet
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.utils import timezone
 
-from apps.backends.base import BackendError, CredentialsRequired, JobRef, RemoteIdentity
-from apps.backends.remote import ProviderError
+from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired, JobRef, RemoteIdentity
+from apps.backends.remote import ProviderError, clear_clients
 from apps.backends.remote_common import secret_forms
-from apps.cases import passes, workspace
+from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
@@ -124,20 +130,32 @@ def test_doctor_without_a_pool_checks_the_sdk_only(driver):
     assert [(c.name, c.ok) for c in checks] == [("sdk", True), ("pool", True)]
 
 
-def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver):
-    checks = driver.backend.doctor(driver.service_pool())
+def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver, capsys):
+    """R-BACK-5: ``manage.py doctor --pool`` prints each of the provider's checks, all passing, and
+    never the secret (R-BACK-1)."""
+    pool = driver.service_pool()
+    checks = driver.backend.doctor(pool)
     assert [c.name for c in checks if not c.ok] == []
     assert ("credentials", True) in [(c.name, c.ok) for c in checks]
     assert not any(driver.secret in c.message for c in checks)
+    call_command("doctor", "--pool", str(pool.id))
+    out = capsys.readouterr().out
+    for name in driver.doctor_checks:
+        assert f"OK    [{driver.name} pool={pool.name}] {name}:" in out, name
+    assert driver.secret not in out and "FAIL" not in out
 
 
-def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver, monkeypatch):
+def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver, monkeypatch, capsys):
     monkeypatch.delenv(driver.secret_env)
     calls = len(driver.double.calls)
-    checks = driver.backend.doctor(driver.service_pool())
+    pool = driver.service_pool()
+    checks = driver.backend.doctor(pool)
     assert checks[-1].name == "credentials" and not checks[-1].ok
     assert driver.secret_env in checks[-1].message
     assert len(driver.double.calls) == calls
+    with pytest.raises(SystemExit) as failed:
+        call_command("doctor", "--pool", str(pool.id))
+    assert failed.value.code == 1 and driver.secret_env in capsys.readouterr().out
 
 
 def test_doctor_of_a_per_user_pool_needs_the_sealing_key(driver, settings):
@@ -414,3 +432,149 @@ def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob
     assert api(ada).delete(f"/api/v1/connections/{driver.pool.pk}/").status_code == 404
     assert api(ada).get("/api/v1/connections/").json()[0]["state"] == "not_connected"
     assert driver.alive(bob) and RemoteConnection.objects.filter(user=bob).exists()  # bob's is untouched
+
+
+# -- service-account pools -------------------------------------------------------------------------
+# A pool whose remote says ``"credentials": "service"`` runs every user's jobs under the one
+# credential its ``*_env`` keys name.
+def launched_on(pool, make_case, user, command):
+    """A case of ``user`` on ``pool`` with its input written, launched (the worker's submit step run)."""
+    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
+    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+    return launched(case)
+
+
+def test_a_secret_in_a_pool_remote_is_refused_and_the_session_reads_the_environment_only(driver):
+    """R-POOL-7 at the backend's door: a secret stored in the pool's remote is refused, naming the
+    ``*_env`` key that names its variable; the session reads the secret from the environment only."""
+    pool = driver.service_pool()
+    key = driver.secret_key
+    pool.remote = {**pool.remote, key: driver.secret}
+    with pytest.raises(ValidationError) as refused:
+        pool.full_clean()
+    assert f"set '{key}_env'" in str(refused.value) and "(R-POOL-7)" in str(refused.value)
+    assert driver.secret not in str(refused.value)
+    remote = {**pool.remote, f"{key}_env": "GRIDGATE_CRED_UNSET"}  # the secret is right there in remote
+    with pytest.raises(BackendError, match="GRIDGATE_CRED_UNSET"):
+        driver.module.Session(remote).credential()
+
+
+def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
+    driver, ada, make_case, api, admin_client, caplog, monkeypatch
+):
+    """R-BACK-1: the secret's value, and every token it gave, is in no log record, API response,
+    admin page, event or error, also once the provider refuses the credential quoting it back."""
+    caplog.set_level(logging.DEBUG)
+    pool = driver.service_pool()
+    case = wait_for_terminal(launched_on(pool, make_case, ada, "echo hi; exit 1"), timeout=90)
+    assert case.status == CaseStatus.FAILED and case.last_error
+    sent = "wrong-" + driver.secret  # a credential the provider refuses, any echo of which shows the secret
+    monkeypatch.setenv(driver.secret_env, sent)
+    driver.quote_refusals(sent)
+    clear_clients()
+    with pytest.raises(BackendError) as refused:
+        driver.backend.poll(passes.job_ref(case))
+    bad = launched_on(pool, make_case, ada, "true")
+    assert bad.status == CaseStatus.FAILED and driver.refused_service_words in bad.last_error, bad.last_error
+    pages = [
+        api(ada).get(f"/api/v1/cases/{case.id}/"),
+        api(ada).get(f"/api/v1/cases/{bad.id}/events/"),
+        admin_client.get(f"/admin/resources/resourcepool/{pool.id}/change/"),
+        admin_client.get(f"/admin/cases/case/{bad.id}/change/"),
+    ]
+    assert all(page.status_code == 200 for page in pages)
+    texts = [str(refused.value), case.last_error, bad.last_error, caplog.text]
+    texts += [event.message for each in (case, bad) for event in each.events.all()]
+    texts += [page.content.decode() for page in pages]
+    tokens = driver.access_tokens()
+    assert tokens or driver.name == "qarnot"  # Qarnot's API token is the secret itself
+    for text in texts:
+        for secret in [driver.secret, *tokens]:
+            assert secret not in text
+
+
+def test_cancel_of_a_running_case_cancels_its_job_at_the_provider(driver, ada, make_case):
+    """R-CASE-6: Stop on a running case ends it cancelled, and its job with it (FirecREST's scancel,
+    Qarnot's abort, Run:AI's deletion)."""
+    case = launched_on(driver.service_pool(), make_case, ada, driver.held("sleep 30"))
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.running(case)
+    case = services.cancel_case(case)
+    assert case.status == CaseStatus.CANCELLED
+    driver.cancelled(case)
+
+
+def test_cancel_of_a_case_that_already_finished_answers_409_with_the_real_state_and_keeps_its_output(
+    driver, ada, make_case, api
+):
+    """R-CASE-6 + R-CASE-5: the job ended between the user's last look and Stop, its output never
+    read (the real FirecREST answers the cancel 500, scancel's "already completing or complete";
+    Qarnot 'Invalid operation on non-running task'). The API answers 409 with the real final
+    state, never 500, and the case ends done with every byte of its output, once."""
+    case = launched_on(driver.service_pool(), make_case, ada, "echo first; echo last")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.ended(case)
+    response = api(ada).post(f"/api/v1/cases/{case.id}/cancel/")
+    assert response.status_code == 409, response.content
+    # The 409 carries the real final state (one status call); the enqueued poll (here: the next
+    # pass) fetches the results and records it (R-CASE-2/4).
+    assert response.json()["status"] == "done" and "being brought back" in response.json()["detail"]
+    case = wait_for_terminal(case)
+    assert case.status == CaseStatus.DONE
+    assert (workspace.case_dir(case.id) / "stdout.log").read_text() == "first\nlast\n"
+    with pytest.raises(AlreadyFinished):
+        driver.backend.cancel(passes.job_ref(case))
+
+
+def test_a_submission_whose_answer_times_out_is_never_resent_and_the_job_is_adopted(
+    driver, ada, make_case, monkeypatch
+):
+    """R-CASE-1: the provider created the job but answered after the client's timeout: the
+    submission is not sent again (nor retried by the SDK); the job is found by its name, adopted,
+    and runs to the end: one job."""
+    monkeypatch.setattr(driver.module, "TIMEOUT", 2)
+    method, path = driver.submit_call
+    driver.double.fault(f"{path}$", method=method, delay=3.5, times=1, after=True)
+    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    calls = list(driver.double.calls)
+    assert calls.count(driver.submit_call) == 1
+    assert driver.lookup_call in calls[calls.index(driver.submit_call) :]
+    assert driver.jobs() == 1 and case.remote_id == driver.named(case)
+    assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
+
+
+def test_the_backends_state_in_the_workspace_is_the_services_alone(driver, ada, make_case):
+    """The backend's directory in the case workspace (the inputs' hashes, what was synced,
+    Qarnot's output spool) was 0755 with 0644 files in a case directory every account may
+    traverse (0711): it is 0700, its files 0600."""
+    case = wait_for_terminal(launched_on(driver.service_pool(), make_case, ada, "echo spooled-output"), timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    state = workspace.case_dir(case.id) / driver.state_dir
+    assert state.stat().st_mode & 0o777 == 0o700
+    modes = {path.name: path.stat().st_mode & 0o777 for path in state.iterdir()}
+    assert driver.state_files <= set(modes) and set(modes.values()) == {0o600}, modes
+
+
+def test_cleanup_purges_the_remote_side_of_cases_past_the_retention_once(driver, ada, make_case):
+    """SPEC §8: ``manage.py cleanup`` removes what the provider holds of cases finished before the
+    retention (FirecREST's run directory, Qarnot's buckets and task, Run:AI's run directory and
+    workload), once; ``--dry-run`` only counts; a second purge finds nothing and raises nothing."""
+    pool = driver.service_pool()
+    old = wait_for_terminal(launched_on(pool, make_case, ada, "echo x > out.txt"), timeout=90)
+    recent = wait_for_terminal(launched_on(pool, make_case, ada, "true"), timeout=90)
+    assert old.status == recent.status == CaseStatus.DONE, old.last_error or recent.last_error
+    Case.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=40))
+    out = StringIO()
+    call_command("cleanup", "--days", "30", "--dry-run", stdout=out)
+    assert "would purge the remote side of 1 finished case(s)" in out.getvalue()
+    assert all(driver.remote_side(old))
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 1 finished case(s)" in out.getvalue()
+    assert not any(driver.remote_side(old)) and all(driver.remote_side(recent))
+    assert Case.objects.get(pk=old.pk).remote_purged_at is not None
+    out, before = StringIO(), len(driver.double.calls)
+    call_command("cleanup", "--days", "30", stdout=out)
+    assert "purged the remote side of 0 finished case(s)" in out.getvalue()
+    assert driver.double.calls[before:] == []  # purged once
+    driver.backend.purge(passes.job_ref(old))  # already gone: no error
