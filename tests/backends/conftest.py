@@ -399,8 +399,13 @@ class FirecrestDriver(Driver):
         return list(self.double.token_subjects)
 
     def quote_refusals(self, sent):
-        """Keycloak's refusal quotes nothing. One that did would reach the log unscrubbed through
-        pyfirecrest's own record of the answer (``firecrest.Authorization``, CRITICAL)."""
+        # Keycloak's refusal quotes nothing; an identity provider or a gateway in front of it may.
+        self.double.fault(
+            "/auth/token",
+            status=401,
+            times=20,
+            body={"error": "invalid_client", "error_description": f"Invalid client credentials: {sent}"},
+        )
 
 
 class PastedDriver(Driver):

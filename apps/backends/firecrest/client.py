@@ -97,7 +97,12 @@ class Session(RemoteSession):
             token_uri = self.remote.get("token_uri")
             auth = firecrest.ClientCredentialsAuth(*credential, token_uri, min_token_validity=MIN_TOKEN_VALIDITY)
             auth.timeout = TIMEOUT
+            # Its own log record of a refusal quotes the token endpoint's answer, unscrubbed: an
+            # identity provider or gateway that echoes the request would put the secret in the log
+            # (R-BACK-1). Gridgate logs each failure itself, scrubbed, under a reference.
+            auth.disable_client_logging = True
         client = Firecrest(firecrest_url=self.api_url, authorization=auth)
+        client.disable_client_logging = True  # the same for the API's answers
         client.timeout = TIMEOUT
         client.num_retries_rate_limit = RATE_LIMIT_RETRIES
         return client
