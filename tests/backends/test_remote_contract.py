@@ -1,7 +1,7 @@
 """The remote-provider contract (``apps.backends.remote``), proved once for every provider against
 its loopback double with the real SDK: R-CRED-1, the 401 renewal, error facts as attributes,
 scrubbing of every form of a secret, the doctor skeleton, each user's own credentials, and what a
-service-account pool owes (R-POOL-7, R-BACK-1, R-CASE-1, R-CASE-6, the cleanup). Each provider's
+service-account pool owes (R-POOL-7, R-BACK-1, R-BACK-2, R-CASE-1 … 6, the cleanup). Each provider's
 own module tests only what is its own."""
 
 import base64
@@ -527,7 +527,9 @@ def test_cancel_of_a_case_that_already_finished_answers_409_with_the_real_state_
         driver.backend.cancel(passes.job_ref(case))
 
 
-@pytest.mark.parametrize("answer", [{"delay": 3.5}, {"status": 500}, {"status": 502}, {"status": 503}])
+@pytest.mark.parametrize(
+    "answer", [{"delay": 3.5}, {"status": 500}, {"status": 502}, {"status": 503}], ids=["late", "500", "502", "503"]
+)
 def test_a_submission_answered_late_or_5xx_is_never_resent_and_the_job_is_adopted(
     driver, ada, make_case, monkeypatch, answer
 ):
