@@ -201,6 +201,10 @@ class Driver:
     lookup_call: tuple = ()  # what finds a job by its name after an uncertain submission (R-CASE-1)
     state_dir, state_files = "", frozenset()  # the backend's directory in the case workspace, its files
     doctor_checks: tuple = ()  # what ``manage.py doctor --pool`` checks on a service pool
+    # -- a case's life (the contract's last section)
+    inputs: dict = {}  # inputs besides in.txt, each a provider fact (FirecREST's big one)
+    exit_words = ""  # the provider's words for a command that exited with code 3
+    degraded: tuple = ()  # the option's default and choices while the provider is unreachable
 
     def session(self, pool, identity=None):
         return self.module.Session(pool.remote_config(), identity=identity)
@@ -258,6 +262,9 @@ class Driver:
     def remote_side(self, case) -> tuple[bool, ...]: ...  # what of the case the provider still holds
     def access_tokens(self) -> list[str]: ...  # the tokens the provider issued (none: Qarnot's is the secret)
     def quote_refusals(self, sent: str) -> None: ...  # its refusals quote the credential (a gateway in debug mode)
+    def submitted(self, case) -> None: ...  # assert the provider's own facts of a submitted job
+    def workdir(self, case) -> Path: ...  # where the job runs, as the test can reach it
+    def poll_path(self, case) -> str: ...  # the double's path (a regex) of the case's status call
 
 
 class FirecrestDriver(Driver):
@@ -398,6 +405,20 @@ class FirecrestDriver(Driver):
     def access_tokens(self):
         return list(self.double.token_subjects)
 
+    inputs = {"big.bin": bytes(range(256)) * 8192}  # 2 MiB: over 1 MiB, through the transfer endpoints
+
+    def submitted(self, case):
+        assert (self.workdir(case) / "big.bin").read_bytes() == self.inputs["big.bin"]
+        assert any("/transfer/upload" in path for _method, path in self.double.calls)
+
+    def workdir(self, case):
+        return self.double.fs_root / "scratch" / str(case.id) / "work"
+
+    exit_words, degraded = "exit code 3", ("debug", ["debug"])  # degraded: the pool's own partition
+
+    def poll_path(self, case):
+        return f"{self.poll_listing}$"
+
     def quote_refusals(self, sent):
         # Keycloak's refusal quotes nothing; an identity provider or a gateway in front of it may.
         self.double.fault(
@@ -518,6 +539,20 @@ class QarnotDriver(PastedDriver):
     def access_tokens(self):
         return []  # the API token is the secret itself
 
+    def submitted(self, case):
+        task = self.store[case.remote_id]
+        assert task.snapshot_whitelist and task.snapshot_interval == 1  # live files come from snapshots
+
+    def workdir(self, case):
+        return self.double._scratch / case.remote_id
+
+    # Built from the per-instance errors Qarnot reports in ``completedInstances`` (the SDK drops
+    # them; there is no exit code in ``errors``).
+    exit_words, degraded = "instance 0: The process exited with code 3", (None, [])
+
+    def poll_path(self, case):
+        return f"/tasks/{case.remote_id}"
+
     def quote_refusals(self, sent):
         # The SDK drops a 401's body; its 403s carry the API's message.
         self.double.fault("/", status=403, times=20, body={"message": f"Forbidden for token {sent}"})
@@ -629,6 +664,18 @@ class RunaiDriver(PastedDriver):
 
     def access_tokens(self):
         return list(self.double.tokens)
+
+    def submitted(self, case):
+        workload = self.store[case.remote_id]
+        assert workload.name == f"gg-{case.id}" and workload.project["name"] == "team-a"
+
+    def workdir(self, case):
+        return Path(self.pool.remote["working_root"], str(case.id), "work")
+
+    exit_words, degraded = "container exited with code 3", (None, [])  # its phaseMessage
+
+    def poll_path(self, case):
+        return f"/api/v1/workloads/{case.remote_id}$"
 
     def quote_refusals(self, sent):
         self.double.echo_credentials = 20

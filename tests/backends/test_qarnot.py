@@ -79,35 +79,6 @@ def poll_until(case, predicate, timeout=90.0):
     return case
 
 
-def test_qarnot_case_runs_shows_live_files_and_ends_done_with_results(q_pool, make_case, double):
-    """Full lifecycle (R-CASE-2 … 5): launch → running → live/ → done with results on disk."""
-    case = launch(
-        make_case,
-        q_pool,
-        "cat in.txt > out.txt; echo started; mkdir -p out; echo 0.5 > .gridgate/progress; "
-        "echo partial > out/p.txt; sleep 1.5; echo final > out/p.txt; echo done; echo warn >&2",
-        observability_globs=["out/*.txt"],
-    )
-    assert case.status == CaseStatus.PENDING, case.last_error
-    task = double.tasks[case.remote_id]
-    assert task.snapshot_whitelist and task.snapshot_interval == 1
-    case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
-
-    def live_file():
-        passes.sync_pass(case_ids=[case.id])
-        return (workspace.case_dir(case.id) / "live" / "out" / "p.txt").exists()
-
-    wait_until(live_file, timeout=60, what="a live file")
-    case = poll_until(case, lambda c: c.is_terminal)
-    assert case.status == CaseStatus.DONE, case.last_error
-    root = workspace.case_dir(case.id)
-    assert (root / "results" / "out.txt").read_text() == "input\n"
-    assert (root / "results" / "out" / "p.txt").read_text() == "final\n"
-    assert not (root / "results" / "in.txt").exists()
-    assert "started" in (root / "stdout.log").read_text() and "done" in (root / "stdout.log").read_text()
-    assert "warn" in (root / "stderr.log").read_text()
-
-
 def test_unknown_scheduling_type_is_refused_naming_the_choices_before_any_upload(q_pool, make_case, double):
     """R-BACK-3 and R-BACK-6: an unknown scheduling value is refused (400) naming Flex, OnDemand,
     Reserved, before anything is uploaded."""
@@ -196,76 +167,12 @@ def test_campaign_shared_inputs_are_uploaded_once_and_never_come_back(q_pool, ma
         assert ".gridgate-complete" not in double.keys(qb.bucket_names(str(case.id))[1])
 
 
-@pytest.mark.parametrize("status", [500, 503])
-def test_5xx_on_submit_after_the_task_was_created_adopts_it_and_never_creates_a_second(
-    q_pool, make_case, double, status
-):
-    """R-CASE-1: the SDK retried a POST /tasks that answered 5xx, creating a second task; and
-    the 5xx failed a case whose task was running."""
-    double.fault("/tasks$", method="POST", status=status, after=True)
-    count = len(double.tasks)
-    case = launch(make_case, q_pool, "true")
-    assert case.status == CaseStatus.PENDING, case.last_error
-    assert len(double.tasks) == count + 1 and case.remote_id in double.tasks
-    assert [c for c in double.calls if c == ("POST", "/tasks")] == [("POST", "/tasks")]
-
-
-def test_5xx_on_submit_before_any_task_exists_keeps_the_case_prepared_for_a_retry(q_pool, make_case, double):
-    """A 5xx with no task created is uncertain, not a failure: the retry submits (once)."""
-    double.fault("/tasks$", method="POST", status=503)
-    count = len(double.tasks)
-    case = launch(make_case, q_pool, "true")
-    assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
-    assert len(double.tasks) == count
-    case.lease_until = None
-    case.save(update_fields=["lease_until"])
-    passes.submit_pass()
-    case.refresh_from_db()
-    assert case.status == CaseStatus.PENDING and len(double.tasks) == count + 1
-
-
-def test_failed_polls_on_5xx_or_timeout_change_nothing_and_recover(q_pool, make_case, double):
-    """R-CASE-3: a failed poll only counts and backs off; the next good poll resumes."""
-    case = launch(make_case, q_pool, "true")
-    double.fault(f"/tasks/{case.remote_id}", status=503, times=10)
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
-    assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "503" not in case.status
-    double.faults.clear()
-    double.wait_state(case.remote_id, ("Success",))
-    case = poll_until(case, lambda c: c.is_terminal)
-    assert case.status == CaseStatus.DONE
-
-
 def test_unknown_provider_state_maps_to_pending():
     assert qb.map_state("SomethingNew") == BackendStatus.PENDING
     assert qb.map_state("UploadingResults") == BackendStatus.RUNNING
     assert qb.map_state("Success") == BackendStatus.SUCCEEDED
     assert qb.map_state("Failure") == BackendStatus.FAILED
     assert qb.map_state("Deleted") == BackendStatus.CANCELLED
-
-
-def test_failing_task_ends_failed_with_partial_results(q_pool, make_case, double):
-    """The failure message is built from the per-instance errors Qarnot reports in
-    ``completedInstances`` (the SDK drops them; there is no exit code in ``errors``)."""
-    case = launch(make_case, q_pool, "echo half > half.txt; exit 3")
-    case = poll_until(case, lambda c: c.is_terminal)
-    assert case.status == CaseStatus.FAILED and "instance 0: The process exited with code 3" in case.last_error
-    assert (workspace.case_dir(case.id) / "results" / "half.txt").read_text() == "half\n"
-
-
-def test_launch_options_degrade_when_qarnot_is_unreachable(q_pool, double, api, owner, settings):
-    """R-BACK-2: degraded (launch still possible) and not cached; healthy answers list node types."""
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    rc = q_pool.classes.get()
-    double.fault("/hardware-constraints", status=503, times=10)
-    body = api(owner).get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
-    assert body["degraded"] is True
-    double.faults.clear()
-    body = api(owner).get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
-    assert body["degraded"] is False
-    node = next(o for o in body["options"] if o["key"] == "node_type")
-    assert [c["value"] for c in node["choices"]] == ["8c-32g-amd-rome", "16c-64g-intel"]
 
 
 def test_doctor_fails_at_the_storage_check_when_the_accounts_quota_is_full(q_pool, double, capsys):

@@ -1,7 +1,7 @@
 """The remote-provider contract (``apps.backends.remote``), proved once for every provider against
 its loopback double with the real SDK: R-CRED-1, the 401 renewal, error facts as attributes,
 scrubbing of every form of a secret, the doctor skeleton, each user's own credentials, and what a
-service-account pool owes (R-POOL-7, R-BACK-1, R-CASE-1, R-CASE-6, the cleanup). Each provider's
+service-account pool owes (R-POOL-7, R-BACK-1, R-BACK-2, R-CASE-1 … 6, the cleanup). Each provider's
 own module tests only what is its own."""
 
 import base64
@@ -24,7 +24,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
-from tests.backends.conftest import SEALING_KEY, browser, driving, raw_sealed, wait_for_terminal
+from tests.backends.conftest import SEALING_KEY, browser, driving, raw_sealed, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 
 pytestmark = pytest.mark.django_db
@@ -437,10 +437,11 @@ def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob
 # -- service-account pools -------------------------------------------------------------------------
 # A pool whose remote says ``"credentials": "service"`` runs every user's jobs under the one
 # credential its ``*_env`` keys name.
-def launched_on(pool, make_case, user, command):
-    """A case of ``user`` on ``pool`` with its input written, launched (the worker's submit step run)."""
-    case = make_case(user=user, resource_class=pool.classes.get(), command=command)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
+def launched_on(pool, make_case, user, command, *, inputs=None, **kwargs):
+    """A case of ``user`` on ``pool`` with its inputs written, launched (the worker's submit step run)."""
+    case = make_case(user=user, resource_class=pool.classes.get(), command=command, **kwargs)
+    for name, data in (inputs or {"in.txt": b"input\n"}).items():
+        (workspace.case_dir(case.id) / "inputs" / name).write_bytes(data)
     return launched(case)
 
 
@@ -526,16 +527,24 @@ def test_cancel_of_a_case_that_already_finished_answers_409_with_the_real_state_
         driver.backend.cancel(passes.job_ref(case))
 
 
-def test_a_submission_whose_answer_times_out_is_never_resent_and_the_job_is_adopted(
-    driver, ada, make_case, monkeypatch
+@pytest.mark.parametrize(
+    "answer", [{"delay": 3.5}, {"status": 500}, {"status": 502}, {"status": 503}], ids=["late", "500", "502", "503"]
+)
+def test_a_submission_answered_late_or_5xx_is_never_resent_and_the_job_is_adopted(
+    driver, ada, make_case, monkeypatch, answer
 ):
-    """R-CASE-1: the provider created the job but answered after the client's timeout: the
-    submission is not sent again (nor retried by the SDK); the job is found by its name, adopted,
-    and runs to the end: one job."""
+    """R-CASE-1: the provider created the job but answered after the client's timeout, or 5xx:
+    the submission is not sent again (nor retried by the SDK); the job is found by its name,
+    adopted, and runs to the end: one job."""
     monkeypatch.setattr(driver.module, "TIMEOUT", 2)
     method, path = driver.submit_call
-    driver.double.fault(f"{path}$", method=method, delay=3.5, times=1, after=True)
+    driver.double.fault(f"{path}$", method=method, times=1, after=True, **answer)
     case = launched_on(driver.service_pool(), make_case, ada, "true")
+    if driver.name == "firecrest" and answer.get("status") == 500:  # to FirecREST a 500 is no "maybe carried out":
+        assert case.status == CaseStatus.PREPARED, case.last_error  # the case waits, and the retry finds the job
+        Case.objects.filter(pk=case.pk).update(lease_until=None)  # by its name before any submission
+        passes.submit_pass(case_ids=[case.id])
+        case.refresh_from_db()
     assert case.status == CaseStatus.PENDING, case.last_error
     calls = list(driver.double.calls)
     assert calls.count(driver.submit_call) == 1
@@ -578,3 +587,97 @@ def test_cleanup_purges_the_remote_side_of_cases_past_the_retention_once(driver,
     assert "purged the remote side of 0 finished case(s)" in out.getvalue()
     assert driver.double.calls[before:] == []  # purged once
     driver.backend.purge(passes.job_ref(old))  # already gone: no error
+
+
+# -- a case's life on a service-account pool -------------------------------------------------------
+GATE = "while [ ! -e go ]; do sleep 0.1; done"  # the job waits here until the test writes ``go``
+
+
+def test_a_case_runs_shows_live_files_and_progress_and_ends_done_with_its_results(driver, ada, make_case):
+    """R-CASE-2 … 5: launch → pending → running, its output and live files (and progress) brought
+    back while it runs, → done with what it made in results/ (not its unchanged inputs) and its
+    output in stdout.log/stderr.log, each part once. ``submitted`` checks the provider's own facts."""
+    inputs = {"in.txt": b"input\n", **driver.inputs}
+    case = launched_on(
+        driver.service_pool(), make_case, ada,
+        "cat in.txt > out.txt; echo started; mkdir -p out; echo 0.5 > .gridgate/progress; echo partial > out/p.txt; "
+        f"{GATE}; echo final > out/p.txt; echo done; echo warn >&2",
+        inputs=inputs, observability_globs=["out/*.txt"],
+    )  # fmt: skip
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.submitted(case)
+    work, root = driver.workdir(case), workspace.case_dir(case.id)
+    log = root / "stdout.log"
+    wait_until(lambda: poll_once(case).status == CaseStatus.RUNNING, what="running")
+    wait_until(lambda: poll_once(case) and log.exists() and "started" in log.read_text(), what="output while it runs")
+    live = root / "live" / "out" / "p.txt"
+    wait_until(lambda: passes.sync_pass(case_ids=[case.id]) and live.exists(), what="a live file")
+    case.refresh_from_db()
+    assert live.read_text() == "partial\n" and case.progress == 0.5
+    (work / "go").write_text("")
+    case = wait_for_terminal(case, timeout=90)
+    assert case.status == CaseStatus.DONE, case.last_error
+    assert (root / "results" / "out.txt").read_text() == "input\n"
+    assert (root / "results" / "out" / "p.txt").read_text() == "final\n"
+    assert not [name for name in inputs if (root / "results" / name).exists()]
+    assert log.read_text().count("started") == 1 and "done" in log.read_text()  # what it read running: once
+    assert "warn" in (root / "stderr.log").read_text()
+
+
+def test_a_submission_answered_503_before_any_job_exists_keeps_the_case_prepared_and_the_retry_submits(
+    driver, ada, make_case
+):
+    """R-CASE-1: a 5xx with no job created is uncertain, not a failure: the retry submits, once."""
+    method, path = driver.submit_call
+    driver.double.fault(f"{path}$", method=method, status=503, times=1)
+    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error, case.last_error
+    assert "not listed (yet)" in case.last_error
+    assert driver.double.calls.count(driver.submit_call) == 1 and driver.jobs() == 0
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # the back-off has passed
+    passes.submit_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    assert case.status == CaseStatus.PENDING and driver.jobs() == 1, case.last_error
+
+
+def test_a_failing_command_ends_failed_with_the_providers_words_its_partial_results_and_stderr(driver, ada, make_case):
+    command = "echo half > half.txt; echo oops >&2; exit 3"
+    case = wait_for_terminal(launched_on(driver.service_pool(), make_case, ada, command), timeout=90)
+    assert case.status == CaseStatus.FAILED and driver.exit_words in case.last_error, case.last_error
+    root = workspace.case_dir(case.id)
+    assert (root / "results" / "half.txt").read_text() == "half\n" and "oops" in (root / "stderr.log").read_text()
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 429])
+def test_a_poll_answered_5xx_or_429_is_a_failed_poll_that_changes_nothing_and_the_next_resumes(
+    driver, ada, make_case, status
+):
+    """R-CASE-3: a failed poll only counts (and backs off); the next good poll goes on."""
+    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    assert case.status == CaseStatus.PENDING, case.last_error
+    driver.double.fault(driver.poll_path(case), status=status, times=10)
+    case = poll_once(case)
+    assert case.status == CaseStatus.PENDING and case.poll_failures == 1, case.last_error
+    assert str(status) in case.last_error or driver.name == "qarnot", case.last_error  # its SDK drops a GET's status
+    driver.double.faults.clear()
+    assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
+
+
+def test_launch_options_degrade_while_the_provider_is_unreachable_and_that_answer_is_not_kept(
+    driver, ada, api, settings
+):
+    """R-BACK-2: unreachable, the options are degraded (a launch stays possible) and not cached;
+    reachable again, they list what the service account sees."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    url = f"/api/v1/resource-classes/{driver.service_pool().classes.get().pk}/launch-options/"
+
+    def options():
+        body = api(ada).get(url).json()
+        (option,) = [o for o in body["options"] if o["key"] == driver.option]
+        return body["degraded"], option["default"], [choice["value"] for choice in option["choices"]]
+
+    method, path = driver.options_call
+    driver.double.fault(path, status=503, times=10, method=method)
+    assert options() == (True, *driver.degraded)
+    driver.double.faults.clear()
+    assert options()[::2] == (False, driver.choices[1])
