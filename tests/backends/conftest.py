@@ -205,6 +205,10 @@ class Driver:
     inputs: dict = {}  # inputs besides in.txt, each a provider fact (FirecREST's big one)
     exit_words = ""  # the provider's words for a command that exited with code 3
     degraded: tuple = ()  # the option's default and choices while the provider is unreachable
+    # -- where credentials go, and who may read them
+    url_keys: tuple = ()  # the remote's keys naming the hosts a credential is sent to
+    refreshes = False  # the user's credential is a refresh token, traded at token_uri for access tokens
+    service_env: dict = {}  # a service pool's ``*_env`` keys and the credential variables they name
 
     def session(self, pool, identity=None):
         return self.module.Session(pool.remote_config(), identity=identity)
@@ -284,6 +288,8 @@ class FirecrestDriver(Driver):
     service_owner = "service-account-gridgate-client"
     resources = {"cpu": 1, "memory": 1}
     secrets_known = 4  # refresh tokens (rotated), access tokens, the PKCE verifier
+    url_keys, refreshes = ("api_url", "token_uri"), True  # access tokens to api_url, refresh tokens to token_uri
+    service_env = {"client_id_env": "GRIDGATE_CRED_FC_ID", "client_secret_env": "GRIDGATE_CRED_FC_SECRET"}
     backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
     secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
     secret_key, refused_service_words = "client_secret", "client credentials"
@@ -480,6 +486,7 @@ class QarnotDriver(PastedDriver):
     doctor_checks = ("sdk", "credentials", "reachability", "profile", "image", "buckets", "storage")
     options_call = ("GET", "/hardware-constraints")
     resources = {"cpu": 4, "memory": 8}
+    url_keys, service_env = ("cluster_url",), {"token_env": "GRIDGATE_CRED_QARNOT_TOKEN"}
     credentials = {"ada": ("qarnot-ada-PERSONAL-token-1a2b3c",), "bob": ("qarnot-bob-PERSONAL-token-4d5e6f",)}
 
     def __init__(self, tmp_path):
@@ -581,6 +588,11 @@ class RunaiDriver(PastedDriver):
     options_call = ("GET", "/api/v1/org-unit/projects")
     resources = {"cpu": 2, "memory": 4, "gpu": 1}
     echoes = True
+    url_keys = ("base_url",)  # the access key goes to its token endpoint, the tokens to its API
+    service_env = {
+        "client_id_env": "GRIDGATE_CRED_RUNAI_CLIENT_ID",
+        "client_secret_env": "GRIDGATE_CRED_RUNAI_CLIENT_SECRET",
+    }
     credentials = {
         "ada": ("ada-key", "runai-ada-PERSONAL-secret-1a2b3c"),
         "bob": ("bob-key", "runai-bob-PERSONAL-secret-4d5e6f"),

@@ -7,12 +7,16 @@ own module tests only what is its own."""
 import base64
 import json
 import logging
+import os
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import StringIO
 from urllib.parse import quote
 
 import pytest
 from cryptography.fernet import Fernet
+from django.contrib.admin.models import LogEntry
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.utils import timezone
@@ -24,6 +28,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
+from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.conftest import SEALING_KEY, browser, driving, raw_sealed, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 
@@ -434,6 +439,101 @@ def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob
     assert driver.alive(bob) and RemoteConnection.objects.filter(user=bob).exists()  # bob's is untouched
 
 
+# -- a moved pool ----------------------------------------------------------------------------------
+class Listener:
+    """A host a pool is moved to: records every request it gets (its line, headers and body),
+    and answers each with an empty JSON object."""
+
+    def __init__(self):
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append(f"{self.requestline}\n{self.headers}\n{body.decode(errors='replace')}")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"storage": null}')
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def reached(self, secrets) -> list[str]:
+        """The forms of ``secrets`` that reached this host."""
+        text = "\n".join(self.seen)
+        return [form for form in secret_forms(secrets) if form in text]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, staff, api, settings):
+    """F3: a user with "change resource pool" moved a per-user pool's provider URLs after ada
+    connected; her next launch-options call sent her credential to the new host. A connection now
+    remembers the provider URLs it was made against and is not used after they change: ada is
+    asked to reconnect, and the change is in the pool's admin history."""
+    settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
+    pool, before = driver.pool, dict(driver.pool.remote)
+    assert driver.saved(ada) in driver.connect(ada)[-1].content.decode()
+    elsewhere = Listener()
+    try:
+        remote = {**before, **dict.fromkeys(driver.url_keys, elsewhere.url)}
+        moved = api(staff).patch(f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote}, format="json")
+        assert moved.status_code == 200, moved.content
+        clear_clients()
+        answer = api(ada).get(f"/api/v1/resource-classes/{pool.classes.get().pk}/launch-options/")
+        assert answer.status_code == 200 and elsewhere.reached(driver.secrets(ada)) == []  # her credential went nowhere
+        state = api(ada).get(f"/api/v1/connections/{pool.pk}/").json()
+        assert state["state"] == "failed" and "provider URLs changed" in state["failure"]
+    finally:
+        elsewhere.stop()
+    connection = RemoteConnection.objects.get(user=ada, pool=pool)
+    assert connection.state == ConnectionState.FAILED
+    assert all(key in connection.failure for key in driver.url_keys), connection.failure
+    entry = LogEntry.objects.get(object_id=str(pool.pk))
+    assert entry.user == staff
+    for key in driver.url_keys:
+        assert f"{key} {before[key]} → {elsewhere.url}" in entry.change_message, entry.change_message
+    assert "1 user connection(s) must reconnect" in entry.change_message
+
+    back = api(staff).patch(f"/api/v1/resource-pools/{pool.pk}/", {"remote": before}, format="json")
+    assert back.status_code == 200, back.content
+    assert driver.saved(ada) in driver.connect(ada)[-1].content.decode()  # she reconnects, knowingly
+    stored = RemoteConnection.objects.get(user=ada, pool=pool).provider_urls
+    assert stored == {key: before.get(key) for key in credential_services.PROVIDER_URL_KEYS[driver.kind]}
+
+
+def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(driver, ada):
+    """F3: the check is made where the credential is used, whoever changed the pool (a shell, a
+    migration): the connection is refused there too. FirecREST's refresh grant reads the connection
+    and the pool again under the row lock, so a worker holding ada's identity from before the move
+    still sends no refresh token to the token_uri the pool was moved to."""
+    driver.connect(ada)
+    stale = credential_services.identity_for(ada, driver.pool)  # a worker's, from before the move
+    elsewhere = Listener()
+    try:
+        remote = {**driver.pool.remote, **dict.fromkeys(driver.url_keys, elsewhere.url)}
+        ResourcePool.objects.filter(pk=driver.pool.pk).update(remote=remote)
+        pool = ResourcePool.objects.get(pk=driver.pool.pk)
+        with pytest.raises(CredentialsRequired, match="other provider URLs"):
+            credential_services.identity_for(ada, pool).token()
+        if driver.refreshes:
+            credential_services.forget_access_tokens()  # its access token ran out: a refresh grant
+            with pytest.raises(CredentialsRequired, match="other provider URLs"):
+                stale.token(fresh=True)
+    finally:
+        elsewhere.stop()
+    assert elsewhere.seen == []  # nothing at all, the refresh token least of all
+
+
 # -- service-account pools -------------------------------------------------------------------------
 # A pool whose remote says ``"credentials": "service"`` runs every user's jobs under the one
 # credential its ``*_env`` keys name.
@@ -458,6 +558,34 @@ def test_a_secret_in_a_pool_remote_is_refused_and_the_session_reads_the_environm
     remote = {**pool.remote, f"{key}_env": "GRIDGATE_CRED_UNSET"}  # the secret is right there in remote
     with pytest.raises(BackendError, match="GRIDGATE_CRED_UNSET"):
         driver.module.Session(remote).credential()
+
+
+@pytest.mark.credential_binding  # tests/conftest.py reads every variable as bound without it
+def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, staff, api, monkeypatch, settings):
+    """F8: any pool could name another pool's GRIDGATE_CRED_ variable: whoever may change one pool
+    pointed it at the service account of another, then at a host of theirs. A variable is now read
+    only for the pools <NAME>_POOLS binds it to, which the environment sets, not a pool editor.
+    Each of the service's variables is checked: the one left unbound is named."""
+    settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
+    owned = driver.service_pool()
+    elsewhere = Listener()
+    try:
+        remote = {**owned.remote, **dict.fromkeys(driver.url_keys, elsewhere.url), **driver.service_env}
+        theirs = ResourcePool.objects.create(name="mine", kind=driver.kind, public=True, remote=remote)
+        ResourceClass.objects.create(pool=theirs, name="c", default=True, **driver.resources)
+        for unbound in driver.service_env.values():
+            for variable in driver.service_env.values():
+                bound = [owned.pk] if variable == unbound else [owned.pk, theirs.pk]
+                monkeypatch.setenv(f"{variable}_POOLS", ",".join(map(str, bound)))
+            clear_clients()
+            refused = api(staff).get(f"/api/v1/resource-classes/{theirs.classes.get().pk}/launch-options/").json()
+            assert refused["degraded"] and f"{unbound}_POOLS={theirs.pk}" in refused["message"], refused
+    finally:
+        elsewhere.stop()
+    service = [os.environ[name] for name in driver.service_env.values()]
+    assert elsewhere.reached(service) == []  # the service's credential went nowhere
+    allowed = api(staff).get(f"/api/v1/resource-classes/{owned.classes.get().pk}/launch-options/").json()
+    assert not allowed["degraded"], allowed
 
 
 def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(

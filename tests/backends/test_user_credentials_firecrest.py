@@ -373,24 +373,3 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
     assert RemoteConnection.objects.get(pk=connection.pk).state == ConnectionState.CONNECTED
     (live,) = double.live_refresh_tokens("ada")  # one chain of rotations, no reuse, session alive
     assert Fernet(KEY).decrypt(raw_sealed(connection.pk).encode()).decode() == live
-
-
-# -- a moved pool -----------------------------------------------------------------------------------
-def test_f3_a_refresh_token_never_goes_to_a_token_uri_the_pool_was_moved_to(
-    driver, double, user_pool, ada, monkeypatch
-):
-    """F3: FirecREST's token_uri would have received users' refresh tokens the same way a moved
-    Qarnot cluster_url received API tokens. The refresh grant reads the connection and the pool
-    under the row lock and refuses (reconnect) when the URLs differ from those it was made with."""
-    from apps.credentials import oauth
-
-    driver.connect(ada)
-    connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
-    sent = []
-    monkeypatch.setattr(oauth, "refresh", lambda remote, token: sent.append((remote["token_uri"], token)))
-    ResourcePool.objects.filter(pk=user_pool.pk).update(
-        remote=dict(user_pool.remote, token_uri="https://collector.example.org/token")
-    )
-    with pytest.raises(credential_services.CredentialsRequired, match="other provider URLs"):
-        credential_services._refresh(connection.pk, connection.generation)
-    assert sent == []
