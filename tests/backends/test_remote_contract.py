@@ -511,6 +511,27 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, sta
     assert stored == {key: before.get(key) for key in credential_services.PROVIDER_URL_KEYS[driver.kind]}
 
 
+def test_f3_a_pool_moved_in_the_admin_ends_its_connections_and_says_so(driver, ada, admin_client):
+    """F3 through the admin's pool form, a save path of its own: the connections made against the
+    old provider URLs end, and the page tells the administrator how many users must reconnect."""
+    from tests.resources.test_admin import inline_data, pool_form
+
+    driver.connect(ada)
+    pool, klass = driver.pool, driver.pool.classes.get()
+    remote = {**pool.remote, **dict.fromkeys(driver.url_keys, "https://elsewhere.example.org")}
+    fields = ("name", "cpu", "memory", "gpu", "max_storage", "default_storage", "max_tasks", "wall_time")
+    row = {field: "" if getattr(klass, field) is None else str(getattr(klass, field)) for field in fields}
+    row |= {"id": str(klass.pk), "default": "on", "max_wall_time": str(klass.max_wall_time)}
+    form = pool_form(name=pool.name, kind=pool.kind, remote=json.dumps(remote), public="on")
+    page = admin_client.post(
+        f"/admin/resources/resourcepool/{pool.pk}/change/", form | inline_data([row], initial=1), follow=True
+    )
+    assert page.status_code == 200 and "1 user connection(s) were ended" in page.content.decode()
+    connection = RemoteConnection.objects.get(user=ada, pool=pool)
+    assert connection.state == ConnectionState.FAILED
+    assert all(key in connection.failure for key in driver.url_keys), connection.failure
+
+
 def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(driver, ada):
     """F3: the check is made where the credential is used, whoever changed the pool (a shell, a
     migration): the connection is refused there too. FirecREST's refresh grant reads the connection
