@@ -220,6 +220,15 @@ class _PoolNow:
     # R-RES-1/2 ahead: the live windows until ``CALENDAR_AHEAD``, and the usable devices' jobs at once
     windows: tuple = ()
     capacity_of: dict = field(default_factory=dict)
+    _slowed: dict = field(default_factory=dict)  # (user id, target) -> ``slowed_for``, per read
+
+    def slowed(self, user_id: int, target: int | None) -> list[tuple[float, float, float]]:
+        """``slowed_for`` of this read's windows, once per user and target device: a list's jobs
+        mostly share both."""
+        key = (user_id, target)
+        if key not in self._slowed:
+            self._slowed[key] = slowed_for(self.windows, self.capacity_of, user_id, target, self.at)
+        return self._slowed[key]
 
 
 def _now(pools: dict) -> dict[int, _PoolNow]:
@@ -482,9 +491,7 @@ class _QueueSnapshot:
         start, bound = state.correction.apply(found)
         queue = self.queue
         if state.windows:  # the calendar's windows stop or slow the job's clock
-            slowed = slowed_for(
-                state.windows, state.capacity_of, queue.user_of[job_id], self.target_of.get(job_id), state.at
-            )
+            slowed = state.slowed(queue.user_of[job_id], self.target_of.get(job_id))
             if slowed:
                 start, bound = eta.push_past(start, slowed), eta.push_past(bound, slowed)
                 found = eta.Estimate(eta.push_past(found.median, slowed), found.std, eta.push_past(found.p90, slowed))
