@@ -76,7 +76,10 @@ class PoolAdmin(ResourcePoolAdmin):
         )
         if found.starts < eta.CORRECTION_MIN:
             return f"{text}; no correction before {eta.CORRECTION_MIN} starts"
-        return f"{text}; correction now: median ×{found.median:.2f}, bound ×{found.p90:.2f}"
+        return (
+            f"{text}; correction now: median ×{found.median:.2f}, "
+            f"bound ×{found.p90:.2f}, the {found.level:.0%} quantile of the last starts"
+        )
 
     @admin.action(
         description="Recompute users' and groups' usage from the job history (usage_fair)", permissions=["change"]

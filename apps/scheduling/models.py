@@ -158,6 +158,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="Wait beaten 90 % of the time, uncorrected."
     )
     eta_p90_factor = models.FloatField(null=True, blank=True, help_text="Correction of the bound shown then.")
+    eta_p90_level = models.FloatField(
+        null=True, blank=True, help_text="The quantile that correction was learned at (eta.learn)."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -206,8 +206,9 @@ def record_predictions(pool_id: int) -> int:
         job.eta_recorded_seconds = waiting.estimate.median
         job.eta_p90_recorded_seconds = waiting.estimate.p90
         job.eta_p90_factor = waiting.eta_p90_seconds / waiting.estimate.p90 if waiting.estimate.p90 > 0 else 1.0
+        job.eta_p90_level = waiting.level
         recorded.append(job)
-    fields = ["eta_recorded_at", "eta_recorded_seconds", "eta_p90_recorded_seconds", "eta_p90_factor"]
+    fields = ["eta_recorded_at", "eta_recorded_seconds", "eta_p90_recorded_seconds", "eta_p90_factor", "eta_p90_level"]
     # Only jobs still pending and unrecorded: bulk_update keeps the queryset's filter.
     return Job.objects.filter(status=JobStatus.PENDING, eta_recorded_at__isnull=True).bulk_update(recorded, fields)
 

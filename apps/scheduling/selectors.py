@@ -117,7 +117,8 @@ class Waiting:
     median (``eta_seconds``, as likely before as after), one standard deviation of it
     (``eta_error_seconds``) and a start it beats 90 % of the time (``eta_p90_seconds``), both
     corrected by what the pool's last starts showed; ``estimate``: the model's own figures,
-    before correction (what the dispatcher records to learn the correction)."""
+    before correction, and ``level``: the quantile the bound's correction was learned at (what
+    the dispatcher records to learn the next correction)."""
 
     code: str | None
     position: int | None
@@ -125,6 +126,7 @@ class Waiting:
     eta_error_seconds: float | None
     eta_p90_seconds: float | None = None
     estimate: eta.Estimate | None = field(default=None, compare=False)
+    level: float | None = field(default=None, compare=False)
 
     @property
     def reason(self) -> str | None:
@@ -310,8 +312,9 @@ def slowed_for(windows, capacity_of: dict, user_id: int, target: int | None, at)
     return eta.capacity_left(spans, capacity_of)
 
 
-def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float]]]:
-    """``{pool id: [(median wait expected, bound expected, actual wait, bound shown)]}`` of each
+def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float, float | None]]]:
+    """``{pool id: [(median wait expected, bound expected, actual wait, bound shown, the level
+    its correction was learned at)]}`` of each
     pool's last ``eta.CORRECTION_STARTS`` dispatched jobs whose expected start was recorded (the
     expectations uncorrected), in seconds: what ``eta.learn`` corrects the ETA from. One query
     for every pool (a window over the jobs_eta_recorded_pool index), not a counter row written
@@ -329,14 +332,15 @@ def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float
             "eta_recorded_seconds",
             "eta_p90_recorded_seconds",
             "eta_p90_factor",
+            "eta_p90_level",
             "eta_recorded_at",
             "scheduled_at",
         )
     )
     out: dict[int, list] = defaultdict(list)
-    for pool_id, median, bound, factor, recorded_at, scheduled_at in rows:
+    for pool_id, median, bound, factor, level, recorded_at, scheduled_at in rows:
         actual = (scheduled_at - recorded_at).total_seconds()
-        out[pool_id].append((median, bound, actual, bound * (factor or 1.0)))
+        out[pool_id].append((median, bound, actual, bound * (factor or 1.0), level))
     return out
 
 
@@ -511,7 +515,7 @@ class _QueueSnapshot:
             code = "device_busy"
         else:
             code = "waiting_turn"
-        return Waiting(code, rank, start, found.std, bound, found)
+        return Waiting(code, rank, start, found.std, bound, found, state.correction.level)
 
 
 def _shares(pool, queue, user_ids, recent) -> eta.Shares:

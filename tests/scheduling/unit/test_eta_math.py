@@ -79,24 +79,44 @@ def test_a_queue_estimate_counts_the_running_rest_and_the_jobs_ranked_before():
 
 
 def test_too_few_recorded_starts_correct_nothing_but_still_say_how_the_bounds_held():
-    correction = eta.learn([(60.0, 120.0, 300.0, 120.0)] * (eta.CORRECTION_MIN - 1))
+    correction = eta.learn([(60.0, 120.0, 300.0, 120.0, None)] * (eta.CORRECTION_MIN - 1))
     assert (correction.median, correction.p90) == (1.0, 1.0)
     assert (correction.starts, correction.coverage) == (eta.CORRECTION_MIN - 1, 0.0)
 
 
-def test_a_bound_that_held_too_rarely_is_widened_until_it_holds_nine_times_in_ten():
-    # Every actual wait is 1 to 3 times the bound predicted: the bound must grow.
-    starts = [(50.0, 100.0, 100.0 * (1 + 2 * i / 99), 100.0) for i in range(100)]
-    correction = eta.learn(starts)
-    assert correction.p90 == pytest.approx(100.0 * (1 + 2 * 90 / 99) / 100.0)
-    assert correction.coverage == pytest.approx(0.01)  # the bounds shown held once in 100
+def starts_held(held: int, level: float | None = 0.9, n: int = 100):
+    """``n`` starts whose actual waits are 1 to 3 times the bound predicted (100 s), of which
+    the first ``held`` beat the bound shown to them, learned at ``level``."""
+    out = []
+    for i in range(n):
+        actual = 100.0 * (1 + 2 * i / (n - 1))
+        out.append((50.0, 100.0, actual, actual if i < held else actual / 2, level))
+    return out
+
+
+def test_bounds_that_held_nine_times_in_ten_are_learned_again_at_the_level_they_were():
+    correction = eta.learn(starts_held(90))
+    assert correction.coverage == pytest.approx(0.9) and correction.level == pytest.approx(0.9)
+    assert correction.p90 == pytest.approx((1 + 2 * 90 / 99) * 100.0 / 100.0)  # the 90th of the ratios
     assert correction.median == pytest.approx((1 + 2 * 50 / 99) * 2)
 
 
-def test_a_correction_is_clamped_and_never_puts_the_bound_below_the_median():
-    starts = [(50.0, 100.0, 1.0, 100.0)] * 100  # everything started at once
+def test_bounds_that_held_too_rarely_raise_the_level_and_too_often_lower_it():
+    assert eta.learn(starts_held(85)).level == pytest.approx(0.95)
+    assert eta.learn(starts_held(85)).p90 == pytest.approx(1 + 2 * 95 / 99)
+    assert eta.learn(starts_held(95)).level == pytest.approx(0.85)
+    assert eta.learn(starts_held(1)).level == eta.LEVEL_RANGE[1]
+    # The level integrates: bounds learned at 0.95 that held as promised stay at 0.95, and
+    # starts recorded before any level count as learned at 0.9.
+    assert eta.learn(starts_held(90, level=0.95)).level == pytest.approx(0.95)
+    assert eta.learn(starts_held(85, level=None)).level == pytest.approx(0.95)
+
+
+def test_a_correction_is_clamped_never_narrows_the_models_bound_nor_puts_it_below_the_median():
+    starts = [(50.0, 100.0, 1.0, 100.0, 0.9)] * 100  # everything started at once
     correction = eta.learn(starts)
-    assert (correction.median, correction.p90) == eta.CORRECTION_RANGE[:1] * 2
+    # The median is clamped; the bound's correction never narrows the model's bound.
+    assert (correction.median, correction.p90) == (eta.CORRECTION_RANGE[0], 1.0)
     shown, bound = correction.apply(eta.Estimate(40.0, 10.0, 41.0))
     assert shown == pytest.approx(10.0) and bound >= shown
 
@@ -106,7 +126,7 @@ def test_a_pools_correction_is_learned_once_per_max_age_and_stale_pools_in_one_r
 
     def read(pool_ids):
         reads.append(sorted(pool_ids))
-        return {7: [(60.0, 60.0, 120.0, 60.0)] * eta.CORRECTION_MIN}
+        return {7: [(60.0, 60.0, 120.0, 60.0, 0.9)] * eta.CORRECTION_MIN}
 
     first = cache.corrections([7, 8], read)
     assert first[7].median == 2.0 and first[8] == eta.NO_CORRECTION
