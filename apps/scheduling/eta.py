@@ -380,28 +380,28 @@ def push_past(wait: float, slowed: list[tuple[float, float, float]]) -> float:
 # -- self-correction -----------------------------------------------------------------------------
 CORRECTION_STARTS = 200  # the last dispatched jobs of a pool a correction is learned from
 CORRECTION_MIN = 30  # fewer recorded starts: no correction
-CORRECTION_RANGE = (0.25, 8.0)  # a correction never moves a prediction further (the bound: never below 1)
+CORRECTION_MAX = 8.0  # the bound's correction widens it at most this much
 LEVEL_RANGE = (0.5, 0.99)  # the quantile the bound's correction is learned at stays in this range
 CORRECTION_MAX_AGE = 60.0  # seconds a pool's correction is reused
 
 
 @dataclass(frozen=True)
 class Correction:
-    """What a pool's last starts say about its predictions: multiply the median by ``median``
-    and the bound by ``p90`` to make them hold as promised; ``level`` is the quantile of the
-    starts' actual / predicted bound that ``p90`` is, ``starts`` how many it is learned from,
-    ``coverage`` how often the bound shown to those jobs (corrected as it was then) held."""
+    """What a pool's last starts say about its predictions: multiply the bound by ``p90`` to make
+    it hold 9 times in 10; ``level`` is the quantile of the starts' actual / predicted bound that
+    ``p90`` is, ``starts`` how many it is learned from, ``coverage`` how often the bound shown to
+    those jobs (corrected as it was then) held, ``early`` how often they started by the median
+    shown (promised: half of them)."""
 
-    median: float = 1.0
     p90: float = 1.0
     starts: int = 0
     coverage: float | None = None
+    early: float | None = None
     level: float = 0.9
 
     def apply(self, found: Estimate) -> tuple[float, float]:
-        """The (median, bound) shown: corrected, the bound never below the median."""
-        shown = found.median * self.median
-        return shown, max(found.p90 * self.p90, shown)
+        """The (median, bound) shown: the bound corrected, never below the median."""
+        return found.median, max(found.p90 * self.p90, found.median)
 
 
 NO_CORRECTION = Correction()
@@ -414,9 +414,9 @@ def _quantile(values: list[float], q: float) -> float:
 
 def learn(starts: list[tuple[float, float, float, float, float | None]]) -> Correction:
     """The correction from recorded starts ``[(predicted median wait, predicted bound, actual
-    wait, bound shown, level it was learned at)]`` in seconds, the predictions uncorrected: the
-    median of actual / predicted median, and a quantile of actual / predicted bound. Waits are
-    floored at one second (a job that started at once says nothing of ratios).
+    wait, bound shown, level it was learned at)]`` in seconds, the predictions uncorrected: a
+    quantile of actual / predicted bound, at least 1. Waits are floored at one second (a job that
+    started at once says nothing of ratios).
 
     The quantile is the level those bounds were learned at (0.9 when none was), raised by what
     they fell short of holding 9 times in 10, or lowered by what they held beyond: the level
@@ -425,21 +425,20 @@ def learn(starts: list[tuple[float, float, float, float, float | None]]) -> Corr
     the starts it learns from lag behind them. The integral lives in the job rows (the level
     each recorded), not in a row every dispatch would write.
 
-    The bound's correction only widens the model's bound: the last starts come in runs that
-    waited behind the same jobs, and a narrowing learned from a run that went well made the next
-    bounds miss more often than the model's own (bench/eta.py, fifo; docs/api.md)."""
-    covered = [max(actual, 1.0) <= max(shown, 1.0) for _, _, actual, shown, _ in starts]
-    coverage = sum(covered) / len(covered) if covered else None
-    if len(starts) < CORRECTION_MIN:
-        return Correction(starts=len(starts), coverage=coverage)
-    low, high = CORRECTION_RANGE
+    Only the bound is corrected, and only widened: the last starts come in runs that waited
+    behind the same jobs, and a factor learned from one run and applied to the next added its
+    noise to the median and made a narrowed bound miss (bench/eta.py; docs/api.md)."""
+    if not starts:
+        return NO_CORRECTION
+    n = len(starts)
+    coverage = sum(max(actual, 1.0) <= max(shown, 1.0) for _, _, actual, shown, _ in starts) / n
+    early = sum(max(actual, 1.0) <= max(median, 1.0) for median, _, actual, _, _ in starts) / n
+    if n < CORRECTION_MIN:
+        return Correction(starts=n, coverage=coverage, early=early)
     used = statistics.fmean(0.9 if level is None else level for *_, level in starts)
     level = min(max(used + 0.9 - coverage, LEVEL_RANGE[0]), LEVEL_RANGE[1])
-    to_median = [max(actual, 1.0) / max(predicted, 1.0) for predicted, _, actual, _, _ in starts]
     to_bound = [max(actual, 1.0) / max(bound, 1.0) for _, bound, actual, _, _ in starts]
-    m = min(max(_quantile(to_median, 0.5), low), high)
-    b = min(max(_quantile(to_bound, level), 1.0), high)
-    return Correction(m, b, len(starts), coverage, level)
+    return Correction(min(max(_quantile(to_bound, level), 1.0), CORRECTION_MAX), n, coverage, early, level)
 
 
 # -- the one per-process cache -------------------------------------------------------------------

@@ -115,10 +115,10 @@ class Waiting:
     """Why a pending job waits (``code``, ``reason``), where it stands in its pool's queue and
     when it is expected to start, in seconds from now (None when no device can run it now): the
     median (``eta_seconds``, as likely before as after), one standard deviation of it
-    (``eta_error_seconds``) and a start it beats 90 % of the time (``eta_p90_seconds``), both
-    corrected by what the pool's last starts showed; ``estimate``: the model's own figures,
-    before correction, and ``level``: the quantile the bound's correction was learned at (what
-    the dispatcher records to learn the next correction)."""
+    (``eta_error_seconds``) and a start it beats 90 % of the time (``eta_p90_seconds``, corrected
+    by what the pool's last starts showed); ``estimate``: the model's own figures, before
+    correction, and ``level``: the quantile the bound's correction was learned at (what the
+    dispatcher records to learn the next correction)."""
 
     code: str | None
     position: int | None

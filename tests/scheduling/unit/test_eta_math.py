@@ -80,8 +80,8 @@ def test_a_queue_estimate_counts_the_running_rest_and_the_jobs_ranked_before():
 
 def test_too_few_recorded_starts_correct_nothing_but_still_say_how_the_bounds_held():
     correction = eta.learn([(60.0, 120.0, 300.0, 120.0, None)] * (eta.CORRECTION_MIN - 1))
-    assert (correction.median, correction.p90) == (1.0, 1.0)
-    assert (correction.starts, correction.coverage) == (eta.CORRECTION_MIN - 1, 0.0)
+    assert correction.p90 == 1.0
+    assert (correction.starts, correction.coverage, correction.early) == (eta.CORRECTION_MIN - 1, 0.0, 0.0)
 
 
 def starts_held(held: int, level: float | None = 0.9, n: int = 100):
@@ -98,7 +98,7 @@ def test_bounds_that_held_nine_times_in_ten_are_learned_again_at_the_level_they_
     correction = eta.learn(starts_held(90))
     assert correction.coverage == pytest.approx(0.9) and correction.level == pytest.approx(0.9)
     assert correction.p90 == pytest.approx((1 + 2 * 90 / 99) * 100.0 / 100.0)  # the 90th of the ratios
-    assert correction.median == pytest.approx((1 + 2 * 50 / 99) * 2)
+    assert correction.early == 0.0  # each waited past the median predicted (50 s)
 
 
 def test_bounds_that_held_too_rarely_raise_the_level_and_too_often_lower_it():
@@ -112,13 +112,16 @@ def test_bounds_that_held_too_rarely_raise_the_level_and_too_often_lower_it():
     assert eta.learn(starts_held(85, level=None)).level == pytest.approx(0.95)
 
 
-def test_a_correction_is_clamped_never_narrows_the_models_bound_nor_puts_it_below_the_median():
+def test_the_median_is_shown_as_the_model_has_it_and_the_bound_is_only_widened():
     starts = [(50.0, 100.0, 1.0, 100.0, 0.9)] * 100  # everything started at once
     correction = eta.learn(starts)
-    # The median is clamped; the bound's correction never narrows the model's bound.
-    assert (correction.median, correction.p90) == (eta.CORRECTION_RANGE[0], 1.0)
-    shown, bound = correction.apply(eta.Estimate(40.0, 10.0, 41.0))
-    assert shown == pytest.approx(10.0) and bound >= shown
+    assert correction.p90 == 1.0 and correction.early == 1.0  # the model's bound, never narrowed
+    assert correction.apply(eta.Estimate(40.0, 10.0, 41.0)) == (40.0, 41.0)
+    late = eta.learn([(50.0, 100.0, 10_000.0, 100.0, 0.9)] * 100)  # everything started very late
+    assert late.p90 == eta.CORRECTION_MAX
+    shown, bound = late.apply(eta.Estimate(40.0, 10.0, 41.0))
+    assert shown == 40.0 and bound == pytest.approx(41.0 * eta.CORRECTION_MAX)
+    assert eta.Correction(p90=1.0).apply(eta.Estimate(40.0, 10.0, 30.0)) == (40.0, 40.0)  # never below it
 
 
 def test_a_pools_correction_is_learned_once_per_max_age_and_stale_pools_in_one_read():
@@ -129,7 +132,7 @@ def test_a_pools_correction_is_learned_once_per_max_age_and_stale_pools_in_one_r
         return {7: [(60.0, 60.0, 120.0, 60.0, 0.9)] * eta.CORRECTION_MIN}
 
     first = cache.corrections([7, 8], read)
-    assert first[7].median == 2.0 and first[8] == eta.NO_CORRECTION
+    assert first[7].p90 == 2.0 and first[8] == eta.NO_CORRECTION
     assert cache.corrections([7, 8], read) == first and reads == [[7, 8]]
     cache.clear()
     cache.corrections([7], read)
