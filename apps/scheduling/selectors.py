@@ -314,11 +314,10 @@ def slowed_for(windows, capacity_of: dict, user_id: int, target: int | None, at)
 
 def recorded_starts(pool_ids) -> dict[int, list[tuple[float, float, float, float, float | None]]]:
     """``{pool id: [(median wait expected, bound expected, actual wait, bound shown, the level
-    its correction was learned at)]}`` of each
-    pool's last ``eta.CORRECTION_STARTS`` dispatched jobs whose expected start was recorded (the
-    expectations uncorrected), in seconds: what ``eta.learn`` corrects the ETA from. One query
-    for every pool (a window over the jobs_eta_recorded_pool index), not a counter row written
-    at each dispatch."""
+    its correction was learned at)]}`` of each pool's last ``eta.CORRECTION_STARTS`` dispatched
+    jobs whose expected start was recorded (the expectations uncorrected), in seconds: what
+    ``eta.learn`` corrects the ETA from. One query for every pool (a window over the
+    jobs_eta_recorded_pool index), not a counter row written at each dispatch."""
     from django.db.models import Window
     from django.db.models.functions import RowNumber
 
