@@ -57,7 +57,8 @@ def test_doctor_closes_a_listable_cases_root_and_fails_on_one_it_cannot(settings
     assert code == 1 and line.startswith("FAIL  [site] cases root:") and f"chmod 0711 {root}" in line
 
 
-def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path):
+def test_doctor_local_backend_checks_the_cases_root(settings, tmp_path, sandbox_host):
+    """Every check passes on a host with the sandbox (skipped without bubblewrap outside CI)."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
     code, out = doctor("--backend", "local")
     assert code == 0

@@ -25,6 +25,7 @@ from apps.cases.models import TERMINAL as CASE_TERMINAL
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import TERMINAL, DriverRun, Job, JobStatus
+from tests.backends.conftest import sandbox_host  # noqa: F401 - the local cases run as the sandbox account
 from tests.scaleout.harness import (
     Processes,
     answers,
@@ -69,8 +70,9 @@ def redis_broker():
 
 
 @pytest.fixture
-def site(tmp_path):
-    """Four emulator pools × two devices, a trusted pool of local cases, eight users with tokens."""
+def site(tmp_path, sandbox_host):  # noqa: F811
+    """Four emulator pools × two devices, a trusted pool of local cases (run as the sandbox
+    account: skipped without it outside CI), eight users with tokens."""
     pools = seed_pools(pools=4, devices=2)
     group = Group.objects.create(name="scale-case-users")
     case_pool = ResourcePool.objects.create(name="scale-cases", kind="local", public=False, trusted=True)
