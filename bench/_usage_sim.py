@@ -86,6 +86,7 @@ class Simulation:
     runtime_of: dict = field(default_factory=dict)  # job id -> device seconds
     session_of: dict = field(default_factory=dict)  # job id -> SessionState
     shots_of: dict = field(default_factory=dict)  # job id -> shots
+    on_periods: dict = field(default_factory=dict)  # session index -> [(from, to)] while it may submit
     hooks: dict = field(default_factory=dict)
 
     def build(self, traveller, horizon: float, max_jobs: int | None = None) -> None:
@@ -159,6 +160,7 @@ class Simulation:
         first = spec.joins_at > 0
         while t < horizon:
             end = min(t + rng.expovariate(1 / self.mean_on), horizon)
+            self.on_periods.setdefault(index, []).append((t, end))
             s = t
             while True:
                 if first:

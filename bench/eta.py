@@ -35,6 +35,7 @@ commits without waiting for the WAL flush (``_usage_sim.fast_commits``).
 
 import math
 import os
+import random
 import statistics
 import sys
 
@@ -46,6 +47,7 @@ STRATEGIES = [
     name.strip() for name in os.environ.get("BENCH_ETA_STRATEGIES", "usage_fair,weighted_fair,fifo").split(",")
 ]
 WHY = os.environ.get("BENCH_ETA_WHY") == "1"  # print where each run's error comes from
+TOLD = os.environ.get("BENCH_ETA_TOLD") == "1"  # the control told the arrival process's state (below)
 WINDOW = 200  # jobs: the bound's coverage is checked over each run of this many submissions
 JOBS = int(os.environ.get("BENCH_ETA_JOBS", "2000"))
 WARM_UP = 100
@@ -84,6 +86,7 @@ def calibrate(strategy: str, seed: int) -> dict:
     queued = {}  # job id -> (the pending jobs when it was sampled, those ranked before it)
     dispatched = []  # (at, job id, device seconds)
     warm_done = []
+    told = {}  # job id -> the ETA told the arrival process's state (``told_state``)
 
     def submitted(arrival, jobs):
         if sim.sessions[arrival.session].user == "warm":
@@ -110,6 +113,8 @@ def calibrate(strategy: str, seed: int) -> dict:
             )
             ranked = frozenset(j for j, r in snapshot.rank.items() if r < waiting.position)
             queued[job.pk] = (pending, ranked)
+        if TOLD and strategy != "fifo":
+            told.update(told_state(sim, jobs))
 
     def finished(state, job, seconds):
         if state.user == "warm" and not state.backlogged:
@@ -125,8 +130,9 @@ def calibrate(strategy: str, seed: int) -> dict:
         sim.run(traveller, until_drained=True)
     started = dict(Job.objects.filter(pk__in=sampled).values_list("pk", "scheduled_at"))
     rows = []  # in submission order: (wait, eta, bound, position, baseline)
+    waited = {}
     for pk, (at, eta, bound, position, _, baseline) in sorted(sampled.items(), key=lambda item: item[1][0]):
-        wait = (started[pk] - START).total_seconds() - at
+        wait = waited[pk] = (started[pk] - START).total_seconds() - at
         rows.append((wait, eta, bound, position, baseline))
     rows = [r for r in rows if r[1] is not None]
     waits = [r[0] for r in rows]
@@ -158,6 +164,13 @@ def calibrate(strategy: str, seed: int) -> dict:
         f"{figures['floor']:.0%}; the oracle's 90 % bound held {figures['oracle_coverage']:.1%} (200-job windows "
         f"{figures['oracle_windows'][0]:.0%}–{figures['oracle_windows'][1]:.0%})"
     )
+    if told:
+        kept = [(wait, told[pk]) for pk, wait in waited.items() if wait >= FLOOR and told.get(pk) is not None]
+        figures["told"] = statistics.median(abs(eta - wait) / wait for wait, eta in kept)
+        print(
+            f"    the same model told the arrival process's state (which sessions are on, their load while on) "
+            f"in place of the last hour's submissions: median |error| / wait {figures['told']:.0%}"
+        )
     for low, high in POSITIONS:
         part = [
             abs(eta - wait) / wait for wait, eta, _, position, _ in rows if wait >= FLOOR and low <= position <= high
@@ -171,6 +184,65 @@ def calibrate(strategy: str, seed: int) -> dict:
     if WHY:
         why(sampled, queued, dispatched, started, means)
     return figures
+
+
+def told_state(sim, jobs) -> dict:
+    """The control for the arrivals' part of the error: ``jobs``' ETA (median) from the same model
+    when what each session submitted over the last hour is replaced by what the simulation's
+    process has it submit on average now: nothing while it is off, its offered load while on, in
+    lumps of its mean burst's device time (a compound Poisson's variance per unit of mean). An
+    estimator at submission can at best learn that state; what remains is the arrivals' chance."""
+    from apps.scheduling import eta as model
+    from apps.scheduling import selectors
+    from apps.sessions.models import Session, SessionStatus
+
+    if not hasattr(sim, "_burst"):
+        rng = random.Random(7)
+        bursts = []
+        for _ in range(20000):
+            size = 1
+            while rng.random() < 1 - 1 / sim.mean_burst:
+                size += 1
+            bursts.append(sum(draw_job(rng)[1] for _ in range(size)))
+        sim._burst = (sum(b * b for b in bursts) / sum(bursts), sum(bursts) / len(bursts) / sim.mean_burst)
+    lump, mean_job = sim._burst
+    load = {spec.name: spec.load for spec in sim.users}
+    rows = Session.objects.filter(pk__in=[state.pk for state in sim.sessions])
+    facts = {
+        pk: (user_id, v, slots, status)
+        for pk, user_id, v, slots, status in rows.values_list("pk", "user_id", "vruntime", "slots", "status")
+    }
+    recent = []
+    for state in sim.sessions:
+        on = any(a <= sim.clock < b for a, b in sim.on_periods.get(state.index, ()))
+        user_id, vruntime, slots, status = facts[state.pk]
+        total = load[state.user] * model.ARRIVAL_WINDOW if on else 0.0
+        k = 0
+        while total > 1e-9:
+            seconds = min(lump, total)
+            recent.append(
+                model.Submitted(
+                    user_id,
+                    state.pk,
+                    vruntime,
+                    slots,
+                    status == SessionStatus.ACTIVE,
+                    (state.index, k),
+                    seconds,
+                    seconds / mean_job,
+                )
+            )
+            total -= seconds
+            k += 1
+    original = selectors._recent_submissions
+    selectors._recent_submissions = lambda pool, table: recent
+    try:
+        model.clear_cache()
+        info = selectors.queue_info(jobs)
+    finally:
+        selectors._recent_submissions = original
+        model.clear_cache()
+    return {job.pk: info[job.pk].eta_seconds for job in jobs}
 
 
 def summary(rows) -> dict:
