@@ -67,11 +67,11 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def env_mapping(name: str, default: dict[str, str]) -> dict[str, str]:
-    """``key=value,key=value`` → dict (e.g. pool kind → backend name)."""
+def env_mapping(name: str) -> dict[str, str] | None:
+    """``key=value,key=value`` → dict (e.g. pool kind → backend name); None when unset."""
     raw = os.environ.get(name)
     if raw is None:
-        return dict(default)
+        return None
     out = {}
     for item in raw.split(","):
         item = item.strip()

@@ -465,11 +465,8 @@ GRIDGATE_EMULATOR_REQUEUE_SECONDS = env_int("GRIDGATE_EMULATOR_REQUEUE_SECONDS",
 
 # Cases and execution backends (SPEC §6; cadences in docs/operations.md).
 # Pool kind → backend name, e.g. GRIDGATE_CASE_BACKENDS="local=local,slurm=slurm" (a kind left out
-# runs no cases).
-GRIDGATE_CASE_BACKENDS = env_mapping(
-    "GRIDGATE_CASE_BACKENDS",
-    {"local": "local", "slurm": "slurm", "firecrest": "firecrest", "qarnot": "qarnot", "runai": "runai"},
-)
+# runs no cases); unset: every pool kind to the backend of its name (apps.backends.registry).
+GRIDGATE_CASE_BACKENDS = env_mapping("GRIDGATE_CASE_BACKENDS")
 GRIDGATE_CASE_POLL_SECONDS = env_int("GRIDGATE_CASE_POLL_SECONDS", 10, minimum=1)
 GRIDGATE_CASE_SYNC_SECONDS = env_int("GRIDGATE_CASE_SYNC_SECONDS", 60, minimum=1)
 GRIDGATE_CASE_MAX_BACKOFF_SECONDS = env_int("GRIDGATE_CASE_MAX_BACKOFF_SECONDS", 600, minimum=1)

@@ -13,6 +13,7 @@ from importlib import import_module
 from django.conf import settings
 
 from apps.backends.base import BackendError, Check, ExecutionBackend
+from apps.resources.remote import POOL_REMOTE_KEYS
 
 #: backend name → "module:Class" (imported lazily so an optional SDK is imported only when used)
 BACKENDS: dict[str, str] = {
@@ -26,13 +27,8 @@ BACKENDS: dict[str, str] = {
 
 __all__ = ["BACKENDS", "Check", "NoBackend", "backend_class", "backend_name_for_kind", "describe", "get_backend"]
 
-DEFAULT_KIND_MAP = {
-    "local": "local",
-    "slurm": "slurm",
-    "firecrest": "firecrest",
-    "qarnot": "qarnot",
-    "runai": "runai",
-}
+#: without ``GRIDGATE_CASE_BACKENDS``: every pool kind to the backend of its name
+DEFAULT_KIND_MAP = {kind: kind for kind in POOL_REMOTE_KEYS}
 
 
 class NoBackend(BackendError):

@@ -5,9 +5,10 @@ docs/backends.md, "Per-user credentials". A FirecREST, Qarnot or Run:AI pool who
 
 - **Connect** (once per user and pool). FirecREST: :func:`start_connect` sends the browser to the
   pool's identity provider (authorization code + PKCE, a public client), :func:`finish_connect`
-  trades the code for tokens and keeps the refresh token. Qarnot: :func:`store_api_token` checks
-  the pasted token against the API and keeps it. Run:AI: :func:`store_access_key` checks the
-  user's access key (client id + secret) at the token endpoint and keeps it. Each is sealed
+  trades the code for tokens and keeps the refresh token. Qarnot and Run:AI: :func:`store_pasted`
+  checks what the user pasted (the API token; the access key, client id + secret, at the token
+  endpoint) at the provider and keeps it. What differs by provider is its session class's
+  (``apps.backends.remote.provider``: ``url_keys``, ``paste``, ``account_of``). Each is sealed
   (``apps.credentials.sealing``); without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
 - **Identity**: :func:`identity_for` / :func:`identities_for` give the backend a
   :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
@@ -38,6 +39,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
+from apps.backends.remote import provider
 from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
 from apps.credentials import oauth, sealing
 from apps.credentials.models import ConnectionState, RemoteConnection
@@ -68,26 +70,19 @@ def needs_user_credentials(pool) -> bool:
 
 def service_label(pool) -> str:
     """How a service-account job records its identity: the credential's variable name, never a value."""
-    remote = pool.remote_config()
-    name = remote.get("client_id_env") if pool.kind in ("firecrest", "runai") else remote.get("token_env")
-    return f"service account ({name})"
-
-
-#: the keys of a pool's ``remote`` that say where a user's credential is sent, by pool kind
-PROVIDER_URL_KEYS = {
-    "firecrest": ("api_url", "token_uri", "authorization_uri", "revocation_uri"),
-    "qarnot": ("cluster_url",),
-    "runai": ("base_url",),
-}
+    names = provider(pool.kind)(pool.remote_config()).service_env_names()
+    return f"service account ({names[0] if names else pool.kind})"
 
 
 def provider_urls(pool) -> dict:
-    """Where ``pool`` sends its users' credentials: its provider URLs as configured (a missing
-    optional one as None). A connection remembers them when it is made and is never used once
-    they differ (:func:`moved`): whoever may change a pool must not be able to redirect the
-    credentials its users already connected to a host of their choosing."""
+    """Where ``pool`` sends its users' credentials: its provider URLs as configured (its
+    provider's ``url_keys``; a missing optional one as None). A connection remembers them when it
+    is made and is never used once they differ (:func:`moved`): whoever may change a pool must
+    not be able to redirect the credentials its users already connected to a host of their
+    choosing."""
     remote = pool.remote or {}
-    return {key: remote.get(key) for key in PROVIDER_URL_KEYS.get(pool.kind, ())}
+    session = provider(pool.kind)
+    return {key: remote.get(key) for key in (session.url_keys if session else ())}
 
 
 def moved(connection: RemoteConnection, pool) -> str:
@@ -192,11 +187,8 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
         return _refusing_identity(
             user, pool, f"user {user.username} (not connected)", f"user:{user.pk}:{pool.pk}:none", why
         )
-    label = (
-        f"user {user.username} (Qarnot account {connection.subject or 'unknown'})"
-        if pool.kind == "qarnot"
-        else f"user {user.username} (subject {connection.subject or 'unknown'})"
-    )
+    session = provider(pool.kind)
+    label = f"user {user.username} ({session.account_word} {connection.subject or 'unknown'})"
     key = f"user:{connection.pk}:{connection.generation}"
     changed = moved(connection, pool)
     if changed:
@@ -210,9 +202,9 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
         connection.generation,
         _reconnect(user, pool, "was refused by the provider (401: revoked or expired)"),
     )
-    if pool.kind in ("qarnot", "runai"):
-        # Qarnot: the API token; Run:AI: the user's access key (client id and secret, as JSON),
-        # which the backend trades for short-lived access tokens itself.
+    if session.paste is not None:
+        # What the user pasted (Qarnot's API token; Run:AI's access key, which the backend
+        # trades for short-lived access tokens itself), as ``pasted_secret`` kept it.
         token = partial(_api_token, connection.sealed_secret, _reconnect(user, pool, "cannot be read"))
     else:
         token = partial(_access_token, connection.pk, connection.generation)
@@ -314,8 +306,9 @@ def forget_access_tokens() -> None:
 
 
 # -- connecting -------------------------------------------------------------------------------------
-def _user_pool(user, pool_id, kind: str):
-    """The pool ``pool_id`` if ``user`` may use it and it takes their own ``kind`` credential."""
+def _user_pool(user, pool_id, *, pasted: bool):
+    """The pool ``pool_id`` if ``user`` may use it and it takes their own credential, pasted or
+    through the provider's sign-in as ``pasted`` says."""
     from apps.resources.models import ResourcePool
 
     pool = ResourcePool.objects.visible_to(user).filter(pk=pool_id).first()
@@ -323,7 +316,7 @@ def _user_pool(user, pool_id, kind: str):
         raise NotFound("No such pool.")
     if not needs_user_credentials(pool):
         raise Invalid(f"Pool '{pool.name}' runs cases under its service account: there is nothing to connect.")
-    if pool.kind != kind:
+    if (provider(pool.kind).paste is not None) != pasted:
         raise Invalid(f"Pool '{pool.name}' is a {pool.kind} pool: connect it from {connect_page()}.")
     return pool
 
@@ -332,7 +325,7 @@ def start_connect(*, user, pool_id, redirect_uri: str) -> tuple[str, dict]:
     """FirecREST: (the provider's authorization URL, the flow to keep in the user's session until
     the callback). The flow holds the PKCE verifier and the state; only the state and the
     verifier's hash (the challenge) leave this process."""
-    pool = _user_pool(user, pool_id, "firecrest")
+    pool = _user_pool(user, pool_id, pasted=False)
     sealing.require()  # refused before the user is sent anywhere: nothing could be kept afterwards
     verifier, challenge = oauth.pkce_pair()
     state = secrets.token_urlsafe(32)
@@ -353,7 +346,7 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
         raise Forbidden("This connection was started by another user.")
     if time.time() - float(flow.get("started") or 0) > max_age:
         raise Invalid(f"The connection took too long; start again from {connect_page()}.")
-    pool = _user_pool(user, flow.get("pool"), "firecrest")
+    pool = _user_pool(user, flow.get("pool"), pasted=False)
     sealing.require()
     try:
         answer = oauth.exchange_code(
@@ -385,55 +378,25 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
     return connection
 
 
-def store_api_token(*, user, pool_id, token: str) -> RemoteConnection:
-    """Qarnot: the user's API token, checked against the API (its account names the identity the
-    user's cases run under), then kept sealed."""
-    from apps.backends.qarnot import account_of
-
-    pool = _user_pool(user, pool_id, "qarnot")
-    (token,), account = _pasted(
-        pool, [token], 4096, account_of,
-        malformed="Paste the API token exactly as Qarnot's console shows it (one line, no spaces).",
-        refused="Qarnot refused this token: copy it again from your Qarnot account's settings.",
-        unasked="Qarnot could not be asked to check the token",
-    )  # fmt: skip
-    return _store(user, pool, token, subject=account, username="", issuer="")
-
-
-def store_access_key(*, user, pool_id, client_id: str, client_secret: str) -> RemoteConnection:
-    """Run:AI: the user's own access key (client id and secret, from *User settings → Access
-    keys*), checked by asking Run:AI for a token with it (the token's subject names the identity
-    the user's cases run under), then kept sealed. An access key rather than a pasted bearer
-    token: Run:AI's tokens live about an hour, cases far longer, and a key can mint new ones."""
-    import json
-
-    from apps.backends.runai import account_of
-
-    pool = _user_pool(user, pool_id, "runai")
-    (client_id, client_secret), (subject, username) = _pasted(
-        pool, [client_id, client_secret], 1024, account_of,
-        malformed="Paste the access key's client ID and client secret exactly as Run:AI showed them (one line each).",
-        refused="Run:AI refused this access key: check the client ID and secret (User settings → Access keys).",
-        unasked="Run:AI could not be asked to check the access key",
-    )  # fmt: skip
-    secret = json.dumps({"client_id": client_id, "client_secret": client_secret}, sort_keys=True)
-    return _store(user, pool, secret, subject=subject, username=username, issuer="")
-
-
-def _pasted(pool, values: list, limit: int, account_of, *, malformed: str, refused: str, unasked: str):
-    """(the pasted ``values`` stripped, ``account_of(remote, *values)``): each value one line of
-    at most ``limit`` characters, then checked at the provider. Refused before anything when
-    nothing could be kept (no sealing key)."""
+def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
+    """A credential the user pastes (the fields their pool's provider's ``paste`` names: Qarnot's
+    API token, Run:AI's access key), each one line of at most its ``limit`` characters, checked
+    at the provider (its account names the identity the user's cases run under), then kept
+    sealed. Refused before anything when nothing could be kept (no sealing key)."""
+    pool = _user_pool(user, pool_id, pasted=True)
+    session = provider(pool.kind)
+    paste = session.paste
     sealing.require()
-    values = [(value or "").strip() for value in values]
-    if any(not value or len(value) > limit or any(ord(char) < 33 for char in value) for value in values):
-        raise Invalid(malformed)
+    given = [(values.get(name) or "").strip() for name, _what, _secret in paste.fields]
+    if any(not value or len(value) > paste.limit or any(ord(char) < 33 for char in value) for value in given):
+        raise Invalid(paste.malformed)
     try:
-        return values, account_of(pool.remote_config(), *values)
+        subject, username = session.account_of(pool.remote_config(), *given)
     except CredentialsRequired:
-        raise Invalid(refused) from None
+        raise Invalid(paste.refused) from None
     except BackendError as exc:
-        raise Unavailable(f"{unasked}: {exc}") from None
+        raise Unavailable(f"{session.label} could not be asked to check the {paste.words}: {exc}") from None
+    return _store(user, pool, session.pasted_secret(given), subject=subject, username=username, issuer="")
 
 
 def _check_linked_identity(user, issuer: str, subject: str) -> None:
@@ -538,11 +501,12 @@ def _forget(connections) -> Forgotten | None:
     with _access_lock:
         for key in [key for key in _access_tokens if key[0] == connection_id]:
             del _access_tokens[key]
-    if pool.kind != "firecrest":
-        what = "API token" if pool.kind == "qarnot" else "access key"
+    paste = provider(pool.kind).paste
+    if paste is not None:
         return Forgotten(
             None,
-            f"Gridgate no longer holds the {what}; it stays valid at the provider until its owner deletes it there.",
+            f"Gridgate no longer holds the {paste.words}; it stays valid at the provider until its owner deletes it "
+            "there.",
         )
     end_it = "end it at the identity provider (Keycloak: Account console → Applications)"
     if changed:
@@ -605,9 +569,4 @@ def connection_rows(user) -> list[dict]:
         pool for pool in ResourcePool.objects.visible_to(user).order_by("name", "id") if needs_user_credentials(pool)
     ]
     found = {row.pool_id: row for row in RemoteConnection.objects.filter(user=user, pool__in=pools)}
-    return [{"pool": pool, "connection": found.get(pool.pk), "flow": CONNECT_FLOWS[pool.kind]} for pool in pools]
-
-
-#: how a user connects to a pool of each kind: sent to the provider's sign-in and back
-#: (``redirect``), or by pasting an API token (``token``); the page shows the matching form
-CONNECT_FLOWS = {"firecrest": "redirect", "qarnot": "token", "runai": "access_key"}
+    return [{"pool": pool, "connection": found.get(pool.pk), "paste": provider(pool.kind).paste} for pool in pools]

@@ -8,7 +8,6 @@ urlpatterns = [
     path("connections/", connections.connection_list, name="connection-list"),
     path("connections/callback/", connections.connection_callback, name="connection-callback"),
     path("connections/<int:pool>/connect/", connections.connection_connect, name="connection-connect"),
-    path("connections/<int:pool>/token/", connections.connection_token, name="connection-token"),
-    path("connections/<int:pool>/access-key/", connections.connection_access_key, name="connection-access-key"),
+    path("connections/<int:pool>/credential/", connections.connection_paste, name="connection-paste"),
     path("connections/<int:pool>/disconnect/", connections.connection_disconnect, name="connection-disconnect"),
 ]

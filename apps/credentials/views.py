@@ -2,8 +2,9 @@
 
 docs/backends.md, "Per-user credentials". Thin, as the other pages: the services of
 ``apps.credentials.services`` do the work. FirecREST pools connect through the provider's OAuth2
-flow (a redirect there, back to :func:`connection_callback`); Qarnot pools take the user's API
-token in a form, Run:AI pools the user's access key (client id and secret). The flow in progress
+flow (a redirect there, back to :func:`connection_callback`); Qarnot and Run:AI pools take what
+the user pastes in a form (the API token; the access key's client id and secret: the fields their
+provider's ``paste`` names). The flow in progress
 (its state and PKCE verifier) is kept in the user's server-side session between the redirect and
 the callback, never in a URL or a cookie. No credential is ever rendered: not in the page, a
 message or a redirect.
@@ -19,6 +20,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.backends.remote import provider
 from apps.credentials import sealing
 from apps.credentials import services as credential_services
 from apps.web.errors import REFUSALS, refuse
@@ -112,37 +114,20 @@ def connection_callback(request):
 
 @login_required
 @require_POST
-def connection_token(request, pool):
-    """Qarnot: keep the user's API token (checked against Qarnot first)."""
+def connection_paste(request, pool):
+    """Qarnot, Run:AI: keep what the user pasted (the fields the pool's provider names), checked
+    at the provider first."""
     try:
-        connection = credential_services.store_api_token(
-            user=request.user, pool_id=pool, token=request.POST.get("token", "")
-        )
+        connection = credential_services.store_pasted(user=request.user, pool_id=pool, values=request.POST)
     except REFUSALS as exc:
-        _refuse(request, exc, "Saving the token")
+        _refuse(request, exc, "Saving the credential")
         return _back()
-    messages.success(
-        request, f"Token saved for {connection.pool.name} (Qarnot account {connection.subject or 'unknown'})."
-    )
-    return _back()
-
-
-@login_required
-@require_POST
-def connection_access_key(request, pool):
-    """Run:AI: keep the user's access key (checked against Run:AI's token endpoint first)."""
-    try:
-        connection = credential_services.store_access_key(
-            user=request.user,
-            pool_id=pool,
-            client_id=request.POST.get("client_id", ""),
-            client_secret=request.POST.get("client_secret", ""),
-        )
-    except REFUSALS as exc:
-        _refuse(request, exc, "Saving the access key")
-        return _back()
+    session = provider(connection.pool.kind)
     who = connection.provider_username or connection.subject or "unknown"
-    messages.success(request, f"Access key saved for {connection.pool.name} (Run:AI account {who}).")
+    words = session.paste.words
+    messages.success(
+        request, f"{words[0].upper()}{words[1:]} saved for {connection.pool.name} ({session.label} account {who})."
+    )
     return _back()
 
 

@@ -109,8 +109,6 @@ def _bool(value: Any) -> bool:
 USER = "user"
 SERVICE = "service"
 CREDENTIAL_MODES = (USER, SERVICE)
-#: pool kinds whose jobs run under a provider credential, the service's or each user's
-CREDENTIAL_KINDS = ("firecrest", "qarnot", "runai")
 #: OAuth client ids and scopes as providers spell them (Keycloak: letters, digits, ``_.:-``)
 CLIENT_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,255}")
 SCOPE = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+( [\x21\x23-\x5B\x5D-\x7E]+)*")
@@ -186,6 +184,10 @@ POOL_REMOTE_KEYS: dict[str, dict[str, Key]] = {
         "credentials": Key(_credential_mode, default=USER),
     },
 }
+
+#: pool kinds whose jobs run under a provider credential, the service's or each user's: those
+#: whose ``remote`` takes ``credentials``
+CREDENTIAL_KINDS = tuple(kind for kind, keys in POOL_REMOTE_KEYS.items() if "credentials" in keys)
 
 CLASS_REMOTE_KEYS: dict[str, Key] = {
     "system_name": Key(_text),

@@ -34,13 +34,7 @@ from tests.doubles.runai_server import RunaiDouble
 
 @pytest.fixture(autouse=True)
 def real_backends(settings, cases_root):  # noqa: F811
-    settings.GRIDGATE_CASE_BACKENDS = {
-        "local": "local",
-        "slurm": "slurm",
-        "firecrest": "firecrest",
-        "qarnot": "qarnot",
-        "runai": "runai",
-    }
+    settings.GRIDGATE_CASE_BACKENDS = None  # every pool kind to its own backend
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True  # the doubles speak plain http on 127.0.0.1
     # The test accounts are system accounts (useradd --system): below the production floor of 1000.
     settings.GRIDGATE_CASE_MIN_UID = 100
@@ -187,6 +181,9 @@ class Driver:
     poll_listing: str | None = None  # the one listing a poll pass makes per user's credential (R-BACK-4)
     options_call: tuple = ()  # the double's (method, path) the option's choices are read from
     losses: tuple = ("revoked",)  # ways the provider stops taking a credential
+    renews = True  # it issues access tokens from the credential, and a 401 gets a fresh one
+    get_status = True  # its SDK's errors of a GET carry the HTTP status
+    remote_id = "w-1"  # the shape of the provider's id of a job
     echoes = False  # the provider's refusals echo the credential
     secrets_known = 2  # at least this many of the user's secrets by the time a case ran
     service_label = service_owner = ""
@@ -280,6 +277,7 @@ class FirecrestDriver(Driver):
     choices = (["debug"], ["debug", "normal", "gpu"])  # not connected: the pool's own partition
     refused_words = ("Connecting was refused", "Code not valid")
     lost_words = "has expired or was revoked"
+    remote_id = "1@cluster"
     disconnected = {
         "revoked": True,
         "detail": "Gridgate no longer holds the grant, and the identity provider has revoked it.",
@@ -438,12 +436,11 @@ class FirecrestDriver(Driver):
 class PastedDriver(Driver):
     """Qarnot and Run:AI: a user pastes their own credential on the connections page."""
 
-    path = ""
     new_credential: tuple = ()
 
     def paste(self, user, *values):
         fields = dict(zip(self.fields, values, strict=True))
-        return browser(user).post(f"/connections/{self.pool.pk}/{self.path}/", fields, follow=True)
+        return browser(user).post(f"/connections/{self.pool.pk}/credential/", fields, follow=True)
 
     def connect(self, user):
         return [self.offer(user)]
@@ -467,9 +464,10 @@ class PastedDriver(Driver):
 
 class QarnotDriver(PastedDriver):
     name = kind = "qarnot"
-    label_word, option, path, fields = "Qarnot account", "node_type", "token", ("token",)
+    label_word, option, fields = "Qarnot account", "node_type", ("token",)
     choices = ([], ["8c-32g-amd-rome", "16c-64g-intel"])  # not connected: the catalogue is per account
     refused_words = ("Qarnot refused this token",)
+    renews = get_status = False  # its API token is the secret itself; its SDK drops a GET's status
     disconnected = {
         "revoked": None,  # the user's own token: Gridgate forgets it, the user deletes it at Qarnot
         "detail": "Gridgate no longer holds the API token; it stays valid at the provider until its owner "
@@ -519,7 +517,7 @@ class QarnotDriver(PastedDriver):
     subject = account
 
     def saved(self, user):
-        return f"Token saved for {self.pool.name} (Qarnot account {self.subject(user)})"
+        return f"API token saved for {self.pool.name} (Qarnot account {self.subject(user)})"
 
     def secrets(self, user):
         return [*self.credentials[user.username], f"qarnot-{user.username}-NEW-token-777"]
@@ -567,7 +565,7 @@ class QarnotDriver(PastedDriver):
 
 class RunaiDriver(PastedDriver):
     name = kind = "runai"
-    label_word, option, path, fields = "subject", "node_pool", "access-key", ("client_id", "client_secret")
+    label_word, option, fields = "subject", "node_pool", ("client_id", "client_secret")
     choices = ([], ["default", "a100"])  # not connected: the pool names none; team-a's once connected
     refused_words = ("Run:AI refused this access key",)
     disconnected = {
@@ -693,6 +691,12 @@ class RunaiDriver(PastedDriver):
         self.double.echo_credentials = 20
 
 
+#: every remote provider's driver, by pool kind: the contract tests run over them all
+DRIVERS = {"firecrest": FirecrestDriver, "qarnot": QarnotDriver, "runai": RunaiDriver}
+#: those whose users paste their credential (their session's ``paste``)
+PASTED = [name for name, made in DRIVERS.items() if made.module.Session.paste is not None]
+
+
 @pytest.fixture
 def driver(request, tmp_path, monkeypatch, settings, db):
     """A provider's :class:`Driver`: ``request.param`` names it (an indirect parametrize), else the
@@ -717,7 +721,7 @@ def driving(name, tmp_path, monkeypatch, settings):
     rb_client._classes.clear()  # the retry policy is built from BACKOFF
     clear_clients()
     credential_services.forget_access_tokens()
-    made = {"firecrest": FirecrestDriver, "qarnot": QarnotDriver, "runai": RunaiDriver}[name](tmp_path)
+    made = DRIVERS[name](tmp_path)
     yield made
     made.double.reap()
     made.double.stop()

@@ -29,13 +29,22 @@ from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import SEALING_KEY, browser, driving, raw_sealed, wait_for_terminal, wait_until
+from tests.backends.conftest import (
+    DRIVERS,
+    PASTED,
+    SEALING_KEY,
+    browser,
+    driving,
+    raw_sealed,
+    wait_for_terminal,
+    wait_until,
+)
 from tests.cases.conftest import launched
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(params=["firecrest", "qarnot", "runai"])
+@pytest.fixture(params=list(DRIVERS))
 def driver(request, tmp_path, monkeypatch, settings, db):
     """Each provider's driver (tests/backends/conftest.py): its double with the service credential
     in the environment and ada's and bob's accounts, a per-user pool, the user's connect step."""
@@ -49,8 +58,7 @@ def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(driver, t
     calls = len(driver.double.calls)
     service = RemoteIdentity(RemoteIdentity.SERVICE, "service account", key="service")
     for identity in (None, service):
-        remote_id = "1@cluster" if driver.name == "firecrest" else "w-1"
-        job = JobRef("c1", remote_id, tmp_path, driver.pool.remote, identity=identity)
+        job = JobRef("c1", driver.remote_id, tmp_path, driver.pool.remote, identity=identity)
         with pytest.raises(BackendError, match="R-CRED-1"):
             driver.backend.poll(job)
         with pytest.raises(BackendError, match="R-CRED-1"):
@@ -60,7 +68,7 @@ def test_r_cred_1_a_per_user_pool_never_acts_under_the_service_account(driver, t
 
 # -- the 401 rule --------------------------------------------------------------------------------
 # Qarnot's API tokens are long-lived: a 401 means the token is gone, nothing to renew.
-@pytest.mark.parametrize("driver", ["firecrest", "runai"], indirect=True)
+@pytest.mark.parametrize("driver", [name for name, made in DRIVERS.items() if made.renews], indirect=True)
 def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(driver):
     session = driver.session(driver.service_pool())
     assert driver.listing(session)
@@ -76,12 +84,12 @@ def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(driver):
 
 # FirecREST's per-user tokens come from the identity provider, which refuses the refresh grant
 # itself (an invalid_grant, not the API's refusal): test_a_lost_credential_… below.
-@pytest.mark.parametrize("driver", ["qarnot", "runai"], indirect=True)
+@pytest.mark.parametrize("driver", PASTED, indirect=True)
 def test_a_credential_the_provider_refuses_asks_its_user_to_reconnect(driver, tmp_path):
     """A per-user credential refused by the provider itself marks the connection failed (the
     identity's ``refused``) and the call raises CredentialsRequired with its message."""
     marked = []
-    token = json.dumps({"client_id": "nobody", "client_secret": "wrong"}) if driver.name == "runai" else "nobody"
+    token = driver.module.Session.pasted_secret(["nobody"] * len(driver.fields))
     identity = RemoteIdentity(
         RemoteIdentity.USER, "user ada", key="ada", token=lambda fresh=False: token,
         refused=lambda: marked.append(1) or "reconnect at /connections/",
@@ -100,7 +108,7 @@ def test_a_provider_error_carries_its_facts_as_attributes_and_names_the_call(dri
         driver.listing(session)
     label = driver.module.Session.label
     assert str(failed.value).startswith(f"{label} ") and " listing failed: " in str(failed.value)
-    assert failed.value.status == 404 or driver.name == "qarnot"  # qarnot's SDK drops a GET's status
+    assert failed.value.status == 404 or not driver.get_status
     assert not failed.value.timeout
 
 
@@ -241,6 +249,27 @@ def test_a_credential_the_provider_refuses_is_not_kept(driver, ada):
     assert not RemoteConnection.objects.exists()
 
 
+@pytest.mark.parametrize("driver", PASTED, indirect=True)
+def test_a_script_keeps_its_pasted_credential_through_the_api_and_never_gets_it_back(driver, ada, api):
+    """``PUT /api/v1/connections/{pool}/`` takes the fields the provider's ``paste`` names,
+    refuses others naming them, keeps only what the provider accepted, and never answers it."""
+    client, url = api(ada), f"/api/v1/connections/{driver.pool.pk}/"
+    refused = client.put(url, dict.fromkeys(driver.fields, "not-a-credential-of-anyone"), format="json")
+    assert refused.status_code == 400 and driver.refused_words[0] in refused.json()["detail"]
+    assert not RemoteConnection.objects.exists()
+    wrong = client.put(url, {"other": "x"}, format="json")
+    assert wrong.status_code == 400 and f"'{driver.fields[-1]}'" in wrong.json()["detail"]
+    values = driver.credentials["ada"]
+    answer = client.put(url, dict(zip(driver.fields, values, strict=True)), format="json")
+    assert answer.status_code == 200, answer.content
+    assert (answer.json()["state"], answer.json()["subject"]) == ("connected", driver.subject(ada))
+    assert RemoteConnection.objects.get(user=ada, pool=driver.pool).subject == driver.subject(ada)
+    gone = client.delete(url)
+    assert gone.status_code == 200 and gone.json() == driver.disconnected
+    for text in (answer.content.decode(), gone.content.decode()):
+        assert not any(value in text for value in values[-1:])
+
+
 def test_launch_without_a_connection_is_refused_naming_the_connections_page(driver, ada, make_case, api):
     case = driver.case(make_case, ada, "true")
     response = api(ada).post(f"/api/v1/cases/{case.id}/launch/", {}, format="json")
@@ -344,7 +373,7 @@ def poll_once(case):
 
 @pytest.mark.parametrize(
     "driver,how",
-    [("firecrest", "revoked"), ("qarnot", "revoked"), ("runai", "revoked"), ("runai", "expired")],
+    [(name, how) for name, made in DRIVERS.items() for how in made.losses],
     indirect=["driver"],
 )
 def test_a_lost_credential_makes_polls_wait_and_reconnecting_resumes_them(driver, how, ada, make_case, api):
@@ -508,7 +537,7 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, sta
     assert back.status_code == 200, back.content
     assert driver.saved(ada) in driver.connect(ada)[-1].content.decode()  # she reconnects, knowingly
     stored = RemoteConnection.objects.get(user=ada, pool=pool).provider_urls
-    assert stored == {key: before.get(key) for key in credential_services.PROVIDER_URL_KEYS[driver.kind]}
+    assert stored == {key: before.get(key) for key in driver.module.Session.url_keys}
 
 
 def test_f3_a_pool_moved_in_the_admin_ends_its_connections_and_says_so(driver, ada, admin_client):
@@ -637,7 +666,7 @@ def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
     texts += [event.message for each in (case, bad) for event in each.events.all()]
     texts += [page.content.decode() for page in pages]
     tokens = driver.access_tokens()
-    assert tokens or driver.name == "qarnot"  # Qarnot's API token is the secret itself
+    assert tokens or not driver.renews
     for text in texts:
         for secret in [driver.secret, *tokens]:
             assert secret not in text
@@ -807,7 +836,7 @@ def test_a_poll_answered_5xx_or_429_is_a_failed_poll_that_changes_nothing_and_th
     driver.double.fault(driver.poll_path(case), status=status, times=10)
     case = poll_once(case)
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1, case.last_error
-    assert str(status) in case.last_error or driver.name == "qarnot", case.last_error  # its SDK drops a GET's status
+    assert str(status) in case.last_error or not driver.get_status, case.last_error
     driver.double.faults.clear()
     assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
 

@@ -13,6 +13,7 @@ from apps.backends.api.serializers import (
     DisconnectedSerializer,
     LaunchOptionsSerializer,
 )
+from apps.backends.remote import provider
 from apps.backends.services import launch_options_for
 from apps.credentials import services as credential_services
 from apps.resources.selectors import visible_classes
@@ -76,25 +77,17 @@ class ConnectionDetailView(APIView):
         body = ConnectionCredentialSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        kind = self._row(request, pool)["pool"].kind
-        if kind == "qarnot" and "token" in data:
-            credential_services.store_api_token(user=request.user, pool_id=pool, token=data["token"])
-        elif kind == "runai" and {"client_id", "client_secret"} <= set(data):
-            credential_services.store_access_key(
-                user=request.user, pool_id=pool, client_id=data["client_id"], client_secret=data["client_secret"]
-            )
-        else:
-            wanted = {
-                "qarnot": "'token' (your Qarnot API token)",
-                "runai": "'client_id' and 'client_secret' (your Run:AI access key)",
-            }.get(kind)
+        found = self._row(request, pool)["pool"]
+        paste = provider(found.kind).paste
+        if paste is None:
             raise ValidationError(
-                {
-                    "detail": f"Send {wanted}."
-                    if wanted
-                    else f"A {kind} pool connects in the browser: {credential_services.connect_page()}."
-                }
+                {"detail": f"A {found.kind} pool connects in the browser: {credential_services.connect_page()}."}
             )
+        names = [name for name, _what, _secret in paste.fields]
+        if not set(names) <= set(data):
+            fields = " and ".join(f"'{name}'" for name in names)
+            raise ValidationError({"detail": f"Send {fields} (your {found.get_kind_display()} {paste.words})."})
+        credential_services.store_pasted(user=request.user, pool_id=pool, values=data)
         return Response(ConnectionSerializer(self._row(request, pool)).data)
 
     @extend_schema(

@@ -64,6 +64,7 @@ class Session(RemoteSession):
 
     kind = "firecrest"
     label = "FirecREST"
+    url_keys = ("api_url", "token_uri", "authorization_uri", "revocation_uri")
 
     def __init__(self, remote: dict, system: str | None = None, identity: RemoteIdentity | None = None):
         super().__init__(remote, identity)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
-from apps.backends.remote import Failure, RemoteSession
+from apps.backends.remote import Failure, Paste, RemoteSession
 from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret, scrub
 from apps.resources.remote import with_defaults
@@ -58,6 +58,15 @@ class Session(RemoteSession):
     runs = "tasks"
     user_credential_words = "Qarnot token"
     sign_in = "connection"
+    url_keys = ("cluster_url",)
+    paste = Paste(
+        (("token", "API token", True),),
+        "API token",
+        4096,
+        malformed="Paste the API token exactly as Qarnot's console shows it (one line, no spaces).",
+        refused="Qarnot refused this token: copy it again from your Qarnot account's settings.",
+    )
+    account_word = "Qarnot account"
 
     def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
         super().__init__(remote, identity)
@@ -75,6 +84,10 @@ class Session(RemoteSession):
 
     def token(self) -> str:
         return self.credential()[0]
+
+    @classmethod
+    def account_of(cls, remote: dict, token: str) -> tuple[str, str]:
+        return account_of(remote, token), ""
 
     def service_env_names(self) -> list[str]:
         return [self.token_env]

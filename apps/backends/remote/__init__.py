@@ -4,6 +4,15 @@
 provider", says which."""
 
 from apps.backends.remote.backend import Doctor, RemoteBackend
-from apps.backends.remote.session import Failure, ProviderError, RemoteSession, clear_clients
+from apps.backends.remote.session import Failure, Paste, ProviderError, RemoteSession, clear_clients, provider
 
-__all__ = ["Doctor", "Failure", "ProviderError", "RemoteBackend", "RemoteSession", "clear_clients"]
+__all__ = [
+    "Doctor",
+    "Failure",
+    "Paste",
+    "ProviderError",
+    "RemoteBackend",
+    "RemoteSession",
+    "clear_clients",
+    "provider",
+]

@@ -11,6 +11,11 @@ A provider's session subclasses :class:`RemoteSession` and fills four hooks:
 The rest is written once here: R-CRED-1's refusal, the process-wide client cache keyed by the
 provider's URL and a digest of the credential, :meth:`RemoteSession.call` with the 401 rule, and
 the scrubbing of every form of a secret from every message.
+
+How a user connects a per-user pool is said here too, for ``apps.credentials`` (which asks
+:func:`provider` by pool kind): ``url_keys``, the pool's provider URLs a connection is bound to;
+``paste``, the credential a user pastes (a :class:`Paste`; None: the provider's OAuth sign-in,
+a refresh token kept), with ``account_of`` and ``pasted_secret``; ``account_word``.
 """
 
 from __future__ import annotations
@@ -93,6 +98,30 @@ class Failure:
     advice: str = ""
 
 
+@dataclass(frozen=True)
+class Paste:
+    """A credential a user pastes once (the connections page, ``PUT /api/v1/connections/{pool}/``):
+    its fields as (name, what it is, secret: shown as dots), what it is called in messages ("API
+    token"), the longest value taken, and what the user is told when a value cannot be one or
+    the provider refuses it."""
+
+    fields: tuple[tuple[str, str, bool], ...]
+    words: str
+    limit: int
+    malformed: str
+    refused: str
+
+
+def provider(kind: str) -> type[RemoteSession] | None:
+    """The session class of the remote provider that serves pools of ``kind`` (its backend is
+    registered under the kind's name), or None for kinds with no remote provider."""
+    from apps.backends import registry
+
+    if kind not in registry.BACKENDS:
+        return None
+    return getattr(registry.backend_class(kind), "session_class", None)
+
+
 class RemoteSession:
     #: pool kind (``with_defaults``, ``credential_mode``) and the provider's name in messages
     kind = ""
@@ -102,6 +131,12 @@ class RemoteSession:
     user_credential_words = "credentials"
     #: what building a client is called in its error ("sign-in", "connection")
     sign_in = "sign-in"
+    #: connecting a per-user pool (``apps.credentials``): the pool's keys naming where a user's
+    #: credential is sent (a connection is never used once they change), what a user pastes
+    #: (None: the provider's OAuth sign-in), and what the identity connected is called
+    url_keys: tuple[str, ...] = ()
+    paste: Paste | None = None
+    account_word = "subject"
 
     def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
         self.remote = with_defaults(self.kind, remote or {})
@@ -131,8 +166,20 @@ class RemoteSession:
         """Make ``client`` ask for a fresh token before its next request (after a 401)."""
 
     def service_env_names(self) -> list[str]:
-        """The environment variables holding the service credential (doctor names them)."""
+        """The environment variables holding the service credential (doctor names them, a
+        service-account job records the first as its identity)."""
         return []
+
+    @classmethod
+    def account_of(cls, remote: dict, *values: str) -> tuple[str, str]:  # pragma: no cover - pasting providers
+        """A pasted credential's account at the provider, asked with it: (subject, name shown).
+        Raises ``CredentialsRequired`` when the provider refuses it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def pasted_secret(values: list[str]) -> str:
+        """What is kept sealed of the pasted ``values`` (``user_credential`` reads it back)."""
+        return values[0]
 
     # -- written once -------------------------------------------------------------------------
     def credential(self) -> tuple:

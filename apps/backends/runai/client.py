@@ -23,7 +23,7 @@ import math
 import time
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
-from apps.backends.remote import Failure, ProviderError, RemoteSession
+from apps.backends.remote import Failure, Paste, ProviderError, RemoteSession
 from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret
 from apps.resources.remote import with_defaults
@@ -192,6 +192,14 @@ class Session(RemoteSession):
     label = "Run:AI"
     runs = "workloads"
     user_credential_words = "Run:AI access key"
+    url_keys = ("base_url",)
+    paste = Paste(
+        (("client_id", "Client ID", False), ("client_secret", "Client secret", True)),
+        "access key",
+        1024,
+        malformed="Paste the access key's client ID and client secret exactly as Run:AI showed them (one line each).",
+        refused="Run:AI refused this access key: check the client ID and secret (User settings → Access keys).",
+    )
 
     def service_credential(self) -> tuple[str, str]:
         client_id = env_secret(self.remote.get("client_id_env"), "Run:AI client id", self.remote)
@@ -210,6 +218,17 @@ class Session(RemoteSession):
 
     def service_env_names(self) -> list[str]:
         return [self.remote.get("client_id_env"), self.remote.get("client_secret_env")]
+
+    @classmethod
+    def account_of(cls, remote: dict, client_id: str, secret: str) -> tuple[str, str]:
+        return account_of(remote, client_id, secret)
+
+    @staticmethod
+    def pasted_secret(values: list[str]) -> str:
+        """The access key as JSON: an access key rather than a pasted bearer token, because
+        Run:AI's tokens live about an hour, cases far longer, and a key mints new ones."""
+        client_id, client_secret = values
+        return json.dumps({"client_id": client_id, "client_secret": client_secret}, sort_keys=True)
 
     def client_key(self, credential: tuple) -> tuple:
         return (self.remote.get("base_url", "").rstrip("/"), digest(*credential))
