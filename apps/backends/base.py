@@ -395,6 +395,11 @@ class ExecutionBackend(ABC):
     host_bound: bool = False
     #: pool kinds this backend can serve (the registry decides which one actually does).
     kinds: tuple[str, ...] = ()
+    #: what the pages say a pool lacks before anyone launches (``readiness``): the pool's
+    #: ``remote`` keys a case cannot run without, each with what is missing in users' words, and
+    #: the commands it runs on this host
+    needs: tuple[tuple[str, str], ...] = ()
+    commands: tuple[str, ...] = ()
 
     @abstractmethod
     def submit(self, spec: SubmitSpec) -> str:

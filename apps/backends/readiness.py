@@ -13,7 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from apps.backends.registry import NoBackend, backend_name_for_kind
+from apps.backends.registry import NoBackend, backend_class, backend_name_for_kind
 from apps.core import credentials
 from apps.credentials import sealing
 from apps.resources.remote import USER, credential_mode
@@ -27,10 +27,6 @@ class Readiness:
     ready: bool
     message: str = ""
     runs_cases: bool = True  # False: the pool's kind has no case backend at all
-
-
-#: commands a backend runs on this host (missing: the backend cannot work here)
-COMMANDS = {"slurm": ("sbatch", "squeue", "scancel")}
 
 
 def case_readiness(pool) -> Readiness:
@@ -57,13 +53,12 @@ def case_readiness(pool) -> Readiness:
         ]
         if missing_credentials:
             return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
-    if name in ("slurm", "firecrest", "runai") and not remote.get("working_root"):
-        return Readiness(False, f"{NOT_YET} it has no working directory on the cluster. {ASK}")
-    if name == "runai" and not remote.get("image"):
-        return Readiness(False, f"{NOT_YET} it names no container image to run cases in. {ASK}")
-    for command in COMMANDS.get(name, ()):
-        if shutil.which(command) is None:
-            return Readiness(False, f"{NOT_YET} the cluster's tools are not installed here. {ASK}")
+    backend = backend_class(name)
+    for key, missing in backend.needs:
+        if not remote.get(key):
+            return Readiness(False, f"{NOT_YET} {missing}. {ASK}")
+    if any(shutil.which(command) is None for command in backend.commands):
+        return Readiness(False, f"{NOT_YET} the cluster's tools are not installed here. {ASK}")
     return Readiness(True)
 
 

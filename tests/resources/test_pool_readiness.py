@@ -114,3 +114,24 @@ def test_the_pool_list_reads_readiness_in_constant_queries(api, owner):
         return len(captured)
 
     assert queries(2) == queries(6)
+
+
+def test_a_pool_missing_what_its_backend_needs_says_so_before_anyone_launches(settings, monkeypatch, tmp_path):
+    """Each backend's ``needs`` (a working directory: Slurm, FirecREST) and ``commands`` (Slurm's
+    tools on this host), read without a provider call."""
+    from apps.backends.readiness import case_readiness
+
+    settings.GRIDGATE_CASE_BACKENDS = None  # every kind to its own backend
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
+    slurm = ResourcePool.objects.create(name="hpc", kind="slurm", public=True)
+    assert "no working directory on the cluster" in case_readiness(slurm).message
+    slurm.remote = {"working_root": "/scratch/gridgate"}
+    assert "the cluster's tools are not installed here" in case_readiness(slurm).message
+    for tool in ("sbatch", "squeue", "scancel"):
+        (tmp_path / tool).write_text("#!/bin/sh\n")
+        (tmp_path / tool).chmod(0o755)
+    assert case_readiness(slurm).ready
+    firecrest = ResourcePool(name="fc", kind="firecrest", remote={"credentials": "service"})
+    monkeypatch.setenv("GRIDGATE_CRED_FIRECREST_CLIENT_ID", "x")
+    monkeypatch.setenv("GRIDGATE_CRED_FIRECREST_CLIENT_SECRET", "y")
+    assert "no working directory on the cluster" in case_readiness(firecrest).message

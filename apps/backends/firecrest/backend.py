@@ -115,6 +115,7 @@ def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
 class FirecrestBackend(FirecrestDoctor):
     name = "firecrest"
     kinds = ("firecrest",)
+    needs = (("working_root", "it has no working directory on the cluster"),)
     session_class = Session
 
     def session(self, ref: SubmitSpec | JobRef) -> Session:
