@@ -1,4 +1,4 @@
-"""Helpers shared by the backends that talk to a provider over HTTP (FirecREST, Qarnot).
+"""Helpers shared by the backends that talk to a provider over HTTP (FirecREST, Qarnot, Run:AI).
 
 Credentials (R-BACK-1) are read from the environment variables the pool's ``remote`` names, at
 the moment of use, and never leave this process: :func:`scrub` removes their values from any text
@@ -167,7 +167,7 @@ def confined_target(root: Path, rel: str) -> Path | None:
     return target if target.is_relative_to(base) else None
 
 
-# -- the backend's own state in a case workspace (FirecREST, Qarnot) ------------------------------
+# -- the backend's own state in a case workspace (every remote provider) --------------------------
 # Manifests of the inputs' hashes, what was synced, Qarnot's output spool (the job's stdout): the
 # service's alone. The case directory is traversable by every account (0711), so the state
 # directory is 0700 and its files 0600 (0755 and 0644 made them readable by anyone who knew the
