@@ -32,7 +32,7 @@ class Readiness:
 def case_readiness(pool) -> Readiness:
     """Whether cases can be launched on ``pool`` from this host, and if not, why in plain words."""
     try:
-        name = backend_name_for_kind(pool.kind)
+        backend = backend_class(backend_name_for_kind(pool.kind))
     except NoBackend:
         return Readiness(False, "This pool does not run cases.", runs_cases=False)
     remote = pool.remote_config()
@@ -53,7 +53,6 @@ def case_readiness(pool) -> Readiness:
         ]
         if missing_credentials:
             return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
-    backend = backend_class(name)
     for key, missing in backend.needs:
         if not remote.get(key):
             return Readiness(False, f"{NOT_YET} {missing}. {ASK}")
