@@ -106,11 +106,15 @@ def dispatch_once(pool_id: int) -> Job | None:
         )
         if not pool.is_accessible or pool.paused_reason:
             return None  # jobs wait: the sweep dispatches them once the pool resumes
+        # The devices below capacity are read before the clock: a job whose end committed before
+        # this read freed its device before ``now``, so the job dispatched there starts
+        # (``scheduled_at``) after the one it replaces finished (``finished_at``).
+        below_capacity = free_devices(pool_id)
         now = timezone.now()
         calendar = calendar_now([pool_id], now)[pool_id]
         if calendar.maintenance:
             return None  # R-RES-2: as paused, until the window ends (the sweep dispatches then)
-        free = [device for device in free_devices(pool_id) if not calendar.paused(device.pk)]
+        free = [device for device in below_capacity if not calendar.paused(device.pk)]
         if not free:
             _set_awaiting(queue, False)  # the job-finished event will dispatch
             return None

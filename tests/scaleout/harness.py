@@ -300,8 +300,10 @@ def capacity_breaches() -> list[str]:
     """Devices that ever ran more jobs at once than ``max_concurrent_jobs``, proved from the
     recorded intervals: a job holds its device from dispatch (``scheduled_at``) to the poll that
     saw it end (``finished_at``), and an emulator run from ``started_at`` to ``finished_at``.
-    Dispatch reads the running count after the previous job's end committed, so with one clock
-    (all processes on this machine) a device's intervals overlap only if it was over capacity."""
+    Dispatch reads the running count after the previous job's end committed and takes its clock
+    (``scheduled_at``) after that read, while the end's ``finished_at`` is taken before its
+    commit; so with one clock (all processes on this machine) a device's intervals overlap only if
+    it was over capacity."""
     from django.utils import timezone
 
     from apps.scheduling.models import Device, DriverRun, Job
