@@ -460,3 +460,31 @@ class ExecutionBackend(ABC):
 
     def doctor(self, pool=None) -> list[Check]:
         return []
+
+
+class PollsMany:
+    """For a backend whose provider answers many jobs in one call: it writes ``poll_many``, and
+    ``poll`` is that call for one job (put before ``ExecutionBackend`` among the bases)."""
+
+    def poll(self, job: JobRef) -> BackendState:
+        result = self.poll_many([job])[job.remote_id]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def duration_seconds(text: str, day_mark: str) -> float | None:
+    """A provider's ``[days<day_mark>][[hh:]mm:]ss[.fraction]`` in seconds: Slurm's
+    ``D-HH:MM:SS`` (day_mark ``-``), Qarnot's ``d.hh:mm:ss.fffffff`` (``.``); None when the
+    text is not one (Slurm's ``UNLIMITED``, an empty field)."""
+    head, _, clock = text.strip().partition(":")
+    days, marked, head = head.partition(day_mark)
+    if not marked:
+        days, head = "0", days
+    seconds = 0.0
+    try:
+        for part in [head, *clock.split(":")] if clock else [head]:
+            seconds = seconds * 60 + float(part)
+        return int(days) * 86400 + seconds
+    except ValueError:
+        return None

@@ -49,8 +49,10 @@ from apps.backends.base import (
     JobRef,
     LaunchOption,
     LaunchOptions,
+    PollsMany,
     SubmitSpec,
     SubmitUncertain,
+    duration_seconds,
 )
 from apps.core.cases_root import root_parent_check
 
@@ -100,22 +102,8 @@ def map_state(raw: str) -> str:
 
 
 def parse_elapsed(text: str) -> float | None:
-    """Slurm durations: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
-    text = (text or "").strip()
-    if not text or text in {"INVALID", "UNLIMITED", "NOT_SET"}:
-        return None
-    days = 0
-    if "-" in text:
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
-    try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        return None
-    seconds = 0.0
-    for part in parts:
-        seconds = seconds * 60 + part
-    return days * 86400 + seconds
+    """Slurm durations: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``; None for ``UNLIMITED`` and the like."""
+    return duration_seconds(text or "", "-")
 
 
 def _int(text: str) -> int | None:
@@ -212,7 +200,7 @@ def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
     return Path(root) / case_id if root else workspace / ".run"
 
 
-class SlurmBackend(ExecutionBackend):
+class SlurmBackend(PollsMany, ExecutionBackend):
     name = "slurm"
     kinds = ("slurm",)
     needs = (("working_root", "it has no working directory on the cluster"),)
@@ -340,12 +328,6 @@ class SlurmBackend(ExecutionBackend):
         proc = run(["scontrol", "-o", "show", "job", job_id], check=False)
         match = re.search(r"\bExitCode=(\S+)", proc.stdout)
         return match.group(1) if match else ""
-
-    def poll(self, job: JobRef) -> BackendState:
-        result = self.poll_many([job])[job.remote_id]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
         if not jobs:

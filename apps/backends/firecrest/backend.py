@@ -41,6 +41,7 @@ from apps.backends.base import (
     JobRef,
     LaunchOption,
     LaunchOptions,
+    PollsMany,
     SubmitSpec,
 )
 from apps.backends.firecrest.client import ProviderError, Session, _sdk
@@ -112,7 +113,7 @@ def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
     return job_id, (system if sep and system else default_system)
 
 
-class FirecrestBackend(FirecrestDoctor):
+class FirecrestBackend(PollsMany, FirecrestDoctor):
     name = "firecrest"
     kinds = ("firecrest",)
     needs = (("working_root", "it has no working directory on the cluster"),)
@@ -236,12 +237,6 @@ class FirecrestBackend(FirecrestDoctor):
         return f"{job_id}@{session.system}"
 
     # -- observation -----------------------------------------------------------------------
-    def poll(self, job: JobRef) -> BackendState:
-        result = self.poll_many([job])[job.remote_id]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     def poll_many(self, jobs: list[JobRef]) -> dict[str, BackendState | Exception]:
         groups: dict[tuple, tuple[Session, list[JobRef]]] = {}
         for job in jobs:

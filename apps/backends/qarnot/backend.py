@@ -59,6 +59,7 @@ from apps.backends.base import (
     LaunchOption,
     SubmitDeferred,
     SubmitSpec,
+    duration_seconds,
 )
 from apps.backends.qarnot.client import MB, Session, _sdk, describe
 from apps.backends.qarnot.doctor import QarnotDoctor
@@ -120,26 +121,6 @@ def shared_bucket_name(shared_dir: Path) -> str:
 
 def case_tag(case_id: str) -> str:
     return f"gridgate-case-{case_id}"
-
-
-def parse_duration(text) -> float | None:
-    """Qarnot's ``[d.]hh:mm:ss[.fffffff]``."""
-    if text in (None, ""):
-        return None
-    text = str(text)
-    days = 0
-    head, _, rest = text.partition(":")
-    if "." in head:
-        day_text, head = head.split(".", 1)
-        days = int(day_text) if day_text.isdigit() else 0
-    try:
-        parts = [float(head)] + [float(p) for p in rest.split(":")] if rest else [float(head)]
-    except ValueError:
-        return None
-    seconds = 0.0
-    for part in parts:
-        seconds = seconds * 60 + part
-    return days * 86400 + seconds
 
 
 class QarnotBackend(QarnotDoctor):
@@ -384,7 +365,7 @@ class QarnotBackend(QarnotDoctor):
             status=status,
             stdout_delta=stdout,
             stderr_delta=stderr,
-            execution_time=parse_duration(task.execution_time),
+            execution_time=duration_seconds(task.execution_time or "", "."),
             cores=cores or None,
             message=message,
         )
