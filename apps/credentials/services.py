@@ -380,7 +380,8 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
 
 def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
     """A credential the user pastes (the fields their pool's provider's ``paste`` names: Qarnot's
-    API token, Run:AI's access key), each one line of at most its ``limit`` characters, checked
+    API token, Run:AI's access key), each of at most its ``limit`` printable ASCII characters (what
+    a request header carries: a character beyond would fail only once sent, as a provider error), checked
     at the provider (its account names the identity the user's cases run under), then kept
     sealed. Refused before anything when nothing could be kept (no sealing key)."""
     pool = _user_pool(user, pool_id, pasted=True)
@@ -388,7 +389,7 @@ def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
     paste = session.paste
     sealing.require()
     given = [(values.get(name) or "").strip() for name, _what, _secret in paste.fields]
-    if any(not value or len(value) > paste.limit or any(ord(char) < 33 for char in value) for value in given):
+    if any(not value or len(value) > paste.limit or not all(" " < char < "\x7f" for char in value) for value in given):
         raise Invalid(paste.malformed)
     try:
         subject, username = session.account_of(pool.remote_config(), *given)
@@ -426,20 +427,31 @@ def _check_linked_identity(user, issuer: str, subject: str) -> None:
 
 
 def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str) -> RemoteConnection:
-    sealed = sealing.seal(secret)
+    """The user's one connection to ``pool`` made or replaced: two connects at once (a double
+    click, a script's retry) end in one row, the later one's, never in a unique-constraint 500
+    (``get_or_create`` takes the row the other one inserted)."""
     now = timezone.now()
+    values = {
+        "sealed_secret": sealing.seal(secret),
+        "state": ConnectionState.CONNECTED,
+        "subject": subject,
+        "provider_username": username,
+        "issuer": issuer,
+        "connected_at": now,
+        "last_refreshed_at": now,
+        "failed_at": None,
+        "failure": "",
+        "provider_urls": provider_urls(pool),
+    }
     with transaction.atomic():
-        connection = RemoteConnection.objects.select_for_update().filter(user=user, pool=pool).first()
-        if connection is None:
-            connection = RemoteConnection(user=user, pool=pool, generation=0)
-        connection.sealed_secret = sealed
-        connection.state = ConnectionState.CONNECTED
-        connection.subject, connection.provider_username, connection.issuer = subject, username, issuer
-        connection.connected_at = connection.last_refreshed_at = now
-        connection.failed_at, connection.failure = None, ""
-        connection.generation += 1  # access tokens cached for the previous grant are not used again
-        connection.provider_urls = provider_urls(pool)
-        connection.save()
+        connection, made = RemoteConnection.objects.select_for_update().get_or_create(
+            user=user, pool=pool, defaults={**values, "generation": 1}
+        )
+        if not made:
+            for name, value in values.items():
+                setattr(connection, name, value)
+            connection.generation += 1  # access tokens cached for the previous grant are not used again
+            connection.save()
         resume_waiting_cases(user, pool)
     logger.info("user %s connected to pool %s as %s", user.pk, pool.pk, subject or "unknown")
     return connection

@@ -18,6 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.backends.remote import provider
@@ -112,6 +113,7 @@ def connection_callback(request):
     return _back()
 
 
+@sensitive_post_parameters()
 @login_required
 @require_POST
 def connection_paste(request, pool):

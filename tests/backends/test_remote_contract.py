@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import StringIO
@@ -19,6 +20,8 @@ from cryptography.fernet import Fernet
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
+from django.db import connection as db_connection
+from django.test import Client
 from django.utils import timezone
 
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired, JobRef, RemoteIdentity
@@ -270,6 +273,51 @@ def test_a_script_keeps_its_pasted_credential_through_the_api_and_never_gets_it_
         assert not any(value in text for value in values[-1:])
 
 
+@pytest.mark.parametrize("driver", PASTED, indirect=True)
+@pytest.mark.parametrize("value", ["tök€n-abc", "\ufeffabc", "a\x7fb"])
+def test_a_pasted_value_no_request_header_carries_is_malformed_and_the_provider_never_asked(driver, ada, api, value):
+    """Sent as it is, such a value failed inside the SDK: a 503 "provider unavailable" that quoted
+    a character of the secret and its position."""
+    answer = api(ada).put(f"/api/v1/connections/{driver.pool.pk}/", dict.fromkeys(driver.fields, value), format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["detail"] == driver.module.Session.paste.malformed
+    assert not RemoteConnection.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("driver", PASTED, indirect=True)
+def test_two_first_pastes_at_once_keep_one_connection_and_neither_answers_500(driver, ada, monkeypatch):
+    """A double click or a script's retry: both checks pass at the provider, then both store. The
+    second used to find no row to lock, insert too and hit the unique constraint (a 500)."""
+    session = driver.module.Session
+    checked = session.account_of
+    both = threading.Barrier(2)
+
+    def account_of(cls, remote, *values):  # both requests leave the provider check together
+        answer = checked(remote, *values)
+        both.wait(timeout=30)
+        return answer
+
+    monkeypatch.setattr(session, "account_of", classmethod(account_of))
+    form = dict(zip(driver.fields, driver.credentials["ada"], strict=True))
+    clients = [Client(raise_request_exception=False) for _ in range(2)]
+    for client in clients:
+        client.force_login(ada)
+
+    def paste(client):
+        try:
+            return client.post(f"/connections/{driver.pool.pk}/credential/", form).status_code
+        finally:
+            db_connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        statuses = list(pool.map(paste, clients))
+    assert statuses == [302, 302]
+    connection = RemoteConnection.objects.get(user=ada, pool=driver.pool)
+    assert (connection.state, connection.generation) == (ConnectionState.CONNECTED, 2)
+
+
 def test_launch_without_a_connection_is_refused_naming_the_connections_page(driver, ada, make_case, api):
     case = driver.case(make_case, ada, "true")
     response = api(ada).post(f"/api/v1/cases/{case.id}/launch/", {}, format="json")
@@ -431,8 +479,6 @@ def test_a_lost_credential_makes_polls_wait_and_reconnecting_resumes_them(driver
 def test_without_the_sealing_key_connecting_is_refused_with_a_clear_message_and_the_app_still_starts(
     driver, ada, api, settings
 ):
-    from django.core.management import call_command
-
     settings.GRIDGATE_CREDENTIALS_KEY = []
     call_command("check")  # the site starts without it
     page = browser(ada).get("/connections/")

@@ -1,5 +1,8 @@
 from rest_framework import serializers
 
+from apps.backends import registry
+from apps.backends.remote import provider
+
 
 class BackendSerializer(serializers.Serializer):
     name = serializers.CharField()
@@ -78,9 +81,17 @@ class DisconnectedSerializer(serializers.Serializer):
 
 class ConnectionCredentialSerializer(serializers.Serializer):
     """``PUT /connections/{pool}/``: the credential a pool of that kind takes from its user, checked
-    with the provider before it is kept (sealed): Qarnot's API ``token``, or Run:AI's access key
-    (``client_id`` and ``client_secret``). FirecREST connects in the browser (``connect_url``)."""
+    with the provider before it is kept (sealed): the fields its provider's ``paste`` names,
+    Qarnot's API ``token``, or Run:AI's access key (``client_id`` and ``client_secret``). FirecREST
+    connects in the browser (``connect_url``)."""
 
-    token = serializers.CharField(required=False, write_only=True, max_length=4096, trim_whitespace=True)
-    client_id = serializers.CharField(required=False, write_only=True, max_length=1024)
-    client_secret = serializers.CharField(required=False, write_only=True, max_length=1024)
+    def get_fields(self):
+        fields = {}
+        for name in registry.BACKENDS:
+            paste = getattr(provider(name), "paste", None)
+            for field, label, _secret in paste.fields if paste else ():
+                fields.setdefault(
+                    field,
+                    serializers.CharField(required=False, write_only=True, max_length=paste.limit, help_text=label),
+                )
+        return fields
