@@ -24,7 +24,9 @@ each 200-job window (the control run for the bound's coverage); and
 (``no_arrivals``) the median error when arrivals stop: every pending job's ETA read at the last of
 400 submissions, nothing arriving after it, beside the control: the same model told that nothing
 arrives (column "told"); and read again an hour later, when the ETA's window holds no submission,
-beside its floor, the oracle told which jobs go first (columns "1 h later" and "floor").
+beside its floor, the oracle told which jobs go first (columns "1 h later" and "floor"). Each
+run also replays the bound's correction over the predictions it recorded, learned from other
+numbers of last starts (``RELEARN_WINDOWS``): the control for the width the online correction costs.
 
 Targets: coverage 90 % ± 3 in every 200-job window with median bound / wait <= 2; median error
 <= 25 % (<= 10 % when arrivals stop); at least 30 % below the baseline's median error.
@@ -50,6 +52,7 @@ STRATEGIES = [
 WHY = os.environ.get("BENCH_ETA_WHY") == "1"  # print where each run's error comes from
 TOLD = os.environ.get("BENCH_ETA_TOLD") == "1"  # the control told the arrival process's state (below)
 WINDOW = 200  # jobs: the bound's coverage is checked over each run of this many submissions
+RELEARN_WINDOWS = (50, 100, 200, 500, 1000)  # last starts the bound's correction is replayed with (control)
 JOBS = int(os.environ.get("BENCH_ETA_JOBS", "2000"))
 WARM_UP = 100
 POSITIONS = ((1, 5), (6, 20), (21, 60), (61, 10**9))
@@ -151,6 +154,11 @@ def calibrate(strategy: str, seed: int) -> dict:
     pairs = [(max((start - at).total_seconds(), 1.0), max(bound, 1.0)) for bound, at, start in recorded]
     hindsight = percentile([wait / bound for wait, bound in pairs], 90)
     figures["hindsight_ratio"] = statistics.median(hindsight * bound / wait for wait, bound in pairs)
+    predicted = Job.objects.filter(pk__in=sampled, eta_recorded_at__isnull=False).values_list(
+        "eta_recorded_at", "scheduled_at", "eta_recorded_seconds", "eta_p90_recorded_seconds"
+    )
+    predicted = sorted((at.timestamp(), start.timestamp(), median, bound) for at, start, median, bound in predicted)
+    learned = {window: relearned(predicted, window) for window in RELEARN_WINDOWS}
     oracle, oracle_held = floor(sampled, dispatched, started, sim.shots_of)
     figures["floor"] = statistics.median(error for _, error in oracle)
     windows = [sum(oracle_held[i : i + WINDOW]) / WINDOW for i in range(0, len(oracle_held) - WINDOW + 1, WINDOW)]
@@ -163,6 +171,10 @@ def calibrate(strategy: str, seed: int) -> dict:
         f"{figures['coverage']:.1%} (200-job windows {figures['window_low']:.0%}–{figures['window_high']:.0%}), "
         f"median bound / wait {figures['bound_ratio']:.2f}; the model's bound calibrated in hindsight "
         f"(x{hindsight:.2f}, one factor for the run): median bound / wait {figures['hindsight_ratio']:.2f}"
+    )
+    print(
+        "    the same correction learned from other numbers of last starts (replayed over the recorded predictions): "
+        + ", ".join(f"{window}: held {held:.1%}, bound / wait {ratio:.2f}" for window, (held, ratio) in learned.items())
     )
     print(
         f"    baseline (position x recent dispatch rate): median {figures['base_median']:.0%}, p90 "
@@ -262,6 +274,33 @@ def told_state(sim, jobs) -> dict:
         selectors._recent_submissions, model.learn = original, learn
         model.clear_cache()
     return {job.pk: (info[job.pk].eta_seconds, info[job.pk].eta_p90_seconds) for job in jobs}
+
+
+def relearned(predicted, window: int) -> tuple[float, float]:
+    """The bound corrected online as the dispatcher does (``eta.learn`` from the last starts before
+    each prediction), from the last ``window`` starts instead of ``eta.CORRECTION_STARTS``: how
+    often it held and its median bound / wait. ``predicted``: ``[(recorded at, started at, median,
+    bound)]`` in seconds, uncorrected, in the order recorded. The replay is exact: the correction
+    changes only the bound shown, never the order or the starts."""
+    import bisect
+
+    from apps.scheduling import eta as model
+
+    by_start = sorted(range(len(predicted)), key=lambda i: predicted[i][1])
+    start_times = [predicted[i][1] for i in by_start]
+    factor, level, held, ratios = {}, {}, [], []
+    for i, (at, start, median, bound) in enumerate(predicted):
+        before = bisect.bisect_left(start_times, at)  # the starts the dispatcher had recorded by then
+        starts = [
+            (predicted[j][2], predicted[j][3], predicted[j][1] - predicted[j][0], predicted[j][3] * factor[j], level[j])
+            for j in by_start[max(0, before - window) : before]
+        ]
+        correction = model.learn(starts)
+        factor[i], level[i] = correction.p90, correction.level
+        shown = max(bound * correction.p90, median)
+        held.append(max(start - at, 1.0) <= max(shown, 1.0))
+        ratios.append(max(shown, 1.0) / max(start - at, 1.0))
+    return sum(held) / len(held), statistics.median(ratios)
 
 
 def summary(rows) -> dict:
