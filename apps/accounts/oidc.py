@@ -32,7 +32,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY
 from django.contrib.auth import logout as django_logout
 from django.contrib.auth.models import Group
 from django.core.exceptions import SuspiciousOperation
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.http import Http404, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
@@ -289,18 +289,28 @@ class OidcBackend(OIDCAuthenticationBackend):
         )
 
     def create_user(self, claims):
+        """The account of a first sign-in. Two first sign-ins of one subject at once (two tabs, a
+        double click) end in one account: the one that finds the name taken, or loses the insert,
+        signs in as the account the other made; a name anyone else holds is refused."""
         username = self.get_username(claims)
-        with transaction.atomic():
-            if self.UserModel.objects.filter(username__iexact=username).exists():
-                messages.error(
-                    self.request,
-                    f"An account named '{username}' already exists here and is not linked to your sign-in: "
-                    "ask an operator to link it.",
-                )
-                raise SuspiciousOperation(f"first sign-in of {claims['sub']!r}: username {username!r} is taken")
-            user = self.UserModel.objects.create_user(username)
-            Identity.objects.create(user=user, issuer=settings.GRIDGATE_OIDC_ISSUER, subject=claims["sub"])
-        log.info("user %s created at their first sign-in (subject %s)", username, claims["sub"])
+        if not self.UserModel.objects.filter(username__iexact=username).exists():
+            try:
+                with transaction.atomic():
+                    user = self.UserModel.objects.create_user(username)
+                    Identity.objects.create(user=user, issuer=settings.GRIDGATE_OIDC_ISSUER, subject=claims["sub"])
+            except IntegrityError:
+                pass  # made meanwhile: by this subject's other sign-in, or under someone else's name
+            else:
+                log.info("user %s created at their first sign-in (subject %s)", username, claims["sub"])
+                return self.update_user(user, claims)
+        user = self.filter_users_by_claims(claims).first()
+        if user is None:
+            messages.error(
+                self.request,
+                f"An account named '{username}' already exists here and is not linked to your sign-in: "
+                "ask an operator to link it.",
+            )
+            raise SuspiciousOperation(f"first sign-in of {claims['sub']!r}: username {username!r} is taken")
         return self.update_user(user, claims)
 
     def update_user(self, user, claims):

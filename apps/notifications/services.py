@@ -33,28 +33,29 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
     subscription = Subscription(user=user, event=event, channel=channel, url=(url or "").strip())
     secret = ""
     subscription.full_clean(validate_constraints=False)  # what the caller can fix (400) before 503
-    if channel == Channel.WEBHOOK:
-        # One secret per receiver: another event to a URL the user already has keeps its secret
-        # (shown when that URL was first subscribed), so a receiver checks one signature key.
-        same_url = (
-            Subscription.objects.filter(user=user, channel=Channel.WEBHOOK, url=subscription.url)
-            .values_list("secret_sealed", flat=True)
-            .first()
-        )
-        if same_url:
-            subscription.secret_sealed = same_url
-        else:
-            secret = secrets.token_urlsafe(SECRET_BYTES)
-            subscription.secret_sealed = sealing.seal(secret)
     limit = settings.GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS
     try:
         with transaction.atomic():
-            # The user's row serializes their own creations: the cap holds under concurrent requests.
+            # The user's row serializes their own creations: the cap holds under concurrent
+            # requests, and two subscriptions to a URL new to them at once share one secret.
             get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk").first()
             if Subscription.objects.filter(user=user).count() >= limit:
                 # Each event fans out to every subscription: a cap keeps one user's job ends from
                 # becoming a flood of requests (to the receivers, and for the delivery pass).
                 raise Conflict(f"You have {limit} subscriptions, the most this site allows: delete one first.")
+            if channel == Channel.WEBHOOK:
+                # One secret per receiver: another event to a URL the user already has keeps its
+                # secret (shown when that URL was first subscribed), so a receiver checks one key.
+                same_url = (
+                    Subscription.objects.filter(user=user, channel=Channel.WEBHOOK, url=subscription.url)
+                    .values_list("secret_sealed", flat=True)
+                    .first()
+                )
+                if same_url:
+                    subscription.secret_sealed = same_url
+                else:
+                    secret = secrets.token_urlsafe(SECRET_BYTES)
+                    subscription.secret_sealed = sealing.seal(secret)
             subscription.save()
     except IntegrityError:
         raise Conflict("You already have this subscription.") from None

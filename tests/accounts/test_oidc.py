@@ -7,6 +7,8 @@ published keys. The bearer cases a provider does not produce on demand (expired,
 audience, an unpublished or rotated key) are signed by tests/doubles/jwks_server.py.
 """
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -64,6 +66,47 @@ def sign_in(client: Client, provider: str, sub: str):
     assert chosen.status_code == 302, chosen.text[:500]
     callback = urlsplit(chosen.headers["Location"])
     return client.get(f"{callback.path}?{callback.query}")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_first_sign_ins_of_one_subject_at_once_make_one_account_and_both_sign_in(provider, monkeypatch):
+    """Two tabs, or a double click while the provider signs the user in without asking: both
+    callbacks find no account and create one. The second insert used to hit the unique username
+    and answer 500; it now signs in as the account the first made."""
+    put_user(provider, "sub-ada", preferred_username="ada")
+    clients = [Client(raise_request_exception=False) for _ in range(2)]
+    callbacks = []
+    for client in clients:
+        start = client.get("/oidc/authenticate/?next=/jobs/")
+        chosen = requests.post(start["Location"], data={"sub": "sub-ada"}, allow_redirects=False, timeout=10)
+        assert chosen.status_code == 302
+        callback = urlsplit(chosen.headers["Location"])
+        callbacks.append(f"{callback.path}?{callback.query}")
+    manager = type(User.objects)
+    made = manager.create_user
+    both = threading.Barrier(2)
+
+    def create_user(self, *args, **kwargs):  # both found the name free
+        both.wait(timeout=30)
+        return made(self, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "create_user", create_user)
+
+    def finish(pair):
+        client, url = pair
+        try:
+            return client.get(url)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = list(pool.map(finish, zip(clients, callbacks, strict=True)))
+    assert [answer.status_code for answer in answers] == [302, 302]
+    assert [answer["Location"] for answer in answers] == ["/jobs/", "/jobs/"]
+    ada = User.objects.get(username="ada")
+    assert list(Identity.objects.values_list("user", "subject")) == [(ada.pk, "sub-ada")]
+    assert [int(client.session["_auth_user_id"]) for client in clients] == [ada.pk, ada.pk]
 
 
 def test_oidc_sign_in_creates_the_user_from_claims_and_the_groups_claim_grants_and_revokes_a_pool(provider):

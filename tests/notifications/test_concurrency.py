@@ -1,12 +1,13 @@
 """R-NOTE-1 under concurrency: workers delivering at the same time never send one delivery twice."""
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
 
 from apps.notifications import outbox, passes
-from apps.notifications.models import Delivery, DeliveryStatus, Event
+from apps.notifications.models import Delivery, DeliveryStatus, Event, Subscription
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -33,3 +34,39 @@ def test_concurrent_delivery_passes_send_each_webhook_exactly_once(owner, subscr
     assert delivered == 60
     assert len(ids) == 60 and len(set(ids)) == 60
     assert Delivery.objects.filter(status=DeliveryStatus.DELIVERED).count() == 60
+
+
+def test_two_subscriptions_to_a_new_url_at_once_share_one_secret(owner, monkeypatch):
+    """Two events subscribed to one new URL at the same time (a script subscribing in parallel):
+    each used to look for the URL's secret before taking the user's lock, find none and make its
+    own, so the receiver got two signing keys for one URL. The bounded wait lets the old order
+    meet here; in the locked order the second request waits at the lock instead."""
+    from apps.credentials import sealing
+    from apps.notifications import services
+
+    seal = sealing.seal
+    both = threading.Barrier(2)
+
+    def sealing_together(plaintext):
+        try:
+            both.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+        return seal(plaintext)
+
+    monkeypatch.setattr(sealing, "seal", sealing_together)
+
+    def subscribe(event):
+        try:
+            return services.create_subscription(
+                user=owner, event=event, channel="webhook", url="https://h.example.org/x"
+            )
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        made = list(pool.map(subscribe, [Event.JOB_FINISHED, Event.JOB_FAILED]))
+    shown = [secret for _, secret in made if secret]
+    assert len(shown) == 1
+    kept = {sealing.unseal(value) for value in Subscription.objects.values_list("secret_sealed", flat=True)}
+    assert kept == set(shown)
