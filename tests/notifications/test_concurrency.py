@@ -70,3 +70,36 @@ def test_two_subscriptions_to_a_new_url_at_once_share_one_secret(owner, monkeypa
     assert len(shown) == 1
     kept = {sealing.unseal(value) for value in Subscription.objects.values_list("secret_sealed", flat=True)}
     assert kept == set(shown)
+
+
+def test_two_subscriptions_at_the_cap_at_once_never_pass_it(owner, monkeypatch, settings):
+    """The cap is counted under the user's row lock: two requests in flight at once, each about to
+    save, end in one subscription and one 409, never two over the cap."""
+    from apps.notifications import services
+
+    settings.GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS = 1
+    both = threading.Barrier(2)
+    save = Subscription.save
+
+    def wait_then_save(self, *args, **kwargs):
+        try:
+            both.wait(timeout=4)
+        except threading.BrokenBarrierError:
+            pass  # the other request waits at the lock
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Subscription, "save", wait_then_save)
+
+    def subscribe(url):
+        try:
+            services.create_subscription(user=owner, event=Event.JOB_FINISHED, channel="webhook", url=url)
+            return "made"
+        except services.Conflict:
+            return "refused"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(subscribe, ["https://a.example.org/x", "https://b.example.org/x"]))
+    assert sorted(outcomes) == ["made", "refused"]
+    assert Subscription.objects.filter(user=owner).count() == 1
