@@ -1,6 +1,5 @@
 """R-NOTE-1 under concurrency: workers delivering at the same time never send one delivery twice."""
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -8,6 +7,7 @@ from django.db import connection
 
 from apps.notifications import outbox, passes
 from apps.notifications.models import Delivery, DeliveryStatus, Event, Subscription
+from tests.concurrency import held_together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -39,22 +39,11 @@ def test_concurrent_delivery_passes_send_each_webhook_exactly_once(owner, subscr
 def test_two_subscriptions_to_a_new_url_at_once_share_one_secret(owner, monkeypatch):
     """Two events subscribed to one new URL at the same time (a script subscribing in parallel):
     each used to look for the URL's secret before taking the user's lock, find none and make its
-    own, so the receiver got two signing keys for one URL. The bounded wait lets the old order
-    meet here; in the locked order the second request waits at the lock instead."""
+    own, so the receiver got two signing keys for one URL."""
     from apps.credentials import sealing
     from apps.notifications import services
 
-    seal = sealing.seal
-    both = threading.Barrier(2)
-
-    def sealing_together(plaintext):
-        try:
-            both.wait(timeout=5)
-        except threading.BrokenBarrierError:
-            pass
-        return seal(plaintext)
-
-    monkeypatch.setattr(sealing, "seal", sealing_together)
+    held_together(monkeypatch, sealing, "seal")
 
     def subscribe(event):
         try:
@@ -78,17 +67,7 @@ def test_two_subscriptions_at_the_cap_at_once_never_pass_it(owner, monkeypatch, 
     from apps.notifications import services
 
     settings.GRIDGATE_NOTIFY_MAX_SUBSCRIPTIONS = 1
-    both = threading.Barrier(2)
-    save = Subscription.save
-
-    def wait_then_save(self, *args, **kwargs):
-        try:
-            both.wait(timeout=4)
-        except threading.BrokenBarrierError:
-            pass  # the other request waits at the lock
-        return save(self, *args, **kwargs)
-
-    monkeypatch.setattr(Subscription, "save", wait_then_save)
+    held_together(monkeypatch, Subscription, "save")
 
     def subscribe(url):
         try:

@@ -15,6 +15,7 @@ from apps.reservations import passes
 from apps.reservations.models import Reservation
 from apps.sessions import services
 from apps.sessions.models import RevocationReason, Session
+from tests.concurrency import meet
 from tests.reservations.conftest import ELEVEN, TEN, at
 
 
@@ -151,10 +152,7 @@ def test_r_res_1_concurrent_admissions_never_give_outsiders_more_than_the_shared
 
     def attempt(i):
         user = people[i % len(people)]
-        try:
-            barrier.wait(timeout=30)
-        except threading.BrokenBarrierError:
-            pass
+        meet(barrier)
         try:
             for _ in range(3):
                 try:
@@ -185,10 +183,7 @@ def test_r_res_1_concurrent_outsiders_inside_the_window_fill_only_the_shared_slo
     barrier = threading.Barrier(16)
 
     def attempt(i):
-        try:
-            barrier.wait(timeout=30)
-        except threading.BrokenBarrierError:
-            pass
+        meet(barrier)
         try:
             admit(outsiders[i % len(outsiders)], qpu, external_id=str(i))
             return "admitted"

@@ -1,7 +1,6 @@
 """R-RES-1 under concurrency: two reservations saved at the same moment never overbook a pool
 (the pool's calendar lock is taken before the overbooking check and held until the save commits)."""
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,29 +10,19 @@ from django.db import connection
 from apps.reservations.models import Reservation, WindowKind
 from apps.reservations.services import save_reservation
 from tests import factories
+from tests.concurrency import held_together
 from tests.reservations.conftest import ELEVEN, TEN
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 def test_two_overlapping_reservations_saved_at_once_never_overbook_the_pool(monkeypatch):
-    """Each request checks the pool's free slots, then saves. The bounded wait after the check
-    lets both checks pass before either save when nothing serializes them (the lock removed, both
-    are saved: 4 slots reserved of 2); with the lock the second waits for the first to commit."""
+    """Each request checks the pool's free slots, then saves: with the calendar lock removed both
+    checks pass before either save (4 slots reserved of 2); with it the second waits for the first
+    to commit."""
     pool = factories.pool("fresnel", slots_total=2)
     user = factories.user("alice")
-    both = threading.Barrier(2)
-    check = Reservation.clean_overbooking
-
-    def checked_then_wait(self, *args, **kwargs):
-        result = check(self, *args, **kwargs)
-        try:
-            both.wait(timeout=4)
-        except threading.BrokenBarrierError:
-            pass  # the other request waits at the lock: it cannot reach its check yet
-        return result
-
-    monkeypatch.setattr(Reservation, "clean_overbooking", checked_then_wait)
+    held_together(monkeypatch, Reservation, "clean_overbooking", after=True)
 
     def reserve(i):
         window = Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=2, title=f"R{i}")

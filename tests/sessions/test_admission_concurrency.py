@@ -11,6 +11,7 @@ from django.db.models import Sum
 from apps.resources.models import PoolUsage, ResourceClass, ResourcePool
 from apps.sessions import services
 from apps.sessions.models import Session
+from tests.concurrency import meet
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -29,10 +30,7 @@ def test_concurrent_admission_never_oversubscribes_and_admits_what_fits(qpu, own
     barrier = threading.Barrier(32)
 
     def attempt(slots):
-        try:
-            barrier.wait(timeout=30)  # release the threads together to maximise contention
-        except threading.BrokenBarrierError:
-            pass
+        meet(barrier)  # release the threads together to maximise contention
         try:
             services.admit(user=owner, resource_class=klass, slots=slots)
             return ("admitted", slots, None)
@@ -145,10 +143,7 @@ def test_concurrent_admissions_and_releases_keep_the_pools_usage_equal_to_its_se
     seen = []
 
     def client(plan):
-        try:
-            barrier.wait(timeout=30)
-        except threading.BrokenBarrierError:
-            pass
+        meet(barrier)
         try:
             for klass, slots, release in plan:
                 try:
