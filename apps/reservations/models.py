@@ -40,6 +40,22 @@ class ReservationQuerySet(models.QuerySet):
         """Live windows that share an instant with [start, end)."""
         return self.live().filter(start__lt=end, end__gt=start)
 
+    def peak(self, start, end=None) -> tuple[int, object, list[str]]:
+        """The most slots these live reservations hold together at one instant of [start, end)
+        (no ``end``: from ``start`` on), the first such instant, and the titles of those holding
+        then: counted at ``start`` and at each reservation's start within the span."""
+        rows = self.live().filter(kind=WindowKind.RESERVATION, end__gt=start)
+        if end is not None:
+            rows = rows.filter(start__lt=end)
+        rows = list(rows.values_list("start", "end", "slots", "title"))
+        peak, at, names = 0, start, []
+        for instant in sorted({start, *(max(row[0], start) for row in rows)}):
+            held = [(slots, title) for first, last, slots, title in rows if first <= instant < last]
+            total = sum(slots for slots, _title in held)
+            if total > peak:
+                peak, at, names = total, instant, [title for _slots, title in held]
+        return peak, at, names
+
     def held_by(self, user):
         """Reservations ``user`` holds, directly or through a group."""
         return self.filter(Q(users=user) | Q(groups__user=user)).distinct()
@@ -214,18 +230,9 @@ class Reservation(models.Model):
         pool = ResourcePool.objects.filter(pk=self.pool_id).first()
         if pool is None or pool.slots_total is None:
             return
-        others = list(
-            Reservation.objects.overlapping(self.start, self.end)
-            .filter(pool_id=self.pool_id, kind=WindowKind.RESERVATION)
-            .exclude(pk=self.pk)
-            .values_list("start", "end", "slots", "title")
+        peak, at, names = (
+            Reservation.objects.filter(pool_id=self.pool_id).exclude(pk=self.pk).peak(self.start, self.end)
         )
-        peak, at, names = 0, self.start, []
-        for instant in sorted({self.start, *(max(other[0], self.start) for other in others)}):
-            held = [(slots, title) for start, end, slots, title in others if start <= instant < end]
-            total = sum(slots for slots, _title in held)
-            if total > peak:
-                peak, at, names = total, instant, [title for _, title in held]
         if peak + self.slots > pool.slots_total:
             raise ValidationError(
                 {

@@ -19,6 +19,24 @@ def lock_calendar(pool_id: int) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext('gridgate.calendar'), %s)", [pool_id])
 
 
+def check_pool_slots(pool) -> None:
+    """R-RES-1 from the pool's side: its ``slots_total`` is never lowered below what its
+    reservations hold together at one instant from now on. Checked under the calendar lock, so a
+    reservation saved meanwhile is counted here, or checked against the new total."""
+    lock_calendar(pool.pk)
+    peak, at, names = Reservation.objects.filter(pool_id=pool.pk).peak(timezone.now())
+    if peak > pool.slots_total:
+        raise ValidationError(
+            {
+                "slots_total": [
+                    f"At {at:%Y-%m-%d %H:%M} UTC, {', '.join(repr(name) for name in names)} hold {peak} slots of "
+                    f"pool '{pool.name}': shorten or cancel them before lowering slots_total to "
+                    f"{pool.slots_total} (R-RES-1)."
+                ]
+            }
+        )
+
+
 def validate_holders(kind: str, users, groups) -> None:
     """A reservation is held by someone: at least one user or group (who exist: the admin form
     and the API resolve them). A maintenance window has no holders."""

@@ -269,10 +269,11 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     @classmethod
     def from_db(cls, db, field_names, values):
         instance = super().from_db(db, field_names, values)
-        # Snapshot what R-POOL-3/6 compare against: those checks run only when these change, so
+        # Snapshot what R-POOL-3/6 and R-RES-1 compare against: those checks run only when these change, so
         # legacy rows that predate a rule stay editable (write-time rules, SPEC R-POOL-4).
         instance._loaded = {
-            name: instance.__dict__.get(name) for name in ("kind", "quota_cpu", "quota_memory", "quota_gpu")
+            name: instance.__dict__.get(name)
+            for name in ("kind", "quota_cpu", "quota_memory", "quota_gpu", "slots_total")
         }
         instance._loaded["credentials"] = remote_rules.credential_mode(
             instance.__dict__.get("kind"), instance.__dict__.get("remote")
@@ -322,6 +323,12 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     def kind_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
         return bool(self.pk and loaded and loaded["kind"] != self.kind)
+
+    def slots_lowered(self) -> bool:
+        loaded = getattr(self, "_loaded", None)
+        if not (self.pk and loaded) or self.slots_total is None:
+            return False
+        return loaded["slots_total"] is None or self.slots_total < loaded["slots_total"]
 
     def quota_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
@@ -376,6 +383,13 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
             errors.setdefault("slurm_licence", []).append(
                 "A Slurm licence counts the pool's slots: set slots_total first (docs/qrmi.md, 'Slurm licences')."
             )
+        if self.slots_lowered():
+            from apps.reservations.services import check_pool_slots
+
+            try:
+                check_pool_slots(self)
+            except ValidationError as exc:
+                errors.setdefault("slots_total", []).extend(exc.message_dict["slots_total"])
         # R-POOL-1: one default pool, and it is usable by everyone without limits.
         if self.default:
             other = ResourcePool.objects.filter(default=True).exclude(pk=self.pk).first()

@@ -12,6 +12,7 @@ from icalendar import Calendar
 from rest_framework.test import APIClient
 
 from apps.reservations.models import Reservation
+from apps.reservations.services import cancel_reservation
 from tests.reservations.conftest import ELEVEN, TEN, at
 
 pytestmark = pytest.mark.django_db
@@ -80,6 +81,31 @@ def test_r_res_1_overlapping_reservations_that_would_overbook_are_refused_with_a
     assert (
         api(operator).post(URL, body(qpu, slots=2, start=ELEVEN.isoformat(), end=at(12).isoformat()), format="json")
     ).status_code == 201
+
+
+def test_r_res_1_a_pools_slots_are_never_lowered_below_what_its_reservations_hold(api, staff, qpu, group_a, reserve):
+    """The pool's side of overbooking: 2 slots held at 10:30 (two overlapping reservations), so
+    slots_total 1 is a 400 naming them and changes nothing; 2 is accepted, and once they have
+    ended (or are cancelled) nothing holds the pool."""
+    reserve(qpu, groups=[group_a], slots=1, title="Course")
+    late = reserve(qpu, groups=[group_a], slots=1, start=at(10, 30), end=at(12), title="Demo")
+    url = f"/api/v1/resource-pools/{qpu.pk}/"
+    refused = api(staff).patch(url, {"slots_total": 1}, format="json")
+    assert refused.status_code == 400
+    message = refused.json()["slots_total"][0]
+    assert "'Course', 'Demo' hold 2 slots" in message and "10:30" in message and "R-RES-1" in message
+    qpu.refresh_from_db()
+    assert qpu.slots_total == 2
+    assert api(staff).patch(url, {"slots_total": 3}, format="json").status_code == 200
+    assert api(staff).patch(url, {"slots_total": 2}, format="json").status_code == 200
+    cancel_reservation(late)
+    assert api(staff).patch(url, {"slots_total": 1}, format="json").status_code == 200
+    with time_machine.travel(ELEVEN, tick=False):
+        reserve(qpu, groups=[group_a], slots=1, start=ELEVEN, end=at(12), title="Next")
+        qpu.slots_total = 2
+        qpu.save()
+        lowered = api(staff).patch(url, {"slots_total": 1}, format="json")
+        assert lowered.status_code == 200, lowered.content  # 'Course' has ended; 'Next' holds 1
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from apps.reservations.models import Reservation, WindowKind
+from apps.reservations.models import Reservation, ReservationQuerySet, WindowKind
 from apps.reservations.services import save_reservation
+from apps.resources.models import ResourcePool
+from apps.resources.services import save_pool
 from tests import factories
 from tests.concurrency import held_together
 from tests.reservations.conftest import ELEVEN, TEN
@@ -38,3 +40,42 @@ def test_two_overlapping_reservations_saved_at_once_never_overbook_the_pool(monk
         outcomes = list(executor.map(reserve, range(2)))
     assert sorted(outcomes) == ["refused", "saved"]
     assert Reservation.objects.live().count() == 1
+
+
+def test_a_pools_slots_lowered_while_a_reservation_is_saved_never_leave_it_overbooked(monkeypatch):
+    """One reservation holds 1 of 2 slots. An operator lowers the pool to 1 slot while another
+    saves a second 1-slot reservation beside it: each check passes on its own (1 <= 1, 1 + 1 <= 2),
+    so with the calendar lock removed from the pool's side both commit and 2 slots are reserved of
+    1; with it the second sees the first's commit and is refused."""
+    pool = factories.pool("fresnel", slots_total=2)
+    user = factories.user("alice")
+    save_reservation(
+        Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=1, title="R0"), users=[user]
+    )
+    held_together(monkeypatch, ReservationQuerySet, "peak", after=True)
+
+    def lower():
+        try:
+            save_pool(pool=ResourcePool.objects.get(pk=pool.pk), fields={"slots_total": 1})
+            return "lowered"
+        except Exception as exc:  # InvalidFields
+            return type(exc).__name__
+        finally:
+            connection.close()
+
+    def reserve():
+        window = Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=1, title="R1")
+        try:
+            save_reservation(window, users=[user])
+            return "saved"
+        except ValidationError:
+            return "refused"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        outcomes = [future.result() for future in [executor.submit(lower), executor.submit(reserve)]]
+    assert outcomes.count("lowered") + outcomes.count("saved") == 1, outcomes
+    pool.refresh_from_db()
+    peak, _at, _names = Reservation.objects.filter(pool=pool).peak(TEN)
+    assert peak <= pool.slots_total
