@@ -9,6 +9,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.allocations.services import charge_cases, check_case_launch
@@ -57,10 +58,15 @@ def create_campaign(*, owner, name: str, uploads=()) -> Campaign:
 
 
 def add_campaign_inputs(campaign: Campaign, uploads) -> list[str]:
-    if campaign.cases.exclude(status=CaseStatus.PREPARED).exists():
-        # A launched case may be reading shared/ right now (or a backend uploaded it once).
-        raise Conflict("Shared inputs are frozen once a case of the campaign has been launched.")
-    return workspace.save_uploads(workspace.campaign_shared_dir(campaign.id), uploads)
+    """Shared inputs are added until a case of the campaign is launched (its launch requested:
+    the worker may be uploading shared/ already). Written under the campaign's row lock, which
+    the launch of one of its cases takes too, so no launch is recorded halfway through."""
+    with transaction.atomic():
+        Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
+        if campaign.cases.filter(~Q(status=CaseStatus.PREPARED) | Q(launch_requested_at__isnull=False)).exists():
+            # A launched case may be reading shared/ right now (or a backend uploaded it once).
+            raise Conflict("Shared inputs are frozen once a case of the campaign has been launched.")
+        return workspace.save_uploads(workspace.campaign_shared_dir(campaign.id), uploads)
 
 
 def create_case(
@@ -106,11 +112,13 @@ def create_case(
 
 
 def add_inputs(case: Case, uploads) -> list[str]:
-    """R-CASE-7: inputs are uploaded while the case is prepared (and not being launched)."""
-    case.refresh_from_db(fields=["status", "launch_requested_at"])
-    if case.status != CaseStatus.PREPARED or case.launch_requested_at is not None:
-        raise Conflict("Inputs can only be added while the case is prepared.", status=case.status)
-    return workspace.save_uploads(workspace.case_dir(case.id) / "inputs", uploads)
+    """R-CASE-7: inputs are uploaded while the case is prepared (and not being launched), under
+    the case's row lock, which its launch takes too: no launch is recorded halfway through."""
+    with transaction.atomic():
+        locked = Case.objects.select_for_update().only("status", "launch_requested_at").get(pk=case.pk)
+        if locked.status != CaseStatus.PREPARED or locked.launch_requested_at is not None:
+            raise Conflict("Inputs can only be added while the case is prepared.", status=locked.status)
+        return workspace.save_uploads(workspace.case_dir(case.id) / "inputs", uploads)
 
 
 # -- credentials (R-BACK-1) ------------------------------------------------------------------------
@@ -153,6 +161,8 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # R-ALLOC-1: no core-hours left in the owner's project on this pool: 409 with what is left.
     check_case_launch(case=case, now=now)
     with transaction.atomic():
+        if case.campaign_id is not None:  # lock order: the campaign, then its case
+            Campaign.objects.select_for_update().filter(pk=case.campaign_id).first()
         locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
             raise Conflict(f"The case is already {locked.status}; it cannot be launched again.", status=locked.status)

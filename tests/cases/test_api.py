@@ -352,6 +352,22 @@ def test_campaign_shared_inputs_are_seen_by_its_cases(api, owner, local_pool):
     assert client.get(f"/api/v1/campaigns/{campaign['id']}/").json()["name"] == "sweep"
 
 
+def test_campaign_shared_inputs_are_frozen_once_a_case_launch_is_requested(api, owner, local_pool):
+    """R-CASE-7 for shared/: from the launch request on (still ``prepared`` while the worker
+    submits, and reading shared/ to upload it), not only once a case is pending."""
+    client = api(owner)
+    campaign = client.post("/api/v1/campaigns/", {"name": "sweep"}, format="json").json()
+    url = f"/api/v1/campaigns/{campaign['id']}/inputs/"
+    case_id = create(client, local_pool.classes.get(), campaign=campaign["id"]).json()["id"]
+    assert client.post(url, {"inputs": [SimpleUploadedFile("a", b"1")]}, format="multipart").status_code == 201
+    assert client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json").status_code == 202
+    submitting = client.post(url, {"inputs": [SimpleUploadedFile("b", b"2")]}, format="multipart")
+    assert submitting.status_code == 409 and "frozen" in submitting.json()["detail"]
+    submit_now(case_id)
+    assert client.post(url, {"inputs": [SimpleUploadedFile("b", b"2")]}, format="multipart").status_code == 409
+    assert client.get(f"/api/v1/campaigns/{campaign['id']}/").json()["shared_files"] == [{"path": "a", "size": 1}]
+
+
 def test_campaigns_of_others_are_404_and_unusable(api, owner, outsider, local_pool):
     campaign = api(owner).post("/api/v1/campaigns/", {"name": "mine"}, format="json").json()
     assert api(outsider).get(f"/api/v1/campaigns/{campaign['id']}/").status_code == 404

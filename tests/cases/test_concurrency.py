@@ -227,3 +227,61 @@ def test_r_case_2_a_sync_outliving_its_lease_keeps_it(make_case, settings, monke
     assert second.claimed == 0 and FakeBackend.calls["sync"] == 1
     case.refresh_from_db()
     assert case.last_synced_at is not None and case.lease_owner == ""
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["campaign-shared", "case-inputs"])
+def test_r_case_7_a_launch_is_never_recorded_while_its_inputs_are_being_written(owner, make_case, monkeypatch, shared):
+    """An upload checks that no launch was requested, then writes its files; a launch request
+    meanwhile would let the worker submit a half-written input. The upload holds the campaign's
+    (or the case's) row lock, which the launch takes too: either the upload was complete when the
+    launch was recorded, or the upload came second and was refused. Without the lock the launch
+    is recorded while the upload waits at its write."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from apps.cases import services, workspace
+    from tests.concurrency import meet
+
+    campaign = services.create_campaign(owner=owner, name="sweep") if shared else None
+    case = make_case(campaign=campaign)
+    target = workspace.campaign_shared_dir(campaign.id) if shared else workspace.case_dir(case.id) / "inputs"
+    both = threading.Barrier(2)
+    seen = {}
+    save_uploads, enqueue_submit = workspace.save_uploads, passes.enqueue_submit
+
+    def writing(dest, uploads):
+        meet(both, timeout=5)  # the launch would be recorded now, were nothing holding it
+        return save_uploads(dest, uploads)
+
+    def recorded(ids):
+        seen["complete"] = (target / "mesh.msh").exists()
+        meet(both, timeout=5)
+        return enqueue_submit(ids)
+
+    monkeypatch.setattr(workspace, "save_uploads", writing)
+    monkeypatch.setattr(passes, "enqueue_submit", recorded)
+
+    def upload():
+        add = services.add_campaign_inputs if shared else services.add_inputs
+        try:
+            add(campaign if shared else case, [SimpleUploadedFile("mesh.msh", b"mesh")])
+            return "uploaded"
+        except Exception as exc:  # Conflict: the launch went first
+            return type(exc).__name__
+        finally:
+            connection.close()
+
+    def launch():
+        try:
+            services.launch_case(Case.objects.get(pk=case.pk))
+            return "launched"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        uploaded, launch_result = executor.submit(upload), executor.submit(launch)
+        outcome = uploaded.result()
+    assert launch_result.result() == "launched"
+    assert (outcome == "uploaded" and seen["complete"]) or (outcome == "Conflict" and not seen["complete"]), (
+        outcome,
+        seen,
+    )
