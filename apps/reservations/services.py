@@ -29,7 +29,8 @@ def check_pool_slots(pool) -> None:
         raise ValidationError(
             {
                 "slots_total": [
-                    f"At {at:%Y-%m-%d %H:%M} UTC, {', '.join(repr(name) for name in names)} hold {peak} slots of "
+                    f"At {at:%Y-%m-%d %H:%M} UTC, {', '.join(repr(name) for name in names)} "
+                    f"{'hold' if len(names) > 1 else 'holds'} {peak} slots of "
                     f"pool '{pool.name}': shorten or cancel them before lowering slots_total to "
                     f"{pool.slots_total} (R-RES-1)."
                 ]

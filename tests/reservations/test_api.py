@@ -108,6 +108,33 @@ def test_r_res_1_a_pools_slots_are_never_lowered_below_what_its_reservations_hol
         assert lowered.status_code == 200, lowered.content  # 'Course' has ended; 'Next' holds 1
 
 
+def test_r_res_1_the_pool_admin_page_refuses_lowering_slots_below_the_reservations(admin_client, qpu, group_a, reserve):
+    from django.urls import reverse
+
+    from tests.resources.test_admin import inline_data, pool_form
+
+    reserve(qpu, groups=[group_a], slots=2, title="Course")
+    klass = qpu.classes.get()
+    fields = (
+        "name",
+        "cpu",
+        "memory",
+        "gpu",
+        "max_storage",
+        "default_storage",
+        "max_tasks",
+        "wall_time",
+        "max_wall_time",
+    )
+    kept = {"id": str(klass.pk), "pool": str(qpu.pk), "default": "on"} | {f: str(getattr(klass, f)) for f in fields}
+    data = pool_form(name=qpu.name, public="on", slots_total="1") | inline_data([kept], initial=1)
+    response = admin_client.post(reverse("admin:resources_resourcepool_change", args=[qpu.pk]), data)
+    assert response.status_code == 200
+    assert "'Course' holds 2 slots" in response.context["adminform"].form.errors["slots_total"][0]
+    qpu.refresh_from_db()
+    assert qpu.slots_total == 2
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
