@@ -29,3 +29,49 @@ def held_together(monkeypatch, owner, name: str, *, after: bool = False, timeout
         return result
 
     monkeypatch.setattr(owner, name, held)
+
+
+def row_locked(model, pk) -> bool:
+    """Whether another transaction holds ``model``'s row ``pk`` against an update (a lock for
+    update or share): asked with NOWAIT on this thread's own connection, so it never waits."""
+    from django.db import DatabaseError, transaction
+
+    try:
+        with transaction.atomic():
+            list(model.objects.select_for_update(nowait=True, no_key=True).filter(pk=pk).values_list("pk"))
+    except DatabaseError:
+        return True
+    return False
+
+
+def locked_while(monkeypatch, owner, name: str, operation, rows) -> dict:
+    """Run ``operation`` in a thread, hold it inside ``owner.name`` (called within the
+    transaction under test) and answer, for each ``(model, pk)`` of ``rows``, whether that row is
+    locked then; the operation's result is under ``"result"``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    inside, done = threading.Event(), threading.Event()
+    original = getattr(owner, name)
+
+    def held(*args, **kwargs):
+        inside.set()
+        done.wait(timeout=30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, held)
+
+    def run():
+        try:
+            return operation()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        future = executor.submit(run)
+        assert inside.wait(timeout=30), "the operation never reached the point under test"
+        answers = {(model.__name__, pk): row_locked(model, pk) for model, pk in rows}
+        done.set()
+        answers["result"] = future.result()
+    return answers

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -57,12 +57,23 @@ def create_campaign(*, owner, name: str, uploads=()) -> Campaign:
     return campaign
 
 
+def _hold_shared_inputs(campaign_id) -> None:
+    """A launch holds its campaign's row in share mode until it commits: launches of the
+    campaign's cases go on together, an upload to shared/ (which takes the row for update) waits
+    for them or they for it. SQLite's transactions serialize anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            table = connection.ops.quote_name(Campaign._meta.db_table)
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR SHARE", [campaign_id])  # noqa: S608 (_meta)
+
+
 def add_campaign_inputs(campaign: Campaign, uploads) -> list[str]:
     """Shared inputs are added until a case of the campaign is launched (its launch requested:
-    the worker may be uploading shared/ already). Written under the campaign's row lock, which
-    the launch of one of its cases takes too, so no launch is recorded halfway through."""
+    the worker may be uploading shared/ already). Written holding the campaign's row for update,
+    which a launch of one of its cases waits for (``_hold_shared_inputs``), so no launch is
+    recorded halfway through; cases are still created in the campaign meanwhile (no key lock)."""
     with transaction.atomic():
-        Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
+        Campaign.objects.select_for_update(no_key=True).filter(pk=campaign.pk).first()
         if campaign.cases.filter(~Q(status=CaseStatus.PREPARED) | Q(launch_requested_at__isnull=False)).exists():
             # A launched case may be reading shared/ right now (or a backend uploaded it once).
             raise Conflict("Shared inputs are frozen once a case of the campaign has been launched.")
@@ -162,8 +173,8 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     check_case_launch(case=case, now=now)
     with transaction.atomic():
         if case.campaign_id is not None:  # lock order: the campaign, then its case
-            Campaign.objects.select_for_update().filter(pk=case.campaign_id).first()
-        locked = Case.objects.select_for_update().select_related("resource_class__pool").get(pk=case.pk)
+            _hold_shared_inputs(case.campaign_id)
+        locked = Case.objects.select_for_update(of=("self",)).select_related("resource_class__pool").get(pk=case.pk)
         if locked.status != CaseStatus.PREPARED:
             raise Conflict(f"The case is already {locked.status}; it cannot be launched again.", status=locked.status)
         if locked.launch_requested_at is not None:

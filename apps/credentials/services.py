@@ -250,7 +250,10 @@ def _refresh(connection_id: int, generation: int) -> str:
     failure, answer = None, None
     with transaction.atomic():
         connection = (
-            RemoteConnection.objects.select_for_update().select_related("user", "pool").filter(pk=connection_id).first()
+            RemoteConnection.objects.select_for_update(of=("self",))
+            .select_related("user", "pool")
+            .filter(pk=connection_id)
+            .first()
         )
         if connection is None:
             raise CredentialsRequired(f"the connection was removed: reconnect at {connect_page()}")
@@ -504,7 +507,7 @@ def _forget(connections) -> Forgotten | None:
     then the provider is asked to revoke the grant, with no transaction open. Access tokens
     already issued stay valid until they expire (FirecREST checks them itself)."""
     with transaction.atomic():
-        connection = connections.select_for_update().select_related("pool").first()
+        connection = connections.select_for_update(of=("self",)).select_related("pool").first()
         if connection is None:
             return None
         connection_id, pool, sealed = connection.pk, connection.pool, connection.sealed_secret

@@ -75,7 +75,12 @@ def run_emulation(remote_id: str) -> str:
 def _start(remote_id: str) -> DriverRun | None:
     """Claim the run (compare-and-set from ``queued``), or None when it is not ours to run."""
     with transaction.atomic():
-        run = DriverRun.objects.select_for_update().select_related("device").filter(remote_id=remote_id).first()
+        run = (
+            DriverRun.objects.select_for_update(of=("self",))
+            .select_related("device")
+            .filter(remote_id=remote_id)
+            .first()
+        )
         if run is None or run.status != "queued":
             return None
         run.status, run.started_at = "running", timezone.now()

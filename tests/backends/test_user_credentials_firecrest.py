@@ -373,3 +373,42 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
     assert RemoteConnection.objects.get(pk=connection.pk).state == ConnectionState.CONNECTED
     (live,) = double.live_refresh_tokens("ada")  # one chain of rotations, no reuse, session alive
     assert Fernet(KEY).decrypt(raw_sealed(connection.pk).encode()).decode() == live
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_and_a_disconnect_hold_the_connections_row_and_never_its_user_or_pool(
+    driver, user_pool, ada, monkeypatch
+):
+    """The refresh calls the token endpoint with its row lock held (bounded by ``oauth.TIMEOUT``).
+    Taken with the user and pool joined in, it locked their rows too: while an identity provider
+    was slow, every insert naming the pool (an admission) or the user waited for it."""
+    from django.contrib.auth import get_user_model
+
+    from apps.credentials import oauth
+    from tests.concurrency import locked_while
+
+    driver.connect(ada)
+    connection = RemoteConnection.objects.get(user=ada)
+    answers = locked_while(
+        monkeypatch,
+        oauth,
+        "refresh",
+        lambda: bool(credential_services._refresh(connection.pk, connection.generation)),
+        [(RemoteConnection, connection.pk), (get_user_model(), ada.pk), (ResourcePool, user_pool.pk)],
+    )
+    assert answers == {
+        ("RemoteConnection", connection.pk): True,
+        ("User", ada.pk): False,
+        ("ResourcePool", user_pool.pk): False,
+        "result": True,
+    }
+    # Disconnecting deletes the row under its lock, the pool's row untouched.
+    answers = locked_while(
+        monkeypatch,
+        RemoteConnection,
+        "delete",
+        lambda: credential_services.disconnect(user=ada, pool_id=user_pool.pk).revoked,
+        [(RemoteConnection, connection.pk), (ResourcePool, user_pool.pk)],
+    )
+    assert answers == {("RemoteConnection", connection.pk): True, ("ResourcePool", user_pool.pk): False, "result": True}

@@ -285,3 +285,60 @@ def test_r_case_7_a_launch_is_never_recorded_while_its_inputs_are_being_written(
         outcome,
         seen,
     )
+
+
+def test_a_launch_locks_its_case_row_and_never_its_class_or_pool(owner, make_case, local_pool, monkeypatch):
+    """The launch's row lock, taken with its class and pool joined in, locked their rows as well
+    until it committed: launches in one pool went one at a time, and every insert naming the pool
+    or the class (a case created, a session admitted) waited for them."""
+    from apps.cases import services
+    from apps.resources.models import ResourceClass, ResourcePool
+    from tests.concurrency import locked_while
+
+    case = make_case()
+    klass = case.resource_class
+    answers = locked_while(
+        monkeypatch,
+        passes,
+        "enqueue_submit",
+        lambda: services.launch_case(Case.objects.get(pk=case.pk)).launch_requested_at is not None,
+        [(Case, case.pk), (ResourceClass, klass.pk), (ResourcePool, klass.pool_id)],
+    )
+    assert answers == {
+        ("Case", case.pk): True,
+        ("ResourceClass", klass.pk): False,
+        ("ResourcePool", klass.pool_id): False,
+        "result": True,
+    }
+
+
+def test_launches_of_one_campaigns_cases_never_wait_on_each_other(owner, make_case, monkeypatch):
+    """A launch holds its campaign's row in share mode only: two launches in one campaign are
+    both inside their transaction at once (they meet at a barrier there), where a lock for update
+    would make the second wait for the first to commit and the barrier break."""
+    from apps.cases import services
+
+    campaign = services.create_campaign(owner=owner, name="sweep")
+    cases = [make_case(campaign=campaign, name=f"c{i}") for i in range(2)]
+    both, met = threading.Barrier(2), []
+    enqueue_submit = passes.enqueue_submit
+
+    def recorded(ids):
+        try:
+            both.wait(timeout=10)
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return enqueue_submit(ids)
+
+    monkeypatch.setattr(passes, "enqueue_submit", recorded)
+
+    def launch(case):
+        try:
+            return services.launch_case(Case.objects.get(pk=case.pk)).launch_requested_at is not None
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        assert list(executor.map(launch, cases)) == [True, True]
+    assert met == [True, True]

@@ -343,3 +343,23 @@ def test_after_a_database_outage_runs_are_judged_dead_only_once_contact_has_last
     assert DriverRun.objects.get(pk=live.pk).status == "running"
     assert DriverRun.objects.get(pk=dead.pk).status == "queued"
     assert sent == [("apps.scheduling.tasks.run_emulation", ("emu-dead",))]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_emulation_start_locks_its_run_and_never_its_device(qpu_pool, monkeypatch):
+    """Claiming a queued run, taken with its device joined in, locked the device's row too: the
+    submissions to the pool (which hold its devices in share mode) waited for every start."""
+    from apps.scheduling import tasks
+    from apps.scheduling.models import DriverRun
+    from tests.concurrency import locked_while
+
+    device, run = running_run(qpu_pool, started_ago=0, beat_ago=None, attempts=0, status="queued")
+    answers = locked_while(
+        monkeypatch,
+        DriverRun,
+        "save",
+        lambda: tasks._start(run.remote_id).status,
+        [(DriverRun, run.remote_id), (Device, device.pk)],
+    )
+    assert answers == {("DriverRun", run.remote_id): True, ("Device", device.pk): False, "result": "running"}
