@@ -5,7 +5,8 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth import authenticate
+from django.contrib.auth import authenticate, get_user_model
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -19,6 +20,8 @@ PREFIX_LENGTH = ApiToken._meta.get_field("prefix").max_length
 NAME_LENGTH = ApiToken._meta.get_field("name").max_length
 #: The words DRF's ObtainAuthToken answered with: clients may match on them.
 BAD_CREDENTIALS = "Unable to log in with provided credentials."
+#: A token asked for by a request authenticated before the user's password changed.
+CREDENTIALS_CHANGED = "Your password changed while this request ran: sign in again."
 #: How stale ``last_used_at`` may be: it is written at most once per token in this time.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -56,14 +59,22 @@ def issue_token(user, *, name: str = "", days: int | None = None) -> tuple[ApiTo
     limit = token_term_limit(user)
     if limit is not None:
         expires_at = min(expires_at, limit)
-    token = ApiToken.objects.create(
-        user=user,
-        digest=digest_of(key),
-        prefix=key[:PREFIX_LENGTH],
-        name=name[:NAME_LENGTH],
-        created_at=now,
-        expires_at=expires_at,
-    )
+    with transaction.atomic():
+        # A password change revokes every token of the user (``receivers``): one minted by a
+        # request that authenticated before the change (the old password, a revoked token, a
+        # session) must not outlive it. The user's row serializes the two: the change's UPDATE
+        # waits for this insert to commit and then deletes it, or committed first and is seen here.
+        current = get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True)
+        if current.first() != user.password:
+            raise InvalidFields({NON_FIELD_KEY: [CREDENTIALS_CHANGED]})
+        token = ApiToken.objects.create(
+            user=user,
+            digest=digest_of(key),
+            prefix=key[:PREFIX_LENGTH],
+            name=name[:NAME_LENGTH],
+            created_at=now,
+            expires_at=expires_at,
+        )
     return token, key
 
 

@@ -61,22 +61,25 @@ def wanted(pool: ResourcePool) -> tuple[int, str]:
 
 def sync_pool(pool_id: int) -> str:
     """Bring the pool's licence in Slurm to :func:`wanted`; what was done, for the logs."""
-    owner = uuid.uuid4().hex
     name = f"licence-sync:{pool_id}"
-    if not acquire_lease(name, owner, LEASE):
-        # Another sync of this pool is running: it runs again for this change.
-        LicenceState.objects.filter(pool_id=pool_id).update(pending_since=timezone.now())
-        return "running elsewhere"
-    try:
-        outcome = "nothing to do"
-        for _ in range(AGAIN):
+    pending = LicenceState.objects.filter(pool_id=pool_id, pending_since__isnull=False)
+    outcome = "nothing to do"
+    for _ in range(AGAIN):
+        owner = uuid.uuid4().hex
+        if not acquire_lease(name, owner, LEASE):
+            # Another sync of this pool is running: it runs again for this change.
+            LicenceState.objects.filter(pool_id=pool_id).update(pending_since=timezone.now())
+            return "running elsewhere"
+        try:
             LicenceState.objects.filter(pool_id=pool_id).update(pending_since=None)
             outcome = _sync(pool_id)
-            if not LicenceState.objects.filter(pool_id=pool_id, pending_since__isnull=False).exists():
-                break
-        return outcome
-    finally:
-        release_lease(name, owner)
+        finally:
+            release_lease(name, owner)
+        # A change during the sync, or between its end and the release (it found the lease held
+        # and left itself pending for us), runs it again, looked for once the lease is free.
+        if not pending.exists():
+            break
+    return outcome
 
 
 def _sync(pool_id: int) -> str:

@@ -53,6 +53,14 @@ def notify_many(items: Iterable[tuple[str, int, str, dict]], *, now: datetime | 
     return inserted
 
 
+#: PostgreSQL: the subscriptions a producer enqueues for stay until its transaction ends (an
+#: unsubscribe, which locks its row first, waits and then deletes the new delivery with it), and
+#: one deleted meanwhile is skipped: never a delivery naming a deleted subscription, which would
+#: fail the producer's transaction (a job's or a case's end) at its commit. KEY SHARE: producers
+#: never wait for each other, nor for a change of a subscription's other columns.
+_KEEP_SUBSCRIPTIONS = "FOR KEY SHARE OF s "
+
+
 def _insert(rows: list[tuple[str, int, str, str]], now: datetime) -> int:
     """For each row, one pending delivery per subscription of that user to that event:
 
@@ -95,6 +103,7 @@ def _insert(rows: list[tuple[str, int, str, str]], now: datetime) -> int:
         f"SELECT s.id, s.user_id, s.event, v.subject, v.payload, %s, 0, %s, '', '', %s "
         f"FROM {subscription} s JOIN v ON s.user_id = v.user_id AND s.event = v.event "
         "WHERE s.id IS NOT NULL "  # SQLite: an INSERT … SELECT … ON CONFLICT needs a WHERE to parse
+        f"{_KEEP_SUBSCRIPTIONS if connection.vendor == 'postgresql' else ''}"
         "ON CONFLICT DO NOTHING"
     )
     with connection.cursor() as cursor:

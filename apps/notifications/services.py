@@ -63,10 +63,15 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
 
 
 def delete_subscription(*, user, subscription_id) -> None:
-    """Unsubscribe: its pending deliveries go with it (nothing more is sent to that destination)."""
-    deleted, _ = Subscription.objects.filter(pk=subscription_id, user=user).delete()
-    if not deleted:
-        raise NotFound()
+    """Unsubscribe: its pending deliveries go with it (nothing more is sent to that destination).
+    The row is locked first: a producer enqueueing for it right now (``outbox``, which holds it
+    until its transaction ends) commits its delivery before the deletion collects them, and one
+    that comes after skips the deleted subscription."""
+    with transaction.atomic():
+        subscription = Subscription.objects.select_for_update().filter(pk=subscription_id, user=user).first()
+        if subscription is None:
+            raise NotFound()
+        subscription.delete()
 
 
 def retry_deliveries(*, delivery_ids) -> int:

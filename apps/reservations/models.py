@@ -154,11 +154,13 @@ class Reservation(models.Model):
 
     def save(self, *args, **kwargs):
         if not self._state.adding and kwargs.get("update_fields") is None:
-            # Never write back a stale copy of the counter admission keeps.
+            # Never write back a stale copy of the counter admission keeps, nor of the cancel
+            # (``services.cancel_reservation`` alone sets it): a change that read the window live
+            # and saves after a cancel committed must not bring the cancelled window back.
             kwargs["update_fields"] = [
                 f.attname
                 for f in self._meta.concrete_fields
-                if not f.primary_key and f.attname not in ("slots_used", "started_at")
+                if not f.primary_key and f.attname not in ("slots_used", "started_at", "cancelled_at")
             ]
         super().save(*args, **kwargs)
 

@@ -335,9 +335,18 @@ def _requeue(job: Job, exc: Exception) -> None:
         Session.objects.select_for_update().filter(pk=job.session_id).values_list("pk").first()
         # Only while the claim is ours: a worker that took the lapsed claim over may be submitting
         # the job now; putting it back in the queue would dispatch it a second time.
-        requeued = Job.objects.filter(
-            pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=job.lease_owner
-        ).update(
+        ours = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, remote_id="", lease_owner=job.lease_owner)
+        # R-JOB-2: a cancel recorded while the hand-over failed (the job read running) ends it
+        # here: it never reached the device, and never goes back to the queue it was taken out of.
+        ended = ours.exclude(cancel_requested_at=None).update(
+            status=JobStatus.CANCELLED,
+            finished_at=now,
+            lease_owner="",
+            lease_until=None,
+            attempts=attempts,
+            error="Cancelled before it started.",
+        )
+        requeued = ended or ours.update(
             status=JobStatus.PENDING,
             device=None,
             scheduled_at=None,
@@ -349,6 +358,9 @@ def _requeue(job: Job, exc: Exception) -> None:
         )
         if requeued and charge:
             Session.objects.filter(pk=job.session_id).update(vruntime=F("vruntime") - charge)
+    if ended:
+        log.info("job %s: cancelled while its hand-over failed (%s)", job.pk, exc)
+        return
     log.warning("job %s: transient driver error, back in the queue (attempt %s): %s", job.pk, attempts, exc)
 
 

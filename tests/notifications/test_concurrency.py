@@ -82,3 +82,70 @@ def test_two_subscriptions_at_the_cap_at_once_never_pass_it(owner, monkeypatch, 
         outcomes = list(pool.map(subscribe, ["https://a.example.org/x", "https://b.example.org/x"]))
     assert sorted(outcomes) == ["made", "refused"]
     assert Subscription.objects.filter(user=owner).count() == 1
+
+
+def test_unsubscribing_while_a_job_end_is_recorded_never_undoes_the_record(owner, monkeypatch):
+    """A job ends: the worker's transaction records it and puts its ``job.finished`` delivery in
+    the outbox, for the owner's webhook. The owner unsubscribes at that moment, and the deletion
+    commits first. The delivery still names the deleted subscription, so the job's record failed
+    at its commit (a deferred foreign key: IntegrityError), the worker's pass died and the job
+    stayed running, its end unrecorded and uncharged until its lease expired."""
+    import threading
+
+    from apps.notifications import services as notifications
+    from apps.scheduling import passes
+    from apps.scheduling import services as scheduling
+    from apps.scheduling.models import Job, JobStatus
+    from tests import factories
+
+    pool = factories.pool("qpu", strategy="fifo")
+    factories.device(pool, "fake1", config={"script": ["completed"], "runtime_seconds": 5})
+    session = factories.session(pool, owner)
+    job = scheduling.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    passes.run_pool(pool.pk)  # dispatched; the fake device completes it at the next poll
+    subscription, _ = notifications.create_subscription(
+        user=owner, event=Event.JOB_FINISHED, channel="webhook", url="https://h.example.org/x"
+    )
+    queued, deleted = threading.Event(), threading.Event()
+    original = notifications.notify
+
+    def notify(**kwargs):
+        count = original(**kwargs)
+        queued.set()  # the delivery is in the job's end transaction, not committed yet
+        deleted.wait(5)  # the unsubscribe commits first, unless a lock makes it wait for us
+        return count
+
+    monkeypatch.setattr(notifications, "notify", notify)
+    outcomes = {}
+
+    def finish():
+        try:
+            Job.objects.filter(pk=job.pk).update(next_poll_at=None)
+            passes.poll_running(pool.pk)
+            outcomes["worker"] = "recorded"
+        except Exception as exc:
+            outcomes["worker"] = type(exc).__name__
+        finally:
+            connection.close()
+
+    def unsubscribe():
+        try:
+            assert queued.wait(30)
+            notifications.delete_subscription(user=owner, subscription_id=subscription.pk)
+            outcomes["unsubscribe"] = "deleted"
+        except Exception as exc:
+            outcomes["unsubscribe"] = type(exc).__name__
+        finally:
+            deleted.set()
+            connection.close()
+
+    threads = [threading.Thread(target=finish), threading.Thread(target=unsubscribe)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert outcomes == {"worker": "recorded", "unsubscribe": "deleted"}
+    assert Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED
+    assert not Subscription.objects.filter(pk=subscription.pk).exists()
+    assert not Delivery.objects.exists()  # nothing is sent to a destination the user removed

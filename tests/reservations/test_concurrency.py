@@ -79,3 +79,59 @@ def test_a_pools_slots_lowered_while_a_reservation_is_saved_never_leave_it_overb
     pool.refresh_from_db()
     peak, _at, _names = Reservation.objects.filter(pool=pool).peak(TEN)
     assert peak <= pool.slots_total
+
+
+def test_a_reservation_changed_while_it_is_cancelled_stays_cancelled(monkeypatch):
+    """Staff change a window's title (PATCH) while another cancels it (DELETE, 204). The change
+    read the window live and saves it after the cancel committed: with a full save it writes back
+    the ``cancelled_at`` it read (none), and the cancelled window holds its slots again."""
+    import threading
+
+    from django.contrib.auth.models import Permission
+
+    from apps.reservations.api import serializers
+    from tests.conftest import client_for
+
+    pool = factories.pool("fresnel", slots_total=2)
+    user = factories.user("alice")
+    operator = factories.user("operator", is_staff=True)
+    operator.user_permissions.set(Permission.objects.filter(content_type__app_label="reservations"))
+    window = save_reservation(
+        Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=2, title="Run"), users=[user]
+    )
+    url = f"/api/v1/reservations/{window.pk}/"
+    read, cancelled = threading.Event(), threading.Event()
+    original = serializers.save_reservation
+
+    def save(reservation, **kwargs):
+        read.set()  # the change read the window and validated the request
+        cancelled.wait(30)
+        return original(reservation, **kwargs)
+
+    monkeypatch.setattr(serializers, "save_reservation", save)
+    answers = {}
+
+    def change():
+        try:
+            answers["patch"] = client_for(operator).patch(url, {"title": "Course"}, format="json").status_code
+        finally:
+            connection.close()
+
+    def cancel():
+        try:
+            assert read.wait(30)
+            answers["delete"] = client_for(operator).delete(url).status_code
+        finally:
+            cancelled.set()
+            connection.close()
+
+    threads = [threading.Thread(target=change), threading.Thread(target=cancel)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert answers["delete"] == 204
+    window.refresh_from_db()
+    assert window.cancelled_at is not None  # the cancel that answered 204 holds
+    assert not Reservation.objects.live().filter(pk=window.pk).exists()
