@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.utils import timezone
 
-from apps.allocations import selectors
+from apps.allocations import selectors, services
 from apps.allocations.models import Allocation, Charge
 
 
@@ -29,6 +29,18 @@ class AllocationAdmin(admin.ModelAdmin):
         "window_days",
         *readonly_fields,
     ]
+
+    def get_readonly_fields(self, request, obj=None):
+        # An allocation stays on its pool: its sessions there spend it (chosen at admission among
+        # the user's allocations on that pool), and moved it would charge another pool's jobs.
+        fields = super().get_readonly_fields(request, obj)
+        return [*fields, "pool"] if obj is not None else fields
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and set(services.PERIOD_FIELDS) & set(form.changed_data):
+            # R-ALLOC-1/R-ACCT-1: the used figures follow the period to its new dates.
+            services.settle_period(obj.pk, timezone.now())
 
     @admin.display(description="project")
     def project(self, allocation):

@@ -94,6 +94,18 @@ class Allocation(models.Model):
     def __str__(self):
         return f"{self.name} on {self.pool}"
 
+    #: kept by the charges alone, each a ``used = used + x`` UPDATE of this row
+    SPENDING = ("used_device_seconds", "used_core_hours", "used_period_start")
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            # An edit (the admin's change form) never writes back the spending it read: a job
+            # charged since would be lost, and the project could spend its time again.
+            kwargs["update_fields"] = [
+                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in self.SPENDING
+            ]
+        super().save(*args, **kwargs)
+
     def clean(self):
         if bool(self.user_id) == bool(self.group_id):
             raise ValidationError({"group": _("Grant the allocation to one group or to one user.")})
@@ -157,8 +169,10 @@ class Charge(models.Model):
     allocation or without one (a pool with no allocations), so the usage export is complete."""
 
     kind = models.CharField(max_length=4, choices=ChargeKind.choices)
-    allocation = models.ForeignKey(Allocation, null=True, blank=True, on_delete=models.SET_NULL, related_name="charges")
-    pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="+")
+    # PROTECT: a pool, or a grant (and the user or group it was granted to), with charges is not
+    # deleted: the usage reports of past periods read them by pool, project and group.
+    allocation = models.ForeignKey(Allocation, null=True, blank=True, on_delete=models.PROTECT, related_name="charges")
+    pool = models.ForeignKey(ResourcePool, on_delete=models.PROTECT, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     # Kept when a cleanup deletes the job or case: the ledger outlives them.
     job = models.ForeignKey("scheduling.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

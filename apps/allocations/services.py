@@ -14,7 +14,7 @@ event, subject ``allocation:<id>:<period>:<resource>``) makes it once per period
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Sum, Value, When
 
 from apps.allocations import selectors
 from apps.allocations.models import INFINITY, Allocation, Charge, ChargeKind
@@ -225,3 +225,27 @@ def _announce(allocation: Allocation, threshold: int, resource: str, used: float
     }
     subject = f"allocation:{allocation.pk}:{start:%Y-%m-%dT%H:%M}:{resource}"
     notify_many((THRESHOLDS[threshold], member, subject, payload) for member in members)
+
+
+# -- dates changed ------------------------------------------------------------------------------
+#: the fields that say which period a moment falls in
+PERIOD_FIELDS = ("starts_at", "ends_at", "period", "window_days")
+
+
+def settle_period(allocation_id: int, now) -> None:
+    """After an operator moved an allocation's dates (the admin), its used figures are its
+    current period's charges in the ledger: moving a period never forgets what was spent in it
+    (nor keeps what was spent outside it). Under the allocation's row lock, which charges take."""
+    with transaction.atomic():
+        allocation = Allocation.objects.select_for_update().get(pk=allocation_id)
+        period = allocation.period_at(now)
+        if period is None:
+            return  # outside the grant nothing is left, whatever the figures say
+        spent = Charge.objects.filter(
+            allocation_id=allocation_id, charged_at__gte=period[0], charged_at__lt=period[1]
+        ).aggregate(device=Sum("device_seconds"), cores=Sum("core_hours"))
+        Allocation.objects.filter(pk=allocation_id).update(
+            used_device_seconds=spent["device"] or 0.0,
+            used_core_hours=spent["cores"] or 0.0,
+            used_period_start=period[0],
+        )

@@ -8,6 +8,7 @@ from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent
 from apps.core.exceptions import ServiceError
 from apps.core.text import printable
+from apps.resources.selectors import can_use_pool
 
 #: files listed on a case's change page; the API pages through the rest
 ADMIN_FILES = 200
@@ -36,6 +37,10 @@ class CaseAdminForm(forms.ModelForm):
         data = super().clean()
         if "launch_options" in self.fields and data.get("resource_class") is not None:
             owner = data.get("owner") or (self.instance.owner if self.instance.owner_id else None)
+            # R-POOL-8, as create_case checks it: the owner may use the class's pool.
+            if owner is not None and not can_use_pool(owner, data["resource_class"].pool):
+                self.add_error("resource_class", f"{owner} may not use this class's pool (R-POOL-8).")
+                return data
             try:
                 chosen = data.get("launch_options") or {}
                 data["launch_options"] = check_launch_options(data["resource_class"], chosen, owner)
@@ -123,6 +128,20 @@ class CaseAdmin(admin.ModelAdmin):
         ),
     ]
 
+    def has_add_permission(self, request):
+        # Cases are made by their owners through create_case (workspace, 'created' event, backend,
+        # R-POOL-8, R-BACK-6), never by form.
+        return False
+
+    def save_model(self, request, obj, form, change):
+        # R-CASE-2: the workers write the rest of the row (status, remote id, bookkeeping) and
+        # write back only over what they read: this page (which adds none) writes only what it
+        # edited, and the launch options clean() checked again for a new class or owner.
+        fields = set(form.changed_data)
+        if fields & {"resource_class", "owner"} and "launch_options" in form.fields:
+            fields.add("launch_options")
+        obj.save(update_fields=fields)
+
     #: what a launched case ran with: its account (R-CASE-8), class and command are history, and
     #: editing them would make the record lie about what ran (and as whom).
     LAUNCHED_READONLY = ["owner", "resource_class", "command", "launch_options", "campaign"]
@@ -160,6 +179,20 @@ class CaseAdmin(admin.ModelAdmin):
             notes.append(f"{listing.unlisted} file(s) not listed: their names are not UTF-8 text")
         return format_html("{}{}", rows, format_html_join("", "<div>{}</div>", ((note,) for note in notes)))
 
+    def has_delete_permission(self, request, obj=None):
+        # An unfinished case is cancelled, not deleted (services.deletable): the page answers 403.
+        if obj is not None and not services.deletable(Case.objects.filter(pk=obj.pk)).exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request, obj):
+        services.delete_cases(Case.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        kept = queryset.count() - services.delete_cases(queryset)
+        if kept:
+            self.message_user(request, f"Not deleted: {kept} unfinished case(s) (cancel them first).", messages.ERROR)
+
     @admin.action(description="Cancel the selected cases (same service as the API)")
     def cancel_cases(self, request, queryset):
         done, refused = 0, []
@@ -181,6 +214,12 @@ class CampaignAdmin(admin.ModelAdmin):
     search_fields = ["name", "owner__username"]
     list_select_related = ["owner"]
     readonly_fields = ["id", "created_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A campaign stays its owner's, as in the API: its cases are its owner's (Case.clean), and
+        # another user could add shared inputs that they read.
+        fields = super().get_readonly_fields(request, obj)
+        return [*fields, "owner"] if obj is not None else fields
 
     def has_delete_permission(self, request, obj=None):
         """Deleting a campaign is refused while it has unfinished cases (SPEC §6): the delete page

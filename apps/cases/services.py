@@ -347,6 +347,24 @@ def refresh_case(case: Case) -> Case:
     return case
 
 
+def deletable(cases):
+    """The rows of ``cases`` that may be deleted (the admin): finished cases, and prepared ones
+    whose launch was not asked for. An unfinished case's row is what polls, cancels and charges
+    its remote job; deleting it would leave that job running at the provider. Cancel it first."""
+    return cases.filter(Q(status__in=list(TERMINAL)) | Q(status=CaseStatus.PREPARED, launch_requested_at__isnull=True))
+
+
+def delete_cases(cases) -> int:
+    """Delete the deletable ``cases`` (under their row locks: a launch asked for meanwhile keeps
+    its case) and, once committed, their workspaces, which nothing else could reach or clean."""
+    with transaction.atomic():
+        ids = list(deletable(cases).select_for_update().values_list("pk", flat=True))
+        Case.objects.filter(pk__in=ids).delete()
+        roots = [workspace.case_dir(pk) for pk in ids]
+        transaction.on_commit(lambda: [shutil.rmtree(root, ignore_errors=True) for root in roots])
+    return len(ids)
+
+
 def delete_campaign(campaign: Campaign) -> None:
     """Refused while the campaign has unfinished cases (their workspaces read shared/). The count
     and the deletion happen under the campaign's row lock, so a case created in the campaign

@@ -205,6 +205,15 @@ def reconcile() -> dict:
     return outcomes
 
 
+def close_deleted(licences: list[str], reservations: list[str]) -> None:
+    """A deleted pool's licences set to 0 and its mirrored reservations removed
+    (``services.on_pool_deleted``): no state of it is left for the sync to read."""
+    for name in reservations:
+        scontrol.delete(name)
+    for licence in licences:
+        sacctmgr.set_count(Licence.parse(licence), 0)
+
+
 def close_all(reason: str) -> list[str]:
     """Set every licence Gridgate made to 0 (fail closed)."""
     closed = []

@@ -47,3 +47,14 @@ def on_device_saved(sender, instance, raw=False, **kwargs):
         return
     if ResourcePool.objects.filter(pk=instance.pool_id).exclude(slurm_licence="").exists():
         request_sync([instance.pool_id])
+
+
+def on_pool_deleted(sender, instance, **kwargs):
+    """A pool going takes its licence state with it (the cascade): what the sync made in Slurm,
+    its licence and the reservations mirroring its calendar, is closed once the deletion
+    commits, or Slurm would go on handing out slots of a pool that no longer answers."""
+    state = LicenceState.objects.filter(pool_id=instance.pk).first()
+    licences = sorted({name for name in (instance.slurm_licence, state.licence if state else "") if name})
+    reservations = list(state.reservations) if state else []
+    if licences or reservations:
+        enqueue("apps.licences.tasks.close_licences", licences, reservations)

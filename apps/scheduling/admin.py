@@ -32,9 +32,23 @@ class DeviceForm(forms.ModelForm):
         return cleaned
 
 
+class DeviceFormSet(forms.BaseInlineFormSet):
+    """The pool page's devices inline deletes through the same rule as the device's own page and
+    the API (services.busy_devices): a device in use is refused, with its name, not deleted."""
+
+    def clean(self):
+        super().clean()
+        doomed = [form.instance.pk for form in self.deleted_forms if form.instance.pk]
+        busy = services.busy_devices(Device.objects.filter(pk__in=doomed)) if doomed else []
+        if busy:
+            names = ", ".join(str(device) for device in busy)
+            raise ValidationError(f"Not deleted, running jobs or pending jobs asked for them: {names}.")
+
+
 class DeviceInline(admin.TabularInline):
     model = Device
     form = DeviceForm
+    formset = DeviceFormSet
     extra = 0
     fields = ["name", "driver", "config", "online", "max_concurrent_jobs", "running_jobs", "pending_jobs"]
     readonly_fields = ["running_jobs", "pending_jobs"]
@@ -129,20 +143,27 @@ class DeviceAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         # A device that runs jobs cannot go (see services.delete_device); the admin hides the
         # button rather than failing on the database constraint.
-        if obj is not None and Job.objects.filter(device=obj, status=JobStatus.RUNNING).exists():
+        if obj is not None and services.busy_devices(Device.objects.filter(pk=obj.pk)).exists():
             return False
         return super().has_delete_permission(request, obj)
 
     def delete_queryset(self, request, queryset):
-        busy = queryset.filter(jobs__status=JobStatus.RUNNING).distinct()
+        busy = services.busy_devices(queryset)
         if busy.exists():
             names = ", ".join(str(d) for d in busy)
-            self.message_user(request, f"Not deleted, running jobs: {names}.", messages.ERROR)
+            self.message_user(
+                request, f"Not deleted, running jobs or pending jobs asked for them: {names}.", messages.ERROR
+            )
         super().delete_queryset(request, queryset.exclude(pk__in=busy.values("pk")))
 
     @admin.display(description="running", ordering="running_jobs")
     def running_jobs(self, obj):
         return obj.running_jobs
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if obj.online and (not change or "online" in form.changed_data):
+            services.set_device_online(obj, True)  # R-SCHED-5: dispatch on "device back online"
 
     @admin.action(description="Bring selected devices online")
     def bring_online(self, request, queryset):
@@ -189,6 +210,11 @@ class JobAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # jobs are submitted in sessions (admission, fair scheduling), not by form
 
+    def save_model(self, request, obj, form, change):
+        # Every field is read-only (submission, the dispatcher and the workers write them):
+        # "Save" writes nothing back over what they wrote since this request read the row.
+        pass
+
     def get_changelist(self, request, **kwargs):
         return JobChangeList
 
@@ -201,6 +227,18 @@ class JobAdmin(admin.ModelAdmin):
         if info.eta_seconds is None:
             return text
         return f"{text}, starts in about {info.eta_seconds:.0f} s (± {info.eta_error_seconds:.0f} s)"
+
+    def has_delete_permission(self, request, obj=None):
+        # An unfinished job is cancelled, not deleted (services.deletable_jobs): the page answers 403.
+        if obj is not None and not services.deletable_jobs(Job.objects.filter(pk=obj.pk)).exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        kept = queryset.count() - services.deletable_jobs(queryset).count()
+        if kept:
+            self.message_user(request, f"Not deleted: {kept} unfinished job(s) (cancel them first).", messages.ERROR)
+        super().delete_queryset(request, services.deletable_jobs(queryset))
 
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):
@@ -308,6 +346,13 @@ class FairShareAdmin(admin.ModelAdmin):
     autocomplete_fields = ["user", "group"]
     fields = ["pool", "user", "group", "weight", "usage_now", "usage", "usage_at", "vtime"]
     readonly_fields = ["usage_now", "usage", "usage_at", "vtime"]
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            return super().save_model(request, obj, form, change)
+        # The dispatcher keeps usage, catch_up, queued and vtime (a read-modify-write per job
+        # served): this page and the list write only what they edited (the weight).
+        obj.save(update_fields=form.changed_data)
 
     @admin.display(description="decayed device time now (s)")
     def usage_now(self, obj):

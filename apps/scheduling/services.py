@@ -235,12 +235,32 @@ def cancel_jobs_of_ended_sessions() -> int:
     return len(ended)
 
 
+def deletable_jobs(jobs):
+    """The rows of ``jobs`` that may be deleted (the admin; ``cleanup`` prunes the same): finished
+    ones. An unfinished job's row is how the worker hands it over, polls, stops and charges its
+    run; deleting it would leave that run going on the device, never charged. Cancel it first."""
+    return jobs.exclude(status__in=UNFINISHED)
+
+
 # -- devices -----------------------------------------------------------------------------------
+def busy_devices(devices):
+    """Those of ``devices`` that may not be deleted: running jobs (their ``device`` would go null
+    while running, which the database refuses), or pending jobs that asked for them (their
+    ``target_device`` would go null, and any device of the pool would take them)."""
+    return devices.filter(
+        Q(Exists(Job.objects.filter(device=OuterRef("pk"), status=JobStatus.RUNNING)))
+        | Q(Exists(Job.objects.filter(target_device=OuterRef("pk"), status=JobStatus.PENDING)))
+    )
+
+
 def delete_device(device: Device) -> None:
-    """A device goes only when nothing runs on it (its jobs' ``device`` would go null while
-    running, which the database refuses); take it offline and let them finish first."""
-    if Job.objects.filter(device=device, status=JobStatus.RUNNING).exists():
-        raise Conflict(f"Device '{device.name}' is running jobs: take it offline and wait for them to end.")
+    """A device goes only when nothing runs on it and no pending job asked for it
+    (:func:`busy_devices`); take it offline and let its jobs finish (or cancel them) first."""
+    if busy_devices(Device.objects.filter(pk=device.pk)).exists():
+        raise Conflict(
+            f"Device '{device.name}' is running jobs or pending jobs asked for it: take it offline and "
+            "wait for them to end (or cancel them)."
+        )
     device.delete()
 
 

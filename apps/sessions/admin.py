@@ -46,6 +46,28 @@ class SessionAdmin(admin.ModelAdmin):
         # Sessions are opened through admission (capacity checks under the pool lock), never by form.
         return False
 
+    def save_model(self, request, obj, form, change):
+        # Every field is read-only (admission, release and the dispatcher write them): "Save"
+        # writes nothing back over what they wrote since this request read the row.
+        pass
+
+    def has_delete_permission(self, request, obj=None):
+        # An active session (or one whose jobs still run) is revoked, not deleted: see
+        # services.deletable. The delete page answers 403 rather than skipping its release.
+        if obj is not None and not services.deletable(Session.objects.filter(pk=obj.pk)).exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        kept = queryset.count() - services.deletable(queryset).count()
+        if kept:
+            self.message_user(
+                request,
+                f"Not deleted: {kept} session(s) still active or running jobs (revoke them first).",
+                messages.ERROR,
+            )
+        super().delete_queryset(request, services.deletable(queryset))
+
     @admin.action(description="Revoke selected sessions (frees their slots now)", permissions=["change"])
     def revoke_sessions(self, request, queryset):
         revoked = services.revoke(session_ids=queryset.filter(status=SessionStatus.ACTIVE).values_list("pk", flat=True))

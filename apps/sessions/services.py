@@ -21,7 +21,7 @@ from apps.resources.launch import launch_spec
 from apps.resources.models import ResourceClass, ResourcePool, fmt
 from apps.sessions import statements
 from apps.sessions.hooks import batch_capacity_changed, busy_q, sessions_revoked
-from apps.sessions.models import RevocationReason, Session, is_service_principal
+from apps.sessions.models import RevocationReason, Session, SessionStatus, is_service_principal
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,16 @@ def revoke(*, session_ids, reason: str = RevocationReason.MANUAL) -> int:
     """R-SESS-4: staff revocation (API, admin action); frees the slots at once. Returns how many
     of ``session_ids`` this call ended (the others had ended already)."""
     return len(_end([_session_id(pk) for pk in session_ids], reason, timezone.now()))
+
+
+def deletable(sessions):
+    """The rows of ``sessions`` that may be deleted (the admin; ``cleanup`` prunes the same): ended
+    sessions with no unfinished job. An active session's row goes only through its release or
+    revocation, which gives its slots back to the pool's usage and its reservation; deleting it
+    would keep them counted and take its running jobs with it (their provider runs orphaned)."""
+    ended = sessions.filter(status=SessionStatus.REVOKED)
+    busy = busy_q()
+    return ended if busy is None else ended.exclude(busy)
 
 
 def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:

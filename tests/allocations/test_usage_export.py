@@ -123,3 +123,27 @@ def test_export_usage_command_writes_the_same_rows(ledger, staff, api, capsys):
     call_command("export_usage", "--month", "2026-11")
     parsed = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [row["key"] for row in parsed] == [row["key"] for row in as_json]
+
+
+def test_deleting_a_pool_keeps_its_charges(ledger, staff, api, admin_client, qpu):
+    """The ledger outlives the jobs and sessions ``cleanup`` prunes, and so the last thing that
+    kept a pool from being deleted: deleting it must not take its charges (the usage reports of
+    past months) with it. Refused (409; the admin lists what protects it) while it has charges."""
+    before = Charge.objects.count()
+    answer = api(staff).delete(f"/api/v1/resource-pools/{qpu.pk}/")
+    assert answer.status_code == 409, answer.content
+    admin_client.post(f"/admin/resources/resourcepool/{qpu.pk}/delete/", {"post": "yes"})
+    assert Charge.objects.count() == before
+    assert api(staff).get("/api/v1/accounting/usage/?group_by=pool&month=2026-11").data["rows"][0]["key"] == "qpu"
+
+
+def test_deleting_a_charged_allocation_or_its_group_keeps_the_projects_usage(ledger, staff, api, admin_client, team):
+    """A grant that was charged is ended (its dates), not deleted: deleting it, or the group it
+    was granted to, would leave its charges with no project, and the per-project and per-group
+    reports of past months would lose them."""
+    mine, theirs = ledger
+    admin_client.post(f"/admin/allocations/allocation/{theirs.pk}/delete/", {"post": "yes"})
+    admin_client.post(f"/admin/auth/group/{team.pk}/delete/", {"post": "yes"})
+    projects = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=project&month=2026-11"))
+    groups = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=group&month=2026-11"))
+    assert projects["qsim"]["device_seconds"] == 60 and groups["team"]["device_seconds"] == 60

@@ -1,9 +1,12 @@
 """The case admin: filters, events inline, file links, and the cancel action (same service as the API)."""
 
 import pytest
+from django.urls import reverse
 
 from apps.cases import services
-from apps.cases.models import Case, CaseStatus
+from apps.cases.admin import CaseAdmin
+from apps.cases.models import Campaign, Case, CaseStatus
+from tests.admin_forms import change_form_data
 from tests.cases.conftest import drive, launched
 
 pytestmark = pytest.mark.django_db
@@ -126,3 +129,111 @@ def test_prepared_case_launch_options_edited_in_the_admin_go_through_the_allow_l
     assert post('{"outcome": "fail"}').status_code == 302
     case.refresh_from_db()
     assert case.launch_options == {"outcome": "fail"}
+
+
+def test_a_running_case_is_not_deleted_by_the_admin_and_a_finished_ones_workspace_goes_with_it(
+    admin_client, make_case, fake, django_capture_on_commit_callbacks
+):
+    """A case's row is what polls, cancels and charges its remote job: deleting an unfinished one
+    would leave the job running at the provider, never charged. A finished case deleted takes its
+    workspace with it (nothing else could reach or clean those files)."""
+    from apps.cases import workspace
+
+    running = launched(make_case(name="running"))
+    assert running.status in (CaseStatus.PENDING, CaseStatus.RUNNING) and running.remote_id
+    admin_client.post(f"/admin/cases/case/{running.pk}/delete/", {"post": "yes"})
+    admin_client.post(
+        "/admin/cases/case/", {"action": "delete_selected", "_selected_action": [str(running.pk)], "post": "yes"}
+    )
+    assert Case.objects.filter(pk=running.pk).exists()
+
+    finished = drive(launched(make_case(name="finished")))
+    assert finished.is_terminal and workspace.case_dir(finished.pk).exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(f"/admin/cases/case/{finished.pk}/delete/", {"post": "yes"})
+    assert not Case.objects.filter(pk=finished.pk).exists()
+    assert not workspace.case_dir(finished.pk).exists()
+
+
+def test_a_user_with_a_running_case_is_not_deleted_by_the_admin(admin_client, make_case, owner, fake):
+    """Deleting a user cascades to their cases: while one runs, the admin refuses (the same rule
+    as the case's own delete page), so no remote job is left running with no case to cancel it."""
+    running = launched(make_case(name="running"))
+    assert running.status in (CaseStatus.PENDING, CaseStatus.RUNNING)
+    response = admin_client.post(f"/admin/auth/user/{owner.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 403
+    assert Case.objects.filter(pk=running.pk).exists()
+
+
+def test_the_admin_never_gives_a_campaign_to_another_user(admin_client, make_case, owner, member):
+    campaign = services.create_campaign(owner=owner, name="sweep")
+    make_case(campaign=campaign)
+    url = reverse("admin:cases_campaign_change", args=[campaign.pk])
+    data = change_form_data(admin_client.get(url)) | {"owner": str(member.pk), "name": "sweep 2"}
+    admin_client.post(url, data)
+    campaign.refresh_from_db()
+    assert (campaign.owner_id, campaign.name) == (owner.pk, "sweep 2")  # the name stays editable
+    assert Campaign.objects.filter(owner=member).count() == 0
+
+
+def test_cases_are_not_added_in_the_admin(admin_client, owner, local_pool):
+    """A case is made by create_case: its workspace (inputs/), its 'created' event, its backend
+    and R-POOL-8; the admin's add form saved the bare row, none of those."""
+    response = admin_client.post(
+        reverse("admin:cases_case_add"),
+        {
+            "name": "sneaky",
+            "owner": str(owner.pk),
+            "resource_class": str(local_pool.classes.get().pk),
+            "command": "run",
+            "launch_options": "{}",
+            "observability_globs": "[]",
+            "events-TOTAL_FORMS": "0",
+            "events-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 403
+    assert not Case.objects.filter(name="sneaky").exists()
+
+
+def test_a_prepared_cases_class_never_moves_to_a_pool_its_owner_may_not_use(admin_client, make_case, private_pool):
+    case = make_case()  # the owner may not use the private pool (granted to the member's group)
+    url = reverse("admin:cases_case_change", args=[case.pk])
+    data = change_form_data(admin_client.get(url)) | {"resource_class": str(private_pool.classes.get().pk)}
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "may not use this class&#x27;s pool (R-POOL-8)" in response.content.decode()
+    case.refresh_from_db()
+    assert case.resource_class.pool_id != private_pool.pk
+
+
+def test_a_prepared_case_never_goes_to_an_owner_who_may_not_use_its_pool(
+    admin_client, make_case, private_pool, member, owner
+):
+    case = make_case(user=member, resource_class=private_pool.classes.get())
+    url = reverse("admin:cases_case_change", args=[case.pk])
+    data = change_form_data(admin_client.get(url)) | {"owner": str(owner.pk)}
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "may not use this class&#x27;s pool (R-POOL-8)" in response.content.decode()
+    case.refresh_from_db()
+    assert case.owner_id == member.pk
+
+
+def test_renaming_a_case_never_undoes_its_end(admin_client, make_case, monkeypatch):
+    case = launched(make_case())
+    assert case.status in (CaseStatus.PENDING, CaseStatus.RUNNING)
+    url = reverse("admin:cases_case_change", args=[case.pk])
+    data = change_form_data(admin_client.get(url)) | {"name": "renamed"}
+    original = CaseAdmin.save_form
+
+    def save_form(self, request, form, change):  # a poll pass commits between the read and the save
+        obj = original(self, request, form, change)
+        drive(Case.objects.get(pk=obj.pk))
+        return obj
+
+    monkeypatch.setattr(CaseAdmin, "save_form", save_form)
+    response = admin_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    case.refresh_from_db()
+    assert (case.name, case.status) == ("renamed", CaseStatus.DONE)

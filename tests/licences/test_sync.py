@@ -171,3 +171,14 @@ def test_a_licence_is_name_at_server_on_a_pool_with_slots_and_one_pool_each(lice
     other.slots_total, other.slurm_licence = 2, licensed_pool.slurm_licence
     with pytest.raises(ValidationError, match="already keeps this Slurm licence"):
         other.full_clean()
+
+
+def test_a_deleted_pools_licence_is_closed(licensed_pool, fake_slurm, eager, api, staff):
+    """Deleting a pool takes its licence state (what the sync made in Slurm) with it: its licence
+    is closed then, or Slurm would go on handing out slots of a pool that no longer answers."""
+    licence = licensed_pool.slurm_licence
+    passes.sync_pool(licensed_pool.pk)
+    assert fake_slurm.counts[licence] == 2
+    assert eager(lambda: api(staff).delete(f"/api/v1/resource-pools/{licensed_pool.pk}/")).status_code == 204
+    passes.reconcile()
+    assert fake_slurm.counts[licence] == 0

@@ -225,3 +225,18 @@ def test_a_device_running_jobs_cannot_be_deleted(api, staff, owner, qpu_pool, fa
     Job.objects.filter(pk=job_id).update(status=JobStatus.COMPLETED)
     assert api(staff).delete(f"/api/v1/devices/{fake_device.pk}/").status_code == 204
     assert Job.objects.get(pk=job_id).device is None  # the finished job keeps its history
+
+
+def test_a_device_that_pending_jobs_asked_for_cannot_be_deleted(api, staff, owner, qpu_pool, fake_device, open_session):
+    """A job that names a device runs only there (R-DEV-1 checked it against that device):
+    deleting the device must not turn it into a job any device of the pool may take."""
+    other = Device.objects.create(pool=qpu_pool, name="fake2", driver="fake", online=False)
+    session = open_session(qpu_pool, owner)
+    body = {"payload": {"x": 1}, "shots": 50, "device": fake_device.pk}
+    response = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    job_id = response.json()["id"]
+    answer = api(staff).delete(f"/api/v1/devices/{fake_device.pk}/")
+    assert answer.status_code == 409, answer.content
+    assert Job.objects.get(pk=job_id).target_device_id == fake_device.pk
+    assert api(staff).delete(f"/api/v1/devices/{other.pk}/").status_code == 204  # nothing asked for it

@@ -51,3 +51,18 @@ def test_pool_admin_shows_slots_used(admin_client, session, member):
 def test_sessions_cannot_be_added_by_form(admin_client, session):
     assert admin_client.get("/admin/compute_sessions/session/add/").status_code == 403
     assert Session.objects.count() == 1
+
+
+def test_an_active_session_is_not_deleted_by_the_admin(admin_client, session):
+    """Deleting an active session's row would skip release: the pool's usage would go on counting
+    its slots (a new session finds the pool full) and its jobs would go with it. Staff revoke."""
+    from apps.resources.models import PoolUsage
+
+    admin_client.post(f"/admin/compute_sessions/session/{session.pk}/delete/", {"post": "yes"})
+    admin_client.post(
+        "/admin/compute_sessions/session/",
+        {"action": "delete_selected", "_selected_action": [str(session.pk)], "post": "yes"},
+    )
+    assert Session.objects.filter(pk=session.pk, status="active").exists()
+    held = sum(Session.objects.active().filter(pool=session.pool).values_list("slots", flat=True))
+    assert PoolUsage.objects.get(pool=session.pool).slots_used == held == 3
