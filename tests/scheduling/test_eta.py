@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.utils import timezone
 
 from apps.scheduling import eta, passes, selectors
@@ -14,6 +15,14 @@ from tests.scheduling.test_strategies import dispatch_and_finish, submit
 from tests.scheduling.test_usage_fair import pending, set_usage
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def still_clock():
+    """The figures are the model's from the moment the jobs were set up: the clock stands still
+    (a loaded machine taking a second between the set-up and the reading moved them)."""
+    with time_machine.travel(timezone.now(), tick=False):
+        yield
 
 
 @pytest.fixture
