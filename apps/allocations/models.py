@@ -20,6 +20,9 @@ from django.utils.translation import gettext_lazy as _
 from apps.resources.models import ResourcePool
 
 INFINITY = float("inf")
+#: the longest rolling window: a century (a longer one, e.g. seconds typed as days, ends past the
+#: calendar's last date and every reading of its period would fail)
+MAX_WINDOW_DAYS = 36_525
 
 
 class PeriodKind(models.TextChoices):
@@ -118,6 +121,8 @@ class Allocation(models.Model):
                 raise ValidationError({"ends_at": _("The end must be after the start.")})
         elif not self.window_days:
             raise ValidationError({"window_days": _("A rolling period needs a window of at least one day.")})
+        elif self.window_days > MAX_WINDOW_DAYS:
+            raise ValidationError({"window_days": _("A window is at most %(days)d days.") % {"days": MAX_WINDOW_DAYS}})
 
     @property
     def project(self) -> str:

@@ -80,7 +80,7 @@ class ReservationAdmin(admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         pools = ResourcePool.objects.order_by("name", "id")
         chosen = request.GET.get("pool__id__exact")
-        if chosen and chosen.isdigit():
+        if chosen and chosen.isascii() and chosen.isdigit():  # "²".isdigit(), and int("²") raises
             pools = pools.filter(pk=int(chosen))
         else:
             pools = pools.filter(reservations__isnull=False).distinct()

@@ -87,3 +87,10 @@ def test_accounting_dates_outside_the_supported_range_are_400(api, staff, query)
     response = api(staff).get("/api/v1/accounting/", query)
     assert response.status_code == 400, response.content
     assert set(response.json()) <= {"since", "until"}
+
+
+def test_a_pool_id_in_other_digits_is_a_400_not_a_500(api, staff):
+    # '²'.isdigit() is True, and int('²') raises: the check let it through to a 500.
+    response = api(staff).get("/api/v1/accounting/?pool=%C2%B2")
+    assert response.status_code == 400
+    assert "pool" in response.json()

@@ -73,7 +73,7 @@ class AccountingView(APIView):
         if since >= until:
             raise ValidationError({"since": ["Must be before until."]})
         pool = request.query_params.get("pool")
-        if pool not in (None, "") and not pool.isdigit():
+        if pool not in (None, "") and not (pool.isascii() and pool.isdigit()):  # "²".isdigit(); int("²") raises
             raise ValidationError({"pool": ["A pool id."]})
         rows = usage(since, until, pool_id=int(pool) if pool else None, username=request.query_params.get("user"))
         return Response(AccountingSerializer({"since": since, "until": until, "rows": rows}).data)
