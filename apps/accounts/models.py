@@ -84,6 +84,19 @@ class Identity(models.Model):
     def __str__(self):
         return f"{self.subject} at {self.issuer}"
 
+    #: kept by sign-ins and the worker's recheck (``apps/accounts/oidc.py``), each writing only these
+    SIGN_IN = ("last_login_at", "sealed_refresh_token", "checked_at")
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            # An edit (the identity's page, the user page's inline) never writes back the refresh
+            # token it read: the recheck may have rotated it since, and the old one, traded again,
+            # would end the user's API tokens.
+            kwargs["update_fields"] = [
+                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in self.SIGN_IN
+            ]
+        super().save(*args, **kwargs)
+
 
 class LoginRate(models.Model):
     """How many logins one client address attempted in the current window, whatever the

@@ -29,6 +29,11 @@ class LicenceStateAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # made by the sync
 
+    def save_model(self, request, obj, form, change):
+        # Every field is the sync's (its UPDATEs): a Save writes none back, or the reservations it
+        # made in Slurm meanwhile would be forgotten and never removed.
+        obj.save(update_fields=form.changed_data)
+
     @admin.action(description="Sync the selected pools' licences now", permissions=["change"])
     def sync_now(self, request, queryset):
         pool_ids = list(queryset.values_list("pool_id", flat=True))

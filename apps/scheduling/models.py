@@ -71,6 +71,35 @@ class Device(models.Model):
     def __str__(self):
         return f"{self.pool.name}/{self.name}" if self.pool_id else self.name
 
+    #: written by the worker's status pass alone (``device_status.record_status``)
+    PROVIDER_FIELDS = (
+        "provider_status",
+        "provider_message",
+        "provider_checked_at",
+        "provider_specs",
+        "provider_specs_text",
+    )
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            # An edit (the API's PATCH, the device page) never writes back what the status pass
+            # wrote since it read the row: the provider's status and specs, nor ``online`` unless
+            # the edit changed it (renaming a device must not bring a QPU that went down online).
+            skip = set(self.PROVIDER_FIELDS)
+            if self.online == getattr(self, "_loaded_online", None):
+                skip.add("online")
+            kwargs["update_fields"] = [
+                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in skip
+            ]
+        super().save(*args, **kwargs)
+        self._loaded_online = self.online
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        instance = super().from_db(db, field_names, values)
+        instance._loaded_online = instance.__dict__.get("online")
+        return instance
+
     def credential_config(self) -> dict:
         """``config`` with the device's pool, by which its credential variables are read only
         where ``<NAME>_POOLS`` binds them to that pool (``apps.core.credentials``)."""

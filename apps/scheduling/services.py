@@ -255,13 +255,22 @@ def busy_devices(devices):
 
 def delete_device(device: Device) -> None:
     """A device goes only when nothing runs on it and no pending job asked for it
-    (:func:`busy_devices`); take it offline and let its jobs finish (or cancel them) first."""
-    if busy_devices(Device.objects.filter(pk=device.pk)).exists():
-        raise Conflict(
-            f"Device '{device.name}' is running jobs or pending jobs asked for it: take it offline and "
-            "wait for them to end (or cancel them)."
-        )
-    device.delete()
+    (:func:`busy_devices`); take it offline and let its jobs finish (or cancel them) first.
+
+    Checked and deleted holding the pool's queue row, which the dispatcher holds while it hands
+    out a job, and the device's row, on which submissions take a share lock: a job dispatched to
+    it or submitted for it meanwhile is seen by the check, never an IntegrityError at the DELETE
+    (lock order pool queue → device, as the dispatcher's)."""
+    with transaction.atomic():
+        PoolQueue.objects.get_or_create(pool_id=device.pool_id)
+        PoolQueue.objects.select_for_update().filter(pool_id=device.pool_id).values_list("pk").first()
+        Device.objects.select_for_update().filter(pk=device.pk).values_list("pk").first()
+        if busy_devices(Device.objects.filter(pk=device.pk)).exists():
+            raise Conflict(
+                f"Device '{device.name}' is running jobs or pending jobs asked for it: take it offline and "
+                "wait for them to end (or cancel them)."
+            )
+        device.delete()
 
 
 def set_device_online(device: Device, online: bool) -> None:
