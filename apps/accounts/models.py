@@ -2,6 +2,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from apps.core.models import KeepsWorkerColumns
+
 
 class ApiToken(models.Model):
     """A key for ``Authorization: Token <key>``, stored only as its SHA-256 digest.
@@ -49,7 +51,7 @@ class ApiToken(models.Model):
         return self.expires_at <= timezone.now()
 
 
-class Identity(models.Model):
+class Identity(KeepsWorkerColumns, models.Model):
     """A user's account at the centre's identity provider: the (issuer, subject) pair its tokens
     carry. Browser sign-in and API bearer tokens find the user by it, never by a username or an
     e-mail a provider could reassign (apps/accounts/oidc.py)."""
@@ -84,18 +86,10 @@ class Identity(models.Model):
     def __str__(self):
         return f"{self.subject} at {self.issuer}"
 
-    #: kept by sign-ins and the worker's recheck (``apps/accounts/oidc.py``), each writing only these
-    SIGN_IN = ("last_login_at", "sealed_refresh_token", "checked_at")
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding and kwargs.get("update_fields") is None:
-            # An edit (the identity's page, the user page's inline) never writes back the refresh
-            # token it read: the recheck may have rotated it since, and the old one, traded again,
-            # would end the user's API tokens.
-            kwargs["update_fields"] = [
-                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in self.SIGN_IN
-            ]
-        super().save(*args, **kwargs)
+    #: kept by sign-ins and the worker's recheck (``apps/accounts/oidc.py``): an edit never writes
+    #: back the refresh token it read (rotated since, the old one traded again would end the
+    #: user's API tokens)
+    WORKER_COLUMNS = ("last_login_at", "sealed_refresh_token", "checked_at")
 
 
 class LoginRate(models.Model):

@@ -17,6 +17,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from apps.core.models import KeepsWorkerColumns
 from apps.resources.models import ResourcePool
 
 INFINITY = float("inf")
@@ -30,7 +31,7 @@ class PeriodKind(models.TextChoices):
     ROLLING = "rolling", "Rolling: consecutive windows of N days from the start"
 
 
-class Allocation(models.Model):
+class Allocation(KeepsWorkerColumns, models.Model):
     """A grant to a project (``group``, or one ``user``) on ``pool`` of ``device_seconds`` of
     device time and/or ``core_hours`` of case time per period. A limit left empty is not limited.
 
@@ -97,17 +98,9 @@ class Allocation(models.Model):
     def __str__(self):
         return f"{self.name} on {self.pool}"
 
-    #: kept by the charges alone, each a ``used = used + x`` UPDATE of this row
-    SPENDING = ("used_device_seconds", "used_core_hours", "used_period_start")
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding and kwargs.get("update_fields") is None:
-            # An edit (the admin's change form) never writes back the spending it read: a job
-            # charged since would be lost, and the project could spend its time again.
-            kwargs["update_fields"] = [
-                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in self.SPENDING
-            ]
-        super().save(*args, **kwargs)
+    #: kept by the charges alone, each a ``used = used + x`` UPDATE of this row: an edit never
+    #: writes back the spending it read (a job charged since would be lost, its time spent again)
+    WORKER_COLUMNS = ("used_device_seconds", "used_core_hours", "used_period_start")
 
     def clean(self):
         if bool(self.user_id) == bool(self.group_id):

@@ -3,6 +3,27 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 
+class KeepsWorkerColumns:
+    """A model some of whose columns only a worker, a pass or a service's UPDATE writes (a
+    counter, a status, a rotated token): a full ``save()`` of an existing row (an edit in the
+    admin or the API, which read the row earlier) leaves them out, so it never writes back what
+    was written since it read. ``save(update_fields=...)`` and inserts are unchanged."""
+
+    #: the columns a full save of an existing row leaves out
+    WORKER_COLUMNS: tuple[str, ...] = ()
+
+    def kept_columns(self) -> set[str]:
+        return set(self.WORKER_COLUMNS)
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kept = self.kept_columns()
+            kwargs["update_fields"] = [
+                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in kept
+            ]
+        super().save(*args, **kwargs)
+
+
 class WorkerHeartbeat(models.Model):
     """Last time a worker cluster ran the heartbeat task; read by ``GET /api/v1/health/``."""
 

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from apps.core.models import KeepsWorkerColumns
 from apps.resources.models import ResourcePool, fmt
 from apps.scheduling.models import Device
 
@@ -79,7 +80,7 @@ def holder_sql(window: str) -> tuple[str, int]:
     )
 
 
-class Reservation(models.Model):
+class Reservation(KeepsWorkerColumns, models.Model):
     """A window of the calendar: slots of a pool held for holders (``reservation``), or the pool
     or one of its devices paused (``maintenance``), from ``start`` to ``end``. Cancelled windows
     are kept (``cancelled_at``), as the calendar's history."""
@@ -152,17 +153,10 @@ class Reservation(models.Model):
         where = f"{self.pool.name}/{self.device.name}" if self.device_id else (self.pool.name if self.pool_id else "?")
         return f"{self.title} ({self.kind}, {where})"
 
-    def save(self, *args, **kwargs):
-        if not self._state.adding and kwargs.get("update_fields") is None:
-            # Never write back a stale copy of the counter admission keeps, nor of the cancel
-            # (``services.cancel_reservation`` alone sets it): a change that read the window live
-            # and saves after a cancel committed must not bring the cancelled window back.
-            kwargs["update_fields"] = [
-                f.attname
-                for f in self._meta.concrete_fields
-                if not f.primary_key and f.attname not in ("slots_used", "started_at", "cancelled_at")
-            ]
-        super().save(*args, **kwargs)
+    #: the counter admission keeps, its start's mark, and the cancel (``services.cancel_reservation``
+    #: alone sets it): a change that read the window live and saves after a cancel committed must
+    #: not bring the cancelled window back
+    WORKER_COLUMNS = ("slots_used", "started_at", "cancelled_at")
 
     def validate_constraints(self, exclude=None):
         errors = {}

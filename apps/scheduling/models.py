@@ -7,6 +7,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from apps.core.models import KeepsWorkerColumns
 from apps.resources.models import ResourcePool
 from apps.sessions.models import Session
 
@@ -25,7 +26,7 @@ class ProviderStatus(models.TextChoices):
     UNREACHABLE = "unreachable", "Unreachable"
 
 
-class Device(models.Model):
+class Device(KeepsWorkerColumns, models.Model):
     """Something that runs jobs for a pool: a QPU, or an emulator standing in for one."""
 
     pool = models.ForeignKey(ResourcePool, on_delete=models.CASCADE, related_name="devices")
@@ -72,7 +73,7 @@ class Device(models.Model):
         return f"{self.pool.name}/{self.name}" if self.pool_id else self.name
 
     #: written by the worker's status pass alone (``device_status.record_status``)
-    PROVIDER_FIELDS = (
+    WORKER_COLUMNS = (
         "provider_status",
         "provider_message",
         "provider_checked_at",
@@ -81,18 +82,16 @@ class Device(models.Model):
     )
 
     def save(self, *args, **kwargs):
-        if not self._state.adding and kwargs.get("update_fields") is None:
-            # An edit (the API's PATCH, the device page) never writes back what the status pass
-            # wrote since it read the row: the provider's status and specs, nor ``online`` unless
-            # the edit changed it (renaming a device must not bring a QPU that went down online).
-            skip = set(self.PROVIDER_FIELDS)
-            if self.online == getattr(self, "_loaded_online", None):
-                skip.add("online")
-            kwargs["update_fields"] = [
-                f.attname for f in self._meta.concrete_fields if not f.primary_key and f.attname not in skip
-            ]
         super().save(*args, **kwargs)
         self._loaded_online = self.online
+
+    def kept_columns(self) -> set[str]:
+        # ``online`` too, unless the edit changed it: renaming a device must not bring a QPU the
+        # status pass took offline meanwhile back online.
+        kept = super().kept_columns()
+        if self.online == getattr(self, "_loaded_online", None):
+            kept.add("online")
+        return kept
 
     @classmethod
     def from_db(cls, db, field_names, values):
