@@ -196,6 +196,7 @@ class Driver:
     refused_service_words = ""  # a launch's words when the provider refuses the service credential
     submit_call: tuple = ()  # the double's (method, path) of a submission
     lookup_call: tuple = ()  # what finds a job by its name after an uncertain submission (R-CASE-1)
+    refusing_statuses: tuple = ()  # a submission's 5xx that says it was not carried out: the case waits
     state_dir, state_files = "", frozenset()  # the backend's directory in the case workspace, its files
     doctor_checks: tuple = ()  # what ``manage.py doctor --pool`` checks on a service pool
     # -- a case's life (the contract's last section)
@@ -291,6 +292,7 @@ class FirecrestDriver(Driver):
     backend, module, listing_path = FirecrestBackend(), fc_client, "/status/systems"
     secret, secret_env = "s3cr3t-client-VALUE-42", "GRIDGATE_CRED_FC_SECRET"  # noqa: S105
     secret_key, refused_service_words = "client_secret", "client credentials"
+    refusing_statuses = (500,)  # to FirecREST a 500 is no "maybe carried out"
     state_dir, state_files = ".firecrest", frozenset({"manifest.json"})
     doctor_checks = ("sdk", "credentials", "auth", "reachability", "system", "partition", "working_root")
 
