@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from apps.accounts.forms import AdminLoginForm
 from apps.accounts.models import ApiToken, Identity
+from apps.core.admin_base import ModelAdmin
 
 # The admin login says when django-axes refused an attempt (it counts failures like every login).
 admin.site.login_form = AdminLoginForm
@@ -28,7 +29,7 @@ class ExpiryFilter(admin.SimpleListFilter):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "expires_at", "last_used_at", "valid"]
     list_filter = [ExpiryFilter]
     list_select_related = ["user"]
@@ -71,7 +72,7 @@ class IdentityInline(admin.TabularInline):
 
 
 @admin.register(Identity)
-class IdentityAdmin(admin.ModelAdmin):
+class IdentityAdmin(ModelAdmin):
     """Who a provider's (issuer, subject) is here. Linking: a local account whose first sign-in was
     refused (its username was taken), or a service account's client credentials tokens. A subject
     belongs to one user (the constraint); deleting an identity makes that sign-in a stranger again."""

@@ -3,10 +3,11 @@ from django.utils import timezone
 
 from apps.allocations import selectors, services
 from apps.allocations.models import Allocation, Charge
+from apps.core.admin_base import ModelAdmin
 
 
 @admin.register(Allocation)
-class AllocationAdmin(admin.ModelAdmin):
+class AllocationAdmin(ModelAdmin):
     """Operators grant, raise and end allocations here. Raising a grant (or a new period)
     releases the project's waiting jobs at the next dispatch; the used figures are the charges'."""
 
@@ -52,7 +53,7 @@ class AllocationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Charge)
-class ChargeAdmin(admin.ModelAdmin):
+class ChargeAdmin(ModelAdmin):
     """The ledger: one row per job or case that used time, written by the workers only."""
 
     list_display = [

@@ -6,6 +6,7 @@ from django.utils.html import format_html, format_html_join
 from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent
+from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import ServiceError
 from apps.core.text import printable
 from apps.resources.selectors import can_use_pool
@@ -50,7 +51,7 @@ class CaseAdminForm(forms.ModelForm):
 
 
 @admin.register(Case)
-class CaseAdmin(admin.ModelAdmin):
+class CaseAdmin(ModelAdmin):
     form = CaseAdminForm
     list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
     list_filter = ["status", "backend", "results_fetched", "resource_class__pool", "run_host"]
@@ -209,7 +210,7 @@ class CaseAdmin(admin.ModelAdmin):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(admin.ModelAdmin):
+class CampaignAdmin(ModelAdmin):
     list_display = ["name", "owner", "created_at"]
     search_fields = ["name", "owner__username"]
     list_select_related = ["owner"]

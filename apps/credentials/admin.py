@@ -7,12 +7,13 @@ field is not editable, not listed and not in any form, and nothing here can open
 
 from django.contrib import admin, messages
 
+from apps.core.admin_base import ModelAdmin
 from apps.credentials import services as credential_services
 from apps.credentials.models import RemoteConnection
 
 
 @admin.register(RemoteConnection)
-class RemoteConnectionAdmin(admin.ModelAdmin):
+class RemoteConnectionAdmin(ModelAdmin):
     list_display = ["user", "pool", "state", "subject", "connected_at", "last_refreshed_at", "failed_at"]
     list_filter = ["state", "pool"]
     list_select_related = ["user", "pool"]

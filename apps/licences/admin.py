@@ -1,11 +1,12 @@
 from django.contrib import admin, messages
 
+from apps.core.admin_base import ModelAdmin
 from apps.licences.models import LicenceState
 from apps.licences.services import request_sync
 
 
 @admin.register(LicenceState)
-class LicenceStateAdmin(admin.ModelAdmin):
+class LicenceStateAdmin(ModelAdmin):
     """What the licence sync last pushed to Slurm for each pool, why, and whether sacctmgr
     answered (the pool's licence itself is set on the pool's page)."""
 

@@ -1,11 +1,12 @@
 from django.contrib import admin, messages
 
+from apps.core.admin_base import ModelAdmin
 from apps.notifications import services
 from apps.notifications.models import Delivery, DeliveryAttempt, Subscription
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(admin.ModelAdmin):
+class SubscriptionAdmin(ModelAdmin):
     """Users' subscriptions. Users make their own (the secret is shown to them once); operators
     look and remove one (a receiver that misbehaves), never read a secret."""
 
@@ -35,7 +36,7 @@ class DeliveryAttemptInline(admin.TabularInline):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(ModelAdmin):
     """The outbox and its log: what was sent, to whom, how each attempt went."""
 
     list_display = ["id", "user", "event", "subject", "channel", "status", "attempts", "next_attempt_at", "created_at"]

@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
 from apps.accounts.admin import IdentityInline
+from apps.core.admin_base import FieldValues, ModelAdmin
 from apps.qrmi.models import UnixAccount
 
 User = get_user_model()
@@ -25,7 +26,7 @@ admin.site.unregister(User)
 
 
 @admin.register(User)
-class UserWithUnixAccountAdmin(UserAdmin):
+class UserWithUnixAccountAdmin(FieldValues, UserAdmin):
     inlines = [*UserAdmin.inlines, UnixAccountInline, IdentityInline]
     list_display = [*UserAdmin.list_display, "unix_uid"]
     search_fields = [*UserAdmin.search_fields, "=unix_account__unix_uid", "identities__subject"]
@@ -40,7 +41,7 @@ class UserWithUnixAccountAdmin(UserAdmin):
 
 
 @admin.register(UnixAccount)
-class UnixAccountAdmin(admin.ModelAdmin):
+class UnixAccountAdmin(ModelAdmin):
     list_display = ["user", "unix_uid", "updated_at"]
     list_select_related = ["user"]
     search_fields = ["user__username", "=unix_uid"]

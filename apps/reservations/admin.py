@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from apps.core.admin_base import ModelAdmin
 from apps.reservations import services
 from apps.reservations.models import Reservation
 from apps.reservations.week import monday_of, week
@@ -36,7 +37,7 @@ class ReservationForm(forms.ModelForm):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ReservationAdmin(ModelAdmin):
     """The calendar: staff create windows and cancel them (kept, with ``cancelled_at``); the list
     opens on the week's view of every pool's windows."""
 

@@ -5,6 +5,7 @@ from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html_join
 
+from apps.core.admin_base import ModelAdmin
 from apps.resources import services
 from apps.resources.launch import launch_spec
 from apps.resources.models import PoolKind, ResourceClass, ResourcePool, fmt, usage_of
@@ -54,7 +55,7 @@ class ResourceClassInline(admin.TabularInline):
     ]
 
 
-class ResourcePoolAdmin(admin.ModelAdmin):
+class ResourcePoolAdmin(ModelAdmin):
     """The pool page's own part, with what its active sessions hold (its usage row). Registered
     once, by apps.scheduling.admin, as the subclass that adds the devices inline: resources does
     not import scheduling."""
@@ -174,7 +175,7 @@ class ResourcePoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(ResourceClass)
-class ResourceClassAdmin(admin.ModelAdmin):
+class ResourceClassAdmin(ModelAdmin):
     list_display = ["name", "pool", "kind", "cpu", "memory", "gpu", "default"]
     list_filter = ["pool__kind", "default", "pool"]
     list_select_related = ["pool"]

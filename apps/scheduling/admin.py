@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
+from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.resources.admin import ResourcePoolAdmin
@@ -111,7 +112,7 @@ class PoolAdmin(ResourcePoolAdmin):
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(ModelAdmin):
     form = DeviceForm
     list_display = [
         "name",
@@ -197,7 +198,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ModelAdmin):
     # Narrow enough for 1440 px: the session's UUID is searchable and on the job's page, not a column.
     list_display = ["id", "user", "pool", "device", "status", "waiting_because", "shots", "created_at", "finished_at"]
     list_filter = ["status", "pool", ("device", admin.RelatedOnlyFieldListFilter)]
@@ -255,7 +256,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(PoolQueue)
-class PoolQueueAdmin(admin.ModelAdmin):
+class PoolQueueAdmin(ModelAdmin):
     """Read-only: one row per pool whose lock serializes its dispatch; operators read when the pool
     last dispatched and how much waits, to spot a stuck queue."""
 
@@ -295,7 +296,7 @@ class PoolQueueAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ModelAdmin):
     """What the workers write and operators only read."""
 
     def has_add_permission(self, request):
@@ -334,7 +335,7 @@ class OpenBatchAdmin(ReadOnlyAdmin):
 
 
 @admin.register(FairShare)
-class FairShareAdmin(admin.ModelAdmin):
+class FairShareAdmin(ModelAdmin):
     """usage_fair's shares (R-SCHED-6): operators set a user's or group's weight on a pool (add
     one before they ever ran); the decayed device time is the scheduler's, shown as of now."""
 

@@ -1,11 +1,12 @@
 from django.contrib import admin, messages
 
+from apps.core.admin_base import ModelAdmin
 from apps.sessions import services
 from apps.sessions.models import Session, SessionStatus
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(ModelAdmin):
     list_display = [
         "id",
         "user",

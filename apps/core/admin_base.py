@@ -1,0 +1,70 @@
+"""The base of every Gridgate admin page."""
+
+from django.contrib import admin
+from django.contrib.admin.widgets import AutocompleteSelect, AutocompleteSelectMultiple
+from django.core.exceptions import FieldDoesNotExist, ValidationError
+
+
+def read_as(field, value):
+    """``value`` (one, or a list of them) as the model ``field`` reads it, or ValidationError;
+    a relation reads its target's key."""
+    read = (field.target_field if field.is_relation else field).to_python
+    return [read(item) for item in value] if isinstance(value, list) else read(value)
+
+
+class IdsItTakes:
+    """An autocomplete widget shows again the choices a form was sent, which it looks up by id:
+    an id that is no number ('abc', '²') raised in that query, and the page answered 500 where a
+    form error was due. It looks up only the ids its field takes."""
+
+    def optgroups(self, name, value, attr=None):
+        taken = []
+        for item in value:
+            try:
+                read_as(self.field, item)
+            except ValidationError:
+                continue
+            taken.append(item)
+        return super().optgroups(name, taken, attr)
+
+
+class IdsItTakesSelect(IdsItTakes, AutocompleteSelect):
+    pass
+
+
+class IdsItTakesSelectMultiple(IdsItTakes, AutocompleteSelectMultiple):
+    pass
+
+
+class FieldValues:
+    """What an administrator types by hand, read as each model field reads it:
+    - an add page's values from its query string (``?user=3``): Django hands them to the form as
+      the text that came, so a user's id that is no number made the autocomplete query raise,
+      and any ``?start=`` reached the split date-time widget as text (both answered 500); a value
+      its field does not take is left out;
+    - an autocomplete field's value sent back with a form error (``IdsItTakes``)."""
+
+    def get_changeform_initial_data(self, request):
+        initial = {}
+        for name, value in super().get_changeform_initial_data(request).items():
+            try:
+                initial[name] = read_as(self.model._meta.get_field(name), value)
+            except FieldDoesNotExist:
+                initial[name] = value
+            except ValidationError:
+                continue
+        return initial
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = IdsItTakesSelect(db_field, self.admin_site, using=kwargs.get("using"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = IdsItTakesSelectMultiple(db_field, self.admin_site, using=kwargs.get("using"))
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+class ModelAdmin(FieldValues, admin.ModelAdmin):
+    pass
