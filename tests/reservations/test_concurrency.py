@@ -18,6 +18,18 @@ from tests.reservations.conftest import ELEVEN, TEN
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
+def reserve(pool, user, *, slots, title) -> str:
+    """Save a window of ``slots`` from TEN to ELEVEN for ``user`` on a thread of its own."""
+    window = Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=slots, title=title)
+    try:
+        save_reservation(window, users=[user])
+        return "saved"
+    except ValidationError:
+        return "refused"
+    finally:
+        connection.close()
+
+
 def test_two_overlapping_reservations_saved_at_once_never_overbook_the_pool(monkeypatch):
     """Each request checks the pool's free slots, then saves: with the calendar lock removed both
     checks pass before either save (4 slots reserved of 2); with it the second waits for the first
@@ -26,18 +38,8 @@ def test_two_overlapping_reservations_saved_at_once_never_overbook_the_pool(monk
     user = factories.user("alice")
     held_together(monkeypatch, Reservation, "clean_overbooking", after=True)
 
-    def reserve(i):
-        window = Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=2, title=f"R{i}")
-        try:
-            save_reservation(window, users=[user])
-            return "saved"
-        except ValidationError:
-            return "refused"
-        finally:
-            connection.close()
-
     with ThreadPoolExecutor(max_workers=2) as executor:
-        outcomes = list(executor.map(reserve, range(2)))
+        outcomes = list(executor.map(lambda i: reserve(pool, user, slots=2, title=f"R{i}"), range(2)))
     assert sorted(outcomes) == ["refused", "saved"]
     assert Reservation.objects.live().count() == 1
 
@@ -63,18 +65,9 @@ def test_a_pools_slots_lowered_while_a_reservation_is_saved_never_leave_it_overb
         finally:
             connection.close()
 
-    def reserve():
-        window = Reservation(pool=pool, kind=WindowKind.RESERVATION, start=TEN, end=ELEVEN, slots=1, title="R1")
-        try:
-            save_reservation(window, users=[user])
-            return "saved"
-        except ValidationError:
-            return "refused"
-        finally:
-            connection.close()
-
     with ThreadPoolExecutor(max_workers=2) as executor:
-        outcomes = [future.result() for future in [executor.submit(lower), executor.submit(reserve)]]
+        both = [executor.submit(lower), executor.submit(reserve, pool, user, slots=1, title="R1")]
+        outcomes = [future.result() for future in both]
     assert outcomes.count("lowered") + outcomes.count("saved") == 1, outcomes
     pool.refresh_from_db()
     peak, _at, _names = Reservation.objects.filter(pool=pool).peak(TEN)
