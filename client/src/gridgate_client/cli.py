@@ -698,6 +698,13 @@ def case_get(case_id, paths, everything, output):
     if not paths and not everything:
         raise click.UsageError("name the files to get, or --all")
     output = output or Path(".")
+    # A name from the server's listing (``case ls --json | jq``) or typed: checked before anything
+    # is asked, so ``../../.bashrc`` or ``/home/me/.profile`` is never written (nor fetched).
+    targets = {}
+    for path in paths:
+        targets[path] = inside(output, path)
+        if targets[path] is None:
+            raise click.UsageError(f"{path!r} leads out of {output}/: name a case file, such as results/out.txt")
     written = []
     with client() as api:
         if everything:
@@ -710,32 +717,44 @@ def case_get(case_id, paths, everything, output):
                     bar.close()
                 written = unpack(archive, output)
         for path in paths:
-            dest = output / path
+            dest = targets[path]
             bar = Bar(None, path)
             try:
                 api.download_case_file(case_id, path, dest, progress=bar.to)
             finally:
                 bar.close()
-            written.append(str(dest))
+            written.append(str(output / path))
     emit({"case": case_id, "written": written}, f"{len(written)} file(s) written under {output}/.")
+
+
+def inside(output: Path, relative: str) -> Path | None:
+    """Where the case file ``relative`` goes under ``output``, or None when it would land
+    elsewhere: an empty name, a NUL, an absolute path or a drive (``C:``, on Windows), a ``..``,
+    or a link already under ``output`` that leads out. Names come from the server (a listing, an
+    archive): never let them choose where a file lands."""
+    if not relative or "\x00" in relative:
+        return None
+    pure = Path(relative)  # this system's rules: on Windows a backslash and a drive count too
+    if pure.is_absolute() or pure.drive or pure.root or ".." in pure.parts:
+        return None
+    base = output.resolve()
+    target = (base / pure).resolve()
+    return target if target.is_relative_to(base) and target != base else None
 
 
 def unpack(archive: Path, output: Path) -> list[str]:
     """The archive's regular files (``<case id>/<path>``) as ``output/<path>``. Written by hand,
-    not ``extractall``: a member is refused unless its path stays under ``output`` (no absolute
-    path, no ``..``), and links, devices and modes in the archive are ignored."""
+    not ``extractall``: a member is refused unless its path stays under ``output``
+    (:func:`inside`), and links, devices and modes in the archive are ignored."""
     written = []
     output.mkdir(parents=True, exist_ok=True)
-    base = output.resolve()
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
             if not member.isfile():
                 continue
             _, _, relative = member.name.partition("/")
-            target = (base / relative).resolve()
-            if not relative or Path(relative).is_absolute() or ".." in Path(relative).parts:
-                raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
-            if not target.is_relative_to(base):
+            target = inside(output, relative)
+            if target is None:
                 raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
             target.parent.mkdir(parents=True, exist_ok=True)
             source = tar.extractfile(member)

