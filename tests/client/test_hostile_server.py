@@ -127,3 +127,51 @@ def test_case_get_all_writes_no_link_from_the_archive(hostile, tmp_path):
 
     assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 0
     assert sorted(path.name for path in out.rglob("*")) == ["ok.txt", "results"]
+
+
+def test_a_redirect_is_an_error_and_its_body_is_not_saved_as_the_file(hostile, tmp_path, capsys):
+    """No redirect is followed (the token would go with it), and a 3xx is not the file either."""
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (
+        302,
+        {"Location": "http://elsewhere.example/out.txt"},
+        b"<html>moved</html>",
+    )
+    out = tmp_path / "out"
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+
+    assert code == 3
+    assert "redirect" in capsys.readouterr().err
+    assert not list(out.rglob("out.txt*"))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, {"Content-Type": "text/html"}, b"<html>Sign in to the proxy</html>"),
+        (200, {"Content-Type": "application/json"}, b"[" * 100_000 + b"]" * 100_000),
+        (200, {"Content-Type": "application/json"}, b'{"id": '),
+        (301, {"Location": "https://elsewhere.example/"}, b""),
+        (502, {"Content-Type": "application/json"}, b"[" * 100_000),
+    ],
+    ids=["html", "nested-too-deep", "truncated", "redirect", "deep-error"],
+)
+def test_an_answer_that_is_not_gridgates_json_is_an_error_not_a_traceback(hostile, answer, capsys):
+    hostile.answers[f"cases/{CASE}/"] = answer
+
+    code = gridgate("case", "status", CASE)
+
+    assert code in (3, 5)
+    err = capsys.readouterr().err
+    assert err.startswith("gridgate: ") and "Traceback" not in err
+    assert "secret-token-of-alice" not in err
+
+
+def test_a_log_offset_that_is_not_a_number_is_an_error_not_a_traceback(hostile, capsys):
+    hostile.json(f"cases/{CASE}/", {"id": CASE, "name": "c", "status": "done"})
+    hostile.answers[f"cases/{CASE}/logs/"] = (200, {"X-Log-Offset": "soon"}, b"text")
+
+    code = gridgate("case", "logs", CASE, "-f")
+
+    assert code == 5
+    assert capsys.readouterr().err.startswith("gridgate: ")

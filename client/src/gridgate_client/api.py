@@ -68,6 +68,20 @@ def error_detail(body) -> str:
     return str(body)
 
 
+def answer_json(response: httpx.Response):
+    """The answer's JSON document; an answer that is not one (a proxy's sign-in page, a body cut
+    short, arrays nested past what the parser can take) is a :class:`GridgateError`, never a
+    parser's exception escaping to the caller (the CLI would print a traceback)."""
+    try:
+        return response.json()
+    except (ValueError, RecursionError):
+        kind = response.headers.get("Content-Type", "no content type").split(";", 1)[0]
+        raise GridgateError(
+            f"{response.url.host} answered HTTP {response.status_code} with something that is not Gridgate's JSON "
+            f"({kind}): is the URL Gridgate's?"
+        ) from None
+
+
 def retry_after(response: httpx.Response) -> float | None:
     """The server's ``Retry-After`` in seconds (a number; an HTTP date is not sent by Gridgate)."""
     value = response.headers.get("Retry-After")
@@ -154,15 +168,22 @@ class Client:
                 if wait is None or wait <= MAX_RETRY_AFTER:
                     self.sleep(backoff.next(wait))
                     continue
-            if response.status_code >= 400:
+            if response.status_code >= 300:  # a redirect is not followed: the token would go with it
                 raise self._error(response)
             return response
 
     @staticmethod
     def _error(response: httpx.Response) -> GridgateError:
+        if response.is_redirect:
+            where = response.headers.get("Location", "")
+            return GridgateError(
+                f"HTTP {response.status_code}: the server answered with a redirect to {where!r}, which is not "
+                "followed (check the URL: https, the right host)",
+                status=response.status_code,
+            )
         try:
             body = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if body is None:
             text = response.text.strip()[:300] or response.reason_phrase
@@ -171,12 +192,12 @@ class Client:
         return GridgateError(detail, status=response.status_code, body=body if isinstance(body, dict) else {})
 
     def get(self, path: str, **params) -> dict | list:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+        return answer_json(self.request("GET", path, params={k: v for k, v in params.items() if v is not None}))
 
     def post(self, path: str, body: dict | None = None, *, idempotent: bool = False, **kwargs) -> dict:
         headers = {"Idempotency-Key": uuid.uuid4().hex} if idempotent else {}
         response = self.request("POST", path, json=body if body is not None else {}, headers=headers, **kwargs)
-        return response.json() if response.content else {}
+        return answer_json(response) if response.content else {}
 
     def paginate(self, path: str, **params) -> Iterator[dict]:
         """Every row of a paginated list (``{"count", "next", "results"}``), page by page."""
@@ -184,7 +205,7 @@ class Client:
         params.setdefault("page_size", 200)
         page = 1
         while True:
-            body = self.request("GET", path, params={**params, "page": page}).json()
+            body = answer_json(self.request("GET", path, params={**params, "page": page}))
             if isinstance(body, list):  # an unpaginated list
                 yield from body
                 return
@@ -203,7 +224,7 @@ class Client:
         body = {"username": username, "password": password}
         if name:
             body["name"] = name[:100]
-        return self.request("POST", "auth/token/", json=body, retry=False).json()
+        return answer_json(self.request("POST", "auth/token/", json=body, retry=False))
 
     # -- pools and sessions ---------------------------------------------------------------------
     def pools(self) -> list[dict]:
@@ -314,7 +335,7 @@ class Client:
         finally:
             for _, handle in handles:
                 handle.close()
-        return response.json()
+        return answer_json(response)
 
     def launch_case(self, case_id: str, launch_options: dict | None = None) -> dict:
         return self.post(f"cases/{case_id}/launch/", {"launch_options": launch_options or {}}, idempotent=True)
@@ -337,7 +358,11 @@ class Client:
     def case_log_chunk(self, case_id: str, stream: str, offset: int) -> tuple[str, int]:
         """The log from byte ``offset`` on (a bounded chunk) and the offset to ask next."""
         response = self.request("GET", f"cases/{case_id}/logs/", params={"stream": stream, "offset": offset})
-        return response.text, int(response.headers.get("X-Log-Offset", offset))
+        try:
+            return response.text, int(response.headers.get("X-Log-Offset", offset))
+        except ValueError:
+            offset_header = response.headers["X-Log-Offset"]
+            raise GridgateError(f"The server's X-Log-Offset is not a byte offset: {offset_header!r}") from None
 
     def follow_logs(self, case_id: str, stream: str = "stdout", *, timeout: float | None = None) -> Iterator[str]:
         """The log's text as it grows, until the case has ended and everything was read."""
@@ -363,7 +388,7 @@ class Client:
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".part")
         with self.http.stream("GET", path) as response:
-            if response.status_code >= 400:
+            if response.status_code >= 300:  # a redirect's body is not the file
                 response.read()
                 raise self._error(response)
             total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
