@@ -175,3 +175,41 @@ def test_a_log_offset_that_is_not_a_number_is_an_error_not_a_traceback(hostile, 
 
     assert code == 5
     assert capsys.readouterr().err.startswith("gridgate: ")
+
+
+OSC52 = "\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07"  # "write this to the clipboard", obeyed by many terminals
+HIDDEN = ("\x1b", "\x07", "\x9b", "\u202e", "\r")
+
+
+def test_what_the_server_says_never_reaches_the_terminal_as_control_sequences(hostile, capsys):
+    """Errors, names and a provider's words are shown escaped; a terminal obeys none of them."""
+    hostile.json(
+        f"cases/{CASE}/",
+        {"id": CASE, "name": f"run{OSC52}", "status": "failed", "last_error": "oom\x1b[2J\rall good \u202eexe.txt"},
+    )
+    hostile.json(f"cases/{CASE}/files/", {"count": 1, "next": None, "results": [{"path": f"a{OSC52}", "size": 1}]})
+    hostile.json("cases/gone/", {"detail": f"Not found.\x1b[1A\x1b[2K{OSC52}"}, status=404)
+    hostile.json("resource-pools/", [{"name": "qpu\x9b2J", "kind": "qpu", "usable": True, "classes": []}])
+
+    codes = [
+        gridgate("case", "status", CASE),
+        gridgate("case", "ls", CASE),
+        gridgate("case", "status", "gone"),
+        gridgate("pools"),
+    ]
+
+    assert codes == [0, 0, 3, 0]
+    shown = capsys.readouterr()
+    for char in HIDDEN:
+        assert char not in shown.out and char not in shown.err
+    assert "\\x1b]52;c;" in shown.out and "\\x1b]52;c;" in shown.err  # shown, not obeyed
+
+
+def test_json_output_and_logs_stay_as_the_server_sent_them(hostile, capsys):
+    hostile.json(f"cases/{CASE}/", {"id": CASE, "name": "run\x1b[1m", "status": "done"})
+    hostile.answers[f"cases/{CASE}/logs/"] = (200, {}, b"\x1b[32mgreen\x1b[0m\n")
+
+    assert gridgate("case", "status", CASE, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "run\x1b[1m"  # JSON escapes it
+    assert gridgate("case", "logs", CASE) == 0
+    assert "\\x1b" not in capsys.readouterr().out  # the command's own output is not rewritten as escapes

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import socket
 import sys
 import tarfile
@@ -63,7 +64,7 @@ class Fail(click.ClickException):
         self.body = body
 
     def show(self, file=None):
-        click.echo(f"gridgate: {self.message}", err=True)
+        say(f"gridgate: {self.message}", err=True)
 
 
 class Group(click.Group):
@@ -101,6 +102,31 @@ def json_option(command):
     return wrapper
 
 
+#: what a terminal would obey rather than show: C0 and C1 controls (ESC starts the sequences that
+#: retitle a window, write the clipboard (OSC 52), hide or rewrite what was printed) and the bidi
+#: overrides that reorder a line. Text from the server (its errors, names, a provider's words, file
+#: names a command chose) is shown with these escaped; the logs a user asks for stay as written.
+HIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text) -> str:
+    """``text`` with every character of :data:`HIDDEN` written as its escape (``\\x1b``)."""
+
+    def escape(match: re.Match) -> str:
+        char = match.group()
+        if char in _NAMED_ESCAPES:
+            return _NAMED_ESCAPES[char]
+        return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+    return HIDDEN.sub(escape, str(text))
+
+
+def say(text="", **kwargs) -> None:
+    """One line for people (stdout, or stderr with ``err=True``), shown as :func:`printable`."""
+    click.echo(printable(text), **kwargs)
+
+
 def wants_json() -> bool:
     return bool((click.get_current_context().find_root().obj or {}).get("json"))
 
@@ -109,7 +135,7 @@ def emit(data, human=None) -> None:
     if wants_json():
         click.echo(json.dumps(data, indent=2, default=str))
     elif human is not None:
-        human(data) if callable(human) else click.echo(human)
+        human(data) if callable(human) else say(human)
 
 
 def on_terminal() -> bool:
@@ -154,7 +180,7 @@ class Status:
 
     def __call__(self, text: str) -> None:
         if self.active and text != self.last:
-            click.echo("\r\033[K" + text, nl=False, err=True)
+            click.echo("\r\033[K" + printable(text), nl=False, err=True)
             self.last = text
 
     def done(self) -> None:
@@ -256,7 +282,7 @@ def login(username, password_stdin, device, name):
             status = Status()
 
             def show(uri, code, complete):
-                click.echo(f"Open {complete or uri} in a browser and enter the code {code}", err=True)
+                say(f"Open {complete or uri} in a browser and enter the code {code}", err=True)
                 status("waiting for the sign-in…")
 
             with httpx.Client(timeout=30) as http:
@@ -311,16 +337,16 @@ def pools():
 
     def human(rows):
         if not rows:
-            click.echo("No pool is open to you yet.")
+            say("No pool is open to you yet.")
         for pool in rows:
             runs = {"jobs": "QPU/jobs", "cases": "cases"}.get(pool.get("runs", ""), "nothing yet")
             usable = "usable by you" if pool.get("usable", True) else f"NOT usable by you: {pool['unusable_reason']}"
             classes = ", ".join(
                 f"{klass['name']}{'*' if klass.get('default') else ''}" for klass in pool.get("classes", [])
             )
-            click.echo(f"{pool['name']:<16} {pool['kind']:<10} {runs:<10} {usable}")
+            say(f"{pool['name']:<16} {pool['kind']:<10} {runs:<10} {usable}")
             if classes:
-                click.echo(f"{'':<16} classes: {classes}")
+                say(f"{'':<16} classes: {classes}")
 
     emit(rows, human)
 
@@ -342,17 +368,17 @@ def allocations():
 
     def human(rows):
         if not rows:
-            click.echo("No allocation: your work on every pool is not limited.")
+            say("No allocation: your work on every pool is not limited.")
         for row in rows:
             project = f"group {row['group']}" if row.get("group") else f"user {row.get('user')}"
-            click.echo(f"{row['name']:<20} {row['pool']:<12} {project}")
+            say(f"{row['name']:<20} {row['pool']:<12} {project}")
             for key, unit, label in (("device_seconds", "s", "device time"), ("core_hours", "h", "case time")):
                 granted = row["granted"][key]
                 if granted is not None:
                     left = _amount(row["remaining"][key], unit)
-                    click.echo(f"{'':<20} {label}: {left} of {_amount(granted, unit)} left this period")
+                    say(f"{'':<20} {label}: {left} of {_amount(granted, unit)} left this period")
             if row.get("period_end"):
-                click.echo(f"{'':<20} period ends {row['period_end']}")
+                say(f"{'':<20} period ends {row['period_end']}")
 
     emit(rows, human)
 
@@ -375,7 +401,7 @@ def session_open(pool, class_name, slots, external_id):
         found = api.pool(pool)
         klass = api.class_of(found, class_name)
         opened = api.open_session(resource_class=klass["id"], slots=slots, external_id=external_id)
-    emit(opened, lambda s: click.echo(f"{s['id']}  {found['name']}/{klass['name']}  {s['slots']} slot(s)"))
+    emit(opened, lambda s: say(f"{s['id']}  {found['name']}/{klass['name']}  {s['slots']} slot(s)"))
 
 
 @session.command("list")
@@ -388,7 +414,7 @@ def session_list(show_all):
 
     def human(rows):
         for s in rows:
-            click.echo(f"{s['id']}  pool {s['pool']}  {s['slots']} slot(s)  {s['status']}  expires {s['expires_at']}")
+            say(f"{s['id']}  pool {s['pool']}  {s['slots']} slot(s)  {s['status']}  expires {s['expires_at']}")
 
     emit(rows, human)
 
@@ -505,7 +531,7 @@ def job_result(job_id, as_csv):
 
     def human(result):
         for bits, count in result["counts"].items():
-            click.echo(f"{bits}  {count}")
+            say(f"{bits}  {count}")
 
     emit(result, human)
 
@@ -531,7 +557,7 @@ def job_list(status, session_id):
 
     def human(rows):
         for found in rows:
-            click.echo(_job_words(found))
+            say(_job_words(found))
 
     emit(rows, human)
 
@@ -682,7 +708,7 @@ def case_ls(case_id):
 
     def human(rows):
         for entry in rows:
-            click.echo(f"{entry['size']:>12}  {entry['path']}")
+            say(f"{entry['size']:>12}  {entry['path']}")
 
     emit(rows, human)
 
@@ -785,7 +811,7 @@ def case_list(status):
 
     def human(rows):
         for found in rows:
-            click.echo(_case_words(found))
+            say(_case_words(found))
 
     emit(rows, human)
 
