@@ -170,3 +170,29 @@ def test_tokens_are_kept_0600_per_server_and_the_environment_wins(tmp_path, monk
         "http://localhost:9000",
         "from-env",
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("grid.example.org", "https://grid.example.org"),
+        ("alice@grid.example.org:8443/", "https://alice@grid.example.org:8443"),
+        ("127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("localhost:8000", "http://localhost:8000"),
+        ("[::1]:8000", "http://[::1]:8000"),
+        ("http://grid.example.org", "http://grid.example.org"),
+    ],
+)
+def test_a_site_named_without_a_scheme_is_reached_over_https_unless_it_is_this_machine(given, used):
+    assert config.normalize(given) == used
+
+
+def test_a_password_login_to_a_bare_site_name_never_goes_in_clear():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.scheme)
+        return httpx.Response(200, json={"token": "t", "expires_at": None})
+
+    Client("grid.example.org", "", transport=httpx.MockTransport(handler)).password_login("alice", "pw")
+    assert seen == ["https"]

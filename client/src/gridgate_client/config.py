@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -30,10 +31,18 @@ def credentials_path() -> Path:
     return config_dir() / "credentials.json"
 
 
+#: names for which a URL given without a scheme means plain http (the local demo's)
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
 def normalize(url: str) -> str:
+    """``url`` without a trailing slash, and with a scheme: a bare name means https (the password
+    and the token must not cross the network in clear because a scheme was left out), except
+    for this machine's own names (the local demo)."""
     url = url.strip().rstrip("/")
     if "://" not in url:
-        url = "http://" + url
+        local = urlsplit("//" + url).hostname in LOCAL_HOSTS
+        url = ("http://" if local else "https://") + url
     return url
 
 
