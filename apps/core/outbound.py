@@ -69,6 +69,27 @@ def _own_addresses() -> list:
     return addresses
 
 
+#: IPv6 prefixes whose last 32 bits are an IPv4 address that a NAT64 gateway connects to
+#: (RFC 6052's well-known prefix, RFC 8215's local-use one)
+NAT64 = tuple(ipaddress.ip_network(prefix) for prefix in ("64:ff9b::/96", "64:ff9b:1::/48"))
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def carried_ipv4(ip) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for on its way (NAT64, 6to4, IPv4-compatible), or
+    None. Behind a NAT64 gateway (an IPv6-only cloud subnet) ``64:ff9b::a00:5`` *is* 10.0.0.5:
+    checking the IPv6 address alone would let a webhook reach the site's private network."""
+    if ip.version != 6:
+        return None
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in prefix for prefix in NAT64):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip in IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(ip))
+    return None
+
+
 def address_problem(address: str) -> str | None:
     """Why the service must not connect to ``address`` (None when it may)."""
     from apps.backends.privileged import BLOCKED_V4, BLOCKED_V6
@@ -80,6 +101,12 @@ def address_problem(address: str) -> str | None:
         return None
     if any(ip in network for network in _networks(BLOCKED_V4 + BLOCKED_V6)):
         return f"{ip} is a loopback, private, link-local or reserved address"
+    carried = carried_ipv4(ip)
+    if carried is not None:
+        problem = address_problem(str(carried))
+        return f"{ip} leads to {carried}: {problem}" if problem else None
+    if not ip.is_global:  # the special-purpose registries: benchmarking, protocol assignments, Teredo…
+        return f"{ip} is not a globally reachable address"
     if ip in _own_addresses():
         return f"{ip} is an address of this host"
     return None

@@ -54,3 +54,34 @@ def test_the_scheme_rule_is_https_unless_the_operator_allows_http(url, settings)
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
     if url == "http://hooks.example.org/":
         assert outbound.check_url(url) == url
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a00:1",  # NAT64 (well-known prefix) of 10.0.0.1: a NAT64 gateway connects to it
+        "64:ff9b::a9fe:a9fe",  # ... of the metadata service
+        "64:ff9b::7f00:1",
+        "64:ff9b:1::a00:1",  # the local-use NAT64 prefix
+        "2002:a00:1::1",  # 6to4 of 10.0.0.1
+        "2002:a9fe:a9fe::1",
+        "::a00:1",  # IPv4-compatible 10.0.0.1
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "192.0.0.192",  # IETF protocol assignments (a cloud's metadata address among them)
+        "198.18.0.1",  # benchmarking, routed inside some sites
+        "100::1",  # discard-only
+    ],
+)
+def test_addresses_that_carry_or_reach_a_private_address_are_refused(address):
+    assert outbound.address_problem(address)
+
+
+def test_a_nat64_address_of_a_public_one_passes():
+    """An IPv6-only site reaches public receivers through DNS64: their names resolve to NAT64."""
+    assert outbound.address_problem("64:ff9b::5db8:d822") is None  # 93.184.216.34
+
+
+def test_a_name_resolving_to_the_metadata_service_through_nat64_is_refused(resolves):
+    resolves["hooks.example.org"] = ["64:ff9b::a9fe:a9fe"]
+    with pytest.raises(outbound.OutboundRefused, match="169.254.169.254"):
+        outbound.resolve("https://hooks.example.org/hook")

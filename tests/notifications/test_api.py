@@ -187,3 +187,13 @@ def test_a_user_cannot_hold_more_subscriptions_than_the_cap(api, owner, settings
     response = api(owner).post(URL, body)
     assert response.status_code == 409 and "delete one first" in response.json()["detail"]
     assert Subscription.objects.filter(user=owner).count() == 2
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::a9fe:a9fe", "2002:a00:1::1", "192.0.0.192"])
+def test_a_webhook_whose_name_reaches_a_private_address_through_ipv6_is_refused(api, owner, resolver, address):
+    """NAT64 and 6to4 addresses carry an IPv4 address a gateway connects to: it is checked too."""
+    resolver["hooks.example.org"] = [address]
+    body = {"event": "job.finished", "channel": "webhook", "url": "https://hooks.example.org/hook"}
+    response = api(owner).post(URL, body)
+    assert response.status_code == 400, response.content
+    assert not Subscription.objects.exists()
