@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.core import leases
@@ -33,6 +35,9 @@ from apps.notifications.models import Delivery, DeliveryAttempt, DeliveryStatus,
 log = logging.getLogger(__name__)
 
 BATCH = 50
+#: the most of one user's deliveries a pass tries: a pass sends one by one, and each call may run
+#: to its deadline (twice GRIDGATE_NOTIFY_TIMEOUT_SECONDS)
+PER_USER_PER_PASS = 5
 #: a claim's lease; a pass stops starting new calls after half of it (a webhook call ends within
 #: twice GRIDGATE_NOTIFY_TIMEOUT_SECONDS, at most 120 s), so it records within its lease
 LEASE_SECONDS = 300
@@ -46,9 +51,31 @@ def backoff(attempts: int) -> timedelta:
 
 
 def claim(*, now: datetime, owner: str, batch: int) -> list[int]:
+    """Lease up to ``batch`` due deliveries, at most :data:`PER_USER_PER_PASS` of any one user's,
+    in turns: every user's first due delivery, then every user's second… (each user's in due
+    order). A user's receivers may all answer at their deadline; one user's backlog of them
+    (fifty subscriptions, a job ending every few seconds) used to fill every batch first and
+    hold everybody else's notifications back for as long as it lasted. The rest of a backlog
+    waits for the next passes, still due."""
     due = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
-    due = due.order_by("next_attempt_at", "id")
-    return leases.claim(due, owner=owner, now=now, lease=timedelta(seconds=LEASE_SECONDS), batch=batch)
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    # The candidates' turns, read without locks (PostgreSQL takes no FOR UPDATE beside a window
+    # function); the claim below locks them, skipping any another worker took meanwhile.
+    turns = (
+        due.filter(free)
+        .annotate(
+            turn=Window(RowNumber(), partition_by=[F("user_id")], order_by=[F("next_attempt_at").asc(), F("id").asc()])
+        )
+        .filter(turn__lte=PER_USER_PER_PASS)
+        .order_by("turn", "next_attempt_at", "id")
+        .values_list("pk", flat=True)[:batch]
+    )
+    order = {pk: position for position, pk in enumerate(turns)}
+    if not order:
+        return []
+    rows = due.filter(pk__in=list(order)).order_by("next_attempt_at", "id")
+    ids = leases.claim(rows, owner=owner, now=now, lease=timedelta(seconds=LEASE_SECONDS), batch=batch)
+    return sorted(ids, key=order.__getitem__)
 
 
 def deliver_due(*, now: datetime | None = None, batch: int = BATCH) -> dict:
@@ -58,9 +85,9 @@ def deliver_due(*, now: datetime | None = None, batch: int = BATCH) -> dict:
     ids = claim(now=now, owner=owner, batch=batch)
     if not ids:
         return {"claimed": 0}
-    deliveries = list(
-        Delivery.objects.filter(id__in=ids, lease_owner=owner).select_related("subscription", "user").order_by("id")
-    )
+    claimed = Delivery.objects.filter(id__in=ids, lease_owner=owner).select_related("subscription", "user")
+    position = {pk: index for index, pk in enumerate(ids)}
+    deliveries = sorted(claimed, key=lambda delivery: position[delivery.pk])  # in turns (claim)
     started = time.monotonic()
     outcomes: list[tuple[Delivery, transports.Outcome]] = []
     for delivery in deliveries:

@@ -163,3 +163,36 @@ def test_a_receiver_dripping_its_answer_is_cut_off_at_the_deadline_and_retried(
     assert passes.deliver_due()["retried"] == 1
     delivery = Delivery.objects.get()
     assert delivery.status == DeliveryStatus.PENDING and delivery.last_error == "no answer within 2 s"
+
+
+def test_one_users_backlog_of_slow_webhooks_never_holds_back_another_users_notification(
+    owner, member, subscribe, monkeypatch
+):
+    """A user whose receivers answer slowly (each call runs to its deadline) and who has many
+    deliveries due first gets a few of them tried per pass; another user's delivery due after
+    them goes out in the same pass, near the start, not after the backlog."""
+    from apps.notifications import outbox, transports
+
+    for number in range(5):
+        subscribe(owner, Event.JOB_FINISHED, "webhook", f"https://slow{number}.example.org/hook")
+    subscribe(member, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/hook")
+    start = timezone.now() - timedelta(minutes=10)
+    for number in range(40):  # 200 deliveries of the owner's, all due before the member's
+        outbox.notify(user=owner, event=Event.JOB_FINISHED, subject=f"job:{number}", payload={}, now=start)
+    outbox.notify(user=member, event=Event.JOB_FINISHED, subject="job:1000", payload={})
+
+    clock, sent = [0.0], []
+
+    def slow_send(delivery):
+        clock[0] += 2 * 10  # a receiver that answers at the whole call's deadline
+        sent.append(delivery.user_id)
+        return transports.Outcome(False, error="no answer within 20 s")
+
+    monkeypatch.setattr(passes.transports, "send", slow_send)
+    monkeypatch.setattr(passes.time, "monotonic", lambda: clock[0])
+
+    passes.deliver_due()
+
+    assert member.pk in sent[:2], sent
+    assert sent.count(owner.pk) <= passes.PER_USER_PER_PASS
+    assert Delivery.objects.get(user=member).attempts == 1
