@@ -37,7 +37,10 @@ def check_url(value) -> str:
         raise OutboundRefused("must be a URL")
     if has_control_characters(value):
         raise OutboundRefused("must not contain control characters (newlines, tabs…)")
-    parsed = urlsplit(value)
+    try:
+        parsed = urlsplit(value)
+    except ValueError:  # "https://[::1/x": an unclosed bracket, a bracketed name that is no IPv6 address
+        raise OutboundRefused("is not a valid URL") from None
     allowed = {"https", "http"} if settings.GRIDGATE_ALLOW_INSECURE_REMOTES else {"https"}
     if parsed.scheme not in allowed or not parsed.netloc:
         if parsed.scheme == "http":

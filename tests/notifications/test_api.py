@@ -197,3 +197,11 @@ def test_a_webhook_whose_name_reaches_a_private_address_through_ipv6_is_refused(
     response = api(owner).post(URL, body)
     assert response.status_code == 400, response.content
     assert not Subscription.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["https://[::1/hook", "https://[hooks.example.org]/hook", "https://]x[/"])
+def test_a_webhook_url_that_cannot_be_parsed_is_400_not_500(api, owner, url):
+    response = api(owner).post(URL, {"event": "job.finished", "channel": "webhook", "url": url})
+    assert response.status_code == 400, response.content
+    assert "url" in response.json()
+    assert not Subscription.objects.exists()

@@ -316,3 +316,12 @@ def test_private_pool_is_invisible_to_outsiders(api, outsider, member, staff, pr
 def test_directly_granted_user_sees_private_pool(api, outsider, private_pool):
     private_pool.users.add(outsider)
     assert api(outsider).get(f"/api/v1/resource-pools/{private_pool.pk}/").status_code == 200
+
+
+def test_a_remote_url_that_cannot_be_parsed_is_400_not_500(api, staff):
+    remote = dict(FIRECREST_REMOTE, api_url="https://[fc.example.org/v2")
+    errors = clean_errors(ResourcePool(name="r", kind="firecrest", remote=remote))
+    response = api(staff).post(
+        "/api/v1/resource-pools/", pool_body(name="r", kind="firecrest", remote=remote), format="json"
+    )
+    assert_same_rule(errors, "remote", response)
