@@ -213,3 +213,49 @@ def test_json_output_and_logs_stay_as_the_server_sent_them(hostile, capsys):
     assert json.loads(capsys.readouterr().out)["name"] == "run\x1b[1m"  # JSON escapes it
     assert gridgate("case", "logs", CASE) == 0
     assert "\\x1b" not in capsys.readouterr().out  # the command's own output is not rewritten as escapes
+
+
+def _gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip-inflating"])
+def test_an_answer_past_the_clients_limit_is_refused_not_held_in_memory(hostile, monkeypatch, compressed, capsys):
+    from gridgate_client import api
+
+    monkeypatch.setattr(api, "MAX_ANSWER_BYTES", 1 << 20)  # 1 MiB here; 64 MiB as shipped
+    body = json.dumps({"id": CASE, "name": "x" * (4 << 20), "status": "done"}).encode()
+    headers = {"Content-Type": "application/json"}
+    if compressed:
+        body, headers["Content-Encoding"] = _gzip(body), "gzip"  # about 4 KiB on the wire
+    hostile.answers[f"cases/{CASE}/"] = (200, headers, body)
+
+    code = gridgate("case", "status", CASE)
+
+    assert code == 5
+    assert "more than 1 MiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [("case", "status", CASE), ("case", "get", CASE, "results/out.txt")])
+def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_an_error(hostile, tmp_path, command, capsys):
+    bad = (200, {"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip at all")
+    hostile.answers[f"cases/{CASE}/"] = bad
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = bad
+
+    code = gridgate(*command, "-o", str(tmp_path / "out")) if command[1] == "get" else gridgate(*command)
+
+    assert code == 5
+    assert capsys.readouterr().err.startswith("gridgate: ")
+    assert not (tmp_path / "out" / "results" / "out.txt.part").exists()
+
+
+def test_a_download_from_a_server_gone_away_is_an_error_not_a_traceback(hostile, tmp_path, capsys):
+    hostile.server.shutdown()
+    hostile.server.server_close()
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(tmp_path / "out"))
+
+    assert code == 5
+    assert "Traceback" not in capsys.readouterr().err

@@ -29,6 +29,8 @@ CASE_DONE = {"done", "failed", "cancelled"}
 RETRY_STATUSES = {429, 503}
 MAX_RETRIES = 5
 MAX_RETRY_AFTER = 300.0  # a Retry-After longer than this is not waited out: the error is raised
+#: the most of an answer (decompressed) read into memory; files go to disk (:meth:`Client.download`)
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class GridgateError(Exception):
@@ -135,6 +137,7 @@ class Client:
         )
         self.sleep = sleep
         self.clock = clock
+        self.max_answer_bytes = MAX_ANSWER_BYTES
 
     def close(self) -> None:
         self.http.close()
@@ -157,7 +160,11 @@ class Client:
         while True:
             attempt += 1
             try:
-                response = self.http.request(method, path, **kwargs)
+                response = self.http.send(self.http.build_request(method, path, **kwargs), stream=True)
+                try:
+                    self._read(response)
+                finally:
+                    response.close()
             except httpx.TransportError as exc:
                 if retry and attempt < MAX_RETRIES:
                     self.sleep(backoff.next())
@@ -171,6 +178,26 @@ class Client:
             if response.status_code >= 300:  # a redirect is not followed: the token would go with it
                 raise self._error(response)
             return response
+
+    def _read(self, response: httpx.Response) -> None:
+        """Read the answer into ``response.content``, at most :attr:`max_answer_bytes` once
+        decompressed: a server (or whatever answers in its place) cannot make the client hold
+        gigabytes, nor a small gzip body that inflates to them."""
+        chunks, size = [], 0
+        try:
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > self.max_answer_bytes:
+                    raise GridgateError(
+                        f"{response.url.host} sent an answer of more than {self.max_answer_bytes >> 20} MiB: "
+                        "not read (is the URL Gridgate's?)"
+                    )
+                chunks.append(chunk)
+        except httpx.DecodingError:
+            raise GridgateError(
+                f"{response.url.host} sent an answer that cannot be decoded (its Content-Encoding)"
+            ) from None
+        response._content = b"".join(chunks)  # what httpx's own read() keeps
 
     @staticmethod
     def _error(response: httpx.Response) -> GridgateError:
@@ -387,18 +414,22 @@ class Client:
         """Stream ``path`` (an API path) into ``dest``; ``progress(bytes so far, total or None)``."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".part")
-        with self.http.stream("GET", path) as response:
-            if response.status_code >= 300:  # a redirect's body is not the file
-                response.read()
-                raise self._error(response)
-            total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
-            done = 0
-            with partial.open("wb") as handle:
-                for chunk in response.iter_bytes():
-                    handle.write(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(done, total)
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.status_code >= 300:  # a redirect's body is not the file
+                    self._read(response)
+                    raise self._error(response)
+                total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
+                done = 0
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+        except (httpx.TransportError, httpx.DecodingError) as exc:
+            partial.unlink(missing_ok=True)  # half a file is not the file
+            raise GridgateError(f"The download from {self.url} failed: {exc}") from None
         os.replace(partial, dest)
         return dest
 
