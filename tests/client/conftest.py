@@ -57,6 +57,8 @@ def gridgate(site, tmp_path):  # noqa: F811 - the imported fixture, asked for
             "HOME": str(home),
             "XDG_CONFIG_HOME": str(home / ".config"),
             "GRIDGATE_URL": site.url,
+            # the client the tests import (a checkout's client/src first on PYTHONPATH), not another
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
             **(env or {}),
         }
         done = subprocess.run(
