@@ -642,3 +642,17 @@ def test_f8_a_device_reads_its_credential_only_where_the_variable_is_bound_to_it
         assert device_status.check_device(device) == "up"
     finally:
         double.stop()
+
+
+@pytest.mark.parametrize("key", ["url", "token_url"])
+def test_a_pasqal_qpu_url_that_cannot_be_parsed_is_400_not_500(qpu_pool, api, staff, key):
+    config = {"url": "https://qpu.example.org", key: "https://[qpu.example.org/v1"}
+    if key == "token_url":
+        config.update(client_id_env="GRIDGATE_CRED_QPU_ID", client_secret_env="GRIDGATE_CRED_QPU_SECRET")
+    response = api(staff).post(
+        "/api/v1/devices/",
+        {"pool": qpu_pool.pk, "name": "q", "driver": "pasqal_qpu", "config": config, "max_concurrent_jobs": 1},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert key in str(response.json())

@@ -286,6 +286,17 @@ def run_id(job) -> str:
     return f"gridgate-job-{job.pk}"
 
 
+def _parsed_url(value):
+    """``value`` split into a URL's parts, or None: not a string, or one ``urlparse`` refuses
+    (``https://[host/x``, an unclosed bracket), which is the staff's input error, not a 500."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return urlparse(value)
+    except ValueError:
+        return None
+
+
 class PasqalQpuDriver(DeviceDriver):
     name = "pasqal_qpu"
     has_provider = True
@@ -293,14 +304,13 @@ class PasqalQpuDriver(DeviceDriver):
 
     def validate_config(self, config):
         problems = [f"unknown key '{k}' for the pasqal_qpu driver" for k in config if k not in KNOWN]
-        url = config.get("url")
-        parsed = urlparse(url) if isinstance(url, str) else None
+        parsed = _parsed_url(config.get("url"))
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append("'url' must be the QPU API's http(s) URL, e.g. http://qpu.example.org:8000")
         header, env = config.get("auth_header"), config.get("auth_env")
         token_url = config.get("token_url")
         if token_url is not None:
-            parsed_token = urlparse(token_url) if isinstance(token_url, str) else None
+            parsed_token = _parsed_url(token_url)
             if parsed_token is None or parsed_token.scheme not in ("http", "https") or not parsed_token.netloc:
                 problems.append("'token_url' must be the identity provider's http(s) token endpoint")
             if header is not None:
