@@ -259,3 +259,25 @@ def test_a_download_from_a_server_gone_away_is_an_error_not_a_traceback(hostile,
 
     assert code == 5
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (400, {"Content-Type": "application/json"}, b'{"detail": "Bad header: Token secret-token-of-alice"}'),
+        (401, {"Content-Type": "application/json"}, b'{"token": ["secret-token-of-alice is not valid"]}'),
+        (502, {"Content-Type": "text/html"}, b"<pre>Authorization: Token secret-token-of-alice</pre>"),
+    ],
+    ids=["detail", "field", "proxy-page"],
+)
+def test_an_error_that_echoes_the_token_never_prints_it(hostile, answer, capsys):
+    """A proxy's error page or a debugging server may quote the request's headers: the CLI's
+    stderr and --json output (a batch job's log) never carry the token."""
+    hostile.answers[f"cases/{CASE}/"] = answer
+
+    code = gridgate("--json", "case", "status", CASE)
+
+    assert code in (3, 4, 5)
+    shown = capsys.readouterr()
+    assert "secret-token-of-alice" not in shown.out + shown.err
+    assert "***" in shown.err

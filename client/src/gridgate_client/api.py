@@ -176,7 +176,7 @@ class Client:
                     self.sleep(backoff.next(wait))
                     continue
             if response.status_code >= 300:  # a redirect is not followed: the token would go with it
-                raise self._error(response)
+                raise self._refusal(response)
             return response
 
     def _read(self, response: httpx.Response) -> None:
@@ -198,6 +198,18 @@ class Client:
                 f"{response.url.host} sent an answer that cannot be decoded (its Content-Encoding)"
             ) from None
         response._content = b"".join(chunks)  # what httpx's own read() keeps
+
+    def _refusal(self, response: httpx.Response) -> GridgateError:
+        """:meth:`_error`, without this client's token in its words or body: a proxy's error page
+        or a debugging server may quote the request's headers, and the CLI prints errors where a
+        batch job's log keeps them."""
+        error = self._error(response)
+        token = self.token
+        if not token or len(token) < 8:
+            return error
+        detail = error.detail.replace(token, "***")
+        body = json.loads(json.dumps(error.body, default=str).replace(token, "***")) if error.body else {}
+        return GridgateError(detail, status=error.status, body=body)
 
     @staticmethod
     def _error(response: httpx.Response) -> GridgateError:
@@ -418,7 +430,7 @@ class Client:
             with self.http.stream("GET", path) as response:
                 if response.status_code >= 300:  # a redirect's body is not the file
                     self._read(response)
-                    raise self._error(response)
+                    raise self._refusal(response)
                 total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
                 done = 0
                 with partial.open("wb") as handle:
