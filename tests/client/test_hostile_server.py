@@ -281,3 +281,26 @@ def test_an_error_that_echoes_the_token_never_prints_it(hostile, answer, capsys)
     shown = capsys.readouterr()
     assert "secret-token-of-alice" not in shown.out + shown.err
     assert "***" in shown.err
+
+
+@pytest.mark.parametrize(
+    "archive",
+    [
+        b"<html>not an archive</html>",
+        _gzip(b"not a tar at all" * 100),
+        None,  # a real archive cut short
+        "file-then-dir",  # a member under a name an earlier member wrote as a file
+    ],
+    ids=["not-gzip", "not-tar", "truncated", "file-then-dir"],
+)
+def test_a_broken_archive_is_an_error_not_a_traceback(hostile, tmp_path, archive, capsys):
+    if archive is None:
+        archive = _archive([(f"{CASE}/results/big.bin", "file", bytes(range(256)) * 4096)])[:2000]
+    elif archive == "file-then-dir":
+        archive = _archive([(f"{CASE}/results/a", "file", b"1"), (f"{CASE}/results/a/b", "file", b"2")])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+
+    code = gridgate("case", "get", CASE, "--all", "-o", str(tmp_path / "out"))
+
+    assert code in (1, 5)
+    assert capsys.readouterr().err.startswith("gridgate: ")

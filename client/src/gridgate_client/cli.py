@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import click
@@ -774,20 +775,26 @@ def unpack(archive: Path, output: Path) -> list[str]:
     (:func:`inside`), and links, devices and modes in the archive are ignored."""
     written = []
     output.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r:gz") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            _, _, relative = member.name.partition("/")
-            target = inside(output, relative)
-            if target is None:
-                raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            with source, open(target, "wb") as handle:
-                while chunk := source.read(1024 * 1024):
-                    handle.write(chunk)
-            written.append(str(output / relative))
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                _, _, relative = member.name.partition("/")
+                target = inside(output, relative)
+                if target is None:
+                    raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    source = tar.extractfile(member)
+                    with source, open(target, "wb") as handle:
+                        while chunk := source.read(1024 * 1024):
+                            handle.write(chunk)
+                except OSError as exc:  # a member under a name an earlier one wrote as a file, a full disk
+                    raise Fail(f"cannot write {output / relative}: {exc.strerror or exc}", EXIT_FAILED) from None
+                written.append(str(output / relative))
+    except (tarfile.TarError, EOFError, zlib.error) as exc:  # not a .tar.gz, or one cut short
+        raise Fail(f"the case's archive is broken ({exc}); {len(written)} file(s) written", EXIT_UNAVAILABLE) from None
     return written
 
 
