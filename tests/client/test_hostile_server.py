@@ -304,3 +304,25 @@ def test_a_broken_archive_is_an_error_not_a_traceback(hostile, tmp_path, archive
 
     assert code in (1, 5)
     assert capsys.readouterr().err.startswith("gridgate: ")
+
+
+@pytest.mark.parametrize("body", [{"unexpected": 1}, [1, 2], "a string"], ids=["object", "list", "string"])
+def test_an_answer_of_another_shape_is_an_error_not_a_traceback(hostile, body, capsys):
+    hostile.json(f"cases/{CASE}/", body)
+
+    code = gridgate("case", "status", CASE)
+
+    assert code == 5
+    err = capsys.readouterr().err
+    assert err.startswith("gridgate: the server's answer is not what this client reads") and "Traceback" not in err
+
+
+def test_a_list_whose_next_page_never_ends_is_read_up_to_its_count(hostile, capsys):
+    """Page numbers from the first page's ``count`` on: a server that always says there is a
+    next page cannot keep the client reading."""
+    row = {"id": "c", "name": "n", "status": "done", "pool": "p", "resource_class": "c", "created_at": "now"}
+    hostile.json("cases/", {"count": 3, "next": "more", "results": [row, row]})
+
+    gridgate("--json", "case", "list")
+
+    assert len([path for path, _auth in hostile.requests if path.startswith("/api/v1/cases/")]) == 2

@@ -239,17 +239,21 @@ class Client:
         return answer_json(response) if response.content else {}
 
     def paginate(self, path: str, **params) -> Iterator[dict]:
-        """Every row of a paginated list (``{"count", "next", "results"}``), page by page."""
+        """Every row of a paginated list (``{"count", "next", "results"}``), page by page, up to
+        the first page's ``count``: a server whose ``next`` never ends cannot keep it reading."""
         params = {k: v for k, v in params.items() if v is not None}
         params.setdefault("page_size", 200)
-        page = 1
+        page, read, count = 1, 0, None
         while True:
             body = answer_json(self.request("GET", path, params={**params, "page": page}))
             if isinstance(body, list):  # an unpaginated list
                 yield from body
                 return
-            yield from body.get("results", [])
-            if not body.get("next"):
+            rows = body.get("results") or []
+            yield from rows
+            read += len(rows)
+            count = body.get("count") if count is None else count
+            if not body.get("next") or not rows or (isinstance(count, int) and read >= count):
                 return
             page += 1
 

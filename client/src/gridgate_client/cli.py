@@ -81,6 +81,12 @@ class Group(click.Group):
         except TimedOut as exc:
             _json_error(ctx, str(exc), None, exc.last)
             raise Fail(f"timed out: {exc}", EXIT_TIMEOUT) from None
+        except (KeyError, TypeError, IndexError) as exc:  # an answer of another shape than Gridgate's
+            detail = f"the server's answer is not what this client reads ({type(exc).__name__}: {exc})"
+            _json_error(ctx, detail, None, None)
+            raise Fail(
+                f"{detail}: is the URL Gridgate's, and this client as new as the server?", EXIT_UNAVAILABLE
+            ) from None
 
 
 def _json_error(ctx, detail, status, body) -> None:
