@@ -2,10 +2,15 @@ import time
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+from django.utils.translation import gettext_lazy
 
 from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import Conflict
@@ -44,6 +49,18 @@ class DeviceFormSet(forms.BaseInlineFormSet):
         if busy:
             names = ", ".join(str(device) for device in busy)
             raise ValidationError(f"Not deleted, running jobs or pending jobs asked for them: {names}.")
+
+    def delete_existing(self, obj, commit=True):
+        # clean() read the jobs without a lock: the dispatcher may have handed the device a job
+        # since. The service checks again holding the pool's queue row; a device it refuses stays,
+        # out of the page's change message, and PoolAdmin.save_formset says so.
+        if not commit:
+            return
+        try:
+            services.delete_device(obj)
+        except Conflict as exc:
+            self.deleted_objects.remove(obj)
+            self.refused = [*getattr(self, "refused", []), exc.detail]
 
 
 class DeviceInline(admin.TabularInline):
@@ -105,6 +122,8 @@ class PoolAdmin(ResourcePoolAdmin):
 
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)
+        for refusal in getattr(formset, "refused", []):
+            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
         if formset.model is Device:
             for device in formset.new_objects + [obj for obj, _ in formset.changed_objects]:
                 if device.online:
@@ -136,7 +155,7 @@ class DeviceAdmin(ModelAdmin):
         "provider_specs",
         "provider_specs_text",
     ]
-    actions = ["bring_online", "take_offline", "check_provider_status"]
+    actions = ["delete_selected", "bring_online", "take_offline", "check_provider_status"]
 
     def get_queryset(self, request):
         return selectors.devices_with_load(super().get_queryset(request))
@@ -148,14 +167,42 @@ class DeviceAdmin(ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def delete_queryset(self, request, queryset):
-        busy = services.busy_devices(queryset)
-        if busy.exists():
-            names = ", ".join(str(d) for d in busy)
-            self.message_user(
-                request, f"Not deleted, running jobs or pending jobs asked for them: {names}.", messages.ERROR
-            )
-        super().delete_queryset(request, queryset.exclude(pk__in=busy.values("pk")))
+    # Every delete path goes through services.delete_device, which checks busy_devices holding the
+    # pool's queue row (as the dispatcher does): the page's check above ran without a lock, and a
+    # job handed to the device since then would make a plain DELETE fail (IntegrityError, a 500).
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except Conflict as exc:  # the view's transaction, log entry included, is rolled back
+            self.message_user(request, f"Not deleted: {exc.detail}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:scheduling_device_change", args=[object_id]))
+
+    def delete_model(self, request, obj):
+        services.delete_device(obj)  # Conflict: answered by delete_view
+
+    @admin.action(permissions=["delete"], description=gettext_lazy("Delete selected %(verbose_name_plural)s"))
+    def delete_selected(self, request, queryset):
+        """Django's action (its confirmation page, its permission checks), but each device is
+        deleted by the service, logged only if it went, and the message counts only those."""
+        if not request.POST.get("post"):
+            return admin_actions.delete_selected(self, request, queryset)  # the confirmation page
+        _, _, perms_needed, protected = self.get_deleted_objects(queryset, request)
+        if perms_needed or protected:
+            return admin_actions.delete_selected(self, request, queryset)  # refused as Django does
+        deleted, refused = 0, []
+        for device in queryset.order_by("pool_id", "pk"):
+            try:
+                with transaction.atomic():  # the log entry goes with the deletion
+                    self.log_deletions(request, [device])
+                    services.delete_device(device)
+                deleted += 1
+            except Conflict as exc:
+                refused.append(exc.detail)
+        if deleted:
+            self.message_user(request, f"Deleted {deleted} device(s).", messages.SUCCESS)
+        for refusal in refused:
+            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
+        return None
 
     @admin.display(description="running", ordering="running_jobs")
     def running_jobs(self, obj):
