@@ -142,7 +142,10 @@ class ResourcePoolAdmin(ModelAdmin):
         from apps.credentials.services import note_provider_url_change, provider_urls
 
         before = provider_urls(ResourcePool.objects.get(pk=obj.pk)) if change else None
-        super().save_model(request, obj, form, change)
+        if change:  # what the operator changed, never the rest of the row as this request read it
+            obj.save(update_fields=services.pool_columns(form.changed_data))
+        else:
+            super().save_model(request, obj, form, change)
         if before is not None:
             ended = note_provider_url_change(pool=obj, before=before, actor=request.user)
             if ended:
