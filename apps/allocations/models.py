@@ -89,6 +89,11 @@ class Allocation(KeepsWorkerColumns, models.Model):
                 name="allocation_period_complete",
                 violation_error_message="A fixed period ends after it starts; a rolling one has a window of days.",
             ),
+            models.CheckConstraint(
+                condition=Q(window_days__isnull=True) | Q(window_days__lte=MAX_WINDOW_DAYS),
+                name="allocation_window_at_most_a_century",
+                violation_error_message=f"A window is at most {MAX_WINDOW_DAYS} days.",
+            ),
         ]
         indexes = [
             models.Index(fields=["user"], name="allocations_user"),
