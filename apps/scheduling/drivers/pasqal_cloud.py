@@ -192,24 +192,40 @@ def open_batch_for(device, job, tag: str) -> OpenBatch | None:
     return batch if batch.batch_id or batch.creator == tag else None
 
 
+def close_at_provider(device, batch_id: str) -> bool:
+    """Close ``batch_id`` at Pasqal Cloud: True once it is closed (or it had closed or timed out
+    already), False when Pasqal Cloud could not be reached (to be tried again)."""
+    try:
+        client(device.credential_config()).close_batch(batch_id)
+    except TransientDriverError as exc:
+        log.warning("Pasqal Cloud batch %s not closed yet: %s", batch_id, exc)
+        return False
+    except sdk_errors() as exc:
+        error = mapped(exc, f"closing batch {batch_id}")
+        if isinstance(error, TransientDriverError):
+            log.warning("%s: tried again on the next tick", error)
+            return False
+    return True
+
+
 def close_ended_batches() -> int:
     """Close the open batches of sessions that ended (a task, enqueued by the tick when there
     are some): Pasqal Cloud then runs what the batch holds and takes no more jobs. A failure to
-    reach it is tried again on the next tick; a batch it already closed or timed out is done."""
+    reach it is tried again on the next tick; a batch it already closed or timed out is done.
+
+    A row with no batch id yet is a batch being created (its creator awaits Pasqal Cloud's
+    answer): it is closed in the database alone, by a compare-and-set on the blank id. If the
+    creator records the id first, the set fails and the next pass closes the batch at Pasqal
+    Cloud; if the set comes first, the creator finds its row closed and closes the batch itself
+    (``PasqalCloudDriver._record``). Either way the batch is closed there, never left open
+    holding the device with no row left to close it."""
     closed = 0
     for batch in OpenBatch.objects.filter(closed_at=None).exclude(session__status="active").select_related("device"):
-        if batch.batch_id:
-            try:
-                client(batch.device.credential_config()).close_batch(batch.batch_id)
-            except TransientDriverError as exc:
-                log.warning("Pasqal Cloud batch %s not closed yet: %s", batch.batch_id, exc)
-                continue
-            except sdk_errors() as exc:
-                error = mapped(exc, f"closing batch {batch.batch_id}")
-                if isinstance(error, TransientDriverError):
-                    log.warning("%s: tried again on the next tick", error)
-                    continue
-        closed += OpenBatch.objects.filter(pk=batch.pk, closed_at=None).update(closed_at=timezone.now())
+        if batch.batch_id and not close_at_provider(batch.device, batch.batch_id):
+            continue
+        closed += OpenBatch.objects.filter(pk=batch.pk, batch_id=batch.batch_id, closed_at=None).update(
+            closed_at=timezone.now()
+        )
     return closed
 
 
@@ -326,12 +342,12 @@ class PasqalCloudDriver(DeviceDriver):
                 found = self._find_lost(sdk, device, run)
                 if found:
                     log.warning("lost submission %s found on Pasqal Cloud as job %s: adopted", tag, found[0])
-                    return self._record(run, *found)
+                    return self._record(device, run, *found)
             batch = open_batch_for(device, job, tag) if config.get("open_batches") else None
             if batch is not None and batch.batch_id:
                 found = self._add(sdk, device, job, run, batch)
                 if found:
-                    return self._record(run, *found)
+                    return self._record(device, run, *found)
                 batch = open_batch_for(device, job, tag)  # that batch had been closed: a new one
             DriverRun.objects.filter(pk=tag).update(status="submitting", batch_id="")
             with warnings.catch_warnings():
@@ -345,7 +361,7 @@ class PasqalCloudDriver(DeviceDriver):
                 )
         except sdk_errors() as exc:
             raise mapped(exc, "submitting the job") from None
-        return self._record(run, created.ordered_jobs[0].id, created.id if created.open else "")
+        return self._record(device, run, created.ordered_jobs[0].id, created.id if created.open else "")
 
     def _add(self, sdk, device, job, run, batch) -> tuple[str, str] | None:
         """Add the job to the session's open batch; None when Pasqal Cloud no longer takes jobs
@@ -382,10 +398,14 @@ class PasqalCloudDriver(DeviceDriver):
             return None
         return found[0].ordered_jobs[0].id, found[0].id if found[0].open else ""
 
-    def _record(self, run, job_id: str, batch_id: str = "") -> str:
+    def _record(self, device, run, job_id: str, batch_id: str = "") -> str:
         DriverRun.objects.filter(pk=run.pk).update(external_id=str(job_id), batch_id=batch_id, status="submitted")
         if batch_id:  # the batch this run opened, now known
-            OpenBatch.objects.filter(creator=run.pk, batch_id="").update(batch_id=batch_id)
+            opened = OpenBatch.objects.filter(creator=run.pk, batch_id="", closed_at=None).update(batch_id=batch_id)
+            # The session ended while this run created the batch, and the closing pass closed its
+            # row with no batch to close yet (close_ended_batches): the batch is closed here.
+            if not opened and OpenBatch.objects.filter(creator=run.pk, batch_id="").update(batch_id=batch_id):
+                close_at_provider(device, batch_id)  # tried once; Pasqal Cloud times out an idle open batch
         return str(job_id)
 
     def poll(self, device, remote_id):
