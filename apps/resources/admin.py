@@ -143,7 +143,7 @@ class ResourcePoolAdmin(ModelAdmin):
 
         before = provider_urls(ResourcePool.objects.get(pk=obj.pk)) if change else None
         if change:  # what the operator changed, never the rest of the row as this request read it
-            obj.save(update_fields=services.pool_columns(form.changed_data))
+            obj.save(update_fields=obj.changed_columns())
         else:
             super().save_model(request, obj, form, change)
         if before is not None:

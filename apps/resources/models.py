@@ -4,6 +4,7 @@ Rules live in ``clean()`` so the admin and the API report them with the same mes
 constraints back the invariants that a race or a raw write could otherwise break.
 """
 
+import copy
 from decimal import Decimal
 
 from django.conf import settings
@@ -278,7 +279,19 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         instance._loaded["credentials"] = remote_rules.credential_mode(
             instance.__dict__.get("kind"), instance.__dict__.get("remote")
         )
+        instance._read_columns = {
+            name: copy.deepcopy(instance.__dict__.get(name)) for name in field_names if name != cls._meta.pk.attname
+        }
         return instance
+
+    def changed_columns(self) -> list[str]:
+        """The columns this instance changed since it was read (an edit's fields, and what the
+        pool's rules completed, such as a quota's gpu), and ``updated_at``: what an edit writes.
+        Never the rest of the row as it was read: it may have changed since (a load sensor's
+        accessibility, another operator's edit)."""
+        read = getattr(self, "_read_columns", {})
+        changed = [name for name, value in read.items() if name != "updated_at" and getattr(self, name) != value]
+        return [*changed, "updated_at"]
 
     # -- derived ---------------------------------------------------------------------------
     @property

@@ -34,7 +34,7 @@ def save_pool(
     classes. Any error rolls back everything: a refused request changes nothing. ``actor``: who
     asks (the admin history records a change of the provider URLs under their name).
 
-    An existing pool is read again and only ``fields`` are written (:func:`pool_columns`): the
+    An existing pool is read again and only what this changes is written (``changed_columns``): the
     checks see the row as it is now, and a column someone else wrote since the caller read the
     pool (the accessibility a load sensor PUT, another operator's PATCH of another field, one
     written while this runs) is never written back stale. The read takes no lock: a FOR UPDATE
@@ -56,7 +56,7 @@ def save_pool(
             pool.full_clean()
         except DjangoValidationError as exc:
             raise InvalidFields(_api_errors(exc)) from None
-        pool.save(update_fields=None if adding else pool_columns(fields))
+        pool.save(update_fields=None if adding else pool.changed_columns())
         if users is not None:
             pool.users.set(users)
         if groups is not None:
@@ -109,14 +109,6 @@ def save_pool(
             # and how is in the pool's admin history).
             note_provider_url_change(pool=pool, before=urls_before, actor=actor)
     return pool
-
-
-def pool_columns(names) -> list[str]:
-    """The columns an edit of an existing pool writes: those of ``names`` that are columns (not
-    its users or groups), and ``updated_at``. Never the whole row: what the editor did not change
-    may have changed since it read the pool."""
-    columns = {f.name for f in ResourcePool._meta.concrete_fields if not f.primary_key}
-    return [name for name in names if name in columns and name != "updated_at"] + ["updated_at"]
 
 
 def delete_class(resource_class: ResourceClass) -> None:

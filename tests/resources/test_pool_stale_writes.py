@@ -70,3 +70,18 @@ def test_saving_a_pools_page_never_writes_back_the_accessibility_changed_meanwhi
         False,
         "down",
     )
+
+
+def test_saving_a_pools_page_writes_the_values_its_rules_completed(admin_client):
+    """A quota typed with cpu and memory and no gpu: the pool's clean() completes gpu as 0. The
+    page writes that too, not only the fields typed (a quota of cpu and memory with a NULL gpu
+    breaks the quota's constraint: a 500)."""
+    from tests import factories
+
+    pool = factories.pool("quota-less", public=True)
+    url = reverse("admin:resources_resourcepool_change", args=[pool.pk])
+    data = change_form_data(admin_client.get(url)) | {"quota_cpu": "8", "quota_memory": "16", "quota_gpu": ""}
+    response = admin_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    pool.refresh_from_db()
+    assert (pool.quota_cpu, pool.quota_memory, pool.quota_gpu) == (8, 16, 0)
