@@ -2,14 +2,13 @@
 export equals the charges). One aggregate query whatever the number of charges; CSV and JSON
 carry the same rows."""
 
-import csv
-import io
 from datetime import UTC, datetime
 
 from django.db.models import Count, DateTimeField, Q, Sum, Value
 from django.db.models.functions import Coalesce, TruncDay, TruncMonth, TruncWeek
 
 from apps.allocations.models import Charge, ChargeKind
+from apps.core.csvfiles import write_csv
 
 GROUP_BY = {
     # key: (what the row names, the columns it groups on)
@@ -80,9 +79,6 @@ def _period_label(bucket, period: str | None) -> str:
 
 
 def as_csv(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({**row, "project_id": "" if row["project_id"] is None else row["project_id"]})
-    return buffer.getvalue()
+    """The rows as the CSV finance opens in a spreadsheet (names that start like a formula are
+    shown as text: ``apps.core.csvfiles``)."""
+    return write_csv(COLUMNS, ([row[column] for column in COLUMNS] for row in rows), for_spreadsheets=True)

@@ -7,9 +7,7 @@ what a reader needs to interpret them (shots, device, when it finished).
 
 from __future__ import annotations
 
-import csv
-import io
-
+from apps.core.csvfiles import write_csv
 from apps.core.exceptions import Conflict
 from apps.scheduling.models import Job, JobStatus
 
@@ -48,9 +46,6 @@ def as_csv(result: dict) -> str:
     """``bitstring,count,probability`` rows, one per measured bitstring, in bitstring order.
     Bitstrings are written as text ("0011"): a spreadsheet that drops leading zeros is told by
     the header, and ``csv``/``pandas.read_csv(dtype=str)`` read them back unchanged."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    for bits, count in result["counts"].items():
-        writer.writerow((bits, count, f"{result['probabilities'][bits]:.6g}"))
-    return out.getvalue()
+    rows = ((bits, count, f"{result['probabilities'][bits]:.6g}") for bits, count in result["counts"].items())
+    # A format programs read back (the CLI, pandas): written as is, no spreadsheet quoting.
+    return write_csv(CSV_HEADER, rows, for_spreadsheets=False)

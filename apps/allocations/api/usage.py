@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from apps.accounting.api.views import _moment
 from apps.allocations.usage import GROUP_BY, PERIODS, as_csv, month_bounds, usage
 from apps.core.api.permissions import IsStaff
+from apps.core.csvfiles import write_csv
 
 
 class UsageCsvRenderer(BaseRenderer):
@@ -29,7 +30,7 @@ class UsageCsvRenderer(BaseRenderer):
 
 
 def as_csv_error(data) -> str:
-    return "error\n" + str(data).replace("\n", " ") + "\n"
+    return write_csv(["error"], [[str(data)]], for_spreadsheets=True)
 
 
 class UsageExportRowSerializer(serializers.Serializer):
