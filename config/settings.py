@@ -544,7 +544,10 @@ GRIDGATE_LOG_LEVEL = env_choice("GRIDGATE_LOG_LEVEL", "info", ["debug", "info", 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # One record, one line: a line break in a logged value is written as an escape (apps/core/logs.py).
+    "formatters": {
+        "plain": {"()": "apps.core.logs.OneLineFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": GRIDGATE_LOG_LEVEL},
     "loggers": {

@@ -11,10 +11,11 @@ def has_control_characters(value: str) -> bool:
     return bool(CONTROL_CHARACTERS.search(value))
 
 
-#: what a shown name must not carry as is: the control characters above (a newline or carriage
-#: return splits a name across lines, or onto another's line) and the bidirectional controls,
-#: which reorder what follows them ("report\u202ecod.exe" shows as "reportexe.doc").
-HIDDEN_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: what a shown name must not carry as is: the control characters above and the Unicode line and
+#: paragraph separators (a newline, carriage return or U+2028 splits a name across lines, or onto
+#: another's line) and the bidirectional controls, which reorder what follows them
+#: ("report\u202ecod.exe" shows as "reportexe.doc").
+HIDDEN_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -30,3 +30,7 @@ def test_a_bidirectional_control_cannot_reorder_a_shown_name():
 
 def test_an_ordinary_name_is_shown_as_is():
     assert printable("résultats/run-1.txt") == "résultats/run-1.txt"
+
+
+def test_a_unicode_line_separator_is_written_as_an_escape():
+    assert printable("a\u2028b\u2029c\x85d") == "a\\u2028b\\u2029c\\x85d"
