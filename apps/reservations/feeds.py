@@ -12,8 +12,9 @@ from datetime import datetime
 from django.contrib.auth import get_user_model
 from django.core import signing
 from django.utils.crypto import salted_hmac
-from icalendar import Calendar, Event
+from icalendar import Calendar, Event, vText
 
+from apps.core.text import HIDDEN_IN_NAMES
 from apps.reservations.selectors import Slot
 
 SALT = "gridgate.calendar-feed"
@@ -39,13 +40,22 @@ def user_for_feed_token(token: str):
     return user
 
 
+def filename(pool) -> str:
+    """The feed's file name (``Content-Disposition``): the pool's name, its control characters
+    (a line break would be refused as a header) made ``_``."""
+    return HIDDEN_IN_NAMES.sub("_", pool.name) + ".ics"
+
+
 def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
     """The schedule as an iCalendar (RFC 5545) calendar: one VEVENT per slot, its kind as its
     CATEGORIES; open slots are transparent (they block nothing in the reader's calendar)."""
     calendar = Calendar()
     calendar.add("prodid", "-//Gridgate//QPU calendar//EN")
     calendar.add("version", "2.0")
-    calendar.add("x-wr-calname", f"{pool.name} (Gridgate)")
+    # Typed as TEXT so that it is escaped like SUMMARY: icalendar writes an X- property's plain str
+    # as it is, and a line break in the pool's name would end the line (a new property, or an
+    # AssertionError: a 500 for every reader of the feed).
+    calendar.add("x-wr-calname", vText(f"{pool.name} (Gridgate)"))
     for slot in slots:
         event = Event()
         if slot.reservation is not None:

@@ -225,3 +225,27 @@ def test_r_res_4_a_forged_or_revoked_feed_token_is_refused_with_json(qpu, alice,
     alice.save()
     assert APIClient().get(url).status_code in (401, 403)
     assert APIClient().get(url.split("?")[0]).status_code in (401, 403)  # no token at all
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\n", "\r"])
+def test_r_res_4_a_title_or_pool_name_cannot_add_lines_to_the_ical_feed(
+    qpu, alice, group_a, reserve, api, staff, newline
+):
+    """Text in the feed is escaped (RFC 5545 TEXT): a line break in a reservation's title or in
+    the pool's name (the calendar's name, the file name) cannot start a property of its own (an
+    ATTENDEE, a METHOD) that a calendar application would act on, nor break the feed."""
+    name = f'fresnel "B"{newline}METHOD:REQUEST'
+    renamed = api(staff).patch(f"/api/v1/resource-pools/{qpu.pk}/", {"name": name}, format="json")
+    assert renamed.status_code == 200, renamed.content
+    reserve(qpu, groups=[group_a], title=f"Run{newline}ATTENDEE:mailto:everyone@evil.example")
+    with time_machine.travel(at(8), tick=False):
+        url = schedule(api(alice), qpu).json()["ics_url"]
+        response = APIClient().get(url)
+    assert response.status_code == 200, response.content
+    lines = response.content.decode().replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    assert not [line for line in lines if line.startswith(("METHOD", "ATTENDEE"))], lines
+    calendar = Calendar.from_ical(response.content)
+    assert "METHOD" not in calendar and str(calendar["X-WR-CALNAME"]).startswith('fresnel "B"\\nMETHOD')
+    (reserved,) = [event for event in calendar.walk("VEVENT") if "Run" in str(event["SUMMARY"])]
+    assert f"Run{newline}ATTENDEE" in str(reserved["SUMMARY"]).replace("\n", newline) and "ATTENDEE" not in reserved
+    assert response["Content-Disposition"].startswith("inline; filename=")

@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django.utils.http import content_disposition_header
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -175,5 +176,5 @@ class ScheduleFeedView(APIView):
         )
         # The calendar as it is, whichever renderer was negotiated (errors are JSON, above).
         response = HttpResponse(body, content_type="text/calendar; charset=utf-8")
-        response["Content-Disposition"] = f'inline; filename="{pool.name}.ics"'
+        response["Content-Disposition"] = content_disposition_header(False, feeds.filename(pool))
         return response
