@@ -46,13 +46,18 @@ class ApiErrorMiddleware:
         if not is_api(request):
             return None
         mapped = request_error(exception)
-        if mapped is None:
+        logged = mapped is None
+        if logged:
             # An uncaught server error: logged with its traceback here (Django would have), and
             # answered as JSON without internals.
             log.error("Internal Server Error: %s", request.path, exc_info=exception)
             mapped = {"detail": "Internal server error."}, 500, {}
         body, status, headers = mapped
         response = JsonResponse(body, status=status, json_dumps_params={"ensure_ascii": False})
+        if logged:
+            # Django's handler logs every 5xx answer it has not been told about: a second record,
+            # without the traceback (django.utils.log.log_response reads this flag).
+            response._has_been_logged = True
         for name, value in headers.items():
             response[name] = value
         return response

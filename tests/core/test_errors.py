@@ -84,6 +84,20 @@ def test_uncaught_server_error_on_an_api_path_is_500_json_without_internals(api,
     assert body == {"detail": "Internal server error."}
 
 
+def test_an_api_server_error_is_one_record_in_the_log_with_its_traceback(api, owner, monkeypatch, caplog):
+    """The middleware logs the error with its traceback; Django's handler, seeing a 500 answer,
+    logged it a second time without one (an alert counting errors counted each twice)."""
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr("apps.resources.api.views.ResourcePoolViewSet.list", boom)
+    with caplog.at_level("ERROR", logger="django.request"):
+        assert_json_error(api(owner).get("/api/v1/resource-pools/"), 500)
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert record.exc_info and record.getMessage() == "Internal Server Error: /api/v1/resource-pools/"
+
+
 def test_transient_database_failure_is_503_json_with_retry_after(api, owner, monkeypatch):
     def deadlock(*args, **kwargs):
         raise OperationalError("deadlock detected")
