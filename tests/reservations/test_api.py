@@ -3,6 +3,7 @@ permission, holders read theirs, others' are 404; DELETE cancels), R-RES-1's val
 400s, and R-RES-4's schedule with ``mine``, as JSON and as an iCalendar feed read with a personal
 feed token and parsed by a real iCalendar library."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -249,3 +250,19 @@ def test_r_res_4_a_title_or_pool_name_cannot_add_lines_to_the_ical_feed(
     (reserved,) = [event for event in calendar.walk("VEVENT") if "Run" in str(event["SUMMARY"])]
     assert f"Run{newline}ATTENDEE" in str(reserved["SUMMARY"]).replace("\n", newline) and "ATTENDEE" not in reserved
     assert response["Content-Disposition"].startswith("inline; filename=")
+
+
+def test_r_res_4_a_feed_shows_others_only_what_the_schedule_does(qpu, alice, group_a, outsiders, reserve, api):
+    """Each feed is its reader's: "(yours)" only in a holder's, holders never named, and a feed
+    token reads only pools its user may see (a private pool's feed is a 404 for anyone else)."""
+    reserve(qpu, groups=[group_a], users=[alice], title="Hybrid run")
+    with time_machine.travel(at(8), tick=False):
+        feeds = {user: APIClient().get(schedule(api(user), qpu).json()["ics_url"]) for user in (alice, outsiders[0])}
+        qpu.public = False
+        qpu.save()
+        hidden = APIClient().get(feeds[outsiders[0]].wsgi_request.get_full_path())
+    mine, theirs = (feeds[user].content.decode() for user in (alice, outsiders[0]))
+    assert "Hybrid run" in mine and "(yours)" in mine
+    assert "Hybrid run" in theirs and "(yours)" not in theirs
+    assert not {"alice", "group-a"} & set(re.findall(r"[\w-]+", mine + theirs))
+    assert hidden.status_code == 404
