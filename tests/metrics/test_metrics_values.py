@@ -222,3 +222,17 @@ def test_scrape_costs_the_same_queries_whatever_the_pools_jobs_and_cases(
     eta.clear_cache()
     with django_assert_num_queries(8 + 6 + 4 * 2):  # ten times the jobs: the same queries
         client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text; version=1.0.0"])
+def test_a_name_with_quotes_and_line_breaks_stays_one_label_value(client, metrics_on, accept):
+    """Pool and device names (labels) are escaped by prometheus-client: a quote, a backslash or a
+    line break in one cannot close its label or start a sample of its own."""
+    name = 'lab"} 1\ngridgate_pool_slots_capacity{pool="forged'
+    pool = ResourcePool.objects.create(name=name, kind="local", public=True, slots_total=3)
+    Device.objects.create(pool=pool, name='emu\\"\r\n', driver="fake")
+    families = scrape(client, HTTP_ACCEPT=accept)
+    assert pools_in(families, "gridgate_pool_slots_capacity") == {name}
+    assert value(families, "gridgate_pool_slots_capacity", pool=name) == 3
+    assert {dict(labels)["device"] for _, labels in families["gridgate_device_online"]} == {'emu\\"\r\n'}
