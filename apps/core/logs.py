@@ -5,11 +5,12 @@ provider's or an emulation's error, a name. A line break in such text would star
 reads as a record of its own ("… CRITICAL … every session revoked") to whoever reads or greps the
 log, so the message is written with its line breaks and other control characters as escapes
 (``\\n``, ``\\r``, ``\\x85``, ``\\u2028``: :func:`apps.core.text.printable`). A record's traceback keeps
-its lines, after the record's: it is Python's to read, and an exception's own message in it is
-written as raised.
+its lines (frames, chaining), but each exception's own message in it (``ValueError: …``, and its
+notes), which may quote the same values, is written the same way, on one line.
 """
 
 import logging
+import traceback
 
 from apps.core.text import printable
 
@@ -19,3 +20,19 @@ class OneLineFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         return printable(super().formatMessage(record))
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        _, value, tb = ei
+        if value is None:
+            return super().formatException(ei)
+        report = traceback.TracebackException(type(value), value, tb)
+        # Each exception of the chain (causes and contexts) says its message in its own chunk.
+        messages, pending, seen = set(), [report], set()
+        while pending:
+            exc = pending.pop()
+            if id(exc) not in seen:
+                seen.add(id(exc))
+                messages.update(exc.format_exception_only())
+                pending += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+        text = "".join(printable(chunk[:-1]) + "\n" if chunk in messages else chunk for chunk in report.format())
+        return text.removesuffix("\n")

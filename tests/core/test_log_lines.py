@@ -59,3 +59,22 @@ def test_a_multi_line_message_stays_one_record_and_a_traceback_stays_readable(co
     text = console.getvalue()
     assert f"first\\n{FORGED}" in text
     assert "Traceback (most recent call last):\n" in text and text.rstrip().endswith("ValueError: inner")
+
+
+def test_an_exception_message_in_a_traceback_cannot_forge_a_log_line(console):
+    """A traceback keeps its lines, but each exception's own message (which may quote a user's
+    input or a provider's answer) is written on one line, in a chain too."""
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as exc:
+            raise ValueError(f"bad input\r\n{FORGED}") from exc
+    except ValueError:
+        logging.getLogger("apps.test").exception("emulation 7 failed")
+    lines = records(console.getvalue())
+    assert not [line for line in lines if line.startswith(FORGED)], lines
+    assert f"ValueError: bad input\\r\\n{FORGED}" in lines
+    assert (
+        "KeyError: 'inner'" in lines and "The above exception was the direct cause of the following exception:" in lines
+    )
+    assert lines.count("Traceback (most recent call last):") == 2 and any(line.startswith("  File ") for line in lines)
