@@ -279,8 +279,10 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         instance._loaded["credentials"] = remote_rules.credential_mode(
             instance.__dict__.get("kind"), instance.__dict__.get("remote")
         )
-        instance._read_columns = {
-            name: copy.deepcopy(instance.__dict__.get(name)) for name in field_names if name != cls._meta.pk.attname
+        instance._read_columns = {  # a copy of the JSON ones (``remote``), which an edit may change in place
+            name: copy.deepcopy(value) if isinstance(value, dict | list) else value
+            for name, value in zip(field_names, values, strict=True)
+            if name != cls._meta.pk.attname
         }
         return instance
 
