@@ -25,8 +25,9 @@ from apps.backends.remote import clear_clients
 from apps.backends.runai import client as rb_client
 from apps.backends.runai.backend import RunaiBackend
 from apps.cases import passes, workspace
+from apps.cases.models import Case
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.cases.conftest import cases_root, make_case  # noqa: F401 - shared fixtures
+from tests.cases.conftest import cases_root, launched, make_case  # noqa: F401 - shared fixtures
 from tests.doubles.firecrest_server import FirecrestDouble
 from tests.doubles.qarnot_server import QarnotDouble
 from tests.doubles.runai_server import RunaiDouble
@@ -143,13 +144,31 @@ def browser(user) -> Client:
     return client
 
 
-def owned_case(make, user, pool, command, double, owner, *, inputs=None):
-    """A case of ``user`` on ``pool`` whose every provider call the double checks is made as
-    ``owner`` (``expect_owner``), with its inputs written."""
-    case = make(user=user, resource_class=pool.classes.get(), command=command)
-    double.expect_owner(case.id, owner)
-    for name, text in (inputs or {"in.txt": "input\n"}).items():
-        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
+def write_inputs(case, inputs=None):
+    """The case's inputs (``in.txt`` unless ``inputs`` names others), each text or bytes."""
+    for name, data in (inputs or {"in.txt": "input\n"}).items():
+        path = workspace.case_dir(case.id) / "inputs" / name
+        path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+    return case
+
+
+def launch(make, pool, command, *, inputs=None, resource_class=None, **kwargs):
+    """A case on ``pool`` (its one class unless ``resource_class``) with its inputs written, launched
+    (the worker's submit step run); ``make`` is the ``make_case`` fixture, ``kwargs`` go to it."""
+    case = make(resource_class=resource_class or pool.classes.get(), command=command, **kwargs)
+    return launched(write_inputs(case, inputs))
+
+
+def poll_once(case):
+    """One poll pass for the case, due now."""
+    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
+    passes.poll_pass(case_ids=[case.id])
+    case.refresh_from_db()
+    return case
+
+
+def poll_until(case, predicate, *, timeout: float = 90.0):
+    wait_until(lambda: predicate(poll_once(case)), timeout=timeout, what="case state")
     return case
 
 
@@ -222,18 +241,24 @@ class Driver:
         ResourceClass.objects.create(pool=pool, name="node", default=True, **self.resources)
         self.pool = pool
 
-    def service_pool(self) -> ResourcePool:
+    def service_pool(self, name="", klass=None, **remote) -> ResourcePool:
+        """A pool of the service account's: the per-user pool's remote and ``remote``; its one
+        class ``node`` with the driver's resources, or as ``klass`` says."""
         pool = ResourcePool.objects.create(
-            name=f"{self.name}-service",
+            name=name or f"{self.name}-service",
             kind=self.kind,
             public=True,
-            remote={**self.pool.remote, "credentials": "service"},
+            remote={**self.pool.remote, "credentials": "service", **remote},
         )
-        ResourceClass.objects.create(pool=pool, name="node", default=True, **self.resources)
+        ResourceClass.objects.create(pool=pool, default=True, **{"name": "node", **self.resources, **(klass or {})})
         return pool
 
     def case(self, make, user, command, *, pool=None):
-        return owned_case(make, user, pool or self.pool, command, self.double, self.account(user))
+        """A case of ``user`` whose every provider call the double checks is made as their account
+        (``expect_owner``), with its inputs written."""
+        case = make(user=user, resource_class=(pool or self.pool).classes.get(), command=command)
+        self.double.expect_owner(case.id, self.account(user))
+        return write_inputs(case)
 
     def label(self, user) -> str:
         return f"user {user.username} ({self.label_word} {self.subject(user)})"
@@ -437,8 +462,6 @@ class FirecrestDriver(Driver):
 
 class PastedDriver(Driver):
     """Qarnot and Run:AI: a user pastes their own credential on the connections page."""
-
-    new_credential: tuple = ()
 
     def paste(self, user, *values):
         fields = dict(zip(self.fields, values, strict=True))

@@ -38,6 +38,8 @@ from tests.backends.conftest import (
     SEALING_KEY,
     browser,
     driving,
+    launch,
+    poll_once,
     raw_sealed,
     wait_for_terminal,
     wait_until,
@@ -412,13 +414,6 @@ def test_a_connected_user_chooses_among_the_options_their_own_account_sees(drive
     assert choices(ada) == unconnected  # a failed connection asks nothing
 
 
-def poll_once(case):
-    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
-    return case
-
-
 @pytest.mark.parametrize(
     "driver,how",
     [(name, how) for name, made in DRIVERS.items() for how in made.losses],
@@ -633,14 +628,6 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(drive
 # -- service-account pools -------------------------------------------------------------------------
 # A pool whose remote says ``"credentials": "service"`` runs every user's jobs under the one
 # credential its ``*_env`` keys name.
-def launched_on(pool, make_case, user, command, *, inputs=None, **kwargs):
-    """A case of ``user`` on ``pool`` with its inputs written, launched (the worker's submit step run)."""
-    case = make_case(user=user, resource_class=pool.classes.get(), command=command, **kwargs)
-    for name, data in (inputs or {"in.txt": b"input\n"}).items():
-        (workspace.case_dir(case.id) / "inputs" / name).write_bytes(data)
-    return launched(case)
-
-
 def test_a_secret_in_a_pool_remote_is_refused_and_the_session_reads_the_environment_only(driver):
     """R-POOL-7 at the backend's door: a secret stored in the pool's remote is refused, naming the
     ``*_env`` key that names its variable; the session reads the secret from the environment only."""
@@ -691,7 +678,7 @@ def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
     admin page, event or error, also once the provider refuses the credential quoting it back."""
     caplog.set_level(logging.DEBUG)
     pool = driver.service_pool()
-    case = wait_for_terminal(launched_on(pool, make_case, ada, "echo hi; exit 1"), timeout=90)
+    case = wait_for_terminal(launch(make_case, pool, user=ada, command="echo hi; exit 1"), timeout=90)
     assert case.status == CaseStatus.FAILED and case.last_error
     sent = "wrong-" + driver.secret  # a credential the provider refuses, any echo of which shows the secret
     monkeypatch.setenv(driver.secret_env, sent)
@@ -699,7 +686,7 @@ def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
     clear_clients()
     with pytest.raises(BackendError) as refused:
         driver.backend.poll(passes.job_ref(case))
-    bad = launched_on(pool, make_case, ada, "true")
+    bad = launch(make_case, pool, user=ada, command="true")
     assert bad.status == CaseStatus.FAILED and driver.refused_service_words in bad.last_error, bad.last_error
     pages = [
         api(ada).get(f"/api/v1/cases/{case.id}/"),
@@ -721,7 +708,7 @@ def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
 def test_cancel_of_a_running_case_cancels_its_job_at_the_provider(driver, ada, make_case):
     """R-CASE-6: Stop on a running case ends it cancelled, and its job with it (FirecREST's scancel,
     Qarnot's abort, Run:AI's deletion)."""
-    case = launched_on(driver.service_pool(), make_case, ada, driver.held("sleep 30"))
+    case = launch(make_case, driver.service_pool(), user=ada, command=driver.held("sleep 30"))
     assert case.status == CaseStatus.PENDING, case.last_error
     driver.running(case)
     case = services.cancel_case(case)
@@ -736,7 +723,7 @@ def test_cancel_of_a_case_that_already_finished_answers_409_with_the_real_state_
     read (the real FirecREST answers the cancel 500, scancel's "already completing or complete";
     Qarnot 'Invalid operation on non-running task'). The API answers 409 with the real final
     state, never 500, and the case ends done with every byte of its output, once."""
-    case = launched_on(driver.service_pool(), make_case, ada, "echo first; echo last")
+    case = launch(make_case, driver.service_pool(), user=ada, command="echo first; echo last")
     assert case.status == CaseStatus.PENDING, case.last_error
     driver.ended(case)
     response = api(ada).post(f"/api/v1/cases/{case.id}/cancel/")
@@ -763,7 +750,7 @@ def test_a_submission_answered_late_or_5xx_is_never_resent_and_the_job_is_adopte
     monkeypatch.setattr(driver.module, "TIMEOUT", 2)
     method, path = driver.submit_call
     driver.double.fault(f"{path}$", method=method, times=1, after=True, **answer)
-    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    case = launch(make_case, driver.service_pool(), user=ada, command="true")
     if answer.get("status") in driver.refusing_statuses:  # the provider says it was not carried out:
         assert case.status == CaseStatus.PREPARED, case.last_error  # the case waits, and the retry finds the job
         Case.objects.filter(pk=case.pk).update(lease_until=None)  # by its name before any submission
@@ -781,7 +768,8 @@ def test_the_backends_state_in_the_workspace_is_the_services_alone(driver, ada, 
     """The backend's directory in the case workspace (the inputs' hashes, what was synced,
     Qarnot's output spool) was 0755 with 0644 files in a case directory every account may
     traverse (0711): it is 0700, its files 0600."""
-    case = wait_for_terminal(launched_on(driver.service_pool(), make_case, ada, "echo spooled-output"), timeout=90)
+    case = launch(make_case, driver.service_pool(), user=ada, command="echo spooled-output")
+    case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
     state = workspace.case_dir(case.id) / driver.state_dir
     assert state.stat().st_mode & 0o777 == 0o700
@@ -794,8 +782,8 @@ def test_cleanup_purges_the_remote_side_of_cases_past_the_retention_once(driver,
     retention (FirecREST's run directory, Qarnot's buckets and task, Run:AI's run directory and
     workload), once; ``--dry-run`` only counts; a second purge finds nothing and raises nothing."""
     pool = driver.service_pool()
-    old = wait_for_terminal(launched_on(pool, make_case, ada, "echo x > out.txt"), timeout=90)
-    recent = wait_for_terminal(launched_on(pool, make_case, ada, "true"), timeout=90)
+    old = wait_for_terminal(launch(make_case, pool, user=ada, command="echo x > out.txt"), timeout=90)
+    recent = wait_for_terminal(launch(make_case, pool, user=ada, command="true"), timeout=90)
     assert old.status == recent.status == CaseStatus.DONE, old.last_error or recent.last_error
     Case.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(days=40))
     out = StringIO()
@@ -822,8 +810,8 @@ def test_a_case_runs_shows_live_files_and_progress_and_ends_done_with_its_result
     back while it runs, → done with what it made in results/ (not its unchanged inputs) and its
     output in stdout.log/stderr.log, each part once. ``submitted`` checks the provider's own facts."""
     inputs = {"in.txt": b"input\n", **driver.inputs}
-    case = launched_on(
-        driver.service_pool(), make_case, ada,
+    case = launch(
+        make_case, driver.service_pool(), user=ada, command=
         "cat in.txt > out.txt; echo started; mkdir -p out; echo 0.5 > .gridgate/progress; echo partial > out/p.txt; "
         f"{GATE}; echo final > out/p.txt; echo done; echo warn >&2",
         inputs=inputs, observability_globs=["out/*.txt"],
@@ -854,7 +842,7 @@ def test_a_submission_answered_503_before_any_job_exists_keeps_the_case_prepared
     """R-CASE-1: a 5xx with no job created is uncertain, not a failure: the retry submits, once."""
     method, path = driver.submit_call
     driver.double.fault(f"{path}$", method=method, status=503, times=1)
-    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    case = launch(make_case, driver.service_pool(), user=ada, command="true")
     assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error, case.last_error
     assert "not listed (yet)" in case.last_error
     assert driver.double.calls.count(driver.submit_call) == 1 and driver.jobs() == 0
@@ -866,7 +854,7 @@ def test_a_submission_answered_503_before_any_job_exists_keeps_the_case_prepared
 
 def test_a_failing_command_ends_failed_with_the_providers_words_its_partial_results_and_stderr(driver, ada, make_case):
     command = "echo half > half.txt; echo oops >&2; exit 3"
-    case = wait_for_terminal(launched_on(driver.service_pool(), make_case, ada, command), timeout=90)
+    case = wait_for_terminal(launch(make_case, driver.service_pool(), user=ada, command=command), timeout=90)
     assert case.status == CaseStatus.FAILED and driver.exit_words in case.last_error, case.last_error
     root = workspace.case_dir(case.id)
     assert (root / "results" / "half.txt").read_text() == "half\n" and "oops" in (root / "stderr.log").read_text()
@@ -877,7 +865,7 @@ def test_a_poll_answered_5xx_or_429_is_a_failed_poll_that_changes_nothing_and_th
     driver, ada, make_case, status
 ):
     """R-CASE-3: a failed poll only counts (and backs off); the next good poll goes on."""
-    case = launched_on(driver.service_pool(), make_case, ada, "true")
+    case = launch(make_case, driver.service_pool(), user=ada, command="true")
     assert case.status == CaseStatus.PENDING, case.last_error
     driver.double.fault(driver.poll_path(case), status=status, times=10)
     case = poll_once(case)
