@@ -729,6 +729,12 @@ def driver(request, tmp_path, monkeypatch, settings, db):
     yield from driving(getattr(request, "param", None) or request.module.PROVIDER, tmp_path, monkeypatch, settings)
 
 
+@pytest.fixture
+def double(driver):
+    """The driver's loopback double (the doubles' own tests start theirs)."""
+    return driver.double
+
+
 def driving(name, tmp_path, monkeypatch, settings):
     from apps.credentials import services as credential_services
 

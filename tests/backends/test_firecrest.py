@@ -11,82 +11,29 @@ import pytest
 from apps.backends import firecrest as fc
 from apps.backends.base import BackendStatus
 from apps.backends.firecrest import backend as fc_backend
-from apps.backends.firecrest import client as fc_client
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal, wait_until
-from tests.cases.conftest import launched
+from tests.backends.conftest import FirecrestDriver, launch, wait_for_terminal, wait_until
 from tests.doubles.firecrest_server import FirecrestDouble
 
 pytestmark = pytest.mark.django_db
 
-SECRET = "s3cr3t-client-VALUE-42"
+PROVIDER = "firecrest"  # the ``driver`` fixture's
 
 
 @pytest.fixture
-def double(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
-    monkeypatch.setattr(fc_client, "TIMEOUT", 5.0)
-    monkeypatch.setattr(fc_backend, "FIND_AFTER_TIMEOUT_SLEEP", 0.05)
-    fc._clients.clear()
-    server = FirecrestDouble(tmp_path / "hpc", client_secret=SECRET).start()
-    yield server
-    server.stop()
-    fc._clients.clear()
-
-
-@pytest.fixture
-def fc_pool(double):
-    pool = ResourcePool.objects.create(
-        name="daint",
-        kind="firecrest",
-        public=True,
-        remote={
-            "api_url": double.url,
-            "token_uri": double.token_uri,
-            "system_name": double.system,
-            "partition": "debug",
-            "working_root": str(double.fs_root / "scratch"),
-            "client_id_env": "GRIDGATE_CRED_FC_ID",
-            "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
-            "credentials": "service",
-        },
-    )
-    ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
-    return pool
-
-
-def launch(make_case, pool, command, **kwargs):
-    case = make_case(resource_class=pool.classes.get(), command=command, **kwargs)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    return launched(case)
+def fc_pool(driver):
+    return driver.service_pool()
 
 
 @pytest.mark.slurm
-def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster, tmp_path, make_case, monkeypatch):
+def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster, tmp_path, make_case, driver):
     """End to end: the double hands the job script to the local Slurm cluster (sbatch)."""
-    monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
-    monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", SECRET)
-    fc._clients.clear()
-    server = FirecrestDouble(tmp_path / "hpc", runner="slurm", client_secret=SECRET).start()
+    server = FirecrestDouble(tmp_path / "hpc-slurm", runner="slurm", client_secret=driver.secret).start()
     try:
-        pool = ResourcePool.objects.create(
-            name="slurm-fc",
-            kind="firecrest",
-            public=True,
-            remote={
-                "api_url": server.url,
-                "token_uri": server.token_uri,
-                "system_name": server.system,
-                "partition": "debug",
-                "working_root": str(server.fs_root / "scratch"),
-                "client_id_env": "GRIDGATE_CRED_FC_ID",
-                "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
-                "credentials": "service",
-            },
-        )
+        remote = FirecrestDriver.remote(server, credentials="service")
+        pool = ResourcePool.objects.create(name="slurm-fc", kind="firecrest", public=True, remote=remote)
         ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
         case = launch(make_case, pool, "cat in.txt > out.txt; echo on-slurm")
         assert case.status == CaseStatus.PENDING, case.last_error
@@ -97,7 +44,6 @@ def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster
         assert "on-slurm" in (workspace.case_dir(case.id) / "stdout.log").read_text()
     finally:
         server.stop()
-        fc._clients.clear()
 
 
 def test_polling_makes_one_status_call_per_system_and_credential_per_pass(fc_pool, make_case, double):
@@ -205,20 +151,9 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
 
     cache.clear()
     double.partitions = ["normal", "debug"]
-    pool = ResourcePool.objects.create(
-        name="alps-override",
-        kind="firecrest",
-        public=True,
-        remote={
-            "api_url": double.url,
-            "token_uri": double.token_uri,
-            "system_name": double.system,
-            "working_root": str(double.fs_root / "scratch"),
-            "client_id_env": "GRIDGATE_CRED_FC_ID",
-            "client_secret_env": "GRIDGATE_CRED_FC_SECRET",
-            "credentials": "service",
-        },
-    )
+    remote = FirecrestDriver.remote(double, credentials="service")
+    del remote["partition"]
+    pool = ResourcePool.objects.create(name="alps-override", kind="firecrest", public=True, remote=remote)
     rc = ResourceClass.objects.create(
         pool=pool, name="dbg", cpu=1, memory=1, default=True, remote={"partition": "debug"}
     )

@@ -8,75 +8,19 @@ import pytest
 
 from apps.backends import qarnot as qb
 from apps.backends.base import AlreadyFinished, BackendStatus
-from apps.backends.qarnot import client as qb_client
 from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, CaseStatus
 from apps.core.exceptions import Invalid
-from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_until
-from tests.cases.conftest import launched
-from tests.doubles.qarnot_server import QarnotDouble
+from tests.backends.conftest import launch, poll_until
 
 pytestmark = pytest.mark.django_db
 
-TOKEN = "qarnot-TOKEN-value-9f8e7d"
-
-
-@pytest.fixture(scope="module")
-def double():
-    server = QarnotDouble(token=TOKEN).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def fresh(double, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_QARNOT_TOKEN", TOKEN)
-    monkeypatch.setattr(qb_client, "RETRY_WAIT", 0.01)
-    monkeypatch.setattr(qb_client, "TIMEOUT", 3)
-    qb._connections.clear()
-    double.faults.clear()
-    double.calls.clear()
-    double.user = {"email": "gridgate@example.org", "maxBucket": 50, "quotaBytesBucket": 10 << 30}
-    yield
-    qb._connections.clear()
+PROVIDER = "qarnot"  # the ``driver`` fixture's
 
 
 @pytest.fixture
-def q_pool(double):
-    pool = ResourcePool.objects.create(
-        name="qarnot",
-        kind="qarnot",
-        public=True,
-        remote={
-            "profile": "docker-batch",
-            "docker_image": "registry.example.org/solver:1.2",
-            "cluster_url": double.url,
-            "snapshot_interval": 1,
-            "max_upload_mb": 1,
-            "token_env": "GRIDGATE_CRED_QARNOT_TOKEN",
-            "credentials": "service",
-        },
-    )
-    ResourceClass.objects.create(pool=pool, name="4c", cpu=4, memory=8, default=True)
-    return pool
-
-
-def launch(make_case, pool, command, *, inputs=None, **kwargs):
-    case = make_case(resource_class=pool.classes.get(), command=command, **kwargs)
-    for name, text in (inputs or {"in.txt": "input\n"}).items():
-        (workspace.case_dir(case.id) / "inputs" / name).write_text(text)
-    return launched(case)
-
-
-def poll_until(case, predicate, timeout=90.0):
-    def check():
-        passes.poll_pass(case_ids=[case.id])
-        case.refresh_from_db()
-        return predicate(case)
-
-    wait_until(check, timeout=timeout, what="case state")
-    return case
+def q_pool(driver):
+    return driver.service_pool(name="qarnot", docker_image="registry.example.org/solver:1.2")
 
 
 def test_unknown_scheduling_type_is_refused_naming_the_choices_before_any_upload(q_pool, make_case, double):

@@ -4,6 +4,7 @@ stands for the shared volume: ``working_root`` here, ``host_path`` on the double
 
 import logging
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,95 +14,32 @@ from apps.backends import runai as rb
 from apps.backends.base import BackendStatus, JobRef
 from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
-from apps.cases.models import Case, CaseStatus
+from apps.cases.models import CaseStatus
 from apps.core.exceptions import Invalid
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal, wait_until
-from tests.cases.conftest import launched
-from tests.doubles.runai_server import RunaiDouble
+from tests.backends.conftest import RunaiDriver, launch, poll_once, poll_until, wait_for_terminal, wait_until
 
 pytestmark = pytest.mark.django_db
 
-CLIENT_ID = "gridgate-svc"
-SECRET = "runai-SVC-secret-6e5d4c"
-
-
-@pytest.fixture(scope="module")
-def double():
-    server = RunaiDouble(client_id=CLIENT_ID, client_secret=SECRET).start()
-    yield server
-    server.stop()
+PROVIDER = "runai"  # the ``driver`` fixture's
 
 
 @pytest.fixture(autouse=True)
-def fresh(double, monkeypatch):
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", CLIENT_ID)
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", SECRET)
-    monkeypatch.setattr(rb_client, "BACKOFF", 0.01)
+def fresh(monkeypatch):
     monkeypatch.setattr(rb_client, "TIMEOUT", 3)
-    rb._clients.clear()
-    rb_client._classes.clear()  # the retry policy is built from BACKOFF
-    double.reset()
-    yield
-    double.reap()
-    rb._clients.clear()
-    rb_client._classes.clear()
 
 
 @pytest.fixture
-def volume(tmp_path):
-    path = tmp_path / "volume"
-    path.mkdir(mode=0o755)
-    return path
-
-
-def make_pool(double, volume, name="runai", **extra):
-    remote = {
-        "base_url": double.url,
-        "project": "team-a",
-        "image": "registry.example.org/solver:1.2",
-        "working_root": str(volume),
-        "host_path": str(volume),
-        "credentials": "service",
-        **extra,
-    }
-    pool = ResourcePool(name=name, kind="runai", public=True, remote=remote)
-    pool.full_clean()
-    pool.save()
-    return pool
-
-
-@pytest.fixture
-def r_pool(double, volume):
-    pool = make_pool(double, volume)
-    ResourceClass.objects.create(pool=pool, name="a100", cpu="1.5", memory=4, gpu=1, default=True)
-    return pool
-
-
-def launch(make_case, pool, command, *, resource_class=None, **kwargs):
-    case = make_case(resource_class=resource_class or pool.classes.get(), command=command, **kwargs)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    return launched(case)
-
-
-def poll_until(case, predicate, timeout=60.0):
-    def check():
-        Case.objects.filter(pk=case.pk).update(next_poll_at=None)
-        passes.poll_pass(case_ids=[case.id])
-        case.refresh_from_db()
-        return predicate(case)
-
-    wait_until(check, timeout=timeout, what="case state")
-    return case
+def r_pool(driver):
+    return driver.service_pool(name="runai", klass={"name": "a100", "cpu": "1.5"})
 
 
 def job_of(case, pool) -> JobRef:
     return JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), pool.remote_config())
 
 
-def test_the_workload_asks_whole_cpus_the_class_memory_and_mounts_only_its_own_directory(
-    r_pool, make_case, double, volume
-):
+def test_the_workload_asks_whole_cpus_the_class_memory_and_mounts_only_its_own_directory(r_pool, make_case, double):
+    volume = Path(r_pool.remote["working_root"])
     case = launch(make_case, r_pool, "true")
     spec = double.workloads[case.remote_id].body["spec"]
     assert spec["image"] == "registry.example.org/solver:1.2"
@@ -184,9 +122,7 @@ def test_a_retry_after_longer_than_the_cap_is_not_waited_for_and_the_next_pass_r
     double.calls.clear()
     long_wait = str(rb_client.RETRY_AFTER_MAX * 60)
     double.fault(f"{path}$", status=429, times=rb_client.RETRIES + 1, method="GET", headers={"Retry-After": long_wait})
-    Case.objects.filter(pk=case.pk).update(next_poll_at=None)
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+    poll_once(case)
     assert double.calls.count(("GET", path)) == 1  # not asked again in this pass
     assert not [seconds for seconds in sleeps if seconds >= rb_client.RETRY_AFTER_MAX]
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "429" in case.last_error
@@ -214,13 +150,11 @@ def test_a_create_answered_409_adopts_the_workload_of_that_name_instead_of_creat
     assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
 
 
-def test_a_4xx_refusal_fails_the_launch_with_its_status_and_runais_message_in_the_log(
-    double, volume, make_case, caplog
-):
+def test_a_4xx_refusal_fails_the_launch_with_its_status_and_runais_message_in_the_log(driver, make_case, caplog):
     """Under the service's account its users read the status and a reference (F18); Run:AI's
     words are in the log under that reference, for the operators."""
-    pool = make_pool(double, volume, name="wrong-pool", project="team-b", node_pool="a100")
-    ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    klass = {"cpu": 1, "memory": 1, "gpu": 0}
+    pool = driver.service_pool(name="wrong-pool", klass=klass, project="team-b", node_pool="a100")
     caplog.set_level(logging.WARNING)
     case = launch(make_case, pool, "true")
     assert case.status == CaseStatus.FAILED
@@ -236,9 +170,7 @@ def test_an_unknown_phase_keeps_a_running_case_running(r_pool, make_case, double
     case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
     double.force_phase(case.remote_id, "Quiescing")
     for _ in range(3):
-        Case.objects.filter(pk=case.pk).update(next_poll_at=None)
-        passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+        poll_once(case)
     assert case.status == CaseStatus.RUNNING and case.poll_failures == 0
     double.force_phase(case.remote_id, None)
     double.hold = set()
@@ -266,10 +198,9 @@ def test_every_runai_phase_maps_to_a_core_status_and_an_unknown_one_never_to_a_f
     assert rb.map_phase(phase) == status
 
 
-def test_a_fraction_of_a_gpu_is_sent_as_a_portion_of_each_device(double, volume, make_case):
-    pool = make_pool(double, volume, name="frac")
-    rc = ResourceClass.objects.create(pool=pool, name="2gpu", cpu=2, memory=8, gpu=2, default=True)
-    case = launch(make_case, pool, "true", resource_class=rc, launch_options={"gpu_portion": "0.5"})
+def test_a_fraction_of_a_gpu_is_sent_as_a_portion_of_each_device(driver, double, make_case):
+    pool = driver.service_pool(name="frac", klass={"name": "2gpu", "cpu": 2, "memory": 8, "gpu": 2})
+    case = launch(make_case, pool, "true", launch_options={"gpu_portion": "0.5"})
     assert case.status == CaseStatus.PENDING, case.last_error
     compute = double.workloads[case.remote_id].body["spec"]["compute"]
     assert (compute["gpuRequestType"], compute["gpuDevicesRequest"], compute["gpuPortionRequest"]) == (
@@ -279,9 +210,7 @@ def test_a_fraction_of_a_gpu_is_sent_as_a_portion_of_each_device(double, volume,
     )
 
 
-def test_a_fraction_of_a_gpu_is_refused_for_a_class_without_gpus_and_outside_the_choices(
-    double, volume, make_case, r_pool
-):
+def test_a_fraction_of_a_gpu_is_refused_for_a_class_without_gpus_and_outside_the_choices(double, make_case, r_pool):
     cpu_only = ResourceClass.objects.create(pool=r_pool, name="cpu", cpu=1, memory=1, gpu=0)
     with pytest.raises(Invalid) as refused:
         make_case(resource_class=cpu_only, launch_options={"gpu_portion": "0.5"})
@@ -310,10 +239,10 @@ def test_results_over_the_class_storage_fail_the_case_saying_so(r_pool, make_cas
     assert case.status == CaseStatus.FAILED and "storage limit" in case.last_error
 
 
-def test_a_runai_pool_without_image_or_volume_says_it_cannot_run_cases_yet(double, volume):
+def test_a_runai_pool_without_image_or_volume_says_it_cannot_run_cases_yet(driver):
     from apps.backends.readiness import case_readiness
 
-    pool = make_pool(double, volume, name="ready")
+    pool = driver.service_pool(name="ready")
     assert case_readiness(pool).ready
     pool.remote = {k: v for k, v in pool.remote.items() if k != "image"}
     assert "names no container image" in case_readiness(pool).message
@@ -354,9 +283,7 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
     polled = launch(make_case, r_pool, "true")
     double.fault(f"/api/v1/workloads/{polled.remote_id}$", status=502, times=rb_client.RETRIES + 1, method="GET")
     double.echo_credentials = rb_client.RETRIES + 1
-    Case.objects.filter(pk=polled.pk).update(next_poll_at=None)
-    passes.poll_pass(case_ids=[polled.id])
-    polled.refresh_from_db()
+    poll_once(polled)
     assert polled.poll_failures == 1 and "lookup failed: the provider answered HTTP 502" in polled.last_error
     assert double.echo_credentials == 0  # every echo was sent
 
@@ -376,7 +303,7 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
         ]
         assert all(page.status_code == 200 for page in pages)
         texts += [page.content.decode() for page in pages]
-    secrets = [SECRET, *double.tokens]
+    secrets = [RunaiDriver.secret, *double.tokens]
     assert len(secrets) > 1
     for text in texts:
         for secret in secrets:
@@ -384,7 +311,7 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
 
 
 def test_f18_a_providers_echo_of_the_form_encoded_token_request_shows_users_no_secret_in_any_form(
-    double, volume, api, owner, monkeypatch, caplog, settings
+    driver, double, api, owner, monkeypatch, caplog, settings
 ):
     """F18: scrubbing matched only the literal secret: a provider echoing the form-encoded token
     request showed a service Run:AI pool's secret, percent-encoded, to any user in launch options.
@@ -399,8 +326,7 @@ def test_f18_a_providers_echo_of_the_form_encoded_token_request_shows_users_no_s
     double.add_client("gridgate-awkward", awkward, "svc-awkward", "svc@example.org")
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate-awkward")
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", awkward)
-    pool = make_pool(double, volume)
-    ResourceClass.objects.create(pool=pool, name="a100", cpu="1.5", memory=4, gpu=1, default=True)
+    pool = driver.service_pool(klass={"name": "a100", "cpu": "1.5"})
     double.fault("/api/v2/token$", status=400, times=rb_client.RETRIES + 1)
     double.echo_request_body = rb_client.RETRIES + 1
     caplog.set_level(logging.WARNING)

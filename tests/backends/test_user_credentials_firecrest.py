@@ -33,11 +33,6 @@ remote_for = FirecrestDriver.remote
 
 
 @pytest.fixture
-def double(driver):
-    return driver.double
-
-
-@pytest.fixture
 def user_pool(driver):
     return driver.pool
 
