@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from apps.backends.remote import clear_clients
 from apps.resources.models import ResourceClass, ResourcePool
 
 pytestmark = pytest.mark.django_db
@@ -120,61 +121,27 @@ def test_doctor_refuses_unknown_backend_and_a_kind_left_out_of_the_mapping(setti
         doctor("--pool", str(pool.pk))
 
 
-@pytest.fixture
-def runai_double():
-    from tests.doubles.runai_server import RunaiDouble
-
-    server = RunaiDouble(client_id="svc", client_secret="runai-doctor-SECRET-77").start()
-    yield server
-    server.stop()
-
-
-def runai_pool(double, tmp_path, **extra):
-    volume = tmp_path / "volume"
-    volume.mkdir(mode=0o755, exist_ok=True)
-    remote = {
-        "base_url": double.url,
-        "project": "team-a",
-        "image": "registry.example.org/solver:1.2",
-        "working_root": str(volume),
-        "host_path": "/data/gridgate",
-        "credentials": "service",
-        **extra,
-    }
-    return ResourcePool.objects.create(name="gpu", kind="runai", public=True, remote=remote)
-
-
-def test_doctor_checks_a_runai_pools_token_project_cluster_node_pool_and_volume(
-    runai_double, tmp_path, settings, monkeypatch
-):
+@pytest.mark.parametrize("driver", ["runai"], indirect=True)
+def test_doctor_checks_a_runai_pools_token_project_cluster_node_pool_and_volume(driver):
     """R-BACK-5 for Run:AI: every check passes against the double, and none prints the secret."""
-    settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
-    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "svc")
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "runai-doctor-SECRET-77")
-    pool = runai_pool(runai_double, tmp_path, node_pool="a100")
+    pool = driver.service_pool(name="gpu", host_path="/data/gridgate", node_pool="a100")
     code, out = doctor("--pool", str(pool.pk))
     assert code == 0, out
     for line in ("sdk: runapy", "shared volume:", "credentials:", "token:", "project: project team-a is visible",
                  "cluster: cluster", "node pool: node pool a100 exists"):  # fmt: skip
         assert f"OK    [runai pool=gpu] {line}" in out, line
-    assert "runai-doctor-SECRET-77" not in out
+    assert driver.secret not in out
 
 
-def test_doctor_says_which_runai_check_fails_and_how_to_fix_it(runai_double, tmp_path, settings, monkeypatch):
-    settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
-    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "svc")
-    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "runai-doctor-SECRET-77")
-    pool = runai_pool(runai_double, tmp_path, project="team-z", node_pool="h200")
+@pytest.mark.parametrize("driver", ["runai"], indirect=True)
+def test_doctor_says_which_runai_check_fails_and_how_to_fix_it(driver, monkeypatch):
+    pool = driver.service_pool(name="gpu", host_path="/data/gridgate", project="team-z", node_pool="h200")
     code, out = doctor("--pool", str(pool.pk))
     assert code == 1
     assert "FAIL  [runai pool=gpu] project: project 'team-z' is not visible to the credential" in out
     assert "FAIL  [runai pool=gpu] node pool: node pool 'h200' is not one of default, a100" in out
     monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "wrong-secret")
-    from apps.backends import runai
-
-    runai._clients.clear()
+    clear_clients()
     code, out = doctor("--pool", str(pool.pk))
     assert code == 1 and "FAIL  [runai pool=gpu] token: " in out and "401" in out
     assert "wrong-secret" not in out
