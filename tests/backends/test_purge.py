@@ -1,6 +1,6 @@
 """The ``purge`` verb of the backend contract (SPEC §8, ``manage.py cleanup``) for the backends
-with no HTTP double: idempotent, and a no-op where nothing is kept remotely. FirecREST and Qarnot
-are covered against their doubles in their own modules."""
+with no HTTP double: idempotent, and a no-op where nothing is kept remotely. FirecREST, Qarnot and
+Run:AI are covered against their doubles in test_remote_contract.py."""
 
 from apps.backends.base import JobRef
 from apps.backends.local import LocalBackend
