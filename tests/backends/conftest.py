@@ -16,6 +16,7 @@ from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from apps.backends.base import SubmitSpec
 from apps.backends.firecrest import backend as fc_backend
 from apps.backends.firecrest import client as fc_client
 from apps.backends.firecrest.backend import FirecrestBackend
@@ -142,6 +143,13 @@ def browser(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+def submit_spec(case_id, workspace, **fields) -> SubmitSpec:
+    """A submission of ``true`` with nothing else in it than ``fields`` say."""
+    empty = dict.fromkeys(("pool_remote", "resources", "environment", "launch_options"), {})
+    empty |= dict.fromkeys(("batch_directives", "observability_globs"), [])
+    return SubmitSpec(case_id=case_id, workspace=workspace, **{"command": "true", **empty, **fields})
 
 
 def write_inputs(case, inputs=None):

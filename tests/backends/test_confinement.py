@@ -80,21 +80,11 @@ def test_a_hard_link_planted_in_the_workspace_is_never_read(tmp_path):
 
 
 def _slurm_spec(tmp_path, case_id):
-    from apps.backends.base import SubmitSpec
+    from tests.backends.conftest import submit_spec
 
     workspace = tmp_path / "workspace"
     (workspace / "inputs").mkdir(parents=True, exist_ok=True)
-    return SubmitSpec(
-        case_id=case_id,
-        command="true",
-        workspace=workspace,
-        pool_remote={"working_root": str(tmp_path / "scratch")},
-        resources={},
-        batch_directives=[],
-        environment={},
-        launch_options={},
-        observability_globs=[],
-    )
+    return submit_spec(case_id, workspace, pool_remote={"working_root": str(tmp_path / "scratch")})
 
 
 #: the tests below chown a directory to another account (root only; CI runs as root)

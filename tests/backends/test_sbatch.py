@@ -1,6 +1,7 @@
 """R-BACK-6: the one #SBATCH renderer (Slurm and FirecREST) never lets a value out of its place."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -132,29 +133,14 @@ def test_the_intended_differences_are_named_parameters():
 def test_slurm_and_firecrest_render_through_the_same_function(monkeypatch):
     from apps.backends.firecrest import FirecrestBackend
     from apps.backends.slurm import SlurmBackend
+    from tests.backends.conftest import submit_spec
 
     calls = []
     monkeypatch.setattr(sbatch, "render", lambda **kwargs: calls.append(kwargs) or "")
-    spec = _spec()
+    spec = submit_spec(
+        CASE_ID, Path("/nonexistent"), batch_directives=["--partition=debug"], launch_options={"time": "00:10:00"}
+    )
     SlurmBackend().job_script(spec, "/scratch/gg/x")
     FirecrestBackend().job_script(spec, "/scratch/gg/x")
     assert [call["export_none"] for call in calls] == [True, False]
     assert all(call["launch_options"] == {"time": "00:10:00"} for call in calls)
-
-
-def _spec():
-    from pathlib import Path
-
-    from apps.backends.base import SubmitSpec
-
-    return SubmitSpec(
-        case_id=CASE_ID,
-        command="true",
-        workspace=Path("/nonexistent"),
-        pool_remote={},
-        resources={},
-        batch_directives=["--partition=debug"],
-        environment={},
-        launch_options={"time": "00:10:00"},
-        observability_globs=[],
-    )

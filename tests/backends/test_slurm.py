@@ -16,15 +16,18 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from apps.backends.base import BackendStatus, JobRef, SubmitSpec
+from apps.backends.base import BackendStatus, JobRef
 from apps.backends.slurm import SlurmBackend, map_state, parse_elapsed
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal
+from tests.backends.conftest import submit_spec, wait_for_terminal
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
+
+#: a spec's job: one core, on the local cluster's partition
+ONE_CORE = {"resources": {"cpu": 1, "memory": 1, "gpu": 0}, "batch_directives": ["--partition=debug"]}
 
 
 @pytest.fixture
@@ -64,17 +67,8 @@ def aged_job(slurm_cluster, tmp_path_factory):
     (ws / "results").mkdir()
     (ws / "inputs" / "in.txt").write_text("aged input\n")
     remote = {"partition": "debug", "working_root": str(root / "scratch")}
-    spec = SubmitSpec(
-        case_id=case_id,
-        command="cat in.txt > result.txt; echo aged",
-        workspace=ws,
-        pool_remote=remote,
-        resources={"cpu": 1, "memory": 1, "gpu": 0},
-        batch_directives=["--partition=debug"],
-        environment={},
-        launch_options={},
-        observability_globs=[],
-    )
+    command = "cat in.txt > result.txt; echo aged"
+    spec = submit_spec(case_id, ws, command=command, pool_remote=remote, **ONE_CORE)
     return root, case_id, SlurmBackend().submit(spec), remote
 
 
@@ -104,17 +98,7 @@ def forgotten_failure(unreadable_log_conf, tmp_path_factory):
     for name in ("inputs", "results"):
         (ws / name).mkdir(parents=True)
     remote = {"partition": "debug", "working_root": str(root / "scratch")}
-    spec = SubmitSpec(
-        case_id=case_id,
-        command="echo 'no mesh' >&2; exit 3",
-        workspace=ws,
-        pool_remote=remote,
-        resources={"cpu": 1, "memory": 1, "gpu": 0},
-        batch_directives=["--partition=debug"],
-        environment={},
-        launch_options={},
-        observability_globs=[],
-    )
+    spec = submit_spec(case_id, ws, command="echo 'no mesh' >&2; exit 3", pool_remote=remote, **ONE_CORE)
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(DEFAULT_CONF)
     try:
@@ -270,19 +254,8 @@ def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tm
     monkeypatch.setattr(slurm.subprocess, "run", hung)
     with pytest.raises(SubmitUncertain):
         slurm.run(["sbatch", "--parsable", "job.sh"], timeout_error=SubmitUncertain)
-    spec = SubmitSpec(
-        case_id=str(uuid.uuid4()),
-        command="true",
-        workspace=tmp_path,
-        pool_remote={},
-        resources={},
-        batch_directives=[],
-        environment={},
-        launch_options={},
-        observability_globs=[],
-    )
     with pytest.raises(SubmitUncertain):
-        SlurmBackend().submit(spec)
+        SlurmBackend().submit(submit_spec(str(uuid.uuid4()), tmp_path))
 
 
 def test_sacct_lookups_look_back_past_midnight(monkeypatch):
@@ -296,7 +269,7 @@ def test_sacct_lookups_look_back_past_midnight(monkeypatch):
         return subprocess.CompletedProcess(args, 0, "", "")
 
     monkeypatch.setattr(slurm, "run", fake_run)
-    SlurmBackend().find(SubmitSpec("c", "true", Path("/tmp"), {}, {}, [], {}, {}, []))  # noqa: S108
+    SlurmBackend().find(submit_spec("c", Path("/tmp")))  # noqa: S108
     SlurmBackend()._sacct(["12"])
     sacct = [args for args in seen if args[0] == "sacct"]
     assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
