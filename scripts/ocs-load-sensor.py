@@ -43,7 +43,7 @@ def report(base: str, *, munge: bool, timeout: float) -> tuple[int, int, str]:
     """(free slots, ready, why it is closed or "")."""
     try:
         slots = fetch(f"{base}/qpu-slots", munge=munge, timeout=timeout)
-        accessible = fetch(f"{base}/accessible", munge=False, timeout=timeout)
+        accessible = fetch(f"{base}/accessible", munge=munge, timeout=timeout)
         free = slots["qpu_slots_available"]
         ready = accessible["is_accessible"]
         if not isinstance(free, int) or isinstance(free, bool) or free < 0 or not isinstance(ready, bool):
@@ -58,7 +58,9 @@ def report(base: str, *, munge: bool, timeout: float) -> tuple[int, int, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", help="the pool's QRMI base URL, e.g. https://gridgate.example.org/qrmi/fresnel")
-    parser.add_argument("--munge", action="store_true", help="sign the qpu-slots request with `munge -n`")
+    parser.add_argument(
+        "--munge", action="store_true", help="sign each request with `munge -n` (a private pool answers its users only)"
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per request (default 5)")
     args = parser.parse_args(argv)
     base = args.base.rstrip("/")

@@ -3,6 +3,7 @@ server answering as a pool's QRMI routes: a report per empty line, ``quit`` ends
 fails closed (0 slots, not ready) when Gridgate does not answer or the pool is not accessible."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,16 +15,27 @@ import pytest
 SENSOR = Path(__file__).resolve().parents[2] / "scripts" / "ocs-load-sensor.py"
 
 
+class Answers(dict):
+    """Path → (status, JSON body), and ``seen``: (path, X-Munge-Cred or None) of each request."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen = []
+
+
 @pytest.fixture
 def gridgate():
     """``answers`` maps a path to (status, JSON body) and may be changed between reports."""
-    answers = {
-        "/qrmi/fresnel/qpu-slots": (200, {"qpu_slots_total": 4, "qpu_slots_used": 1, "qpu_slots_available": 3}),
-        "/qrmi/fresnel/accessible": (200, {"is_accessible": True, "message": ""}),
-    }
+    answers = Answers(
+        {
+            "/qrmi/fresnel/qpu-slots": (200, {"qpu_slots_total": 4, "qpu_slots_used": 1, "qpu_slots_available": 3}),
+            "/qrmi/fresnel/accessible": (200, {"is_accessible": True, "message": ""}),
+        }
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            answers.seen.append((self.path, self.headers.get("X-Munge-Cred")))
             status, body = answers.get(self.path, (404, {"detail": "Not found."}))
             payload = json.dumps(body).encode()
             self.send_response(status)
@@ -42,9 +54,14 @@ def gridgate():
     server.shutdown()
 
 
-def sense(base: str, lines: str) -> tuple[list[str], str]:
+def sense(base: str, lines: str, *options: str, env=None) -> tuple[list[str], str]:
     done = subprocess.run(
-        [sys.executable, str(SENSOR), base, "--timeout", "3"], input=lines, capture_output=True, text=True, timeout=60
+        [sys.executable, str(SENSOR), base, "--timeout", "3", *options],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines(), done.stderr
@@ -83,3 +100,18 @@ def test_an_answer_it_cannot_trust_fails_closed(gridgate, broken):
 def test_gridgate_not_answering_fails_closed():
     out, err = sense("http://127.0.0.1:9/qrmi/fresnel", "\nquit\n")
     assert out == ["begin", "global:qpu_slots:0", "global:qpu_ready:0", "end"] and "closed" in err
+
+
+def test_with_munge_both_requests_carry_a_credential_of_their_own(gridgate, tmp_path):
+    """A private pool's qpu-slots and accessible both answer only its users (or the load-sensor
+    networks): with --munge an unsigned accessible read 404, so the sensor reported the pool
+    never ready. Each request gets its own credential (munged refuses a replay)."""
+    base, answers = gridgate
+    counter = tmp_path / "count"
+    munge = tmp_path / "munge"
+    munge.write_text(f'#!/bin/sh\necho x >> {counter}\necho "CRED$(wc -l < {counter} | tr -d " ")"\n')
+    munge.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    out, _ = sense(base, "\nquit\n", "--munge", env=env)
+    assert out == ["begin", "global:qpu_slots:3", "global:qpu_ready:1", "end"]
+    assert sorted(answers.seen) == [("/qrmi/fresnel/accessible", "CRED2"), ("/qrmi/fresnel/qpu-slots", "CRED1")]
