@@ -2,17 +2,29 @@
 action to release what is stuck."""
 
 from django.contrib import admin
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth.models import Group
 from django.utils import timezone
+from django_q import admin as django_q_admin
+from django_q.models import Schedule
 
 from apps.core.admin_base import FieldValues, ModelAdmin
 from apps.core.models import IdempotencyKey, Lease, WorkerHeartbeat
 
-# The pages of the apps installed before this one (Django's groups, django-q2's schedules, whose
-# ``?next_run=`` answered 500 as ours did) read their query string by the same rule.
-for model, page in list(admin.site._registry.items()):
-    if not isinstance(page, FieldValues):
-        admin.site.unregister(model)
-        admin.site.register(model, type(type(page).__name__, (FieldValues, type(page)), {}))
+# The other apps' pages with an add form read what is typed by the same rule as ours (django-q2's
+# schedule page answered 500 on ``?next_run=``). Their other pages add nothing.
+admin.site.unregister(Group)
+admin.site.unregister(Schedule)
+
+
+@admin.register(Group)
+class GroupAdmin(FieldValues, auth_admin.GroupAdmin):
+    pass
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(FieldValues, django_q_admin.ScheduleAdmin):
+    pass
 
 
 class ReadOnlyAdmin(ModelAdmin):
