@@ -100,13 +100,21 @@ def closed_while_created(monkeypatch, device, job, *, stale_read: bool):
         return submitted.result(), ended.result()
 
 
-@pytest.mark.parametrize("stale_read", [False, True], ids=["pass_first", "pass_read_before_the_record"])
+@pytest.mark.parametrize(
+    "stale_read, unreachable",
+    [(False, False), (True, False), (False, True)],
+    ids=["pass_first", "pass_read_before_the_record", "pass_first_then_the_close_fails_once"],
+)
 def test_a_batch_closed_while_its_creator_awaits_the_answer_is_closed_at_pasqal_cloud(
-    qpu_pool, streaming_device, cloud, open_session, owner, stale_read
+    qpu_pool, streaming_device, cloud, open_session, owner, stale_read, unreachable
 ):
+    """``unreachable``: the creator's own close of the batch finds Pasqal Cloud unreachable; the
+    next pass closes it."""
     session = open_session(qpu_pool, owner)
     job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence()}, shots=10)
     with pytest.MonkeyPatch.context() as hooks:
+        if unreachable:
+            hooks.setattr(pasqal_cloud, "close_at_provider", lambda device, batch_id: False)
         remote_id, _ = closed_while_created(hooks, streaming_device, job, stale_read=stale_read)
     pasqal_cloud.close_ended_batches()  # the next tick's pass, for what is still open
 

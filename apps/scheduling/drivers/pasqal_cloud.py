@@ -403,9 +403,11 @@ class PasqalCloudDriver(DeviceDriver):
         if batch_id:  # the batch this run opened, now known
             opened = OpenBatch.objects.filter(creator=run.pk, batch_id="", closed_at=None).update(batch_id=batch_id)
             # The session ended while this run created the batch, and the closing pass closed its
-            # row with no batch to close yet (close_ended_batches): the batch is closed here.
-            if not opened and OpenBatch.objects.filter(creator=run.pk, batch_id="").update(batch_id=batch_id):
-                close_at_provider(device, batch_id)  # tried once; Pasqal Cloud times out an idle open batch
+            # row with no batch to close yet (close_ended_batches): the batch is closed here, or,
+            # when Pasqal Cloud cannot be reached, its row is opened again for the next pass.
+            late = not opened and OpenBatch.objects.filter(creator=run.pk, batch_id="").update(batch_id=batch_id)
+            if late and not close_at_provider(device, batch_id):
+                OpenBatch.objects.filter(creator=run.pk, batch_id=batch_id).update(closed_at=None)
         return str(job_id)
 
     def poll(self, device, remote_id):
