@@ -37,9 +37,9 @@ def save_pool(
     An existing pool is read again and only what this changes is written (``changed_columns``): the
     checks see the row as it is now, and a column someone else wrote since the caller read the
     pool (the accessibility a load sensor PUT, another operator's PATCH of another field, one
-    written while this runs) is never written back stale. The read takes no lock: a FOR UPDATE
-    here, before the pool's checks take the calendar lock, would deadlock with a reservation
-    saved at once (calendar lock, then a key-share lock on the pool's row).
+    written while this runs) is never written back stale. The read takes no lock, so two edits
+    at once are each checked against the row as it was before the other (a rule over two fields
+    that each changed one may hold for neither alone).
     """
     from apps.credentials.services import note_provider_url_change, provider_urls
 

@@ -41,6 +41,21 @@ def test_a_patch_never_writes_back_the_accessibility_a_sensor_changed_meanwhile(
     assert response.json()["is_accessible"] is False  # the answer is the pool as stored
 
 
+def test_a_patch_never_writes_back_a_column_changed_while_it_runs(api, staff, local_pool, monkeypatch):
+    """A sensor's PUT that commits after the PATCH read the pool again, while its checks run."""
+    full_clean = ResourcePool.full_clean
+
+    def checked(pool, *args, **kwargs):
+        ResourcePool.objects.filter(pk=pool.pk).update(is_accessible=False, accessibility_message="down")
+        return full_clean(pool, *args, **kwargs)
+
+    monkeypatch.setattr(ResourcePool, "full_clean", checked)
+    response = api(staff).patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"idle_timeout": 600}, format="json")
+    assert response.status_code == 200, response.content
+    local_pool.refresh_from_db()
+    assert (local_pool.idle_timeout, local_pool.is_accessible) == (600, False)
+
+
 def test_two_operators_patching_different_fields_of_a_pool_keep_both_edits(api, staff, local_pool, monkeypatch):
     meanwhile_in_api(monkeypatch, lambda pool: ResourcePool.objects.filter(pk=pool.pk).update(slots_total=7))
     response = api(staff).patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"max_lifetime": 7200}, format="json")
