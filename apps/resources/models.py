@@ -270,16 +270,11 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
     @classmethod
     def from_db(cls, db, field_names, values):
         instance = super().from_db(db, field_names, values)
-        # Snapshot what R-POOL-3/6 and R-RES-1 compare against: those checks run only when these change, so
-        # legacy rows that predate a rule stay editable (write-time rules, SPEC R-POOL-4).
+        # The row as read, which an edit is compared with: R-POOL-3/6 and R-RES-1 run only when
+        # what they guard changed (legacy rows that predate a rule stay editable, SPEC R-POOL-4),
+        # and an edit writes only what it changed (changed_columns). The JSON column (``remote``)
+        # is copied: an edit may change it in place.
         instance._loaded = {
-            name: instance.__dict__.get(name)
-            for name in ("kind", "quota_cpu", "quota_memory", "quota_gpu", "slots_total")
-        }
-        instance._loaded["credentials"] = remote_rules.credential_mode(
-            instance.__dict__.get("kind"), instance.__dict__.get("remote")
-        )
-        instance._read_columns = {  # a copy of the JSON ones (``remote``), which an edit may change in place
             name: copy.deepcopy(value) if isinstance(value, dict | list) else value
             for name, value in zip(field_names, values, strict=True)
             if name != cls._meta.pk.attname
@@ -288,11 +283,18 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
 
     def changed_columns(self) -> list[str]:
         """The columns this instance changed since it was read (an edit's fields, and what the
-        pool's rules completed, such as a quota's gpu), and ``updated_at``: what an edit writes.
-        Never the rest of the row as it was read: it may have changed since (a load sensor's
-        accessibility, another operator's edit)."""
-        read = getattr(self, "_read_columns", {})
-        changed = [name for name, value in read.items() if name != "updated_at" and getattr(self, name) != value]
+        pool's rules completed, such as a quota's gpu; a column not read then, once set), and
+        ``updated_at``: what an edit writes. Never the rest of the row as it was read: it may
+        have changed since (a load sensor's accessibility, another operator's edit)."""
+        read = getattr(self, "_loaded", {})
+        changed = [
+            f.attname
+            for f in self._meta.concrete_fields
+            if not f.primary_key
+            and f.attname != "updated_at"
+            and f.attname in self.__dict__
+            and (f.attname not in read or self.__dict__[f.attname] != read[f.attname])
+        ]
         return [*changed, "updated_at"]
 
     # -- derived ---------------------------------------------------------------------------
@@ -323,7 +325,8 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         loaded = getattr(self, "_loaded", None)
         if not (self.pk and loaded) or self.kind_changed():
             return False
-        return loaded.get("credentials") != remote_rules.credential_mode(self.kind, self.remote)
+        before = remote_rules.credential_mode(loaded.get("kind"), loaded.get("remote"))
+        return before != remote_rules.credential_mode(self.kind, self.remote)
 
     def has_unfinished_remote_cases(self) -> bool:
         from django.apps import apps
@@ -337,19 +340,19 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
 
     def kind_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
-        return bool(self.pk and loaded and loaded["kind"] != self.kind)
+        return bool(self.pk and loaded and loaded.get("kind") != self.kind)
 
     def slots_lowered(self) -> bool:
         loaded = getattr(self, "_loaded", None)
         if not (self.pk and loaded) or self.slots_total is None:
             return False
-        return loaded["slots_total"] is None or self.slots_total < loaded["slots_total"]
+        return loaded.get("slots_total") is None or self.slots_total < loaded["slots_total"]
 
     def quota_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
         if not (self.pk and loaded):
             return False
-        return any(loaded[f] != getattr(self, f) for f in ("quota_cpu", "quota_memory", "quota_gpu"))
+        return any(loaded.get(f) != getattr(self, f) for f in ("quota_cpu", "quota_memory", "quota_gpu"))
 
     # -- rules -----------------------------------------------------------------------------
     def clean(self):

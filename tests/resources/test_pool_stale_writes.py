@@ -100,3 +100,10 @@ def test_saving_a_pools_page_writes_the_values_its_rules_completed(admin_client)
     assert response.status_code == 302, response.context["adminform"].form.errors
     pool.refresh_from_db()
     assert (pool.quota_cpu, pool.quota_memory, pool.quota_gpu) == (8, 16, 0)
+
+
+def test_an_edit_of_a_column_not_read_with_the_pool_is_written(local_pool):
+    pool = ResourcePool.objects.only("id", "name").get(pk=local_pool.pk)
+    pool.slots_total = 9
+    pool.name = pool.name  # read, unchanged: not written
+    assert pool.changed_columns() == ["slots_total", "updated_at"]
