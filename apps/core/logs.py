@@ -34,5 +34,15 @@ class OneLineFormatter(logging.Formatter):
                 seen.add(id(exc))
                 messages.update(exc.format_exception_only())
                 pending += [e for e in (exc.__cause__, exc.__context__) if e is not None]
-        text = "".join(printable(chunk[:-1]) + "\n" if chunk in messages else chunk for chunk in report.format())
-        return text.removesuffix("\n")
+        # A message's lines and its notes' lines (each its own chunk) are joined into one line.
+        lines, joined = [], False
+        for chunk in report.format():
+            if chunk not in messages:
+                lines.append(chunk)
+                joined = False
+            elif joined:  # the same exception's next note line
+                lines[-1] = lines[-1][:-1] + "\\n" + printable(chunk[:-1]) + "\n"
+            else:
+                lines.append(printable(chunk[:-1]) + "\n")
+                joined = True
+        return "".join(lines).removesuffix("\n")

@@ -78,3 +78,16 @@ def test_an_exception_message_in_a_traceback_cannot_forge_a_log_line(console):
         "KeyError: 'inner'" in lines and "The above exception was the direct cause of the following exception:" in lines
     )
     assert lines.count("Traceback (most recent call last):") == 2 and any(line.startswith("  File ") for line in lines)
+
+
+def test_an_exceptions_note_in_a_traceback_cannot_forge_a_log_line(console):
+    """A note (``add_note``) that quotes a line break stays on its exception's line."""
+    try:
+        error = ValueError("bad input")
+        error.add_note(f"while reading\n{FORGED}")
+        raise error
+    except ValueError:
+        logging.getLogger("apps.test").exception("emulation 8 failed")
+    lines = records(console.getvalue())
+    assert not [line for line in lines if line.startswith(FORGED)], lines
+    assert f"ValueError: bad input\\nwhile reading\\n{FORGED}" in lines
