@@ -551,6 +551,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": GRIDGATE_LOG_LEVEL},
     "loggers": {
+        # Django's own handlers (a console one under DEBUG, mail to ADMINS, which Gridgate leaves
+        # empty) would write its records a second time, not as one line: they reach the root's.
+        "django": {"handlers": []},
         "django.db.backends": {"level": "WARNING"},
         # django-axes: its failed logins and lockouts (warnings), not its start-up banner at every
         # command nor its lines about each successful login and clean-up.

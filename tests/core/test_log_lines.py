@@ -91,3 +91,8 @@ def test_an_exceptions_note_in_a_traceback_cannot_forge_a_log_line(console):
     lines = records(console.getvalue())
     assert not [line for line in lines if line.startswith(FORGED)], lines
     assert f"ValueError: bad input\\nwhile reading\\n{FORGED}" in lines
+
+
+def test_djangos_records_are_written_by_the_root_handler_alone():
+    """Django's own console handler (under DEBUG) wrote its records a second time, unescaped."""
+    assert logging.getLogger("django").handlers == [] and logging.getLogger("django").propagate
