@@ -72,9 +72,11 @@ def _own_addresses() -> list:
     return addresses
 
 
-#: IPv6 prefixes whose last 32 bits are an IPv4 address that a NAT64 gateway connects to
-#: (RFC 6052's well-known prefix, RFC 8215's local-use one)
-NAT64 = tuple(ipaddress.ip_network(prefix) for prefix in ("64:ff9b::/96", "64:ff9b:1::/48"))
+#: RFC 6052's well-known NAT64 prefix: its last 32 bits are the IPv4 address a NAT64 gateway
+#: connects to. The local-use prefix (64:ff9b:1::/48, RFC 8215) and a site's own prefix place the
+#: address by the site's prefix length, which is not known here: they are not globally reachable,
+#: and refused as such.
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
 IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
@@ -86,7 +88,7 @@ def carried_ipv4(ip) -> ipaddress.IPv4Address | None:
         return None
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if any(ip in prefix for prefix in NAT64):
+    if ip in NAT64:
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip in IPV4_COMPATIBLE:
         return ipaddress.IPv4Address(int(ip))

@@ -63,6 +63,7 @@ def test_the_scheme_rule_is_https_unless_the_operator_allows_http(url, settings)
         "64:ff9b::a9fe:a9fe",  # ... of the metadata service
         "64:ff9b::7f00:1",
         "64:ff9b:1::a00:1",  # the local-use NAT64 prefix
+        "64:ff9b:1::5db8:d822",  # ... whatever address its last bits hold: the site's prefix length places it
         "2002:a00:1::1",  # 6to4 of 10.0.0.1
         "2002:a9fe:a9fe::1",
         "::a00:1",  # IPv4-compatible 10.0.0.1
