@@ -267,8 +267,9 @@ def test_a_download_from_a_server_gone_away_is_an_error_not_a_traceback(hostile,
         (400, {"Content-Type": "application/json"}, b'{"detail": "Bad header: Token secret-token-of-alice"}'),
         (401, {"Content-Type": "application/json"}, b'{"token": ["secret-token-of-alice is not valid"]}'),
         (502, {"Content-Type": "text/html"}, b"<pre>Authorization: Token secret-token-of-alice</pre>"),
+        (502, {"Content-Type": "text/html"}, b"x" * 290 + b"secret-token-of-alice"),  # the cut falls in it
     ],
-    ids=["detail", "field", "proxy-page"],
+    ids=["detail", "field", "proxy-page", "cut-short"],
 )
 def test_an_error_that_echoes_the_token_never_prints_it(hostile, answer, capsys):
     """A proxy's error page or a debugging server may quote the request's headers: the CLI's
@@ -306,6 +307,22 @@ def test_a_broken_archive_is_an_error_not_a_traceback(hostile, tmp_path, archive
     assert capsys.readouterr().err.startswith("gridgate: ")
 
 
+def test_a_redirect_of_an_api_call_is_an_error_even_with_a_json_body(hostile, capsys):
+    """A 3xx is never taken for the answer, whatever it carries (the token would follow it)."""
+    case = {"id": CASE, "name": "n", "status": "done", "pool": "p", "resource_class": "c"}
+    body = json.dumps(case).encode()
+    hostile.answers[f"cases/{CASE}/"] = (
+        302,
+        {"Location": "https://elsewhere.example/", "Content-Type": "application/json"},
+        body,
+    )
+
+    code = gridgate("case", "status", CASE)
+
+    assert code == 3
+    assert "redirect to 'https://elsewhere.example/'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("body", [{"unexpected": 1}, [1, 2], "a string"], ids=["object", "list", "string"])
 def test_an_answer_of_another_shape_is_an_error_not_a_traceback(hostile, body, capsys):
     hostile.json(f"cases/{CASE}/", body)
@@ -326,3 +343,18 @@ def test_a_list_whose_next_page_never_ends_is_read_up_to_its_count(hostile, caps
     gridgate("--json", "case", "list")
 
     assert len([path for path, _auth in hostile.requests if path.startswith("/api/v1/cases/")]) == 2
+
+
+def test_a_site_url_that_cannot_be_read_is_a_usage_error(hostile, capsys):
+    code = gridgate("--url", "[::1", "pools")
+
+    assert code == 2
+    assert capsys.readouterr().err.startswith("gridgate: '[::1' is not a URL")
+
+
+def test_the_clients_hidden_characters_are_the_servers():
+    """The client is a package of its own and cannot import the server's rule: the two patterns
+    are kept the same here."""
+    from apps.core.text import HIDDEN_IN_NAMES
+
+    assert cli.HIDDEN.pattern == HIDDEN_IN_NAMES.pattern

@@ -200,35 +200,32 @@ class Client:
         response._content = b"".join(chunks)  # what httpx's own read() keeps
 
     def _refusal(self, response: httpx.Response) -> GridgateError:
-        """:meth:`_error`, without this client's token in its words or body: a proxy's error page
-        or a debugging server may quote the request's headers, and the CLI prints errors where a
-        batch job's log keeps them."""
-        error = self._error(response)
-        token = self.token
-        if not token or len(token) < 8:
-            return error
-        detail = error.detail.replace(token, "***")
-        body = json.loads(json.dumps(error.body, default=str).replace(token, "***")) if error.body else {}
-        return GridgateError(detail, status=error.status, body=body)
+        """The error an answer that is no success stands for, in the server's words, without this
+        client's token in them (scrubbed before the text is cut short): a proxy's error page or a
+        debugging server may quote the request's headers, and the CLI prints errors where a batch
+        job's log keeps them."""
+        token = self.token if self.token and len(self.token) >= 8 else None
 
-    @staticmethod
-    def _error(response: httpx.Response) -> GridgateError:
+        def scrub(text: str) -> str:
+            return text.replace(token, "***") if token else text
+
         if response.is_redirect:
-            where = response.headers.get("Location", "")
+            where = scrub(response.headers.get("Location", ""))
             return GridgateError(
                 f"HTTP {response.status_code}: the server answered with a redirect to {where!r}, which is not "
                 "followed (check the URL: https, the right host)",
                 status=response.status_code,
             )
         try:
-            body = response.json()
+            body = json.loads(scrub(response.text))
         except (ValueError, RecursionError):
             body = None
         if body is None:
-            text = response.text.strip()[:300] or response.reason_phrase
+            text = scrub(response.text).strip()[:300] or response.reason_phrase
             return GridgateError(f"HTTP {response.status_code}: {text}", status=response.status_code)
-        detail = error_detail(body)
-        return GridgateError(detail, status=response.status_code, body=body if isinstance(body, dict) else {})
+        return GridgateError(
+            error_detail(body), status=response.status_code, body=body if isinstance(body, dict) else {}
+        )
 
     def get(self, path: str, **params) -> dict | list:
         return answer_json(self.request("GET", path, params={k: v for k, v in params.items() if v is not None}))

@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 import zlib
 from pathlib import Path
 
@@ -81,8 +82,16 @@ class Group(click.Group):
         except TimedOut as exc:
             _json_error(ctx, str(exc), None, exc.last)
             raise Fail(f"timed out: {exc}", EXIT_TIMEOUT) from None
+        except config.BadURL as exc:
+            _json_error(ctx, str(exc), None, None)
+            raise Fail(str(exc), EXIT_USAGE) from None
         except (KeyError, TypeError, IndexError) as exc:  # an answer of another shape than Gridgate's
-            detail = f"the server's answer is not what this client reads ({type(exc).__name__}: {exc})"
+            # (or a defect of this client's: where it was raised is said, for its report)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            detail = (
+                f"the server's answer is not what this client reads ({type(exc).__name__}: {exc}, "
+                f"at {Path(where.filename).name}:{where.lineno})"
+            )
             _json_error(ctx, detail, None, None)
             raise Fail(
                 f"{detail}: is the URL Gridgate's, and this client as new as the server?", EXIT_UNAVAILABLE
@@ -113,7 +122,7 @@ def json_option(command):
 #: retitle a window, write the clipboard (OSC 52), hide or rewrite what was printed) and the bidi
 #: overrides that reorder a line. Text from the server (its errors, names, a provider's words, file
 #: names a command chose) is shown with these escaped; the logs a user asks for stay as written.
-HIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+HIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -35,14 +35,21 @@ def credentials_path() -> Path:
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
+class BadURL(ValueError):
+    """A site's URL that cannot be read (``[::1`` without its bracket closed)."""
+
+
 def normalize(url: str) -> str:
     """``url`` without a trailing slash, and with a scheme: a bare name means https (the password
     and the token must not cross the network in clear because a scheme was left out), except
     for this machine's own names (the local demo)."""
     url = url.strip().rstrip("/")
+    try:
+        host = urlsplit(url if "://" in url else "//" + url).hostname
+    except ValueError as exc:
+        raise BadURL(f"{url!r} is not a URL ({exc})") from None
     if "://" not in url:
-        local = urlsplit("//" + url).hostname in LOCAL_HOSTS
-        url = ("http://" if local else "https://") + url
+        url = ("http://" if host in LOCAL_HOSTS else "https://") + url
     return url
 
 
