@@ -14,13 +14,22 @@ from django.utils import timezone
 
 from apps.allocations.services import charge_cases, check_case_launch
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
+from apps.backends.readiness import case_readiness
 from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
 from apps.cases import passes, workspace
 from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
-from apps.core.exceptions import Conflict, InsufficientStorage, Invalid, NotFound, ServiceError, TooManyRequests
+from apps.core.exceptions import (
+    Conflict,
+    Forbidden,
+    InsufficientStorage,
+    Invalid,
+    NotFound,
+    ServiceError,
+    TooManyRequests,
+)
 from apps.credentials import services as credential_services
 from apps.resources.selectors import can_use_pool
 
@@ -122,6 +131,13 @@ def create_case(
     return case
 
 
+def require_owner(case: Case, user, what: str) -> None:
+    """SPEC §7: launching a case and uploading its inputs are the owner's alone; staff, who see
+    every case, may cancel or refresh it but not act as its owner (403)."""
+    if case.owner_id != user.pk:
+        raise Forbidden(f"Only the case's owner may {what}.")
+
+
 def add_inputs(case: Case, uploads) -> list[str]:
     """R-CASE-7: inputs are uploaded while the case is prepared (and not being launched), under
     the case's row lock, which its launch takes too: no launch is recorded halfway through."""
@@ -139,13 +155,18 @@ def scrub_for(pool, text: str) -> str:
 
 
 # -- launch (R-CASE-1) -----------------------------------------------------------------------------
-def launch_case(case: Case, *, launch_options=None) -> Case:
+def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
     """R-CASE-1, the request half: validate and record the launch, nothing more. The upload and
     the submission take minutes on a remote provider (a 512 MB input, a token refresh, a retry),
     so they happen in a worker (``passes.submit_pass``, enqueued here once this commits); the
     case stays ``prepared`` with ``launch_requested_at`` set ("submitting") until the worker
     records ``pending`` or ``failed``. Idempotent: a second launch of the same case is a 409, and
-    the worker adopts a job already submitted under the case's name instead of a second one."""
+    the worker adopts a job already submitted under the case's name instead of a second one.
+
+    ``user``: the person asking (the API, the pages): the case must be theirs (403), and the pool's
+    case backend set up on this host (below), else nothing is recorded."""
+    if user is not None:
+        require_owner(case, user, "launch it")
     if launch_options is not None and not isinstance(launch_options, dict):
         raise Invalid("launch_options must be a JSON object.", launch_options=["Must be a JSON object."])
     # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
@@ -154,6 +175,14 @@ def launch_case(case: Case, *, launch_options=None) -> Case:
     # Per-user credentials: refused up front (403 naming the page to connect at) while the owner has
     # no working connection to the pool; a grant revoked without our knowing fails in the worker.
     credential_services.require_connection(case.owner, case.resource_class.pool)
+    if user is not None:
+        # The host's set-up (``case_readiness``: no provider call), before the launch options ask
+        # the provider: 400 saying what is missing, rather than a launch recorded for a worker that
+        # could only fail it. A kind with no case backend at all is refused under the lock, naming
+        # the kinds that run cases.
+        readiness = case_readiness(case.resource_class.pool)
+        if readiness.runs_cases and not readiness.ready:
+            raise Invalid(readiness.message, resource_class=[readiness.message])
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options

@@ -36,7 +36,7 @@ from apps.backends.services import launch_options_for
 from apps.cases import selectors as case_selectors
 from apps.cases import services as case_services
 from apps.cases import workspace
-from apps.core.exceptions import InvalidFields, NotFound
+from apps.core.exceptions import Forbidden, InvalidFields, NotFound
 from apps.core.text import printable
 from apps.resources.launch import launch_spec
 from apps.resources.selectors import visible_classes, visible_pools
@@ -420,10 +420,12 @@ def case_launch(request, pk):
     """GET: the launch dialog (asks the backend for its options now). POST: launch. The owner's
     alone (SPEC §7): staff see every case but do not launch other users' cases."""
     case = _case(request, pk)
-    if case.owner_id != request.user.pk:
-        raise PermissionDenied("Only the case's owner may launch it.")
-    readiness = case_readiness(case.resource_class.pool)
+    try:
+        case_services.require_owner(case, request.user, "launch it")
+    except Forbidden as exc:
+        raise PermissionDenied(exc.detail) from None
     if request.method == "GET":
+        readiness = case_readiness(case.resource_class.pool)
         spec = launch_spec(case.resource_class)
         # A pool whose backend is not set up is not asked at all: it cannot be launched on.
         body = launch_options_for(case.resource_class, case.owner) if readiness.ready else {}
@@ -434,16 +436,13 @@ def case_launch(request, pk):
         )
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
-    if not readiness.ready:
-        messages.error(request, f"The case was not launched. {readiness.message}")
-        return redirect("web:case-detail", pk=case.pk)
     chosen = {
         key[len(LAUNCH_OPTION_PREFIX) :]: value
         for key, value in request.POST.items()
         if key.startswith(LAUNCH_OPTION_PREFIX) and value != ""
     }
     try:
-        case = case_services.launch_case(case, launch_options=chosen or None)
+        case = case_services.launch_case(case, user=request.user, launch_options=chosen or None)
     except REFUSALS as exc:
         refuse(request, exc, "The launch")
     else:

@@ -120,6 +120,26 @@ def test_staff_cannot_launch_or_upload_into_another_users_case(api, owner, staff
     assert list((workspace.case_dir(case_id) / "inputs").iterdir()) == []
 
 
+def test_a_launch_on_a_pool_not_set_up_here_is_refused_by_the_api_as_by_the_page(api, owner, local_pool, monkeypatch):
+    """The host's readiness (``case_readiness``: the backend's tools, its settings) is a launch rule:
+    the page refused such a launch while the API recorded it for the worker to fail. Both refuse it
+    now, with the same words, and record nothing."""
+    from django.test import Client
+    from django.urls import reverse
+
+    monkeypatch.setattr(FakeBackend, "commands", ("gridgate-no-such-tool",))
+    case_id = create(api(owner), local_pool.classes.get()).json()["id"]
+    response = api(owner).post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    assert response.status_code == 400
+    assert "the cluster's tools are not installed here" in response.json()["detail"]
+    browser = Client()
+    browser.force_login(owner)
+    page = browser.post(reverse("web:case-launch", args=[case_id]), follow=True).content.decode()
+    assert "the cluster&#x27;s tools are not installed here" in page
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+
+
 def test_launch_run_and_fetch_result_through_the_api(api, owner, local_pool):
     client = api(owner)
     case_id = create(client, local_pool.classes.get()).json()["id"]

@@ -5,7 +5,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 
@@ -40,14 +40,6 @@ class UploadLimitMixin:
         if request.method == "POST":
             # R-CASE-7: refuse before the body is parsed, so nothing is written anywhere.
             workspace.check_content_length(request)
-
-
-def owned(case: Case, user, what: str) -> Case:
-    """SPEC §7: launching a case and uploading its inputs are the owner's alone; staff, who see
-    every case, may cancel or refresh it but not act as its owner (403)."""
-    if case.owner_id != user.pk:
-        raise PermissionDenied(f"Only the case's owner may {what}.")
-    return case
 
 
 class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -86,7 +78,8 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     @action(detail=True, methods=["post"], parser_classes=[NamedFilesMultiPartParser, FormParser])
     def inputs(self, request, pk=None):
         """R-CASE-7: add input files (multipart ``inputs``) while the case is prepared (owner only)."""
-        case = owned(self.get_object(), request.user, "upload its inputs")
+        case = self.get_object()
+        services.require_owner(case, request.user, "upload its inputs")
         if case.status != CaseStatus.PREPARED:
             services.add_inputs(case, [])  # raises the 409 with the status
         body = InputsSerializer(data=request.data)
@@ -103,10 +96,10 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return idempotent(request, lambda: self._launch(request))
 
     def _launch(self, request):
-        case = owned(self.get_object(), request.user, "launch it")
+        case = self.get_object()
         body = LaunchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        case = services.launch_case(case, launch_options=body.validated_data.get("launch_options"))
+        case = services.launch_case(case, user=request.user, launch_options=body.validated_data.get("launch_options"))
         return Response(CaseSerializer(case).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: CaseSerializer, 409: CONFLICT})
