@@ -202,7 +202,7 @@ class StateCollector:
         online = GaugeMetricFamily(
             "gridgate_device_online", "1 when the device takes jobs (online, provider up).", labels=["pool", "device"]
         )
-        counts = {(pk, status): 0 for pk in names for status in (JobStatus.PENDING, JobStatus.RUNNING)}
+        counts = {(pk, status): 0 for pk in names for status in sorted(UNFINISHED)}
         held_back = dict.fromkeys(names, 0)
         per_device = {}
         # status IN (pending, running) is the predicate of jobs_unfinished_session: the scan covers

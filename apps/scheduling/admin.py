@@ -19,7 +19,7 @@ from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, eta, selectors, services, shares
 from apps.scheduling.devices import FIELDS, validate_driver_settings
-from apps.scheduling.models import Device, DriverRun, FairShare, Job, JobStatus, OpenBatch, PoolQueue
+from apps.scheduling.models import UNFINISHED, Device, DriverRun, FairShare, Job, JobStatus, OpenBatch, PoolQueue
 
 
 class DeviceForm(forms.ModelForm):
@@ -291,7 +291,7 @@ class JobAdmin(ModelAdmin):
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):
         done, refused = 0, 0
-        for job in queryset.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING]):
+        for job in queryset.filter(status__in=UNFINISHED):
             try:
                 services.cancel_job(job)
                 done += 1

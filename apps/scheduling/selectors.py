@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from apps.reservations.selectors import now_for as calendar_now
 from apps.scheduling import eta, runtimes
-from apps.scheduling.models import Device, Job, JobStatus, PoolQueue
+from apps.scheduling.models import UNFINISHED, Device, Job, JobStatus, PoolQueue
 from apps.sessions.models import SessionStatus
 
 # R-JOB-4: why a pending job waits, as a stable code (API ``pending_code``, Prometheus
@@ -82,7 +82,7 @@ def pool_status(pool) -> PoolStatus:
             "pk", "online", "paused_reason", "max_concurrent_jobs"
         )
     ]
-    jobs = Job.objects.filter(pool_id=pool.pk, status__in=[JobStatus.PENDING, JobStatus.RUNNING]).aggregate(
+    jobs = Job.objects.filter(pool_id=pool.pk, status__in=UNFINISHED).aggregate(
         pending=Count("pk", filter=Q(status=JobStatus.PENDING)), running=Count("pk", filter=Q(status=JobStatus.RUNNING))
     )
     online = [(paused, capacity) for is_online, paused, capacity in devices if is_online]

@@ -40,7 +40,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from apps.scheduling import runtimes
-from apps.scheduling.models import Device, FairShare, Job, JobStatus, PoolQueue
+from apps.scheduling.models import UNFINISHED, Device, FairShare, Job, JobStatus, PoolQueue
 from apps.sessions.models import Session, SessionStatus
 
 Key = tuple[str, int]  # ("user", id) or ("group", id)
@@ -254,7 +254,7 @@ def recompute(pool, now: float) -> int:
     horizon = datetime.fromtimestamp(now - 64 * half_life, tz=UTC)  # older jobs weigh less than 2^-64
     jobs = (
         Job.objects.filter(pool_id=pool.pk, runtime_seconds__gt=0, finished_at__gte=horizon)
-        .exclude(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+        .exclude(status__in=UNFINISHED)
         .order_by()
         .values_list("user_id", "runtime_seconds", "finished_at")
     )
@@ -343,7 +343,7 @@ def _unfinished_counts(pool):
     from django.db.models import Count
 
     return (
-        Job.objects.filter(pool_id=pool.pk, status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+        Job.objects.filter(pool_id=pool.pk, status__in=UNFINISHED)
         .order_by()
         .values_list("user_id", "status")
         .annotate(n=Count("pk"))
