@@ -95,8 +95,10 @@ def save_pool(
 
         final = list(pool.classes.all())
         errors = {}
-        if final and sum(1 for c in final if c.default) != 1:
-            errors["classes"] = [default_class_message(pool.name)]
+        try:
+            check_class_set(final, pool.name)
+        except DjangoValidationError as exc:
+            errors["classes"] = exc.messages
         try:
             pool.clean_classes(final)
         except DjangoValidationError as exc:
@@ -124,7 +126,8 @@ def delete_class(resource_class: ResourceClass) -> None:
         resource_class.delete()
 
 
-def check_class_set(forms_instances, pool_name: str) -> None:
-    """The admin inline's set-level R-POOL-2 check (same message as the API)."""
-    if forms_instances and sum(1 for c in forms_instances if c.default) != 1:
+def check_class_set(classes, pool_name: str) -> None:
+    """R-POOL-2 on a pool's classes as a set, as they will be once saved: exactly one default. For
+    the admin inline (its forms' instances) and ``save_pool`` (the pool's final classes)."""
+    if classes and sum(1 for c in classes if c.default) != 1:
         raise DjangoValidationError({NON_FIELD_ERRORS: [default_class_message(pool_name)]})
