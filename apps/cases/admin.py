@@ -149,7 +149,7 @@ class CaseAdmin(ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))
-        if obj is not None and (obj.launch_requested_at is not None or obj.status != "prepared"):
+        if obj is not None and obj.is_launched:
             fields += [name for name in self.LAUNCHED_READONLY if name not in fields]
         return fields
 

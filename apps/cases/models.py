@@ -45,6 +45,20 @@ class Campaign(models.Model):
             raise ValidationError({"name": _("A campaign needs a name.")})
 
 
+#: cases that have, or are about to have, a job at a provider: submitting (launch asked for, not yet
+#: submitted), pending or running. Their rows poll, cancel and charge that job.
+IN_FLIGHT = Q(status__in=sorted(ACTIVE)) | Q(status=CaseStatus.PREPARED, launch_requested_at__isnull=False)
+
+
+class CaseQuerySet(models.QuerySet):
+    def launched(self):
+        """Cases whose launch was asked for, or that left ``prepared`` (see ``Case.is_launched``)."""
+        return self.filter(~Q(status=CaseStatus.PREPARED) | Q(launch_requested_at__isnull=False))
+
+    def in_flight(self):
+        return self.filter(IN_FLIGHT)
+
+
 class Case(models.Model):
     """One simulation run on an execution backend. Its workspace is ``GRIDGATE_CASES_ROOT/<id>/``.
 
@@ -119,6 +133,8 @@ class Case(models.Model):
     #: a cancel asked on another host than ``run_host``: the run host's next poll stops the process
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
+    objects = CaseQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at", "id"]
         indexes = [
@@ -172,6 +188,12 @@ class Case(models.Model):
     def is_submitting(self) -> bool:
         """Launch requested, not yet submitted: a worker uploads and submits it (R-CASE-1)."""
         return self.status == CaseStatus.PREPARED and self.launch_requested_at is not None
+
+    @property
+    def is_launched(self) -> bool:
+        """Its launch asked for, or past ``prepared`` (a prepared case cancelled too): its inputs
+        are frozen and what it ran with (owner, class, command, options) is history."""
+        return self.status != CaseStatus.PREPARED or self.launch_requested_at is not None
 
     @property
     def display_status(self) -> str:

@@ -9,7 +9,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.allocations.services import charge_cases, check_case_launch
@@ -19,7 +18,7 @@ from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
 from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
 from apps.cases import passes, workspace
-from apps.cases.models import ACTIVE, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
+from apps.cases.models import ACTIVE, IN_FLIGHT, TERMINAL, Campaign, Case, CaseEvent, CaseStatus
 from apps.core import cases_root
 from apps.core.exceptions import (
     Conflict,
@@ -83,7 +82,7 @@ def add_campaign_inputs(campaign: Campaign, uploads) -> list[str]:
     recorded halfway through; cases are still created in the campaign meanwhile (no key lock)."""
     with transaction.atomic():
         Campaign.objects.select_for_update(no_key=True).filter(pk=campaign.pk).first()
-        if campaign.cases.filter(~Q(status=CaseStatus.PREPARED) | Q(launch_requested_at__isnull=False)).exists():
+        if campaign.cases.launched().exists():
             # A launched case may be reading shared/ right now (or a backend uploaded it once).
             raise Conflict("Shared inputs are frozen once a case of the campaign has been launched.")
         return workspace.save_uploads(workspace.campaign_shared_dir(campaign.id), uploads)
@@ -143,7 +142,7 @@ def add_inputs(case: Case, uploads) -> list[str]:
     the case's row lock, which its launch takes too: no launch is recorded halfway through."""
     with transaction.atomic():
         locked = Case.objects.select_for_update().only("status", "launch_requested_at").get(pk=case.pk)
-        if locked.status != CaseStatus.PREPARED or locked.launch_requested_at is not None:
+        if locked.is_launched:
             raise Conflict("Inputs can only be added while the case is prepared.", status=locked.status)
         return workspace.save_uploads(workspace.case_dir(case.id) / "inputs", uploads)
 
@@ -380,7 +379,7 @@ def deletable(cases):
     """The rows of ``cases`` that may be deleted (the admin): finished cases, and prepared ones
     whose launch was not asked for. An unfinished case's row is what polls, cancels and charges
     its remote job; deleting it would leave that job running at the provider. Cancel it first."""
-    return cases.filter(Q(status__in=list(TERMINAL)) | Q(status=CaseStatus.PREPARED, launch_requested_at__isnull=True))
+    return cases.exclude(IN_FLIGHT)
 
 
 def delete_cases(cases) -> int:

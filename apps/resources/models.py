@@ -332,11 +332,7 @@ class ResourcePool(_CleanEnforcedConstraints, models.Model):
         from django.apps import apps
 
         case = apps.get_model("cases", "Case")
-        return (
-            case.objects.filter(resource_class__pool=self)
-            .filter(Q(status__in=["pending", "running"]) | Q(status="prepared", launch_requested_at__isnull=False))
-            .exists()
-        )
+        return case.objects.filter(resource_class__pool=self).in_flight().exists()
 
     def kind_changed(self) -> bool:
         loaded = getattr(self, "_loaded", None)
