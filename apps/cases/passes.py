@@ -242,6 +242,14 @@ def _load(ids, owner) -> list[Case]:
     return cases
 
 
+def _claim_and_load(kind: str, report, *, now: datetime, owner: str, batch: int, case_ids=None, host_only=False):
+    """Claim up to ``batch`` due cases of ``kind`` for ``owner`` (counted in ``report``) and load
+    the ones still ours: the claimed ids and the loaded cases."""
+    ids = claim(kind, now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only)
+    report.claimed = len(ids)
+    return ids, (_load(ids, owner) if ids else [])
+
+
 def _record(cases: list[Case], original: dict, owner: str, fields: list[str], events: list[CaseEvent], report):
     """Write back what is still ours, in one short transaction with a constant number of queries."""
     if not cases:
@@ -432,18 +440,12 @@ def poll_pass(
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim(
-        "poll",
-        now=now,
-        owner=owner,
-        batch=batch or settings.GRIDGATE_CASE_PASS_BATCH,
-        case_ids=case_ids,
-        host_only=host_only,
+    batch = batch or settings.GRIDGATE_CASE_PASS_BATCH
+    ids, cases = _claim_and_load(
+        "poll", report, now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only
     )
-    report.claimed = len(ids)
     if not ids:
         return report
-    cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
     held = Leases(ids, owner, now)
     events: list[CaseEvent] = []
@@ -508,18 +510,12 @@ def sync_pass(
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim(
-        "sync",
-        now=now,
-        owner=owner,
-        batch=batch or settings.GRIDGATE_CASE_PASS_BATCH,
-        case_ids=case_ids,
-        host_only=host_only,
+    batch = batch or settings.GRIDGATE_CASE_PASS_BATCH
+    ids, cases = _claim_and_load(
+        "sync", report, now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only
     )
-    report.claimed = len(ids)
     if not ids:
         return report
-    cases = _load(ids, owner)
     original = {case.id: (case.status, case.remote_id) for case in cases}
     interval = timedelta(seconds=settings.GRIDGATE_CASE_SYNC_SECONDS)
     held = Leases(ids, owner, now)
@@ -621,9 +617,10 @@ def submit_pass(
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("submit", now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only)
-    report.claimed = len(ids)
-    for case in _load(ids, owner):
+    _, cases = _claim_and_load(
+        "submit", report, now=now, owner=owner, batch=batch, case_ids=case_ids, host_only=host_only
+    )
+    for case in cases:
         if submit_claimed(case, owner=owner):
             report.recorded += 1
         else:
@@ -644,13 +641,12 @@ def orphan_cancel_pass(
     now = now or timezone.now()
     owner = owner or worker_id()
     report = PassReport()
-    ids = claim("orphan", now=now, owner=owner, batch=batch, host_only=host_only)
-    report.claimed = len(ids)
+    ids, cases = _claim_and_load("orphan", report, now=now, owner=owner, batch=batch, host_only=host_only)
     if not ids:
         return report
     held = Leases(ids, owner, now)
     with held.kept_alive():  # each local cancel may wait out its grace period
-        for case in _load(ids, owner):
+        for case in cases:
             if case.id not in held.renew() or not cancel_orphan(case):
                 report.skipped += 1  # taken over meanwhile, or failed: the lease times the retry
                 continue
