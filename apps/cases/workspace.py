@@ -214,14 +214,19 @@ def upload_limit_bytes() -> int:
     return settings.GRIDGATE_MAX_UPLOAD_MB * 1024 * 1024
 
 
+def check_upload_size(size: int) -> None:
+    """R-CASE-7: ``size`` bytes of uploads are refused (413 naming the limit) above the limit."""
+    if size > upload_limit_bytes():
+        raise PayloadTooLarge(f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB).")
+
+
 def check_content_length(request) -> None:
     """Refuse an oversized request before its body is parsed (R-CASE-7: 413, nothing written)."""
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    if length > upload_limit_bytes():
-        raise PayloadTooLarge(f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB).")
+    check_upload_size(length)
 
 
 def save_uploads(dest: Path, uploads) -> list[str]:
@@ -234,8 +239,7 @@ def save_uploads(dest: Path, uploads) -> list[str]:
     if not uploads:
         return []
     total = sum(upload.size or 0 for upload in uploads)
-    if total > upload_limit_bytes():
-        raise PayloadTooLarge(f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB).")
+    check_upload_size(total)
     names = []
     for upload in uploads:
         name = os.path.basename(upload.name or "")
@@ -268,10 +272,7 @@ def _save_staged(dest: Path, names: list[str], uploads) -> list[str]:
             with (staging / name).open("wb") as handle:
                 for chunk in upload.chunks():
                     written += len(chunk)
-                    if written > upload_limit_bytes():  # the declared size lied
-                        raise PayloadTooLarge(
-                            f"Uploads are limited to {settings.GRIDGATE_MAX_UPLOAD_MB} MB (GRIDGATE_MAX_UPLOAD_MB)."
-                        )
+                    check_upload_size(written)  # the declared size may lie
                     handle.write(chunk)
         # Never overwrite an earlier input silently: link, which fails on an existing name even
         # when two uploads race, and undo this call's links on a refusal.
