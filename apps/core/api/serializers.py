@@ -39,18 +39,16 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
 
     def create(self, validated_data):
         m2m = self._split_m2m(validated_data)
-        instance = self.Meta.model(**validated_data)
-        with transaction.atomic():
-            self.full_clean(instance)
-            instance.save()
-            for field, value in m2m.items():
-                getattr(instance, field).set(value)
-        return instance
+        return self._clean_and_save(self.Meta.model(**validated_data), m2m)
 
     def update(self, instance, validated_data):
         m2m = self._split_m2m(validated_data)
         for field, value in validated_data.items():
             setattr(instance, field, value)
+        return self._clean_and_save(instance, m2m)
+
+    def _clean_and_save(self, instance, m2m: dict):
+        """Clean and save ``instance`` and set its many-to-many values, in one transaction."""
         with transaction.atomic():
             self.full_clean(instance)
             instance.save()
