@@ -69,17 +69,21 @@ class Command(BaseCommand):
             checks.append(registry.Check("slurm reservations (the QPU calendar)", *calendar_check()))
         return checks
 
+    def _report_check(self, label: str, check) -> bool:
+        """One check's line (``OK`` or ``FAIL``, under ``label``); returns whether it passed."""
+        if check.ok:
+            self.stdout.write(f"OK    [{label}] {check.name}: {check.message}")
+        else:
+            self.stdout.write(self.style.ERROR(f"FAIL  [{label}] {check.name}: {check.message}"))
+        return check.ok
+
     def handle(self, *args, backend=None, pool=None, **options):
         failed = 0
         total = 0
         targets = self.targets(backend, pool)
         for check in self.site_checks():
             total += 1
-            if check.ok:
-                self.stdout.write(f"OK    [site] {check.name}: {check.message}")
-            else:
-                failed += 1
-                self.stdout.write(self.style.ERROR(f"FAIL  [site] {check.name}: {check.message}"))
+            failed += not self._report_check("site", check)
         for name, target_pool in targets:
             label = f"{name}" + (f" pool={target_pool.name}" if target_pool is not None else "")
             try:
@@ -90,11 +94,7 @@ class Command(BaseCommand):
             for check in checks:
                 check.message = scrub_for_pool(target_pool, check.message)
                 total += 1
-                if check.ok:
-                    self.stdout.write(f"OK    [{label}] {check.name}: {check.message}")
-                else:
-                    failed += 1
-                    self.stdout.write(self.style.ERROR(f"FAIL  [{label}] {check.name}: {check.message}"))
+                failed += not self._report_check(label, check)
         summary = f"{total - failed}/{total} checks passed"
         if failed:
             self.stdout.write(self.style.ERROR(summary))
