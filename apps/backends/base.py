@@ -338,6 +338,13 @@ class BackendError(Exception):
             self.transient = True  # a timeout is always worth another try
 
 
+def require_command(spec: SubmitSpec) -> None:
+    """A case with nothing to run is refused before anything is uploaded or started (the model
+    refuses an empty command; a spec is checked again here, where it would run)."""
+    if not spec.command.strip():
+        raise BackendError("the case has no command to run")
+
+
 class SubmitUncertain(BackendError):
     """The submission may or may not have reached the provider (its answer timed out, or the
     provider said it lost the answer, and the job is not listed yet). The core keeps the case

@@ -58,6 +58,7 @@ from apps.backends.base import (
     LaunchOptions,
     RunAs,
     SubmitSpec,
+    require_command,
 )
 from apps.core.cases_root import ensure_cases_root, root_parent_check
 
@@ -184,8 +185,7 @@ class LocalBackend(ExecutionBackend):
         return f"local:{pid}"
 
     def submit(self, spec: SubmitSpec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
+        require_command(spec)
         if spec.bounds is None:  # pragma: no cover - the core always sets them
             raise BackendError("the case has no bounds: refusing to run it unbounded")
         run_as = spec.run_as or RunAs(RunAs.TRUSTED)

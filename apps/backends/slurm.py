@@ -53,6 +53,7 @@ from apps.backends.base import (
     SubmitSpec,
     SubmitUncertain,
     duration_seconds,
+    require_command,
 )
 from apps.core.cases_root import root_parent_check
 
@@ -250,8 +251,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
         the account's and readable by the service's group. The service prepares the run directory;
         the privileged helper hands it over and submits (``sbatch`` verb). ``run_as`` None or
         trusted: submitted by the service as itself, which then owns them all."""
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
+        require_command(spec)
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
         run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
         try:

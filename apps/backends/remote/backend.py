@@ -14,7 +14,15 @@ from __future__ import annotations
 import logging
 import time
 
-from apps.backends.base import BackendError, BackendStatus, Check, ExecutionBackend, LaunchOptions, SubmitUncertain
+from apps.backends.base import (
+    BackendError,
+    BackendStatus,
+    Check,
+    ExecutionBackend,
+    LaunchOptions,
+    SubmitUncertain,
+    require_command,
+)
 from apps.backends.remote.session import RemoteSession
 
 logger = logging.getLogger(__name__)
@@ -96,8 +104,7 @@ class RemoteBackend(ExecutionBackend):
         return self.find_in(self.session(spec), spec.case_id)
 
     def submit(self, spec) -> str:
-        if not spec.command.strip():
-            raise BackendError("the case has no command to run")
+        require_command(spec)
         return self.submit_as(self.session(spec), spec)
 
     def launch_options(self, pool, identity=None) -> LaunchOptions:
