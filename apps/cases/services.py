@@ -228,6 +228,12 @@ def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
 
 
 # -- cancel (R-CASE-6) -----------------------------------------------------------------------------
+def _already_ended(case: Case) -> Conflict:
+    """R-CASE-6: a cancel of a case that ended (before the request, not through it): 409 with its
+    real status."""
+    return Conflict(f"The case already ended: {case.status}.", status=case.status)
+
+
 def cancel_case(case: Case) -> Case:
     """Idempotent and never a 500: a prepared case is just marked cancelled; an active one is
     cancelled at the provider first; a case that ended meanwhile answers 409 with its real status."""
@@ -269,7 +275,7 @@ def cancel_case(case: Case) -> Case:
         return case
     case = Case.objects.select_related("resource_class__pool").get(pk=case.pk)
     if case.status in TERMINAL:
-        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+        raise _already_ended(case)
     if case.run_host and case.run_host != passes.this_host():
         return _request_cancel_on_run_host(case)
     try:
@@ -283,7 +289,7 @@ def cancel_case(case: Case) -> Case:
         passes.enqueue_poll([case.id])
         case.refresh_from_db()
         if case.status in TERMINAL:
-            raise Conflict(f"The case already ended: {case.status}.", status=case.status) from None
+            raise _already_ended(case) from None
         final = _provider_final_status(case)
         raise Conflict(
             f"The case already ended on the provider's side ({final or 'final state unknown'}); "
@@ -315,7 +321,7 @@ def cancel_case(case: Case) -> Case:
             # first. The cancel did what was asked (a case cancelled before it was asked is the
             # 409 above).
             return case
-        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+        raise _already_ended(case)
     return case
 
 
@@ -335,7 +341,7 @@ def _request_cancel_on_run_host(case: Case) -> Case:
         passes.enqueue_poll([case.pk])
     case.refresh_from_db()
     if not asked and case.status in TERMINAL:  # it ended before the request (not through it)
-        raise Conflict(f"The case already ended: {case.status}.", status=case.status)
+        raise _already_ended(case)
     return case
 
 
