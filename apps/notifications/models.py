@@ -33,6 +33,11 @@ class Channel(models.TextChoices):
     WEBHOOK = "webhook", "Webhook"
 
 
+#: the refusal of a second identical subscription: the constraint's (a form, full_clean) and the
+#: service's when a concurrent request won the race (IntegrityError)
+ALREADY_SUBSCRIBED = _("You already have this subscription.")
+
+
 class Subscription(models.Model):
     """One user's choice: tell me about ``event`` by ``channel``. A webhook's secret is kept sealed
     (``apps.credentials.sealing``) and shown once, when the subscription is created."""
@@ -55,7 +60,7 @@ class Subscription(models.Model):
             models.UniqueConstraint(
                 fields=["user", "event", "channel", "url"],
                 name="notifications_subscription_once",
-                violation_error_message=_("You already have this subscription."),
+                violation_error_message=ALREADY_SUBSCRIBED,
             ),
             models.CheckConstraint(
                 condition=(Q(channel="email") & Q(url="")) | (Q(channel="webhook") & ~Q(url="")),

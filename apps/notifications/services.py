@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 
 from apps.core.exceptions import Conflict, NotFound
 from apps.credentials import sealing
-from apps.notifications.models import Channel, Subscription
+from apps.notifications.models import ALREADY_SUBSCRIBED, Channel, Subscription
 from apps.notifications.outbox import notify, notify_many
 
 __all__ = ["create_subscription", "delete_subscription", "notify", "notify_many"]
@@ -58,7 +58,7 @@ def create_subscription(*, user, event: str, channel: str, url: str = "") -> tup
                     subscription.secret_sealed = sealing.seal(secret)
             subscription.save()
     except IntegrityError:
-        raise Conflict("You already have this subscription.") from None
+        raise Conflict(str(ALREADY_SUBSCRIBED)) from None
     return subscription, secret
 
 
