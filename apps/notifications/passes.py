@@ -53,7 +53,7 @@ def claim(*, now: datetime, owner: str, batch: int) -> list[int]:
     else has one due. A user's receivers may all answer at their deadline; one user's backlog of
     them (fifty subscriptions, a job ending every few seconds) used to fill every batch first and
     hold everybody else's notifications back for as long as it lasted. Numbering the turns reads
-    the whole due backlog (tens of milliseconds per pass for 100 000 due deliveries)."""
+    the whole due backlog (docs/operations.md, "Delivery", says what that costs)."""
     due = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     # The candidates' turns, read without locks (PostgreSQL takes no FOR UPDATE beside a window
