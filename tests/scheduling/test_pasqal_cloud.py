@@ -15,20 +15,9 @@ from apps.scheduling.drivers import PermanentDriverError, TransientDriverError, 
 from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver, mapped
 from apps.scheduling.models import Device, Job, JobStatus, OpenBatch
 from apps.sessions import services as sessions
-from tests.doubles.pasqal_cloud_mock import SdkMockCloud
-from tests.doubles.pasqal_cloud_server import CloudDouble
 from tests.scheduling.pulser_sequences import analog_sequence
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(params=[CloudDouble, SdkMockCloud], ids=["loopback", "sdk-mock-server"])
-def cloud(request, monkeypatch):
-    double = request.param().start()
-    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_USER", double.username)
-    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_PASSWORD", double.password)
-    yield double
-    double.stop()
 
 
 @pytest.fixture
@@ -115,14 +104,6 @@ def test_r_sched_3_pasqal_cloud_worker_restart_polls_and_never_submits_twice(
     run_to_the_end(qpu_pool)
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED and cloud.creations() == 1
-
-
-@pytest.fixture
-def streaming_device(qpu_pool, cloud):
-    config = cloud.config(open_batches=True)
-    device = Device.objects.create(pool=qpu_pool, name="fresnel-open", driver="pasqal_cloud", config=config)
-    assert device_status.check_device(device) == "up"
-    return device
 
 
 def submit_each(session, count, rounds=4):

@@ -14,32 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from apps.scheduling import device_status, services
+from apps.scheduling import services
 from apps.scheduling.drivers import pasqal_cloud
 from apps.scheduling.drivers.pasqal_cloud import PasqalCloudDriver
-from apps.scheduling.models import Device, DriverRun, OpenBatch
+from apps.scheduling.models import DriverRun, OpenBatch
 from apps.sessions import services as sessions
-from tests.doubles.pasqal_cloud_server import CloudDouble
 from tests.scheduling.pulser_sequences import analog_sequence
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def cloud(monkeypatch):
-    double = CloudDouble().start()
-    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_USER", double.username)
-    monkeypatch.setenv("GRIDGATE_CRED_CLOUD_PASSWORD", double.password)
-    yield double
-    double.stop()
-
-
-@pytest.fixture
-def streaming_device(qpu_pool, cloud):
-    config = cloud.config(open_batches=True)
-    device = Device.objects.create(pool=qpu_pool, name="fresnel-open", driver="pasqal_cloud", config=config)
-    assert device_status.check_device(device) == "up"
-    return device
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.parametrize("cloud", ["loopback"], indirect=True),  # the races hold its HTTP calls
+]
 
 
 def closed_while_created(monkeypatch, device, job, *, stale_read: bool):
