@@ -162,8 +162,8 @@ def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
     records ``pending`` or ``failed``. Idempotent: a second launch of the same case is a 409, and
     the worker adopts a job already submitted under the case's name instead of a second one.
 
-    ``user``: the person asking (the API, the pages): the case must be theirs (403), and the pool's
-    case backend set up on this host (below), else nothing is recorded."""
+    ``user``: the person asking (the API, the pages): the case must be theirs (403). Whoever asks,
+    the pool's case backend must be set up on this host (below), else nothing is recorded."""
     if user is not None:
         require_owner(case, user, "launch it")
     if launch_options is not None and not isinstance(launch_options, dict):
@@ -174,14 +174,13 @@ def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
     # Per-user credentials: refused up front (403 naming the page to connect at) while the owner has
     # no working connection to the pool; a grant revoked without our knowing fails in the worker.
     credential_services.require_connection(case.owner, case.resource_class.pool)
-    if user is not None:
-        # The host's set-up (``case_readiness``: no provider call), before the launch options ask
-        # the provider: 400 saying what is missing, rather than a launch recorded for a worker that
-        # could only fail it. A kind with no case backend at all is refused under the lock, naming
-        # the kinds that run cases.
-        readiness = case_readiness(case.resource_class.pool)
-        if readiness.runs_cases and not readiness.ready:
-            raise Invalid(readiness.message, resource_class=[readiness.message])
+    # The host's set-up (``case_readiness``: no provider call), before the launch options ask the
+    # provider: 400 saying what is missing, rather than a launch recorded for a worker that could
+    # only fail it. A kind with no case backend at all is refused under the lock, naming the kinds
+    # that run cases.
+    readiness = case_readiness(case.resource_class.pool)
+    if readiness.runs_cases and not readiness.ready:
+        raise Invalid(readiness.message, resource_class=[readiness.message])
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
     # among what the backend declares now. Checked before the row lock: it may ask the provider.
     chosen = launch_options if launch_options is not None else case.launch_options

@@ -6,8 +6,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from apps.backends.fake import FakeBackend
-from apps.cases import passes, workspace
+from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
+from apps.core.exceptions import Invalid
 from tests.cases.conftest import drive
 
 pytestmark = pytest.mark.django_db
@@ -136,6 +137,8 @@ def test_a_launch_on_a_pool_not_set_up_here_is_refused_by_the_api_as_by_the_page
     browser.force_login(owner)
     page = browser.post(reverse("web:case-launch", args=[case_id]), follow=True).content.decode()
     assert "the cluster&#x27;s tools are not installed here" in page
+    with pytest.raises(Invalid, match="the cluster's tools are not installed here"):
+        services.launch_case(Case.objects.get(pk=case_id))  # no user: a script, the shell
     case = Case.objects.get(pk=case_id)
     assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
 

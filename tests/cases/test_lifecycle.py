@@ -242,16 +242,24 @@ def test_r_case_5_a_sync_racing_the_final_poll_never_overwrites_the_final_progre
     assert case.status == CaseStatus.DONE and case.progress == 1.0
 
 
-def test_a_runai_pool_runs_cases_and_a_kind_left_out_of_the_mapping_says_so(owner, db, settings):
+def test_a_runai_pool_runs_cases_and_a_kind_left_out_of_the_mapping_says_so(owner, db, settings, monkeypatch, tmp_path):
     """Launching on a Run:AI pool is accepted (the worker submits it to Run:AI); a kind
     the operators left out of GRIDGATE_CASE_BACKENDS is refused naming the kinds that run cases."""
     from apps.resources.models import ResourceClass, ResourcePool
+
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_ID", "gridgate")
+    monkeypatch.setenv("GRIDGATE_CRED_RUNAI_CLIENT_SECRET", "not-a-real-secret")
 
     pool = ResourcePool.objects.create(
         name="gpu",
         kind="runai",
         public=True,
-        remote={"base_url": "https://runai.example.org", "credentials": "service"},
+        remote={
+            "base_url": "https://runai.example.org",
+            "credentials": "service",
+            "working_root": str(tmp_path),
+            "image": "python:3.12",
+        },
     )
     rc = ResourceClass.objects.create(pool=pool, name="a100", cpu=8, memory=64, gpu=1, default=True)
     settings.GRIDGATE_CASE_BACKENDS = {"local": "fake", "runai": "runai"}
