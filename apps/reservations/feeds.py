@@ -7,6 +7,7 @@ derived, never stored: ``SECRET_KEY`` signs the user's id with a digest of the u
 hash, so a password change (which also ends the user's API tokens) revokes every feed URL.
 """
 
+import re
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
@@ -18,6 +19,10 @@ from apps.core.text import HIDDEN_IN_NAMES
 from apps.reservations.selectors import Slot
 
 SALT = "gridgate.calendar-feed"
+
+#: what RFC 5545 TEXT may not carry (CONTROL but tab; line breaks are escaped as ``\n``): a strict
+#: reader refuses the whole feed for one such character in a name
+_NOT_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def _secret_of(user) -> str:
@@ -46,6 +51,12 @@ def filename(pool) -> str:
     return HIDDEN_IN_NAMES.sub("_", pool.name) + ".ics"
 
 
+def _text(value: str) -> vText:
+    """A name as iCalendar TEXT: escaped by icalendar, each character TEXT may not carry shown as
+    U+FFFD."""
+    return vText(_NOT_TEXT.sub("\ufffd", str(value)))
+
+
 def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
     """The schedule as an iCalendar (RFC 5545) calendar: one VEVENT per slot, its kind as its
     CATEGORIES; open slots are transparent (they block nothing in the reader's calendar)."""
@@ -55,7 +66,7 @@ def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
     # Typed as TEXT so that it is escaped like SUMMARY: icalendar writes an X- property's plain str
     # as it is, and a line break in the pool's name would end the line (a new property, or an
     # AssertionError: a 500 for every reader of the feed).
-    calendar.add("x-wr-calname", vText(f"{pool.name} (Gridgate)"))
+    calendar.add("x-wr-calname", _text(f"{pool.name} (Gridgate)"))
     for slot in slots:
         event = Event()
         if slot.reservation is not None:
@@ -72,10 +83,10 @@ def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
             summary = f"Reserved{mine}: {slot.title} ({slot.slots} slot{'s' if slot.slots != 1 else ''})"
         else:
             summary = f"Open ({slot.slots} slots)" if slot.slots is not None else "Open"
-        event.add("summary", f"{pool.name} · {summary}")
+        event.add("summary", _text(f"{pool.name} · {summary}"))
         event.add("categories", [slot.kind.upper()])
         event.add("transp", "TRANSPARENT" if slot.kind == "open" else "OPAQUE")
         if slot.device is not None:
-            event.add("location", f"device {slot.device}")
+            event.add("location", _text(f"device {slot.device}"))
         calendar.add_component(event)
     return calendar.to_ical()

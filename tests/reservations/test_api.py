@@ -252,6 +252,20 @@ def test_r_res_4_a_title_or_pool_name_cannot_add_lines_to_the_ical_feed(
     assert response["Content-Disposition"].startswith("inline; filename=")
 
 
+def test_r_res_4_a_control_character_in_a_name_never_reaches_the_ical_feed(qpu, alice, group_a, reserve, api, staff):
+    """RFC 5545 TEXT carries no control character but tab: one in the pool's name or a title (an
+    escape sequence, a bell) is shown as U+FFFD, so a strict reader still takes the whole feed."""
+    renamed = api(staff).patch(f"/api/v1/resource-pools/{qpu.pk}/", {"name": "fres\x1b[2Jnel"}, format="json")
+    assert renamed.status_code == 200, renamed.content
+    reserve(qpu, groups=[group_a], title="Run\x01\x07\x7f")
+    with time_machine.travel(at(8), tick=False):
+        response = APIClient().get(schedule(api(alice), qpu).json()["ics_url"])
+    assert response.status_code == 200, response.content
+    body = response.content.decode()
+    assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", body)
+    assert "fres\ufffd[2Jnel" in body and "Run\ufffd\ufffd\ufffd" in body
+
+
 def test_r_res_4_a_feed_shows_others_only_what_the_schedule_does(qpu, alice, group_a, outsiders, reserve, api):
     """Each feed is its reader's: "(yours)" only in a holder's, holders never named, and a feed
     token reads only pools its user may see (a private pool's feed is a 404 for anyone else)."""
