@@ -187,6 +187,26 @@ def test_a_site_named_without_a_scheme_is_reached_over_https_unless_it_is_this_m
     assert config.normalize(given) == used
 
 
+def test_a_token_kept_for_a_sites_plain_http_address_is_named_when_its_https_address_has_none(
+    tmp_path, monkeypatch, capsys
+):
+    """A login that named the site bare kept its token under ``http://`` before a bare name meant
+    https: the https address finds no token, and the refusal says where the old one is."""
+    from gridgate_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    monkeypatch.delenv("GRIDGATE_URL", raising=False)
+    config.store_token("http://grid.example.org", "old-token")
+
+    assert cli.main(["--url", "grid.example.org", "session", "list"]) == cli.EXIT_AUTH
+    said = capsys.readouterr().err
+    assert "not logged in to https://grid.example.org" in said and "http://grid.example.org's" in said
+    assert "old-token" not in said
+    assert cli.main(["--url", "other.example.org", "session", "list"]) == cli.EXIT_AUTH
+    assert "http://" not in capsys.readouterr().err
+
+
 def test_a_password_login_to_a_bare_site_name_never_goes_in_clear():
     seen = []
 

@@ -91,6 +91,25 @@ def test_case_get_refuses_an_absolute_path(hostile, tmp_path, capsys):
     assert hostile.requests == []
 
 
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("results/CON", False),
+        ("results/nul.txt", False),
+        ("Com1 .log", False),
+        ("results/lpt\u00b9", False),
+        ("results/out.txt:hidden", False),
+        ("results/console.txt", True),
+        ("results/com10.txt", True),
+    ],
+)
+def test_on_windows_a_device_name_or_a_stream_is_never_a_case_files_target(tmp_path, monkeypatch, name, kept):
+    """Windows opens ``CON`` or ``nul.txt`` as a device in any directory and ``a:b`` as a stream
+    of ``a``: a name the server lists must not write there."""
+    monkeypatch.setattr(cli, "ON_WINDOWS", True)
+    assert (cli.inside(tmp_path, name) is not None) is kept
+
+
 def _archive(members) -> bytes:
     import io
     import tarfile

@@ -163,6 +163,14 @@ def client() -> Client:
     url = config.resolve_url(obj.get("url"))
     token = config.resolve_token(url)
     if not token:
+        twin = config.plain_http_twin(url)
+        if twin:
+            raise Fail(
+                f"not logged in to {url}: the token stored for this site is {twin}'s, over plain http (a login "
+                f"that named the site without a scheme, which now means https). Run gridgate --url {url} login, "
+                f"or pass --url {twin} if the site serves only http.",
+                EXIT_AUTH,
+            )
         raise Fail(f"not logged in to {url}: run gridgate login (or set GRIDGATE_TOKEN).", EXIT_AUTH)
     _refresh_if_due(url)
     return Client(url, config.resolve_token(url))
@@ -769,15 +777,27 @@ def case_get(case_id, paths, everything, output):
     emit({"case": case_id, "written": written}, f"{len(written)} file(s) written under {output}/.")
 
 
+ON_WINDOWS = os.name == "nt"
+#: names Windows opens as a device in any directory, with any extension (``NUL``, ``com1.txt``)
+WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"} | {
+    f"{port}{n}" for port in ("COM", "LPT") for n in "123456789\u00b9\u00b2\u00b3"
+}
+
+
 def inside(output: Path, relative: str) -> Path | None:
     """Where the case file ``relative`` goes under ``output``, or None when it would land
     elsewhere: an empty name, a NUL, an absolute path or a drive (``C:``, on Windows), a ``..``,
-    or a link already under ``output`` that leads out. Names come from the server (a listing, an
-    archive): never let them choose where a file lands."""
+    or a link already under ``output`` that leads out; on Windows also a device name (``CON``,
+    ``nul.txt``) or a ``:`` (another file's NTFS stream). Names come from the server (a listing,
+    an archive): never let them choose where a file lands."""
     if not relative or "\x00" in relative:
         return None
     pure = Path(relative)  # this system's rules: on Windows a backslash and a drive count too
     if pure.is_absolute() or pure.drive or pure.root or ".." in pure.parts:
+        return None
+    if ON_WINDOWS and any(
+        ":" in part or part.split(".", 1)[0].rstrip(" ").upper() in WINDOWS_DEVICES for part in pure.parts
+    ):
         return None
     base = output.resolve()
     target = (base / pure).resolve()

@@ -95,6 +95,16 @@ def resolve_token(url: str) -> str:
     return entry.get("token", "") if isinstance(entry, dict) else ""
 
 
+def plain_http_twin(url: str) -> str | None:
+    """For an https ``url`` with no token stored: the same site's ``http://`` address when a token
+    is stored under it (a login that named the site bare before a bare name meant https)."""
+    if not url.startswith("https://"):
+        return None
+    twin = "http://" + url[len("https://") :]
+    entry = _read().get("servers", {}).get(twin)
+    return twin if isinstance(entry, dict) and entry.get("token") else None
+
+
 def store_token(url: str, token: str, **extra) -> Path:
     """Keep ``token`` for ``url`` (0600) and make ``url`` the default server."""
     data = _read()
