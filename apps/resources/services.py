@@ -36,16 +36,16 @@ def save_pool(
 
     An existing pool is read again and only what this changes is written (``changed_columns``): the
     checks see the row as it is now, and a column someone else wrote since the caller read the
-    pool (the accessibility a load sensor PUT, another operator's PATCH of another field, one
-    written while this runs) is never written back stale. The read takes no lock, so two edits
-    at once are each checked against the row as it was before the other (a rule over two fields
-    that each changed one may hold for neither alone).
+    pool (the accessibility a load sensor PUT, another operator's PATCH of another field) is never
+    written back stale. The read locks the row (``FOR NO KEY UPDATE``: sessions and reservations
+    that reference the pool are not held up) until this commits, so two edits at once are each
+    checked against the other's result (a rule over two fields that each changed one holds).
     """
     from apps.credentials.services import note_provider_url_change, provider_urls
 
     with transaction.atomic():
         if pool is not None and pool.pk:
-            pool = ResourcePool.objects.get(pk=pool.pk)
+            pool = ResourcePool.objects.select_for_update(no_key=True).get(pk=pool.pk)
         pool = pool or ResourcePool()
         adding = pool._state.adding
         urls_before = provider_urls(pool) if pool.pk else None
