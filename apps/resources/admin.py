@@ -138,6 +138,15 @@ class ResourcePoolAdmin(ModelAdmin):
     def usage_repairs(self, obj):
         return usage_of(obj).repairs
 
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None and request.method == "POST":
+            # The edit is checked against the row as it is once locked (another operator's edit
+            # commits first, or waits for this one), as the API's: the admin's transaction holds it.
+            services.pool_for_edit(obj.pk)
+            obj = super().get_object(request, object_id, from_field)
+        return obj
+
     def save_model(self, request, obj, form, change):
         from apps.credentials.services import note_provider_url_change, provider_urls
 

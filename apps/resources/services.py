@@ -18,6 +18,13 @@ def _api_errors(exc: DjangoValidationError) -> dict:
     return errors
 
 
+def pool_for_edit(pk: int) -> ResourcePool:
+    """The pool as it is now, its row held until the transaction commits, for an edit (the API's
+    ``save_pool``, the admin page) to be checked against: another edit waits for this one. ``FOR
+    NO KEY UPDATE`` does not hold up what only references the pool (admissions, reservations)."""
+    return ResourcePool.objects.select_for_update(no_key=True).get(pk=pk)
+
+
 def save_pool(
     *,
     pool: ResourcePool | None,
@@ -37,15 +44,14 @@ def save_pool(
     An existing pool is read again and only what this changes is written (``changed_columns``): the
     checks see the row as it is now, and a column someone else wrote since the caller read the
     pool (the accessibility a load sensor PUT, another operator's PATCH of another field) is never
-    written back stale. The read locks the row (``FOR NO KEY UPDATE``: sessions and reservations
-    that reference the pool are not held up) until this commits, so two edits at once are each
-    checked against the other's result (a rule over two fields that each changed one holds).
+    written back stale. The read locks the row until this commits (:func:`pool_for_edit`), so two
+    edits at once are each checked against the other's result (a rule over two fields holds).
     """
     from apps.credentials.services import note_provider_url_change, provider_urls
 
     with transaction.atomic():
         if pool is not None and pool.pk:
-            pool = ResourcePool.objects.select_for_update(no_key=True).get(pk=pool.pk)
+            pool = pool_for_edit(pool.pk)
         pool = pool or ResourcePool()
         adding = pool._state.adding
         urls_before = provider_urls(pool) if pool.pk else None

@@ -6,10 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
 from apps.resources.models import ResourcePool
 from apps.resources.services import InvalidFields, save_pool
 from tests import factories
+from tests.admin_forms import change_form_data
 from tests.concurrency import held_together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -57,3 +60,31 @@ def test_allowed_networks_added_while_the_network_is_turned_off_never_both_stay(
     assert at_once(pool.pk, {"allowed_networks": "10.1.2.0/24"}, {"network": False}) == ["refused", "saved"]
     pool.refresh_from_db()
     assert pool.network or not pool.allowed_networks
+
+
+def test_two_operators_saving_a_pools_admin_page_at_once_never_break_its_rules(monkeypatch):
+    """The same race on the admin page, which checks its form against the pool it read. A page
+    posts every field as its operator saw it, so the later save stands whole (the admin's way);
+    without the lock both forms were checked against the row before either save, and the second
+    broke the check constraint (a 500); with it the second is checked against the first's row."""
+    pool = factories.pool("host", public=False)
+    operator = factories.user("root", is_staff=True, is_superuser=True)
+    url = reverse("admin:resources_resourcepool_change", args=[pool.pk])
+    browser = Client()
+    browser.force_login(operator)
+    page = change_form_data(browser.get(url))
+    held_together(monkeypatch, ResourcePool, "full_clean")
+
+    def save(change: dict) -> int:
+        try:
+            operator_browser = Client()
+            operator_browser.force_login(operator)
+            return operator_browser.post(url, {**page, **change}).status_code
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        both = [executor.submit(save, {"trusted": "on"}), executor.submit(save, {"public": "on"})]
+        assert [future.result() for future in both] == [302, 302]
+    pool.refresh_from_db()
+    assert not (pool.trusted and pool.public)
