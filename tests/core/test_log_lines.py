@@ -93,6 +93,25 @@ def test_an_exceptions_note_in_a_traceback_cannot_forge_a_log_line(console):
     assert f"ValueError: bad input\\nwhile reading\\n{FORGED}" in lines
 
 
+def test_a_message_in_an_exception_group_cannot_forge_a_log_line(console):
+    """A group's traceback writes its members behind a margin (``    | ``): their messages and the
+    group's own stay one line each, and its frames and separators are kept as they are."""
+    try:
+        inner = KeyError("k")
+        inner.add_note(f"note\n{FORGED}")
+        raise ExceptionGroup(f"batch\n{FORGED}", [ValueError(f"bad\n{FORGED}"), ExceptionGroup("inner", [inner])])
+    except ExceptionGroup:
+        logging.getLogger("apps.test").exception("batch 9 failed")
+    lines = records(console.getvalue())
+    assert not [
+        line for line in lines if FORGED in line and not line.lstrip(" |").startswith(("Exception", "Value", "Key"))
+    ]
+    assert f"  | ExceptionGroup: batch\\n{FORGED} (2 sub-exceptions)" in lines
+    assert f"    | ValueError: bad\\n{FORGED}" in lines
+    assert f"      | KeyError: 'k'\\nnote\\n{FORGED}" in lines
+    assert "  + Exception Group Traceback (most recent call last):" in lines
+
+
 def test_djangos_records_are_written_by_the_root_handler_alone():
     """Django's own console handler (under DEBUG) wrote its records a second time, unescaped."""
     assert logging.getLogger("django").handlers == [] and logging.getLogger("django").propagate
