@@ -194,7 +194,8 @@ class CaseAdmin(ModelAdmin):
         if kept:
             self.message_user(request, f"Not deleted: {kept} unfinished case(s) (cancel them first).", messages.ERROR)
 
-    @admin.action(description="Cancel the selected cases (same service as the API)")
+    # ``change``: without ``permissions`` Django offers an action to whoever may merely view the list.
+    @admin.action(description="Cancel the selected cases (same service as the API)", permissions=["change"])
     def cancel_cases(self, request, queryset):
         done, refused = 0, []
         for case in queryset.select_related("resource_class__pool"):

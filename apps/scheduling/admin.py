@@ -213,19 +213,23 @@ class DeviceAdmin(ModelAdmin):
         if obj.online and (not change or "online" in form.changed_data):
             services.set_device_online(obj, True)  # R-SCHED-5: dispatch on "device back online"
 
-    @admin.action(description="Bring selected devices online")
+    @admin.action(description="Bring selected devices online", permissions=["change"])
     def bring_online(self, request, queryset):
         for device in queryset:
             services.set_device_online(device, True)
         self.message_user(request, f"{queryset.count()} device(s) online.", messages.SUCCESS)
 
-    @admin.action(description="Take selected devices offline (running jobs finish)")
+    @admin.action(description="Take selected devices offline (running jobs finish)", permissions=["change"])
     def take_offline(self, request, queryset):
         for device in queryset:
             services.set_device_online(device, False)
         self.message_user(request, f"{queryset.count()} device(s) offline.", messages.SUCCESS)
 
-    @admin.action(description="Ask the provider for the status of selected devices now (worker)")
+    # Every bulk action changes devices (the status check writes what the provider says): without
+    # ``permissions`` Django offers an action to whoever may merely view the list.
+    @admin.action(
+        description="Ask the provider for the status of selected devices now (worker)", permissions=["change"]
+    )
     def check_provider_status(self, request, queryset):
         ids = list(queryset.filter(driver__in=device_status.PROVIDER_DRIVERS).values_list("id", flat=True))
         for device_id in ids:

@@ -237,3 +237,19 @@ def test_renaming_a_case_never_undoes_its_end(admin_client, make_case, monkeypat
     assert response.status_code == 302, response.context["adminform"].form.errors
     case.refresh_from_db()
     assert (case.name, case.status) == ("renamed", CaseStatus.DONE)
+
+
+def test_cancel_action_is_refused_to_staff_who_may_only_view_cases(client, make_case):
+    """An operator who may only look at cases (``view_case``) must not cancel other users' runs
+    through the list's bulk action: it needs ``change_case``, like the change page."""
+    from django.contrib.auth.models import Permission
+
+    from tests import factories
+
+    viewer = factories.user("case-viewer", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_case"))
+    client.force_login(viewer)
+    running = launched(make_case(name="running"))
+    assert client.get("/admin/cases/case/").status_code == 200  # the list is theirs to read
+    client.post("/admin/cases/case/", {"action": "cancel_cases", "_selected_action": [str(running.pk)]})
+    assert Case.objects.get(pk=running.pk).status != CaseStatus.CANCELLED

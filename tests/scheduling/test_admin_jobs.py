@@ -199,3 +199,24 @@ def test_changing_a_weight_never_undoes_the_usage_charged_meanwhile(admin_client
     assert response.status_code == 302
     share.refresh_from_db()
     assert (share.weight, share.usage, share.vtime) == (3.0, 500.0, 7.0)
+
+
+@pytest.mark.parametrize("action", ["bring_online", "take_offline", "check_provider_status"])
+def test_device_bulk_actions_are_refused_to_staff_who_may_only_view_devices(
+    client, qpu_pool, fake_device, parked_device, monkeypatch, action
+):
+    """Turning devices on or off (or asking their provider) changes them: the list's bulk actions
+    need ``change_device``, like the device page, not just the permission to read the list."""
+    from django.contrib.auth.models import Permission
+
+    queued = []
+    monkeypatch.setattr("apps.scheduling.admin.enqueue", lambda *args: queued.append(args))
+    monkeypatch.setattr("apps.scheduling.device_status.PROVIDER_DRIVERS", {"fake"})
+    viewer = factories.user("device-viewer", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_device"))
+    client.force_login(viewer)
+    assert client.get(reverse("admin:scheduling_device_changelist")).status_code == 200
+    selected = [str(fake_device.pk), str(parked_device.pk)]
+    client.post(reverse("admin:scheduling_device_changelist"), {"action": action, "_selected_action": selected})
+    assert dict(Device.objects.values_list("name", "online")) == {"fake1": True, "parked": False}
+    assert queued == []
