@@ -1,12 +1,14 @@
 """Operators' view of coordination state: ticker leases and idempotency keys, read-only, with an
 action to release what is stuck."""
 
+from axes import admin as axes_admin
+from axes.models import AccessAttempt
 from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group
 from django.utils import timezone
 from django_q import admin as django_q_admin
-from django_q.models import Schedule
+from django_q.models import Failure, Schedule, Success
 
 from apps.core.admin_base import FieldValues, ModelAdmin
 from apps.core.models import IdempotencyKey, Lease, WorkerHeartbeat
@@ -15,6 +17,12 @@ from apps.core.models import IdempotencyKey, Lease, WorkerHeartbeat
 # schedule page answered 500 on ``?next_run=``). Their other pages add nothing.
 admin.site.unregister(Group)
 admin.site.unregister(Schedule)
+# Their bulk actions name no permission, and Django offers such an action to every staff user who
+# may merely view the list: re-running any past worker task with its stored arguments, or clearing
+# login-failure records, needs the permission to change (delete) them, like our own actions.
+admin.site.unregister(Success)
+admin.site.unregister(Failure)
+admin.site.unregister(AccessAttempt)
 
 
 @admin.register(Group)
@@ -25,6 +33,28 @@ class GroupAdmin(FieldValues, auth_admin.GroupAdmin):
 @admin.register(Schedule)
 class ScheduleAdmin(FieldValues, django_q_admin.ScheduleAdmin):
     pass
+
+
+@admin.action(description="Resubmit selected tasks to queue", permissions=["change"])
+def resubmit_task(model_admin, request, queryset):
+    return django_q_admin.resubmit_task(model_admin, request, queryset)
+
+
+@admin.register(Success)
+class SuccessAdmin(django_q_admin.TaskAdmin):
+    actions = [resubmit_task]
+
+
+@admin.register(Failure)
+class FailureAdmin(django_q_admin.FailAdmin):
+    actions = [resubmit_task]
+
+
+@admin.register(AccessAttempt)
+class AccessAttemptAdmin(axes_admin.AccessAttemptAdmin):
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request, queryset):
+        return super().cleanup_expired_attempts(request, queryset)
 
 
 class ReadOnlyAdmin(ModelAdmin):

@@ -70,3 +70,16 @@ def test_pool_queue_admin_lists_queues_with_their_waiting_jobs(admin_client, own
     assert response.status_code == 200
     assert "qpu" in response.content.decode()
     assert admin_client.get("/admin/scheduling/poolqueue/add/").status_code == 403
+
+
+def test_every_admin_bulk_action_names_the_permission_it_needs():
+    """Django offers an action without ``permissions`` to every staff user who may view the list:
+    each of ours changes something, so each must name the permission it needs."""
+    from django.contrib import admin
+
+    unguarded = []
+    for model, model_admin in admin.site._registry.items():
+        for function, name, _description in model_admin._get_base_actions():
+            if not getattr(function, "allowed_permissions", None):
+                unguarded.append(f"{model._meta.label}.{name}")
+    assert unguarded == []
