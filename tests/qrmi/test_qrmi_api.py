@@ -505,6 +505,17 @@ def test_a_private_pools_open_routes_answer_only_its_users_and_the_load_sensors(
     assert qrmi(None).get(f"{BASE}/{route}").status_code == 200
 
 
+def test_a_private_pools_job_list_is_the_404_of_an_unknown_pool_to_a_user_who_may_not_use_it(
+    private_qpu, qrmi, alice, bob
+):
+    """R-POOL-8: ``GET jobs`` answered ``[]`` on a private pool to any linked uid, and 404 on a
+    pool that does not exist, so the answer told which private pools exist."""
+    unknown = qrmi(USER_UID).get("/qrmi/no-such-pool/jobs")
+    hidden = qrmi(USER_UID).get(f"{BASE}/jobs")  # alice may not use it
+    assert unknown.status_code == hidden.status_code == 404
+    assert qrmi(1001).get(f"{BASE}/jobs").status_code == 200  # bob's group is granted
+
+
 @pytest.fixture
 def other_qpu(db):
     from apps.resources.models import ResourceClass, ResourcePool

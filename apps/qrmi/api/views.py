@@ -369,8 +369,13 @@ class JobsView(QrmiView):
     LIST_LIMIT = 1000
 
     def get(self, request, pool):
-        """The caller's jobs on the pool, oldest first (the newest ``LIST_LIMIT``)."""
-        jobs = Job.objects.filter(pool=self.pool, user=self.caller()).order_by("-created_at", "-id")
+        """The caller's jobs on the pool, oldest first (the newest ``LIST_LIMIT``). A private pool
+        the caller may not use is the 404 of an unknown pool (R-POOL-8): an empty list would say
+        that it exists."""
+        user, pool = self.caller(), self.pool
+        if not may_read_status(pool, user=user):
+            raise NotFound(f"No pool '{self.kwargs['pool']}'.")
+        jobs = Job.objects.filter(pool=pool, user=user).order_by("-created_at", "-id")
         return Response([job_body(job, self.uid) for job in list(jobs[: self.LIST_LIMIT])[::-1]])
 
     def post(self, request, pool):
