@@ -635,3 +635,22 @@ def test_upload_name_longer_than_the_filesystem_allows_is_400_not_500(api, owner
     )
     assert response.status_code == 400, response.content
     assert "too long" in str(response.json())
+
+
+@pytest.mark.parametrize("field", ["resource_class", "campaign"])
+def test_filtering_cases_by_others_classes_or_campaigns_answers_as_for_ids_that_do_not_exist(
+    api, owner, outsider, private_pool, field
+):
+    """R-POOL-8 and "another user's object is 404": ``?resource_class=`` and ``?campaign=`` were
+    checked against every class and campaign, so a hidden pool's class or another user's campaign
+    gave an empty list where a missing id gave a 400."""
+    import uuid
+
+    hidden = {
+        "resource_class": (private_pool.classes.get().pk, 10**6),
+        "campaign": (services.create_campaign(owner=owner, name="theirs").pk, uuid.uuid4()),
+    }[field]
+    client = api(outsider)
+    answers = [client.get(f"/api/v1/cases/?{field}={value}") for value in hidden]
+    assert answers[0].status_code == answers[1].status_code
+    assert answers[0].json() == answers[1].json()

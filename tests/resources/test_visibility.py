@@ -57,3 +57,13 @@ def test_visible_to_works_inside_a_subquery(access):
     alice = User.objects.get(username="alice")
     classes = ResourceClass.objects.filter(pool__in=ResourcePool.objects.visible_to(alice))
     assert set(classes.values_list("pool__name", flat=True)) == access[alice]
+
+
+def test_filtering_classes_by_a_hidden_pool_answers_as_for_a_pool_that_does_not_exist(api, outsider, private_pool):
+    """``?pool=`` on the class list was checked against every pool (a hidden one: an empty list; a
+    missing id: a 400), so the answer told which private pools exist."""
+    client = api(outsider)
+    url = "/api/v1/resource-classes/?pool={}"
+    answers = [client.get(url.format(pk)) for pk in (private_pool.pk, private_pool.pk + 1000)]
+    assert answers[0].status_code == answers[1].status_code
+    assert answers[0].json() == answers[1].json()

@@ -240,3 +240,17 @@ def test_a_device_that_pending_jobs_asked_for_cannot_be_deleted(api, staff, owne
     assert answer.status_code == 409, answer.content
     assert Job.objects.get(pk=job_id).target_device_id == fake_device.pk
     assert api(staff).delete(f"/api/v1/devices/{other.pk}/").status_code == 204  # nothing asked for it
+
+
+def test_filtering_jobs_by_a_device_of_a_hidden_pool_answers_as_for_a_device_that_does_not_exist(
+    api, outsider, private_pool
+):
+    """R-POOL-8: ``?device=`` was checked against every device, so a hidden pool's device gave an
+    empty list and a missing id a 400: the answer told which devices exist."""
+    from tests import factories
+
+    hidden = factories.device(private_pool, "hidden")
+    client = api(outsider)
+    answers = [client.get(f"/api/v1/jobs/?device={pk}") for pk in (hidden.pk, hidden.pk + 1000)]
+    assert answers[0].status_code == answers[1].status_code
+    assert answers[0].json() == answers[1].json()

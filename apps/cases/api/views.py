@@ -10,6 +10,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 
 from apps.cases import selectors, services, workspace
+from apps.cases.api.filters import CaseFilter
 from apps.cases.api.pagination import FilePagination
 from apps.cases.api.renderers import AnyMediaRenderer, PlainTextRenderer
 from apps.cases.api.serializers import (
@@ -47,7 +48,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     serializer_class = CaseSerializer
     parser_classes = UPLOAD_PARSERS
-    filterset_fields = ["status", "campaign", "resource_class", "backend"]
+    filterset_class = CaseFilter
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
@@ -141,7 +142,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         ],
         responses={(200, "text/plain"): OpenApiTypes.STR},
     )
-    @action(detail=True, methods=["get"], renderer_classes=[PlainTextRenderer, JSONRenderer], filterset_fields=None)
+    @action(detail=True, methods=["get"], renderer_classes=[PlainTextRenderer, JSONRenderer], filterset_class=None)
     def logs(self, request, pk=None):
         """R-CASE-5: the tail of the case's stdout or stderr, as text."""
         case = self.get_object()
@@ -168,7 +169,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses=FileEntrySerializer(many=True))
-    @action(detail=True, methods=["get"], url_path="files", pagination_class=FilePagination, filterset_fields=None)
+    @action(detail=True, methods=["get"], url_path="files", pagination_class=FilePagination, filterset_class=None)
     def files(self, request, pk=None):
         """Workspace files ``{"path", "size"}`` (inputs, live, results, logs) in path order, a page
         at a time (a case may hold tens of thousands); ``unlisted`` counts the files whose names
@@ -211,7 +212,7 @@ class CaseViewSet(UploadLimitMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         detail=True,
         methods=["get"],
         renderer_classes=[JSONRenderer, AnyMediaRenderer],
-        filterset_fields=None,
+        filterset_class=None,
         pagination_class=None,
     )
     def archive(self, request, pk=None):

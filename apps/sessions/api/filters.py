@@ -1,14 +1,7 @@
 import django_filters
 
-from apps.resources.models import ResourcePool
+from apps.resources.api.filters import visible_pools
 from apps.sessions.models import Session, SessionStatus
-
-
-def visible_pools(request):
-    """Filter choices limited to visible pools: a 400 for a hidden id would reveal it (R-POOL-8)."""
-    if request is None:
-        return ResourcePool.objects.none()
-    return ResourcePool.objects.visible_to(request.user)
 
 
 class SessionFilter(django_filters.FilterSet):
