@@ -168,6 +168,13 @@ def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
         require_owner(case, user, "launch it")
     if launch_options is not None and not isinstance(launch_options, dict):
         raise Invalid("launch_options must be a JSON object.", launch_options=["Must be a JSON object."])
+    # R-POOL-8 at the moment the case takes the pool's capacity, not only when it was prepared: a
+    # grant withdrawn since then (a user leaving the pool's group) ends the use of the pool.
+    pool = case.resource_class.pool
+    if not can_use_pool(case.owner, pool):
+        raise Forbidden(
+            f"User '{case.owner.username}' may no longer use pool '{pool.name}': ask an operator for access."
+        )
     # R-CASE-8: refused up front (403 naming what to ask an operator) when the owner has no Unix
     # account this pool may run the command as; checked again when the worker builds the submission.
     passes.run_as(case)

@@ -85,6 +85,19 @@ def test_user_without_pool_access_cannot_create_a_case_there(api, outsider, priv
     assert response.status_code == 400 and "resource_class" in response.json()
 
 
+def test_a_case_prepared_while_granted_is_not_launched_once_the_grant_is_withdrawn(api, member, private_pool):
+    """R-POOL-8: a private pool is usable only by its granted users. Creating a case checked the
+    grant but launching it did not, so a member removed from the pool's group kept running the
+    cases they had prepared there (a prepared case never expires)."""
+    case_id = create(api(member), private_pool.classes.get()).json()["id"]
+    member.groups.clear()  # the operators withdraw the grant
+    response = api(member).post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    assert response.status_code == 403, response.content
+    assert "qpu" in response.json()["detail"]
+    case = Case.objects.get(pk=case_id)
+    assert case.status == CaseStatus.PREPARED and case.launch_requested_at is None
+
+
 def test_outsiders_get_404_on_every_case_route(api, owner, outsider, local_pool):
     case_id = create(api(owner), local_pool.classes.get()).json()["id"]
     client = api(outsider)
