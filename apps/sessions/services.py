@@ -71,6 +71,8 @@ def admit(
     request that won meanwhile is caught by the partial unique constraint (IntegrityError), and
     its session returned.
     """
+    if not user.is_active:  # a service principal acting for an account that was closed
+        raise Forbidden(f"User '{user.get_username()}' is deactivated: no session is opened in their name.")
     external_id = (external_id or "").strip()
     now = timezone.now()  # the request time: lifetimes count from here
     if isinstance(resource_class, ResourceClass):

@@ -237,6 +237,17 @@ def test_user_field_does_not_reveal_whether_a_username_exists(api, owner, qpu):
     assert open_session(api(owner), qpu, user="owner").status_code == 201  # naming oneself is fine
 
 
+def test_service_principal_cannot_open_a_session_for_a_deactivated_user(api, owner, service_principal, qpu):
+    """A deactivated account has lost its access: QRMI's acquire refused its uid as unknown, but
+    the API opened sessions in its name (holding the pool's slots and its allocation)."""
+    qpu.users.add(service_principal)
+    owner.is_active = False
+    owner.save()
+    response = open_session(api(service_principal), qpu, user="owner")
+    assert response.status_code == 403 and "deactivated" in response.json()["detail"]
+    assert not Session.objects.exists()
+
+
 def test_service_principal_naming_an_unknown_user_gets_400(api, service_principal, qpu):
     qpu.users.add(service_principal)
     response = open_session(api(service_principal), qpu, user="ghost")
