@@ -67,6 +67,22 @@ def test_holders_see_theirs_and_others_get_404(api, operator, qpu, alice, group_
     assert api(alice).delete(f"{URL}{mine.pk}/").status_code == 403
 
 
+def test_a_holder_sees_how_they_hold_a_reservation_not_who_else_does(
+    api, operator, qpu, alice, group_a, outsiders, reserve
+):
+    """Who else holds a window (and so works on a private pool) is the operators' business, as
+    for the pool's own grants: each holder saw every other holder's username and group."""
+    from django.contrib.auth.models import Group
+
+    window = reserve(qpu, users=outsiders[:2], groups=[group_a, Group.objects.create(name="group-b")])
+    seen_by_alice = api(alice).get(f"{URL}{window.pk}/").json()
+    assert (seen_by_alice["users"], seen_by_alice["groups"]) == ([], ["group-a"])
+    listed_for_out0 = api(outsiders[0]).get(URL).json()["results"]
+    assert [(w["users"], w["groups"]) for w in listed_for_out0] == [(["out0"], [])]
+    seen_by_staff = api(operator).get(f"{URL}{window.pk}/").json()
+    assert (seen_by_staff["users"], seen_by_staff["groups"]) == (["out0", "out1"], ["group-a", "group-b"])
+
+
 def test_r_res_1_overlapping_reservations_that_would_overbook_are_refused_with_a_clear_400(
     api, operator, qpu, group_a, reserve
 ):

@@ -45,6 +45,20 @@ class ReservationSerializer(ValidatedModelSerializer):
         ]
         read_only_fields = ["id", "created_by", "created_at", "cancelled_at"]
 
+    def to_representation(self, instance):
+        """Who else holds a window (and so works on its pool) is the operators' business, as for
+        a pool's own grants (``ResourcePoolSerializer``): others see the holders they are, their
+        username and their groups, not the rest."""
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is not None and not request.user.is_staff:
+            user = request.user
+            if "holder_groups" not in self.context:  # once per list: the context is shared
+                self.context["holder_groups"] = set(user.groups.values_list("name", flat=True))
+            data["users"] = [name for name in data["users"] if name == user.get_username()]
+            data["groups"] = [name for name in data["groups"] if name in self.context["holder_groups"]]
+        return data
+
     def get_slurm_reservation(self, obj) -> str | None:
         return obj.slurm_name if obj.pool.slurm_licence else None
 
