@@ -69,7 +69,8 @@ class ChargeAdmin(ModelAdmin):
     ]
     list_filter = ["kind", "pool"]
     search_fields = ["user__username", "allocation__name"]
-    list_select_related = ["pool", "user", "allocation"]
+    # An allocation reads as "<name> on <pool>": its pool comes with the row.
+    list_select_related = ["pool", "user", "allocation__pool"]
     date_hierarchy = "charged_at"
 
     def has_add_permission(self, request):

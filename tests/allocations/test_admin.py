@@ -45,3 +45,30 @@ def test_the_admin_never_moves_an_allocation_to_another_pool(admin_client, qpu, 
     admin_client.post(url, data)
     mine = Allocation.objects.get(pk=mine.pk)
     assert (mine.pool_id, mine.device_seconds) == (qpu.pk, 200)  # the grant stays editable
+
+
+def _charge_list_queries(admin_client) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse("admin:allocations_charge_changelist"))
+    assert response.status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_the_ledger_page_costs_the_same_queries_whatever_the_charges_shown(admin_client, qpu, owner, grant):
+    """Each row names its allocation as "<name> on <pool>": the pool comes with the row, not one
+    query per charge."""
+    now = timezone.now()
+
+    def charge(allocation):
+        Charge.objects.create(
+            kind=ChargeKind.JOB, allocation=allocation, pool=qpu, user=owner, device_seconds=1, charged_at=now
+        )
+
+    charge(grant(qpu, user=owner, device_seconds=100, name="first"))
+    few = _charge_list_queries(admin_client)
+    for i in range(20):
+        charge(grant(factories.pool(f"p{i}"), user=owner, device_seconds=100, name=f"project {i}"))
+    assert _charge_list_queries(admin_client) == few
