@@ -9,6 +9,7 @@ prepared and forced to its generic plan, over a history filled by :func:`fill_hi
 when a step of its plan reads rows of that history only to throw them away.
 """
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -138,3 +139,22 @@ def assert_history_free(statements) -> None:
     for query, params in statements:
         wasteful = [(step, thrown) for step, thrown in discarded(generic_plan(query, params)) if thrown > DISCARDED]
         assert not wasteful, f"its generic plan reads history only to discard it {wasteful}:\n{query}"
+
+
+def rows_read(sql: str, table: str) -> int:
+    """The rows of ``table`` that the statement ``sql`` (as Django logged it, parameters inlined)
+    reads on PostgreSQL, kept or thrown away, from its EXPLAIN ANALYZE (run in a rolled-back
+    savepoint: it changes nothing)."""
+
+    def walk(plan: dict) -> int:
+        own = 0
+        if plan.get("Relation Name") == table:
+            kept = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+            own = kept * plan.get("Actual Loops", 1)
+        return own + sum(walk(child) for child in plan.get("Plans", []))
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")
+        plan = cursor.fetchone()[0]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return walk(plan[0]["Plan"])

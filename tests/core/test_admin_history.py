@@ -1,0 +1,101 @@
+"""The operators' busiest admin lists (jobs, sessions, cases) read a page of rows, not the history:
+a list filter's choices come from the few devices, users, backends and live cases, never from a
+DISTINCT over every job, session or case that ever ended (SPEC §9).
+
+Measured on PostgreSQL's own plans (EXPLAIN ANALYZE) over a history of ended rows. The paginator's
+COUNT(*) and the date hierarchy's first and last dates are Django's, read on every list whatever
+its filters, and are left out here."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.cases.models import Case
+from tests import factories
+from tests.plans import HISTORY_ROWS, fill_history, rows_read
+
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+
+PAGE = 100  # the admin's list_per_page
+
+
+def _statements(admin_client, name: str) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(f"admin:{name}_changelist"))
+    assert response.status_code == 200
+    return [query["sql"] for query in ctx.captured_queries]
+
+
+def _django_own(sql: str) -> bool:
+    """The paginator's counts and the date hierarchy's bounds and steps."""
+    return sql.startswith('SELECT COUNT(*) AS "__count"') or "DATE_TRUNC(" in sql or 'MIN("' in sql
+
+
+def _history_read(admin_client, name: str, table: str) -> dict[str, int]:
+    return {
+        sql[:200]: rows
+        for sql in _statements(admin_client, name)
+        if not _django_own(sql) and (rows := rows_read(sql, table)) > PAGE + 10
+    }
+
+
+@pytest.fixture
+def qpu_pool(db):
+    return factories.pool("qpu")
+
+
+@pytest.fixture
+def fake_device(qpu_pool):
+    return factories.device(qpu_pool, "fake1")
+
+
+@pytest.fixture
+def history(owner, qpu_pool, fake_device, local_pool):
+    fill_history(owner, qpu_pool)  # ended sessions, each with a finished job
+    klass = local_pool.classes.get()
+    now = timezone.now()
+    Case.objects.bulk_create(
+        Case(
+            owner=owner,
+            resource_class=klass,
+            name=f"old {i}",
+            command="true",
+            status="failed",
+            backend="local",
+            run_host="old-host",
+            created_at=now - timedelta(days=1),
+            finished_at=now,
+        )
+        for i in range(HISTORY_ROWS)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def test_the_job_list_reads_a_page_of_jobs_whatever_the_history(admin_client, history):
+    assert _history_read(admin_client, "scheduling_job", "scheduling_job") == {}
+
+
+def test_the_session_list_reads_a_page_of_sessions_whatever_the_history(admin_client, history):
+    assert _history_read(admin_client, "compute_sessions_session", "compute_sessions_session") == {}
+
+
+def test_the_case_list_reads_a_page_of_cases_whatever_the_history(admin_client, history):
+    assert _history_read(admin_client, "cases_case", "cases_case") == {}
+
+
+def test_the_lists_still_filter_by_device_user_backend_and_host(admin_client, history, qpu_pool, fake_device, owner):
+    factories.device(qpu_pool, "idle")  # a device that never ran a job is offered too
+    jobs = admin_client.get(reverse("admin:scheduling_job_changelist")).content.decode()
+    assert f"?device__id__exact={fake_device.pk}" in jobs and "idle" in jobs
+    sessions = admin_client.get(reverse("admin:compute_sessions_session_changelist")).content.decode()
+    assert f"?user__id__exact={owner.pk}" in sessions
+    cases = admin_client.get(reverse("admin:cases_case_changelist") + "?backend=local").content.decode()
+    assert "?backend=local" in cases and "?backend=slurm" in cases
+    Case.objects.filter(name="old 1").update(status="running", run_host="node-7")
+    running = admin_client.get(reverse("admin:cases_case_changelist") + "?run_host=node-7")
+    assert running.status_code == 200 and running.context["cl"].result_count == 1
