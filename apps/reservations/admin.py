@@ -1,6 +1,7 @@
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef
 
 from apps.core.admin_base import ModelAdmin
 from apps.reservations import services
@@ -84,7 +85,9 @@ class ReservationAdmin(ModelAdmin):
         if chosen and chosen.isascii() and chosen.isdigit():  # "²".isdigit(), and int("²") raises
             pools = pools.filter(pk=int(chosen))
         else:
-            pools = pools.filter(reservations__isnull=False).distinct()
+            # One index probe per pool (reservations_reservation_pool_id), not a join over every
+            # window of the past calendar made distinct.
+            pools = pools.filter(Exists(Reservation.objects.filter(pool=OuterRef("pk"))))
         monday = monday_of(request.GET.get("week"))
         extra = {"week": week(list(pools[:20]), request.user, monday)}
         return super().changelist_view(request, extra_context={**(extra_context or {}), **extra})

@@ -37,7 +37,7 @@ def _django_own(sql: str) -> bool:
 
 def _history_read(admin_client, name: str, table: str) -> dict[str, int]:
     return {
-        sql[:200]: rows
+        sql[:200] + " … " + sql[-300:]: rows
         for sql in _statements(admin_client, name)
         if not _django_own(sql) and (rows := rows_read(sql, table)) > PAGE + 10
     }
@@ -99,3 +99,51 @@ def test_the_lists_still_filter_by_device_user_backend_and_host(admin_client, hi
     Case.objects.filter(name="old 1").update(status="running", run_host="node-7")
     running = admin_client.get(reverse("admin:cases_case_changelist") + "?run_host=node-7")
     assert running.status_code == 200 and running.context["cl"].result_count == 1
+
+
+def test_the_delivery_log_reads_its_newest_page_whatever_the_history(admin_client, owner):
+    """Newest first, as ``Delivery.Meta.ordering``: an index in that order, else the whole log is
+    read and sorted at each view."""
+    from apps.notifications.models import Delivery, Subscription
+
+    subscription = Subscription.objects.create(user=owner, event="job.finished", channel="email")
+    now = timezone.now()
+    Delivery.objects.bulk_create(
+        Delivery(
+            subscription=subscription,
+            user=owner,
+            event="job.finished",
+            subject=f"job {i}",
+            payload={},
+            status="delivered",
+            created_at=now - timedelta(minutes=i),
+        )
+        for i in range(HISTORY_ROWS)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    assert _history_read(admin_client, "notifications_delivery", "notifications_delivery") == {}
+
+
+def test_the_calendar_list_reads_a_page_of_windows_whatever_the_history(admin_client, owner, qpu_pool):
+    """The windows in ``Reservation.Meta.ordering`` (start, id), and the pools that have any,
+    without reading every window of the past."""
+    from apps.reservations.models import Reservation
+
+    now = timezone.now()
+    Reservation.objects.bulk_create(
+        Reservation(
+            pool=qpu_pool,
+            start=now - timedelta(days=14, hours=2 + i),
+            end=now - timedelta(days=14, hours=1 + i),
+            cancelled_at=now if i % 2 else None,
+            started_at=now - timedelta(days=14, hours=2 + i),
+            slots=1,
+            title=f"past {i}",
+        )
+        for i in range(HISTORY_ROWS)
+    )
+    Reservation.objects.create(pool=qpu_pool, start=now, end=now + timedelta(hours=1), slots=1, title="this week")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    assert _history_read(admin_client, "reservations_reservation", "reservations_reservation") == {}
