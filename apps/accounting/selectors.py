@@ -17,12 +17,20 @@ from django.utils import timezone
 
 from apps.cases.models import Case
 from apps.scheduling.models import Job
-from apps.sessions.models import Session
+from apps.sessions.models import Session, SessionStatus
 
 # Accepted period bounds: outside them ``until - 30 days`` and the SQL interval arithmetic overflow
 # (``?until=0001-01-01`` was a 500). A date out of range is the client's error.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def alive_since(since: datetime) -> Q:
+    """Sessions not revoked before ``since``: the active ones and those revoked after it. Written
+    with the status, not ``revoked_at IS NULL`` (the same rows, by the check constraint
+    sessions_revoked_at_matches_status), so that the partial indexes sessions_active_pool and
+    sessions_revoked serve it and the sessions that ended before ``since`` are never read."""
+    return Q(status=SessionStatus.ACTIVE) | Q(revoked_at__gt=since)
 
 
 def _p95(values: list[float]) -> float | None:
@@ -43,7 +51,7 @@ def usage(since: datetime, until: datetime, *, pool_id: int | None = None, usern
         }
     )
 
-    sessions = Session.objects.filter(created_at__lt=until).filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=since))
+    sessions = Session.objects.filter(created_at__lt=until).filter(alive_since(since))
     jobs = Job.objects.filter(created_at__gte=since, created_at__lt=until)
     cases = Case.objects.filter(created_at__gte=since, created_at__lt=until)
     if pool_id is not None:
@@ -302,9 +310,7 @@ def utilization(
     # Slots held: Σ slots × overlap / bucket length. SQLite cannot multiply a duration by a
     # number, so the durations are summed per (pool, slots) and multiplied here: a handful of rows.
     sums = _held_per_bucket("created_at", "revoked_at", parts, now)
-    sessions = Session.objects.filter(pool_id__in=ids, created_at__lt=min(until, now)).filter(
-        Q(revoked_at__isnull=True) | Q(revoked_at__gt=since)
-    )
+    sessions = Session.objects.filter(pool_id__in=ids, created_at__lt=min(until, now)).filter(alive_since(since))
     for row in sessions.order_by().values("pool_id", "slots").annotate(**sums):
         series = pools[row["pool_id"]].slots
         for i, seconds in enumerate(elapsed):

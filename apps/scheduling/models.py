@@ -238,6 +238,15 @@ class Job(models.Model):
             # device writes no entry here; most jobs never name a target device.
             models.Index(fields=["device"], condition=Q(device__isnull=False), name="jobs_device"),
             models.Index(fields=["target_device"], condition=Q(target_device__isnull=False), name="jobs_target_device"),
+            # The utilization charts (apps.accounting.selectors.utilization): jobs dispatched in a
+            # period, and the device time held in it (dispatched jobs unfinished or finished since
+            # its start), not every job dispatched before its end. Partial on dispatched jobs: a
+            # submission writes no entry; the dispatch, which already rewrites the row's entries,
+            # adds one to each.
+            models.Index(fields=["scheduled_at"], condition=Q(scheduled_at__isnull=False), name="jobs_dispatched"),
+            models.Index(
+                fields=["finished_at"], condition=Q(scheduled_at__isnull=False), name="jobs_dispatched_finished"
+            ),
         ]
 
     def __str__(self):

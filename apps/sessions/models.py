@@ -145,6 +145,10 @@ class Session(models.Model):
             models.Index(fields=["user", "-created_at", "id"], name="sessions_user_created"),
             # An allocation's sessions (its deletion's SET NULL); most sessions spend none.
             models.Index(fields=["allocation"], condition=Q(allocation__isnull=False), name="sessions_allocation"),
+            # Accounting and the utilization charts: the sessions alive in a period are the active
+            # ones (sessions_active_pool) and those revoked since its start (this one), not every
+            # session created before its end. Partial: admission writes no entry here.
+            models.Index(fields=["revoked_at"], condition=Q(revoked_at__isnull=False), name="sessions_revoked"),
         ]
 
     def __str__(self):
