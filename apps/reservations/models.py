@@ -58,8 +58,12 @@ class ReservationQuerySet(models.QuerySet):
         return peak, at, names
 
     def held_by(self, user):
-        """Reservations ``user`` holds, directly or through a group."""
-        return self.filter(Q(users=user) | Q(groups__user=user)).distinct()
+        """Reservations ``user`` holds, directly or through a group: the ids from the holder tables
+        (their indexes on the user and the group), so a user's list reads their own windows, not
+        every window of the calendar's past joined to its holders and made distinct."""
+        direct = Reservation.users.through.objects.filter(user=user).values("reservation_id")
+        through_groups = Reservation.groups.through.objects.filter(group__user=user).values("reservation_id")
+        return self.filter(pk__in=direct.union(through_groups))
 
 
 def holder_sql(window: str) -> tuple[str, int]:
