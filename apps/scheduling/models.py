@@ -308,6 +308,9 @@ class DriverRun(models.Model):
         indexes = [
             # emulator.recover_runs, every few seconds: the live runs only.
             models.Index(fields=["status"], condition=Q(status__in=["queued", "running"]), name="driverruns_live"),
+            # Meta.ordering: the admin's list reads a page from it (not every run kept, sorted), and
+            # cleanup's runs older than the retention are a range of it.
+            models.Index(fields=["created_at", "remote_id"], name="driverruns_list"),
             # pasqal_cloud, a job added to an open batch: the batch's runs already recorded.
             models.Index(fields=["batch_id"], condition=~Q(batch_id=""), name="driverruns_batch"),
         ]

@@ -181,3 +181,19 @@ def _hierarchy(response) -> list[str]:
     page = response.content.decode()
     nav = re.search(r'<nav class="toplinks">(.*?)</nav>', page, re.S).group(1)
     return list(re.findall(r'<a href="\?[^"]*"(?! class="date-back")>([^<]+)</a>', nav))
+
+
+def test_the_driver_runs_list_reads_a_page_of_runs_whatever_the_history(admin_client, qpu_pool, fake_device):
+    """One run per job of the built-in and Pasqal drivers: its list, its status filter and its order
+    (Meta.ordering, created_at then remote_id) never read every run kept."""
+    from apps.scheduling.models import DriverRun
+
+    DriverRun.objects.bulk_create(
+        DriverRun(remote_id=f"emu-{i}", device=fake_device, payload={}, shots=1, status="completed")
+        for i in range(HISTORY_ROWS)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    assert _history_read(admin_client, "scheduling_driverrun", "scheduling_driverrun") == {}
+    page = admin_client.get(reverse("admin:scheduling_driverrun_changelist") + "?status=completed")
+    assert page.status_code == 200 and "?status=running" in page.content.decode()
