@@ -6,13 +6,11 @@ from django.utils.html import format_html, format_html_join
 from apps.backends.registry import BACKENDS
 from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
-from apps.cases.models import TERMINAL, Campaign, Case, CaseEvent, CaseStatus
+from apps.cases.models import TERMINAL, UNFINISHED, Campaign, Case, CaseEvent
 from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import ServiceError
 from apps.core.text import printable
 from apps.resources.selectors import can_use_pool
-
-UNFINISHED = [CaseStatus.PREPARED, CaseStatus.PENDING, CaseStatus.RUNNING]
 
 #: files listed on a case's change page; the API pages through the rest
 ADMIN_FILES = 200

@@ -21,6 +21,8 @@ class CaseStatus(models.TextChoices):
 #: statuses a pass watches (remote job exists, not finished)
 ACTIVE = frozenset({CaseStatus.PENDING, CaseStatus.RUNNING})
 TERMINAL = frozenset({CaseStatus.DONE, CaseStatus.FAILED, CaseStatus.CANCELLED})
+#: not finished: the partial index ``cases_case_unfinished`` holds these
+UNFINISHED = [CaseStatus.PREPARED, CaseStatus.PENDING, CaseStatus.RUNNING]
 
 
 class Campaign(models.Model):
@@ -163,7 +165,7 @@ class Case(models.Model):
             # scrape follows the unfinished cases, never the finished history.
             models.Index(
                 fields=["resource_class", "status"],
-                condition=Q(status__in=["prepared", "pending", "running"]),
+                condition=Q(status__in=UNFINISHED),
                 name="cases_case_unfinished",
             ),
         ]

@@ -180,12 +180,12 @@ def launch_case(case: Case, *, user=None, launch_options=None) -> Case:
     passes.run_as(case)
     # Per-user credentials: refused up front (403 naming the page to connect at) while the owner has
     # no working connection to the pool; a grant revoked without our knowing fails in the worker.
-    credential_services.require_connection(case.owner, case.resource_class.pool)
+    credential_services.require_connection(case.owner, pool)
     # The host's set-up (``case_readiness``: no provider call), before the launch options ask the
     # provider: 400 saying what is missing, rather than a launch recorded for a worker that could
     # only fail it. A kind with no case backend at all is refused under the lock, naming the kinds
     # that run cases.
-    readiness = case_readiness(case.resource_class.pool)
+    readiness = case_readiness(pool)
     if readiness.runs_cases and not readiness.ready:
         raise Invalid(readiness.message, resource_class=[readiness.message])
     # R-BACK-6: the options that will be submitted (these, or those stored at creation) must be
