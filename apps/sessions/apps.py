@@ -6,3 +6,8 @@ class ComputeSessionsConfig(AppConfig):
     # Must differ from django.contrib.sessions' label "sessions".
     label = "compute_sessions"
     verbose_name = "Compute sessions"
+
+    def ready(self):
+        from apps.sessions import receivers
+
+        receivers.connect()

@@ -24,6 +24,9 @@ class RevocationReason(models.TextChoices):
     MAX_LIFETIME = "max_lifetime", "Maximum lifetime reached"
     # R-RES-1: revoked at a reservation's start to free the slots it holds for its holders.
     RESERVATION = "reservation", "Made room for a reservation"
+    # R-POOL-8: the owner may no longer use the pool (a grant withdrawn, the pool made private,
+    # the account deactivated).
+    ACCESS = "access", "Access to the pool withdrawn"
 
 
 class SessionQuerySet(models.QuerySet):

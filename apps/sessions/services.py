@@ -293,6 +293,33 @@ def revoke(*, session_ids, reason: str = RevocationReason.MANUAL) -> int:
     return len(_end([_session_id(pk) for pk in session_ids], reason, timezone.now()))
 
 
+def end_sessions_without_access(*, pool_ids=None, user_ids=None) -> int:
+    """R-POOL-8 once a grant is withdrawn: the active sessions whose owner may no longer use their
+    pool (removed from its users or from a group granted it, the pool made private, the account
+    deactivated) end with reason ``access``, as a staff revocation would: their slots are freed
+    and their pending jobs cancelled, so no job is submitted or dispatched under a withdrawn grant.
+    ``pool_ids``/``user_ids`` narrow what is looked at (the change's pools or users). Each owner's
+    pools are asked of ``ResourcePool.objects.visible_to``, the rule written once. Returns how many
+    sessions ended."""
+    from django.contrib.auth import get_user_model
+
+    sessions = Session.objects.active().filter(Q(pool__public=False) | Q(user__is_active=False))
+    if pool_ids is not None:
+        sessions = sessions.filter(pool_id__in=pool_ids)
+    if user_ids is not None:
+        sessions = sessions.filter(user_id__in=user_ids)
+    held: dict[int, set[int]] = {}
+    for user_id, pool_id in sessions.values_list("user_id", "pool_id").distinct():
+        held.setdefault(user_id, set()).add(pool_id)
+    ended = []
+    for user in get_user_model().objects.filter(pk__in=held):
+        usable = set(ResourcePool.objects.visible_to(user).filter(pk__in=held[user.pk]).values_list("pk", flat=True))
+        lost = held[user.pk] - usable if user.is_active else held[user.pk]
+        if lost:
+            ended += sessions.filter(user_id=user.pk, pool_id__in=lost).values_list("id", flat=True)
+    return len(_end(ended, RevocationReason.ACCESS, timezone.now())) if ended else 0
+
+
 def deletable(sessions):
     """The rows of ``sessions`` that may be deleted (the admin; ``cleanup`` prunes the same): ended
     sessions with no unfinished job. An active session's row goes only through its release or

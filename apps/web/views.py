@@ -581,6 +581,8 @@ def session_end_words(session, viewer) -> str:
         return "ended after being idle too long"
     if reason == "max_lifetime":
         return "ended at its maximum lifetime"
+    if reason == "access":
+        return "ended when access to its pool was withdrawn"
     return "ended"
 
 
