@@ -41,7 +41,13 @@ class Licence:
 
 
 def _environment() -> dict:
+    """What the Slurm client commands run with. ``TZ=UTC0``: scontrol reads and prints times
+    without a zone, in its own local time (``apps.licences.scontrol``); in UTC, a window's
+    instants are read as meant whatever the worker's zone (its ``TZ`` was not passed on, the
+    host's ``/etc/localtime`` was used), and an hour that happens twice at a DST change is never
+    ambiguous (a window from 02:00 CEST to 02:00 CET was sent as starting when it ends)."""
     env = files.base_environment(files.INHERITED_ENVIRONMENT + ("SLURM_CONF",))
+    env["TZ"] = "UTC0"
     if settings.GRIDGATE_LICENCE_SLURM_CONF:
         env["SLURM_CONF"] = settings.GRIDGATE_LICENCE_SLURM_CONF
     return env

@@ -17,7 +17,7 @@ import getpass
 import pwd
 import shutil
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from apps.licences.sacctmgr import SlurmError, run_slurm
 
@@ -54,8 +54,9 @@ class Present:
 
 
 def _slurm_time(at: datetime) -> str:
-    """Slurm reads times in its controller's local time zone, without a zone."""
-    return at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    """A time as scontrol reads and prints it: without a zone, in its local time, which is UTC
+    (``sacctmgr._environment`` runs it with ``TZ=UTC0``)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _run(*args: str) -> str:
@@ -106,7 +107,7 @@ def update(wanted: Wanted, present: Present) -> None:
     kind changed (Slurm cannot add or remove ``maint`` on a reservation in use)."""
     if ("MAINT" in present.flags.split(",")) != wanted.maintenance:
         delete(present.name)
-        create(wanted, now=datetime.now().astimezone())
+        create(wanted, now=datetime.now(UTC))
         return
     _run("update", f"reservationname={wanted.name}", *wanted.arguments(started=present.active))
 
