@@ -1,6 +1,7 @@
 """The base of every Gridgate admin page."""
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AutocompleteSelect, AutocompleteSelectMultiple
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 
@@ -36,6 +37,19 @@ class IdsItTakesSelectMultiple(IdsItTakes, AutocompleteSelectMultiple):
     pass
 
 
+class DatesItTakes:
+    """A list's date drill-down (``date_hierarchy``) whose end is past datetime's range: Django
+    bounds ``?start__year=9999`` (``__month=12``, ``__day=31``) by the year (month, day) after it,
+    which raised ValueError or OverflowError (a 500, on a link the drill-down itself shows for a
+    window the API took in year 9999). It is the admin's answer to a filter it cannot read."""
+
+    def get_filters(self, request):
+        try:
+            return super().get_filters(request)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
 class FieldValues:
     """What an administrator types by hand, read as each model field reads it:
     - an add page's values from its query string (``?user=3``): Django hands them to the form as
@@ -64,6 +78,12 @@ class FieldValues:
         if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
             kwargs["widget"] = IdsItTakesSelectMultiple(db_field, self.admin_site, using=kwargs.get("using"))
         return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+    def get_changelist(self, request, **kwargs):
+        changelist = super().get_changelist(request, **kwargs)
+        return (
+            changelist if issubclass(changelist, DatesItTakes) else type("ChangeList", (DatesItTakes, changelist), {})
+        )
 
 
 class ModelAdmin(FieldValues, admin.ModelAdmin):

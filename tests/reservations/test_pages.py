@@ -73,3 +73,21 @@ def test_the_week_view_takes_a_pool_filter_in_other_digits_without_a_500(admin_c
     # '²'.isdigit() is True, and int('²') raises: the week view's pool filter answered 500.
     response = admin_client.get("/admin/reservations/reservation/?pool__id__exact=%C2%B2")
     assert response.status_code in (200, 302)  # the admin's own answer to a filter it cannot read
+
+
+@pytest.mark.parametrize(
+    "drill", ["start__year=9999", "start__year=9999&start__month=12", "start__year=9999&start__month=12&start__day=31"]
+)
+def test_the_admins_date_drill_down_to_the_calendars_last_year_is_no_500(admin_client, qpu, group_a, reserve, drill):
+    """The API takes a window in year 9999, and the list's date drill-down then links to it: the
+    day, month or year after it is past datetime's range (Django computes it as the drill-down's
+    end), which raised OverflowError (a 500); it is now the admin's answer to a bad filter."""
+    from datetime import UTC, datetime
+
+    reserve(
+        qpu, start=datetime(9999, 12, 31, 22, tzinfo=UTC), end=datetime(9999, 12, 31, 23, tzinfo=UTC), groups=[group_a]
+    )
+    assert "start__year=9999" in admin_client.get("/admin/reservations/reservation/").content.decode()
+    answer = admin_client.get(f"/admin/reservations/reservation/?{drill}")
+    assert answer.status_code == 302 and answer["Location"].endswith("?e=1")
+    assert admin_client.get("/admin/compute_sessions/session/?created_at__year=9999").status_code == 302
