@@ -20,8 +20,10 @@ def monday_of(raw: str | None) -> date:
 
 
 def week(pools, user, monday: date) -> dict:
-    """``{"monday", "previous", "next", "days": [date], "pools": [{"pool", "days": [[slot]]}]}``:
-    each pool's windows per day (open slots left out: the empty cells are open)."""
+    """``{"monday", "previous", "next", "start", "end", "zone", "days": [date], "pools": [{"pool",
+    "days": [[slot]]}]}``: each pool's windows per day (open slots left out: the empty cells are
+    open). The days are the site's time zone's (``zone``, UTC), from ``start`` to ``end``; a
+    window that begins or ends outside them is shown with its dates."""
     zone = timezone.get_current_timezone()
     start = datetime.combine(monday, time.min, tzinfo=zone)
     days = [monday + timedelta(days=i) for i in range(7)]
@@ -38,6 +40,9 @@ def week(pools, user, monday: date) -> dict:
         "monday": monday,
         "previous": monday - timedelta(days=7),
         "next": monday + timedelta(days=7),
+        "start": start,
+        "end": start + timedelta(days=7),
+        "zone": timezone.get_current_timezone_name(),
         "days": days,
         "pools": rows,
     }

@@ -91,3 +91,27 @@ def test_the_admins_date_drill_down_to_the_calendars_last_year_is_no_500(admin_c
     answer = admin_client.get(f"/admin/reservations/reservation/?{drill}")
     assert answer.status_code == 302 and answer["Location"].endswith("?e=1")
     assert admin_client.get("/admin/compute_sessions/session/?created_at__year=9999").status_code == 302
+
+
+def test_the_week_view_dates_a_window_that_begins_or_ends_outside_the_week_and_says_utc(client, qpu, alice, reserve):
+    """A window longer than the week read "Mon 10:00–Mon 10:00" in every day's cell (weekday and
+    hour only), and nothing said the hours and days were UTC's."""
+    from datetime import UTC, datetime
+
+    from apps.reservations.models import WindowKind
+
+    reserve(
+        qpu,
+        kind=WindowKind.MAINTENANCE,
+        slots=0,
+        start=datetime(2030, 3, 4, 10, tzinfo=UTC),  # a Monday
+        end=datetime(2030, 3, 11, 10, tzinfo=UTC),  # the next Monday
+        title="Cryostat warm-up",
+    )
+    with time_machine.travel(at(8), tick=False):
+        client.force_login(alice)
+        this_week = client.get(f"/pools/{qpu.pk}/?week=2030-03-04").content.decode()
+        next_week = client.get(f"/pools/{qpu.pk}/?week=2030-03-11").content.decode()
+    assert "Mon 10:00–Mon 11 Mar 10:00" in this_week and "Mon 10:00–Mon 10:00" not in this_week
+    assert "Mon 4 Mar 10:00–Mon 10:00" in next_week
+    assert "UTC" in this_week
