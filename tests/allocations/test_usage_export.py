@@ -184,3 +184,12 @@ def test_csv_export_quotes_names_a_spreadsheet_would_run_as_formulas(formula_nam
         (row,) = csv.DictReader(io.StringIO(text))
         assert row["key"] == "'" + FORMULAS[group_by]
         assert row["device_seconds"] == "-1.5"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/accounting/usage/", "/api/v1/accounting/"])
+def test_a_positive_utc_offset_typed_unescaped_in_the_query_string_is_read_as_that_offset(ledger, staff, api, path):
+    """'+' in a query string is a space: ``?since=2026-11-01T00:00:00+01:00`` typed as is was a 400
+    ("Use an ISO 8601 date-time") although it is one, while ``-01:00`` and ``Z`` were read."""
+    plus = api(staff).get(f"{path}?since=2026-11-01T00:00:00+01:00&until=2026-12-01T00:00:00+01:00")
+    assert plus.status_code == 200, plus.content
+    assert (plus.data["since"], plus.data["until"]) == ("2026-10-31T23:00:00Z", "2026-11-30T23:00:00Z")

@@ -296,3 +296,20 @@ def test_r_res_4_a_feed_shows_others_only_what_the_schedule_does(qpu, alice, gro
     assert "Hybrid run" in theirs and "(yours)" not in theirs
     assert not {"alice", "group-a"} & set(re.findall(r"[\w-]+", mine + theirs))
     assert hidden.status_code == 404
+
+
+@pytest.mark.parametrize("path", ["schedule/", "schedule.ics"])
+def test_r_res_4_a_positive_utc_offset_typed_unescaped_in_the_query_string_is_read_as_that_offset(
+    api, alice, qpu, path
+):
+    """In a query string '+' means a space: ``?from=2030-03-04T12:00:00+02:00`` typed as is (curl,
+    a browser's address bar) reached the API as ``12:00:00 02:00`` and was a 400 "wrong format"
+    naming +HH:MM among the formats, while ``-05:00`` and ``Z`` were read."""
+    url = f"/api/v1/resource-pools/{qpu.pk}/{path}"
+    plus = api(alice).get(f"{url}?from=2030-03-04T12:00:00+02:00&to=2030-03-04T13:00:00+02:00")
+    escaped = api(alice).get(f"{url}?from=2030-03-04T12:00:00%2B02:00&to=2030-03-04T13:00:00%2B02:00")
+    assert plus.status_code == escaped.status_code == 200, plus.content
+    if path == "schedule/":
+        assert plus.json()["from"] == escaped.json()["from"] == "2030-03-04T10:00:00Z"
+        assert plus.json()["to"] == "2030-03-04T11:00:00Z"
+    assert api(alice).get(f"{url}?from=2030-03-04 12:00").status_code == 200  # a space before the time

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounting.selectors import EARLIEST, LATEST, usage
+from apps.core.api.params import moment_text
 from apps.core.api.permissions import IsStaff
 
 
@@ -37,7 +38,7 @@ def _moment(request, name, default):
     if raw in (None, ""):
         return default
     try:
-        value = parse_datetime(raw)  # also accepts a bare date; raises on impossible dates
+        value = parse_datetime(moment_text(raw))  # also accepts a bare date; raises on impossible dates
     except ValueError:
         value = None
     if value is None:

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
+from apps.core.api.params import moment_text
 from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.api.renderers import JSONRenderer
 from apps.reservations import feeds, selectors, services
@@ -75,7 +76,7 @@ def _range(request, *, past_days: int = 0, days: int = DEFAULT_DAYS):
             bounds[name] = default
             continue
         try:
-            bounds[name] = field.to_internal_value(raw)
+            bounds[name] = field.to_internal_value(moment_text(raw))
         except serializers.ValidationError as exc:
             raise ValidationError({name: exc.detail}) from None
     try:

@@ -1,0 +1,17 @@
+"""Query-string values as the API reads them."""
+
+import re
+
+#: a date and time followed by a space and an offset: a '+' that the query string made a space
+_PLUS_LOST = re.compile(r"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,9})?)?) (\d{2}(?::?\d{2})?)")
+
+
+def moment_text(raw: str) -> str:
+    """An ISO 8601 date-time from a query string, its positive UTC offset given back its '+'.
+
+    In a query string '+' means a space, so ``?from=2030-03-04T12:00:00+02:00`` typed as is (curl,
+    an address bar) arrives as ``2030-03-04T12:00:00 02:00``: unreadable, while ``-05:00`` and
+    ``Z`` came through. A date-time followed by a space and an offset can mean nothing else.
+    """
+    found = _PLUS_LOST.fullmatch(raw.strip())
+    return f"{found[1]}+{found[2]}" if found else raw
