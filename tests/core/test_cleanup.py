@@ -62,3 +62,22 @@ def test_cleanup_deletes_expired_api_tokens_and_says_how_many(owner, capsys):
     call_command("cleanup")
     assert "deleted 1 row(s): expired API tokens" in capsys.readouterr().out
     assert list(ApiToken.objects.values_list("pk", flat=True)) == [valid.pk]
+
+
+@pytest.mark.parametrize("days", [1_000_000, 10**12])
+def test_a_retention_longer_than_the_calendar_keeps_everything_instead_of_failing(owner, capsys, settings, days):
+    """``--days 1000000`` (or GRIDGATE_RETENTION_DAYS set so, "keep everything") put the cutoff
+    before year 1: OverflowError, and the daily cleanup failed every day, expired tokens and old
+    idempotency keys included."""
+    pool = ResourcePool.objects.create(name="p", public=True)
+    klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    ended = services.admit(user=owner, resource_class=klass).session
+    services.release(user=ended.user, session_id=ended.pk)
+    Session.objects.filter(pk=ended.pk).update(revoked_at=timezone.now() - timedelta(days=3650))
+    old_key = IdempotencyKey.objects.create(user=owner, key="old", fingerprint="x")
+    IdempotencyKey.objects.filter(pk=old_key.pk).update(created_at=timezone.now() - timedelta(hours=25))
+    settings.GRIDGATE_RETENTION_DAYS = days
+    call_command("cleanup")
+    call_command("cleanup", days=days)
+    assert Session.objects.filter(pk=ended.pk).exists()  # within the retention
+    assert not IdempotencyKey.objects.filter(pk=old_key.pk).exists()  # kept 24 h whatever the retention

@@ -1,7 +1,7 @@
 """``manage.py cleanup``: prune what has served its purpose (SPEC §8). Safe to re-run."""
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -46,7 +46,11 @@ class Command(BaseCommand):
             self.stderr.write("--days must be at least 1")
             return
         now = timezone.now()
-        cutoff = now - timedelta(days=days)
+        try:
+            cutoff = now - timedelta(days=days)
+        except OverflowError:
+            # A retention longer than the calendar ("keep everything"): nothing ended before it.
+            cutoff = datetime.min.replace(tzinfo=UTC)
         targets = [
             ("idempotency keys", IdempotencyKey.objects.filter(created_at__lt=now - IDEMPOTENCY_RETENTION)),
             ("finished jobs", Job.objects.filter(status__in=JOB_TERMINAL, finished_at__lt=cutoff)),
