@@ -251,7 +251,9 @@ def recompute(pool, now: float) -> int:
     """Rebuild every share's decayed usage of ``pool`` from its job history (the jobs that ran:
     their measured device time, decayed from when they ended). Returns the jobs counted."""
     half_life = pool.usage_half_life
-    horizon = datetime.fromtimestamp(now - 64 * half_life, tz=UTC)  # older jobs weigh less than 2^-64
+    # Older jobs weigh less than 2^-64; never before the epoch (no job ended then), which a
+    # half-life of decades would put before year 1 (an error).
+    horizon = datetime.fromtimestamp(max(now - 64 * half_life, 0.0), tz=UTC)
     jobs = (
         Job.objects.filter(pool_id=pool.pk, runtime_seconds__gt=0, finished_at__gte=horizon)
         .exclude(status__in=UNFINISHED)

@@ -370,3 +370,17 @@ def test_a_share_runnable_all_along_keeps_a_key_below_the_levels_virtual_time(
     submit(open_session(usage_pool, owner))
     submit(open_session(usage_pool, member))
     assert next_user(usage_pool).user_id == member.pk
+
+
+@pytest.mark.parametrize("half_life", [2_000_000_000, 2_147_483_647])
+def test_usage_is_recomputed_with_a_half_life_of_decades(usage_pool, fake_device, open_session, owner, half_life):
+    """A half-life of decades (an operator's "hardly decay", the field takes up to 2^31 − 1 s):
+    the recompute's horizon, 64 half-lives back, fell before year 1 and raised (the command and
+    the pool list's action failed)."""
+    submit(open_session(usage_pool, owner), 1)
+    dispatch_and_finish(usage_pool, runtime=4.0)
+    usage_pool.usage_half_life = half_life
+    usage_pool.save()
+    FairShare.objects.filter(pool=usage_pool).update(usage=999.0)
+    call_command("recompute_usage", usage_pool.name, verbosity=0)
+    assert share_of(usage_pool, owner).usage == pytest.approx(4.0, rel=1e-3)
