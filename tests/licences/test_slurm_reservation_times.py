@@ -66,9 +66,11 @@ def worker_in_zurich(monkeypatch):
     monkeypatch.setenv("TZ", "Europe/Zurich")
     time.tzset()
     yield
-    monkeypatch.undo()
-    assert os.environ.get("TZ") == before
-    time.tzset()
+    if before is None:
+        monkeypatch.delenv("TZ")
+    else:
+        monkeypatch.setenv("TZ", before)
+    time.tzset()  # the process's local time as it was, for the tests that follow
 
 
 @pytest.fixture
