@@ -348,13 +348,17 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
     from apps.reservations import selectors as calendar
 
     now = now or timezone.now()
+    # R-SESS-3 first: a session past one of its deadlines holds no slot at the start (the notices
+    # said so: ``revocation_notices`` counts only the sessions alive then). Counted, it made a
+    # live session be revoked in its place when the start ran before the expiry sweep.
+    expired = statements.any_due(pool_id, now) and any(expire_due_sessions(now=now, pool_id=pool_id).values())
     ended = []
     with transaction.atomic():
         sessions = statements.lock_active(pool_id)
         earlier = {session.reservation_id for session in sessions if session.reservation_id is not None}
         windows = calendar.lock_open_reservations(pool_id, now, also=earlier)
         if not windows:
-            return False
+            return expired
         usage = statements.lock_usage(pool_id)
         pool = ResourcePool.objects.only("name", "slots_total").get(pk=pool_id)
         holders = calendar.holders_of(windows)
@@ -390,7 +394,7 @@ def start_reservations(*, pool_id: int, now: datetime | None = None) -> bool:
     _announce(ended, RevocationReason.RESERVATION)
     if ended:
         log.info("pool %s: %d session(s) revoked at the start of a reservation", pool.name, len(ended))
-    return changed
+    return changed or expired
 
 
 REVOKED_AT_ONCE = 10_000  # a statement names them in an IN list: PostgreSQL takes 65 535 parameters

@@ -99,10 +99,10 @@ def test_r_res_1_a_holder_asking_before_the_tick_makes_room_at_once(qpu, alice, 
 def test_r_res_1_a_holders_earlier_session_takes_its_reserved_slot_at_the_start(
     qpu, alice, group_a, outsiders, reserve
 ):
-    """Alice held a slot since 09:00: at 10:00 it counts as hers of the reservation, so the
+    """Alice held a slot since 09:45: at 10:00 it counts as hers of the reservation, so the
     outsider keeps the other slot (nobody is revoked) and the window is full."""
     reserve(qpu, groups=[group_a])
-    with time_machine.travel(at(9, 0), tick=False):
+    with time_machine.travel(at(9, 45), tick=False):  # within the hour the sessions stay idle
         mine = admit(alice, qpu)
         theirs = admit(outsiders[0], qpu)
     with time_machine.travel(at(10, 0, 1), tick=False):
@@ -203,10 +203,10 @@ def test_r_res_1_window_constants_are_the_issues_example():
 
 
 def test_r_res_1_sessions_in_the_way_are_told_beforehand_on_the_session(api, qpu, alice, group_a, outsiders, reserve):
-    """At 09:00 both slots are held by outsiders; the 10:00 reservation will revoke the newer:
+    """At 09:30 both slots are held by outsiders; the 10:00 reservation will revoke the newer:
     its session says so (``revocation_notice``), the older's does not, nor the holder's."""
     reserve(qpu, groups=[group_a], title="Hybrid run")
-    with time_machine.travel(at(9, 0), tick=False) as clock:
+    with time_machine.travel(at(9, 30), tick=False) as clock:  # within the hour they stay idle
         older = admit(outsiders[0], qpu)
         clock.shift(1)
         newer = admit(outsiders[1], qpu)
@@ -253,3 +253,29 @@ def test_r_res_1_an_acquire_during_a_reservation_costs_the_same_statements(
                 response = client.post("/api/v1/sessions/", {"resource_class": klass.pk}, format="json")
             assert response.status_code == 201, response.content
     assert Reservation.objects.get().slots_used == 1
+
+
+def test_r_res_1_a_session_past_its_lifetime_at_the_start_ends_and_a_live_one_is_not_revoked_for_it(
+    api, qpu, alice, group_a, outsiders, reserve
+):
+    """Outsiders hold both slots; the older outsider's session reaches its lifetime at 10:00, when
+    the reservation starts. Its notice said the newer session was not in the way (the older one
+    ends first), but a window's start ran before the expiry sweep: it counted the session past its
+    lifetime as holding a slot and revoked the newer, live one for it."""
+    reserve(qpu, groups=[group_a], title="Hybrid run")
+    qpu.max_lifetime = 3600
+    qpu.save()
+    with time_machine.travel(at(9, 0), tick=False) as clock:
+        older = admit(outsiders[0], qpu)  # expires at 10:00
+        qpu.max_lifetime = 4 * 3600
+        qpu.save()
+        clock.shift(60)
+        newer = admit(outsiders[1], qpu)
+        assert api(outsiders[1]).get(f"/api/v1/sessions/{newer.pk}/").json()["revocation_notice"] is None
+    with time_machine.travel(at(10, 0, 1), tick=False):  # no expiry sweep has run since 09:01
+        assert passes.start_windows() == {qpu.pk: True}
+        older.refresh_from_db()
+        newer.refresh_from_db()
+        assert (older.status, older.revocation_reason) == ("revoked", RevocationReason.MAX_LIFETIME)
+        assert newer.is_active
+        assert admit(alice, qpu).reserved_slots == 1
