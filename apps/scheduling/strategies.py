@@ -22,9 +22,11 @@ def in_backoff(now):
 
 def eligible_jobs(pool_id: int, free_device_ids: list[int], now, only: Q | None = None):
     """Pending jobs of the pool that a free device may take now (among ``only``, when the
-    calendar restricts them: ``apps.scheduling.passes.next_on_calendar``)."""
+    calendar restricts them: ``apps.scheduling.passes.next_on_calendar``). Not those of a session
+    past its lifetime (R-SESS-3, R-SESS-7): it has ended, whether or not the expiry sweep has
+    revoked it yet (which cancels them)."""
     jobs = (
-        Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING)
+        Job.objects.filter(pool_id=pool_id, status=JobStatus.PENDING, session__expires_at__gt=now)
         .filter(Q(target_device__isnull=True) | Q(target_device_id__in=free_device_ids))
         .exclude(in_backoff(now))
     )

@@ -150,3 +150,34 @@ def test_the_repair_cancels_what_ended_sessions_left_unfinished(qpu_pool, fake_d
     running, pending = Job.objects.get(pk=running.pk), Job.objects.get(pk=pending.pk)
     assert pending.status == "cancelled" and running.cancel_requested_at is not None
     assert services.cancel_jobs_of_ended_sessions() == 0  # the running one's cancel is with its device
+
+
+@pytest.mark.parametrize("strategy", ["fifo", "weighted_fair", "usage_fair"])
+def test_a_job_of_a_session_past_its_lifetime_is_never_dispatched_before_the_sweep(
+    qpu_pool, fake_device, open_session, owner, member, strategy
+):
+    """R-SESS-3/R-SESS-7: a session whose ``expires_at`` passed accepts no job and its unfinished
+    jobs are cancelled. Until the expiry sweep (once a minute) revoked it, the dispatcher still
+    started its pending jobs on the device, after the session's end; another user's job waits
+    for nothing."""
+    from apps.scheduling.models import Job
+
+    ResourcePool.objects.filter(pk=qpu_pool.pk).update(strategy=strategy, max_lifetime=3600)
+    fake_device.max_concurrent_jobs = 1
+    fake_device.save()
+    start = timezone.now()
+    with time_machine.travel(start, tick=False) as clock:
+        expiring = open_session(qpu_pool, owner)
+        busy = services.submit_job(user=owner, session_id=expiring.pk, payload={}, shots=1)
+        passes.submit_claimed(passes.dispatch_once(qpu_pool.pk))  # the device is taken
+        late = services.submit_job(user=owner, session_id=expiring.pk, payload={}, shots=1)
+        clock.shift(1800)
+        other = open_session(qpu_pool, member)
+        theirs = services.submit_job(user=member, session_id=other.pk, payload={}, shots=1)
+        clock.shift(1801)  # past the first session's lifetime; no sweep has run
+        Job.objects.filter(pk=busy.pk).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+        dispatched = passes.dispatch_once(qpu_pool.pk)
+        assert dispatched is not None and dispatched.pk == theirs.pk
+        assert Job.objects.get(pk=late.pk).device_id is None
+        assert passes.dispatch_once(qpu_pool.pk) is None
+        assert Job.objects.get(pk=late.pk).status in (JobStatus.PENDING, JobStatus.CANCELLED)
