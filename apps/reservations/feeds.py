@@ -67,12 +67,17 @@ def ics(pool, slots: list[Slot], *, host: str, generated: datetime) -> bytes:
     # as it is, and a line break in the pool's name would end the line (a new property, or an
     # AssertionError: a 500 for every reader of the feed).
     calendar.add("x-wr-calname", _text(f"{pool.name} (Gridgate)"))
-    for slot in slots:
+    for index, slot in enumerate(slots):
         event = Event()
         if slot.reservation is not None:
             event.add("uid", f"reservation-{slot.reservation}@{host}")
         else:
-            event.add("uid", f"open-{pool.pk}-{int(slot.start.timestamp())}@{host}")
+            # An open slot is named after the window edge that bounds it, which stays from one
+            # fetch to the next: the first one begins when the feed is read (a new UID at each
+            # fetch made calendars replace it every time), so it is named after its end.
+            edge = slot.start if index else slot.end
+            anchor = "all" if len(slots) == 1 else int(edge.timestamp())
+            event.add("uid", f"open-{pool.pk}-{anchor}@{host}")
         event.add("dtstamp", generated)
         event.add("dtstart", slot.start)
         event.add("dtend", slot.end)

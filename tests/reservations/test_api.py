@@ -234,6 +234,19 @@ def test_r_res_4_the_ical_feed_is_read_with_the_personal_token_and_parses(qpu, a
     assert all(str(event["UID"]) for event in events) and len({str(e["UID"]) for e in events}) == len(events)
 
 
+def test_r_res_4_the_feeds_events_keep_their_uids_from_one_fetch_to_the_next(qpu, alice, group_a, reserve, api):
+    """A calendar application matches events by UID: the open slot before the first window begins
+    whenever the feed is read, and named after that start it was a new event at every fetch."""
+    reserve(qpu, groups=[group_a], title="Hybrid run")
+
+    def uids(hour: int) -> set[str]:
+        with time_machine.travel(at(hour), tick=False):
+            response = APIClient().get(schedule(api(alice), qpu).json()["ics_url"])
+        return {str(event["UID"]) for event in Calendar.from_ical(response.content).walk("VEVENT")}
+
+    assert uids(8) == uids(9)
+
+
 def test_r_res_4_a_forged_or_revoked_feed_token_is_refused_with_json(qpu, alice, api):
     url = schedule(api(alice), qpu).json()["ics_url"]
     forged = APIClient().get(url[:-3] + "xyz")
