@@ -40,6 +40,14 @@ def _count(jobs):
     return Coalesce(Subquery(jobs.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")[:1]), 0)
 
 
+def visible_jobs(user, jobs=None):
+    """The jobs ``user`` may read (``jobs``: among these): their own; staff all. A service
+    principal that acts on others' sessions (it sees them, to release them) reads only its own
+    jobs: others' payloads and results are theirs (SPEC §10)."""
+    jobs = Job.objects.all() if jobs is None else jobs
+    return jobs if user.is_staff else jobs.filter(user=user)
+
+
 def devices_with_load(queryset=None):
     """Devices annotated with ``running_jobs`` and ``pending_jobs``.
 

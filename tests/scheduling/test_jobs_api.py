@@ -56,6 +56,21 @@ def test_a_service_principal_sees_the_session_but_cannot_submit_in_it(api, owner
     assert post_job(api(outsider), session).status_code == 403  # visible (not 404), not theirs
 
 
+def test_a_service_principal_sees_others_sessions_but_not_their_jobs(
+    api, owner, service_principal, staff, qpu_pool, fake_device, open_session
+):
+    """SPEC §10: users never see others' jobs. A service principal sees every session (it releases
+    them for Slurm) but reads others' job payloads and results neither by id nor in the session's
+    list; staff see them."""
+    session = open_session(qpu_pool, owner)
+    job_id = post_job(api(owner), session).json()["id"]
+    assert api(service_principal).get(f"/api/v1/sessions/{session.pk}/").status_code == 200
+    assert api(service_principal).get(f"/api/v1/jobs/{job_id}/").status_code == 404
+    assert api(service_principal).get(f"/api/v1/sessions/{session.pk}/jobs/").json() == []
+    assert [job["id"] for job in api(staff).get(f"/api/v1/sessions/{session.pk}/jobs/").json()] == [job_id]
+    assert [job["id"] for job in api(owner).get(f"/api/v1/sessions/{session.pk}/jobs/").json()] == [job_id]
+
+
 def test_submission_to_a_revoked_session_is_403(api, owner, qpu_pool, open_session):
     session = open_session(qpu_pool, owner)
     session_services.release(user=session.user, session_id=session.pk)

@@ -81,10 +81,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
-        queryset = Job.objects.select_related("pool")
-        if not self.request.user.is_staff:
-            queryset = queryset.filter(user=self.request.user)
-        return queryset.order_by("-created_at", "-id")
+        return selectors.visible_jobs(self.request.user, Job.objects.select_related("pool")).order_by(
+            "-created_at", "-id"
+        )
 
     def get_serializer(self, *args, **kwargs):
         if args and self.action in ("list", "retrieve"):
@@ -181,7 +180,8 @@ class SessionJobsView(APIView):
     @extend_schema(responses=JobSerializer(many=True))
     def get(self, request, pk):
         session = get_object_or_404(Session.objects.visible_to(request.user), pk=pk)
-        jobs = list(session.jobs.select_related("pool").order_by("created_at", "id")[:500])
+        jobs = selectors.visible_jobs(request.user, session.jobs.select_related("pool"))
+        jobs = list(jobs.order_by("created_at", "id")[:500])
         return Response(JobSerializer(jobs, many=True, context={"queue_info": selectors.queue_info(jobs)}).data)
 
 
