@@ -81,3 +81,27 @@ def test_a_retention_longer_than_the_calendar_keeps_everything_instead_of_failin
     call_command("cleanup", days=days)
     assert Session.objects.filter(pk=ended.pk).exists()  # within the retention
     assert not IdempotencyKey.objects.filter(pk=old_key.pk).exists()  # kept 24 h whatever the retention
+
+
+@pytest.mark.postgres
+def test_a_backlog_of_more_finished_jobs_than_a_statement_takes_parameters_is_deleted(owner, capsys):
+    """A job's deletion clears the charges that name it (SET NULL), which Django wrote as one
+    statement naming every job deleted: past PostgreSQL's 65 535 parameters, cleanup failed, and
+    with it everything after the jobs (sessions, deliveries, tokens), at every run."""
+    pool = ResourcePool.objects.create(name="p", public=True)
+    klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
+    session = services.admit(user=owner, resource_class=klass).session
+    long_ago = timezone.now() - timedelta(days=200)
+    finished = {"status": JobStatus.COMPLETED, "finished_at": long_ago, "created_at": long_ago}
+    backlog = 66_000
+    Job.objects.bulk_create(
+        (Job(session=session, pool=pool, user=owner, payload={}, shots=1, **finished) for _ in range(backlog)),
+        batch_size=5_000,
+    )
+    old_key = IdempotencyKey.objects.create(user=owner, key="old", fingerprint="x")
+    IdempotencyKey.objects.filter(pk=old_key.pk).update(created_at=timezone.now() - timedelta(hours=25))
+
+    call_command("cleanup", "--days", "30")
+
+    assert not Job.objects.exists() and not IdempotencyKey.objects.exists()
+    assert f"deleted {backlog} row(s): finished jobs" in capsys.readouterr().out

@@ -5,9 +5,9 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import transaction
 from django.utils import timezone
 
+from apps.core.deletion import delete_in_batches
 from apps.core.idempotency import IDEMPOTENCY_RETENTION
 from apps.core.models import IdempotencyKey
 
@@ -83,9 +83,7 @@ class Command(BaseCommand):
             if dry_run:
                 self.stdout.write(f"would delete {queryset.count()} {label}")
                 continue
-            with transaction.atomic():
-                deleted, _ = queryset.delete()
-            self.stdout.write(f"deleted {deleted} row(s): {label}")
+            self.stdout.write(f"deleted {delete_in_batches(queryset)} row(s): {label}")
         self.purge_remote(cutoff, dry_run)
 
     def purge_remote(self, cutoff, dry_run: bool) -> None:
