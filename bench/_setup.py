@@ -42,3 +42,18 @@ def percentile(values: list[float], p: float) -> float:
         return 0.0
     index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def reset_rows() -> None:
+    """Empty what a bench made before it makes its rows again: charges (they keep their pool),
+    jobs, sessions and the ``bench-`` pools, in batches (``apps.core.deletion``: a bench leaves
+    100 000 rows and more, past what one statement may name)."""
+    from apps.allocations.models import Charge
+    from apps.core.deletion import delete_in_batches
+    from apps.resources.models import ResourcePool
+    from apps.scheduling.models import Job
+    from apps.sessions.models import Session
+
+    for rows in (Charge.objects.all(), Job.objects.all(), Session.objects.all()):
+        delete_in_batches(rows)
+    delete_in_batches(ResourcePool.objects.filter(name__startswith="bench-"))

@@ -95,13 +95,11 @@ class Simulation:
         from django.contrib.auth import get_user_model
 
         from apps.resources.models import ResourceClass, ResourcePool
-        from apps.scheduling.models import Device, FairShare, Job
+        from apps.scheduling.models import Device, FairShare
         from apps.sessions import services as session_services
-        from apps.sessions.models import Session
+        from bench._setup import reset_rows
 
-        Job.objects.all().delete()
-        Session.objects.all().delete()
-        ResourcePool.objects.filter(name__startswith="bench-").delete()
+        reset_rows()
         self.pool = ResourcePool.objects.create(
             name=f"bench-sim-{self.strategy}",
             kind="local",

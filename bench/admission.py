@@ -16,7 +16,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import django_on_bench_database, percentile  # noqa: E402
+from bench._setup import django_on_bench_database, percentile, reset_rows  # noqa: E402
 
 CLIENTS = int(os.environ.get("BENCH_CLIENTS", "32"))
 REQUESTS_PER_CLIENT = 40
@@ -68,8 +68,7 @@ def main() -> int:
     from apps.sessions.models import Session
 
     user, _ = get_user_model().objects.get_or_create(username="bench")
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     pools = {}
     for name in ("bench-service", "bench-baseline"):
         pool = ResourcePool.objects.create(name=name, kind="local", slots_total=SLOTS_TOTAL)
@@ -166,8 +165,7 @@ def main() -> int:
     )
     print(f"  ratio service/baseline: {service_rate / baseline_rate:.2f} (target >= 0.50)")
     print(f"  oversubscriptions: service {over_service}, baseline {over_baseline} (target 0)")
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     return 0
 
 

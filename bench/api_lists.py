@@ -9,7 +9,7 @@ import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import django_on_bench_database  # noqa: E402
+from bench._setup import django_on_bench_database, reset_rows  # noqa: E402
 
 REQUESTS = 15
 
@@ -22,9 +22,7 @@ def populate(rows: int):
     from apps.scheduling.models import Job, JobStatus, PoolQueue
     from apps.sessions.models import Session
 
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     pool = ResourcePool.objects.create(name="bench-lists", kind="local", public=True, strategy="weighted_fair")
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)

@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import django_on_bench_database  # noqa: E402
+from bench._setup import django_on_bench_database, reset_rows  # noqa: E402
 
 SESSIONS = 1000
 DISPATCHES = 200
@@ -180,8 +180,7 @@ def main() -> int:
     from django.db import connection
 
     from apps.resources.models import ResourceClass, ResourcePool
-    from apps.scheduling.models import Device, Job
-    from apps.sessions.models import Session
+    from apps.scheduling.models import Device
 
     user, _ = get_user_model().objects.get_or_create(username="bench")
     share_users = [
@@ -196,9 +195,7 @@ def main() -> int:
         usage = strategy == "usage_fair"
         results, recording = {}, {}
         for per_session in (1, 100):
-            Job.objects.all().delete()
-            Session.objects.all().delete()
-            ResourcePool.objects.filter(name__startswith="bench-").delete()
+            reset_rows()
             pool = ResourcePool.objects.create(name=f"bench-{strategy}", kind="local", strategy=strategy)
             klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
             Device.objects.create(pool=pool, name="d", driver="fake", max_concurrent_jobs=1)
@@ -221,9 +218,7 @@ def main() -> int:
             )
     if "--strategy" not in sys.argv:  # ``--strategy NAME``: that part-1 line only
         history(user)
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     return 0
 
 
@@ -243,9 +238,7 @@ def history(user) -> None:
     client.force_authenticate(staff)
     results = {}
     for rows in (0, HISTORY):
-        Job.objects.all().delete()
-        Session.objects.all().delete()
-        ResourcePool.objects.filter(name__startswith="bench-").delete()
+        reset_rows()
         pool = ResourcePool.objects.create(name="bench-history", kind="local", strategy="weighted_fair")
         klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
         device = Device.objects.create(pool=pool, name="d", driver="fake", max_concurrent_jobs=1)

@@ -43,7 +43,7 @@ import statistics
 import sys
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import django_on_bench_database, percentile  # noqa: E402
+from bench._setup import django_on_bench_database, percentile, reset_rows  # noqa: E402
 
 SEEDS = [int(seed) for seed in os.environ.get("BENCH_ETA_SEEDS", "34,35,36").split(",")]
 STRATEGIES = [
@@ -521,9 +521,6 @@ def main() -> int:
     if django_on_bench_database() is None:
         print("eta: skipped (needs PostgreSQL)")
         return 0
-    from apps.resources.models import ResourcePool
-    from apps.scheduling.models import Job
-    from apps.sessions.models import Session
     from bench._usage_sim import fast_commits
 
     fast_commits()
@@ -561,9 +558,7 @@ def main() -> int:
         "(<= 10 % when arrivals stop), at least 30 % below the baseline's"
     )
     print(f"  verdict: {'within targets' if ok else 'OUT OF TARGETS (see the figures above)'}")
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     return 0
 
 

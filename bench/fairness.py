@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import django_on_bench_database  # noqa: E402
+from bench._setup import django_on_bench_database, reset_rows  # noqa: E402
 
 WEIGHTS = (1, 2, 5)
 DISPATCHES = 600
@@ -74,11 +74,8 @@ def simulate(strategy):
     from apps.scheduling.drivers import DriverState
     from apps.scheduling.models import Device, Job
     from apps.sessions import services as session_services
-    from apps.sessions.models import Session
 
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     rng = random.Random(SEED)
     user, _ = get_user_model().objects.get_or_create(username="bench")
     pool = ResourcePool.objects.create(name=f"bench-{strategy}", kind="local", strategy=strategy)
@@ -149,12 +146,9 @@ def fresh_pool(name, capacity=1):
     from django.contrib.auth import get_user_model
 
     from apps.resources.models import ResourceClass, ResourcePool
-    from apps.scheduling.models import Device, Job
-    from apps.sessions.models import Session
+    from apps.scheduling.models import Device
 
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     pool = ResourcePool.objects.create(name=f"bench-{name}", kind="local", strategy="weighted_fair")
     klass = ResourceClass.objects.create(pool=pool, name="c", cpu=1, memory=1, default=True)
     Device.objects.create(pool=pool, name="d", driver="fake", max_concurrent_jobs=capacity)

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from bench._setup import ROOT, django_on_bench_database, percentile  # noqa: E402
+from bench._setup import ROOT, django_on_bench_database, percentile, reset_rows  # noqa: E402
 
 JOBS = 25
 PROBES = 25
@@ -34,13 +34,11 @@ def main() -> int:
     from apps.scheduling import services
     from apps.scheduling.models import Device, DriverRun, Job
     from apps.sessions import services as session_services
-    from apps.sessions.models import Session
     from tests.scheduling.pulser_sequences import analog_sequence
 
     Job.objects.all().delete()
     DriverRun.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     OrmQ.objects.all().delete()
     Task.objects.all().delete()
     user, _ = get_user_model().objects.get_or_create(username="bench")
@@ -98,9 +96,7 @@ def main() -> int:
             f"p95 {percentile(broker, 95) * 1000:6.0f} ms"
         )
         print(f"  ratio p95 gap / p95 broker latency: {percentile(gaps, 95) / max(percentile(broker, 95), 1e-6):.2f}")
-    Job.objects.all().delete()
-    Session.objects.all().delete()
-    ResourcePool.objects.filter(name__startswith="bench-").delete()
+    reset_rows()
     return 0
 
 
