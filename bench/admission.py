@@ -111,8 +111,8 @@ def main() -> int:
                         conn.execute(
                             "INSERT INTO compute_sessions_session (id, user_id, resource_class_id, pool_id, slots, "
                             "external_id, status, created_at, last_activity_at, expires_at, idle_expires_at, "
-                            "revocation_reason, vruntime, launch_spec, cpu, memory, gpu) VALUES "
-                            "(%s, %s, %s, %s, %s, '', 'active', %s, %s, %s, %s, '', 0, '{}', 1, 1, 0)",
+                            "revocation_reason, vruntime, launch_spec, cpu, memory, gpu, reserved_slots) VALUES "
+                            "(%s, %s, %s, %s, %s, '', 'active', %s, %s, %s, %s, '', 0, '{}', 1, 1, 0, 0)",
                             (
                                 uuid.uuid4(),
                                 user.pk,
