@@ -133,12 +133,13 @@ class Bucket:
 
 def buckets(since: datetime, until: datetime) -> tuple[timedelta, list[Bucket]]:
     """Cut ``[since, until)`` into buckets of a round width, their edges on multiples of the width
-    since the epoch (whole hours, whole days in UTC); the first and last may be partial."""
+    since a Monday's midnight in UTC (whole hours, whole days, weeks from Monday); the first and
+    last may be partial."""
     if not since < until <= since + MAX_PERIOD:
         raise ValueError("the period must be positive and at most MAX_PERIOD long")
     span = until - since
     step = next((s for s in STEPS if span / s <= MAX_BUCKETS), STEPS[-1])
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    epoch = datetime(1970, 1, 5, tzinfo=UTC)  # a Monday: a week's bucket is Monday to Sunday
     first_edge = epoch + step * math.ceil((since - epoch) / step)
     edges = [since]
     edge = first_edge if first_edge > since else first_edge + step

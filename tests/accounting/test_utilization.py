@@ -30,6 +30,8 @@ def test_buckets_are_round_and_clipped_to_the_period():
     assert parts[-1].end == T0 + 30 * M + timedelta(days=7) and parts[-1].seconds == 30 * 60
     step, parts = buckets(T0, T0 + MAX_PERIOD)
     assert step == timedelta(days=7) and len(parts) <= selectors.MAX_BUCKETS
+    # weeks run Monday to Sunday (from the epoch, 1970-01-01, they ran from Thursday)
+    assert {part.start.weekday() for part in parts[1:]} == {0} and parts[1].start.hour == 0
     for since, until in [(T0, T0), (T0, T0 - H), (T0, T0 + MAX_PERIOD + S)]:
         with pytest.raises(ValueError):
             buckets(since, until)
