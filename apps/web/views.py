@@ -361,6 +361,10 @@ def case_list(request):
     return render(request, "web/case_list.html", {"cases": cases, "form": form}, status=status)
 
 
+#: a case page's history: its last events
+CASE_EVENTS = 200
+
+
 def _case(request, pk):
     return get_object_or_404(case_selectors.cases_for(request.user), pk=pk)
 
@@ -371,12 +375,16 @@ def _case_live_context(case) -> dict:
     workspace of tens of thousands of files took seconds each time. They are their own part,
     :func:`case_files`."""
     root = workspace.case_dir(case.id)
+    # The newest events (a long-running case's provider notes pile up), shown oldest first; one
+    # more is read to know whether older ones were left out.
+    events = list(case.events.order_by("-at", "-id")[: CASE_EVENTS + 1])
     return {
         "case": case,
         "live": not case.is_terminal,
         "stdout": workspace.tail(root / workspace.LOGS["stdout"], LOG_TAIL_LINES),
         "stderr": workspace.tail(root / workspace.LOGS["stderr"], LOG_TAIL_LINES),
-        "events": list(case.events.order_by("at", "id")[:200]),
+        "events": events[:CASE_EVENTS][::-1],
+        "older_events": len(events) > CASE_EVENTS,
     }
 
 

@@ -3,6 +3,7 @@ and constant query counts on lists."""
 
 import io
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,13 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from apps.backends.base import BackendError
 from apps.backends.fake import FakeBackend
 from apps.cases import passes
 from apps.cases import services as case_services
-from apps.cases.models import Case, CaseStatus
+from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from apps.scheduling.models import Job, JobStatus
 from apps.sessions.models import Session, SessionStatus
@@ -390,6 +392,20 @@ def test_staff_see_every_case_with_an_admin_link(web, cases_root, owner, staff, 
     assert "cavity" in web(staff).get(reverse("web:case-list")).content.decode()
     page = web(staff).get(reverse("web:case-detail", args=[case.pk])).content.decode()
     assert reverse("admin:cases_case_change", args=[case.pk]) in page
+
+
+def test_a_case_page_shows_its_newest_events_and_says_how_many_there_are(web, cases_root, owner, local_pool):
+    """A long-running case's notes pile up: the page showed its first 200 events, never what just
+    happened."""
+    case = _case(owner, local_pool)
+    start = timezone.now()
+    CaseEvent.objects.bulk_create(
+        CaseEvent(case=case, at=start + timedelta(seconds=i), kind="note", message=f"note {i:03d}") for i in range(250)
+    )
+    page = web(owner).get(reverse("web:case-detail", args=[case.pk])).content.decode()
+    assert "note 249" in page and "note 050" in page and "note 049" not in page
+    assert page.index("note 050") < page.index("note 249")
+    assert "The last 200 events; older ones are in the API" in page
 
 
 def test_case_page_never_asks_the_provider(web, cases_root, owner, local_pool, monkeypatch):
