@@ -41,7 +41,7 @@ from django.utils import timezone
 from apps.core.rows import Columns, fetch_one, insert_values, split
 from apps.reservations.models import Reservation, WindowKind, holder_sql
 from apps.resources.models import PoolUsage, ResourceClass, ResourcePool, visible_pools_sql
-from apps.sessions.models import Session, SessionStatus
+from apps.sessions.models import RevocationReason, Session, SessionStatus
 
 _CLASS = Columns(ResourceClass, "c")
 _POOL = Columns(ResourcePool, "p")
@@ -436,7 +436,8 @@ def end_sessions(
 ) -> list[Ended]:
     """End the active sessions among ``session_ids`` (only ``user_id``'s, only on the pool named
     ``pool_name``, when given) and give what they held back to their pools' usage; return those
-    this call ended (R-SESS-3/4)::
+    this call ended (R-SESS-3/4). A session ended for its lifetime ended at ``expires_at``, not
+    when the sweep found it: ``revoked_at`` is the earlier of the two (accounting's slot-hours)::
 
         WITH ended AS (UPDATE session SET status = 'revoked', revoked_at = now, revocation_reason
                         WHERE id IN session_ids AND status = 'active' [AND user_id = user_id]
@@ -463,13 +464,17 @@ def end_sessions(
     windows = Reservation._meta.db_table
     pk = Session._meta.pk
     marks = ", ".join(["%s"] * len(session_ids))
+    at = connection.ops.adapt_datetimefield_value(now)
+    ended_at, at_params = "%s", [at]
+    if reason == RevocationReason.MAX_LIFETIME:
+        ended_at, at_params = "CASE WHEN expires_at < %s THEN expires_at ELSE %s END", [at, at]
     update = (
-        f"UPDATE {sessions} SET status = %s, revoked_at = %s, revocation_reason = %s"  # noqa: S608 (names from _meta)
+        f"UPDATE {sessions} SET status = %s, revoked_at = {ended_at}, revocation_reason = %s"  # noqa: S608 (names from _meta)
         f" WHERE id IN ({marks}) AND status = {_ACTIVE}"
     )
     params = [
         SessionStatus.REVOKED,
-        connection.ops.adapt_datetimefield_value(now),
+        *at_params,
         reason,
         *(pk.get_db_prep_value(session_id, connection) for session_id in session_ids),
     ]

@@ -84,6 +84,24 @@ def test_absolute_expiry_applies_even_with_unfinished_work(pool, owner, busy):
     assert (session.status, session.revocation_reason) == ("revoked", "max_lifetime")
 
 
+def test_a_session_ended_for_its_lifetime_ended_at_its_deadline_however_late_the_sweep(pool, owner):
+    """Accounting counts a session's slot-hours to ``revoked_at``: the sweep that found it ten
+    minutes past its lifetime stamped its own time, ten minutes of slots never held. An idle
+    expiry keeps the sweep's time (work may have kept the session past its idle deadline)."""
+    from apps.accounting.selectors import usage
+
+    start = timezone.now().replace(microsecond=0)
+    with time_machine.travel(start, tick=False):
+        session = admit(pool, owner)
+    with time_machine.travel(start + timedelta(seconds=3600 + 600), tick=False):
+        services.expire_due_sessions()
+    session.refresh_from_db()
+    assert (session.revocation_reason, session.revoked_at) == ("max_lifetime", session.expires_at)
+    assert session.revoked_at == start + timedelta(seconds=3600)
+    (row,) = usage(start - timedelta(hours=1), start + timedelta(hours=3))
+    assert row["session_slot_hours"] == pytest.approx(1.0), row
+
+
 def test_activity_renews_the_idle_deadline(pool, owner, settings):
     settings.GRIDGATE_TASKS_EAGER = False  # the job stays pending: the session is busy, not renewed
     start = timezone.now()
