@@ -18,6 +18,10 @@ from django.utils import timezone
 
 register = template.Library()
 
+#: more years than this between a list's first and last date (a window the API took in year 9999
+#: beside this year's): the years that hold rows are read as Django does, not thousands of links
+MAX_YEARS = 50
+
 
 def _steps(first, last, kind: str, as_datetimes: bool) -> list:
     if first is None or last is None:
@@ -51,11 +55,15 @@ class _Bounded:
 
     def datetimes(self, field_name, kind):
         bounds = self.aggregate(first=None, last=None)
-        return [datetime(d.year, d.month, d.day) for d in _steps(bounds["first"], bounds["last"], kind, True)]
+        steps = _steps(bounds["first"], bounds["last"], kind, True)
+        if len(steps) > MAX_YEARS:
+            return self._queryset.datetimes(field_name, kind)
+        return [datetime(d.year, d.month, d.day) for d in steps]
 
     def dates(self, field_name, kind):
         bounds = self.aggregate(first=None, last=None)
-        return _steps(bounds["first"], bounds["last"], kind, False)
+        steps = _steps(bounds["first"], bounds["last"], kind, False)
+        return self._queryset.dates(field_name, kind) if len(steps) > MAX_YEARS else steps
 
 
 class _ChangeList:
