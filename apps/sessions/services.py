@@ -308,15 +308,16 @@ def end_sessions_without_access(*, pool_ids=None, user_ids=None) -> int:
         sessions = sessions.filter(pool_id__in=pool_ids)
     if user_ids is not None:
         sessions = sessions.filter(user_id__in=user_ids)
+    rows = list(sessions.values_list("id", "user_id", "pool_id"))
     held: dict[int, set[int]] = {}
-    for user_id, pool_id in sessions.values_list("user_id", "pool_id").distinct():
+    for _, user_id, pool_id in rows:
         held.setdefault(user_id, set()).add(pool_id)
-    ended = []
-    for user in get_user_model().objects.filter(pk__in=held):
-        usable = set(ResourcePool.objects.visible_to(user).filter(pk__in=held[user.pk]).values_list("pk", flat=True))
-        lost = held[user.pk] - usable if user.is_active else held[user.pk]
-        if lost:
-            ended += sessions.filter(user_id=user.pk, pool_id__in=lost).values_list("id", flat=True)
+    usable: dict[int, set[int]] = {}  # one question per owner: the pools they may still use
+    for user in get_user_model().objects.filter(pk__in=held, is_active=True):
+        usable[user.pk] = set(
+            ResourcePool.objects.visible_to(user).filter(pk__in=held[user.pk]).values_list("pk", flat=True)
+        )
+    ended = [session_id for session_id, user_id, pool_id in rows if pool_id not in usable.get(user_id, ())]
     return len(_end(ended, RevocationReason.ACCESS, timezone.now())) if ended else 0
 
 

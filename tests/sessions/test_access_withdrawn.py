@@ -61,6 +61,21 @@ def test_a_user_taken_out_of_the_granted_group_loses_their_session(private, djan
     assert ended(session) == RevocationReason.ACCESS
 
 
+def test_leaving_a_group_from_the_users_side_or_its_deletion_ends_the_sessions_it_granted(
+    private, django_capture_on_commit_callbacks
+):
+    pool, alice, bob, carol = private
+    lab = Group.objects.get(name="lab")
+    dave = factories.user("dave", groups=["lab"])
+    bobs, daves = factories.session(pool, bob), factories.session(pool, dave)
+    with django_capture_on_commit_callbacks(execute=True):
+        bob.groups.remove(lab)
+    assert (ended(bobs), ended(daves)) == (RevocationReason.ACCESS, None)
+    with django_capture_on_commit_callbacks(execute=True):
+        lab.delete()
+    assert ended(daves) == RevocationReason.ACCESS
+
+
 def test_a_pool_made_private_ends_the_sessions_of_those_it_is_not_granted_to(
     api, staff, django_capture_on_commit_callbacks
 ):
