@@ -3,7 +3,9 @@ and constant query counts on lists."""
 
 import io
 import json
+import re
 from datetime import timedelta
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -58,7 +60,6 @@ TECHNICAL = (
 
 def assert_user_language(page: str) -> None:
     """The messages of ``page`` (everything outside the experts' details) carry no internals."""
-    import re
 
     visible = re.sub(r"<details class=\"detail\">.*?</details>", "", page, flags=re.S)
     for words in TECHNICAL:
@@ -587,3 +588,53 @@ def test_deeply_nested_sequence_file_is_refused_in_words(web, owner, qpu_pool, f
     page = response.content.decode()
     assert "The file is not valid JSON" in page and "nested deeper than" in page.split("Details for experts")[1]
     assert not Job.objects.exists()
+
+
+# -- times ----------------------------------------------------------------------------------------
+class _Tables(HTMLParser):
+    """Each table of a page as its header cells and its rows' cells, as text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.cell = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append(([], []))
+        elif tag == "tr" and self.tables:
+            self.tables[-1][1].append([])
+        elif tag in ("th", "td") and self.tables:
+            self.cell = [tag, ""]
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[1] += data
+
+    def handle_endtag(self, tag):
+        if tag in ("th", "td") and self.cell is not None:
+            headers, rows = self.tables[-1]
+            (headers if self.cell[0] == "th" else rows[-1]).append(self.cell[1])
+            self.cell = None
+
+
+def test_every_time_in_a_table_says_it_is_utc(web, cases_root, owner, qpu_pool, local_pool, open_session):
+    """Tables show times in UTC (settings.TIME_ZONE); a user elsewhere reads which zone in the
+    column's header or the cell."""
+    from apps.accounts.services import issue_token
+
+    session = open_session(qpu_pool, owner)
+    _submit(session, 1)
+    _case(owner, local_pool)
+    issue_token(owner, name="laptop")
+    moment = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")
+    checked = 0
+    for name in ("web:session-list", "web:job-list", "web:case-list", "web:token-list"):
+        parser = _Tables()
+        parser.feed(web(owner).get(reverse(name)).content.decode())
+        for headers, rows in parser.tables:
+            for row in rows:
+                for header, cell in zip(headers, row, strict=False):
+                    if moment.search(cell):
+                        checked += 1
+                        assert "UTC" in header or "UTC" in cell, (name, header, cell)
+    assert checked >= 6
