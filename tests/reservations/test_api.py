@@ -326,3 +326,34 @@ def test_r_res_4_a_positive_utc_offset_typed_unescaped_in_the_query_string_is_re
         assert plus.json()["from"] == escaped.json()["from"] == "2030-03-04T10:00:00Z"
         assert plus.json()["to"] == "2030-03-04T11:00:00Z"
     assert api(alice).get(f"{url}?from=2030-03-04 12:00").status_code == 200  # a space before the time
+
+
+def test_the_list_keeps_the_windows_that_reach_into_a_range(api, staff, qpu, group_a, reserve):
+    """The list runs oldest first, so a centre's years of windows put today's on its last page:
+    ``?ends_after=`` and ``?starts_before=`` keep those that reach into a range."""
+    early = reserve(qpu, start=at(8), end=at(9), groups=[group_a])
+    middle = reserve(qpu, start=at(10), end=at(11), groups=[group_a])
+    late = reserve(qpu, start=at(12), end=at(13), groups=[group_a])
+
+    def ids(**params):
+        response = api(staff).get(URL, params)
+        assert response.status_code == 200, response.content
+        return [window["id"] for window in response.json()["results"]]
+
+    assert ids() == [early.pk, middle.pk, late.pk]
+    assert ids(ends_after=at(9).isoformat()) == [middle.pk, late.pk]  # one that ends then is over
+    assert ids(starts_before=at(12).isoformat()) == [early.pk, middle.pk]
+    assert ids(ends_after=at(10, 30).isoformat(), starts_before=at(10, 45).isoformat()) == [middle.pk]
+    # A positive offset typed unescaped ('+' is a space in a query string) is read as that offset.
+    plus = api(staff).get(f"{URL}?ends_after=2030-03-04T11:30:00+02:00")
+    assert [window["id"] for window in plus.json()["results"]] == [middle.pk, late.pk]
+
+
+@pytest.mark.parametrize(
+    "value", ["yesterday", "2030-13-01T00:00:00Z", "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00", "1e400"]
+)
+def test_a_moment_the_list_cannot_read_is_a_400_on_its_parameter(api, staff, qpu, value):
+    for name in ("ends_after", "starts_before"):
+        response = api(staff).get(URL, {name: value})
+        assert response.status_code == 400, (name, value, response.content)
+        assert name in response.json()

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from apps.core.api.params import moment_text
+from apps.core.api.params import MomentFilter, moment_text
 from apps.core.api.permissions import StaffWithModelPermissionOrReadOnly
 from apps.core.api.renderers import JSONRenderer
 from apps.reservations import feeds, selectors, services
@@ -28,13 +28,18 @@ FEED_PAST_DAYS, FEED_DAYS = 7, 92
 
 
 class ReservationFilter(filters.FilterSet):
+    """The list runs oldest first; ``ends_after`` and ``starts_before`` keep the windows that reach
+    into a range (``?ends_after=<now>``: those not over yet)."""
+
     pool = filters.NumberFilter(field_name="pool_id")
     kind = filters.ChoiceFilter(choices=WindowKind.choices)
     cancelled = filters.BooleanFilter(field_name="cancelled_at", lookup_expr="isnull", exclude=True)
+    ends_after = MomentFilter(field_name="end", lookup_expr="gt", label="Windows that end after this moment.")
+    starts_before = MomentFilter(field_name="start", lookup_expr="lt", label="Windows that start before this moment.")
 
     class Meta:
         model = Reservation
-        fields = ["pool", "kind", "cancelled"]
+        fields = ["pool", "kind", "cancelled", "ends_after", "starts_before"]
 
 
 class ReservationViewSet(viewsets.ModelViewSet):
