@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 
 from apps.core.admin_base import ModelAdmin
+from apps.core.exceptions import NotFound
 from apps.notifications import services
 from apps.notifications.models import Delivery, DeliveryAttempt, Subscription
 
@@ -22,6 +23,24 @@ class SubscriptionAdmin(ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    # Removed as the owner's own unsubscribe is (services.delete_subscription): its row locked
+    # first, so a job's end enqueueing a delivery for it right now commits before the deletion
+    # collects the deliveries. Django's plain delete collected them first and then waited for that
+    # producer at the subscription's row: its delivery, committed meanwhile, still named the
+    # deleted subscription, and the page's commit failed (a deferred foreign key: a 500).
+    def delete_model(self, request, obj):
+        self._unsubscribe([obj])
+
+    def delete_queryset(self, request, queryset):
+        self._unsubscribe(queryset.select_related("user").order_by("pk"))
+
+    def _unsubscribe(self, subscriptions):
+        for subscription in subscriptions:
+            try:
+                services.delete_subscription(user=subscription.user, subscription_id=subscription.pk)
+            except NotFound:
+                continue  # its owner removed it meanwhile
 
 
 class DeliveryAttemptInline(admin.TabularInline):

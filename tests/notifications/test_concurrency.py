@@ -3,7 +3,7 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.notifications import outbox, passes
 from apps.notifications.models import Delivery, DeliveryStatus, Event, Subscription
@@ -149,3 +149,57 @@ def test_unsubscribing_while_a_job_end_is_recorded_never_undoes_the_record(owner
     assert Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED
     assert not Subscription.objects.filter(pk=subscription.pk).exists()
     assert not Delivery.objects.exists()  # nothing is sent to a destination the user removed
+
+
+def test_an_operator_deleting_a_subscription_while_a_job_end_is_recorded_waits_for_it(owner, staff, monkeypatch):
+    """The admin's delete page removes a subscription as its owner's unsubscribe does (its row
+    locked first). Django's own delete collected the subscription's deliveries, then waited at its
+    row for a job's end that was enqueueing a delivery for it: that delivery, committed meanwhile,
+    still named the deleted subscription, and the page's commit failed (a deferred foreign key,
+    a 500), the subscription kept."""
+    import threading
+
+    from django.test import Client
+
+    from apps.notifications import services as notifications
+
+    staff.is_superuser = True
+    staff.save()
+    subscription, _ = notifications.create_subscription(
+        user=owner, event=Event.JOB_FINISHED, channel="webhook", url="https://h.example.org/x"
+    )
+    queued, deleted = threading.Event(), threading.Event()
+    outcomes = {}
+
+    def job_ends():
+        try:
+            with transaction.atomic():
+                outbox.notify(user=owner, event=Event.JOB_FINISHED, subject="job:1", payload={"job": 1})
+                queued.set()  # in the job's end transaction, not committed yet
+                deleted.wait(5)  # the deletion commits first, unless a lock makes it wait for us
+            outcomes["producer"] = "committed"
+        except Exception as exc:
+            outcomes["producer"] = type(exc).__name__
+        finally:
+            connection.close()
+
+    def operator_deletes():
+        try:
+            assert queued.wait(30)
+            client = Client(raise_request_exception=False)
+            client.force_login(staff)
+            response = client.post(f"/admin/notifications/subscription/{subscription.pk}/delete/", {"post": "yes"})
+            outcomes["admin"] = response.status_code
+        finally:
+            deleted.set()
+            connection.close()
+
+    threads = [threading.Thread(target=job_ends), threading.Thread(target=operator_deletes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert outcomes == {"producer": "committed", "admin": 302}
+    assert not Subscription.objects.filter(pk=subscription.pk).exists()
+    assert not Delivery.objects.exists()  # nothing is sent to a destination the operator removed
