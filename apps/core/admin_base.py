@@ -87,4 +87,14 @@ class FieldValues:
 
 
 class ModelAdmin(FieldValues, admin.ModelAdmin):
-    pass
+    #: models whose rows go with this page's rows when they are deleted, as the API's delete takes
+    #: them: the system's own records of them (a pool's queue row, a device's driver runs). Their
+    #: own pages refuse a deletion by hand, which Django also asked of every row a deletion here
+    #: takes with it: even a superuser could not delete a pool that ever queued a job, nor a device
+    #: that ever ran one, in the admin, while the API deleted both.
+    deleted_with: tuple = ()
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        taken = {str(model._meta.verbose_name) for model in self.deleted_with}
+        return deleted, counts, {name for name in perms_needed if str(name) not in taken}, protected

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy
 from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
+from apps.reservations.models import Reservation
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
 from apps.scheduling import device_status, eta, selectors, services, shares
@@ -89,6 +90,8 @@ class PoolAdmin(ResourcePoolAdmin):
     classes and usage, and this app's devices inline."""
 
     inlines = [*ResourcePoolAdmin.inlines, DeviceInline]
+    # As DELETE /api/v1/resource-pools/{id}/ takes them (a window is cancelled by hand, not deleted).
+    deleted_with = (PoolQueue, DriverRun, OpenBatch, Reservation)
     actions = [*ResourcePoolAdmin.actions, "recompute_usage"]
     readonly_fields = [*ResourcePoolAdmin.readonly_fields, "eta_calibration"]
     fieldsets = [*ResourcePoolAdmin.fieldsets, ("Expected starts (R-JOB-5)", {"fields": ["eta_calibration"]})]
@@ -133,6 +136,7 @@ class PoolAdmin(ResourcePoolAdmin):
 @admin.register(Device)
 class DeviceAdmin(ModelAdmin):
     form = DeviceForm
+    deleted_with = (DriverRun, OpenBatch, Reservation)  # as services.delete_device takes them
     list_display = [
         "name",
         "pool",

@@ -131,3 +131,54 @@ def test_a_device_that_becomes_busy_before_the_admin_deletes_it_is_kept_with_a_m
     job.refresh_from_db()
     assert Device.objects.filter(pk=device.pk).exists() and job.device_id == device.pk
     assert not LogEntry.objects.filter(action_flag=DELETION).exists()
+
+
+@pytest.mark.django_db
+def test_a_device_that_ran_jobs_and_a_pool_that_queued_them_are_deleted_in_the_admin_as_in_the_api(
+    admin_client, api, staff, owner
+):
+    """What the system keeps of a device and a pool (a device's driver runs, a pool's queue row,
+    the calendar's windows) goes with them, as ``DELETE /api/v1/…`` takes it. The admin asked for
+    a permission to delete those rows, which their read-only pages deny everyone: a superuser could
+    not delete a device that ever ran a job, nor a pool that ever queued one (403)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.reservations.models import Reservation
+    from apps.resources.models import ResourcePool
+    from apps.scheduling.models import DriverRun, PoolQueue
+    from apps.sessions import services as sessions
+
+    start = timezone.now() + timedelta(days=1)
+    window = {"kind": "maintenance", "start": start, "end": start + timedelta(hours=1), "slots": 0}
+
+    def ran_a_job(pool):
+        device = factories.device(pool, f"fake{pool.pk}", config={"script": ["completed"], "runtime_seconds": 0})
+        session = factories.session(pool, owner)
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+        passes.run_pool(pool.pk)
+        sessions.revoke(session_ids=[session.pk])
+        device.jobs.update(status=JobStatus.COMPLETED)
+        Reservation.objects.create(pool=pool, device=device, **window)
+        assert DriverRun.objects.filter(device=device).exists()
+        return device
+
+    qpu = factories.pool("qpu", slots_total=4, strategy="fifo")
+    for delete in (_delete_on_page, _delete_selected):
+        device = ran_a_job(qpu)
+        delete(admin_client, device)
+        assert not Device.objects.filter(pk=device.pk).exists(), delete.__name__
+
+    for name in ("emptied", "emptied-too"):  # its sessions' history would keep it (PROTECT), here and in the API
+        pool = factories.pool(name, slots_total=4)
+        PoolQueue.objects.get_or_create(pool=pool)
+        Reservation.objects.create(pool=pool, **window)
+    emptied = ResourcePool.objects.get(name="emptied")
+    response = admin_client.post(reverse("admin:resources_resourcepool_delete", args=[emptied.pk]), {"post": "yes"})
+    assert response.status_code == 302
+    assert not ResourcePool.objects.filter(pk=emptied.pk).exists()
+    assert (
+        api(staff).delete(f"/api/v1/resource-pools/{ResourcePool.objects.get(name='emptied-too').pk}/").status_code
+        == 204
+    )
