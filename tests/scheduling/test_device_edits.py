@@ -65,3 +65,30 @@ def test_saving_a_devices_page_never_undoes_the_status_pass(qpu, admin_client, m
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert_down(qpu)
     assert qpu.name == "fresnel-2"
+
+
+@pytest.mark.parametrize("where", ["api", "admin"])
+def test_a_device_added_online_wakes_the_dispatcher_in_the_api_as_in_the_admin(
+    where, qpu_pool, owner, open_session, api, staff, admin_client, monkeypatch, django_capture_on_commit_callbacks
+):
+    """R-SCHED-5: jobs waiting in a pool whose only device is offline start when one is added
+    online, at once (a dispatcher pass is enqueued), whether it is added on the admin's page or by
+    ``POST /api/v1/devices/``; the API's waited for the next sweep."""
+    from apps.scheduling import services
+
+    Device.objects.create(pool=qpu_pool, name="parked", driver="fake", online=False)
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    sent = []
+    monkeypatch.setattr(services, "enqueue", lambda func, *args: sent.append((func, args)))
+    with django_capture_on_commit_callbacks(execute=True):
+        if where == "api":
+            body = {"pool": qpu_pool.pk, "name": "emu", "driver": "fake", "config": {}, "online": True}
+            response = api(staff).post("/api/v1/devices/", body, format="json")
+            assert response.status_code == 201, response.json()
+        else:
+            data = {"pool": qpu_pool.pk, "name": "emu", "driver": "fake", "config": "{}", "online": "on"}
+            data |= {"max_concurrent_jobs": "1", "paused_reason": ""}
+            response = admin_client.post(reverse("admin:scheduling_device_add"), data)
+            assert response.status_code == 302, response.content.decode()[:2000]
+    assert ("apps.scheduling.tasks.run_pool", (qpu_pool.pk,)) in sent

@@ -47,6 +47,11 @@ class DeviceViewSet(viewsets.ModelViewSet):
     def perform_destroy(self, instance):
         services.delete_device(instance)
 
+    def perform_create(self, serializer):
+        device = serializer.save()
+        if device.online:
+            services.set_device_online(device, True)  # R-SCHED-5: a new device is a device online, as in the admin
+
     def perform_update(self, serializer):
         was_online = serializer.instance.online
         device = serializer.save()
