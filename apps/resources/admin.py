@@ -175,12 +175,18 @@ class ResourcePoolAdmin(ModelAdmin):
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
+        # The classes inline is on the page only for staff who may see classes (Django leaves it
+        # out otherwise): without it, nothing would check the class-dependent rules, and an
+        # operator holding only the pool's permissions changed a pool's kind or quota past its
+        # classes (R-POOL-3/6), which the API refuses them. They are checked here, against the
+        # stored classes, as the API's PATCH without classes does.
+        inline = any(isinstance(inline, ResourceClassInline) for inline in self.get_inline_instances(request, obj))
 
         class PoolForm(form):
             def _post_clean(self):
                 # The inline formset checks class-dependent rules against the edited classes,
                 # so a kind change and the class fixes it needs can be saved together.
-                self.instance._defer_class_checks = True
+                self.instance._defer_class_checks = inline
                 super()._post_clean()
 
         return PoolForm

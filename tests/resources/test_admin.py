@@ -104,3 +104,29 @@ def test_admin_changes_kind_and_fixes_classes_in_one_save(admin_client):
     assert response.status_code == 302, response.content.decode()[:3000]
     pool.refresh_from_db()
     assert pool.kind == "firecrest" and pool.classes.get().cpu == 1
+
+
+def test_an_operator_without_class_permissions_cannot_change_a_pool_past_its_classes(client, api):
+    """R-POOL-3/6 for staff who hold the pool's permissions but not the classes': Django leaves the
+    classes inline off their page, and with it the only check of the class-dependent rules, so the
+    admin saved a kind or a quota the stored classes do not fit; the API's PATCH refuses it them."""
+    from django.contrib.auth.models import Permission
+
+    from tests import factories
+    from tests.admin_forms import change_form_data
+
+    operator = factories.user("pools-only", is_staff=True)
+    operator.user_permissions.set(Permission.objects.filter(codename__in=["view_resourcepool", "change_resourcepool"]))
+    pool = factories.pool("lab", cpu="0.5", memory=4)
+    client.force_login(operator)
+    url = f"/admin/resources/resourcepool/{pool.pk}/change/"
+    for change, body, message in [
+        ({"kind": "slurm"}, {"kind": "slurm"}, "classes with a fractional cpu: access (cpu 0.5)"),
+        ({"quota_cpu": "0.1", "quota_memory": "1"}, {"quota": {"cpu": "0.1", "memory": 1}}, "no longer fits"),
+    ]:
+        response = client.post(url, change_form_data(client.get(url)) | change)
+        assert response.status_code == 200 and message in response.content.decode(), change
+        refused = api(operator).patch(f"/api/v1/resource-pools/{pool.pk}/", body, format="json")
+        assert refused.status_code == 400 and message in str(refused.json()), refused.json()
+    pool.refresh_from_db()
+    assert (pool.kind, pool.quota_cpu, pool.quota_memory) == ("local", None, None)
