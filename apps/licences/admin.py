@@ -30,6 +30,13 @@ class LicenceStateAdmin(ModelAdmin):
     def has_add_permission(self, request):
         return False  # made by the sync
 
+    def has_delete_permission(self, request, obj=None):
+        # The sync's memory of what it made in Slurm: deleted by hand, the licence it last pushed
+        # was never set to 0 once the pool's licence was changed or removed, and the Slurm
+        # reservations it mirrored were never removed (it forgets them). It goes with its pool
+        # (PoolAdmin.deleted_with), whose deletion closes both (services.on_pool_deleted).
+        return False
+
     def save_model(self, request, obj, form, change):
         # Every field is the sync's (its UPDATEs): a Save writes none back, or the reservations it
         # made in Slurm meanwhile would be forgotten and never removed.

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy
 from apps.core.admin_base import ModelAdmin
 from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
+from apps.licences.models import LicenceState
 from apps.reservations.models import Reservation
 from apps.resources.admin import ResourcePoolAdmin
 from apps.resources.models import ResourcePool
@@ -91,7 +92,7 @@ class PoolAdmin(ResourcePoolAdmin):
 
     inlines = [*ResourcePoolAdmin.inlines, DeviceInline]
     # As DELETE /api/v1/resource-pools/{id}/ takes them (a window is cancelled by hand, not deleted).
-    deleted_with = (PoolQueue, DriverRun, OpenBatch, Reservation)
+    deleted_with = (PoolQueue, DriverRun, OpenBatch, Reservation, LicenceState)
     actions = [*ResourcePoolAdmin.actions, "recompute_usage"]
     readonly_fields = [*ResourcePoolAdmin.readonly_fields, "eta_calibration"]
     fieldsets = [*ResourcePoolAdmin.fieldsets, ("Expected starts (R-JOB-5)", {"fields": ["eta_calibration"]})]
