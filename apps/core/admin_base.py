@@ -1,9 +1,16 @@
 """The base of every Gridgate admin page."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AutocompleteSelect, AutocompleteSelectMultiple
 from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.db import transaction
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+from django.utils.translation import gettext_lazy
+
+from apps.core.exceptions import Conflict
 
 
 def read_as(field, value):
@@ -98,3 +105,49 @@ class ModelAdmin(FieldValues, admin.ModelAdmin):
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         taken = {str(model._meta.verbose_name) for model in self.deleted_with}
         return deleted, counts, {name for name in perms_needed if str(name) not in taken}, protected
+
+
+class DeletedByService:
+    """A page whose rows a service deletes, and may refuse to (``Conflict``, as the API's 409): its
+    delete page and the list's "delete selected" keep a refused row out of the history and out of
+    the count, and say why. Django's own logged each deletion, and said it was done, before the
+    deletion ran: a refused one was reported deleted. ``delete_one`` calls the service."""
+
+    def delete_one(self, obj) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request, obj):
+        self.delete_one(obj)  # Conflict: answered by delete_view
+
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except Conflict as exc:  # the view's transaction, log entry included, is rolled back
+            self.message_user(request, f"Not deleted: {exc.detail}", messages.ERROR)
+            opts = self.model._meta
+            return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[object_id]))
+
+    @admin.action(permissions=["delete"], description=gettext_lazy("Delete selected %(verbose_name_plural)s"))
+    def delete_selected(self, request, queryset):
+        """Django's action (its confirmation page, its permission checks), but each row is deleted
+        by the service, logged only if it went, and the message counts only those."""
+        if not request.POST.get("post"):
+            return admin_actions.delete_selected(self, request, queryset)  # the confirmation page
+        _, _, perms_needed, protected = self.get_deleted_objects(queryset, request)
+        if perms_needed or protected:
+            return admin_actions.delete_selected(self, request, queryset)  # refused as Django does
+        deleted, refused = 0, []
+        for obj in queryset.order_by("pk"):
+            try:
+                with transaction.atomic():  # the log entry goes with the deletion
+                    self.log_deletions(request, [obj])
+                    self.delete_one(obj)
+                deleted += 1
+            except Conflict as exc:
+                refused.append(exc.detail)
+        if deleted:
+            name = self.model._meta.verbose_name if deleted == 1 else self.model._meta.verbose_name_plural
+            self.message_user(request, f"Deleted {deleted} {name}.", messages.SUCCESS)
+        for refusal in refused:
+            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
+        return None

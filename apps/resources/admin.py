@@ -5,7 +5,7 @@ from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html_join
 
-from apps.core.admin_base import ModelAdmin
+from apps.core.admin_base import DeletedByService, ModelAdmin
 from apps.resources import services
 from apps.resources.launch import launch_spec
 from apps.resources.models import PoolKind, ResourceClass, ResourcePool, fmt, usage_of
@@ -193,7 +193,7 @@ class ResourcePoolAdmin(ModelAdmin):
 
 
 @admin.register(ResourceClass)
-class ResourceClassAdmin(ModelAdmin):
+class ResourceClassAdmin(DeletedByService, ModelAdmin):
     list_display = ["name", "pool", "kind", "cpu", "memory", "gpu", "default"]
     list_filter = ["pool__kind", "default", "pool"]
     list_select_related = ["pool"]
@@ -219,18 +219,10 @@ class ResourceClassAdmin(ModelAdmin):
         rows += [("#SBATCH", " ".join(spec["batch_directives"]) or "-")]
         return format_html_join("", "<div><code>{}</code>: {}</div>", rows)
 
-    def delete_model(self, request, obj):
-        try:
-            services.delete_class(obj)
-        except Exception as exc:  # Conflict: the default class goes last
-            self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+    actions = ["delete_selected"]
 
-    def delete_queryset(self, request, queryset):
-        for obj in queryset.select_related("pool"):
-            try:
-                services.delete_class(obj)
-            except Exception as exc:
-                self.message_user(request, str(getattr(exc, "detail", exc)), messages.ERROR)
+    def delete_one(self, obj):
+        services.delete_class(obj)  # Conflict: the default class goes last (R-POOL-2), as the API's 409
 
     def save_model(self, request, obj, form, change):
         try:

@@ -2,17 +2,12 @@ import time
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpResponseRedirect
-from django.urls import reverse
-from django.utils.translation import gettext_lazy
 
-from apps.core.admin_base import ModelAdmin
+from apps.core.admin_base import DeletedByService, ModelAdmin
 from apps.core.exceptions import Conflict
 from apps.core.tasks import enqueue
 from apps.licences.models import LicenceState
@@ -135,7 +130,7 @@ class PoolAdmin(ResourcePoolAdmin):
 
 
 @admin.register(Device)
-class DeviceAdmin(ModelAdmin):
+class DeviceAdmin(DeletedByService, ModelAdmin):
     form = DeviceForm
     deleted_with = (DriverRun, OpenBatch, Reservation)  # as services.delete_device takes them
     list_display = [
@@ -175,39 +170,8 @@ class DeviceAdmin(ModelAdmin):
     # Every delete path goes through services.delete_device, which checks busy_devices holding the
     # pool's queue row (as the dispatcher does): the page's check above ran without a lock, and a
     # job handed to the device since then would make a plain DELETE fail (IntegrityError, a 500).
-    def delete_view(self, request, object_id, extra_context=None):
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except Conflict as exc:  # the view's transaction, log entry included, is rolled back
-            self.message_user(request, f"Not deleted: {exc.detail}", messages.ERROR)
-            return HttpResponseRedirect(reverse("admin:scheduling_device_change", args=[object_id]))
-
-    def delete_model(self, request, obj):
-        services.delete_device(obj)  # Conflict: answered by delete_view
-
-    @admin.action(permissions=["delete"], description=gettext_lazy("Delete selected %(verbose_name_plural)s"))
-    def delete_selected(self, request, queryset):
-        """Django's action (its confirmation page, its permission checks), but each device is
-        deleted by the service, logged only if it went, and the message counts only those."""
-        if not request.POST.get("post"):
-            return admin_actions.delete_selected(self, request, queryset)  # the confirmation page
-        _, _, perms_needed, protected = self.get_deleted_objects(queryset, request)
-        if perms_needed or protected:
-            return admin_actions.delete_selected(self, request, queryset)  # refused as Django does
-        deleted, refused = 0, []
-        for device in queryset.order_by("pool_id", "pk"):
-            try:
-                with transaction.atomic():  # the log entry goes with the deletion
-                    self.log_deletions(request, [device])
-                    services.delete_device(device)
-                deleted += 1
-            except Conflict as exc:
-                refused.append(exc.detail)
-        if deleted:
-            self.message_user(request, f"Deleted {deleted} device(s).", messages.SUCCESS)
-        for refusal in refused:
-            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
-        return None
+    def delete_one(self, obj):
+        services.delete_device(obj)
 
     @admin.display(description="running", ordering="running_jobs")
     def running_jobs(self, obj):

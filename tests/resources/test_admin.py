@@ -130,3 +130,29 @@ def test_an_operator_without_class_permissions_cannot_change_a_pool_past_its_cla
         assert refused.status_code == 400 and message in str(refused.json()), refused.json()
     pool.refresh_from_db()
     assert (pool.kind, pool.quota_cpu, pool.quota_memory) == ("local", None, None)
+
+
+def test_a_default_class_the_admin_refuses_to_delete_is_neither_reported_nor_logged_deleted(admin_client, api, staff):
+    """R-POOL-2: the default class goes last (the API's DELETE is a 409). The class page and the
+    list's "delete selected" kept it, with the refusal, but Django had already logged the deletion
+    in the class's history and then said "deleted successfully"."""
+    from django.contrib.admin.models import LogEntry
+
+    from tests import factories
+
+    pool = factories.pool("lab")
+    factories.resource_class(pool, "big", cpu=2, memory=2)
+    default = pool.classes.get(default=True)
+    assert api(staff).delete(f"/api/v1/resource-classes/{default.pk}/").status_code == 409
+    for response in [
+        admin_client.post(f"/admin/resources/resourceclass/{default.pk}/delete/", {"post": "yes"}, follow=True),
+        admin_client.post(
+            "/admin/resources/resourceclass/",
+            {"action": "delete_selected", "_selected_action": [str(default.pk)], "post": "yes"},
+            follow=True,
+        ),
+    ]:
+        said = [str(message) for message in response.context["messages"]]
+        assert len(said) == 1 and said[0].startswith("Not deleted: 'access' is the default class"), said
+    assert pool.classes.filter(pk=default.pk).exists()
+    assert not LogEntry.objects.exists()
