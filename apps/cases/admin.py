@@ -7,7 +7,7 @@ from apps.backends.registry import BACKENDS
 from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, UNFINISHED, Campaign, Case, CaseEvent
-from apps.core.admin_base import ModelAdmin
+from apps.core.admin_base import DeletedByService, ModelAdmin
 from apps.core.exceptions import ServiceError
 from apps.core.text import printable
 from apps.resources.selectors import can_use_pool
@@ -249,7 +249,7 @@ class CaseAdmin(ModelAdmin):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(ModelAdmin):
+class CampaignAdmin(DeletedByService, ModelAdmin):
     list_display = ["name", "owner", "created_at"]
     search_fields = ["name", "owner__username"]
     list_select_related = ["owner"]
@@ -279,5 +279,7 @@ class CampaignAdmin(ModelAdmin):
         # deleted: the campaign is the only object the confirmation lists.
         return [str(obj) for obj in objs], {Campaign._meta.verbose_name_plural: len(objs)}, set(), []
 
-    def delete_model(self, request, obj):
-        services.delete_campaign(obj)  # the same service as the API; re-checks under a lock
+    def delete_one(self, obj):
+        # The same service as the API; it checks again under the campaign's lock, and a case
+        # prepared in the campaign since this page's check is a refusal, not a 500.
+        services.delete_campaign(obj)

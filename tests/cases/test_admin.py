@@ -55,6 +55,28 @@ def test_campaign_with_unfinished_cases_cannot_be_deleted_from_the_admin(admin_c
     assert "delete_selected" not in changelist
 
 
+def test_a_case_prepared_in_a_campaign_while_the_admin_deletes_it_keeps_the_campaign(
+    admin_client, make_case, owner, monkeypatch
+):
+    """The delete page checks for unfinished cases, then the service checks again under the
+    campaign's lock: a case prepared in the campaign in between made the service refuse, which
+    the page did not expect (a 500). It now keeps the campaign and says why."""
+    from apps.cases.admin import CampaignAdmin
+
+    campaign = services.create_campaign(owner=owner, name="sweep")
+    original = CampaignAdmin.get_deleted_objects
+
+    def case_arrives(self, objs, request):  # after the page's own check, before the service's
+        make_case(campaign=campaign)
+        return original(self, objs, request)
+
+    monkeypatch.setattr(CampaignAdmin, "get_deleted_objects", case_arrives)
+    response = admin_client.post(f"/admin/cases/campaign/{campaign.pk}/delete/", {"post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert "Not deleted: The campaign still has 1 unfinished case(s)." in response.content.decode()
+    assert Campaign.objects.filter(pk=campaign.pk).exists()
+
+
 def test_campaign_whose_cases_ended_is_deleted_from_the_admin(admin_client, make_case, owner):
     from apps.cases.models import Campaign
 
