@@ -34,8 +34,13 @@ class AllocationAdmin(ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # An allocation stays on its pool: its sessions there spend it (chosen at admission among
         # the user's allocations on that pool), and moved it would charge another pool's jobs.
+        # Once charged it stays with its project too: the usage reports read a charge's group
+        # through its allocation (R-ACCT-1), so a grant given to another group or user moved the
+        # past periods' usage with it. A new project gets an allocation of its own.
         fields = super().get_readonly_fields(request, obj)
-        return [*fields, "pool"] if obj is not None else fields
+        if obj is None:
+            return fields
+        return [*fields, "pool", *(["user", "group"] if obj.charges.exists() else [])]
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -72,3 +72,25 @@ def test_the_ledger_page_costs_the_same_queries_whatever_the_charges_shown(admin
     for i in range(20):
         charge(grant(factories.pool(f"p{i}"), user=owner, device_seconds=100, name=f"project {i}"))
     assert _charge_list_queries(admin_client) == few
+
+
+def test_a_charged_allocation_stays_with_its_project_and_an_uncharged_one_can_be_given_to_another(
+    admin_client, qpu, owner, member, grant
+):
+    """R-ACCT-1: the usage export reads a charge's group through its allocation, so a charged
+    grant given to another group or user in the admin moved past periods' usage with it."""
+    from django.contrib.auth.models import Group
+
+    team, other = Group.objects.create(name="team"), Group.objects.create(name="other")
+    charged = grant(qpu, name="charged", group=team, device_seconds=100)
+    fresh = grant(qpu, name="fresh", group=team, device_seconds=100)
+    Charge.objects.create(
+        kind=ChargeKind.JOB, allocation=charged, pool=qpu, user=owner, device_seconds=5, charged_at=timezone.now()
+    )
+    for allocation in (charged, fresh):
+        url = reverse("admin:allocations_allocation_change", args=[allocation.pk])
+        data = change_form_data(admin_client.get(url)) | {"group": str(other.pk), "device_seconds": "200"}
+        assert admin_client.post(url, data).status_code == 302
+    charged, fresh = Allocation.objects.get(pk=charged.pk), Allocation.objects.get(pk=fresh.pk)
+    assert (charged.group_id, charged.device_seconds) == (team.pk, 200)  # the grant stays editable
+    assert fresh.group_id == other.pk  # a typo fixed before anything was charged
