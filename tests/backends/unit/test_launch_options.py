@@ -46,19 +46,37 @@ def test_a_value_outside_the_choices_is_refused_naming_the_allowed_ones():
     assert "one of normal, debug" in error.extra["launch_options"]["partition"][0]
 
 
-@pytest.mark.parametrize("value", [0, 5, "5", "-1", "1.5", True, "²", "1" * 10])
+def test_every_refused_key_is_a_400_naming_its_allowed_values():
+    error = refused({"partition": "gpu-premium", "nodes": 9})
+    assert error.status == 400
+    assert "normal, debug" in error.detail and "from 1 to 4" in error.detail
+    assert set(error.extra["launch_options"]) == {"partition", "nodes"}
+
+
+@pytest.mark.parametrize("value", [0, 5, -1, "5", "-1", "1.5", "1e3", "8.0", 2.5, True, "²", "٣", "1" * 10])
 def test_a_number_outside_the_range_or_not_a_whole_number_is_refused(value):
     error = refused({"nodes": value})
     assert "a whole number from 1 to 4" in error.extra["launch_options"]["nodes"][0]
 
 
-def test_a_value_with_a_newline_is_refused_as_control_characters():
-    error = refused({"partition": "normal\n#SBATCH --uid=0"})
+@pytest.mark.parametrize("value", ["normal\n", "normal\n#SBATCH --uid=0", "nor\x00mal", "normal\r", "\x1b[2J"])
+def test_control_characters_are_refused_even_around_an_allowed_value(value):
+    error = refused({"partition": value})
     assert "control characters" in error.extra["launch_options"]["partition"][0]
+
+
+@pytest.mark.parametrize("value", [["debug"], {"x": 1}, 3])
+def test_a_value_of_the_wrong_type_is_refused(value):
+    refused({"partition": value})
 
 
 def test_options_that_are_not_an_object_are_refused():
     assert refused(["partition"]).extra == {"launch_options": ["Must be a JSON object."]}
+
+
+def test_when_nothing_is_declared_nothing_is_accepted():
+    """The local backend declares no options: any key is refused."""
+    assert "declared options: none" in refused({"partition": "debug"}, LaunchOptions()).detail
 
 
 def test_a_refusal_while_the_provider_could_not_be_asked_says_so():
