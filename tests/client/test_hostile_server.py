@@ -267,7 +267,53 @@ def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_an_error(ho
 
     assert code == 5
     assert capsys.readouterr().err.startswith("gridgate: ")
-    assert not (tmp_path / "out" / "results" / "out.txt.part").exists()
+    assert not list(tmp_path.rglob("*.part"))
+
+
+def test_a_download_stopped_by_ctrl_c_leaves_no_partial_file_and_exits_130(hostile, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of a download (here: as the first bytes are counted) removes what was
+    written so far: no half file under its name, nor a .part beside it."""
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"x" * 100_000)
+    out = tmp_path / "out"
+
+    def interrupted(self, done, total):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.Bar, "to", interrupted)
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+
+    assert code == 130
+    assert "Traceback" not in capsys.readouterr().err
+    assert [path.name for path in out.rglob("*") if path.is_file()] == []
+
+
+def test_a_download_that_cannot_be_written_is_an_error_and_leaves_no_partial_file(hostile, tmp_path, capsys):
+    """A directory where the file goes (or no room, no permission) is said in one line, exit 1."""
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"counts")
+    out = tmp_path / "out"
+    (out / "results" / "out.txt").mkdir(parents=True)
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"gridgate: cannot write {out}/results/out.txt: ") and "Traceback" not in err
+    assert [path.name for path in out.rglob("*")] == ["results", "out.txt"]
+
+
+def test_a_download_never_touches_a_file_named_like_its_partial_one(hostile, tmp_path):
+    """The bytes go to a new hidden file of the client's own, not to ``<name>.part``, which may be
+    yours (or a link planted there)."""
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"counts")
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "out.txt.part").write_text("mine")
+
+    assert gridgate("case", "get", CASE, "results/out.txt", "-o", str(out)) == 0
+    assert (out / "results" / "out.txt").read_bytes() == b"counts"
+    assert (out / "results" / "out.txt.part").read_text() == "mine"
+    assert sorted(path.name for path in (out / "results").iterdir()) == ["out.txt", "out.txt.part"]
 
 
 def test_a_download_from_a_server_gone_away_is_an_error_not_a_traceback(hostile, tmp_path, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -424,26 +425,36 @@ class Client:
             self.sleep(backoff.next())
 
     def download(self, path: str, dest: Path, *, progress: Callable[[int, int | None], None] | None = None) -> Path:
-        """Stream ``path`` (an API path) into ``dest``; ``progress(bytes so far, total or None)``."""
+        """Stream ``path`` (an API path) into ``dest``; ``progress(bytes so far, total or None)``.
+
+        The bytes go to a new hidden file beside ``dest`` (``.<name>.<random>.part``, created
+        with ``O_EXCL``: never a file of yours, nor a link planted there), renamed onto ``dest``
+        once whole. Whatever stops it (a dropped connection, a full disk, Ctrl-C) removes that
+        file: half a file is never left behind, under either name. A local failure (a directory
+        where the file goes, no room, no permission) raises :class:`OSError`."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(dest.name + ".part")
+        partial = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+        handle = open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb")  # noqa: SIM115
         try:
-            with self.http.stream("GET", path) as response:
+            with handle, self.http.stream("GET", path) as response:
                 if response.status_code >= 300:  # a redirect's body is not the file
                     self._read(response)
                     raise self._refusal(response)
-                total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
+                length = response.headers.get("Content-Length", "")
+                total = int(length) if length.isdigit() else None
                 done = 0
-                with partial.open("wb") as handle:
-                    for chunk in response.iter_bytes():
-                        handle.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+            os.replace(partial, dest)
         except (httpx.TransportError, httpx.DecodingError) as exc:
             partial.unlink(missing_ok=True)  # half a file is not the file
             raise GridgateError(f"The download from {self.url} failed: {exc}") from None
-        os.replace(partial, dest)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         return dest
 
     def download_case_file(self, case_id: str, path: str, dest: Path, **kwargs) -> Path:

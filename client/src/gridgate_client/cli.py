@@ -763,6 +763,8 @@ def case_get(case_id, paths, everything, output):
                 bar = Bar(None, "downloading")
                 try:
                     api.download_case_archive(case_id, archive, progress=bar.to)
+                except OSError as exc:  # no room for it
+                    raise Fail(f"cannot write the case's archive: {exc.strerror or exc}", EXIT_FAILED) from None
                 finally:
                     bar.close()
                 written = unpack(archive, output)
@@ -771,6 +773,8 @@ def case_get(case_id, paths, everything, output):
             bar = Bar(None, path)
             try:
                 api.download_case_file(case_id, path, dest, progress=bar.to)
+            except OSError as exc:  # a directory where the file goes, no room, no permission
+                raise Fail(f"cannot write {output / path}: {exc.strerror or exc}", EXIT_FAILED) from None
             finally:
                 bar.close()
             written.append(str(output / path))
