@@ -137,6 +137,115 @@ def test_case_get_all_refuses_an_archive_member_that_leads_out(hostile, tmp_path
     assert code == 1
     assert not list(tmp_path.rglob("escaped.txt"))
     assert not (tmp_path / "tmp").exists()
+    assert not (tmp_path / "a" / "out").exists()  # the archive is checked whole before anything is written
+
+
+def test_case_get_never_replaces_a_file_already_there_unless_forced(hostile, tmp_path, capsys):
+    """Your own file under -o (an earlier download you edited, an input of the same name) stays
+    as it is: refused before anything is asked (exit 2), replaced with --force."""
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"the case's")
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "out.txt").write_text("yours")
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "1 file(s) already under" in err and "results/out.txt" in err and "pass --force" in err
+    assert (out / "results" / "out.txt").read_text() == "yours"
+    assert hostile.requests == []
+    assert gridgate("case", "get", CASE, "results/out.txt", "-o", str(out), "--force") == 0
+    assert (out / "results" / "out.txt").read_text() == "the case's"
+
+
+def test_case_get_all_never_replaces_a_file_already_there_unless_forced(hostile, tmp_path, capsys):
+    """What the listing names is checked before the archive is fetched; what only the archive
+    holds, before anything of it is written."""
+    archive = _archive([(f"{CASE}/results/new.txt", "file", b"new"), (f"{CASE}/results/out.txt", "file", b"case")])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "out.txt").write_text("yours")
+
+    hostile.json(f"cases/{CASE}/files/", {"count": 1, "next": None, "results": [{"path": "results/out.txt"}]})
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 2
+    assert "results/out.txt" in capsys.readouterr().err
+    assert [path for path, _auth in hostile.requests if "archive" in path] == []
+
+    hostile.json(f"cases/{CASE}/files/", {"count": 0, "next": None, "results": []})  # listed before it was made
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 2
+    assert (out / "results" / "out.txt").read_text() == "yours"
+    assert not (out / "results" / "new.txt").exists()
+    assert sorted(path.name for path in out.rglob("*")) == ["out.txt", "results"]  # the archive is gone too
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out), "--force") == 0
+    assert (out / "results" / "out.txt").read_text() == "case"
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("results/a.txt", b"1"), ("results/a.txt", b"2")],
+        [("results/a", b"1"), ("results/a/b", b"2")],
+    ],
+    ids=["twice", "file-and-directory"],
+)
+def test_case_get_all_refuses_an_archive_that_names_a_file_twice(hostile, tmp_path, members):
+    """The second would replace the first, or fail half-way: refused before anything is written."""
+    archive = _archive([(f"{CASE}/{name}", "file", content) for name, content in members])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    out = tmp_path / "out"
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 1
+    assert not out.exists()
+
+
+def test_names_with_control_characters_are_written_with_underscores(hostile, tmp_path):
+    """A command may name a file with an escape sequence or a newline: on this disk it is named as
+    the server's own downloads name it, each such character an underscore."""
+    archive = _archive(
+        [(f"{CASE}/results/a\x1b]0;pwned\x07.txt", "file", b"1"), (f"{CASE}/results/b\u202ec.txt", "file", b"2")]
+    )
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    hostile.answers[f"cases/{CASE}/files/results/c%0Ad.txt"] = (200, {}, b"3")
+    out = tmp_path / "out"
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 0
+    assert gridgate("case", "get", CASE, "results/c\nd.txt", "-o", str(out)) == 0
+
+    assert sorted(path.name for path in (out / "results").iterdir()) == ["a_]0;pwned_.txt", "b_c.txt", "c_d.txt"]
+
+
+def test_case_get_all_stopped_by_ctrl_c_leaves_no_half_file_nor_the_archive(hostile, tmp_path, monkeypatch):
+    archive = _archive([(f"{CASE}/results/a.txt", "file", b"1"), (f"{CASE}/results/b.bin", "file", b"2" * 100_000)])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    out = tmp_path / "out"
+    real = cli._write_whole
+
+    def interrupted_at_the_second(source, target):
+        if target.name == "b.bin":
+            source.read(10)
+            raise KeyboardInterrupt
+        real(source, target)
+
+    monkeypatch.setattr(cli, "_write_whole", interrupted_at_the_second)
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 130
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*")) == ["results", "results/a.txt"]
+
+
+def test_case_get_all_fetches_the_archive_under_the_output_directory_not_tmp(hostile, tmp_path, monkeypatch):
+    """A login node's /tmp is small and shared: a large case's archive goes where its files go."""
+    import tempfile
+
+    archive = _archive([(f"{CASE}/results/a.txt", "file", b"1")])
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    out = tmp_path / "out"
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 0
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*")) == ["results", "results/a.txt"]
 
 
 def test_case_get_all_writes_no_link_from_the_archive(hostile, tmp_path):
@@ -289,17 +398,24 @@ def test_a_download_stopped_by_ctrl_c_leaves_no_partial_file_and_exits_130(hosti
 
 
 def test_a_download_that_cannot_be_written_is_an_error_and_leaves_no_partial_file(hostile, tmp_path, capsys):
-    """A directory where the file goes (or no room, no permission) is said in one line, exit 1."""
+    """A directory where the file goes, a file where a directory goes (or no room, no permission)
+    is said in one line, exit 1."""
     hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"counts")
+    hostile.answers[f"cases/{CASE}/files/logs/run.log"] = (200, {}, b"log")
     out = tmp_path / "out"
     (out / "results" / "out.txt").mkdir(parents=True)
+    (out / "logs").write_text("a file of yours")
 
-    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+    codes = [
+        gridgate("case", "get", CASE, "results/out.txt", "-o", str(out), "--force"),
+        gridgate("case", "get", CASE, "logs/run.log", "-o", str(out)),
+    ]
 
-    assert code == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"gridgate: cannot write {out}/results/out.txt: ") and "Traceback" not in err
-    assert [path.name for path in out.rglob("*")] == ["results", "out.txt"]
+    assert codes == [1, 1]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"gridgate: cannot write {out}/results/out.txt: ")
+    assert err[1].startswith(f"gridgate: cannot write {out}/logs/run.log: ")
+    assert sorted(path.name for path in out.rglob("*")) == ["logs", "out.txt", "results"]
 
 
 def test_a_download_never_touches_a_file_named_like_its_partial_one(hostile, tmp_path):

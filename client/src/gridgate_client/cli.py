@@ -19,6 +19,7 @@ happened (docs/client.md):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -742,43 +743,72 @@ def case_ls(case_id):
 @click.argument("paths", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="Every file, as one archive unpacked into -o.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), help="Directory (default: .).")
+@click.option("--force", is_flag=True, help="Replace files that are already under -o (default: refuse).")
 @json_option
-def case_get(case_id, paths, everything, output):
+def case_get(case_id, paths, everything, output, force):
     """Download PATHS of a case (e.g. results/out.txt), or --all of them."""
     if not paths and not everything:
         raise click.UsageError("name the files to get, or --all")
     output = output or Path(".")
     # A name from the server's listing (``case ls --json | jq``) or typed: checked before anything
-    # is asked, so ``../../.bashrc`` or ``/home/me/.profile`` is never written (nor fetched).
+    # is asked, so ``../../.bashrc`` or ``/home/me/.profile`` is never written (nor fetched), and
+    # a file already there is not replaced unless asked (--force).
     targets = {}
     for path in paths:
         targets[path] = inside(output, path)
         if targets[path] is None:
             raise click.UsageError(f"{path!r} leads out of {output}/: name a case file, such as results/out.txt")
+    if not force:
+        refuse_existing(output, [local_name(path) for path in paths])
     written = []
     with client() as api:
         if everything:
-            with tempfile.TemporaryDirectory(prefix="gridgate-") as scratch:
-                archive = Path(scratch) / "case.tar.gz"
-                bar = Bar(None, "downloading")
-                try:
-                    api.download_case_archive(case_id, archive, progress=bar.to)
-                except OSError as exc:  # no room for it
-                    raise Fail(f"cannot write the case's archive: {exc.strerror or exc}", EXIT_FAILED) from None
-                finally:
-                    bar.close()
-                written = unpack(archive, output)
+            if not force and output.is_dir() and any(output.iterdir()):
+                # Before the archive is fetched (it may be large): what the listing names.
+                refuse_existing(output, [local_name(entry["path"]) for entry in api.case_files(case_id)])
+            written = get_archive(api, case_id, output, force)
         for path in paths:
             dest = targets[path]
             bar = Bar(None, path)
             try:
                 api.download_case_file(case_id, path, dest, progress=bar.to)
             except OSError as exc:  # a directory where the file goes, no room, no permission
-                raise Fail(f"cannot write {output / path}: {exc.strerror or exc}", EXIT_FAILED) from None
+                raise Fail(f"cannot write {output / local_name(path)}: {exc.strerror or exc}", EXIT_FAILED) from None
             finally:
                 bar.close()
-            written.append(str(output / path))
+            written.append(str(output / local_name(path)))
     emit({"case": case_id, "written": written}, f"{len(written)} file(s) written under {output}/.")
+
+
+def refuse_existing(output: Path, relatives: list[str]) -> None:
+    """A usage error (exit 2) naming the files of ``relatives`` already under ``output``."""
+    there = [relative for relative in relatives if os.path.lexists(output / relative)]
+    if there:
+        shown = ", ".join(there[:3]) + (f" and {len(there) - 3} more" if len(there) > 3 else "")
+        raise Fail(f"{len(there)} file(s) already under {output}/ ({shown}): pass --force to replace them", EXIT_USAGE)
+
+
+def get_archive(api: Client, case_id: str, output: Path, force: bool) -> list[str]:
+    """``case get --all``: the archive, fetched beside the files it holds (under ``output``, on
+    the file system the user chose for them: not in a shared /tmp, which a large case would
+    fill), checked whole, then unpacked; the archive itself is removed whatever happens."""
+    made = not output.exists()
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".gridgate-", dir=output) as scratch:
+            archive = Path(scratch) / "case.tar.gz"
+            bar = Bar(None, "downloading")
+            try:
+                api.download_case_archive(case_id, archive, progress=bar.to)
+            finally:
+                bar.close()
+            return unpack(archive, output, force=force)
+    except OSError as exc:  # no room for it, no permission
+        raise Fail(f"cannot write under {output}/: {exc.strerror or exc}", EXIT_FAILED) from None
+    finally:
+        if made:
+            with contextlib.suppress(OSError):
+                output.rmdir()  # only if nothing was written in it
 
 
 ON_WINDOWS = os.name == "nt"
@@ -788,15 +818,23 @@ WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"} | {
 }
 
 
+def local_name(relative: str) -> str:
+    """The name a case file gets on this disk: the server's, with each control character and bidi
+    override (:data:`HIDDEN`) written as ``_``, as the server's own downloads name it. A command
+    may name its files as it likes; a file named with an escape sequence or a newline would
+    drive the terminal of whoever lists the directory later, or break their scripts."""
+    return HIDDEN.sub("_", relative)
+
+
 def inside(output: Path, relative: str) -> Path | None:
-    """Where the case file ``relative`` goes under ``output``, or None when it would land
-    elsewhere: an empty name, a NUL, an absolute path or a drive (``C:``, on Windows), a ``..``,
-    or a link already under ``output`` that leads out; on Windows also a device name (``CON``,
-    ``nul.txt``) or a ``:`` (another file's NTFS stream). Names come from the server (a listing,
-    an archive): never let them choose where a file lands."""
+    """Where the case file ``relative`` goes under ``output`` (named :func:`local_name`), or None
+    when it would land elsewhere: an empty name, a NUL, an absolute path or a drive (``C:``, on
+    Windows), a ``..``, or a link already under ``output`` that leads out; on Windows also a
+    device name (``CON``, ``nul.txt``) or a ``:`` (another file's NTFS stream). Names come from
+    the server (a listing, an archive): never let them choose where a file lands."""
     if not relative or "\x00" in relative:
         return None
-    pure = Path(relative)  # this system's rules: on Windows a backslash and a drive count too
+    pure = Path(local_name(relative))  # this system's rules: on Windows a backslash and a drive count too
     if pure.is_absolute() or pure.drive or pure.root or ".." in pure.parts:
         return None
     if ON_WINDOWS and any(
@@ -808,33 +846,62 @@ def inside(output: Path, relative: str) -> Path | None:
     return target if target.is_relative_to(base) and target != base else None
 
 
-def unpack(archive: Path, output: Path) -> list[str]:
+def unpack(archive: Path, output: Path, *, force: bool = False) -> list[str]:
     """The archive's regular files (``<case id>/<path>``) as ``output/<path>``. Written by hand,
-    not ``extractall``: a member is refused unless its path stays under ``output``
-    (:func:`inside`), and links, devices and modes in the archive are ignored."""
-    written = []
-    output.mkdir(parents=True, exist_ok=True)
+    not ``extractall``: links, devices and modes in the archive are ignored. The whole archive
+    is read and checked first, so that nothing is written from one that is broken or refused:
+    each member's path must stay under ``output`` (:func:`inside`), name no file already there
+    (unless ``force``), and be given once (not twice, nor as a file and as a directory). Each
+    file is then written through a hidden file beside it, renamed once whole: what stops the
+    unpacking (a full disk, Ctrl-C) leaves no half file."""
+    planned: dict[Path, tarfile.TarInfo] = {}
+    shown: dict[Path, str] = {}
+    written: list[str] = []
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            for member in tar:
+            for member in tar:  # reads the archive to its end: one cut short is found here
                 if not member.isfile():
                     continue
                 _, _, relative = member.name.partition("/")
                 target = inside(output, relative)
                 if target is None:
                     raise Fail(f"refusing archive member {member.name!r}: it leads out of {output}", EXIT_FAILED)
+                if target in planned:
+                    raise Fail(f"refusing the archive: it holds {relative!r} twice", EXIT_FAILED)
+                planned[target], shown[target] = member, str(output / local_name(relative))
+            folders = {parent for target in planned for parent in target.parents}
+            clash = next((target for target in planned if target in folders), None)
+            if clash is not None:
+                raise Fail(f"refusing the archive: {shown[clash]} is in it as a file and as a directory", EXIT_FAILED)
+            if not force:
+                refuse_existing(output, [str(Path(shown[target]).relative_to(output)) for target in planned])
+            for target, member in planned.items():
                 try:
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    source = tar.extractfile(member)
-                    with source, open(target, "wb") as handle:
-                        while chunk := source.read(1024 * 1024):
-                            handle.write(chunk)
-                except OSError as exc:  # a member under a name an earlier one wrote as a file, a full disk
-                    raise Fail(f"cannot write {output / relative}: {exc.strerror or exc}", EXIT_FAILED) from None
-                written.append(str(output / relative))
+                    _write_whole(tar.extractfile(member), target)
+                except OSError as exc:  # a name taken by a directory of yours, a full disk
+                    raise Fail(
+                        f"cannot write {shown[target]}: {exc.strerror or exc} ({len(written)} file(s) written)",
+                        EXIT_FAILED,
+                    ) from None
+                written.append(shown[target])
     except (tarfile.TarError, EOFError, zlib.error) as exc:  # not a .tar.gz, or one cut short
         raise Fail(f"the case's archive is broken ({exc}); {len(written)} file(s) written", EXIT_UNAVAILABLE) from None
     return written
+
+
+def _write_whole(source, target: Path) -> None:
+    """``source`` (a file object) as ``target``, through a new hidden file beside it."""
+    partial = target.with_name(f".{target.name}.{os.urandom(4).hex()}.part")
+    try:
+        with source, open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            while chunk := source.read(1024 * 1024):
+                handle.write(chunk)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 @case.command("cancel")
