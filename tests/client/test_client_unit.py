@@ -216,3 +216,56 @@ def test_a_password_login_to_a_bare_site_name_never_goes_in_clear():
 
     Client("grid.example.org", "", transport=httpx.MockTransport(handler)).password_login("alice", "pw")
     assert seen == ["https"]
+
+
+NGINX_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_proxys_bad_gateway_or_gateway_timeout_is_retried_when_the_request_may_be_repeated(status):
+    """A proxy answers 502/504 while the site restarts or a worker is slow: a read (and a write
+    with an Idempotency-Key) is tried again, as for a 503; a long wait is not cut by one."""
+    clock = Clock()
+    answers = iter([httpx.Response(status, headers={"Content-Type": "text/html"}, text=NGINX_502)])
+
+    def handler(request):
+        return next(answers, httpx.Response(200, json={"id": 1, "status": "pending"}))
+
+    assert client_with(handler, clock).job(1)["id"] == 1
+    assert clock.slept == [1.0]
+
+
+def test_a_proxys_error_page_is_told_in_one_line_by_its_title_not_as_html():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(502, headers={"Content-Type": "text/html"}, text=NGINX_502)
+
+    with pytest.raises(GridgateError) as caught:
+        client_with(handler).cancel_job(3)  # a write without a key: not retried
+
+    assert len(calls) == 1
+    assert caught.value.status == 502
+    assert caught.value.detail == (
+        "HTTP 502 Bad Gateway from gridgate.test, not Gridgate's answer (502 Bad Gateway): "
+        "the site, or a proxy in front of it, is failing: try again later"
+    )
+
+
+def test_an_error_page_without_a_title_is_told_by_its_text():
+    def handler(request):
+        return httpx.Response(
+            404, headers={"Content-Type": "text/html"}, text="<body><p>No&nbsp;such\n page</p></body>"
+        )
+
+    with pytest.raises(GridgateError) as caught:
+        client_with(handler).job(1)
+
+    assert (
+        caught.value.detail
+        == "HTTP 404 Not Found from gridgate.test, not Gridgate's answer (No such page): is the URL Gridgate's?"
+    )

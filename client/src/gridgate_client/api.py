@@ -3,17 +3,20 @@ connection and your scripts share.
 
 - Errors: every non-2xx answer raises :class:`GridgateError` with the server's ``detail`` (or its
   field messages) and status; a connection failure raises one with ``status=None``.
-- Retries: a 429 or 503 is retried after the server's ``Retry-After`` (transient by definition:
-  docs/api.md), a dropped connection after a back-off; writes are retried only when they carry an
-  ``Idempotency-Key`` (the server then answers a repeat with the first answer, never twice).
+- Retries: a 429, 502, 503 or 504 is retried after the server's ``Retry-After`` (transient by
+  definition: docs/api.md; a proxy's 502/504 while the site restarts), a dropped connection after
+  a back-off; writes are retried only when they carry an ``Idempotency-Key`` (the server then
+  answers a repeat with the first answer, never twice).
 - Waiting: :meth:`Client.wait_job` and :meth:`Client.wait_case` poll with a back-off (0.5 s,
   doubling to 10 s) and stop at a deadline with :class:`TimedOut`.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import secrets
 import time
 import uuid
@@ -27,7 +30,10 @@ from gridgate_client import config
 
 JOB_DONE = {"completed", "failed", "cancelled", "unknown"}
 CASE_DONE = {"done", "failed", "cancelled"}
-RETRY_STATUSES = {429, 503}
+#: answers retried (a request that is safe to repeat): throttled (429), and the site or a proxy in
+#: front of it failing for a moment (502 Bad Gateway, 503, 504 Gateway Timeout: a restart, a worker
+#: busy past the proxy's patience)
+RETRY_STATUSES = {429, 502, 503, 504}
 MAX_RETRIES = 5
 MAX_RETRY_AFTER = 300.0  # a Retry-After longer than this is not waited out: the error is raised
 #: the most of an answer (decompressed) read into memory; files go to disk (:meth:`Client.download`)
@@ -83,6 +89,16 @@ def answer_json(response: httpx.Response):
             f"{response.url.host} answered HTTP {response.status_code} with something that is not Gridgate's JSON "
             f"({kind}): is the URL Gridgate's?"
         ) from None
+
+
+def page_text(text: str, content_type: str = "") -> str:
+    """What an answer that is not JSON says, on one line: an HTML page's title (a proxy's "502 Bad
+    Gateway"), else its text without its tags; white space, newlines included, as single spaces."""
+    if "html" in content_type.lower() or text.lstrip().startswith("<"):
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        text = title.group(1) if title and title.group(1).strip() else re.sub(r"<[^>]*>", " ", text)
+        text = html.unescape(text)
+    return " ".join(text.split())
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -151,7 +167,7 @@ class Client:
 
     # -- transport ----------------------------------------------------------------------------
     def request(self, method: str, path: str, *, retry: bool | None = None, **kwargs) -> httpx.Response:
-        """One request, retried on 429/503 (after ``Retry-After``) and on a dropped connection
+        """One request, retried on 429/502/503/504 (after ``Retry-After``) and on a dropped connection
         when it is safe to (a read, a delete, or a write with an ``Idempotency-Key``)."""
         headers = kwargs.get("headers") or {}
         if retry is None:
@@ -222,8 +238,17 @@ class Client:
         except (ValueError, RecursionError):
             body = None
         if body is None:
-            text = scrub(response.text).strip()[:300] or response.reason_phrase
-            return GridgateError(f"HTTP {response.status_code}: {text}", status=response.status_code)
+            said = page_text(scrub(response.text), response.headers.get("Content-Type", ""))[:300]
+            where = f"HTTP {response.status_code} {response.reason_phrase} from {response.url.host}".strip()
+            why = (
+                "the site, or a proxy in front of it, is failing: try again later"
+                if response.status_code >= 500
+                else "is the URL Gridgate's?"
+            )
+            return GridgateError(
+                f"{where}, not Gridgate's answer" + (f" ({said})" if said else "") + f": {why}",
+                status=response.status_code,
+            )
         return GridgateError(
             error_detail(body), status=response.status_code, body=body if isinstance(body, dict) else {}
         )
