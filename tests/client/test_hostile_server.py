@@ -539,3 +539,16 @@ def test_the_clients_hidden_characters_are_the_servers():
     from apps.core.text import HIDDEN_IN_NAMES
 
     assert cli.HIDDEN.pattern == HIDDEN_IN_NAMES.pattern
+
+
+def test_a_429_whose_wait_is_too_long_to_wait_out_exits_5_try_later_not_3_refused(hostile, capsys):
+    """Throttled, or a login locked out for a while: not a refusal of the request (exit 3, do not
+    try again) but of its moment, as a 503 is (exit 5)."""
+    detail = b'{"detail": "Request was throttled. Expected available in 1000 seconds."}'
+    hostile.answers[f"cases/{CASE}/"] = (429, {"Content-Type": "application/json", "Retry-After": "1000"}, detail)
+
+    code = gridgate("case", "status", CASE)
+
+    assert code == 5
+    assert capsys.readouterr().err == "gridgate: Request was throttled. Expected available in 1000 seconds.\n"
+    assert len(hostile.requests) == 1  # a wait past MAX_RETRY_AFTER is not waited out

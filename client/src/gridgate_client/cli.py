@@ -11,7 +11,7 @@ happened (docs/client.md):
 2     usage error (a missing or wrong option)
 3     refused by the server (400, 403, 404, 409, 413: the message says why)
 4     not logged in, or the token is no longer valid (401)
-5     the server cannot be reached, or is unavailable (5xx)
+5     the server cannot be reached, is unavailable (5xx) or asks to wait (429), after the retries
 6     the work was cancelled
 124   a wait timed out (as ``timeout(1)``)
 ====  ==========================================================================
@@ -51,7 +51,9 @@ OUTCOME = {
 
 
 def exit_for(error: GridgateError) -> int:
-    if error.status is None or error.status >= 500:
+    # 429: not a refusal of the request but of its moment (throttled, a login locked out for a
+    # while): a script should try again later, as after a 503.
+    if error.status is None or error.status >= 500 or error.status == 429:
         return EXIT_UNAVAILABLE
     if error.status == 401:
         return EXIT_AUTH
