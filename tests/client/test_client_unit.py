@@ -269,3 +269,29 @@ def test_an_error_page_without_a_title_is_told_by_its_text():
         caught.value.detail
         == "HTTP 404 Not Found from gridgate.test, not Gridgate's answer (No such page): is the URL Gridgate's?"
     )
+
+
+def test_each_retry_is_told_with_its_reason_and_when_the_next_try_is():
+    """Five tries of a server that does not answer take minutes: each is said, not a silent hang."""
+    answers = iter(
+        [
+            httpx.Response(503, headers={"Retry-After": "7"}, json={"detail": "busy"}),
+            httpx.ConnectTimeout("timed out"),
+        ]
+    )
+
+    def handler(request):
+        answer = next(answers, None)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer or httpx.Response(200, json={"id": 1, "status": "pending"})
+
+    api = client_with(handler)
+    told = []
+    api.on_retry = told.append
+
+    assert api.job(1)["id"] == 1
+    assert told == [
+        "gridgate.test answered HTTP 503 Service Unavailable; trying again in 7 s (try 2 of 5)",
+        "cannot reach gridgate.test (no answer in time: timed out); trying again in 2 s (try 3 of 5)",
+    ]

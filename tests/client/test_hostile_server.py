@@ -552,3 +552,21 @@ def test_a_429_whose_wait_is_too_long_to_wait_out_exits_5_try_later_not_3_refuse
     assert code == 5
     assert capsys.readouterr().err == "gridgate: Request was throttled. Expected available in 1000 seconds.\n"
     assert len(hostile.requests) == 1  # a wait past MAX_RETRY_AFTER is not waited out
+
+
+def test_the_cli_says_each_retry_on_stderr(hostile, monkeypatch, capsys):
+    """A proxy failing for a while: each try again is a line on stderr (a batch job's log keeps
+    it), the last answer the error."""
+    from gridgate_client import api
+
+    monkeypatch.setattr(api, "MAX_RETRIES", 2)
+    hostile.answers[f"cases/{CASE}/"] = (504, {"Content-Type": "text/html"}, b"<title>504 Gateway Time-out</title>")
+
+    code = gridgate("case", "status", CASE)
+
+    assert code == 5
+    assert capsys.readouterr().err.splitlines() == [
+        "gridgate: 127.0.0.1 answered HTTP 504 Gateway Timeout; trying again in 1 s (try 2 of 2)",
+        "gridgate: HTTP 504 Gateway Timeout from 127.0.0.1, not Gridgate's answer (504 Gateway Time-out): "
+        "the site, or a proxy in front of it, is failing: try again later",
+    ]

@@ -101,6 +101,13 @@ def page_text(text: str, content_type: str = "") -> str:
     return " ".join(text.split())
 
 
+def transport_words(exc: httpx.TransportError) -> str:
+    """What went wrong on the way, in words: some of httpx's errors carry none."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer in time: {exc}" if str(exc) else "no answer in time"
+    return str(exc) or type(exc).__name__
+
+
 def retry_after(response: httpx.Response) -> float | None:
     """The server's ``Retry-After`` in seconds (a number; an HTTP date is not sent by Gridgate)."""
     value = response.headers.get("Retry-After")
@@ -155,6 +162,8 @@ class Client:
         self.sleep = sleep
         self.clock = clock
         self.max_answer_bytes = MAX_ANSWER_BYTES
+        #: called with one line before each retry (why, and when the next try is); the CLI prints it
+        self.on_retry: Callable[[str], None] | None = None
 
     def close(self) -> None:
         self.http.close()
@@ -184,17 +193,27 @@ class Client:
                     response.close()
             except httpx.TransportError as exc:
                 if retry and attempt < MAX_RETRIES:
-                    self.sleep(backoff.next())
+                    self._pause(
+                        f"cannot reach {self.http.base_url.host} ({transport_words(exc)})", backoff.next(), attempt
+                    )
                     continue
-                raise GridgateError(f"Cannot reach {self.url}: {exc}") from None
+                raise GridgateError(f"Cannot reach {self.url}: {transport_words(exc)}") from None
             if response.status_code in RETRY_STATUSES and retry and attempt < MAX_RETRIES:
                 wait = retry_after(response)
                 if wait is None or wait <= MAX_RETRY_AFTER:
-                    self.sleep(backoff.next(wait))
+                    said = f"{response.url.host} answered HTTP {response.status_code} {response.reason_phrase}".strip()
+                    self._pause(said, backoff.next(wait), attempt)
                     continue
             if response.status_code >= 300:  # a redirect is not followed: the token would go with it
                 raise self._refusal(response)
             return response
+
+    def _pause(self, why: str, seconds: float, attempt: int) -> None:
+        """Wait before trying again, telling :attr:`on_retry` why: a retry can take minutes (five
+        tries of a server that does not answer in ``timeout``), which must not look like a hang."""
+        if self.on_retry:
+            self.on_retry(f"{why}; trying again in {seconds:.0f} s (try {attempt + 1} of {MAX_RETRIES})")
+        self.sleep(seconds)
 
     def _read(self, response: httpx.Response) -> None:
         """Read the answer into ``response.content``, at most :attr:`max_answer_bytes` once

@@ -176,7 +176,18 @@ def client() -> Client:
             )
         raise Fail(f"not logged in to {url}: run gridgate login (or set GRIDGATE_TOKEN).", EXIT_AUTH)
     _refresh_if_due(url)
-    return Client(url, config.resolve_token(url))
+    api = Client(url, config.resolve_token(url))
+    api.on_retry = retrying
+    return api
+
+
+def retrying(text: str) -> None:
+    """A retry said on stderr (a terminal's status line cleared first), in a batch job's log too:
+    a command quiet for minutes while it tries again must not look hung."""
+    clear = "\r\033[K" if on_terminal() else ""
+    click.echo(clear + "gridgate: " + printable(text), err=True)
+    if Status.shown is not None:
+        Status.shown.last = ""  # drawn again below the notice at the next poll
 
 
 def _refresh_if_due(url: str) -> None:
@@ -201,9 +212,14 @@ def _refresh_if_due(url: str) -> None:
 class Status:
     """A one-line status on stderr while waiting, rewritten in place; nothing when piped."""
 
+    #: the status line being shown, if any (a retry's notice clears it: it is drawn again after)
+    shown: Status | None = None
+
     def __init__(self):
         self.active = on_terminal() and not wants_json()
         self.last = ""
+        if self.active:
+            Status.shown = self
 
     def __call__(self, text: str) -> None:
         if self.active and text != self.last:
@@ -213,6 +229,8 @@ class Status:
     def done(self) -> None:
         if self.active and self.last:
             click.echo("", err=True)
+        if Status.shown is self:
+            Status.shown = None
 
 
 class Bar:
