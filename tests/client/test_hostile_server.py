@@ -570,3 +570,19 @@ def test_the_cli_says_each_retry_on_stderr(hostile, monkeypatch, capsys):
         "gridgate: HTTP 504 Gateway Timeout from 127.0.0.1, not Gridgate's answer (504 Gateway Time-out): "
         "the site, or a proxy in front of it, is failing: try again later",
     ]
+
+
+@pytest.mark.parametrize("token", ["secret-token\nof-alice", "secret-tökén-of-alice", "secret token of alice"])
+def test_a_token_with_characters_no_token_has_is_an_error_that_does_not_print_it(hostile, monkeypatch, token, capsys):
+    """A token pasted with a line break, or mistyped with a letter that is not ASCII, ended in a
+    traceback or in an error quoting the Authorization header, the token in it."""
+    monkeypatch.setenv("GRIDGATE_TOKEN", token)
+
+    code = gridgate("--json", "case", "status", CASE)
+
+    assert code == 4
+    shown = capsys.readouterr()
+    assert "Traceback" not in shown.err and shown.err.startswith("gridgate: The token has characters no token has")
+    for part in ("secret", "alice"):
+        assert part not in shown.out + shown.err
+    assert hostile.requests == []

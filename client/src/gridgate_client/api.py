@@ -40,6 +40,10 @@ MAX_RETRY_AFTER = 300.0  # a Retry-After longer than this is not waited out: the
 MAX_ANSWER_BYTES = 64 << 20
 
 
+#: what a token is made of: printable ASCII, no space (personal tokens are hex, a provider's a JWT)
+TOKEN_CHARACTERS = re.compile(r"[\x21-\x7e]+")
+
+
 class GridgateError(Exception):
     """The server refused the request, or could not be reached (``status`` None).
 
@@ -152,6 +156,14 @@ class Client:
     ):
         self.url = config.resolve_url(url)
         self.token = token if token is not None else config.resolve_token(self.url)
+        if self.token and not TOKEN_CHARACTERS.fullmatch(self.token):
+            # Sent as is, it would fail inside httpx: a traceback (a non-ASCII letter), or an error
+            # quoting the header, the token with it (a line break pasted into GRIDGATE_TOKEN).
+            raise GridgateError(
+                "The token has characters no token has (a space or a line break inside it, a letter that is "
+                "not ASCII): set GRIDGATE_TOKEN again, or log in again (gridgate login)",
+                status=401,
+            )
         headers = {"User-Agent": f"gridgate-client/{config.VERSION}", "Accept": "application/json"}
         if self.token:
             scheme = "Bearer" if self.token.count(".") == 2 else "Token"  # a provider's JWT, else a personal token
@@ -197,7 +209,7 @@ class Client:
                         f"cannot reach {self.http.base_url.host} ({transport_words(exc)})", backoff.next(), attempt
                     )
                     continue
-                raise GridgateError(f"Cannot reach {self.url}: {transport_words(exc)}") from None
+                raise GridgateError(self._scrub(f"Cannot reach {self.url}: {transport_words(exc)}")) from None
             if response.status_code in RETRY_STATUSES and retry and attempt < MAX_RETRIES:
                 wait = retry_after(response)
                 if wait is None or wait <= MAX_RETRY_AFTER:
@@ -235,16 +247,17 @@ class Client:
             ) from None
         response._content = b"".join(chunks)  # what httpx's own read() keeps
 
+    def _scrub(self, text: str) -> str:
+        """``text`` with this client's token written as ``***``."""
+        token = self.token if self.token and len(self.token) >= 8 else None
+        return text.replace(token, "***") if token else text
+
     def _refusal(self, response: httpx.Response) -> GridgateError:
         """The error an answer that is no success stands for, in the server's words, without this
         client's token in them (scrubbed before the text is cut short): a proxy's error page or a
         debugging server may quote the request's headers, and the CLI prints errors where a batch
         job's log keeps them."""
-        token = self.token if self.token and len(self.token) >= 8 else None
-
-        def scrub(text: str) -> str:
-            return text.replace(token, "***") if token else text
-
+        scrub = self._scrub
         if response.is_redirect:
             where = scrub(response.headers.get("Location", ""))
             return GridgateError(
@@ -495,7 +508,7 @@ class Client:
             os.replace(partial, dest)
         except (httpx.TransportError, httpx.DecodingError) as exc:
             partial.unlink(missing_ok=True)  # half a file is not the file
-            raise GridgateError(f"The download from {self.url} failed: {exc}") from None
+            raise GridgateError(self._scrub(f"The download from {self.url} failed: {transport_words(exc)}")) from None
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
