@@ -295,3 +295,22 @@ def test_each_retry_is_told_with_its_reason_and_when_the_next_try_is():
         "gridgate.test answered HTTP 503 Service Unavailable; trying again in 7 s (try 2 of 5)",
         "cannot reach gridgate.test (no answer in time: timed out); trying again in 2 s (try 3 of 5)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("ftp://grid.example.org", "is not a site's address"),
+        ("file:///etc/passwd", "is not a site's address"),
+        ("http://", "names no site"),
+        ("https:///api", "names no site"),
+        ("http://grid.example.org:99999", "Port out of range"),
+        ("https://grid example.org", "a space in it"),
+    ],
+)
+def test_a_site_address_that_cannot_be_one_is_refused_before_anything_is_sent(given, said):
+    """It was tried five times over 15 s ('Cannot reach https://http:', an unsupported protocol),
+    then exited 5, 'the server cannot be reached', for what is a typo (exit 2)."""
+    with pytest.raises(config.BadURL) as caught:
+        config.normalize(given)
+    assert said in str(caught.value)

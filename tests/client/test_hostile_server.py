@@ -531,6 +531,8 @@ def test_a_site_url_that_cannot_be_read_is_a_usage_error(hostile, capsys):
 
     assert code == 2
     assert capsys.readouterr().err.startswith("gridgate: '[::1' is not a URL")
+    assert gridgate("--url", "ftp://grid.example.org", "pools") == 2
+    assert gridgate("--url", "http://", "pools") == 2
 
 
 def test_the_clients_hidden_characters_are_the_servers():

@@ -43,12 +43,21 @@ def normalize(url: str) -> str:
     """``url`` without a trailing slash, and with a scheme: a bare name means https (the password
     and the token must not cross the network in clear because a scheme was left out), except
     for this machine's own names (the local demo)."""
-    url = url.strip().rstrip("/")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    url = f"{scheme}{sep}{rest.rstrip('/')}" if sep else url.rstrip("/")
     try:
-        host = urlsplit(url if "://" in url else "//" + url).hostname
+        parts = urlsplit(url if sep else "//" + url)
+        host, _port = parts.hostname, parts.port
     except ValueError as exc:
         raise BadURL(f"{url!r} is not a URL ({exc})") from None
-    if "://" not in url:
+    if sep and scheme.lower() not in ("http", "https"):
+        raise BadURL(f"{url!r} is not a site's address: Gridgate is reached over https:// (or http://)")
+    if any(char.isspace() for char in url):
+        raise BadURL(f"{url!r} is not a URL (a space in it)")
+    if not host:
+        raise BadURL(f"{url!r} names no site: give one such as https://gridgate.example.org")
+    if not sep:
         url = ("http://" if host in LOCAL_HOSTS else "https://") + url
     return url
 
