@@ -314,3 +314,84 @@ def test_a_site_address_that_cannot_be_one_is_refused_before_anything_is_sent(gi
     with pytest.raises(config.BadURL) as caught:
         config.normalize(given)
     assert said in str(caught.value)
+
+
+DEVICE_ENTRY = {"refresh_token": "r", "token_endpoint": "https://idp.test/token", "client_id": "gridgate-cli"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "said"),
+    [
+        (httpx.ConnectError("Connection refused"), None, "Cannot reach the identity provider"),
+        (httpx.Response(400, json={"error": "invalid_grant"}), 401, "Your sign-in has ended (invalid_grant)"),
+        (httpx.Response(502, text="<html>Bad Gateway</html>"), None, "cannot renew your sign-in now"),
+        (httpx.Response(200, text="<html>proxy sign-in</html>"), None, "not its JSON"),
+    ],
+    ids=["unreachable", "refused", "provider-down", "not-json"],
+)
+def test_renewing_a_device_login_fails_with_an_error_not_a_traceback(answer, status, said):
+    """A refused renewal is 'not logged in' (status 401: exit 4), not 'cannot be reached'."""
+
+    def handler(request):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http, pytest.raises(GridgateError) as caught:
+        devicegrant.refresh(DEVICE_ENTRY, http=http)
+    assert (caught.value.status, said in caught.value.detail) == (status, True)
+
+
+def test_device_login_goes_on_polling_past_a_lost_poll_and_refuses_an_answer_that_is_not_json():
+    clock = Clock()
+    polls = iter([httpx.ConnectError("reset"), httpx.Response(200, json={"access_token": "a.b.c"})])
+    device_answer = [httpx.Response(200, json={"device_code": "d", "user_code": "U", "verification_uri": "v"})]
+
+    def handler(request):
+        if request.url.path.endswith("openid-configuration"):
+            return httpx.Response(
+                200,
+                json={
+                    "device_authorization_endpoint": "https://idp.test/device",
+                    "token_endpoint": "https://idp.test/token",
+                },
+            )
+        if request.url.path == "/device":
+            return device_answer[0]
+        answer = next(polls)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def login(http):
+        return devicegrant.device_login(
+            {"issuer": "https://idp.test", "client_id": "c"},
+            http=http,
+            show=lambda *a: None,
+            sleep=clock.sleep,
+            clock=clock,
+        )
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        assert login(http)["access_token"] == "a.b.c"
+        device_answer[0] = httpx.Response(200, text="<html>proxy</html>")
+        with pytest.raises(GridgateError) as caught:
+            login(http)
+    assert "not its JSON" in caught.value.detail
+
+
+def test_a_device_login_whose_renewal_is_refused_exits_4_saying_to_log_in_again(tmp_path, monkeypatch, capsys):
+    from gridgate_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    monkeypatch.delenv("GRIDGATE_URL", raising=False)
+    config.store_token("https://grid.example.org", "a.b.c", expires_at=0, **DEVICE_ENTRY)
+
+    def refused(entry, *, http):
+        raise GridgateError("Your sign-in has ended (invalid_grant): run gridgate login again.", status=401)
+
+    monkeypatch.setattr(devicegrant, "refresh", refused)
+
+    assert cli.main(["pools"]) == cli.EXIT_AUTH
+    assert capsys.readouterr().err == "gridgate: Your sign-in has ended (invalid_grant): run gridgate login again.\n"

@@ -79,7 +79,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except GridgateError as exc:
-            hint = " (log in again: gridgate login)" if exc.status == 401 else ""
+            hint = " (log in again: gridgate login)" if exc.status == 401 and "gridgate login" not in exc.detail else ""
             _json_error(ctx, exc.detail, exc.status, exc.body)
             raise Fail(exc.detail + hint, exit_for(exc)) from None
         except TimedOut as exc:

@@ -20,12 +20,34 @@ from gridgate_client.api import GridgateError
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
 
+def _post(http: httpx.Client, url: str, data: dict) -> httpx.Response:
+    """A POST to the provider; its failing on the way is a :class:`GridgateError` naming it."""
+    try:
+        return http.post(url, data=data)
+    except httpx.HTTPError as exc:
+        raise GridgateError(f"Cannot reach the identity provider at {url}: {exc or type(exc).__name__}") from None
+
+
+def _json(response: httpx.Response) -> dict:
+    """The provider's JSON object; anything else (a proxy's page) is a :class:`GridgateError`."""
+    try:
+        body = response.json()
+    except (ValueError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        raise GridgateError(
+            f"The identity provider at {response.url.host} answered HTTP {response.status_code} with something "
+            "that is not its JSON: try again later, or ask the centre"
+        )
+    return body
+
+
 def discover(http: httpx.Client, issuer: str) -> dict:
     try:
         document = http.get(issuer.rstrip("/") + "/.well-known/openid-configuration").raise_for_status().json()
-    except (httpx.HTTPError, ValueError) as exc:
+    except (httpx.HTTPError, ValueError, RecursionError) as exc:
         raise GridgateError(f"Cannot read the identity provider's discovery document at {issuer}: {exc}") from None
-    if not document.get("device_authorization_endpoint"):
+    if not isinstance(document, dict) or not document.get("device_authorization_endpoint"):
         raise GridgateError(
             "The centre's identity provider does not offer sign-in from a terminal (the device authorization "
             "grant): log in with your username and password (gridgate login --username …) or create a token "
@@ -37,8 +59,10 @@ def discover(http: httpx.Client, issuer: str) -> dict:
 def _token_error(response: httpx.Response) -> tuple[str, str]:
     try:
         body = response.json()
-    except ValueError:
-        return "invalid_response", response.text[:200]
+    except (ValueError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        return "invalid_response", f"HTTP {response.status_code}"
     return str(body.get("error", "invalid_response")), str(body.get("error_description", ""))
 
 
@@ -54,25 +78,33 @@ def device_login(
     ``show(verification_uri, user_code, verification_uri_complete)`` tells the user what to do.
     Returns the token answer with ``token_endpoint`` and ``client_id`` (for :func:`refresh`)."""
     document = discover(http, device["issuer"])
-    asked = http.post(
+    asked = _post(
+        http,
         document["device_authorization_endpoint"],
-        data={"client_id": device["client_id"], "scope": device.get("scopes") or "openid"},
+        {"client_id": device["client_id"], "scope": device.get("scopes") or "openid"},
     )
     if asked.status_code >= 400:
         error, description = _token_error(asked)
         raise GridgateError(f"The identity provider refused to start the sign-in: {error} {description}".strip())
-    grant = asked.json()
+    grant = _json(asked)
     show(grant["verification_uri"], grant["user_code"], grant.get("verification_uri_complete"))
     interval = float(grant.get("interval") or 5)
     deadline = clock() + float(grant.get("expires_in") or 600)
     while clock() < deadline:
         sleep(interval)
-        answer = http.post(
-            document["token_endpoint"],
-            data={"grant_type": DEVICE_GRANT, "device_code": grant["device_code"], "client_id": device["client_id"]},
-        )
+        try:
+            answer = http.post(
+                document["token_endpoint"],
+                data={
+                    "grant_type": DEVICE_GRANT,
+                    "device_code": grant["device_code"],
+                    "client_id": device["client_id"],
+                },
+            )
+        except httpx.TransportError:
+            continue  # a poll lost on the way: the next one asks again, until the code expires
         if answer.status_code == 200:
-            tokens = answer.json()
+            tokens = _json(answer)
             tokens.update(token_endpoint=document["token_endpoint"], client_id=device["client_id"])
             return tokens
         error, description = _token_error(answer)
@@ -91,11 +123,18 @@ def device_login(
 
 def refresh(entry: dict, *, http: httpx.Client) -> dict:
     """New tokens for a stored device login (``refresh_token``, ``token_endpoint``, ``client_id``)."""
-    answer = http.post(
+    answer = _post(
+        http,
         entry["token_endpoint"],
-        data={"grant_type": "refresh_token", "refresh_token": entry["refresh_token"], "client_id": entry["client_id"]},
+        {"grant_type": "refresh_token", "refresh_token": entry["refresh_token"], "client_id": entry["client_id"]},
     )
     if answer.status_code != 200:
         error, description = _token_error(answer)
-        raise GridgateError(f"Your sign-in has ended ({error}): run gridgate login again.")
-    return answer.json()
+        if answer.status_code >= 500:
+            raise GridgateError(f"The identity provider cannot renew your sign-in now ({error}): try again later.")
+        # status 401: the CLI's "not logged in" exit status (4), not "cannot be reached" (5)
+        raise GridgateError(f"Your sign-in has ended ({error}): run gridgate login again.", status=401)
+    tokens = _json(answer)
+    if not isinstance(tokens.get("access_token"), str):
+        raise GridgateError("The identity provider renewed your sign-in without a token: run gridgate login again.")
+    return tokens
