@@ -395,3 +395,35 @@ def test_a_device_login_whose_renewal_is_refused_exits_4_saying_to_log_in_again(
 
     assert cli.main(["pools"]) == cli.EXIT_AUTH
     assert capsys.readouterr().err == "gridgate: Your sign-in has ended (invalid_grant): run gridgate login again.\n"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"servers": []}', '{"servers": {"https://grid.example.org": "tok"}}', "[1]", '{"default_url": 3}'],
+)
+def test_a_credentials_file_of_another_shape_reads_as_not_logged_in_not_a_traceback(
+    tmp_path, monkeypatch, content, capsys
+):
+    """A file edited by hand (or by another tool) into another shape ended every command in an
+    AttributeError traceback."""
+    from gridgate_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    monkeypatch.setenv("GRIDGATE_URL", "https://grid.example.org")
+    (tmp_path / "gridgate").mkdir()
+    (tmp_path / "gridgate" / "credentials.json").write_text(content)
+
+    assert cli.main(["pools"]) == cli.EXIT_AUTH
+    assert capsys.readouterr().err.startswith("gridgate: not logged in to https://grid.example.org")
+
+
+def test_an_answer_whose_rows_are_not_objects_is_an_error_not_a_traceback(monkeypatch, capsys):
+    """pools/allocations rows read with .get(): a list of strings was an AttributeError traceback."""
+    from gridgate_client import cli
+
+    monkeypatch.setenv("GRIDGATE_TOKEN", "tok-of-alice")
+    monkeypatch.setattr(Client, "pools", lambda self: ["qpu", "local"])
+
+    assert cli.main(["--url", "https://grid.example.org", "pools"]) == cli.EXIT_UNAVAILABLE
+    assert capsys.readouterr().err.startswith("gridgate: the server's answer is not what this client reads")

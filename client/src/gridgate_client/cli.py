@@ -88,7 +88,7 @@ class Group(click.Group):
         except config.BadURL as exc:
             _json_error(ctx, str(exc), None, None)
             raise Fail(str(exc), EXIT_USAGE) from None
-        except (KeyError, TypeError, IndexError) as exc:  # an answer of another shape than Gridgate's
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:  # an answer of another shape
             # (or a defect of this client's: where it was raised is said, for its report)
             where = traceback.extract_tb(exc.__traceback__)[-1]
             detail = (

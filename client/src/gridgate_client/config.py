@@ -63,12 +63,23 @@ def normalize(url: str) -> str:
 
 
 def _read() -> dict:
+    """The credentials file as ``{"servers": {url: entry}, "default_url": url}``; a file edited by
+    hand into another shape reads as far as it keeps this one (an entry that is not an object is
+    left out), never as an exception."""
     path = credentials_path()
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError):
+        return {"servers": {}}
+    if not isinstance(data, dict):
+        return {"servers": {}}
+    servers = data.get("servers")
+    data["servers"] = {
+        url: entry for url, entry in (servers.items() if isinstance(servers, dict) else []) if isinstance(entry, dict)
+    }
+    if not isinstance(data.get("default_url"), str):
+        data.pop("default_url", None)
+    return data
 
 
 def _write(data: dict) -> Path:
@@ -100,8 +111,8 @@ def resolve_token(url: str) -> str:
     env = os.environ.get("GRIDGATE_TOKEN")
     if env:
         return env.strip()
-    entry = _read().get("servers", {}).get(normalize(url), {})
-    return entry.get("token", "") if isinstance(entry, dict) else ""
+    token = _read()["servers"].get(normalize(url), {}).get("token")
+    return token if isinstance(token, str) else ""
 
 
 def plain_http_twin(url: str) -> str | None:
