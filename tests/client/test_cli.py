@@ -59,6 +59,17 @@ def test_an_environment_token_overrides_the_stored_one(gridgate, alice, pools):
     assert "Invalid token" in done.stderr or "token" in done.stderr.lower()
 
 
+def test_session_open_prints_the_session_id_alone_on_stdout(gridgate, alice, pools):
+    """As documented: SESSION=$(gridgate session open qpu) is the id, usable as --session."""
+    log_in(gridgate)
+
+    done = gridgate("session", "open", "qpu", "--slots", "2")
+
+    assert done.code == 0, done.stderr
+    assert done.stdout == f"{Session.objects.get().id}\n"
+    assert done.stderr == "qpu/access: 2 slot(s)\n"
+
+
 def test_session_readme_sequence_counts_cancel_and_release(gridgate, worker, alice, pools):
     log_in(gridgate)
     opened = gridgate("session", "open", "qpu", "--slots", "2", "--json").json()

@@ -446,7 +446,9 @@ def session_open(pool, class_name, slots, external_id):
         found = api.pool(pool)
         klass = api.class_of(found, class_name)
         opened = api.open_session(resource_class=klass["id"], slots=slots, external_id=external_id)
-    emit(opened, lambda s: say(f"{s['id']}  {found['name']}/{klass['name']}  {s['slots']} slot(s)"))
+    # The id alone on stdout, as documented, so that SESSION=$(gridgate session open qpu) is the
+    # id; what was opened is said on stderr for the person reading.
+    emit(opened, lambda s: (say(s["id"]), say(f"{found['name']}/{klass['name']}: {s['slots']} slot(s)", err=True)))
 
 
 @session.command("list")
