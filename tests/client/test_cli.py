@@ -57,6 +57,8 @@ def test_an_environment_token_overrides_the_stored_one(gridgate, alice, pools):
 
     assert done.code == 4
     assert "Invalid token" in done.stderr or "token" in done.stderr.lower()
+    # Logging in again would change nothing: the environment's token wins, and the hint says so.
+    assert "GRIDGATE_TOKEN" in done.stderr and "log in again" not in done.stderr
 
 
 def test_session_open_prints_the_session_id_alone_on_stdout(gridgate, alice, pools):

@@ -427,3 +427,22 @@ def test_an_answer_whose_rows_are_not_objects_is_an_error_not_a_traceback(monkey
 
     assert cli.main(["--url", "https://grid.example.org", "pools"]) == cli.EXIT_UNAVAILABLE
     assert capsys.readouterr().err.startswith("gridgate: the server's answer is not what this client reads")
+
+
+def test_a_token_that_does_not_expire_is_not_said_to_last_until_none(tmp_path, monkeypatch, capsys):
+    from gridgate_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    answers = {
+        "/api/v1/auth/methods/": {"password": True},
+        "/api/v1/auth/token/": {"token": "t" * 40, "expires_at": None},
+    }
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answers[request.url.path]))
+    real_init = Client.__init__
+    monkeypatch.setattr(Client, "__init__", lambda self, *a, **k: real_init(self, *a, **{**k, "transport": transport}))
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("pw\n"))
+
+    assert cli.main(["--url", "https://grid.example.org", "login", "-u", "alice", "--password-stdin"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Logged in to https://grid.example.org as alice (token in ") and "None" not in out

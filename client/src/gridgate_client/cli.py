@@ -79,7 +79,12 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except GridgateError as exc:
-            hint = " (log in again: gridgate login)" if exc.status == 401 and "gridgate login" not in exc.detail else ""
+            hint = ""
+            if exc.status == 401 and os.environ.get("GRIDGATE_TOKEN"):
+                # logging in again changes nothing: the environment's token wins over the stored one
+                hint = " (the token in GRIDGATE_TOKEN: set a valid one, or unset it to use gridgate login's)"
+            elif exc.status == 401 and "gridgate login" not in exc.detail:
+                hint = " (log in again: gridgate login)"
             _json_error(ctx, exc.detail, exc.status, exc.body)
             raise Fail(exc.detail + hint, exit_for(exc)) from None
         except TimedOut as exc:
@@ -360,7 +365,9 @@ def login(username, password_stdin, device, name):
             "expires_at": answer.get("expires_at"),
             "stored": str(path),
         },
-        f"Logged in to {url} as {username} until {answer.get('expires_at')} (token in {path}).",
+        f"Logged in to {url} as {username}"
+        + (f" until {answer['expires_at']}" if answer.get("expires_at") else "")
+        + f" (token in {path}).",
     )
 
 
