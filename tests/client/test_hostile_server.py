@@ -588,3 +588,23 @@ def test_a_token_with_characters_no_token_has_is_an_error_that_does_not_print_it
     for part in ("secret", "alice"):
         assert part not in shown.out + shown.err
     assert hostile.requests == []
+
+
+def test_a_download_of_unknown_length_shows_the_bytes_so_far_not_a_bar_stuck_at_0(monkeypatch, capsys):
+    """A case's archive is streamed as it is made, without a Content-Length: on a terminal the
+    bytes so far are shown, where a bar sat at 0% until it jumped to 100%. A file's name in the
+    label is shown escaped."""
+    import click
+
+    monkeypatch.setattr(cli, "on_terminal", lambda: True)
+    with click.Context(cli.cli, obj={}):
+        bar = cli.Bar(None, "results/\x1b]0;x\x07")
+        bar.to(1000, None)
+        bar.counted_at = None  # as if 0.2 s had passed
+        bar.to(5_000_000, None)
+        bar.close()
+
+    err = capsys.readouterr().err
+    assert "%" not in err and "\x07" not in err
+    assert err.endswith("results/\\x1b]0;x\\x07: 4.8 MiB\n")
+    assert "results/\\x1b]0;x\\x07: 1000 B" in err

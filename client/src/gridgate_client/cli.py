@@ -239,28 +239,51 @@ class Status:
 
 
 class Bar:
-    """A byte progress bar on stderr (uploads, downloads), only on a terminal."""
+    """Byte progress on stderr (uploads, downloads), only on a terminal: a bar when the total is
+    known, else the bytes so far on one line (a case's archive is streamed as it is made, with no
+    length: a bar would sit at 0% until it jumped to 100%)."""
 
     def __init__(self, total: int | None, label: str):
+        self.active = on_terminal() and not wants_json()
+        self.label = printable(label)  # a file's name, from the server or a listing
         self.bar = None
-        if on_terminal() and not wants_json():
-            self.bar = click.progressbar(length=total or 0, label=label, file=sys.stderr, show_pos=False)
-            self.bar.__enter__()
         self.done_bytes = 0
+        self.counted_at = None  # when the bytes-so-far line was last drawn
+        if self.active and total:
+            self._open(total)
+
+    def _open(self, total: int) -> None:
+        self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=False)
+        self.bar.__enter__()
 
     def add(self, n: int) -> None:
         self.done_bytes += n
         if self.bar is not None:
             self.bar.update(n)
+        elif self.active and (self.counted_at is None or time.monotonic() - self.counted_at >= 0.2):
+            self.counted_at = time.monotonic()
+            click.echo(f"\r\033[K{self.label}: {size_words(self.done_bytes)}", nl=False, err=True)
 
     def to(self, done: int, total: int | None) -> None:
-        if self.bar is not None and total and not self.bar.length:
-            self.bar.length = total
+        if self.active and self.bar is None and self.counted_at is None and total:
+            self._open(total)  # the total is known from the answer (its Content-Length)
         self.add(done - self.done_bytes)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
+        elif self.counted_at is not None:
+            click.echo(f"\r\033[K{self.label}: {size_words(self.done_bytes)}", err=True)
+
+
+def size_words(size: float) -> str:
+    """``size`` bytes for people: ``812 B``, ``4.2 MiB``."""
+    unit = "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def _job_words(job: dict) -> str:
