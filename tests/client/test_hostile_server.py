@@ -608,3 +608,58 @@ def test_a_download_of_unknown_length_shows_the_bytes_so_far_not_a_bar_stuck_at_
     assert "%" not in err and "\x07" not in err
     assert err.endswith("results/\\x1b]0;x\\x07: 4.8 MiB\n")
     assert "results/\\x1b]0;x\\x07: 1000 B" in err
+
+
+def _pending_job(hostile):
+    hostile.json("jobs/5/", {"id": 5, "status": "pending", "pending_reason": "devices busy"})
+
+
+def test_ctrl_c_during_a_wait_says_the_job_goes_on_and_exits_130(hostile, monkeypatch, capsys):
+    """Only the wait stops: the job is the server's, and the message says how to find it again."""
+    _pending_job(hostile)
+
+    def interrupted(self, text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.Status, "__call__", interrupted)
+
+    code = gridgate("job", "wait", "5")
+
+    assert code == 130
+    assert capsys.readouterr().err == (
+        "gridgate: interrupted: job 5 goes on (gridgate job wait 5 waits again, gridgate job cancel 5 stops it)\n"
+    )
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_cleaning_up_and_exits_143(hostile, tmp_path, monkeypatch, capsys):
+    """A batch job at its time limit gets SIGTERM: the download's partial file is removed (a
+    SIGTERM used to end Python with nothing cleaned up), and the exit status is 143."""
+    import os
+    import signal
+
+    hostile.answers[f"cases/{CASE}/files/results/out.txt"] = (200, {}, b"x" * 100_000)
+    out = tmp_path / "out"
+    monkeypatch.setattr(cli.Bar, "to", lambda self, done, total: os.kill(os.getpid(), signal.SIGTERM))
+
+    code = gridgate("case", "get", CASE, "results/out.txt", "-o", str(out))
+
+    assert code == 143
+    assert capsys.readouterr().err == "gridgate: terminated\n"
+    assert [path for path in out.rglob("*") if path.is_file()] == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as it was
+
+
+@pytest.mark.parametrize("args", [("login", "-u", "alice"), ("login", "-u", "alice", "--password-stdin")])
+def test_a_login_with_nothing_on_standard_input_is_a_usage_error_not_aborted(hostile, monkeypatch, args, capsys):
+    """A batch job without a terminal: 'aborted', exit 130 (as if Ctrl-C), or an empty password
+    sent to count against the lock-out, for what is a missing input."""
+    import io
+
+    hostile.json("auth/methods/", {"password": True, "device": None})
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+
+    code = gridgate(*args)
+
+    assert code == 2
+    assert "standard input" in capsys.readouterr().err
+    assert [path for path, _auth in hostile.requests] == ["/api/v1/auth/methods/"]

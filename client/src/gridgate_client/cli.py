@@ -14,6 +14,7 @@ happened (docs/client.md):
 5     the server cannot be reached, is unavailable (5xx) or asks to wait (429), after the retries
 6     the work was cancelled
 124   a wait timed out (as ``timeout(1)``)
+130   interrupted by Ctrl-C (the job or case goes on); 143: by SIGTERM
 ====  ==========================================================================
 """
 
@@ -24,6 +25,7 @@ import functools
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tarfile
@@ -72,12 +74,34 @@ class Fail(click.ClickException):
         say(f"gridgate: {self.message}", err=True)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT), or SIGTERM (a batch job at its time limit, a ``kill``), stopping a command:
+    raised where Python would raise KeyboardInterrupt, so every ``finally`` runs (a download's
+    partial file is removed, a session opened for one job is closed); ``what`` says what goes on
+    on the server. The exit status is 128 + the signal's number, as a shell's: 130, 143."""
+
+    def __init__(self, what: str = "", signum: int = signal.SIGINT):
+        super().__init__(what)
+        self.what = what
+        self.signum = signum
+
+
+def _terminated(signum, frame):
+    raise Interrupted(signum=signum)
+
+
 class Group(click.Group):
     """Maps the client's exceptions to messages and exit statuses, once for every command."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # caught here, click's own handling would say "Aborted!"
+            signum = getattr(exc, "signum", signal.SIGINT)
+            what = getattr(exc, "what", "")
+            said = ("interrupted" if signum == signal.SIGINT else "terminated") + (f": {what}" if what else "")
+            _json_error(ctx, said, None, None)
+            raise Fail(said, 128 + signum) from None
         except GridgateError as exc:
             hint = ""
             if exc.status == 401 and os.environ.get("GRIDGATE_TOKEN"):
@@ -375,7 +399,9 @@ def login(username, password_stdin, device, name):
             raise Fail(f"{url} takes no passwords: run gridgate login --device.", EXIT_REFUSED)
         username = username or click.prompt("Username", err=True)
         if password_stdin:
-            password = sys.stdin.readline().rstrip("\n")
+            password = sys.stdin.readline().rstrip("\r\n")
+            if not password:  # not sent: an empty password would count against the lock-out
+                raise click.UsageError("--password-stdin read no password (standard input is empty)")
         else:
             password = click.prompt("Password", hide_input=True, err=True)
         answer = anonymous.password_login(username, password, name=name or f"gridgate CLI on {socket.gethostname()}")
@@ -527,6 +553,9 @@ def wait_job(api: Client, job_id, timeout) -> dict:
     status = Status()
     try:
         return api.wait_job(job_id, timeout=timeout, on_poll=lambda job: status(_job_words(job)))
+    except KeyboardInterrupt as exc:  # only the wait stops: the job is the server's
+        what = f"job {job_id} goes on (gridgate job wait {job_id} waits again, gridgate job cancel {job_id} stops it)"
+        raise Interrupted(what, getattr(exc, "signum", signal.SIGINT)) from None
     finally:
         status.done()
 
@@ -566,7 +595,12 @@ def job_submit(sequence_file, session_id, pool, class_name, shots, device, wait,
                 extra = f" in new session {session_id} (close it with: gridgate session close {session_id})"
                 emit(submitted, f"Job {submitted['id']} submitted with {shots} shots{extra if opened else ''}.")
                 return
-            final = wait_job(api, submitted["id"], timeout)
+            try:
+                final = wait_job(api, submitted["id"], timeout)
+            except Interrupted as exc:
+                if opened:  # closed below: its job ends with it
+                    exc.what = f"job {submitted['id']} cancelled, with the session opened for it"
+                raise
         finally:
             if opened and wait:
                 api.close_session(session_id)
@@ -644,8 +678,14 @@ def wait_case(api: Client, case_id, timeout) -> dict:
     status = Status()
     try:
         return api.wait_case(case_id, timeout=timeout, on_poll=lambda case: status(_case_words(case)))
+    except KeyboardInterrupt as exc:  # only the wait stops: the case is the server's
+        raise Interrupted(_case_goes_on(case_id), getattr(exc, "signum", signal.SIGINT)) from None
     finally:
         status.done()
+
+
+def _case_goes_on(case_id) -> str:
+    return f"case {case_id} goes on (gridgate case wait {case_id} waits again, gridgate case cancel {case_id} stops it)"
 
 
 def parse_options(pairs) -> dict:
@@ -762,11 +802,14 @@ def case_logs(case_id, follow, use_stderr, tail, timeout):
             emit({"case": case_id, "stream": stream, "text": text}, lambda _: click.echo(text, nl=False))
             return
         chunks = []
-        for chunk in api.follow_logs(case_id, stream, timeout=timeout):
-            if wants_json():
-                chunks.append(chunk)
-            else:
-                click.echo(chunk, nl=False)
+        try:
+            for chunk in api.follow_logs(case_id, stream, timeout=timeout):
+                if wants_json():
+                    chunks.append(chunk)
+                else:
+                    click.echo(chunk, nl=False)
+        except KeyboardInterrupt as exc:
+            raise Interrupted(_case_goes_on(case_id), getattr(exc, "signum", signal.SIGINT)) from None
         final = api.case(case_id)
     if wants_json():
         click.echo(json.dumps({"case": case_id, "stream": stream, "text": "".join(chunks), "status": final["status"]}))
@@ -982,17 +1025,30 @@ def case_list(status):
 
 
 def main(argv=None) -> int:
-    """Console entry point; returns the exit status (``sys.exit(main())``)."""
+    """Console entry point; returns the exit status (``sys.exit(main())``). SIGTERM stops a
+    command as Ctrl-C does (:class:`Interrupted`), cleaning up, with exit status 143."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread (a test, an embedding program): left as it is
+        previous = None
     try:
         cli.main(args=argv, prog_name="gridgate", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("gridgate: aborted", err=True)
-        return 130
+    except click.exceptions.Abort as exc:  # a prompt's Ctrl-C or end of input (outside a command's own handling)
+        if isinstance(exc.__context__, EOFError) or isinstance(exc.__cause__, EOFError):
+            click.echo("gridgate: no input to answer the prompt (standard input is closed or empty)", err=True)
+            return EXIT_USAGE
+        interrupted = exc.__cause__ if isinstance(exc.__cause__, Interrupted) else None
+        signum = interrupted.signum if interrupted else signal.SIGINT
+        click.echo(f"gridgate: {'interrupted' if signum == signal.SIGINT else 'terminated'}", err=True)
+        return 128 + signum
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
 
 
