@@ -649,7 +649,7 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_cleaning_up_and_exits_143(hostil
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as it was
 
 
-@pytest.mark.parametrize("args", [("login", "-u", "alice"), ("login", "-u", "alice", "--password-stdin")])
+@pytest.mark.parametrize("args", [("login",), ("login", "-u", "alice", "--password-stdin")])
 def test_a_login_with_nothing_on_standard_input_is_a_usage_error_not_aborted(hostile, monkeypatch, args, capsys):
     """A batch job without a terminal: 'aborted', exit 130 (as if Ctrl-C), or an empty password
     sent to count against the lock-out, for what is a missing input."""
