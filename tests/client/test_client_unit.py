@@ -446,3 +446,19 @@ def test_a_token_that_does_not_expire_is_not_said_to_last_until_none(tmp_path, m
     assert cli.main(["--url", "https://grid.example.org", "login", "-u", "alice", "--password-stdin"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Logged in to https://grid.example.org as alice (token in ") and "None" not in out
+
+
+def test_a_refused_password_login_never_quotes_the_password():
+    """A proxy's error page or a debugging server may echo the request's body: the error the CLI
+    prints (and --json's body) has the password as ***."""
+
+    def handler(request):
+        sent = json.loads(request.content)
+        return httpx.Response(400, json={"detail": f"Bad request: {sent}", "echo": [sent["password"]]})
+
+    with pytest.raises(GridgateError) as caught:
+        Client("https://grid.example.org", "", transport=httpx.MockTransport(handler)).password_login(
+            "alice", "hunter2-secret"
+        )
+    assert "hunter2-secret" not in caught.value.detail + json.dumps(caught.value.body)
+    assert "***" in caught.value.detail and caught.value.body["echo"] == ["***"]

@@ -81,6 +81,17 @@ def error_detail(body) -> str:
     return str(body)
 
 
+def _without(value, secret: str):
+    """``value`` (text, or JSON's lists and objects of it) with ``secret`` written as ``***``."""
+    if isinstance(value, str):
+        return value.replace(secret, "***")
+    if isinstance(value, list):
+        return [_without(item, secret) for item in value]
+    if isinstance(value, dict):
+        return {_without(key, secret): _without(item, secret) for key, item in value.items()}
+    return value
+
+
 def answer_json(response: httpx.Response):
     """The answer's JSON document; an answer that is not one (a proxy's sign-in page, a body cut
     short, arrays nested past what the parser can take) is a :class:`GridgateError`, never a
@@ -322,7 +333,15 @@ class Client:
         body = {"username": username, "password": password}
         if name:
             body["name"] = name[:100]
-        return answer_json(self.request("POST", "auth/token/", json=body, retry=False))
+        try:
+            return answer_json(self.request("POST", "auth/token/", json=body, retry=False))
+        except GridgateError as exc:
+            if len(password) < 4:
+                raise
+            # A proxy's error page or a debugging server may quote the request's body.
+            raise GridgateError(
+                _without(exc.detail, password), status=exc.status, body=_without(exc.body, password)
+            ) from None
 
     # -- pools and sessions ---------------------------------------------------------------------
     def pools(self) -> list[dict]:
