@@ -72,6 +72,19 @@ def test_session_open_prints_the_session_id_alone_on_stdout(gridgate, alice, poo
     assert done.stderr == "qpu/access: 2 slot(s)\n"
 
 
+def test_session_list_names_each_sessions_pool_and_class_and_says_how_an_ended_one_ended(gridgate, alice, pools):
+    log_in(gridgate)
+    kept = gridgate("session", "open", "qpu").stdout.strip()
+    closed = gridgate("session", "open", "qpu", "--slots", "2").stdout.strip()
+    assert gridgate("session", "close", closed).code == 0
+
+    active = gridgate("session", "list").stdout.splitlines()
+    every = {line.split()[0]: line for line in gridgate("session", "list", "--all").stdout.splitlines()}
+
+    assert active == [every[kept]] and "  qpu/access  1 slot(s)  active  expires 20" in every[kept]
+    assert "  qpu/access  2 slot(s)  revoked  ended 20" in every[closed] and every[closed].endswith("(released)")
+
+
 def test_session_readme_sequence_counts_cancel_and_release(gridgate, worker, alice, pools):
     log_in(gridgate)
     opened = gridgate("session", "open", "qpu", "--slots", "2", "--json").json()

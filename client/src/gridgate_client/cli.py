@@ -514,12 +514,25 @@ def session_list(show_all):
     """Your sessions (active ones unless --all)."""
     with client() as api:
         rows = api.sessions(status=None if show_all else "active")
+        # A session names its pool and class by id: the pools you can see name them (one request,
+        # for people only); one on a pool you may no longer see keeps its id.
+        places = {} if wants_json() or not rows else class_places(api.pools())
 
     def human(rows):
         for s in rows:
-            say(f"{s['id']}  pool {s['pool']}  {s['slots']} slot(s)  {s['status']}  expires {s['expires_at']}")
+            where = places.get(s["resource_class"]) or f"pool {s['pool']}"
+            if s["status"] == "active":
+                when = f"expires {s['expires_at']}"
+            else:
+                when = f"ended {s.get('revoked_at')} ({s.get('revocation_reason') or 'ended'})"
+            say(f"{s['id']}  {where}  {s['slots']} slot(s)  {s['status']}  {when}")
 
     emit(rows, human)
+
+
+def class_places(pools) -> dict:
+    """``{class id: "pool/class"}`` of ``pools`` (the API's, each with its classes)."""
+    return {klass["id"]: f"{pool['name']}/{klass['name']}" for pool in pools for klass in pool.get("classes") or []}
 
 
 @session.command("close")
