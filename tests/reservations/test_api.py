@@ -100,6 +100,17 @@ def test_r_res_1_overlapping_reservations_that_would_overbook_are_refused_with_a
     ).status_code == 201
 
 
+def test_r_res_1_back_to_back_reservations_never_count_as_overlapping(api, operator, qpu, group_a, reserve):
+    """A window holds [start, end): 'Morning' (10-11) and 'Noon' (11-12) never hold together, so
+    one slot all morning fits beside them on the two-slot pool, and so do both slots just before."""
+    reserve(qpu, groups=[group_a], slots=1, title="Morning")
+    reserve(qpu, groups=[group_a], slots=1, start=ELEVEN, end=at(12), title="Noon")
+    across = api(operator).post(URL, body(qpu, end=at(12).isoformat(), title="Across"), format="json")
+    assert across.status_code == 201, across.content
+    before = api(operator).post(URL, body(qpu, slots=2, start=at(9).isoformat(), end=TEN.isoformat()), format="json")
+    assert before.status_code == 201, before.content
+
+
 def test_r_res_1_a_pools_slots_are_never_lowered_below_what_its_reservations_hold(api, staff, qpu, group_a, reserve):
     """The pool's side of overbooking: 2 slots held at 10:30 (two overlapping reservations), so
     slots_total 1 is a 400 naming them and changes nothing; 2 is accepted, and once they have
