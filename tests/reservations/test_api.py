@@ -111,6 +111,17 @@ def test_r_res_1_back_to_back_reservations_never_count_as_overlapping(api, opera
     assert before.status_code == 201, before.content
 
 
+def test_r_res_1_a_reservation_that_fills_the_pool_can_be_changed(api, operator, qpu, group_a, reserve):
+    """Its own slots are not counted twice: both slots of the pool, moved and renamed."""
+    window = reserve(qpu, groups=[group_a], slots=2, title="Course")
+    changed = api(operator).patch(
+        f"{URL}{window.pk}/", {"title": "Course (room B)", "end": at(11, 30).isoformat()}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    window.refresh_from_db()
+    assert (window.title, window.end, window.slots) == ("Course (room B)", at(11, 30), 2)
+
+
 def test_r_res_1_a_pools_slots_are_never_lowered_below_what_its_reservations_hold(api, staff, qpu, group_a, reserve):
     """The pool's side of overbooking: 2 slots held at 10:30 (two overlapping reservations), so
     slots_total 1 is a 400 naming them and changes nothing; 2 is accepted, and once they have
