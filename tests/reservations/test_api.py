@@ -122,6 +122,15 @@ def test_r_res_1_a_reservation_that_fills_the_pool_can_be_changed(api, operator,
     assert (window.title, window.end, window.slots) == ("Course (room B)", at(11, 30), 2)
 
 
+def test_r_res_1_a_full_pool_never_refuses_a_reservation_on_another_pool(api, operator, qpu, group_a, reserve):
+    from tests import factories
+
+    reserve(qpu, groups=[group_a], slots=2, title="Course")
+    other = factories.pool("orion", slots_total=2)
+    response = api(operator).post(URL, body(other, slots=2), format="json")
+    assert response.status_code == 201, response.content
+
+
 def test_r_res_1_a_pools_slots_are_never_lowered_below_what_its_reservations_hold(api, staff, qpu, group_a, reserve):
     """The pool's side of overbooking: 2 slots held at 10:30 (two overlapping reservations), so
     slots_total 1 is a 400 naming them and changes nothing; 2 is accepted, and once they have
