@@ -193,6 +193,7 @@ def test_r_res_1_the_pool_admin_page_refuses_lowering_slots_below_the_reservatio
         ({"users": ["nobody-such"]}, "users"),
         ({"groups": ["no-such-group"]}, "groups"),
         ({"title": "  "}, "title"),
+        ({"kind": "maintenance", "slots": 0}, "users"),  # a maintenance window has no holders
     ],
 )
 def test_r_res_1_a_window_that_breaks_a_rule_is_a_400_on_its_field(api, operator, qpu, group_a, change, field):
