@@ -206,8 +206,10 @@ def test_a_device_of_another_pool_and_a_pool_without_slots_are_refused(api, oper
     from apps.scheduling.models import Device
 
     elsewhere = Device.objects.create(pool=local_pool, name="emu", driver="fake")
-    assert "device" in api(operator).post(URL, body(qpu, device=elsewhere.pk), format="json").json()
-    assert "pool" in api(operator).post(URL, body(local_pool), format="json").json()
+    on_another_pool = api(operator).post(URL, body(qpu, device=elsewhere.pk), format="json")
+    assert on_another_pool.status_code == 400 and "device" in on_another_pool.json()
+    without_slots = api(operator).post(URL, body(local_pool), format="json")
+    assert without_slots.status_code == 400 and "pool" in without_slots.json()
     maintenance = body(local_pool, kind="maintenance", groups=[], slots=0, title="Upgrade")
     assert api(operator).post(URL, maintenance, format="json").status_code == 201
 
