@@ -237,6 +237,14 @@ def test_r_res_4_the_schedule_gives_typed_slots_with_mine(api, qpu, alice, group
     assert "group-a" not in str(theirs)  # holders are never named to others
 
 
+def test_r_res_4_a_window_that_starts_when_the_range_ends_is_not_in_the_schedule(api, qpu, alice, group_a, reserve):
+    reserve(qpu, groups=[group_a], title="Hybrid run")  # 10-11
+    before = schedule(api(alice), qpu, **{"from": at(9).isoformat(), "to": TEN.isoformat()}).json()
+    assert [(slot["kind"], slot["start"], slot["end"]) for slot in before["slots"]] == [
+        ("open", "2030-03-04T09:00:00Z", "2030-03-04T10:00:00Z")
+    ]
+
+
 def test_r_res_4_the_schedule_of_a_pool_you_cannot_see_is_404_and_bad_ranges_are_400(api, alice, qpu, outsiders):
     qpu.public = False
     qpu.save()
