@@ -4,7 +4,7 @@ through the service, on a controlled clock (time_machine)."""
 from datetime import UTC, datetime
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 
 from apps.reservations.models import Reservation, WindowKind
 from apps.reservations.services import save_reservation
@@ -27,6 +27,14 @@ def qpu(db):
 @pytest.fixture
 def emulator(qpu):
     return factories.device(qpu, "emu")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """Staff with the calendar's permissions (the API's writes)."""
+    user = django_user_model.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="reservations"))
+    return user
 
 
 @pytest.fixture

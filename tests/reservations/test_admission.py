@@ -279,3 +279,34 @@ def test_r_res_1_a_session_past_its_lifetime_at_the_start_ends_and_a_live_one_is
         assert (older.status, older.revocation_reason) == ("revoked", RevocationReason.MAX_LIFETIME)
         assert newer.is_active
         assert admit(alice, qpu).reserved_slots == 1
+
+
+def test_r_res_1_a_started_window_that_staff_change_makes_room_again_at_the_next_tick(
+    api, operator, qpu, alice, group_a, outsiders, reserve
+):
+    """The window started at 10:00 held by out7 alone: alice's session (since 09:45) kept a
+    shared slot. Staff add group A as holders at 10:10: at the next tick her session takes its
+    part of the window, so the shared slot is free for an outsider. Staff raise the window to
+    both slots at 10:20: at the next tick the outsider's session is revoked for it."""
+    window = reserve(qpu, users=[outsiders[7]], title="Hybrid run")
+    url = f"/api/v1/reservations/{window.pk}/"
+    with time_machine.travel(at(9, 45), tick=False):
+        mine = admit(alice, qpu)
+    with time_machine.travel(at(10, 0, 1), tick=False):
+        passes.start_windows()
+        mine.refresh_from_db()
+        assert mine.reserved_slots == 0
+    with time_machine.travel(at(10, 10), tick=False) as clock:
+        assert api(operator).patch(url, {"groups": ["group-a"]}, format="json").status_code == 200
+        clock.shift(1)
+        assert passes.start_windows() == {qpu.pk: True}
+        mine.refresh_from_db()
+        assert mine.reserved_slots == 1
+        theirs = admit(outsiders[0], qpu)
+    with time_machine.travel(at(10, 20), tick=False) as clock:
+        assert api(operator).patch(url, {"slots": 2}, format="json").status_code == 200
+        clock.shift(1)
+        assert passes.start_windows() == {qpu.pk: True}
+        theirs.refresh_from_db()
+        assert (theirs.status, theirs.revocation_reason) == ("revoked", RevocationReason.RESERVATION)
+        assert admit(alice, qpu).reserved_slots == 1

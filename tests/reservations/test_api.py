@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.contrib.auth.models import Permission
 from icalendar import Calendar
 from rest_framework.test import APIClient
 
@@ -19,13 +18,6 @@ from tests.reservations.conftest import ELEVEN, TEN, at
 pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/reservations/"
-
-
-@pytest.fixture
-def operator(django_user_model):
-    user = django_user_model.objects.create_user("operator", password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="reservations"))
-    return user
 
 
 def body(pool, **more):
