@@ -310,3 +310,15 @@ def test_r_res_1_a_started_window_that_staff_change_makes_room_again_at_the_next
         theirs.refresh_from_db()
         assert (theirs.status, theirs.revocation_reason) == ("revoked", RevocationReason.RESERVATION)
         assert admit(alice, qpu).reserved_slots == 1
+
+
+def test_r_res_1_a_holder_takes_the_reserved_slot_and_a_shared_one_in_one_session(
+    qpu, alice, group_a, outsiders, reserve
+):
+    reserve(qpu, groups=[group_a])
+    with time_machine.travel(at(10, 5), tick=False):
+        both = admit(alice, qpu, slots=2)
+        assert (both.slots, both.reserved_slots) == (2, 1)
+        assert Reservation.objects.get().slots_used == 1
+        with pytest.raises(services.CapacityExceeded):
+            admit(outsiders[0], qpu)
