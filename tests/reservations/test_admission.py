@@ -322,3 +322,10 @@ def test_r_res_1_a_holder_takes_the_reserved_slot_and_a_shared_one_in_one_sessio
         assert Reservation.objects.get().slots_used == 1
         with pytest.raises(services.CapacityExceeded):
             admit(outsiders[0], qpu)
+
+
+def test_r_res_1_a_cancelled_reservation_keeps_no_slot_from_others(api, operator, qpu, group_a, outsiders, reserve):
+    window = reserve(qpu, groups=[group_a])
+    assert api(operator).delete(f"/api/v1/reservations/{window.pk}/").status_code == 204
+    with time_machine.travel(at(10, 5), tick=False):
+        assert [admit(outsider, qpu).reserved_slots for outsider in outsiders[:2]] == [0, 0]
