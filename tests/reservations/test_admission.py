@@ -329,3 +329,43 @@ def test_r_res_1_a_cancelled_reservation_keeps_no_slot_from_others(api, operator
     assert api(operator).delete(f"/api/v1/reservations/{window.pk}/").status_code == 204
     with time_machine.travel(at(10, 5), tick=False):
         assert [admit(outsider, qpu).reserved_slots for outsider in outsiders[:2]] == [0, 0]
+
+
+@pytest.fixture
+def two_windows(qpu, alice, group_a, outsiders, reserve):
+    """Three slots; from 10:00 'Course' holds one for group A and 'Own' one for ``holder``; an
+    outsider (09:40) and alice twice (09:45, 09:50) hold the three slots before."""
+
+    def make(holder):
+        qpu.slots_total = 3
+        qpu.save()
+        course = reserve(qpu, groups=[group_a], title="Course")
+        own = reserve(qpu, users=[holder], title="Own")
+        sessions = []
+        with time_machine.travel(at(9, 40), tick=False) as clock:
+            for user in (outsiders[0], alice, alice):
+                sessions.append(admit(user, qpu))
+                clock.shift(5 * 60)
+        return course, own, sessions
+
+    return make
+
+
+def test_r_res_1_a_holder_of_two_open_reservations_takes_the_one_with_room(two_windows, qpu, alice):
+    """Alice holds both windows: at 10:00 her sessions take one slot of each, so the outsider's
+    session fits the one shared slot and stays; her session opened later, once she released
+    one, takes the window that has room, not the full one."""
+    course, own, (theirs, first, second) = two_windows(alice)
+    with time_machine.travel(at(10, 0, 1), tick=False):
+        passes.start_windows()
+        for session in (theirs, first, second):
+            session.refresh_from_db()
+        assert theirs.is_active
+        assert {(first.reservation_id, first.reserved_slots), (second.reservation_id, second.reserved_slots)} == {
+            (course.pk, 1),
+            (own.pk, 1),
+        }
+    with time_machine.travel(at(10, 30), tick=False):
+        services.release(user=alice, session_id=second.pk)
+        again = admit(alice, qpu)
+        assert (again.reservation_id, again.reserved_slots) == (second.reservation_id, 1)
