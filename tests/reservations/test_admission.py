@@ -369,3 +369,15 @@ def test_r_res_1_a_holder_of_two_open_reservations_takes_the_one_with_room(two_w
         services.release(user=alice, session_id=second.pk)
         again = admit(alice, qpu)
         assert (again.reservation_id, again.reserved_slots) == (second.reservation_id, 1)
+
+
+def test_r_res_1_the_start_revokes_sessions_of_people_holding_no_open_reservation_first(two_windows, alice, outsiders):
+    """'Own' is out7's: at 10:00 alice's second session has no reserved slot left and one session
+    too many holds the shared slots. The outsider's goes, older as it is: alice holds a window."""
+    _course, _own, (theirs, first, second) = two_windows(outsiders[7])
+    with time_machine.travel(at(10, 0, 1), tick=False):
+        passes.start_windows()
+        for session in (theirs, first, second):
+            session.refresh_from_db()
+        assert (theirs.status, theirs.revocation_reason) == ("revoked", RevocationReason.RESERVATION)
+        assert first.is_active and second.is_active
