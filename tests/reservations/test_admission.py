@@ -381,3 +381,21 @@ def test_r_res_1_the_start_revokes_sessions_of_people_holding_no_open_reservatio
             session.refresh_from_db()
         assert (theirs.status, theirs.revocation_reason) == ("revoked", RevocationReason.RESERVATION)
         assert first.is_active and second.is_active
+
+
+def test_r_res_1_a_window_that_ended_counts_for_nothing_at_the_next_ones_start(qpu, alice, group_a, outsiders, reserve):
+    """Alice keeps her session of 'Course' (10-11, two of three slots) past its end; at 11:00
+    'Next' (one slot, out7's) starts: only its slot is held then, so the outsider admitted at
+    10:30 still fits the shared slots and is not revoked."""
+    qpu.slots_total = 3
+    qpu.save()
+    reserve(qpu, groups=[group_a], slots=2, title="Course")
+    reserve(qpu, users=[outsiders[7]], start=ELEVEN, end=at(12), title="Next")
+    with time_machine.travel(at(10, 5), tick=False) as clock:
+        assert admit(alice, qpu).reserved_slots == 1
+        clock.move_to(at(10, 30))
+        theirs = admit(outsiders[0], qpu)
+    with time_machine.travel(at(11, 0, 1), tick=False):
+        passes.start_windows()
+        theirs.refresh_from_db()
+        assert theirs.is_active
