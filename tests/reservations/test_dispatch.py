@@ -85,6 +85,24 @@ def test_r_res_1_on_a_pool_with_two_devices_only_the_reserved_one_serves_holders
     assert (second.pk, second.device_id) == (theirs.pk, device.pk)
 
 
+def test_r_res_1_a_holder_whose_project_has_no_device_time_left_waits_on_the_reserved_device(
+    qpu, device, alice, group_a, outsiders, reserve
+):
+    """R-ALLOC-1 holds inside a reservation: alice's job waits (``allocation_exhausted``) and the
+    reserved device takes the outsider's, as when its holders have nothing to run."""
+    from apps.allocations.models import Allocation
+
+    Allocation.objects.create(name="spent", pool=qpu, user=alice, device_seconds=0, starts_at=at(9), ends_at=at(12))
+    reserve(qpu, groups=[group_a], device=device)
+    with time_machine.travel(at(9, 50), tick=False) as clock:
+        theirs = submit(open_session(outsiders[0], qpu))
+        clock.shift(60)
+        mine = submit(open_session(alice, qpu))
+    with time_machine.travel(at(10, 0, 1), tick=False):
+        assert passes.dispatch_once(qpu.pk).pk == theirs.pk
+        assert code_of(mine) == "allocation_exhausted"
+
+
 def accessible(pool) -> dict:
     return APIClient().get(f"/qrmi/{pool.name}/accessible").json()
 
