@@ -67,3 +67,12 @@ def test_a_case_launch_with_core_hours_left_is_accepted(local_pool, owner, grant
     grant(local_pool, user=owner, core_hours=1)
     case = new_case(owner, local_pool)
     assert api(owner).post(f"/api/v1/cases/{case.pk}/launch/", {}, format="json").status_code in (200, 202)
+
+
+def test_a_case_launch_with_exactly_no_core_hours_left_gets_409(local_pool, owner, grant, api):
+    mine = grant(local_pool, user=owner, core_hours=1)
+    Allocation.objects.filter(pk=mine.pk).update(used_core_hours=1, used_period_start=mine.starts_at)
+    case = new_case(owner, local_pool)
+    answer = api(owner).post(f"/api/v1/cases/{case.pk}/launch/", {}, format="json")
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["allocation_remaining"]["core_hours"] == 0

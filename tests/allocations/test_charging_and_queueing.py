@@ -149,3 +149,13 @@ def test_submission_answer_without_an_allocation_says_null(qpu, owner, open_sess
     answer = api(owner).post(f"/api/v1/sessions/{session.pk}/jobs/", {"payload": {}, "shots": 1}, format="json")
     assert answer.status_code == 201, answer.content
     assert answer.data["allocation_remaining"] is None
+
+
+def test_a_project_with_exactly_nothing_left_waits(qpu, owner, grant, open_session, api):
+    """A grant of one job's device time: the first job spends it all, the second waits."""
+    grant(qpu, user=owner, device_seconds=DEVICE_TIME)
+    first, second = submit(open_session(qpu, owner), 2)
+    run(qpu)
+    assert Job.objects.get(pk=first.pk).status == JobStatus.COMPLETED
+    assert Job.objects.get(pk=second.pk).status == JobStatus.PENDING
+    assert api(owner).get(f"/api/v1/jobs/{second.pk}/").data["pending_code"] == "allocation_exhausted"
