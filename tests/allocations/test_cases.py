@@ -76,3 +76,15 @@ def test_a_case_launch_with_exactly_no_core_hours_left_gets_409(local_pool, owne
     answer = api(owner).post(f"/api/v1/cases/{case.pk}/launch/", {}, format="json")
     assert answer.status_code == 409, answer.content
     assert answer.json()["allocation_remaining"]["core_hours"] == 0
+
+
+def test_a_case_launch_after_the_grant_ended_gets_409(local_pool, owner, grant, api):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    start = timezone.now() - timedelta(days=30)
+    grant(local_pool, user=owner, core_hours=100, starts_at=start, ends_at=start + timedelta(days=29))
+    case = new_case(owner, local_pool)
+    answer = api(owner).post(f"/api/v1/cases/{case.pk}/launch/", {}, format="json")
+    assert answer.status_code == 409, answer.content

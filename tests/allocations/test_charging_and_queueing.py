@@ -159,3 +159,13 @@ def test_a_project_with_exactly_nothing_left_waits(qpu, owner, grant, open_sessi
     assert Job.objects.get(pk=first.pk).status == JobStatus.COMPLETED
     assert Job.objects.get(pk=second.pk).status == JobStatus.PENDING
     assert api(owner).get(f"/api/v1/jobs/{second.pk}/").data["pending_code"] == "allocation_exhausted"
+
+
+def test_a_grant_that_has_ended_leaves_its_projects_jobs_waiting(qpu, owner, grant, open_session, api):
+    """Outside a fixed grant's dates nothing is left, however little it spent."""
+    start = timezone.now() - timedelta(days=30)
+    grant(qpu, user=owner, device_seconds=100_000, starts_at=start, ends_at=start + timedelta(days=29))
+    job = submit(open_session(qpu, owner), 1)[0]
+    passes.run_pool(qpu.pk)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
+    assert api(owner).get(f"/api/v1/jobs/{job.pk}/").data["pending_code"] == "allocation_exhausted"
