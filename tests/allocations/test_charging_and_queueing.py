@@ -169,3 +169,24 @@ def test_a_grant_that_has_ended_leaves_its_projects_jobs_waiting(qpu, owner, gra
     passes.run_pool(qpu.pk)
     assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
     assert api(owner).get(f"/api/v1/jobs/{job.pk}/").data["pending_code"] == "allocation_exhausted"
+
+
+def test_a_new_session_spends_the_users_grant_in_its_period_not_an_older_one_that_ended(qpu, owner, grant, api):
+    ended = timezone.now() - timedelta(days=30)
+    grant(qpu, name="last year", user=owner, device_seconds=300, starts_at=ended, ends_at=ended + timedelta(days=1))
+    current = grant(qpu, name="this year", user=owner, device_seconds=300)
+    answer = api(owner).post("/api/v1/sessions/", {"resource_class": qpu.classes.get().pk}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.data["allocation"] == current.pk
+
+
+def test_a_new_session_spends_the_users_own_grant_before_their_groups(qpu, owner, grant, api):
+    from django.contrib.auth.models import Group
+
+    lab = Group.objects.create(name="lab")
+    lab.user_set.add(owner)
+    grant(qpu, name="lab's", group=lab, device_seconds=300)
+    own = grant(qpu, name="own", user=owner, device_seconds=300)
+    answer = api(owner).post("/api/v1/sessions/", {"resource_class": qpu.classes.get().pk}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.data["allocation"] == own.pk
