@@ -190,3 +190,19 @@ def test_a_new_session_spends_the_users_own_grant_before_their_groups(qpu, owner
     answer = api(owner).post("/api/v1/sessions/", {"resource_class": qpu.classes.get().pk}, format="json")
     assert answer.status_code == 201, answer.content
     assert answer.data["allocation"] == own.pk
+
+
+def test_a_job_charged_late_for_the_previous_period_keeps_the_new_periods_spending(qpu, owner, grant, open_session):
+    """Two workers record two jobs' ends across a daily window's boundary, the earlier commit
+    last: the late charge goes to the ledger, in its own period, and the new window's spending is
+    what was charged in it."""
+    start = timezone.now() - timedelta(days=1, hours=1)
+    mine = grant(qpu, user=owner, device_seconds=1000, period="rolling", window_days=1, starts_at=start, ends_at=None)
+    before, after = submit(open_session(qpu, owner), 2)
+    now = timezone.now()
+    assert charges.charge_job(job=after, seconds=30, now=now)
+    assert charges.charge_job(job=before, seconds=50, now=start + timedelta(hours=23))
+    mine.refresh_from_db()
+    assert (mine.used_device_seconds, mine.used_period_start) == (30, start + timedelta(days=1))
+    assert mine.remaining_at(now)[0] == 970
+    assert Charge.objects.get(job=before).period_start == start
