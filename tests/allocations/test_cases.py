@@ -88,3 +88,19 @@ def test_a_case_launch_after_the_grant_ended_gets_409(local_pool, owner, grant, 
     case = new_case(owner, local_pool)
     answer = api(owner).post(f"/api/v1/cases/{case.pk}/launch/", {}, format="json")
     assert answer.status_code == 409, answer.content
+
+
+def test_cases_ended_in_one_pass_are_charged_each_to_its_owners_project_on_its_own_pool(local_pool, qpu, owner, grant):
+    on_qpu = grant(qpu, name="qpu time", user=owner, core_hours=10)
+    on_local = grant(local_pool, name="cluster time", user=owner, core_hours=10)
+    cases = [new_case(owner, local_pool), new_case(owner, qpu)]
+    for case in cases:
+        case_services.launch_case(case)
+    ids = [case.id for case in cases]
+    passes.submit_pass(case_ids=ids)
+    for _ in range(10):
+        passes.poll_pass(case_ids=ids)
+        if all(case.is_terminal for case in Case.objects.filter(id__in=ids)):
+            break
+    charged = dict(Charge.objects.values_list("case_id", "allocation_id"))
+    assert charged == {cases[0].id: on_local.pk, cases[1].id: on_qpu.pk}
