@@ -104,3 +104,19 @@ def test_cases_ended_in_one_pass_are_charged_each_to_its_owners_project_on_its_o
             break
     charged = dict(Charge.objects.values_list("case_id", "allocation_id"))
     assert charged == {cases[0].id: on_local.pk, cases[1].id: on_qpu.pk}
+
+
+def test_a_case_is_charged_to_its_owners_grant_in_its_period_their_own_before_their_groups(local_pool, owner, grant):
+    from datetime import timedelta
+
+    from django.contrib.auth.models import Group
+    from django.utils import timezone
+
+    lab = Group.objects.create(name="lab")
+    lab.user_set.add(owner)
+    ended = timezone.now() - timedelta(days=30)
+    grant(local_pool, name="last year", user=owner, core_hours=10, starts_at=ended, ends_at=ended + timedelta(days=1))
+    grant(local_pool, name="lab's", group=lab, core_hours=10)
+    own = grant(local_pool, name="own", user=owner, core_hours=10)
+    case = run_to_the_end(new_case(owner, local_pool))
+    assert Charge.objects.get(case=case).allocation_id == own.pk
