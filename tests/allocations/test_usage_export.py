@@ -74,6 +74,19 @@ def test_usage_per_project_group_and_pool(ledger, staff, api):
     assert pools["qpu"]["device_seconds"] == 217.5 and pools["qpu"]["jobs"] == 4
 
 
+def test_a_charge_at_the_first_instant_of_a_month_counts_in_that_month_only(ledger, staff, api, owner, qpu):
+    """Each charge is in exactly one month's export: November ends before December's first instant."""
+    mine, _theirs = ledger
+    for at in (datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 1, 12, tzinfo=UTC)):
+        Charge.objects.create(
+            kind=ChargeKind.JOB, allocation=mine, pool=qpu, user=owner, device_seconds=500, charged_at=at
+        )
+    november = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=user&month=2026-11"))
+    december = rows_of(api(staff).get("/api/v1/accounting/usage/?group_by=user&month=2026-12"))
+    assert november["owner"]["device_seconds"] == 150.5
+    assert (december["owner"]["device_seconds"], december["owner"]["jobs"]) == (1000, 2)
+
+
 def test_csv_export_matches_the_json(ledger, staff, api):
     url = "/api/v1/accounting/usage/?group_by=user&month=2026-11"
     as_json = api(staff).get(url).data["rows"]
