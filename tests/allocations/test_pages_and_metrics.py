@@ -75,3 +75,22 @@ def test_utilization_page_breaks_usage_down_per_user_group_and_project_with_csv_
     assert "lattice" in page and "qsim" in page and "team" in page
     assert "120.0" in page and "60.0" in page
     assert "/api/v1/accounting/usage/?group_by=project" in page and "format=csv" in page
+
+
+def test_utilization_page_for_one_pool_breaks_down_that_pools_usage_only(qpu, local_pool, owner, member, grant, staff):
+    from apps.allocations.models import Charge, ChargeKind
+
+    here = grant(qpu, name="lattice", user=owner, device_seconds=10_000)
+    elsewhere = grant(local_pool, name="cluster-project", user=member, core_hours=100)
+    now = timezone.now() - timedelta(hours=2)
+    Charge.objects.create(
+        kind=ChargeKind.JOB, allocation=here, pool=qpu, user=owner, device_seconds=120, charged_at=now
+    )
+    Charge.objects.create(
+        kind=ChargeKind.CASE, allocation=elsewhere, pool=local_pool, user=member, core_hours=3, charged_at=now
+    )
+
+    page = logged_in(staff).get(f"/utilization/?period=24h&pool={qpu.pk}").content.decode()
+
+    assert "lattice" in page
+    assert "cluster-project" not in page
