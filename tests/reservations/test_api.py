@@ -75,6 +75,18 @@ def test_a_holder_sees_how_they_hold_a_reservation_not_who_else_does(
     assert (seen_by_staff["users"], seen_by_staff["groups"]) == (["out0", "out1"], ["group-a", "group-b"])
 
 
+def test_a_windows_holders_are_listed_by_name(api, operator, qpu, reserve, django_user_model):
+    """The database returns a window's holders in no set order: the same window read twice could
+    list them differently (a client diffing two reads saw a change that was none)."""
+    from django.contrib.auth.models import Group
+
+    users = [django_user_model.objects.create_user(name) for name in ("zoe", "amy")]  # ids against names
+    groups = [Group.objects.create(name=name) for name in ("zeta", "alpha")]
+    window = reserve(qpu, users=users, groups=groups)
+    seen = api(operator).get(f"{URL}{window.pk}/").json()
+    assert (seen["users"], seen["groups"]) == (["amy", "zoe"], ["alpha", "zeta"])
+
+
 def test_r_res_1_overlapping_reservations_that_would_overbook_are_refused_with_a_clear_400(
     api, operator, qpu, group_a, reserve
 ):

@@ -48,8 +48,10 @@ class ReservationSerializer(ValidatedModelSerializer):
     def to_representation(self, instance):
         """Who else holds a window (and so works on its pool) is the operators' business, as for
         a pool's own grants (``ResourcePoolSerializer``): others see the holders they are, their
-        username and their groups, not the rest."""
+        username and their groups, not the rest. Holders are listed by name (the database returns
+        a window's holders in no set order)."""
         data = super().to_representation(instance)
+        data["users"], data["groups"] = sorted(data["users"]), sorted(data["groups"])
         request = self.context.get("request")
         if request is not None and not request.user.is_staff:
             user = request.user
