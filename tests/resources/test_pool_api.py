@@ -190,6 +190,17 @@ def test_grants_are_shown_to_staff_only(api, member, staff, private_pool):
     assert as_staff["users"] == ["member"] and as_staff["groups"] == ["qpu-users"]
 
 
+def test_a_pools_grants_are_listed_by_name(api, staff, private_pool, django_user_model):
+    """The database returns a pool's grants in no set order: one pool read twice could list them
+    differently."""
+    from django.contrib.auth.models import Group
+
+    private_pool.users.set([django_user_model.objects.create_user(name) for name in ("zoe", "amy")])
+    private_pool.groups.set([Group.objects.create(name=name) for name in ("zeta", "alpha")])
+    seen = api(staff).get(f"/api/v1/resource-pools/{private_pool.pk}/").json()
+    assert seen["users"] == ["amy", "zoe"] and seen["groups"] == ["alpha", "zeta"]
+
+
 def test_demo_refuses_to_run_without_debug_and_keeps_existing_passwords(settings, db):
     from django.contrib.auth import get_user_model
     from django.core.management import CommandError, call_command

@@ -233,6 +233,8 @@ class ResourcePoolSerializer(serializers.ModelSerializer):
         if request is None or not request.user.is_staff:
             # Who else is granted a private pool is the operators' business, not its users'.
             data["users"], data["groups"] = [], []
+        # By name: the database returns the grants in no set order.
+        data["users"], data["groups"] = sorted(data["users"]), sorted(data["groups"])
         data["quota"] = QuotaSerializer(instance.quota).data if instance.quota is not None else None
         return data
 
