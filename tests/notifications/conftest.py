@@ -47,6 +47,7 @@ class Receiver:
     def __init__(self):
         self.requests: list[dict] = []
         self.codes: list[int] = []
+        self.location = ""  # sent as Location with every answer when set (a redirect)
         self.drip = False  # answer one header line every half second, for ten seconds
         receiver = self
 
@@ -67,6 +68,8 @@ class Receiver:
                     return
                 code = receiver.codes.pop(0) if receiver.codes else 200
                 self.send_response(code)
+                if receiver.location:
+                    self.send_header("Location", receiver.location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

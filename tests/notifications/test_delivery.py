@@ -208,3 +208,23 @@ def test_a_users_burst_alone_fills_the_batch(owner, subscribe, monkeypatch):
     monkeypatch.setattr(passes.transports, "send", lambda delivery: transports.Outcome(True))
 
     assert passes.deliver_due(batch=50)["claimed"] == 50
+
+
+def test_a_receiver_redirecting_elsewhere_is_never_followed_and_the_delivery_fails(
+    owner_with_email, subscribe, receiver
+):
+    """A redirect would take the POST to an address the outbound rules never checked (here an
+    internal service on the loopback): it is not followed, and it is not a delivery."""
+    from tests.notifications.conftest import Receiver
+
+    inside = Receiver()
+    try:
+        receiver.codes, receiver.location = [307], inside.url
+        subscribe(owner_with_email, Event.JOB_FINISHED, "webhook", receiver.url)
+        run_job(owner_with_email, ["running", "completed"])
+        assert passes.deliver_due()["failed"] == 1
+        assert inside.requests == []
+    finally:
+        inside.stop()
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.last_error) == (DeliveryStatus.FAILED, "the receiver answered 307")
