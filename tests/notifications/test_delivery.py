@@ -228,3 +228,21 @@ def test_a_receiver_redirecting_elsewhere_is_never_followed_and_the_delivery_fai
         inside.stop()
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.last_error) == (DeliveryStatus.FAILED, "the receiver answered 307")
+
+
+def test_a_receivers_rate_limit_or_timeout_answer_is_retried_after_the_first_delay_then_twice_it(
+    owner_with_email, subscribe, receiver, settings
+):
+    import time_machine
+
+    settings.GRIDGATE_NOTIFY_RETRY_SECONDS = 60
+    subscribe(owner_with_email, Event.JOB_FINISHED, "webhook", receiver.url)
+    receiver.codes = [429, 408]
+    run_job(owner_with_email, ["running", "completed"])
+    first, second = later(5), later(3600)
+    for at, retry_at in ((first, first + timedelta(seconds=60)), (second, second + timedelta(seconds=120))):
+        with time_machine.travel(at, tick=False):
+            assert passes.deliver_due()["retried"] == 1
+        delivery = Delivery.objects.get()
+        assert (delivery.status, delivery.next_attempt_at) == (DeliveryStatus.PENDING, retry_at)
+    assert passes.deliver_due(now=later(7200))["delivered"] == 1
