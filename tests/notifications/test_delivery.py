@@ -246,3 +246,22 @@ def test_a_receivers_rate_limit_or_timeout_answer_is_retried_after_the_first_del
         delivery = Delivery.objects.get()
         assert (delivery.status, delivery.next_attempt_at) == (DeliveryStatus.PENDING, retry_at)
     assert passes.deliver_due(now=later(7200))["delivered"] == 1
+
+
+def test_what_a_pass_had_no_time_to_send_is_left_to_the_next_pass_at_once(owner, subscribe, monkeypatch):
+    from apps.notifications import outbox, transports
+
+    subscribe(owner, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/hook")
+    for number in range(3):
+        outbox.notify(user=owner, event=Event.JOB_FINISHED, subject=f"job:{number}", payload={})
+    clock = [0.0]
+
+    def slow_send(delivery):
+        clock[0] += passes.LEASE_SECONDS  # past half the lease: the pass stops after this one
+        return transports.Outcome(True)
+
+    monkeypatch.setattr(passes.transports, "send", slow_send)
+    monkeypatch.setattr(passes.time, "monotonic", lambda: clock[0])
+    assert passes.deliver_due() == {"claimed": 3, "delivered": 1, "retried": 0, "failed": 0, "skipped": 0}
+    assert passes.deliver_due()["delivered"] == 1  # the next pass, now: not after the lease
+    assert passes.deliver_due()["delivered"] == 1
