@@ -265,3 +265,21 @@ def test_what_a_pass_had_no_time_to_send_is_left_to_the_next_pass_at_once(owner,
     assert passes.deliver_due() == {"claimed": 3, "delivered": 1, "retried": 0, "failed": 0, "skipped": 0}
     assert passes.deliver_due()["delivered"] == 1  # the next pass, now: not after the lease
     assert passes.deliver_due()["delivered"] == 1
+
+
+def test_a_worker_whose_lease_was_taken_over_records_nothing(owner, subscribe, monkeypatch):
+    """The first worker stalled past its lease: another claimed the delivery and is sending it.
+    The first one's outcome is not recorded over the second's work."""
+    from apps.notifications import outbox, transports
+
+    subscribe(owner, Event.JOB_FINISHED, "webhook", "https://hooks.example.org/hook")
+    outbox.notify(user=owner, event=Event.JOB_FINISHED, subject="job:1", payload={})
+
+    def stalled_send(delivery):
+        Delivery.objects.filter(pk=delivery.pk).update(lease_owner="worker-2", lease_until=later(300))
+        return transports.Outcome(True)
+
+    monkeypatch.setattr(passes.transports, "send", stalled_send)
+    assert passes.deliver_due()["skipped"] == 1
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts, delivery.lease_owner) == (DeliveryStatus.PENDING, 0, "worker-2")
