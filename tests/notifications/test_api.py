@@ -135,6 +135,32 @@ def test_admin_lists_subscriptions_and_deliveries_and_retries_a_failed_one(admin
     assert admin_client.get("/admin/notifications/subscription/add/").status_code == 403
 
 
+def test_the_admins_retry_leaves_delivered_notifications_alone(admin_client, owner, subscribe):
+    """Retrying a selection that holds a delivered notification sends only the failed ones again:
+    the delivered one is never sent twice."""
+    from django.core import mail
+
+    owner.email = "owner@example.org"
+    owner.save(update_fields=["email"])
+    subscribe(owner, Event.JOB_FINISHED)
+    outbox.notify(user=owner, event=Event.JOB_FINISHED, subject="job:7", payload={})
+    passes.deliver_due()
+    outbox.notify(user=owner, event=Event.JOB_FINISHED, subject="job:8", payload={})
+    Delivery.objects.filter(subject="job:8").update(status="failed", attempts=5, next_attempt_at=None)
+    response = admin_client.post(
+        "/admin/notifications/delivery/",
+        {"action": "retry", "_selected_action": list(Delivery.objects.values_list("pk", flat=True))},
+        follow=True,
+    )
+    assert "1 delivery(ies) due again" in response.content.decode()
+    passes.deliver_due()
+    assert sorted(Delivery.objects.values_list("subject", "status", "attempts")) == [
+        ("job:7", "delivered", 1),
+        ("job:8", "delivered", 1),
+    ]
+    assert len(mail.outbox) == 2  # job:7 once, job:8 once
+
+
 def test_a_key_rotation_reseals_webhook_secrets(owner, subscribe, settings):
     from cryptography.fernet import Fernet
     from django.core.management import call_command
