@@ -95,6 +95,19 @@ def test_a_session_expiring_soon_is_told_once_to_its_subscribed_owner(with_email
     assert passes.sessions_expiring(now=mine.expires_at + timedelta(seconds=1)) == 0
 
 
+def test_a_session_released_or_past_its_lifetime_is_never_told_it_is_expiring(with_email, subscribe, settings):
+    settings.GRIDGATE_NOTIFY_SESSION_EXPIRING_SECONDS = 900
+    pool = ResourcePool.objects.create(name="qpu", kind="local", public=True, slots_total=4, max_lifetime=3600)
+    klass = ResourceClass.objects.create(pool=pool, name="access", cpu=1, memory=1, default=True)
+    subscribe(with_email, Event.SESSION_EXPIRING)
+    released = sessions.admit(user=with_email, resource_class=klass).session
+    sessions.release(user=with_email, session_id=released.pk)
+    assert passes.sessions_expiring(now=released.expires_at - timedelta(minutes=10)) == 0
+    ended = sessions.admit(user=with_email, resource_class=klass).session  # no sweep runs: still active
+    assert passes.sessions_expiring(now=ended.expires_at + timedelta(seconds=1)) == 0
+    assert Delivery.objects.count() == 0
+
+
 def test_a_reservation_starting_tells_its_holders_once(with_email, member, outsider, subscribe):
     outsider.email = "outsider@example.org"
     outsider.save(update_fields=["email"])
