@@ -28,6 +28,17 @@ def test_a_public_address_passes_and_the_operators_networks_are_allowed(settings
     assert outbound.address_problem("10.1.2.4")
 
 
+def test_an_address_of_this_host_is_refused_even_a_public_one(monkeypatch):
+    """A webhook to the host's own public address would reach what the service's host listens on."""
+    from apps.backends import privileged
+
+    monkeypatch.setattr(privileged, "host_addresses", lambda: (["93.184.216.34"], ["2606:2800:220:1::1"]))
+    monkeypatch.setattr(outbound, "_OWN", (float("-inf"), []))  # read the host's addresses again
+    assert "address of this host" in outbound.address_problem("93.184.216.34")
+    assert "address of this host" in outbound.address_problem("2606:2800:220:1::1")
+    assert outbound.address_problem("93.184.216.35") is None
+
+
 def test_a_name_is_refused_when_any_of_its_addresses_is_private(resolves):
     resolves["mixed.example.org"] = ["93.184.216.34", "127.0.0.1"]
     with pytest.raises(outbound.OutboundRefused, match="127.0.0.1"):
