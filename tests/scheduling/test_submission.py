@@ -170,6 +170,24 @@ def test_r_sess_7_a_remembered_session_past_its_lifetime_accepts_no_job(qpu_pool
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_r_sess_7_a_remembered_session_idle_past_its_deadline_accepts_no_job(
+    qpu_pool, fake_device, open_session, owner
+):
+    """Its one job was cancelled, then its idle deadline passed: nothing keeps it busy, and the
+    process's memory of it is no shortcut past that deadline either."""
+    known.clear()
+    session = open_session(qpu_pool, owner)
+    first = services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    assert known.recall(session.pk, owner.pk, None) is not None
+    services.cancel_job(first)
+    Session.objects.filter(pk=session.pk).update(idle_expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(Forbidden, match="idle_timeout"):
+        services.submit_job(user=owner, session_id=session.pk, payload={}, shots=1)
+    assert Job.objects.filter(session=session).count() == 1
+
+
+@pytest.mark.postgres
 def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool, fake_device, open_session, owner):
     """No index holds a column every submission writes (the idle deadline, the last activity), so
     PostgreSQL renews the session without writing into its indexes (a HOT update, counted by the
