@@ -188,6 +188,23 @@ def test_r_sess_7_a_remembered_session_idle_past_its_deadline_accepts_no_job(
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_remembered_session_is_not_found_through_another_pools_route(qpu_pool, fake_device, open_session, owner):
+    """QRMI names the pool in its route: a session of pool 'qpu' is no session of pool 'other',
+    whether the process remembers it or reads it."""
+    from tests import factories
+
+    factories.device(factories.pool("other", slots_total=4), "fake2")
+    known.clear()
+    session = open_session(qpu_pool, owner)
+    services.submit_job(user=owner, session_id=session.pk, pool_name="qpu", payload={}, shots=1)
+    assert known.recall(session.pk, owner.pk, "qpu") is not None
+    with pytest.raises(NotFound, match="on pool 'other'"):
+        services.submit_job(user=owner, session_id=session.pk, pool_name="other", payload={}, shots=1)
+    assert Job.objects.filter(session=session).count() == 1
+
+
+@pytest.mark.postgres
 def test_renewing_a_session_with_work_pending_updates_its_row_in_place(qpu_pool, fake_device, open_session, owner):
     """No index holds a column every submission writes (the idle deadline, the last activity), so
     PostgreSQL renews the session without writing into its indexes (a HOT update, counted by the
