@@ -51,6 +51,15 @@ def test_same_external_id_with_different_slots_is_409(api, owner, qpu):
     assert response.status_code == 409 and "different parameters" in response.json()["detail"]
 
 
+def test_same_external_id_with_another_class_is_409(api, owner, qpu):
+    """R-SESS-2: the same scheduler job asking for another class is another request, not a repeat."""
+    first = open_session(api(owner), qpu, external_id="4242")
+    large = ResourceClass.objects.create(pool=qpu, name="large", cpu=2, memory=2)
+    response = api(owner).post("/api/v1/sessions/", {"resource_class": large.pk, "external_id": "4242"}, format="json")
+    assert response.status_code == 409 and "different parameters" in response.json()["detail"]
+    assert response.json()["session"] == first.json()["id"]
+
+
 def test_array_task_ids_are_distinct_sessions(api, owner, qpu):
     a = open_session(api(owner), qpu, external_id="1234.1")
     b = open_session(api(owner), qpu, external_id="1234.2")
