@@ -176,6 +176,17 @@ def test_slots_endpoint_reports_total_used_and_available_slots(api, owner, qpu):
     }
 
 
+def test_slots_endpoint_never_reports_fewer_than_zero_available(api, owner, staff, qpu):
+    """R-SESS-6: slots_total lowered below what sessions hold (they keep their slots): none available."""
+    open_session(api(owner), qpu, slots=3)
+    ResourcePool.objects.filter(pk=qpu.pk).update(slots_total=2)
+    assert api(owner).get(f"/api/v1/resource-pools/{qpu.pk}/slots/").json() == {
+        "slots_total": 2,
+        "slots_used": 3,
+        "slots_available": 0,
+    }
+
+
 def test_slots_endpoint_is_404_without_slots_total(api, owner, local_pool):
     """R-SESS-6: a pool that counts no slots has nothing to report."""
     assert api(owner).get(f"/api/v1/resource-pools/{local_pool.pk}/slots/").status_code == 404
