@@ -209,3 +209,45 @@ def test_r_sess_7_a_configuration_change_racing_every_attempt_costs_retries_neve
     assert changes == ["committed"] * (services.SUBMISSION_ATTEMPTS - 1) + [
         "refused: the submission holds the configuration"
     ]
+
+
+def test_r_sess_7_a_device_added_racing_every_attempt_costs_retries_never_a_503(
+    qpu_pool, open_session, owner, monkeypatch
+):
+    """As above, with the change an administrator's new device: it adds a row, which no lock on
+    the existing devices holds back; the last attempt's hold on the pool row does (a new device
+    takes a key-share lock on its pool), and the job is stored against the devices it was
+    checked with."""
+    from django.db import DatabaseError, transaction
+
+    from apps.scheduling import statements
+
+    Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 4})
+    session = open_session(qpu_pool, owner)
+    read, changes = statements.target, []
+
+    def administrator():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '200ms'")
+                Device.objects.create(pool=qpu_pool, name=f"emu-{len(changes)}", driver="fake")
+            changes.append("committed")
+        except DatabaseError:
+            changes.append("refused: the submission holds the configuration")
+        finally:
+            connection.close()
+
+    def read_then_change(session_id, pool_name):
+        found = read(session_id, pool_name)
+        racer = threading.Thread(target=administrator)
+        racer.start()
+        racer.join()
+        return found
+
+    monkeypatch.setattr(statements, "target", read_then_change)
+    job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert changes == ["committed"] * (services.SUBMISSION_ATTEMPTS - 1) + [
+        "refused: the submission holds the configuration"
+    ]
