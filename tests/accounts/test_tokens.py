@@ -50,6 +50,14 @@ def test_a_login_answers_when_the_token_expires_and_keeps_its_name(member, setti
     assert ApiToken.objects.get(user=member).name == "ci runner"
 
 
+def test_a_login_answers_its_tokens_id_with_which_the_token_revokes_itself(member):
+    answer = APIClient().post(LOGIN, {"username": "member", "password": "pw"}, format="json").json()
+    assert answer["id"] == ApiToken.objects.get(user=member).pk
+
+    assert with_token(answer["token"]).delete(f"/api/v1/auth/tokens/{answer['id']}/").status_code == 204
+    assert with_token(answer["token"]).get(CHEAP).status_code == 401
+
+
 def test_a_token_past_its_expiry_is_refused_with_401(member, settings):
     settings.GRIDGATE_TOKEN_DAYS = 2
     _, key = issue_token(member)

@@ -1,6 +1,7 @@
 """The ``gridgate`` command against the live server, as a user in a terminal or a batch script uses
 it: log in, sessions, the README's Pulser sequence, cases from a directory, refusals."""
 
+import json
 import stat
 import tarfile
 from pathlib import Path
@@ -34,6 +35,34 @@ def test_login_stores_the_token_private_and_later_commands_use_it(gridgate, alic
     assert "alice-pw" not in credentials.read_text()
     pools_seen = gridgate("pools", "--json").json()
     assert {pool["name"] for pool in pools_seen} == {"local", "qpu"}
+
+
+def test_logout_revokes_the_stored_token_on_the_server_and_forgets_it(gridgate, alice, pools):
+    log_in(gridgate)
+    credentials = gridgate.home / ".config" / "gridgate" / "credentials.json"
+    token = next(iter(json.loads(credentials.read_text())["servers"].values()))["token"]
+
+    done = gridgate("logout", "--json")
+
+    assert done.code == 0, done.stderr
+    assert done.json()["revoked"] is True
+    assert token not in credentials.read_text()
+    assert gridgate("pools", env={"GRIDGATE_TOKEN": token}).code == 4  # refused by the server: revoked
+
+
+def test_logout_of_a_token_stored_without_its_id_forgets_it_and_says_it_stays_valid(gridgate, alice, pools):
+    log_in(gridgate)
+    credentials = gridgate.home / ".config" / "gridgate" / "credentials.json"
+    stored = json.loads(credentials.read_text())
+    entry = next(iter(stored["servers"].values()))
+    del entry["token_id"]  # as an older client kept it
+    credentials.write_text(json.dumps(stored))
+
+    done = gridgate("logout")
+
+    assert done.code == 0, done.stderr
+    assert "stays valid until it expires" in done.stdout + done.stderr
+    assert gridgate("pools", env={"GRIDGATE_TOKEN": entry["token"]}).code == 0
 
 
 def test_wrong_password_exits_refused_with_the_servers_words(gridgate, alice, pools):

@@ -26,6 +26,7 @@ class TokenRequestSerializer(serializers.Serializer):
 
 
 class TokenResponseSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The token's `id`: `DELETE /auth/tokens/{id}/` revokes it (logging out).")
     token = serializers.CharField(help_text="The key, shown this once: send it as `Authorization: Token <key>`.")
     expires_at = serializers.DateTimeField(help_text="After this, log in again for a new token.")
 

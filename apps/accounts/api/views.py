@@ -20,7 +20,7 @@ from apps.core.api.schema import ErrorSerializer
 
 class TokenView(APIView):
     """``POST {"username", "password"}`` (optionally ``"name"``, ``"expires_in_days"``) →
-    ``{"token", "expires_at"}``; send the token as ``Authorization: Token <key>``.
+    ``{"id", "token", "expires_at"}``; send the token as ``Authorization: Token <key>``.
 
     Each successful call issues a new token: only its digest is stored, so an earlier one cannot be
     given back. Earlier tokens stay valid until they expire or the password changes.
@@ -58,7 +58,7 @@ class TokenView(APIView):
         data = serializer.validated_data
         user = services.log_in(request=request, username=data["username"], password=data["password"])
         token, key = services.issue_token(user, name=data.get("name", ""), days=data.get("expires_in_days"))
-        return Response(TokenResponseSerializer({"token": key, "expires_at": token.expires_at}).data)
+        return Response(TokenResponseSerializer({"id": token.pk, "token": key, "expires_at": token.expires_at}).data)
 
 
 @extend_schema_view(

@@ -385,6 +385,10 @@ class Client:
     def session(self, session_id: str) -> dict:
         return self.get(f"sessions/{session_id}/")
 
+    def revoke_token(self, token_id: int) -> None:
+        """Revoke one of the caller's personal tokens (the one it sends: logging out)."""
+        self.request("DELETE", f"auth/tokens/{int(token_id)}/")
+
     def close_session(self, session_id: str) -> None:
         """Release (idempotent: an ended session is fine)."""
         self.request("DELETE", f"sessions/{session_id}/")

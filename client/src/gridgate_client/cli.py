@@ -405,7 +405,7 @@ def login(username, password_stdin, device, name):
         else:
             password = click.prompt("Password", hide_input=True, err=True)
         answer = anonymous.password_login(username, password, name=name or f"gridgate CLI on {socket.gethostname()}")
-    path = config.store_token(url, answer["token"], expires_at_text=answer.get("expires_at"))
+    path = config.store_token(url, answer["token"], expires_at_text=answer.get("expires_at"), token_id=answer.get("id"))
     emit(
         {
             "url": url,
@@ -423,10 +423,33 @@ def login(username, password_stdin, device, name):
 @cli.command()
 @json_option
 def logout():
-    """Forget the stored token of this site (revoke it on the web pages' API tokens page)."""
+    """Revoke the stored token on the server and forget it. A token from an older login (which did
+    not record its id) or from the centre's sign-in is only forgotten here."""
     url = config.resolve_url((click.get_current_context().find_root().obj or {}).get("url"))
-    removed = config.forget_token(url)
-    emit({"url": url, "forgotten": removed}, f"{'Forgot' if removed else 'No'} stored token for {url}.")
+    entry = config.forget_token(url)
+    token_id = (entry or {}).get("token_id")
+    if entry is None:
+        emit({"url": url, "forgotten": False, "revoked": False}, f"No stored token for {url}.")
+        return
+    if not isinstance(token_id, int):
+        emit(
+            {"url": url, "forgotten": True, "revoked": False},
+            f"Forgot the stored token for {url}; it stays valid until it expires (revoke it on the web pages' "
+            "API tokens page).",
+        )
+        return
+    try:
+        with Client(url, entry["token"]) as api:
+            api.on_retry = retrying
+            api.revoke_token(token_id)
+    except GridgateError as exc:
+        if exc.status not in (401, 404):  # 401/404: the token was already revoked or expired
+            raise Fail(
+                f"Forgot the stored token for {url}, but could not revoke it there ({exc.detail}): revoke it on "
+                "the web pages' API tokens page.",
+                exit_for(exc),
+            ) from None
+    emit({"url": url, "forgotten": True, "revoked": True}, f"Logged out of {url}: the token is revoked.")
 
 
 @cli.command()

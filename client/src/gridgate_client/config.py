@@ -134,9 +134,10 @@ def store_token(url: str, token: str, **extra) -> Path:
     return _write(data)
 
 
-def forget_token(url: str) -> bool:
+def forget_token(url: str) -> dict | None:
+    """Forget what is stored for ``url``; returns it (None when nothing was)."""
     data = _read()
-    removed = data.get("servers", {}).pop(normalize(url), None) is not None
-    if removed:
+    removed = data.get("servers", {}).pop(normalize(url), None)
+    if removed is not None:
         _write(data)
     return removed
