@@ -14,7 +14,7 @@ from django.utils import timezone
 from apps.allocations.services import charge_cases, check_case_launch
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired
 from apps.backends.readiness import case_readiness
-from apps.backends.registry import NoBackend, backend_name_for_kind, get_backend
+from apps.backends.registry import BACKENDS, NoBackend, backend_class, backend_name_for_kind, get_backend, kind_map
 from apps.backends.remote_common import scrub_for_pool
 from apps.backends.services import check_launch_options
 from apps.cases import passes, workspace
@@ -385,6 +385,23 @@ def refresh_case(case: Case) -> Case:
     if case.status in ACTIVE and case.remote_id:
         passes.enqueue_refresh([case.id])
     return case
+
+
+def check_unix_uid_change(user) -> None:
+    """R-CASE-8: a user's linked Unix uid is not changed nor unlinked while their cases run under
+    it (in flight on a pool that runs each case as its owner's account). Their processes and
+    files keep the old uid: the service would act on them as another account, and the old uid,
+    freed, could be linked to another user, whose cases would then share an account with them.
+    Raises :class:`Conflict` saying how many run under it."""
+    kinds = [kind for kind, name in kind_map().items() if name in BACKENDS and backend_class(name).runs_as_user]
+    running = Case.objects.filter(
+        IN_FLIGHT, owner=user, resource_class__pool__kind__in=kinds, resource_class__pool__trusted=False
+    ).count()
+    if running:
+        raise Conflict(
+            f"{running} case(s) of {user} run under this uid: change or unlink it once they have ended "
+            "(or cancel them)."
+        )
 
 
 def deletable(cases):

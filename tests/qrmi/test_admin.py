@@ -3,9 +3,12 @@
 import pytest
 from django.contrib.auth import get_user_model
 
+from apps.cases import services as case_services
+from apps.cases.models import Case, CaseStatus
 from apps.qrmi.models import UnixAccount
 from apps.scheduling.models import Job
 from apps.sessions.models import Session
+from tests import factories
 from tests.qrmi.test_qrmi_api import acquire, submit
 
 pytestmark = pytest.mark.django_db
@@ -62,6 +65,52 @@ def test_r_qrmi_2_user_changelist_shows_and_searches_uids(admin_client, owner, m
 def test_unix_account_admin_lists(admin_client, owner):
     UnixAccount.objects.create(user=owner, unix_uid=4321)
     assert admin_client.get("/admin/qrmi/unixaccount/").status_code == 200
+
+
+def running_case(owner, pool):
+    case = case_services.create_case(owner=owner, resource_class=pool.classes.get(), name="cavity", command="x")
+    Case.objects.filter(pk=case.pk).update(status=CaseStatus.RUNNING)
+    return case
+
+
+def test_r_case_8_a_uid_does_not_change_while_its_users_cases_run_under_it(admin_client, owner, local_pool):
+    UnixAccount.objects.create(user=owner, unix_uid=4321)
+    case = running_case(owner, local_pool)
+    page = f"/admin/auth/user/{owner.pk}/change/"
+
+    refused = admin_client.post(page, user_form(owner, 4322, total=1))
+
+    assert refused.status_code == 200
+    assert "1 case(s) of owner run under this uid" in refused.content.decode()
+    assert UnixAccount.objects.get(user=owner).unix_uid == 4321
+    Case.objects.filter(pk=case.pk).update(status=CaseStatus.DONE, results_fetched=True)
+    assert admin_client.post(page, user_form(owner, 4322, total=1)).status_code == 302
+    assert UnixAccount.objects.get(user=owner).unix_uid == 4322
+
+
+def test_r_case_8_a_uid_is_not_unlinked_while_its_users_cases_run_under_it(admin_client, owner, local_pool):
+    account = UnixAccount.objects.create(user=owner, unix_uid=4321)
+    running_case(owner, local_pool)
+
+    inline = admin_client.post(
+        f"/admin/auth/user/{owner.pk}/change/", {**user_form(owner, 4321, total=1), "unix_account-0-DELETE": "on"}
+    )
+    page = admin_client.post(f"/admin/qrmi/unixaccount/{account.pk}/delete/", {"post": "yes"}, follow=True)
+
+    assert inline.status_code == 200
+    assert "run under this uid" in inline.content.decode()
+    assert "Not deleted: 1 case(s) of owner run under this uid" in page.content.decode()
+    assert UnixAccount.objects.filter(pk=account.pk, unix_uid=4321).exists()
+
+
+def test_a_uid_changes_while_cases_run_only_elsewhere_than_under_it(admin_client, owner, local_pool):
+    UnixAccount.objects.create(user=owner, unix_uid=4321)
+    trusted = factories.pool("trusted-local", trusted=True, public=False)
+    trusted.users.add(owner)
+    running_case(owner, trusted)  # runs as the sandbox account, not the owner's
+
+    assert admin_client.post(f"/admin/auth/user/{owner.pk}/change/", user_form(owner, 4322, total=1)).status_code == 302
+    assert UnixAccount.objects.get(user=owner).unix_uid == 4322
 
 
 @pytest.mark.munge
