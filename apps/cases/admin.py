@@ -8,7 +8,7 @@ from apps.backends.services import check_launch_options
 from apps.cases import services, workspace
 from apps.cases.models import TERMINAL, UNFINISHED, Campaign, Case, CaseEvent
 from apps.core.admin_base import DeletedByService, ModelAdmin
-from apps.core.exceptions import ServiceError
+from apps.core.exceptions import Conflict, ServiceError
 from apps.core.text import printable
 from apps.resources.selectors import can_use_pool
 
@@ -89,7 +89,7 @@ class CaseAdminForm(forms.ModelForm):
 
 
 @admin.register(Case)
-class CaseAdmin(ModelAdmin):
+class CaseAdmin(DeletedByService, ModelAdmin):
     form = CaseAdminForm
     list_display = ["name", "owner", "status", "backend", "remote_id", "progress", "submitted_at", "finished_at"]
     list_filter = ["status", BackendFilter, "results_fetched", "resource_class__pool", RunHostFilter]
@@ -224,13 +224,10 @@ class CaseAdmin(ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def delete_model(self, request, obj):
-        services.delete_cases(Case.objects.filter(pk=obj.pk))
-
-    def delete_queryset(self, request, queryset):
-        kept = queryset.count() - services.delete_cases(queryset)
-        if kept:
-            self.message_user(request, f"Not deleted: {kept} unfinished case(s) (cancel them first).", messages.ERROR)
+    def delete_one(self, obj):
+        # Its launch asked for since the page was shown: kept, and neither logged nor reported deleted.
+        if not services.delete_cases(Case.objects.filter(pk=obj.pk)):
+            raise Conflict(f"case {obj.name} is unfinished (cancel it first).")
 
     # ``change``: without ``permissions`` Django offers an action to whoever may merely view the list.
     @admin.action(description="Cancel the selected cases (same service as the API)", permissions=["change"])

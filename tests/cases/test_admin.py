@@ -177,6 +177,30 @@ def test_a_running_case_is_not_deleted_by_the_admin_and_a_finished_ones_workspac
     assert not workspace.case_dir(finished.pk).exists()
 
 
+def test_a_case_launched_while_the_admin_deletes_it_is_kept_and_not_logged_deleted(
+    admin_client, make_case, monkeypatch, fake
+):
+    """The delete page checks the case is deletable, then the service deletes under the row lock:
+    a launch asked for in between kept the case, and the page said it was deleted and logged it."""
+    from django.contrib.admin.models import DELETION, LogEntry
+
+    from apps.cases.admin import CaseAdmin
+
+    case = make_case(name="cavity")
+    original = CaseAdmin.log_deletions
+
+    def launch_arrives(self, request, objs):  # after the page's own checks, before the service's
+        services.launch_case(case)
+        return original(self, request, objs)
+
+    monkeypatch.setattr(CaseAdmin, "log_deletions", launch_arrives)
+    response = admin_client.post(f"/admin/cases/case/{case.pk}/delete/", {"post": "yes"}, follow=True)
+
+    assert "Not deleted: case cavity is unfinished (cancel it first)." in response.content.decode()
+    assert Case.objects.filter(pk=case.pk).exists()
+    assert not LogEntry.objects.filter(object_id=str(case.pk), action_flag=DELETION).exists()
+
+
 def test_a_user_with_a_running_case_is_not_deleted_by_the_admin(admin_client, make_case, owner, fake):
     """Deleting a user cascades to their cases: while one runs, the admin refuses (the same rule
     as the case's own delete page), so no remote job is left running with no case to cancel it."""
