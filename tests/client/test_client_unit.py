@@ -181,9 +181,11 @@ def test_tokens_are_kept_0600_per_server_and_the_environment_wins(tmp_path, monk
         ("localhost:8000", "http://localhost:8000"),
         ("[::1]:8000", "http://[::1]:8000"),
         ("http://grid.example.org", "http://grid.example.org"),
+        ("HTTPS://Alice@Grid.Example.ORG/Gridgate/", "https://Alice@grid.example.org/Gridgate"),
+        ("Grid.Example.org", "https://grid.example.org"),
     ],
 )
-def test_a_site_named_without_a_scheme_is_reached_over_https_unless_it_is_this_machine(given, used):
+def test_a_site_named_without_a_scheme_is_reached_over_https_unless_it_is_this_machine_and_in_lower_case(given, used):
     assert config.normalize(given) == used
 
 

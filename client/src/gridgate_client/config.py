@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -42,7 +42,8 @@ class BadURL(ValueError):
 def normalize(url: str) -> str:
     """``url`` without a trailing slash, and with a scheme: a bare name means https (the password
     and the token must not cross the network in clear because a scheme was left out), except
-    for this machine's own names (the local demo)."""
+    for this machine's own names (the local demo). The scheme and the host are lower-case (a site
+    named in other capitals keeps one stored token)."""
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     url = f"{scheme}{sep}{rest.rstrip('/')}" if sep else url.rstrip("/")
@@ -59,7 +60,9 @@ def normalize(url: str) -> str:
         raise BadURL(f"{url!r} names no site: give one such as https://gridgate.example.org")
     if not sep:
         url = ("http://" if host in LOCAL_HOSTS else "https://") + url
-    return url
+    parts = urlsplit(url)
+    userinfo, at, host_port = parts.netloc.rpartition("@")
+    return urlunsplit((parts.scheme.lower(), f"{userinfo}{at}{host_port.lower()}", *parts[2:]))
 
 
 def _read() -> dict:
