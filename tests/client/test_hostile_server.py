@@ -6,6 +6,7 @@ database: what is checked is what lands on the user's disk and terminal."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 from gridgate_client import cli
@@ -138,6 +139,19 @@ def test_case_get_all_refuses_an_archive_member_that_leads_out(hostile, tmp_path
     assert not list(tmp_path.rglob("escaped.txt"))
     assert not (tmp_path / "tmp").exists()
     assert not (tmp_path / "a" / "out").exists()  # the archive is checked whole before anything is written
+
+
+def test_case_get_all_refuses_an_archive_that_unpacks_to_more_than_the_free_space(hostile, tmp_path, monkeypatch):
+    """A few kilobytes of gzip can unpack to gigabytes: what the members add up to is checked
+    against the space free under -o before anything is written."""
+    archive = _archive([(f"{CASE}/results/zeros.bin", "file", bytes(1 << 20))])
+    assert len(archive) < 4096
+    hostile.answers[f"cases/{CASE}/archive/"] = (200, {"Content-Type": "application/gzip"}, archive)
+    monkeypatch.setattr(cli.shutil, "disk_usage", lambda path: SimpleNamespace(free=1 << 19))  # 512 KiB
+    out = tmp_path / "out"
+
+    assert gridgate("case", "get", CASE, "--all", "-o", str(out)) == 1
+    assert not out.exists()
 
 
 def test_case_get_never_replaces_a_file_already_there_unless_forced(hostile, tmp_path, capsys):

@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -982,7 +983,8 @@ def unpack(archive: Path, output: Path, *, force: bool = False) -> list[str]:
     not ``extractall``: links, devices and modes in the archive are ignored. The whole archive
     is read and checked first, so that nothing is written from one that is broken or refused:
     each member's path must stay under ``output`` (:func:`inside`), name no file already there
-    (unless ``force``), and be given once (not twice, nor as a file and as a directory). Each
+    (unless ``force``), and be given once (not twice, nor as a file and as a directory), and
+    what it unpacks to must fit in the space free under ``output``. Each
     file is then written through a hidden file beside it, renamed once whole: what stops the
     unpacking (a full disk, Ctrl-C) leaves no half file."""
     planned: dict[Path, tarfile.TarInfo] = {}
@@ -1006,6 +1008,13 @@ def unpack(archive: Path, output: Path, *, force: bool = False) -> list[str]:
                 raise Fail(f"refusing the archive: {shown[clash]} is in it as a file and as a directory", EXIT_FAILED)
             if not force:
                 refuse_existing(output, [str(Path(shown[target]).relative_to(output)) for target in planned])
+            need, free = sum(member.size for member in planned.values()), shutil.disk_usage(output).free
+            if need > free:  # a few kilobytes of gzip can unpack to gigabytes
+                raise Fail(
+                    f"refusing the archive: it unpacks to {need / 1e9:.2f} GB and {output} has {free / 1e9:.2f} GB "
+                    "free (fetch single files with case get <id> <path>)",
+                    EXIT_FAILED,
+                )
             for target, member in planned.items():
                 try:
                     target.parent.mkdir(parents=True, exist_ok=True)
