@@ -6,7 +6,9 @@ import os
 import pwd
 import shutil
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,6 +25,7 @@ from apps.backends.firecrest.backend import FirecrestBackend
 from apps.backends.qarnot import client as qb_client
 from apps.backends.qarnot.backend import QarnotBackend, bucket_names
 from apps.backends.remote import clear_clients
+from apps.backends.remote_common import secret_forms
 from apps.backends.runai import client as rb_client
 from apps.backends.runai.backend import RunaiBackend
 from apps.cases import passes, workspace
@@ -187,6 +190,45 @@ def raw_sealed(connection_id) -> str:
     with db.cursor() as cursor:
         cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection_id])
         return cursor.fetchone()[0]
+
+
+class Listener:
+    """A host a pool is moved to, or named by a row the rules refuse: records every request it gets
+    (its line, headers and body), and answers each with an empty JSON object. A context manager:
+    the host stops at the end of the ``with``."""
+
+    def __init__(self):
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append(f"{self.requestline}\n{self.headers}\n{body.decode(errors='replace')}")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"storage": null}')
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def reached(self, secrets) -> list[str]:
+        """The forms of ``secrets`` that reached this host."""
+        text = "\n".join(self.seen)
+        return [form for form in secret_forms(secrets) if form in text]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 # -- one provider's per-user side, for the contract tests and the provider's own ----------------------

@@ -11,7 +11,6 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import StringIO
 from urllib.parse import quote
 
@@ -36,6 +35,7 @@ from tests.backends.conftest import (
     DRIVERS,
     PASTED,
     SEALING_KEY,
+    Listener,
     browser,
     driving,
     launch,
@@ -510,41 +510,6 @@ def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob
 
 
 # -- a moved pool ----------------------------------------------------------------------------------
-class Listener:
-    """A host a pool is moved to: records every request it gets (its line, headers and body),
-    and answers each with an empty JSON object."""
-
-    def __init__(self):
-        seen = self.seen = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                seen.append(f"{self.requestline}\n{self.headers}\n{body.decode(errors='replace')}")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"storage": null}')
-
-            do_POST = do_GET  # noqa: N815
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def reached(self, secrets) -> list[str]:
-        """The forms of ``secrets`` that reached this host."""
-        text = "\n".join(self.seen)
-        return [form for form in secret_forms(secrets) if form in text]
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, staff, api, settings):
     """F3: a user with "change resource pool" moved a per-user pool's provider URLs after ada
     connected; her next launch-options call sent her credential to the new host. A connection now
@@ -553,8 +518,7 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, sta
     settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
     pool, before = driver.pool, dict(driver.pool.remote)
     assert driver.saved(ada) in driver.connect(ada)[-1].content.decode()
-    elsewhere = Listener()
-    try:
+    with Listener() as elsewhere:
         remote = {**before, **dict.fromkeys(driver.url_keys, elsewhere.url)}
         moved = api(staff).patch(f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote}, format="json")
         assert moved.status_code == 200, moved.content
@@ -563,8 +527,6 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, sta
         assert answer.status_code == 200 and elsewhere.reached(driver.secrets(ada)) == []  # her credential went nowhere
         state = api(ada).get(f"/api/v1/connections/{pool.pk}/").json()
         assert state["state"] == "failed" and "provider URLs changed" in state["failure"]
-    finally:
-        elsewhere.stop()
     connection = RemoteConnection.objects.get(user=ada, pool=pool)
     assert connection.state == ConnectionState.FAILED
     assert all(key in connection.failure for key in driver.url_keys), connection.failure
@@ -609,8 +571,7 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(drive
     still sends no refresh token to the token_uri the pool was moved to."""
     driver.connect(ada)
     stale = credential_services.identity_for(ada, driver.pool)  # a worker's, from before the move
-    elsewhere = Listener()
-    try:
+    with Listener() as elsewhere:
         remote = {**driver.pool.remote, **dict.fromkeys(driver.url_keys, elsewhere.url)}
         ResourcePool.objects.filter(pk=driver.pool.pk).update(remote=remote)
         pool = ResourcePool.objects.get(pk=driver.pool.pk)
@@ -620,8 +581,6 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(drive
             credential_services.forget_access_tokens()  # its access token ran out: a refresh grant
             with pytest.raises(CredentialsRequired, match="other provider URLs"):
                 stale.token(fresh=True)
-    finally:
-        elsewhere.stop()
     assert elsewhere.seen == []  # nothing at all, the refresh token least of all
 
 
@@ -651,8 +610,7 @@ def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, sta
     Each of the service's variables is checked: the one left unbound is named."""
     settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
     owned = driver.service_pool()
-    elsewhere = Listener()
-    try:
+    with Listener() as elsewhere:
         remote = {**owned.remote, **dict.fromkeys(driver.url_keys, elsewhere.url), **driver.service_env}
         theirs = ResourcePool.objects.create(name="mine", kind=driver.kind, public=True, remote=remote)
         ResourceClass.objects.create(pool=theirs, name="c", default=True, **driver.resources)
@@ -663,8 +621,6 @@ def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, sta
             clear_clients()
             refused = api(staff).get(f"/api/v1/resource-classes/{theirs.classes.get().pk}/launch-options/").json()
             assert refused["degraded"] and f"{unbound}_POOLS={theirs.pk}" in refused["message"], refused
-    finally:
-        elsewhere.stop()
     service = [os.environ[name] for name in driver.service_env.values()]
     assert elsewhere.reached(service) == []  # the service's credential went nowhere
     allowed = api(staff).get(f"/api/v1/resource-classes/{owned.classes.get().pk}/launch-options/").json()

@@ -2,14 +2,12 @@
 URL they are sent to; only GRIDGATE_CRED_* variables may be named, and only staff holding the
 model's permission write pools, classes and devices."""
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from apps.backends.qarnot import QarnotBackend
 from apps.resources.models import ResourcePool
 from apps.scheduling.drivers.pasqal_qpu import QpuClient, QpuError
+from tests.backends.conftest import Listener
 
 pytestmark = pytest.mark.django_db
 
@@ -50,47 +48,25 @@ def test_a_device_naming_secret_key_is_refused(api, staff, qpu_pool):
     assert response.status_code == 400 and "GRIDGATE_CRED_" in str(response.json()), response.content
 
 
-class Capture(BaseHTTPRequestHandler):
-    seen: list = []
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        Capture.seen.append(dict(self.headers))
-        self.send_response(200)
-        self.end_headers()
-
-    do_POST = do_GET
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def listener():
-    Capture.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-def test_a_row_written_before_the_rule_sends_no_setting_anywhere(monkeypatch, settings, listener):
+def test_a_row_written_before_the_rule_sends_no_setting_anywhere(monkeypatch, settings):
     """The attack itself: a pool (or device) saved before the rule names SECRET_KEY and a URL of
     the attacker's; the service refuses to read the variable, and nothing reaches the listener."""
     settings.GRIDGATE_ALLOW_INSECURE_REMOTES = True
     monkeypatch.setenv("SECRET_KEY", "the-web-process-secret-key-4711")
     pool = ResourcePool.objects.create(name="old", kind="qarnot", public=True, remote={"profile": "p"})
-    ResourcePool.objects.filter(pk=pool.pk).update(
-        # bypasses clean(); a row of before the per-user option: the migration made it "service"
-        remote={"profile": "p", "token_env": "SECRET_KEY", "cluster_url": listener, "credentials": "service"}
-    )
-    pool.refresh_from_db()
-    checks = {check.name: check for check in QarnotBackend().doctor(pool)}
-    assert not checks["credentials"].ok and "GRIDGATE_CRED_" in checks["credentials"].message
-    assert "4711" not in checks["credentials"].message
-    with pytest.raises(QpuError) as refused:
-        QpuClient({"url": listener, "auth_header": "Authorization", "auth_env": "SECRET_KEY"})
+    with Listener() as listener:
+        ResourcePool.objects.filter(pk=pool.pk).update(
+            # bypasses clean(); a row of before the per-user option: the migration made it "service"
+            remote={"profile": "p", "token_env": "SECRET_KEY", "cluster_url": listener.url, "credentials": "service"}
+        )
+        pool.refresh_from_db()
+        checks = {check.name: check for check in QarnotBackend().doctor(pool)}
+        assert not checks["credentials"].ok and "GRIDGATE_CRED_" in checks["credentials"].message
+        assert "4711" not in checks["credentials"].message
+        with pytest.raises(QpuError) as refused:
+            QpuClient({"url": listener.url, "auth_header": "Authorization", "auth_env": "SECRET_KEY"})
     assert "GRIDGATE_CRED_" in str(refused.value) and "4711" not in str(refused.value)
-    assert Capture.seen == []
+    assert listener.seen == []
 
 
 def test_pool_class_and_device_writes_need_the_model_permission_not_just_staff(
