@@ -206,46 +206,35 @@ def test_f18_scrub_covers_every_form_a_provider_echoes_a_secret_in():
 
 
 # -- per-user credentials ------------------------------------------------------------------------
-def test_a_connected_users_case_runs_under_their_own_credential(driver, ada, make_case, api):
+def test_each_connected_users_case_runs_under_their_own_credential(driver, ada, bob, make_case, api):
     answer = driver.connect(ada)[-1]
     assert driver.saved(ada) in answer.content.decode()
     connection = RemoteConnection.objects.get(user=ada, pool=driver.pool)
     assert connection.subject == driver.subject(ada) and connection.state == ConnectionState.CONNECTED
-    case = launched(driver.case(make_case, ada, "cat in.txt > out.txt; echo hello"))
-    assert case.status == CaseStatus.PENDING, case.last_error
-    case = wait_for_terminal(case, timeout=90)
-    assert case.status == CaseStatus.DONE, case.last_error
-    assert (workspace.case_dir(case.id) / "results" / "out.txt").read_text() == "input\n"
-    assert "hello" in (workspace.case_dir(case.id) / "stdout.log").read_text()
-    assert driver.jobs() == 1 and driver.owner_of(case) == driver.subject(ada)
-    # The identity it ran under, on the case (API, page) and in its history.
-    label = driver.label(ada)
-    assert case.remote_identity == label
-    assert api(ada).get(f"/api/v1/cases/{case.id}/").json()["remote_identity"] == label
-    assert f"under {label}" in browser(ada).get(f"/cases/{case.id}/").content.decode()
-    submitted = case.events.get(to_status=CaseStatus.PENDING)
-    assert submitted.message == f"submitted as {case.remote_id} under {label}"
-    events = api(ada).get(f"/api/v1/cases/{case.id}/events/").json()["results"]
-    assert any(label in event["message"] for event in events)
-
-
-def test_two_users_cases_on_one_pool_each_run_under_their_own_credential(driver, ada, bob, make_case):
-    driver.connect(ada)
     driver.connect(bob)
-    mine = launched(driver.case(make_case, ada, "echo ada > who.txt"))
+    mine = launched(driver.case(make_case, ada, "cat in.txt > out.txt; echo hello; echo ada > who.txt"))
     theirs = launched(driver.case(make_case, bob, "echo bob > who.txt"))
-    assert mine.status == theirs.status == CaseStatus.PENDING
+    assert mine.status == theirs.status == CaseStatus.PENDING, mine.last_error or theirs.last_error
     if driver.poll_listing:  # R-BACK-4 per credential: one listing per user (each shows only their jobs)
         before = len(driver.double.status_calls())
         passes.poll_pass(case_ids=[mine.id, theirs.id])
         assert driver.double.status_calls()[before:] == [driver.poll_listing] * 2
     mine, theirs = wait_for_terminal(mine, timeout=90), wait_for_terminal(theirs, timeout=90)
-    assert mine.status == theirs.status == CaseStatus.DONE
+    assert mine.status == theirs.status == CaseStatus.DONE, mine.last_error or theirs.last_error
+    assert (workspace.case_dir(mine.id) / "results" / "out.txt").read_text() == "input\n"
+    assert "hello" in (workspace.case_dir(mine.id) / "stdout.log").read_text()
     assert driver.jobs() == 2
-    assert (driver.owner_of(mine), driver.owner_of(theirs)) == (driver.subject(ada), driver.subject(bob))
-    assert "ada" in mine.remote_identity and "bob" in theirs.remote_identity
-    for case, name in ((mine, "ada"), (theirs, "bob")):
-        assert (workspace.case_dir(case.id) / "results" / "who.txt").read_text() == f"{name}\n"
+    for case, user in ((mine, ada), (theirs, bob)):
+        assert driver.owner_of(case) == driver.subject(user) and case.remote_identity == driver.label(user)
+        assert (workspace.case_dir(case.id) / "results" / "who.txt").read_text() == f"{user.username}\n"
+    # The identity it ran under, on the case (API, page) and in its history.
+    label = driver.label(ada)
+    assert api(ada).get(f"/api/v1/cases/{mine.id}/").json()["remote_identity"] == label
+    assert f"under {label}" in browser(ada).get(f"/cases/{mine.id}/").content.decode()
+    submitted = mine.events.get(to_status=CaseStatus.PENDING)
+    assert submitted.message == f"submitted as {mine.remote_id} under {label}"
+    events = api(ada).get(f"/api/v1/cases/{mine.id}/events/").json()["results"]
+    assert any(label in event["message"] for event in events)
 
 
 def test_a_credential_the_provider_refuses_is_not_kept(driver, ada):
