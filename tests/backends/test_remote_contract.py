@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from io import StringIO
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 import pytest
 from cryptography.fernet import Fernet
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired, JobRef, RemoteIdentity
 from apps.backends.remote import ProviderError, clear_clients
-from apps.backends.remote_common import secret_forms
+from apps.backends.remote_common import scrub, secret_forms
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.credentials import services as credential_services
@@ -184,19 +184,13 @@ def test_doctor_of_a_per_user_pool_needs_the_sealing_key(driver, settings):
 
 def test_f18_scrub_covers_every_form_a_provider_echoes_a_secret_in():
     """F18: percent-encoded (either case), form-encoded, JSON-escaped and Basic-base64 forms."""
-    import base64
-    import json as json_module
-    from urllib.parse import quote, quote_plus
-
-    from apps.backends.remote_common import scrub
-
     secret, client = 'p@ss/w+rd=&"x"', "client-7"
     echoes = [
         secret,
         quote(secret, safe=""),
         quote(secret, safe="").lower(),
         quote_plus(secret),
-        json_module.dumps(secret)[1:-1],
+        json.dumps(secret)[1:-1],
         base64.b64encode(f"{client}:{secret}".encode()).decode(),
         base64.b64encode(secret.encode()).decode(),
     ]
@@ -258,10 +252,7 @@ def test_a_script_keeps_its_pasted_credential_through_the_api_and_never_gets_it_
     assert answer.status_code == 200, answer.content
     assert (answer.json()["state"], answer.json()["subject"]) == ("connected", driver.subject(ada))
     assert RemoteConnection.objects.get(user=ada, pool=driver.pool).subject == driver.subject(ada)
-    gone = client.delete(url)
-    assert gone.status_code == 200 and gone.json() == driver.disconnected
-    for text in (answer.content.decode(), gone.content.decode()):
-        assert not any(value in text for value in values[-1:])
+    assert values[-1] not in answer.content.decode()  # DELETE: test_a_user_lists_and_disconnects_only_their_own_…
 
 
 @pytest.mark.parametrize("driver", PASTED, indirect=True)
