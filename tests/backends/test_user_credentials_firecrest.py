@@ -6,18 +6,23 @@ whose double is also the identity provider and **checks on every call about a ca
 token's subject is the case owner's** (``expect_owner``).
 """
 
+import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 from cryptography.fernet import Fernet
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 from django.db import connection as db
 from django.utils import timezone
 
+from apps.accounts.models import Identity
 from apps.backends import firecrest as fc
 from apps.cases.models import Case, CaseStatus
-from apps.credentials import sealing
+from apps.credentials import oauth, sealing
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourcePool
@@ -25,6 +30,8 @@ from apps.resources.remote import revocation_endpoint
 from tests.backends.conftest import SEALING_KEY as KEY
 from tests.backends.conftest import FirecrestDriver, browser, raw_sealed, wait_for_terminal
 from tests.cases.conftest import launched
+from tests.concurrency import locked_while
+from tests.resources.test_admin import inline_data, pool_form
 
 pytestmark = pytest.mark.django_db
 
@@ -79,8 +86,6 @@ def test_connect_round_trip_checks_the_state_sends_the_pkce_verifier_and_keeps_t
 def test_a_provider_account_other_than_the_linked_identity_is_refused(driver, user_pool, double, ada):
     """docs/identity.md: an operator links a user to their identity (issuer, subject); connecting
     as someone else at that provider is refused."""
-    from apps.accounts.models import Identity
-
     Identity.objects.create(user=ada, issuer=double.issuer, subject=double.subject_of("ada"))
     driver.connect(ada, login_as="bob")  # signed in there as bob
     assert not RemoteConnection.objects.exists()
@@ -89,7 +94,9 @@ def test_a_provider_account_other_than_the_linked_identity_is_refused(driver, us
 
 
 # -- rotating refresh tokens -------------------------------------------------------------------
-def test_refresh_token_rotation_is_stored_back_sealed(driver, user_pool, double, ada, make_case):
+def test_refresh_token_rotation_is_stored_back_sealed_and_the_rotated_one_is_revoked(
+    driver, user_pool, double, ada, make_case
+):
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     (first,) = double.live_refresh_tokens("ada")
@@ -109,6 +116,8 @@ def test_refresh_token_rotation_is_stored_back_sealed(driver, user_pool, double,
     credential_services.forget_access_tokens()
     assert wait_for_terminal(case).status == CaseStatus.DONE
     assert double.live_refresh_tokens("ada") != [second]
+    credential_services.disconnect(user=ada, pool_id=user_pool.pk)  # RFC 7009: the one stored last is revoked
+    assert double.live_refresh_tokens("ada") == []
 
 
 # -- the admin --------------------------------------------------------------------------------------
@@ -142,18 +151,6 @@ def test_deleting_several_connections_in_the_admin_revokes_each_grant(
 
 
 # -- disconnecting revokes the grant at the provider (RFC 7009) --------------------------------------
-def test_the_rotated_refresh_token_is_the_one_revoked(driver, user_pool, double, ada, make_case):
-    driver.connect(ada)
-    first = double.live_refresh_tokens("ada")
-    credential_services.forget_access_tokens()  # the launch runs the refresh grant
-    case = wait_for_terminal(launched(driver.case(make_case, ada, "true")))  # a refresh grant
-    assert case.status == CaseStatus.DONE
-    rotated = double.live_refresh_tokens("ada")
-    assert rotated and rotated != first
-    credential_services.disconnect(user=ada, pool_id=user_pool.pk)
-    assert double.live_refresh_tokens("ada") == []
-
-
 def test_when_the_provider_cannot_revoke_the_credential_is_still_forgotten_and_the_user_told(
     driver, user_pool, double, ada, api, caplog
 ):
@@ -172,9 +169,15 @@ def test_when_the_provider_cannot_revoke_the_credential_is_still_forgotten_and_t
     )
 
 
-def test_a_pool_with_no_revocation_endpoint_says_the_grant_was_not_revoked(double, ada, api):
-    remote = remote_for(double, token_uri=f"{double.url}/auth/issue", authorization_uri=double.authorization_uri)
+def test_without_a_revocation_endpoint_doctor_and_disconnect_say_grants_are_not_revoked(double, ada, api):
+    remote = remote_for(double, token_uri=f"{double.url}/auth/issue")
     pool = ResourcePool.objects.create(name="no-revoke", kind="firecrest", public=True, remote=remote)
+    checks = {check.name: check for check in fc.FirecrestBackend().doctor(pool)}
+    assert not checks["revocation"].ok
+    assert checks["revocation"].message == (
+        "disconnecting cannot revoke users' grants: this pool names no revocation endpoint (revocation_uri): "
+        "set revocation_uri"
+    )
     RemoteConnection.objects.create(
         user=ada,
         pool=pool,
@@ -235,10 +238,6 @@ def test_the_credentials_option_is_validated_and_set_through_the_api_and_the_adm
     pool.refresh_from_db()
     assert not credential_services.needs_user_credentials(pool)
 
-    import json
-
-    from tests.resources.test_admin import inline_data, pool_form
-
     remote = json.dumps({"profile": "docker-batch", "credentials": "service"})
     data = pool_form(kind="qarnot", remote=remote, name="via-admin") | inline_data([])
     answer = admin_client.post("/admin/resources/resourcepool/add/", data)
@@ -284,22 +283,9 @@ def test_doctor_of_a_per_user_pool_checks_the_key_and_the_public_client(user_poo
     assert not checks["revocation"].ok and "invalid_client" in checks["revocation"].message
 
 
-def test_doctor_says_when_disconnecting_cannot_revoke_grants(double):
-    remote = remote_for(double, token_uri=f"{double.url}/auth/issue")
-    pool = ResourcePool.objects.create(name="no-revoke", kind="firecrest", public=True, remote=remote)
-    checks = {check.name: check for check in fc.FirecrestBackend().doctor(pool)}
-    assert not checks["revocation"].ok
-    assert checks["revocation"].message == (
-        "disconnecting cannot revoke users' grants: this pool names no revocation endpoint (revocation_uri): "
-        "set revocation_uri"
-    )
-
-
 def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_working(
     driver, user_pool, double, ada, make_case, settings
 ):
-    from django.core.management import call_command
-
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     new_key = Fernet.generate_key().decode()
@@ -317,8 +303,6 @@ def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_wor
 def test_a_credential_no_configured_key_opens_is_reported_and_left_for_its_user_to_reconnect(
     driver, user_pool, double, ada, settings
 ):
-    from django.core.management import CommandError, call_command
-
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     before = raw_sealed(connection.pk)
@@ -350,8 +334,6 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
     """Eight workers needing ada's token at once: each refresh waits for the previous one's rotated
     token (the connection's row lock), so none reuses a spent one, which would make the provider
     end the whole session."""
-    from concurrent.futures import ThreadPoolExecutor
-
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     double.fault("/auth/token", delay=0.1, times=8)  # widens the window in which they overlap
@@ -378,11 +360,6 @@ def test_a_refresh_and_a_disconnect_hold_the_connections_row_and_never_its_user_
     """The refresh calls the token endpoint with its row lock held (bounded by ``oauth.TIMEOUT``).
     Taken with the user and pool joined in, it locked their rows too: while an identity provider
     was slow, every insert naming the pool (an admission) or the user waited for it."""
-    from django.contrib.auth import get_user_model
-
-    from apps.credentials import oauth
-    from tests.concurrency import locked_while
-
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     answers = locked_while(
