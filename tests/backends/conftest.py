@@ -16,6 +16,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
+from django.db import connection as db
 from django.test import Client
 
 from apps.backends.base import SubmitSpec
@@ -30,6 +31,8 @@ from apps.backends.runai import client as rb_client
 from apps.backends.runai.backend import RunaiBackend
 from apps.cases import passes, workspace
 from apps.cases.models import Case
+from apps.credentials import services as credential_services
+from apps.qrmi.models import UnixAccount
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.cases.conftest import cases_root, launched, make_case  # noqa: F401 - shared fixtures
 from tests.doubles.firecrest_server import FirecrestDouble
@@ -120,7 +123,6 @@ def sandbox_host():
 @pytest.fixture
 def link_account(sandbox_host):
     """``link_account(user, "gridgate-test1")``: the user's Unix account link (the QRMI one)."""
-    from apps.qrmi.models import UnixAccount
 
     def link(user, name="gridgate-test1"):
         entry = sandbox_host[name]
@@ -185,8 +187,6 @@ def poll_until(case, predicate, *, timeout: float = 90.0):
 
 def raw_sealed(connection_id) -> str:
     """The sealed credential as the database column holds it."""
-    from django.db import connection as db
-
     with db.cursor() as cursor:
         cursor.execute("SELECT sealed_secret FROM backends_remoteconnection WHERE id = %s", [connection_id])
         return cursor.fetchone()[0]
@@ -786,8 +786,6 @@ def double(driver):
 
 
 def driving(name, tmp_path, monkeypatch, settings):
-    from apps.credentials import services as credential_services
-
     settings.GRIDGATE_CREDENTIALS_KEY = [SEALING_KEY]
     monkeypatch.setenv("GRIDGATE_CRED_FC_ID", "gridgate-client")
     monkeypatch.setenv("GRIDGATE_CRED_FC_SECRET", FirecrestDriver.secret)

@@ -6,6 +6,7 @@ from apps.backends import files, registry
 from apps.backends.base import BackendState, LaunchOptions
 from apps.backends.fake import FakeBackend
 from apps.backends.local import LocalBackend
+from apps.backends.runai import RunaiBackend
 from apps.backends.slurm import SlurmBackend
 
 
@@ -30,8 +31,6 @@ def test_registry_maps_pool_kinds_to_backends(settings):
 
 def test_every_pool_kind_runs_cases_by_default_runai_included(settings):
     """A Run:AI pool runs cases (SPEC §6); the default mapping serves every kind."""
-    from apps.backends.runai import RunaiBackend
-
     settings.GRIDGATE_CASE_BACKENDS = None
     assert registry.backend_name_for_kind("runai") == "runai"
     assert isinstance(registry.get_backend("runai"), RunaiBackend)

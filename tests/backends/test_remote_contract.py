@@ -26,8 +26,10 @@ from django.utils import timezone
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired, JobRef, RemoteIdentity
 from apps.backends.remote import ProviderError, clear_clients
 from apps.backends.remote_common import scrub, secret_forms
+from apps.backends.services import check_launch_options
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseEvent, CaseStatus
+from apps.core.exceptions import Invalid
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourceClass, ResourcePool
@@ -45,6 +47,7 @@ from tests.backends.conftest import (
     wait_until,
 )
 from tests.cases.conftest import launched
+from tests.resources.test_admin import inline_data, pool_form
 
 pytestmark = pytest.mark.django_db
 
@@ -370,9 +373,6 @@ def test_a_users_credential_never_appears_in_responses_logs_or_the_admin_and_is_
 
 
 def test_a_connected_user_chooses_among_the_options_their_own_account_sees(driver, ada, bob, api):
-    from apps.backends.services import check_launch_options
-    from apps.core.exceptions import Invalid
-
     url = f"/api/v1/resource-classes/{driver.pool.classes.get().pk}/launch-options/"
 
     def choices(user):
@@ -526,8 +526,6 @@ def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, sta
 def test_f3_a_pool_moved_in_the_admin_ends_its_connections_and_says_so(driver, ada, admin_client):
     """F3 through the admin's pool form, a save path of its own: the connections made against the
     old provider URLs end, and the page tells the administrator how many users must reconnect."""
-    from tests.resources.test_admin import inline_data, pool_form
-
     driver.connect(ada)
     pool, klass = driver.pool, driver.pool.classes.get()
     remote = {**pool.remote, **dict.fromkeys(driver.url_keys, "https://elsewhere.example.org")}

@@ -3,6 +3,7 @@ URL they are sent to; only GRIDGATE_CRED_* variables may be named, and only staf
 model's permission write pools, classes and devices."""
 
 import pytest
+from django.contrib.auth.models import Permission
 
 from apps.backends.qarnot import QarnotBackend
 from apps.resources.models import ResourcePool
@@ -103,8 +104,6 @@ def test_pool_class_and_device_writes_need_the_model_permission_not_just_staff(
 
 
 def test_a_pool_write_that_edits_classes_needs_the_class_permissions_too(api, bare_staff, local_pool):
-    from django.contrib.auth.models import Permission
-
     bare_staff.user_permissions.add(Permission.objects.get(codename="change_resourcepool"))
     client = api(bare_staff)
     rc = local_pool.classes.get()
