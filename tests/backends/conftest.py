@@ -81,25 +81,24 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
+def _required_or_skip(reason: str, what: str = "sandbox", variable: str = "GRIDGATE_SANDBOX_TESTS"):
+    """Skip the ``what`` tests with the reason outside CI; under CI=true (or ``variable``=1) fail them."""
+    if os.environ.get("CI", "").lower() == "true" or os.environ.get(variable) == "1":
+        pytest.fail(f"{what} tests are required here (CI/{variable}) but {reason}")
+    pytest.skip(f"{what} not available: {reason}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """Skip Slurm tests with the reason outside CI; under CI=true a missing cluster fails them."""
     reason = slurm_unavailable_reason()
     if reason:
-        if os.environ.get("CI", "").lower() == "true" or os.environ.get("GRIDGATE_SLURM_TESTS") == "1":
-            pytest.fail(f"Slurm tests are required here (CI/GRIDGATE_SLURM_TESTS) but {reason}")
-        pytest.skip(f"Slurm not available: {reason}")
+        _required_or_skip(reason, "Slurm", "GRIDGATE_SLURM_TESTS")
     return True
 
 
 #: Unix accounts the isolation tests run cases as (R-CASE-8); .ci/run creates them too.
 TEST_ACCOUNTS = ("gridgate-test1", "gridgate-test2", "gridgate-sandbox")
-
-
-def _required_or_skip(reason: str):
-    if os.environ.get("CI", "").lower() == "true" or os.environ.get("GRIDGATE_SANDBOX_TESTS") == "1":
-        pytest.fail(f"sandbox tests are required here (CI/GRIDGATE_SANDBOX_TESTS) but {reason}")
-    pytest.skip(f"sandbox not available: {reason}")
 
 
 @pytest.fixture(scope="session")
