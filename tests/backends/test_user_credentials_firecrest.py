@@ -285,9 +285,16 @@ def test_doctor_of_a_per_user_pool_checks_the_key_and_the_public_client(user_poo
 def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_working(
     driver, user_pool, double, ada, make_case, settings
 ):
+    """A credential no configured key opens (the old key dropped too early) is reported and left as
+    it was, for its user to reconnect or the old key to be put back."""
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
+    before = raw_sealed(connection.pk)
     new_key = Fernet.generate_key().decode()
+    settings.GRIDGATE_CREDENTIALS_KEY = [new_key]  # the old key dropped too early
+    with pytest.raises(CommandError, match=f"ids {connection.pk}"):
+        call_command("reseal_connections")
+    assert raw_sealed(connection.pk) == before  # left as it was: the old key can still be put back
     settings.GRIDGATE_CREDENTIALS_KEY = [new_key, KEY]  # the new key first, the old one still opens
     call_command("reseal_connections")
     settings.GRIDGATE_CREDENTIALS_KEY = [new_key]  # the old key dropped
@@ -297,18 +304,6 @@ def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_wor
     case = launched(driver.case(make_case, ada, "true"))
     assert case.status == CaseStatus.PENDING, case.last_error
     assert wait_for_terminal(case).status == CaseStatus.DONE
-
-
-def test_a_credential_no_configured_key_opens_is_reported_and_left_for_its_user_to_reconnect(
-    driver, user_pool, double, ada, settings
-):
-    driver.connect(ada)
-    connection = RemoteConnection.objects.get(user=ada)
-    before = raw_sealed(connection.pk)
-    settings.GRIDGATE_CREDENTIALS_KEY = [Fernet.generate_key().decode()]  # the old key dropped too early
-    with pytest.raises(CommandError, match=f"ids {connection.pk}"):
-        call_command("reseal_connections")
-    assert raw_sealed(connection.pk) == before  # left as it was: the old key can still be put back
 
 
 def test_r_cred_2_credentials_do_not_change_while_cases_of_the_pool_run(user_pool, double, ada, make_case, api, staff):
