@@ -142,9 +142,9 @@ def bob(db):
     return get_user_model().objects.create_user("bob", password="pw")
 
 
-def browser(user) -> Client:
-    """A browser logged in as ``user`` (the connections pages)."""
-    client = Client()
+def browser(user, **options) -> Client:
+    """A browser logged in as ``user`` (the connections pages); ``options`` go to the test client."""
+    client = Client(**options)
     client.force_login(user)
     return client
 

@@ -20,7 +20,6 @@ from django.contrib.admin.models import LogEntry
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import connection as db_connection
-from django.test import Client
 from django.utils import timezone
 
 from apps.backends.base import AlreadyFinished, BackendError, CredentialsRequired, JobRef, RemoteIdentity
@@ -286,9 +285,7 @@ def test_two_first_pastes_at_once_keep_one_connection_and_neither_answers_500(dr
 
     monkeypatch.setattr(session, "account_of", classmethod(account_of))
     form = dict(zip(driver.fields, driver.credentials["ada"], strict=True))
-    clients = [Client(raise_request_exception=False) for _ in range(2)]
-    for client in clients:
-        client.force_login(ada)
+    clients = [browser(ada, raise_request_exception=False) for _ in range(2)]
 
     def paste(client):
         try:
