@@ -17,11 +17,11 @@ import pytest
 from django.utils import timezone
 
 from apps.backends.base import BackendStatus, JobRef
-from apps.backends.slurm import SlurmBackend, map_state, parse_elapsed
+from apps.backends.slurm import SlurmBackend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import submit_spec, wait_for_terminal
+from tests.backends.conftest import poll_until, submit_spec, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
@@ -243,38 +243,6 @@ def make_slurm_case(client, rc, command, data=None):
     return response.json()["id"]
 
 
-def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tmp_path):
-    """R-CASE-1: sbatch may have queued the job before its answer timed out."""
-    from apps.backends import slurm
-    from apps.backends.base import SubmitUncertain
-
-    def hung(*args, **kwargs):
-        raise subprocess.TimeoutExpired(args[0], slurm.TIMEOUT)
-
-    monkeypatch.setattr(slurm.subprocess, "run", hung)
-    with pytest.raises(SubmitUncertain):
-        slurm.run(["sbatch", "--parsable", "job.sh"], timeout_error=SubmitUncertain)
-    with pytest.raises(SubmitUncertain):
-        SlurmBackend().submit(submit_spec(str(uuid.uuid4()), tmp_path))
-
-
-def test_sacct_lookups_look_back_past_midnight(monkeypatch):
-    """A job submitted yesterday is still found by name (no second submission) and polled."""
-    from apps.backends import slurm
-
-    seen = []
-
-    def fake_run(args, **kwargs):
-        seen.append(args)
-        return subprocess.CompletedProcess(args, 0, "", "")
-
-    monkeypatch.setattr(slurm, "run", fake_run)
-    SlurmBackend().find(submit_spec("c", Path("/tmp")))  # noqa: S108
-    SlurmBackend()._sacct(["12"])
-    sacct = [args for args in seen if args[0] == "sacct"]
-    assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
-
-
 def test_a_slurm_job_runs_within_its_class_wall_time_not_unlimited(slurm_pool, make_case):
     """F15: the job's TimeLimit is the class's wall time (Slurm showed UNLIMITED before)."""
     rc = slurm_pool.classes.get()
@@ -300,21 +268,12 @@ def test_failing_slurm_job_ends_failed(slurm_pool, make_case):
 def test_scancel_ends_cancelled(slurm_pool, make_case, request):
     case = launched(make_case(resource_class=slurm_pool.classes.get(), command="sleep 300"))
     request.addfinalizer(lambda: subprocess.run(["scancel", case.remote_id], capture_output=True, check=False))
-    deadline = time.monotonic() + 60
-    while case.status != CaseStatus.RUNNING and time.monotonic() < deadline:
-        passes.poll_pass(case_ids=[case.id])
-        case.refresh_from_db()
-        time.sleep(0.3)
-    assert case.status == CaseStatus.RUNNING
+    case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING, timeout=60)
     case = services.cancel_case(case)
     assert case.status == CaseStatus.CANCELLED
     state = SlurmBackend().poll(passes.job_ref(case))
     assert state.status in (BackendStatus.CANCELLED, BackendStatus.RUNNING)  # RUNNING = still completing
-    deadline = time.monotonic() + 30
-    while state.status != BackendStatus.CANCELLED and time.monotonic() < deadline:
-        time.sleep(0.3)
-        state = SlurmBackend().poll(passes.job_ref(case))
-    assert state.status == BackendStatus.CANCELLED
+    wait_until(lambda: SlurmBackend().poll(passes.job_ref(case)).status == BackendStatus.CANCELLED, timeout=30)
 
 
 def test_retried_launch_adopts_the_slurm_job_by_name(slurm_pool, make_case):
@@ -397,17 +356,21 @@ def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
     wait_for_terminal(case, timeout=90)
 
 
-def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, make_case, slurm_pool):
-    """Runs last in the module: the job was submitted when the module started."""
-    root, case_id, job_id, remote = aged_job
-    deadline = time.monotonic() + 150  # MinJobAge (5 s) + slurmctld's ~60 s purge cycle
+def wait_forgotten(job_id: str):
+    """Until slurmctld has forgotten the job: MinJobAge (5 s) + its ~60 s purge cycle."""
+    deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         known = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
         if job_id not in known.stdout.split():
-            break
+            return
         time.sleep(1)
-    else:
-        pytest.fail(f"job {job_id} never aged out of slurmctld")
+    pytest.fail(f"job {job_id} never aged out of slurmctld")
+
+
+def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, make_case, slurm_pool):
+    """Runs last in the module: the job was submitted when the module started."""
+    root, case_id, job_id, remote = aged_job
+    wait_forgotten(job_id)
 
     settings.GRIDGATE_CASES_ROOT = root / "cases"
     pool = ResourcePool.objects.create(name="aged", kind="slurm", public=True, remote=remote)
@@ -441,14 +404,7 @@ def test_a_forgotten_job_whose_completion_log_cannot_be_read_ends_failed_saying_
     minutes, then for good); it ends failed, with the reason and the operator's fix."""
     root, case_id, job_id, remote, conf = forgotten_failure
     monkeypatch.setenv("SLURM_CONF", str(DEFAULT_CONF))
-    deadline = time.monotonic() + 150  # MinJobAge (5 s) + slurmctld's ~60 s purge cycle
-    while time.monotonic() < deadline:
-        known = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
-        if job_id not in known.stdout.split():
-            break
-        time.sleep(1)
-    else:
-        pytest.fail(f"job {job_id} never aged out of slurmctld")
+    wait_forgotten(job_id)
     monkeypatch.setenv("SLURM_CONF", str(conf))
     for name in ("stdout.log", "stderr.log"):
         (root / "cases" / case_id / name).touch()
@@ -456,56 +412,6 @@ def test_a_forgotten_job_whose_completion_log_cannot_be_read_ends_failed_saying_
     assert state.status == BackendStatus.FAILED
     assert "fatal: open" in state.message and "JobCompLoc" in state.message
     assert "no mesh" in (root / "cases" / case_id / "stderr.log").read_text()  # its output came back
-
-
-def _slurm_answers(monkeypatch, answers: dict[tuple, tuple[int, str, str]]):
-    from apps.backends import slurm
-
-    def fake_run(args, **kwargs):
-        key = tuple(args[:2]) if args[:2] == ["sacct", "-c"] else (args[0],)
-        code, out, err = answers[key]
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    monkeypatch.setattr(slurm, "run", fake_run)
-
-
-NO_ACCOUNTING = (1, "", "Slurm accounting storage is disabled\n")
-
-
-@pytest.mark.parametrize(
-    "plain, log, ends",
-    [
-        (NO_ACCOUNTING, (1, "", "sacct: fatal: open /var/log/slurm/jobcomp.log: Permission denied\n"), True),
-        # Nothing lasting: slurmdbd unreachable; a log that answered without the job (not yet written).
-        (
-            (1, "", "sacct: error: slurm_persist_conn_open: Connection refused\n"),
-            (1, "", "Slurm job completion is disabled\n"),
-            False,
-        ),
-        (NO_ACCOUNTING, (0, "", ""), False),
-    ],
-)
-def test_a_job_slurmctld_forgot_ends_failed_only_when_its_record_cannot_be_read_for_good(
-    monkeypatch, tmp_path, plain, log, ends
-):
-    """Slurm 22.05's own words: with no slurmdbd, plain sacct says "accounting storage is
-    disabled" and ``sacct -c`` on a log it cannot open "fatal: open …". Only that is lasting; a
-    slurmdbd that does not answer, or a record without the job yet, stays a failed poll (R-CASE-3)."""
-    _slurm_answers(monkeypatch, {("squeue",): (0, "", ""), ("sacct",): plain, ("sacct", "-c"): log})
-    state = SlurmBackend().poll_many([JobRef("c", "12", tmp_path, {})])["12"]
-    if ends:
-        assert state.status == BackendStatus.FAILED and "Permission denied" in state.message
-    else:
-        assert isinstance(state, Exception) and "does not know" in str(state)
-
-
-def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
-    assert map_state("COMPLETED") == "succeeded"
-    assert map_state("CANCELLED by 0") == "cancelled"
-    assert map_state("OUT_OF_MEMORY") == "failed"
-    assert map_state("COMPLETING") == "running"
-    assert map_state("SOME_NEW_STATE") == "pending"
-    assert parse_elapsed("1-02:03:04") == 93784 and parse_elapsed("5:07") == 307
 
 
 def test_a_held_jobs_reason_from_squeue_reaches_the_case(slurm_pool, make_case, request):

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from apps.backends import slurm
-from apps.backends.base import BackendError, BackendStatus, JobRef, SubmitSpec, SubmitUncertain
+from apps.backends.base import BackendError, BackendStatus, JobRef, SubmitUncertain
 from apps.backends.slurm import SlurmBackend
+from tests.backends.conftest import submit_spec
 
 CASE = str(uuid.uuid4())
 
@@ -87,30 +88,86 @@ def test_squeue_pending_reason_reaches_the_state_message(monkeypatch, tmp_path):
 
 def test_find_by_name_reads_accounting_for_a_job_slurmctld_forgot(monkeypatch):
     fake_slurm(monkeypatch, {"squeue": (0, "", ""), ("sacct", False): (0, f"12|{CASE}\n12.batch|batch\n", "")})
-    spec = SubmitSpec(CASE, "true", Path("/nonexistent"), {}, {}, [], {}, {}, [])
-    assert SlurmBackend().find(spec) == "12"
+    assert SlurmBackend().find(submit_spec(CASE, Path("/nonexistent"))) == "12"
 
 
 @pytest.mark.parametrize(
-    "stderr",
+    ("stderr", "uncertain"),
     [
-        "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\n",
-        "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n",
+        ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\n", True),
+        ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n", True),
+        ("sbatch: error: Batch job submission failed: Requested node configuration is not available\n", False),
     ],
 )
-def test_sbatch_that_lost_its_controller_is_an_uncertain_submission_not_a_failure(monkeypatch, stderr):
+def test_sbatch_that_lost_its_controller_is_an_uncertain_submission_and_a_refusal_a_permanent_error(
+    monkeypatch, stderr, uncertain
+):
     monkeypatch.setattr(slurm.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1, "", stderr))
-    with pytest.raises(SubmitUncertain) as uncertain:
+    with pytest.raises(BackendError) as failed:
         slurm.run(["sbatch", "--parsable", "job.sh"], timeout_error=SubmitUncertain)
-    assert uncertain.value.timeout and uncertain.value.transient  # facts as attributes, not text
+    assert isinstance(failed.value, SubmitUncertain) is uncertain
+    assert failed.value.transient is uncertain and failed.value.timeout is uncertain  # facts as attributes, not text
 
 
-def test_an_sbatch_refusal_stays_a_permanent_error(monkeypatch):
-    stderr = "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"
-    monkeypatch.setattr(slurm.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1, "", stderr))
-    with pytest.raises(BackendError) as refused:
+def test_sbatch_timeout_is_an_uncertain_submission_not_a_failure(monkeypatch, tmp_path):
+    """R-CASE-1: sbatch may have queued the job before its answer timed out."""
+
+    def hung(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], slurm.TIMEOUT)
+
+    monkeypatch.setattr(slurm.subprocess, "run", hung)
+    with pytest.raises(SubmitUncertain):
         slurm.run(["sbatch", "--parsable", "job.sh"], timeout_error=SubmitUncertain)
-    assert not isinstance(refused.value, SubmitUncertain) and not refused.value.transient
+    with pytest.raises(SubmitUncertain):
+        SlurmBackend().submit(submit_spec(str(uuid.uuid4()), tmp_path))
+
+
+def test_sacct_lookups_look_back_past_midnight(monkeypatch):
+    """A job submitted yesterday is still found by name (no second submission) and polled."""
+    calls = fake_slurm(monkeypatch, {})
+    SlurmBackend().find(submit_spec("c", Path("/tmp")))  # noqa: S108
+    SlurmBackend()._sacct(["12"])
+    sacct = [args for args in calls if args[0] == "sacct"]
+    assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
+
+
+NO_ACCOUNTING = (1, "", "Slurm accounting storage is disabled\n")
+
+
+@pytest.mark.parametrize(
+    "plain, log, ends",
+    [
+        (NO_ACCOUNTING, (1, "", "sacct: fatal: open /var/log/slurm/jobcomp.log: Permission denied\n"), True),
+        # Nothing lasting: slurmdbd unreachable; a log that answered without the job (not yet written).
+        (
+            (1, "", "sacct: error: slurm_persist_conn_open: Connection refused\n"),
+            (1, "", "Slurm job completion is disabled\n"),
+            False,
+        ),
+        (NO_ACCOUNTING, (0, "", ""), False),
+    ],
+)
+def test_a_job_slurmctld_forgot_ends_failed_only_when_its_record_cannot_be_read_for_good(
+    monkeypatch, tmp_path, plain, log, ends
+):
+    """Slurm 22.05's own words: with no slurmdbd, plain sacct says "accounting storage is
+    disabled" and ``sacct -c`` on a log it cannot open "fatal: open …". Only that is lasting; a
+    slurmdbd that does not answer, or a record without the job yet, stays a failed poll (R-CASE-3)."""
+    fake_slurm(monkeypatch, {"squeue": (0, "", ""), ("sacct", False): plain, ("sacct", True): log})
+    state = SlurmBackend().poll_many([JobRef("c", "12", tmp_path, {})])["12"]
+    if ends:
+        assert state.status == BackendStatus.FAILED and "Permission denied" in state.message
+    else:
+        assert isinstance(state, Exception) and "does not know" in str(state)
+
+
+def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
+    """Slurm's durations (``parse_elapsed``) are tests/backends/unit/test_durations.py's."""
+    assert slurm.map_state("COMPLETED") == "succeeded"
+    assert slurm.map_state("CANCELLED by 0") == "cancelled"
+    assert slurm.map_state("OUT_OF_MEMORY") == "failed"
+    assert slurm.map_state("COMPLETING") == "running"
+    assert slurm.map_state("SOME_NEW_STATE") == "pending"
 
 
 def test_doctor_accepts_accounting_and_never_tells_a_slurmdbd_site_to_run_slurmdbd(monkeypatch):
