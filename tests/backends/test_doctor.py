@@ -2,12 +2,15 @@
 
 import io
 import os
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
+from django.utils import timezone
 
 from apps.backends.remote import clear_clients
+from apps.core import hosts, tasks
 from apps.resources.models import ResourceClass, ResourcePool
 
 pytestmark = pytest.mark.django_db
@@ -167,38 +170,35 @@ def test_doctor_never_prints_a_secret_from_a_crashing_check(monkeypatch, capsys)
 
 def heartbeat_as(host: str, root):
     """A worker host's heartbeat, writing its marker under the cases root as that host sees it."""
-    from apps.core import tasks
-
     with override_settings(GRIDGATE_WORKER_HOST=host, GRIDGATE_CASES_ROOT=root):
         tasks.heartbeat()
 
 
-def test_doctor_sees_every_live_worker_hosts_marker_on_a_shared_cases_root(settings, tmp_path):
-    """Remote-backend workspaces are read and written by any worker host."""
+@pytest.mark.parametrize(("backend", "hosts"), [("slurm", ("host-a", "host-b")), ("local", ("solo",))])
+def test_doctor_sees_every_live_worker_hosts_marker_on_a_shared_cases_root(settings, tmp_path, backend, hosts):
+    """Remote-backend workspaces are read and written by any worker host; a single host sees its
+    own marker under its own root."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "shared"
-    heartbeat_as("host-a", tmp_path / "shared")
-    heartbeat_as("host-b", tmp_path / "shared")
-    code, out = doctor("--backend", "slurm")
-    assert "OK    [site] cases root shared:" in out and "host-a, host-b" in out
+    for host in hosts:
+        heartbeat_as(host, tmp_path / "shared")
+    code, out = doctor("--backend", backend)
+    assert "OK    [site] cases root shared:" in out and ", ".join(hosts) in out
 
 
-def test_doctor_fails_naming_a_live_host_that_does_not_share_the_cases_root(settings, tmp_path):
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+def test_doctor_fails_naming_a_live_host_that_does_not_share_the_cases_root(settings, tmp_path, backend):
+    """The web writes a local case's inputs and serves its results from the cases root, and any
+    worker host may submit its launch: local cases need the shared root as well."""
     settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
     heartbeat_as("host-a", tmp_path / "a")
     heartbeat_as("host-b", tmp_path / "b")  # its own local disk: its marker is not visible here
-    code, out = doctor("--backend", "slurm")
+    code, out = doctor("--backend", backend)
     assert code == 1
     line = next(line for line in out.splitlines() if "cases root shared" in line)
     assert line.startswith("FAIL  [site]") and "host(s) host-b:" in line and "shared file system" in line
 
 
 def test_doctor_ignores_an_old_marker_left_from_when_the_root_was_shared(settings, tmp_path):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from apps.core import hosts
-
     settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
     heartbeat_as("host-b", tmp_path / "b")  # it beats now, through a root of its own
     long_ago = timezone.now() - timedelta(seconds=settings.GRIDGATE_WORKER_STALE_SECONDS + 5)
@@ -211,33 +211,9 @@ def test_doctor_ignores_an_old_marker_left_from_when_the_root_was_shared(setting
 def test_doctor_accepts_a_marker_an_nfs_cache_still_shows_from_an_earlier_beat(settings, tmp_path):
     """NFS serves a name from its caches for 30-60 s: the marker seen may be several beats old.
     Recent enough is within GRIDGATE_WORKER_STALE_SECONDS, not a few seconds of the last beat."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from apps.core import hosts
-
     settings.GRIDGATE_CASES_ROOT = tmp_path / "shared"
     settings.GRIDGATE_WORKER_STALE_SECONDS = 60
     heartbeat_as("host-a", tmp_path / "shared")
     hosts.write_marker("host-a", timezone.now() - timedelta(seconds=40))  # what the cache still shows
     code, out = doctor("--backend", "slurm")
     assert "OK    [site] cases root shared:" in out and "host-a" in out
-
-
-def test_doctor_checks_the_shared_root_for_local_cases_too(settings, tmp_path):
-    """The web writes a local case's inputs and serves its results from the cases root, and any
-    worker host may submit its launch: local cases need the shared root as well."""
-    settings.GRIDGATE_CASES_ROOT = tmp_path / "a"
-    heartbeat_as("host-b", tmp_path / "b")
-    code, out = doctor("--backend", "local")
-    assert code == 1
-    line = next(line for line in out.splitlines() if "cases root shared" in line)
-    assert line.startswith("FAIL  [site]") and "host(s) host-b:" in line
-
-
-def test_doctor_passes_the_shared_root_check_on_a_single_host(settings, tmp_path):
-    settings.GRIDGATE_CASES_ROOT = tmp_path / "cases"
-    heartbeat_as("solo", tmp_path / "cases")  # its own marker is visible under its own root
-    code, out = doctor("--backend", "local")
-    assert "OK    [site] cases root shared:" in out and "solo" in out
