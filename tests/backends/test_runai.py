@@ -11,7 +11,7 @@ import pytest
 import urllib3.util.retry
 
 from apps.backends import runai as rb
-from apps.backends.base import BackendStatus, JobRef
+from apps.backends.base import BackendStatus
 from apps.backends.runai import client as rb_client
 from apps.cases import passes, workspace
 from apps.cases.models import CaseStatus
@@ -32,10 +32,6 @@ def fresh(monkeypatch):
 @pytest.fixture
 def r_pool(driver):
     return driver.service_pool(name="runai", klass={"name": "a100", "cpu": "1.5"})
-
-
-def job_of(case, pool) -> JobRef:
-    return JobRef(str(case.id), case.remote_id, workspace.case_dir(case.id), pool.remote_config())
 
 
 def test_the_workload_asks_whole_cpus_the_class_memory_and_mounts_only_its_own_directory(r_pool, make_case, double):
@@ -60,20 +56,10 @@ def test_a_workload_deleted_at_runai_ends_the_case_cancelled(r_pool, make_case, 
     """GET /workloads/{id} answers 404 for a deleted workload: it is found among the deleted ones."""
     case = launch(make_case, r_pool, "sleep 30")
     case = poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
-    rb.RunaiBackend().cancel(job_of(case, r_pool))  # as if deleted in Run:AI's console
+    rb.RunaiBackend().cancel(passes.job_ref(case))  # as if deleted in Run:AI's console
     wait_until(lambda: double.workloads[case.remote_id].deleted, what="deletion")
-    state = rb.RunaiBackend().poll(job_of(case, r_pool))
+    state = rb.RunaiBackend().poll(passes.job_ref(case))
     assert state.status == BackendStatus.CANCELLED and "deleted at Run:AI" in state.message
-
-
-def test_a_token_refused_before_its_exp_is_renewed_mid_poll(r_pool, make_case, double):
-    case = launch(make_case, r_pool, "sleep 1")
-    issued = double.token_requests
-    double.expire_tokens()  # revoked server-side: runapy still thinks its token is good
-    state = rb.RunaiBackend().poll(job_of(case, r_pool))
-    assert state.status in (BackendStatus.PENDING, BackendStatus.RUNNING)
-    assert double.token_requests == issued + 1
-    assert wait_for_terminal(case).status == CaseStatus.DONE
 
 
 def test_runapys_refresher_asks_a_new_token_before_exp(r_pool, make_case, double):
@@ -82,28 +68,17 @@ def test_runapys_refresher_asks_a_new_token_before_exp(r_pool, make_case, double
     double.token_lifetime = 30
     case = launch(make_case, r_pool, "true")
     before = double.token_requests
-    rb.RunaiBackend().poll(job_of(case, r_pool))
+    rb.RunaiBackend().poll(passes.job_ref(case))
     assert double.token_requests > before
     assert not any(path == "/api/v1/token" for _method, path in double.calls)
 
 
-def test_429_and_5xx_answers_to_a_poll_are_retried_and_then_answer(r_pool, make_case, double):
-    case = launch(make_case, r_pool, "sleep 1")
-    path = f"/api/v1/workloads/{case.remote_id}$"
-    double.fault(path, status=503, times=1, method="GET")
-    double.fault(path, status=429, times=1, method="GET", headers={"Retry-After": "0"})
-    double.calls.clear()
-    state = rb.RunaiBackend().poll(job_of(case, r_pool))
-    assert state.status in (BackendStatus.PENDING, BackendStatus.RUNNING)
-    assert double.calls.count(("GET", f"/api/v1/workloads/{case.remote_id}")) == 3
-
-
-def test_a_retry_after_longer_than_the_cap_is_not_waited_for_and_the_next_pass_retries(
+def test_a_poll_answered_5xx_or_429_is_retried_but_a_retry_after_longer_than_the_cap_is_left_to_the_next_pass(
     r_pool, make_case, double, monkeypatch
 ):
-    """A ``Retry-After`` up to ``RETRY_AFTER_MAX`` is waited for and the GET asked again; a longer
-    one gives up at once (one request, no wait: a pass stays bounded), the poll counts as failed
-    and the next pass asks again. The sleeps asked for are recorded, not slept."""
+    """A 5xx or a 429 is asked again within the poll, a ``Retry-After`` up to ``RETRY_AFTER_MAX``
+    waited for; a longer one gives up at once (one request, no wait: a pass stays bounded), the
+    poll counts as failed and the next pass asks again. The sleeps asked for are recorded, not slept."""
     sleeps = []
     clock = SimpleNamespace(sleep=sleeps.append, time=time.time, monotonic=time.monotonic)
     monkeypatch.setattr(urllib3.util.retry, "time", clock)  # the transport's waits
@@ -113,10 +88,11 @@ def test_a_retry_after_longer_than_the_cap_is_not_waited_for_and_the_next_pass_r
     assert case.status == CaseStatus.PENDING, case.last_error
     path = f"/api/v1/workloads/{case.remote_id}"
 
+    double.fault(f"{path}$", status=503, times=1, method="GET")
     double.fault(f"{path}$", status=429, times=1, method="GET", headers={"Retry-After": "2"})
     double.calls.clear()
-    assert rb.RunaiBackend().poll(job_of(case, r_pool)).status == BackendStatus.PENDING
-    assert sleeps == [2] and double.calls.count(("GET", path)) == 2
+    assert rb.RunaiBackend().poll(passes.job_ref(case)).status == BackendStatus.PENDING
+    assert sleeps == [2] and double.calls.count(("GET", path)) == 3
 
     sleeps.clear()
     double.calls.clear()
@@ -203,11 +179,7 @@ def test_a_fraction_of_a_gpu_is_sent_as_a_portion_of_each_device(driver, double,
     case = launch(make_case, pool, "true", launch_options={"gpu_portion": "0.5"})
     assert case.status == CaseStatus.PENDING, case.last_error
     compute = double.workloads[case.remote_id].body["spec"]["compute"]
-    assert (compute["gpuRequestType"], compute["gpuDevicesRequest"], compute["gpuPortionRequest"]) == (
-        "portion",
-        2,
-        0.5,
-    )
+    assert [compute[key] for key in ("gpuRequestType", "gpuDevicesRequest", "gpuPortionRequest")] == ["portion", 2, 0.5]
 
 
 def test_a_fraction_of_a_gpu_is_refused_for_a_class_without_gpus_and_outside_the_choices(double, make_case, r_pool):
