@@ -14,7 +14,7 @@ from apps.backends.firecrest import backend as fc_backend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import FirecrestDriver, launch, wait_for_terminal, wait_until
+from tests.backends.conftest import FirecrestDriver, launch, poll_once, poll_until, wait_for_terminal, wait_until
 from tests.doubles.firecrest_server import FirecrestDouble
 
 pytestmark = pytest.mark.django_db
@@ -60,18 +60,19 @@ def test_job_unknown_right_after_submit_is_a_failed_poll_then_recovers(fc_pool, 
     """R-CASE-3: FirecREST's transient 404 just after submit changes nothing but the counters."""
     double.hide_new_jobs = 2  # hidden from the listing and from the single lookup
     case = launch(make_case, fc_pool, "true")
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+    case = poll_once(case)
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE
 
 
-def test_uncertain_submit_keeps_the_case_prepared_and_the_retry_adopts_the_job(fc_pool, make_case, double):
-    """R-CASE-1: the job is not listed yet after the timeout: the case stays prepared, the submit
-    pass retries later and finds the job by name instead of submitting a second one."""
-    double.fault(f"/compute/{double.system}/jobs$", method="POST", delay=6, after=True)
-    double.hide_new_jobs = 3  # the lookups right after the timeout do not see it yet
+@pytest.mark.parametrize("answer", [{"delay": 6}, {"drop": True}], ids=["late", "dropped"])
+def test_uncertain_submit_keeps_the_case_prepared_and_the_retry_adopts_the_job(fc_pool, make_case, double, answer):
+    """R-CASE-1: the submission timed out, or its connection dropped after it was sent, and the job
+    is not listed yet: the case stays prepared, the submit pass retries later and finds the job by
+    name instead of submitting a second one."""
+    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, **answer)
+    double.hide_new_jobs = fc_backend.FIND_AFTER_TIMEOUT_ATTEMPTS  # the lookups right after it do not see it yet
     case = launch(make_case, fc_pool, "true")
     assert case.status == CaseStatus.PREPARED and case.launch_requested_at and "uncertain" in case.last_error
     Case.objects.filter(pk=case.pk).update(lease_until=None)  # the back-off has passed
@@ -196,11 +197,6 @@ def running(make_case, pool, double, command="while [ ! -e go ]; do sleep 0.1; d
     return case, work, job
 
 
-def _utf8_output() -> bytes:
-    lines = [f"line {i}: é€😀 {'x' * (i % 7)}\n" for i in range(120)]
-    return "".join(lines).encode()
-
-
 @pytest.mark.parametrize("polls", [1, 2, 50])
 def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_case, double, request, polls):
     """R-CASE-5 on the real server's tail (``tail --bytes=+N``, 1-based; 0 = the last 10 lines):
@@ -208,7 +204,7 @@ def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_
     file, multi-byte characters cut across polls included."""
     case, rdir, job = running(make_case, fc_pool, double)
     request.addfinalizer(double.reap)
-    data = _utf8_output()
+    data = "".join(f"line {i}: é€😀 {'x' * (i % 7)}\n" for i in range(120)).encode()
     # Cut at byte positions that split the 2-, 3- and 4-byte characters somewhere.
     cuts = [len(data) * (i + 1) // polls - (i % 3) for i in range(polls - 1)] + [len(data)]
     log = workspace.case_dir(case.id) / "stdout.log"
@@ -260,7 +256,7 @@ def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresse
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and case.poll_failures == 0, case.last_error
-    wait_until(lambda: passes.poll_pass(case_ids=[case.id]) and Case.objects.get(pk=case.pk).status == "running")
+    poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
     job.allocation_lookups = 3
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
@@ -274,8 +270,7 @@ def test_just_finished_job_missing_from_the_list_is_a_failed_poll_then_done(fc_p
     case = launch(make_case, fc_pool, "echo bye")
     job = double.user_jobs()[0]
     wait_until(lambda: job.proc.poll() is not None, what="the job to end")
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+    case = poll_once(case)
     assert case.status == CaseStatus.PENDING and case.poll_failures == 1 and "(yet)" in case.last_error
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE
@@ -314,7 +309,7 @@ def test_live_sync_sees_a_same_size_rewrite_within_the_same_second(fc_pool, make
     target = rdir / "work" / "out.txt"
     target.write_text("AAAA")
     stamp = target.stat().st_mtime
-    wait_until(lambda: passes.poll_pass(case_ids=[case.id]) and Case.objects.get(pk=case.pk).status == "running")
+    poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
     passes.sync_pass(case_ids=[case.id])
     live = workspace.case_dir(case.id) / "live" / "out.txt"
     assert live.read_text() == "AAAA"
@@ -331,13 +326,6 @@ def test_dropped_connection_after_submit_adopts_the_job(fc_pool, make_case, doub
     case = launch(make_case, fc_pool, "true")
     assert case.status == CaseStatus.PENDING, case.last_error
     assert len(double.user_jobs()) == 1 and case.remote_id.startswith(f"{double.user_jobs()[0].job_id}@")
-
-
-def test_dropped_connection_with_the_job_not_listed_yet_keeps_the_case_prepared(fc_pool, make_case, double):
-    double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
-    double.hide_new_jobs = 5
-    case = launch(make_case, fc_pool, "true")
-    assert case.status == CaseStatus.PREPARED and "uncertain" in case.last_error
     error = fc.Session({}).error("x", httpx.RemoteProtocolError("Server disconnected"))
     assert error.dropped and error.maybe_done and not error.permanent
 
