@@ -20,19 +20,20 @@ def double(tmp_path):
     server.stop()
 
 
-def token(double) -> str:
+def token(double, field="access_token"):
+    """``field`` of the token endpoint's answer to the service client."""
     answer = requests.post(
         double.token_uri,
         data={"grant_type": "client_credentials", "client_id": double.client_id, "client_secret": SECRET},
         timeout=5,
     )
-    return answer.json()["access_token"]
+    return answer.json()[field]
 
 
-def get(double, endpoint, **params):
-    return requests.get(
-        f"{double.url}{endpoint}", params=params, headers={"Authorization": f"Bearer {token(double)}"}, timeout=5
-    )
+def get(double, endpoint, bearer=None, **params):
+    """A GET with ``bearer``, else a fresh token of the service client."""
+    headers = {"Authorization": f"Bearer {bearer or token(double)}"}
+    return requests.get(f"{double.url}{endpoint}", params=params, headers=headers, timeout=5)
 
 
 def test_double_tail_is_tail_bytes_plus_n_one_based(double):
@@ -54,18 +55,13 @@ def test_double_tail_with_zero_bytes_returns_the_last_ten_lines(double):
 def test_double_refuses_a_token_with_less_than_30_seconds_left(double):
     value = token(double)
     double.expire_tokens_in(20)
-    answer = requests.get(f"{double.url}/status/systems", headers={"Authorization": f"Bearer {value}"}, timeout=5)
+    answer = get(double, "/status/systems", bearer=value)
     assert answer.status_code == 401 and "expires too soon" in answer.json()["message"]
 
 
 def test_double_issues_tokens_with_the_configured_lifetime(double):
     double.token_ttl = 45
-    answer = requests.post(
-        double.token_uri,
-        data={"grant_type": "client_credentials", "client_id": double.client_id, "client_secret": SECRET},
-        timeout=5,
-    )
-    assert answer.json()["expires_in"] == 45
+    assert token(double, "expires_in") == 45
 
 
 def submit(double, script="#!/bin/bash\n#SBATCH --job-name=case\nsleep 30\n"):
@@ -211,10 +207,7 @@ def test_double_revoking_a_user_refuses_their_refresh_and_access_tokens(double):
     double.revoke_user("ada")
     data = {"grant_type": "refresh_token", "client_id": double.public_client_id, "refresh_token": body["refresh_token"]}
     assert requests.post(double.token_uri, data=data, timeout=5).json()["error"] == "invalid_grant"
-    answer = requests.get(
-        f"{double.url}/status/systems", headers={"Authorization": f"Bearer {body['access_token']}"}, timeout=5
-    )
-    assert answer.status_code == 401
+    assert get(double, "/status/systems", bearer=body["access_token"]).status_code == 401
 
 
 def test_double_refuses_and_records_a_call_about_a_case_under_another_subject(double):
@@ -224,11 +217,6 @@ def test_double_refuses_and_records_a_call_about_a_case_under_another_subject(do
     double.expect_owner("case-1", "ada")
     service = get(double, "/compute/cluster/jobs", name="case-1")
     assert service.status_code == 403 and "case-1" in double.violations[0]
-    mine = requests.get(
-        f"{double.url}/compute/cluster/jobs",
-        params={"name": "case-1"},
-        headers={"Authorization": f"Bearer {body['access_token']}"},
-        timeout=5,
-    )
+    mine = get(double, "/compute/cluster/jobs", bearer=body["access_token"], name="case-1")
     assert mine.status_code == 200 and len(double.violations) == 1
     double.violations.clear()  # this test made the violation on purpose

@@ -29,20 +29,19 @@ def fresh(double):
     double.user = {"email": "gridgate@example.org", "maxBucket": 50, "quotaBytesBucket": 10 << 30}
 
 
-def post(double, path, body=None):
-    return requests.post(f"{double.url}{path}", json=body or {}, headers={"Authorization": TOKEN}, timeout=5)
+def post(double, path, body=None, token=TOKEN):
+    return requests.post(f"{double.url}{path}", json=body or {}, headers={"Authorization": token}, timeout=5)
 
 
-def submit(double, command="true", tags=("t",)):
-    body = {
-        "name": "task",
-        "profile": "docker-batch",
-        "instanceCount": 1,
-        "tags": list(tags),
-        "constants": [{"key": "DOCKER_CMD", "value": command}],
-    }
-    answer = post(double, "/tasks", body)
-    return answer
+def get(double, path, token=TOKEN):
+    return requests.get(f"{double.url}{path}", headers={"Authorization": token}, timeout=5)
+
+
+def submit(double, command="true", tags=("t",), **fields):
+    """A task running ``command``, with ``fields`` besides."""
+    constants = [{"key": "DOCKER_CMD", "value": command}]
+    body = {"name": "task", "profile": "docker-batch", "instanceCount": 1, "tags": list(tags), "constants": constants}
+    return post(double, "/tasks", {**body, **fields})
 
 
 def uuid_of(answer):
@@ -93,7 +92,7 @@ def test_double_abort_of_a_finished_task_answers_403_non_running(double):
 def test_double_reports_failures_per_instance_not_in_errors(double):
     uuid = uuid_of(submit(double, "sh -c 'exit 3'"))
     double.wait_state(uuid, ("Failure",))
-    body = requests.get(f"{double.url}/tasks/{uuid}", headers={"Authorization": TOKEN}, timeout=5).json()
+    body = get(double, f"/tasks/{uuid}").json()
     assert body["errors"] == []
     (instance,) = body["completedInstances"]
     assert instance["state"] == "Failure" and "code 3" in instance["error"]["message"]
@@ -105,14 +104,7 @@ def test_double_ends_a_task_it_cannot_store_in_failure_instead_of_leaving_it_run
     the cause instead of waiting out its timeout."""
     double.s3.create_bucket(Bucket="vanishing-results")
     double.hold = {"FullyExecuting"}
-    body = {
-        "name": "task",
-        "profile": "docker-batch",
-        "instanceCount": 1,
-        "constants": [{"key": "DOCKER_CMD", "value": "sh -c 'echo x > out.txt'"}],
-        "resultBucket": "vanishing-results",
-    }
-    uuid = uuid_of(post(double, "/tasks", body))
+    uuid = uuid_of(submit(double, "sh -c 'echo x > out.txt'", resultBucket="vanishing-results"))
     double.wait_state(uuid, ("FullyExecuting",))
     double.s3.delete_bucket(Bucket="vanishing-results")  # gone before the results are uploaded
     double.hold = set()
@@ -166,13 +158,12 @@ def test_double_answers_max_tasks_with_403_and_missing_credits_with_402(double):
 def test_double_hides_another_accounts_tasks_and_records_a_call_about_a_case_of_another_account(double):
     double.add_account("other-token", "other@example.org")
     uuid = submit(double).json()["uuid"]
-    other = requests.get(f"{double.url}/tasks/{uuid}", headers={"Authorization": "other-token"}, timeout=5)
-    assert other.status_code == 404  # another account's task does not exist for it
+    assert get(double, f"/tasks/{uuid}", token="other-token").status_code == 404  # another account's does not exist
     double.expect_owner("owned-case", "gridgate@example.org")
     body = {"name": "owned-case", "profile": "docker-batch", "instanceCount": 1}
-    refused = requests.post(f"{double.url}/tasks", json=body, headers={"Authorization": "other-token"}, timeout=5)
+    refused = post(double, "/tasks", body, token="other-token")
     assert refused.status_code == 403 and "owned-case" in double.violations[-1]
     double.revoke("other-token")
-    assert requests.get(f"{double.url}/info", headers={"Authorization": "other-token"}, timeout=5).status_code == 401
+    assert get(double, "/info", token="other-token").status_code == 401
     double.violations.clear()
     double.case_owners.clear()
