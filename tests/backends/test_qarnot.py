@@ -9,7 +9,7 @@ import pytest
 from apps.backends import qarnot as qb
 from apps.backends.base import AlreadyFinished, BackendStatus
 from apps.cases import passes, services, workspace
-from apps.cases.models import Campaign, CaseStatus
+from apps.cases.models import Campaign, Case, CaseStatus
 from apps.core.exceptions import Invalid
 from tests.backends.conftest import launch, poll_until
 
@@ -144,16 +144,13 @@ def test_abort_refused_as_non_running_is_already_finished_by_the_tasks_state(q_p
 
 def test_maximum_number_of_tasks_keeps_the_case_prepared_and_the_retry_submits(q_pool, make_case, double):
     """403 "maximum number of tasks reached" is temporary: retried later, never a failure."""
-    double.max_tasks = 0
+    double.max_tasks = 0  # the double is the test's own: nothing to restore after a failure
     count = len(double.tasks)
-    try:
-        case = launch(make_case, q_pool, "true")
-        assert case.status == CaseStatus.PREPARED and "task slot" in case.last_error
-        assert len(double.tasks) == count
-    finally:
-        double.max_tasks = None
-    case.lease_until = None
-    case.save(update_fields=["lease_until"])
+    case = launch(make_case, q_pool, "true")
+    assert case.status == CaseStatus.PREPARED and "task slot" in case.last_error
+    assert len(double.tasks) == count
+    double.max_tasks = None
+    Case.objects.filter(pk=case.pk).update(lease_until=None)  # the back-off has passed
     passes.submit_pass()
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and len(double.tasks) == count + 1
@@ -164,10 +161,7 @@ def test_missing_credits_fail_the_launch_with_a_reference_to_the_reason_in_the_l
     reference (F18: never the provider's words); the operators find the reason under it."""
     caplog.set_level(logging.WARNING)
     double.credits = False
-    try:
-        case = launch(make_case, q_pool, "true")
-    finally:
-        double.credits = True
+    case = launch(make_case, q_pool, "true")
     assert case.status == CaseStatus.FAILED and "Qarnot task submission failed: the provider" in case.last_error
     reference = case.last_error.split("(reference ")[1].split(":")[0]
     logged = next(line for line in caplog.text.splitlines() if f"provider answer {reference}" in line)
