@@ -57,19 +57,25 @@ def slurm_pool(slurm_cluster, working_root, owner_account):
     return pool
 
 
+def early_job(root: Path, command: str, inputs: dict | None = None):
+    """A one-core job of a case under ``root`` (its workspace, with ``inputs``), submitted as the
+    service when the module starts: (case id, job id, the pool's remote)."""
+    case_id = str(uuid.uuid4())
+    ws = root / "cases" / case_id
+    for name in ("inputs", "results"):
+        (ws / name).mkdir(parents=True)
+    for name, text in (inputs or {}).items():
+        (ws / "inputs" / name).write_text(text)
+    remote = {"partition": "debug", "working_root": str(root / "scratch")}
+    spec = submit_spec(case_id, ws, command=command, pool_remote=remote, **ONE_CORE)
+    return case_id, SlurmBackend().submit(spec), remote
+
+
 @pytest.fixture(scope="module")
 def aged_job(slurm_cluster, tmp_path_factory):
     """Submitted when the module starts, so by the last test slurmctld has (nearly) purged it."""
     root = tmp_path_factory.mktemp("aged")
-    case_id = str(uuid.uuid4())
-    ws = root / "cases" / case_id
-    (ws / "inputs").mkdir(parents=True)
-    (ws / "results").mkdir()
-    (ws / "inputs" / "in.txt").write_text("aged input\n")
-    remote = {"partition": "debug", "working_root": str(root / "scratch")}
-    command = "cat in.txt > result.txt; echo aged"
-    spec = submit_spec(case_id, ws, command=command, pool_remote=remote, **ONE_CORE)
-    return root, case_id, SlurmBackend().submit(spec), remote
+    return root, *early_job(root, "cat in.txt > result.txt; echo aged", {"in.txt": "aged input\n"})
 
 
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")  # scripts/slurm-local.sh's cluster: no slurmdbd, jobcomp/filetxt
@@ -93,21 +99,9 @@ def forgotten_failure(unreadable_log_conf, tmp_path_factory):
     """A job that fails in its first second, submitted when the module starts (on the local
     cluster, as the service), so that by the end of the module slurmctld has forgotten it."""
     root = tmp_path_factory.mktemp("forgotten")
-    case_id = str(uuid.uuid4())
-    ws = root / "cases" / case_id
-    for name in ("inputs", "results"):
-        (ws / name).mkdir(parents=True)
-    remote = {"partition": "debug", "working_root": str(root / "scratch")}
-    spec = submit_spec(case_id, ws, command="echo 'no mesh' >&2; exit 3", pool_remote=remote, **ONE_CORE)
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(DEFAULT_CONF)
-    try:
-        job_id = SlurmBackend().submit(spec)
-    finally:
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLURM_CONF", str(DEFAULT_CONF))
+        case_id, job_id, remote = early_job(root, "echo 'no mesh' >&2; exit 3")
     return root, case_id, job_id, remote, unreadable_log_conf
 
 
