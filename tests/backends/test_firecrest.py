@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.core.cache import cache
 
 from apps.backends import firecrest as fc
 from apps.backends.base import BackendStatus
@@ -103,9 +104,8 @@ def test_slurm_states_map_to_backend_statuses(state, exit_code, expected):
     assert fc.map_state(state, exit_code) == expected
 
 
-def test_out_of_memory_ends_the_case_failed_with_the_state_in_the_message(fc_pool, make_case, double, request):
+def test_out_of_memory_ends_the_case_failed_with_the_state_in_the_message(fc_pool, make_case, double):
     case = launch(make_case, fc_pool, "sleep 30")
-    request.addfinalizer(double.reap)  # the sleep must not outlive the test
     double.force_state(double.user_jobs()[0].job_id, "OUT_OF_MEMORY", 0)
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.FAILED and "OUT_OF_MEMORY" in case.last_error
@@ -133,8 +133,6 @@ def test_r_back_6_options_outside_the_allow_list_are_400_on_firecrest(fc_pool, m
 
 def test_r_back_6_unreachable_firecrest_allows_only_the_configured_partition(fc_pool, make_case, double, api, owner):
     """Degraded (R-BACK-2): the provider's list is unknown, so only the pool's partition passes."""
-    from django.core.cache import cache
-
     cache.clear()
     double.partitions = ["debug", "normal"]
     double.fault("/partitions", status=503, times=5)
@@ -148,8 +146,6 @@ def test_r_back_6_unreachable_firecrest_allows_only_the_configured_partition(fc_
 def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_case, api, owner):
     """FirecREST's first partition ("normal") was the form's default and silently replaced the
     class's "debug". Now the class's partition is the only choice, healthy or not."""
-    from django.core.cache import cache
-
     cache.clear()
     double.partitions = ["normal", "debug"]
     remote = FirecrestDriver.remote(double, credentials="service")
@@ -198,12 +194,11 @@ def running(make_case, pool, double, command="while [ ! -e go ]; do sleep 0.1; d
 
 
 @pytest.mark.parametrize("polls", [1, 2, 50])
-def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_case, double, request, polls):
+def test_logs_are_byte_identical_to_the_remote_file_after_n_polls(fc_pool, make_case, double, polls):
     """R-CASE-5 on the real server's tail (``tail --bytes=+N``, 1-based; 0 = the last 10 lines):
     the workspace log equals the remote stdout byte for byte after 1, 2 or 50 polls of a growing
     file, multi-byte characters cut across polls included."""
     case, rdir, job = running(make_case, fc_pool, double)
-    request.addfinalizer(double.reap)
     data = "".join(f"line {i}: é€😀 {'x' * (i % 7)}\n" for i in range(120)).encode()
     # Cut at byte positions that split the 2-, 3- and 4-byte characters somewhere.
     cuts = [len(data) * (i + 1) // polls - (i % 3) for i in range(polls - 1)] + [len(data)]
@@ -247,12 +242,11 @@ def test_a_401_expires_too_soon_is_retried_with_a_fresh_token_never_a_failure(fc
     assert len(double.user_jobs()) == 1 and double.refusals(401)
 
 
-def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresses(fc_pool, make_case, double, request):
+def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresses(fc_pool, make_case, double):
     """A running job looked up by id (or listed) as its allocation record ("allocation",
     PENDING): matched by id, nothing new, no failed poll; a running case stays running."""
     double.allocation_records = 2
     case, rdir, job = running(make_case, fc_pool, double)
-    request.addfinalizer(double.reap)
     passes.poll_pass(case_ids=[case.id])
     case.refresh_from_db()
     assert case.status == CaseStatus.PENDING and case.poll_failures == 0, case.last_error
@@ -301,11 +295,10 @@ def test_doctor_reports_every_unhealthy_service(fc_pool, double):
     assert "ssh (ssh timeout)" in checks["system"].message and "filesystem" in checks["system"].message
 
 
-def test_live_sync_sees_a_same_size_rewrite_within_the_same_second(fc_pool, make_case, double, request):
+def test_live_sync_sees_a_same_size_rewrite_within_the_same_second(fc_pool, make_case, double):
     """Listing sizes are strings and mtimes have one-second resolution: a same-size rewrite with
     the same stamp is still brought into live/ (the remote checksum decides)."""
     case, rdir, job = running(make_case, fc_pool, double, observability_globs=["out.txt"])
-    request.addfinalizer(double.reap)
     target = rdir / "work" / "out.txt"
     target.write_text("AAAA")
     stamp = target.stat().st_mtime
@@ -330,12 +323,11 @@ def test_dropped_connection_after_submit_adopts_the_job(fc_pool, make_case, doub
     assert error.dropped and error.maybe_done and not error.permanent
 
 
-def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_pool, make_case, double, request):
+def test_last_uncertain_submission_looks_once_more_and_cancels_the_orphan(fc_pool, make_case, double):
     """R-CASE-1: the last uncertain attempt fails the case; a job the provider created late is
     found by name once more and cancelled, never left running unrecorded."""
     from apps.cases.passes import MAX_SUBMIT_ATTEMPTS
 
-    request.addfinalizer(double.reap)
     double.fault(f"/compute/{double.system}/jobs$", method="POST", after=True, drop=True)
     double.hide_new_jobs = fc_backend.FIND_AFTER_TIMEOUT_ATTEMPTS  # unseen by the adoption lookups
     case = make_case(resource_class=fc_pool.classes.get(), command="sleep 30")
