@@ -126,14 +126,14 @@ def test_doctor_refuses_unknown_backend_and_a_kind_left_out_of_the_mapping(setti
 
 @pytest.mark.parametrize("driver", ["runai"], indirect=True)
 def test_doctor_checks_a_runai_pools_token_project_cluster_node_pool_and_volume(driver):
-    """R-BACK-5 for Run:AI: every check passes against the double, and none prints the secret."""
+    """R-BACK-5 for Run:AI: every check passes against the double (test_remote_contract.py proves
+    each is printed and none prints the secret), saying what it found, the node pool's included."""
     pool = driver.service_pool(name="gpu", host_path="/data/gridgate", node_pool="a100")
     code, out = doctor("--pool", str(pool.pk))
     assert code == 0, out
-    for line in ("sdk: runapy", "shared volume:", "credentials:", "token:", "project: project team-a is visible",
-                 "cluster: cluster", "node pool: node pool a100 exists"):  # fmt: skip
+    for line in ("sdk: runapy", "project: project team-a is visible", "cluster: cluster",
+                 "node pool: node pool a100 exists"):  # fmt: skip
         assert f"OK    [runai pool=gpu] {line}" in out, line
-    assert driver.secret not in out
 
 
 @pytest.mark.parametrize("driver", ["runai"], indirect=True)

@@ -210,11 +210,7 @@ def test_symlinks_planted_by_the_command_never_come_back_or_set_progress(api, ow
         f"rm -f .gridgate/progress; ln -s {outside} .gridgate/progress; ln -s /etc obj; "
         "echo real > real.txt; sleep 2"
     )
-    case_id = create(
-        api(owner),
-        local_pool.classes.get(),
-        command,
-    )
+    case_id = create(api(owner), local_pool.classes.get(), command)
     assert launch(api(owner), case_id).status_code == 202
     case = Case.objects.get(pk=case_id)
     work = run_dir(workspace.case_dir(case_id)) / "work"

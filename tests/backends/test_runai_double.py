@@ -52,12 +52,9 @@ def body(tmp_path, name="gg-abc", command="true", **compute):
 
 
 def create(client, payload):
-    api = rb_client._sdk()["api"]
-    return (
-        api.TrainingsApi(client)
-        .create_training1(rb_client._sdk()["models"].TrainingCreationRequest.from_dict(payload))
-        .data
-    )
+    sdk = rb_client._sdk()
+    request = sdk["models"].TrainingCreationRequest.from_dict(payload)
+    return sdk["api"].TrainingsApi(client).create_training1(request).data
 
 
 def get(client, workload_id):
