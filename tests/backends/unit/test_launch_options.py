@@ -24,16 +24,16 @@ def refused(chosen, options=None) -> Invalid:
     return caught.value
 
 
-def test_a_declared_choice_and_a_number_in_range_are_accepted():
-    assert validate_launch_options(declared(), {"partition": "debug", "nodes": 2}) == {"partition": "debug", "nodes": 2}
-
-
-def test_a_range_value_posted_as_digits_is_returned_as_a_whole_number():
-    assert validate_launch_options(declared(), {"nodes": "3"}) == {"nodes": 3}
-
-
-def test_an_empty_value_means_the_default_and_is_dropped():
-    assert validate_launch_options(declared(), {"partition": "", "nodes": None}) == {}
+@pytest.mark.parametrize(
+    ("chosen", "kept"),
+    [
+        ({"partition": "debug", "nodes": 2}, {"partition": "debug", "nodes": 2}),
+        ({"nodes": "3"}, {"nodes": 3}),  # posted as digits: returned as a whole number
+        ({"partition": "", "nodes": None}, {}),  # empty means the default: dropped
+    ],
+)
+def test_declared_values_are_accepted_digits_as_whole_numbers_and_empty_ones_dropped(chosen, kept):
+    assert validate_launch_options(declared(), chosen) == kept
 
 
 def test_an_undeclared_key_is_refused_naming_the_declared_ones():
@@ -88,17 +88,12 @@ def test_a_long_refused_value_is_shown_cut_short():
     assert len(error.extra["launch_options"]["partition"][0]) < 200
 
 
-def test_a_pinned_option_accepts_only_its_value():
-    options = declared()
+@pytest.mark.parametrize("make", [declared, LaunchOptions], ids=["declared", "undeclared"])
+def test_a_pinned_option_accepts_only_its_value_and_pinning_an_undeclared_one_declares_it(make):
+    options = make()
     options.pin("partition", "big")
     assert validate_launch_options(options, {"partition": "big"}) == {"partition": "big"}
     refused({"partition": "normal"}, options)
-
-
-def test_pinning_an_undeclared_option_declares_it_with_that_one_value():
-    options = LaunchOptions()
-    options.pin("partition", "big")
-    assert validate_launch_options(options, {"partition": "big"}) == {"partition": "big"}
 
 
 def test_declared_options_survive_a_round_trip_through_their_stored_form():
