@@ -36,32 +36,26 @@ def get(double, endpoint, bearer=None, **params):
     return requests.get(f"{double.url}{endpoint}", params=params, headers=headers, timeout=5)
 
 
-def test_double_tail_is_tail_bytes_plus_n_one_based(double):
+def test_double_tail_is_tail_bytes_plus_n_one_based_and_zero_bytes_returns_the_last_ten_lines(double):
     path = double.fs_root / "out"
     path.write_bytes(b"abcdefghij")
     answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=1, skipHeading="true")
     assert answer.json()["output"] == "abcdefghij"  # +1 is the whole file
     answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=6, skipHeading="true")
     assert answer.json()["output"] == "fghij"  # +6 starts at the 6th byte
-
-
-def test_double_tail_with_zero_bytes_returns_the_last_ten_lines(double):
-    path = double.fs_root / "out"
     path.write_text("".join(f"line {i}\n" for i in range(30)))
     answer = get(double, "/filesystem/cluster/ops/tail", path=str(path), bytes=0, skipHeading="true")
     assert answer.json()["output"] == "".join(f"line {i}\n" for i in range(20, 30))
 
 
 def test_double_refuses_a_token_with_less_than_30_seconds_left(double):
+    """Of a lifetime of ``token_ttl`` seconds."""
+    double.token_ttl = 45
+    assert token(double, "expires_in") == 45
     value = token(double)
     double.expire_tokens_in(20)
     answer = get(double, "/status/systems", bearer=value)
     assert answer.status_code == 401 and "expires too soon" in answer.json()["message"]
-
-
-def test_double_issues_tokens_with_the_configured_lifetime(double):
-    double.token_ttl = 45
-    assert token(double, "expires_in") == 45
 
 
 def submit(double, script="#!/bin/bash\n#SBATCH --job-name=case\nsleep 30\n"):

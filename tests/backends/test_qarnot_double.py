@@ -114,19 +114,15 @@ def test_double_ends_a_task_it_cannot_store_in_failure_instead_of_leaving_it_run
     assert "NoSuchBucket" in instance["error"]["message"]
 
 
-def test_double_tag_filters_are_exact(double):
+def test_double_tag_filters_are_exact_and_task_pages_truncated_with_a_next_token(double):
     one = uuid_of(submit(double, tags=["case-1"]))
     uuid_of(submit(double, tags=["case-10"]))
     conn = qarnot.connection.Connection(client_token=TOKEN, cluster_url=double.url)
     assert [task.uuid for task in conn.all_tasks(summary=False, tags=["case-1"])] == [one]
-
-
-def test_double_truncates_task_pages_with_a_next_token(double):
     for _ in range(3):
         uuid_of(submit(double, tags=["paged"]))
     first = post(double, "/tasks/paginate", {"filter": {"operator": "Equal", "field": "Tags", "value": "paged"}}).json()
     assert first["isTruncated"] is True and first["nextToken"] and len(first["data"]) == double.page_size
-    conn = qarnot.connection.Connection(client_token=TOKEN, cluster_url=double.url)
     assert len(list(conn.all_tasks(summary=False, tags=["paged"]))) == 3
 
 
