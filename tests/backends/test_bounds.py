@@ -4,19 +4,22 @@ Each test is one attack on those bounds, run as a real case in bubblewrap as a l
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import tracemalloc
+import uuid
 from pathlib import Path
 
 import pytest
 
-from apps.backends import privileged
-from apps.backends.local import run_dir
+from apps.backends import as_root, privileged
+from apps.backends.local import LocalBackend, run_dir
 from apps.cases import passes, workspace
 from apps.cases.models import CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.backends.conftest import _required_or_skip, wait_for_terminal, wait_until
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
@@ -31,11 +34,7 @@ def owner_linked(link_account, owner):
 
 @pytest.fixture(scope="module", autouse=True)
 def slirp4netns():
-    import shutil
-
     if shutil.which("slirp4netns") is None:
-        from tests.backends.conftest import _required_or_skip
-
         _required_or_skip("slirp4netns is not installed (apt install slirp4netns)")
 
 
@@ -140,9 +139,6 @@ def test_hosts():
     public address, TEST-NET-2), 10.199.0.2 (a private one) and 169.254.169.254 (where clouds serve
     instance metadata), each answering "reached" on one port. The routes are checked before any
     case runs, so nothing of this test ever leaves the machine."""
-    import subprocess
-    import uuid
-
     tag = uuid.uuid4().hex[:6]
     ns, outer, inner = f"gg-{tag}", f"gg{tag}a", f"gg{tag}b"
     addresses = {"public": "198.51.100.2", "private": "10.199.0.2", "metadata": "169.254.169.254"}
@@ -236,9 +232,6 @@ def test_a_networked_case_reaches_public_addresses_only_unless_its_pool_lists_mo
 def test_doctor_fails_a_networked_pool_whose_cases_get_no_egress_filter(bounded, monkeypatch):
     """F5: doctor checks the egress filter for pools with the network (the helper loads a
     filter into a fresh network namespace), and fails when it cannot."""
-    from apps.backends import as_root
-    from apps.backends.local import LocalBackend
-
     pool = bounded(network=True).pool
     check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
     assert check.ok, check.message

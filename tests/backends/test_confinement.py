@@ -6,7 +6,10 @@ import os
 import pytest
 
 from apps.backends import files, privileged
+from apps.backends.base import BackendError
 from apps.backends.remote_common import confined_target, safe_relative
+from apps.backends.slurm import SlurmBackend
+from tests.backends.conftest import submit_spec
 
 
 def test_provider_keys_with_dotdot_or_absolute_paths_are_refused(tmp_path):
@@ -65,23 +68,19 @@ def test_reading_deltas_and_progress_never_goes_through_a_symlink(tmp_path):
 
 def test_a_hard_link_planted_in_the_workspace_is_never_read(tmp_path):
     """R-CASE-8: a hard link can name a file its creator could not read (protected_hardlinks off)."""
-    from apps.backends.privileged import open_regular
-
     secret = tmp_path / "root-only"
     secret.write_text("secret")
     work = tmp_path / "work"
     work.mkdir()
     os.link(secret, work / "x")
-    assert open_regular(work / "x") is None
+    assert privileged.open_regular(work / "x") is None
     (work / "plain").write_text("ok")
-    fd = open_regular(work / "plain")
+    fd = privileged.open_regular(work / "plain")
     assert fd is not None
     os.close(fd)
 
 
 def _slurm_spec(tmp_path, case_id):
-    from tests.backends.conftest import submit_spec
-
     workspace = tmp_path / "workspace"
     (workspace / "inputs").mkdir(parents=True, exist_ok=True)
     return submit_spec(case_id, workspace, pool_remote={"working_root": str(tmp_path / "scratch")})
@@ -96,10 +95,6 @@ def test_a_run_directory_planted_under_the_working_root_is_refused_not_followed(
     """R-CASE-8: a user who knows their case id plants ``<working_root>/<id>`` before launching:
     a symlink (to someone else's directory) is never followed — nothing is chmod-ed, created or
     deleted there — and a directory owned by another account is never adopted."""
-
-    from apps.backends.base import BackendError
-    from apps.backends.slurm import SlurmBackend
-
     scratch = tmp_path / "scratch"
     scratch.mkdir(mode=0o1777)
     victim = tmp_path / "victim"
@@ -133,9 +128,6 @@ def test_the_services_own_run_directory_is_reused_with_its_mode(tmp_path):
 def test_a_working_root_others_may_write_without_the_sticky_bit_is_refused(tmp_path):
     """R-CASE-8: there anyone could rename the checked run directory away and put a symlink in its
     place before root writes through it: refused with what to fix."""
-
-    from apps.backends.base import BackendError
-
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     os.chown(scratch, 65534, 65534)  # not the service's
