@@ -247,13 +247,11 @@ def test_allocation_record_of_a_running_job_is_no_failed_poll_and_never_regresse
     PENDING): matched by id, nothing new, no failed poll; a running case stays running."""
     double.allocation_records = 2
     case, rdir, job = running(make_case, fc_pool, double)
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+    case = poll_once(case)
     assert case.status == CaseStatus.PENDING and case.poll_failures == 0, case.last_error
     poll_until(case, lambda c: c.status == CaseStatus.RUNNING)
     job.allocation_lookups = 3
-    passes.poll_pass(case_ids=[case.id])
-    case.refresh_from_db()
+    case = poll_once(case)
     assert case.status == CaseStatus.RUNNING and case.poll_failures == 0, case.last_error
     (rdir / "work" / "go").write_text("")
     assert wait_for_terminal(case, timeout=90).status == CaseStatus.DONE
