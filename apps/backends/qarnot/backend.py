@@ -73,7 +73,6 @@ from apps.backends.remote_common import (
     load_state,
     safe_relative,
     save_state,
-    scrub,
     state_dir,
 )
 
@@ -391,7 +390,7 @@ class QarnotBackend(QarnotDoctor):
             code = f" [{error['code']}]" if error.get("code") else ""
             details.append(f"instance {instance.get('instanceId')}: {text}{code}")
         details += [str(e.get("message")) for e in body.get("errors") or [] if e.get("message")]
-        return scrub("; ".join(details), session.secrets)[:1000]
+        return session.scrub("; ".join(details))[:1000]
 
     def _objects(self, session: Session, bucket: str):
         with session.guard(f"listing of bucket {bucket}"):

@@ -15,7 +15,6 @@ import logging
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import Failure, Paste, RemoteSession
-from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret, scrub
 from apps.resources.remote import with_defaults
 
@@ -59,6 +58,7 @@ class Session(RemoteSession):
     user_credential_words = "Qarnot token"
     sign_in = "connection"
     url_keys = ("cluster_url",)
+    service_env = ("token_env",)
     paste = Paste(
         (("token", "API token", True),),
         "API token",
@@ -68,12 +68,8 @@ class Session(RemoteSession):
     )
     account_word = "Qarnot account"
 
-    def __init__(self, remote: dict, identity: RemoteIdentity | None = None):
-        super().__init__(remote, identity)
-        self.token_env = self.remote.get("token_env")
-
     def service_credential(self) -> tuple[str]:
-        token = env_secret(self.token_env, "Qarnot token", self.remote)
+        token = env_secret(self.remote.get("token_env"), "Qarnot token", self.remote)
         self.secrets = [token]
         return (token,)
 
@@ -82,18 +78,16 @@ class Session(RemoteSession):
         self.secrets = [token]
         return (token,)
 
-    def token(self) -> str:
-        return self.credential()[0]
-
     @classmethod
     def account_of(cls, remote: dict, token: str) -> tuple[str, str]:
-        return account_of(remote, token), ""
-
-    def service_env_names(self) -> list[str]:
-        return [self.token_env]
-
-    def client_key(self, credential: tuple) -> tuple:
-        return (self.remote.get("cluster_url") or None, digest(*credential))
+        """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token
+        (a connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
+        try:
+            return str(connect(with_defaults("qarnot", remote or {}), token).user_info.email or ""), ""
+        except Exception as exc:
+            if token_refused(exc):
+                raise CredentialsRequired("Qarnot refused the token") from None
+            raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
 
     def open_client(self, credential: tuple):
         return connect(self.remote, credential[0])
@@ -128,17 +122,6 @@ def token_refused(exc: Exception) -> bool:
     carry the API's message. No text is read, only whether there is any."""
     qarnot = _sdk()
     return isinstance(exc, qarnot.exceptions.UnauthorizedException) and not exc.args
-
-
-def account_of(remote: dict, token: str) -> str:
-    """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token (a
-    connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
-    try:
-        return str(connect(with_defaults("qarnot", remote or {}), token).user_info.email or "")
-    except Exception as exc:
-        if token_refused(exc):
-            raise CredentialsRequired("Qarnot refused the token") from None
-        raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
 
 
 def unreachable(exc: Exception) -> bool:

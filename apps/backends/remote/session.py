@@ -135,6 +135,8 @@ class RemoteSession:
     #: credential is sent (a connection is never used once they change), what a user pastes
     #: (None: the provider's OAuth sign-in), and what the identity connected is called
     url_keys: tuple[str, ...] = ()
+    #: the pool's keys naming the environment variables of the service credential
+    service_env: tuple[str, ...] = ()
     paste: Paste | None = None
     account_word = "subject"
 
@@ -152,9 +154,10 @@ class RemoteSession:
     def user_credential(self, identity: RemoteIdentity) -> tuple:  # pragma: no cover
         raise NotImplementedError
 
-    def client_key(self, credential: tuple) -> tuple:  # pragma: no cover
-        """What tells this client from another (the URL and :func:`digest` of the credential)."""
-        raise NotImplementedError
+    def client_key(self, credential: tuple) -> tuple:
+        """What tells this client from another: where the credential goes (``url_keys``) and a
+        :func:`digest` of it."""
+        return (*(self.remote.get(key) for key in self.url_keys), digest(*credential))
 
     def open_client(self, credential: tuple):  # pragma: no cover
         raise NotImplementedError
@@ -167,8 +170,8 @@ class RemoteSession:
 
     def service_env_names(self) -> list[str]:
         """The environment variables holding the service credential (doctor names them, a
-        service-account job records the first as its identity)."""
-        return []
+        service-account job records the first as its identity): the pool's ``service_env``."""
+        return [self.remote.get(key) for key in self.service_env]
 
     @classmethod
     def account_of(cls, remote: dict, *values: str) -> tuple[str, str]:  # pragma: no cover - pasting providers

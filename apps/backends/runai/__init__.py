@@ -3,16 +3,6 @@
 
 from apps.backends.remote.session import _clients
 from apps.backends.runai.backend import RunaiBackend, map_phase
-from apps.backends.runai.client import RunaiError, Session, TokenRefused, account_of, build_client, token_claims
+from apps.backends.runai.client import TokenRefused, build_client, token_claims
 
-__all__ = [
-    "RunaiBackend",
-    "RunaiError",
-    "Session",
-    "TokenRefused",
-    "_clients",
-    "account_of",
-    "build_client",
-    "map_phase",
-    "token_claims",
-]
+__all__ = ["RunaiBackend", "TokenRefused", "_clients", "build_client", "map_phase", "token_claims"]

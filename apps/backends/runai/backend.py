@@ -41,8 +41,9 @@ from apps.backends.base import (
     ResultsTooLarge,
     SubmitSpec,
 )
+from apps.backends.remote import ProviderError
 from apps.backends.remote.backend import state_map
-from apps.backends.remote_common import LIVE_MAX_BYTES, load_state, save_state, scrub
+from apps.backends.remote_common import LIVE_MAX_BYTES, glob_matches, load_state, save_state
 from apps.backends.runai import client
 from apps.backends.runai.doctor import RunaiDoctor
 
@@ -243,7 +244,7 @@ class RunaiBackend(RunaiDoctor):
             )
         except CredentialsRequired:
             raise
-        except client.RunaiError as exc:
+        except ProviderError as exc:
             find = lambda: self.find_in(session, spec.case_id)  # noqa: E731
             if exc.status == 409 and (found := find()):  # a workload of this name exists: ours
                 return found
@@ -258,13 +259,13 @@ class RunaiBackend(RunaiDoctor):
         """The workload, or None when Run:AI lists it among the deleted ones."""
         try:
             return session.call("workload lookup", lambda c: client._api().WorkloadsApi(c).get_workload(job.remote_id))
-        except client.RunaiError as exc:
+        except ProviderError as exc:
             if exc.status != 404:
                 raise
         if self.find_in(session, job.case_id, deleted=True):
             return None
         # Just submitted and not known yet, or gone without a trace: a failed poll (R-CASE-3).
-        raise client.RunaiError(f"Run:AI does not know workload {job.remote_id} (yet)", status=404, transient=True)
+        raise ProviderError(f"Run:AI does not know workload {job.remote_id} (yet)", status=404, transient=True)
 
     def poll(self, job: JobRef) -> BackendState:
         session = self.session(job)
@@ -291,7 +292,7 @@ class RunaiBackend(RunaiDoctor):
             status=status,
             execution_time=float(elapsed) if isinstance(elapsed, (int, float)) else None,
             cores=math.ceil(cores) if cores else None,
-            message=scrub(message, session.secret_values())[:1000],
+            message=session.scrub(message)[:1000],
         )
 
     def _copy_tree(self, job: JobRef, what: str, globs: list[str]) -> None:
@@ -299,12 +300,9 @@ class RunaiBackend(RunaiDoctor):
         (the job chooses what lies there, R-CASE-7): results are what the command created or
         changed (not its unchanged inputs, not ``shared/`` or ``.gridgate/``), never more than
         the case's storage; live files match the globs, each at most ``LIVE_MAX_BYTES``."""
-        import fnmatch
-
         rdir = run_dir_for(job.case_id, job.pool_remote)
         manifest = load_state(job.workspace, STATE_DIR, "manifest.json") if what == "results" else {}
         seen = load_state(job.workspace, STATE_DIR, "live.json") if what == "live" else {}
-        patterns = [*globs, files.PROGRESS_FILE]
         owner = (os.geteuid(), os.getegid())
         target = job.workspace / what
         target.mkdir(parents=True, exist_ok=True)
@@ -317,7 +315,7 @@ class RunaiBackend(RunaiDoctor):
         try:
             skip = files.NOT_RESULTS if what == "results" else ("shared",)
             for rel, dir_fd, name in privileged.untrusted_files(work_fd, skip):
-                if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
+                if what == "live" and not glob_matches(rel, globs):
                     continue
                 fd = privileged.open_regular(name, dir_fd=dir_fd)
                 if fd is None:
@@ -370,7 +368,7 @@ class RunaiBackend(RunaiDoctor):
             raise AlreadyFinished(f"Run:AI workload {job.remote_id} already ended")
         try:
             session.call("workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id))
-        except client.RunaiError as exc:
+        except ProviderError as exc:
             if exc.status != 404:
                 raise
             raise AlreadyFinished(f"Run:AI workload {job.remote_id} no longer exists") from None
@@ -384,7 +382,7 @@ class RunaiBackend(RunaiDoctor):
                 session.call(
                     "workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id)
                 )
-            except client.RunaiError as exc:
+            except ProviderError as exc:
                 if exc.status != 404:
                     raise
         root = (job.pool_remote or {}).get("working_root")

@@ -16,15 +16,16 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
 import time
 
+import jwt
+import urllib3
+
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import Failure, Paste, ProviderError, RemoteSession
-from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret
 from apps.resources.remote import with_defaults
 
@@ -37,9 +38,6 @@ RETRY_AFTER_MAX = 10  # a Retry-After longer than this is not waited for: the ne
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 IDEMPOTENT = ("GET", "DELETE")
 
-#: a Run:AI call failed (``status``, ``timeout``, ``transient`` set where the exception is caught)
-RunaiError = ProviderError
-
 
 class TokenRefused(Exception):
     """The token endpoint refused the credential (400/401: wrong or revoked access key)."""
@@ -51,18 +49,15 @@ class TokenRefused(Exception):
 
 def _sdk():
     try:
-        import urllib3
-        from runai import api, models, rest
+        from runai import api, models
         from runai.api_client import ApiClient
         from runai.configuration import Configuration
         from runai.exceptions import ApiException
     except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
         raise BackendError(f"runapy is not installed ({exc}): pip install -r requirements.txt") from None
     return {
-        "urllib3": urllib3,
         "api": api,
         "models": models,
-        "rest": rest,
         "ApiClient": ApiClient,
         "Configuration": Configuration,
         "ApiException": ApiException,
@@ -72,9 +67,8 @@ def _sdk():
 _classes: dict[str, type] = {}
 
 
-def _transport(sdk) -> tuple[type, type]:
-    """runapy's ``Configuration`` with bounded retries, and its REST client with a timeout."""
-    urllib3 = sdk["urllib3"]
+def _configuration(sdk) -> type:
+    """runapy's ``Configuration`` with bounded retries."""
 
     class Retry(urllib3.Retry):
         def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
@@ -106,11 +100,7 @@ def _transport(sdk) -> tuple[type, type]:
                 retry_after_max=RETRY_AFTER_MAX,
             )
 
-    class TimedRest(sdk["rest"].RESTClientObject):
-        def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
-            return super().request(method, url, headers, body, post_params, _request_timeout or TIMEOUT)
-
-    return Configuration, TimedRest
+    return Configuration
 
 
 def _client_class():
@@ -119,18 +109,12 @@ def _client_class():
     if "client" in _classes:
         return _classes["client"]
     sdk = _sdk()
-    Configuration, TimedRest = _transport(sdk)
 
     class Client(sdk["ApiClient"]):
-        def __init__(self, configuration):
-            # runapy's constructor builds its REST client and asks for a token at once: the REST
-            # client must be the bounded one before that first request.
-            self._pending_rest = TimedRest(configuration)
-            super().__init__(configuration)
+        def call_api(self, *args, _request_timeout=None, **kwargs):
+            return super().call_api(*args, _request_timeout=_request_timeout or TIMEOUT, **kwargs)
 
         def _make_token_request(self) -> str:
-            if getattr(self, "_pending_rest", None) is not None:
-                self.rest_client, self._pending_rest = self._pending_rest, None
             config = self.configuration
             url = f"{config.runai_base_url}/api/v2/token"
             form = {
@@ -140,23 +124,23 @@ def _client_class():
             }
             headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
             for attempt in range(RETRIES + 1):
-                response = self.rest_client.request("POST", url, headers=dict(headers), post_params=form)
+                response = self.rest_client.request(
+                    "POST", url, headers=dict(headers), post_params=form, _request_timeout=TIMEOUT
+                )
                 data = response.read()
-                if response.status in RETRY_STATUSES and attempt < RETRIES:
-                    time.sleep(BACKOFF * (2**attempt))  # no side effect: safe to ask again
-                    continue
-                break
+                if response.status not in RETRY_STATUSES or attempt == RETRIES:
+                    break
+                time.sleep(BACKOFF * (2**attempt))  # no side effect: safe to ask again
             if response.status in (400, 401, 403):
                 raise TokenRefused(response.status, _message(data))
             if response.status != 200:
                 raise sdk["ApiException"](status=response.status, reason=_message(data))
             try:
-                token = json.loads(data)["access_token"]
+                return json.loads(data)["access_token"]
             except (ValueError, KeyError, TypeError):
                 raise sdk["ApiException"](status=response.status, reason="no access_token in the answer") from None
-            return token
 
-    Client.Configuration = Configuration
+    Client.Configuration = _configuration(sdk)
     _classes["client"] = Client
     return Client
 
@@ -179,9 +163,8 @@ def token_claims(token: str) -> dict:
     """The claims of a Run:AI access token (a JWT) as it came from the token endpoint over TLS:
     read, not verified (the API verifies it), for the identity a connection records."""
     try:
-        payload = token.split(".")[1]
-        return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (IndexError, ValueError):
+        return jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
         return {}
 
 
@@ -193,6 +176,7 @@ class Session(RemoteSession):
     runs = "workloads"
     user_credential_words = "Run:AI access key"
     url_keys = ("base_url",)
+    service_env = ("client_id_env", "client_secret_env")
     paste = Paste(
         (("client_id", "Client ID", False), ("client_secret", "Client secret", True)),
         "access key",
@@ -216,12 +200,23 @@ class Session(RemoteSession):
         self.secrets = [secret]
         return client_id, secret
 
-    def service_env_names(self) -> list[str]:
-        return [self.remote.get("client_id_env"), self.remote.get("client_secret_env")]
-
     @classmethod
     def account_of(cls, remote: dict, client_id: str, secret: str) -> tuple[str, str]:
-        return account_of(remote, client_id, secret)
+        """(subject, e-mail or name) of the account an access key belongs to, from the claims of a
+        token asked for with it (a client of its own, not cached). :class:`CredentialsRequired`
+        when Run:AI refuses the key."""
+        session = cls({**with_defaults("runai", remote or {}), "credentials": "service"})
+        session.secrets = [secret]
+        try:
+            client = session.guarded("access-key check", lambda: session.open_client((client_id, secret)))
+        except ProviderError as exc:
+            if exc.status in (400, 401, 403):
+                raise CredentialsRequired("Run:AI refused the access key") from None
+            raise
+        claims = token_claims(client._token)
+        client.close()
+        subject = str(claims.get("sub") or client_id)
+        return subject, str(claims.get("email") or claims.get("preferred_username") or "")
 
     @staticmethod
     def pasted_secret(values: list[str]) -> str:
@@ -229,9 +224,6 @@ class Session(RemoteSession):
         Run:AI's tokens live about an hour, cases far longer, and a key mints new ones."""
         client_id, client_secret = values
         return json.dumps({"client_id": client_id, "client_secret": client_secret}, sort_keys=True)
-
-    def client_key(self, credential: tuple) -> tuple:
-        return (self.remote.get("base_url", "").rstrip("/"), digest(*credential))
 
     def open_client(self, credential: tuple):
         return build_client(self.remote.get("base_url", "").rstrip("/"), *credential)
@@ -258,7 +250,6 @@ class Session(RemoteSession):
 
     def classify(self, exc: Exception) -> Failure:
         sdk = _sdk()
-        urllib3 = sdk["urllib3"]
         if isinstance(exc, TokenRefused):
             advice = " (check the client id and secret)"
             return Failure(str(exc), exc.status, provider_words=True, transient=False, refused=True, advice=advice)
@@ -291,25 +282,6 @@ def build_client(base_url: str, client_id: str, secret: str):
         logger=sdk_logger,
     )
     return client_class(config)
-
-
-def account_of(remote: dict, client_id: str, secret: str) -> tuple[str, str]:
-    """(subject, e-mail or name) of the account an access key belongs to, from the claims of a
-    token asked for with it (a client of its own, not cached). :class:`CredentialsRequired` when
-    Run:AI refuses the key."""
-    remote = with_defaults("runai", remote or {})
-    session = Session({**remote, "credentials": "service"})
-    session.secrets = [secret]
-    try:
-        client = session.guarded("access-key check", lambda: session.open_client((client_id, secret)))
-    except RunaiError as exc:
-        if exc.status in (400, 401, 403):
-            raise CredentialsRequired("Run:AI refused the access key") from None
-        raise
-    claims = token_claims(client._token)
-    client.close()
-    subject = str(claims.get("sub") or client_id)
-    return subject, str(claims.get("email") or claims.get("preferred_username") or "")
 
 
 def _api():
