@@ -23,29 +23,20 @@ from apps.core import credentials
 LIVE_MAX_BYTES = 8 << 20
 
 
-class MissingCredential(BackendError):
-    """An environment variable named in the pool's remote is unset or not a credential
-    variable (``apps.core.credentials``). The message names the variable, never a value."""
-
-
 def env_secret(name: str, what: str, remote: dict) -> str:
     """The credential ``name`` for the pool whose ``remote_config()`` is ``remote`` (it carries
-    the pool's id: the variable must be bound to that pool, ``apps.core.credentials``)."""
+    the pool's id: the variable must be bound to that pool, ``apps.core.credentials``). A variable
+    unset or not a credential variable is a :class:`BackendError` naming it, never a value."""
     try:
         return credentials.read(name, what, pool=remote.get(credentials.POOL_KEY))
     except credentials.CredentialError as exc:
-        raise MissingCredential(str(exc)) from None
-
-
-def pool_secrets(pool) -> list[str]:
-    """The values of the credentials a pool's ``remote`` names (its ``*_env`` keys), for
-    :func:`scrub`. Never stored or shown: read from the environment at the moment of use."""
-    return credentials.values_named_in(getattr(pool, "remote", None) if pool is not None else None)
+        raise BackendError(str(exc)) from None
 
 
 def scrub_for_pool(pool, text) -> str:
-    """``text`` without the values of ``pool``'s credentials (R-BACK-1)."""
-    return scrub(str(text), pool_secrets(pool))
+    """``text`` without the values of the credentials ``pool``'s ``remote`` names (its ``*_env``
+    keys; R-BACK-1), read from the environment at the moment of use, never stored or shown."""
+    return scrub(str(text), credentials.values_named_in(getattr(pool, "remote", None)))
 
 
 def secret_forms(secrets: list[str]) -> list[str]:

@@ -160,7 +160,7 @@ class RemoteBackend(ExecutionBackend):
         session = self.session_class(pool.remote_config())
         self.doctor_pool(session, doctor)
         if session.per_user:
-            doctor.append(self.sealing_check())
+            doctor.check("credentials", self.sealing_check)
             self.doctor_per_user(session, doctor)
             return doctor
         if doctor.check("credentials", lambda: self.service_credential_check(session)) and self.doctor_client(
@@ -169,20 +169,15 @@ class RemoteBackend(ExecutionBackend):
             self.doctor_provider(session, doctor)
         return doctor
 
-    def sealing_check(self) -> Check:
+    def sealing_check(self) -> tuple[bool, str]:
         from apps.credentials import sealing
 
         words = self.per_user_words
         if sealing.available():
-            return Check(
-                "credentials", True, f"per-user {words}: GRIDGATE_CREDENTIALS_KEY is set (value not shown)"
-                + self.per_user_checked
-            )  # fmt: skip
-        return Check(
-            "credentials",
-            False,
+            return True, f"per-user {words}: GRIDGATE_CREDENTIALS_KEY is set (value not shown){self.per_user_checked}"
+        return False, (
             f"per-user {words} need GRIDGATE_CREDENTIALS_KEY (a Fernet key) on every web and worker host: "
-            "users cannot connect without it",
+            "users cannot connect without it"
         )
 
     @staticmethod

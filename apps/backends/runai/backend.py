@@ -34,7 +34,6 @@ from apps.backends.base import (
     BackendState,
     BackendStatus,
     Choice,
-    CredentialsRequired,
     JobRef,
     LaunchOption,
     LaunchOptions,
@@ -102,15 +101,6 @@ class RunaiBackend(RunaiDoctor):
         if not found:
             raise BackendError(f"Run:AI project {name!r} is not visible to this credential: check the pool's project")
         return found[0]
-
-    @staticmethod
-    def _node_pools_of(project: dict) -> list[str]:
-        names = []
-        for item in project.get("resources") or []:
-            name = ((item or {}).get("nodePool") or {}).get("name")
-            if name and name not in names:
-                names.append(name)
-        return names
 
     # -- submission --------------------------------------------------------------------------
     def find_in(self, session: client.Session, case_id: str, *, deleted: bool = False) -> str | None:
@@ -242,8 +232,6 @@ class RunaiBackend(RunaiDoctor):
             answer = session.call(
                 "workload submission", lambda c: client._api().TrainingsApi(c).create_training1(request)
             )
-        except CredentialsRequired:
-            raise
         except ProviderError as exc:
             find = lambda: self.find_in(session, spec.case_id)  # noqa: E731
             if exc.status == 409 and (found := find()):  # a workload of this name exists: ours
@@ -422,9 +410,9 @@ class RunaiBackend(RunaiDoctor):
             names = [p["name"] for p in projects if p.get("name")]
             project = LaunchOption("project", "Project", [Choice(n, n) for n in names], names[0] if names else None)
         if not remote.get("node_pool"):
-            pools = []
-            for item in projects:
-                pools += [n for n in self._node_pools_of(item) if n not in pools]
+            items = [item or {} for listed in projects for item in listed.get("resources") or []]
+            names = [(item.get("nodePool") or {}).get("name") for item in items]
+            pools = list(dict.fromkeys(name for name in names if name))  # each once, in order
             node_pool = LaunchOption("node_pool", "Node pool", [Choice(n, n) for n in pools])
         return [project, node_pool, portion]
 
