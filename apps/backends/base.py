@@ -354,13 +354,6 @@ class SubmitUncertain(BackendError):
     transient = True
 
 
-class SubmitDeferred(SubmitUncertain):
-    """The provider refused the submission for now and created nothing (Qarnot's 403 "maximum
-    number of tasks reached"): a temporary refusal, not a failure. The core keeps the case
-    prepared and retries later exactly as for an uncertain submission (its ``find`` finds
-    nothing, then it submits)."""
-
-
 class CredentialsRequired(BackendError):
     """The case owner's own credential for a per-user pool is missing, expired or revoked
     (FirecREST's ``invalid_grant``, Qarnot's 401): nothing can be done for them until they

@@ -31,7 +31,7 @@ Quirks this module absorbs so the core never sees them (each was met on a real a
 - **Failures** are reported per instance (``completedInstances[*].error``), which the SDK does
   not parse: the failure message is built from the task's JSON.
 - **Task quota.** 403 "maximum number of tasks reached" (``MaxTaskException``) is temporary: the
-  launch is retried later (``SubmitDeferred``), never failed.
+  launch is retried later (``SubmitUncertain``), never failed.
 - **Multipart ETags** (boto3 uploads over 8 MB in parts) are not MD5s: an unchanged large input
   is recognised by recomputing its multipart ETag locally, so it never comes back as a result.
 """
@@ -57,11 +57,11 @@ from apps.backends.base import (
     Choice,
     JobRef,
     LaunchOption,
-    SubmitDeferred,
     SubmitSpec,
+    SubmitUncertain,
     duration_seconds,
 )
-from apps.backends.qarnot.client import MB, Session, _sdk, describe
+from apps.backends.qarnot.client import MB, Session, _sdk
 from apps.backends.qarnot.doctor import QarnotDoctor
 from apps.backends.remote.backend import state_map
 from apps.backends.remote_common import (
@@ -274,8 +274,9 @@ class QarnotBackend(QarnotDoctor):
             status = answered[0] if answered else None
             error = session.said("task submission", exc)
             if isinstance(exc, _sdk().exceptions.MaxTaskException):
-                # 403 "maximum number of tasks reached": nothing was created; temporary.
-                raise SubmitDeferred(f"{error}; the launch will be retried when a task slot frees up") from None
+                # 403 "maximum number of tasks reached": nothing was created and the refusal is
+                # temporary: retried later as an uncertain submission (its find finds nothing).
+                raise SubmitUncertain(f"{error}; the launch will be retried when a task slot frees up") from None
             # A failure after the task was accepted (no status recorded) may have created it too.
             find = lambda: task.uuid or self.find_in(session, spec.case_id)  # noqa: E731
             return self.refused_or_adopted(BackendError(error), status, find, spec, "task")
@@ -504,9 +505,6 @@ class QarnotBackend(QarnotDoctor):
         hw = _sdk().hardware_constraint
         keys = [c._specification_key for c in self._catalogue(session) if isinstance(c, hw.SpecificHardware)]
         return self.fixed_options(session, node_types=keys)
-
-    def unasked(self, exc: Exception) -> str:
-        return describe(exc)
 
 
 def _spooled_delta(workspace: Path, stream: str, fresh: str) -> str:

@@ -118,13 +118,9 @@ class RemoteBackend(ExecutionBackend):
             return LaunchOptions(options=self.asked_options(session))
         except BackendError as exc:
             why = str(exc)
-        except Exception as exc:
-            why = f"{session.label} could not be asked: {self.unasked(exc)}"
+        except Exception as exc:  # not a BackendError: its text was never made safe to show
+            why = f"{session.label} could not be asked: {type(exc).__name__}"
         return LaunchOptions(options=self.fixed_options(session), degraded=True, message=why)
-
-    def unasked(self, exc: Exception) -> str:
-        """Why the provider could not be asked, for an exception that is not a BackendError."""
-        return type(exc).__name__
 
     def refused_or_adopted(self, error: BackendError, status: int | None, find, spec, what: str) -> str:
         """After a failed submission: refused outright (a 4xx but 429), nothing was created and

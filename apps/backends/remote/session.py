@@ -131,12 +131,12 @@ class RemoteSession:
     user_credential_words = "credentials"
     #: what building a client is called in its error ("sign-in", "connection")
     sign_in = "sign-in"
+    #: the pool's keys naming the environment variables of the service credential
+    service_env: tuple[str, ...] = ()
     #: connecting a per-user pool (``apps.credentials``): the pool's keys naming where a user's
     #: credential is sent (a connection is never used once they change), what a user pastes
     #: (None: the provider's OAuth sign-in), and what the identity connected is called
     url_keys: tuple[str, ...] = ()
-    #: the pool's keys naming the environment variables of the service credential
-    service_env: tuple[str, ...] = ()
     paste: Paste | None = None
     account_word = "subject"
 

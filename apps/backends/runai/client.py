@@ -243,10 +243,8 @@ class Session(RemoteSession):
         differ), and runapy's refresher made usable again."""
         client._token = client._make_token_request()
         client.set_default_header("authorization", f"Bearer {client._token}")
-        refresher = getattr(client, "token_refresher", None)
-        if refresher is not None:
-            refresher._set_token_expiry()
-            refresher._token_refresh_thread_is_locked = False
+        client.token_refresher._set_token_expiry()
+        client.token_refresher._token_refresh_thread_is_locked = False
 
     def classify(self, exc: Exception) -> Failure:
         sdk = _sdk()
@@ -274,12 +272,7 @@ def build_client(base_url: str, client_id: str, secret: str):
     """A runapy client for one credential (asks for its first token now)."""
     client_class = _client_class()
     config = client_class.Configuration(
-        client_id=client_id,
-        client_secret=secret,
-        runai_base_url=base_url,
-        retry_max_retries=RETRIES,
-        retry_backoff_factor=BACKOFF,
-        logger=sdk_logger,
+        client_id=client_id, client_secret=secret, runai_base_url=base_url, logger=sdk_logger
     )
     return client_class(config)
 
