@@ -9,6 +9,7 @@ provider or an SDK echoes them back.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -48,16 +49,14 @@ def secret_forms(secrets: list[str]) -> list[str]:
     import base64
     from urllib.parse import quote, quote_plus
 
-    values = [secret for secret in secrets if secret and len(secret) >= 4]
+    values = list(dict.fromkeys(secret for secret in secrets if secret and len(secret) >= 4))
     forms = set()
     for value in values:
         for encoded in (value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]):
             forms.update({encoded, encoded.lower() if "%" in encoded else encoded})
         forms.add(base64.b64encode(value.encode()).decode().rstrip("="))
-    for first in values:
-        for second in values:
-            if first != second:
-                forms.add(base64.b64encode(f"{first}:{second}".encode()).decode().rstrip("="))
+    for first, second in itertools.permutations(values, 2):
+        forms.add(base64.b64encode(f"{first}:{second}".encode()).decode().rstrip("="))
     return sorted(forms, key=len, reverse=True)
 
 

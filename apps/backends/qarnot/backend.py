@@ -85,29 +85,25 @@ SHARED_MARKER = ".gridgate-complete"
 #: against the local file with each size that gives its number of parts
 PART_SIZES_MB = (8, 5, 16, 15, 32, 64, 100, 128, 256, 512)
 
-STATES = {
-    "UnSubmitted": BackendStatus.PENDING,
-    "Submitted": BackendStatus.PENDING,
-    "PartiallyDispatched": BackendStatus.PENDING,
-    "FullyDispatched": BackendStatus.PENDING,
-    "PartiallyExecuting": BackendStatus.RUNNING,
-    "FullyExecuting": BackendStatus.RUNNING,
-    "UploadingResults": BackendStatus.RUNNING,
-    "DownloadingResults": BackendStatus.RUNNING,
-    "PendingCancel": BackendStatus.RUNNING,
-    "Success": BackendStatus.SUCCEEDED,
-    "Failure": BackendStatus.FAILED,
-    "Cancelled": BackendStatus.CANCELLED,
-    "PendingDelete": BackendStatus.CANCELLED,
-    "Deleted": BackendStatus.CANCELLED,
-}
+map_state = state_map(
+    {
+        BackendStatus.PENDING: ("UnSubmitted", "Submitted", "PartiallyDispatched", "FullyDispatched"),
+        BackendStatus.RUNNING: (
+            "PartiallyExecuting",
+            "FullyExecuting",
+            "UploadingResults",
+            "DownloadingResults",
+            "PendingCancel",
+        ),
+        BackendStatus.SUCCEEDED: ("Success",),
+        BackendStatus.FAILED: ("Failure",),
+        BackendStatus.CANCELLED: ("Cancelled", "PendingDelete", "Deleted"),
+    }
+)
 SCHEDULING = {"flex": "Flex", "ondemand": "OnDemand", "reserved": "Reserved"}
 #: launch-option ranges for the synthesised core constraint (ranks × threads, R-BACK-3)
 MAX_RANKS = 1024
 MAX_THREADS = 256
-
-
-map_state = state_map(STATES)
 
 
 def bucket_names(case_id: str) -> tuple[str, str]:

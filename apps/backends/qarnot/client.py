@@ -16,7 +16,6 @@ import logging
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import Failure, Paste, RemoteSession
 from apps.backends.remote_common import env_secret, scrub
-from apps.resources.remote import with_defaults
 
 sdk_logger = logging.getLogger("apps.backends.qarnot.sdk")  # the SDK prints to stdout otherwise
 
@@ -35,18 +34,6 @@ def _sdk():
     except ImportError as exc:  # pragma: no cover - pinned in requirements.txt
         raise BackendError(f"the qarnot SDK is not installed ({exc}): pip install -r requirements.txt") from None
     return qarnot
-
-
-def connect(remote: dict, token: str):
-    """A new connection (asks ``/settings`` and ``/info`` now)."""
-    return _sdk().connection.Connection(
-        client_token=token,
-        cluster_url=remote.get("cluster_url") or None,
-        cluster_timeout=TIMEOUT,
-        retry_count=RETRY_COUNT,
-        retry_wait=RETRY_WAIT,
-        logger=sdk_logger,
-    )
 
 
 class Session(RemoteSession):
@@ -82,15 +69,25 @@ class Session(RemoteSession):
     def account_of(cls, remote: dict, token: str) -> tuple[str, str]:
         """The account (e-mail) a pasted API token belongs to, asked of ``/info`` with that token
         (a connection of its own, not cached). :class:`CredentialsRequired` when Qarnot refuses it."""
+        session = cls(remote)
         try:
-            return str(connect(with_defaults("qarnot", remote or {}), token).user_info.email or ""), ""
+            return str(session.open_client((token,)).user_info.email or ""), ""
         except Exception as exc:
-            if token_refused(exc):
+            failure = session.classify(exc)
+            if failure.refused:
                 raise CredentialsRequired("Qarnot refused the token") from None
-            raise BackendError(scrub(f"Qarnot account check failed: {describe(exc)}", [token])) from None
+            raise BackendError(scrub(f"Qarnot account check failed: {failure.detail}", [token])) from None
 
     def open_client(self, credential: tuple):
-        return connect(self.remote, credential[0])
+        """A new connection (asks ``/settings`` and ``/info`` now)."""
+        return _sdk().connection.Connection(
+            client_token=credential[0],
+            cluster_url=self.remote.get("cluster_url") or None,
+            cluster_timeout=TIMEOUT,
+            retry_count=RETRY_COUNT,
+            retry_wait=RETRY_WAIT,
+            logger=sdk_logger,
+        )
 
     @property
     def conn(self):
@@ -104,60 +101,35 @@ class Session(RemoteSession):
         return client
 
     def classify(self, exc: Exception) -> Failure:
+        """What an SDK, storage or transport exception says; the HTTP status when it carries one.
+        No answer (timeout, connection, storage transport): retrying later may work (R-CASE-1)."""
+        import botocore.exceptions
         import requests
 
-        return Failure(
-            describe(exc),
-            http_status(exc),
-            provider_words=True,
-            transient=unreachable(exc),
-            timeout=isinstance(exc, requests.Timeout),
-            refused=token_refused(exc),
-        )
-
-
-def token_refused(exc: Exception) -> bool:
-    """A 401: the token itself was refused. The SDK's retry wrapper raises
-    ``UnauthorizedException()`` without arguments for a 401 only; its 403s (``raise_on_error``)
-    carry the API's message. No text is read, only whether there is any."""
-    qarnot = _sdk()
-    return isinstance(exc, qarnot.exceptions.UnauthorizedException) and not exc.args
-
-
-def unreachable(exc: Exception) -> bool:
-    """No answer (timeout, connection, storage transport): retrying later may work (R-CASE-1)."""
-    import botocore.exceptions
-    import requests
-
-    return isinstance(exc, (requests.Timeout, requests.ConnectionError, botocore.exceptions.BotoCoreError))
-
-
-def http_status(exc: Exception) -> int | None:
-    """The HTTP status behind an SDK or storage exception, when it carries one."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status is None and isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status if isinstance(status, int) else None
-
-
-def describe(exc: Exception) -> str:
-    import botocore.exceptions
-    import requests
-
-    if isinstance(exc, botocore.exceptions.ClientError):
-        error = exc.response.get("Error", {})
-        code = error.get("Code", "")
-        if code in ("QuotaExceeded", "TooManyBuckets", "EntityTooLarge") or "quota" in str(error).lower():
-            return f"storage quota reached ({code}): free buckets or storage on the account"
-        return f"storage error {code}: {error.get('Message', '')}".strip()
-    if isinstance(exc, botocore.exceptions.BotoCoreError):
-        return f"storage unreachable ({type(exc).__name__})"
-    if isinstance(exc, requests.Timeout):
-        return f"no answer within {TIMEOUT} s (timeout)"
-    if isinstance(exc, requests.ConnectionError):
-        return "cannot connect to the Qarnot API"
-    qarnot = _sdk()
-    if isinstance(exc, qarnot.exceptions.UnauthorizedException):
-        return f"unauthorized: {exc}" if str(exc) else "the token was refused (unauthorized)"
-    return f"{type(exc).__name__}: {exc}"
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+        if status is None and isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        status = status if isinstance(status, int) else None
+        if isinstance(exc, botocore.exceptions.ClientError):
+            error = exc.response.get("Error", {})
+            code = error.get("Code", "")
+            if code in ("QuotaExceeded", "TooManyBuckets", "EntityTooLarge") or "quota" in str(error).lower():
+                detail = f"storage quota reached ({code}): free buckets or storage on the account"
+            else:
+                detail = f"storage error {code}: {error.get('Message', '')}".strip()
+            return Failure(detail, status, provider_words=True, transient=False)
+        if isinstance(exc, botocore.exceptions.BotoCoreError):
+            return Failure(f"storage unreachable ({type(exc).__name__})", status, provider_words=True, transient=True)
+        if isinstance(exc, requests.Timeout):
+            detail = f"no answer within {TIMEOUT} s (timeout)"
+            return Failure(detail, status, provider_words=True, transient=True, timeout=True)
+        if isinstance(exc, requests.ConnectionError):
+            return Failure("cannot connect to the Qarnot API", status, provider_words=True, transient=True)
+        if isinstance(exc, _sdk().exceptions.UnauthorizedException):
+            # A 401 is the token itself refused: the SDK's retry wrapper raises
+            # UnauthorizedException() without arguments for a 401 only; its 403s (raise_on_error)
+            # carry the API's message. No text is read, only whether there is any.
+            detail = f"unauthorized: {exc}" if str(exc) else "the token was refused (unauthorized)"
+            return Failure(detail, status, provider_words=True, transient=False, refused=not exc.args)
+        return Failure(f"{type(exc).__name__}: {exc}", status, provider_words=True, transient=False)

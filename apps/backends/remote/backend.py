@@ -28,9 +28,10 @@ from apps.backends.remote.session import RemoteSession
 logger = logging.getLogger(__name__)
 
 
-def state_map(states: dict):
-    """The provider's state word → BackendStatus through ``states``; an unknown word is pending,
-    never a failure (the core never moves a running case back)."""
+def state_map(words: dict[str, tuple[str, ...]]):
+    """The provider's state word → BackendStatus, from the ``words`` of each status; an unknown
+    word is pending, never a failure (the core never moves a running case back)."""
+    states = {word: status for status, listed in words.items() for word in listed}
     return lambda raw: states.get(str(raw or ""), BackendStatus.PENDING)
 
 

@@ -52,28 +52,17 @@ STATE_DIR = ".runai"
 NAME_PREFIX = "gg-"  # a Kubernetes name starts with a letter; a case id may start with a digit
 
 
-PHASES = {
-    "Pending": BackendStatus.PENDING,
-    "Creating": BackendStatus.PENDING,
-    "Initializing": BackendStatus.PENDING,
-    "Resuming": BackendStatus.PENDING,
-    "Running": BackendStatus.RUNNING,
-    "Updating": BackendStatus.RUNNING,
-    "Degraded": BackendStatus.RUNNING,
-    "Stopping": BackendStatus.RUNNING,
-    "Terminating": BackendStatus.RUNNING,
-    "Deleting": BackendStatus.RUNNING,
-    "Completed": BackendStatus.SUCCEEDED,
-    "Succeeded": BackendStatus.SUCCEEDED,
-    "Failed": BackendStatus.FAILED,
-    "Stopped": BackendStatus.CANCELLED,
-    "Deleted": BackendStatus.CANCELLED,
-}
+map_phase = state_map(
+    {
+        BackendStatus.PENDING: ("Pending", "Creating", "Initializing", "Resuming"),
+        BackendStatus.RUNNING: ("Running", "Updating", "Degraded", "Stopping", "Terminating", "Deleting"),
+        BackendStatus.SUCCEEDED: ("Completed", "Succeeded"),
+        BackendStatus.FAILED: ("Failed",),
+        BackendStatus.CANCELLED: ("Stopped", "Deleted"),
+    }
+)
 #: fractions of a GPU a launch may ask for (Run:AI's ``gpuPortionRequest``, per device)
 GPU_PORTIONS = ("0.1", "0.2", "0.25", "0.3", "0.4", "0.5", "0.6", "0.7", "0.75", "0.8", "0.9")
-
-
-map_phase = state_map(PHASES)
 
 
 def workload_name(case_id: str) -> str:
@@ -94,13 +83,6 @@ class RunaiBackend(RunaiDoctor):
         ("working_root", "it has no working directory on the cluster"),
         ("image", "it names no container image to run cases in"),
     )
-
-    # -- projects and node pools ---------------------------------------------------------------
-    def _project(self, session: client.Session, name: str) -> dict:
-        found = client.projects(session, name)
-        if not found:
-            raise BackendError(f"Run:AI project {name!r} is not visible to this credential: check the pool's project")
-        return found[0]
 
     # -- submission --------------------------------------------------------------------------
     def find_in(self, session: client.Session, case_id: str, *, deleted: bool = False) -> str | None:
@@ -218,7 +200,12 @@ class RunaiBackend(RunaiDoctor):
         project_name = spec.launch_options.get("project") or remote.get("project")
         if not project_name:
             raise BackendError("no Run:AI project: set the pool's project or choose one at launch")
-        project = self._project(session, project_name)
+        found = client.projects(session, project_name)
+        if not found:
+            raise BackendError(
+                f"Run:AI project {project_name!r} is not visible to this credential: check the pool's project"
+            )
+        project = found[0]
         cluster = remote.get("cluster_id") or project.get("clusterId")
         if not cluster:
             raise BackendError(f"Run:AI project {project_name!r} names no cluster: set the pool's cluster_id")

@@ -247,11 +247,10 @@ class Session(RemoteSession):
         client.token_refresher._token_refresh_thread_is_locked = False
 
     def classify(self, exc: Exception) -> Failure:
-        sdk = _sdk()
         if isinstance(exc, TokenRefused):
             advice = " (check the client id and secret)"
             return Failure(str(exc), exc.status, provider_words=True, transient=False, refused=True, advice=advice)
-        if isinstance(exc, sdk["ApiException"]):
+        if isinstance(exc, _sdk()["ApiException"]):
             status = exc.status or None
             text = _message(exc.data if exc.data is not None else exc.body) or str(exc.reason or "")
             transient = status is None or status in RETRY_STATUSES
