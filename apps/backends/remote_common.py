@@ -8,12 +8,16 @@ provider or an SDK echoes them back.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import itertools
 import json
+import logging
 import os
 import re
 from pathlib import Path, PurePosixPath
+from secrets import token_hex
+from urllib.parse import quote, quote_plus
 
 from apps.backends import files
 from apps.backends.base import BackendError
@@ -46,9 +50,6 @@ def secret_forms(secrets: list[str]) -> list[str]:
     JSON-escaped (a body quoting the request), and as HTTP Basic credentials (base64 of
     ``id:secret`` for each pair of the values, and of each value alone). Longest first, so a
     form is replaced before a shorter one inside it."""
-    import base64
-    from urllib.parse import quote, quote_plus
-
     values = list(dict.fromkeys(secret for secret in secrets if secret and len(secret) >= 4))
     forms = set()
     for value in values:
@@ -64,7 +65,7 @@ def scrub(text: str, secrets: list[str]) -> str:
     """``text`` with every credential value replaced by ``***`` (R-BACK-1), in every form a
     provider may echo it in (:func:`secret_forms`)."""
     out = str(text)
-    for form in secret_forms(list(secrets)):
+    for form in secret_forms(secrets):
         out = out.replace(form, "***")
     return out
 
@@ -75,14 +76,11 @@ def provider_words(text: str, *, service: bool, status: int | None = None) -> st
     that runs under the service's account, every user of the pool would read what the provider
     answered the *service* (an error body may quote the service's request, its account, other
     tenants' jobs): they get the status and a reference, and the words go to the log under that
-    reference, for the operators. Each backend calls this where it turns a provider's answer into
-    a message (FirecREST, Qarnot, Run:AI)."""
+    reference, for the operators. ``RemoteSession.error`` calls this for every provider's answer
+    (a ``Failure`` marked ``provider_words``)."""
     if not service:
         return text
-    import logging
-    import secrets as random
-
-    reference = random.token_hex(4)
+    reference = token_hex(4)
     logging.getLogger(__name__).warning("provider answer %s: %s", reference, text)
     answered = f"answered HTTP {status}" if isinstance(status, int) else "refused"
     return f"the provider {answered} (reference {reference}: an operator finds its words in the logs)"

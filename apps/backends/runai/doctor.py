@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from apps.backends import files
-from apps.backends.base import Check
 from apps.backends.remote import Doctor, RemoteBackend
 from apps.backends.runai.client import Session, _api, _sdk, projects
 
@@ -26,7 +25,7 @@ class RunaiDoctor(RemoteBackend):
         return f"runapy {version('runapy')}"
 
     def doctor_pool(self, session: Session, doctor: Doctor) -> None:
-        doctor.append(self._volume_check(session.remote))
+        doctor.check("shared volume", lambda: _volume(session.remote))
         image = session.remote.get("image")
         doctor.check(
             "image",
@@ -45,18 +44,18 @@ class RunaiDoctor(RemoteBackend):
         else:
             doctor.check("node pool", lambda: "no node pool: the project's order of node pools applies")
 
-    @staticmethod
-    def _volume_check(remote: dict) -> Check:
-        root, host = remote.get("working_root"), remote.get("host_path")
-        if not root or not host:
-            return Check("shared volume", False, "set working_root and host_path: results come back through them")
-        path = Path(root)
-        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-            return Check("shared volume", False, f"working_root {root} is not a writable directory on this host")
-        problem = files.unsafe_parent(path)
-        if problem:
-            return Check("shared volume", False, problem)
-        return Check("shared volume", True, f"{root} here is {host} on the cluster's nodes (mounted per case)")
+
+def _volume(remote: dict) -> tuple[bool, str]:
+    root, host = remote.get("working_root"), remote.get("host_path")
+    if not root or not host:
+        return False, "set working_root and host_path: results come back through them"
+    path = Path(root)
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        return False, f"working_root {root} is not a writable directory on this host"
+    problem = files.unsafe_parent(path)
+    if problem:
+        return False, problem
+    return True, f"{root} here is {host} on the cluster's nodes (mounted per case)"
 
 
 def _project(session: Session, found: list) -> tuple[bool, str]:
