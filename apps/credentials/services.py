@@ -68,12 +68,6 @@ def needs_user_credentials(pool) -> bool:
     return credential_mode(pool.kind, pool.remote) == USER
 
 
-def service_label(pool) -> str:
-    """How a service-account job records its identity: the credential's variable name, never a value."""
-    names = provider(pool.kind)(pool.remote_config()).service_env_names()
-    return f"service account ({names[0] if names else pool.kind})"
-
-
 def provider_urls(pool) -> dict:
     """Where ``pool`` sends its users' credentials: its provider URLs as configured (its
     provider's ``url_keys``; a missing optional one as None). A connection remembers them when it
@@ -128,15 +122,23 @@ def _reconnect(user, pool, why: str) -> str:
 
 
 # -- the identity a case's provider calls run under -----------------------------------------------
-def identity_for(user, pool) -> RemoteIdentity | None:
-    """``user``'s identity on ``pool`` (one query on a per-user pool, none otherwise); None for
-    pools whose kind uses no provider credential."""
+def identity_for(user, pool, connections: dict | None = None) -> RemoteIdentity | None:
+    """``user``'s identity on ``pool`` (one query on a per-user pool, none otherwise; none either
+    when ``connections``, {(user id, pool id): row}, holds the rows already read); None for pools
+    whose kind uses no provider credential."""
     mode = credential_mode(pool.kind, pool.remote)
     if mode is None:
         return None
     if mode == SERVICE:
-        return _service_identity(pool)
-    connection = RemoteConnection.objects.filter(user=user, pool=pool).first()
+        # a service-account job records the credential's variable name, never a value
+        names = provider(pool.kind)(pool.remote_config()).service_env_names()
+        return RemoteIdentity(
+            RemoteIdentity.SERVICE, f"service account ({names[0] if names else pool.kind})", key="service"
+        )
+    if connections is None:
+        connection = RemoteConnection.objects.filter(user=user, pool=pool).first()
+    else:
+        connection = connections.get((user.pk, pool.pk))
     return _user_identity(user, pool, connection)
 
 
@@ -152,28 +154,21 @@ def connected_identity(user, pool) -> RemoteIdentity | None:
 def identities_for(cases) -> dict:
     """{case id: identity} for cases whose ``owner`` and ``resource_class.pool`` are loaded: one
     query for all the per-user ones, so a pass costs the same however many cases it holds."""
-    out, wanted = {}, []
+    pairs = {
+        (case.owner_id, case.resource_class.pool_id)
+        for case in cases
+        if needs_user_credentials(case.resource_class.pool)
+    }
+    rows = RemoteConnection.objects.filter(
+        user_id__in={user for user, _pool in pairs}, pool_id__in={pool for _user, pool in pairs}
+    )
+    found = {(row.user_id, row.pool_id): row for row in rows} if pairs else {}
+    out = {}
     for case in cases:
         pool = case.resource_class.pool
-        mode = credential_mode(pool.kind, pool.remote)
-        if mode == USER:
-            wanted.append(case)
-        else:
-            out[case.id] = None if mode is None else _service_identity(pool)
-    if wanted:
-        pairs = {(case.owner_id, case.resource_class.pool_id) for case in wanted}
-        rows = RemoteConnection.objects.filter(
-            user_id__in={user for user, _pool in pairs}, pool_id__in={pool for _user, pool in pairs}
-        )
-        found = {(row.user_id, row.pool_id): row for row in rows}
-        for case in wanted:
-            pool = case.resource_class.pool
-            out[case.id] = _user_identity(case.owner, pool, found.get((case.owner_id, pool.pk)))
+        owner = case.owner if (case.owner_id, pool.pk) in pairs else None  # read only where it is named
+        out[case.id] = identity_for(owner, pool, found)
     return out
-
-
-def _service_identity(pool) -> RemoteIdentity:
-    return RemoteIdentity(RemoteIdentity.SERVICE, service_label(pool), key="service")
 
 
 def _refusing_identity(user, pool, label: str, key: str, why: str) -> RemoteIdentity:
