@@ -275,6 +275,10 @@ def _refresh(connection_id: int, generation: int) -> str:
     if failure is not None:
         mark_failed(connection_id, generation, failure)
         raise CredentialsRequired(_reconnect(user, pool, f"has expired or was revoked ({failure})"))
+    return _keep_access_token(connection_id, generation, answer)
+
+
+def _keep_access_token(connection_id: int, generation: int, answer: oauth.TokenAnswer) -> str:
     with _access_lock:
         _access_tokens[(connection_id, generation)] = (answer.access_token, time.time() + answer.expires_in)
     return answer.access_token
@@ -306,7 +310,8 @@ def forget_access_tokens() -> None:
 # -- connecting -------------------------------------------------------------------------------------
 def _user_pool(user, pool_id, *, pasted: bool):
     """The pool ``pool_id`` if ``user`` may use it and it takes their own credential, pasted or
-    through the provider's sign-in as ``pasted`` says."""
+    through the provider's sign-in as ``pasted`` says; refused before anything else when nothing
+    could be kept (no sealing key: :class:`~apps.credentials.sealing.SealingUnavailable`)."""
     from apps.resources.models import ResourcePool
 
     pool = ResourcePool.objects.visible_to(user).filter(pk=pool_id).first()
@@ -316,6 +321,7 @@ def _user_pool(user, pool_id, *, pasted: bool):
         raise Invalid(f"Pool '{pool.name}' runs cases under its service account: there is nothing to connect.")
     if (provider(pool.kind).paste is not None) != pasted:
         raise Invalid(f"Pool '{pool.name}' is a {pool.kind} pool: connect it from {connect_page()}.")
+    sealing.require()
     return pool
 
 
@@ -323,8 +329,7 @@ def start_connect(*, user, pool_id, redirect_uri: str) -> tuple[str, dict]:
     """FirecREST: (the provider's authorization URL, the flow to keep in the user's session until
     the callback). The flow holds the PKCE verifier and the state; only the state and the
     verifier's hash (the challenge) leave this process."""
-    pool = _user_pool(user, pool_id, pasted=False)
-    sealing.require()  # refused before the user is sent anywhere: nothing could be kept afterwards
+    pool = _user_pool(user, pool_id, pasted=False)  # refused before the user is sent anywhere
     verifier, challenge = oauth.pkce_pair()
     state = secrets.token_urlsafe(32)
     try:
@@ -345,7 +350,6 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
     if time.time() - float(flow.get("started") or 0) > max_age:
         raise Invalid(f"The connection took too long; start again from {connect_page()}.")
     pool = _user_pool(user, flow.get("pool"), pasted=False)
-    sealing.require()
     try:
         answer = oauth.exchange_code(
             pool.remote_config(), code=code, verifier=flow["verifier"], redirect_uri=redirect_uri
@@ -361,18 +365,9 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
         )
     _check_linked_identity(user, answer.issuer, answer.subject)
     connection = _store(
-        user,
-        pool,
-        answer.refresh_token,
-        subject=answer.subject,
-        username=answer.username,
-        issuer=answer.issuer,
+        user, pool, answer.refresh_token, subject=answer.subject, username=answer.username, issuer=answer.issuer
     )
-    with _access_lock:
-        _access_tokens[(connection.pk, connection.generation)] = (
-            answer.access_token,
-            time.time() + answer.expires_in,
-        )
+    _keep_access_token(connection.pk, connection.generation, answer)
     return connection
 
 
@@ -381,11 +376,10 @@ def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
     API token, Run:AI's access key), each of at most its ``limit`` printable ASCII characters (what
     a request header carries: a character beyond would fail only once sent, as a provider error), checked
     at the provider (its account names the identity the user's cases run under), then kept
-    sealed. Refused before anything when nothing could be kept (no sealing key)."""
+    sealed."""
     pool = _user_pool(user, pool_id, pasted=True)
     session = provider(pool.kind)
     paste = session.paste
-    sealing.require()
     given = [(values.get(name) or "").strip() for name, _what, _secret in paste.fields]
     if any(not value or len(value) > paste.limit or not all(" " < char < "\x7f" for char in value) for value in given):
         raise Invalid(paste.malformed)
@@ -402,22 +396,18 @@ def _check_linked_identity(user, issuer: str, subject: str) -> None:
     """The operators' identity links (docs/identity.md: the admin's *Identities*, issuer + subject)
     decide whose provider account a user may connect: a user linked at this issuer must connect as
     that subject, and a subject linked to another user is never taken."""
-    from django.apps import apps
+    from apps.accounts.models import Identity
 
     if not issuer or not subject:
         return
-    try:
-        identity = apps.get_model("accounts", "Identity")
-    except LookupError:  # pragma: no cover - the accounts app always has it
-        return
-    rows = list(identity.objects.filter(issuer=issuer, user=user).values_list("subject", flat=True))
+    rows = list(Identity.objects.filter(issuer=issuer, user=user).values_list("subject", flat=True))
     if rows and subject not in rows:
         raise Forbidden(
             f"You are signed in at the identity provider as another account (subject {subject}) than the one "
             "linked to you here. Sign out there, then connect again as yourself, or ask an operator to check "
             "your identity link."
         )
-    if identity.objects.filter(issuer=issuer, subject=subject).exclude(user=user).exists():
+    if Identity.objects.filter(issuer=issuer, subject=subject).exclude(user=user).exists():
         raise Forbidden(
             f"The provider account you signed in with (subject {subject}) is linked to another Gridgate user. "
             "Sign out at the identity provider and connect as yourself."
