@@ -43,16 +43,13 @@ class RemoteConnectionAdmin(ModelAdmin):
         return False
 
     def delete_model(self, request, obj):
-        self._forget(request, [obj])
+        self.delete_queryset(request, RemoteConnection.objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request, queryset):
-        self._forget(request, queryset.select_related("user", "pool"))
-
-    def _forget(self, request, connections_):
         """Deleting revokes a FirecREST grant at the identity provider, as the user's own
         disconnect does (``credential_services.forget``)."""
-        for connection in connections_:
-            forgotten = credential_services.forget(connection.pk)
+        for connection in queryset.select_related("user", "pool"):
+            forgotten = credential_services.forget(RemoteConnection.objects.filter(pk=connection.pk))
             if forgotten is None:
                 continue  # deleted meanwhile
             self.message_user(

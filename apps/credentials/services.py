@@ -474,20 +474,17 @@ class Forgotten:
 def disconnect(*, user, pool_id) -> Forgotten:
     """Forget ``user``'s own credential for a pool (their own alone: another user's is 404) and
     revoke a FirecREST grant at the identity provider (:func:`forget`)."""
-    forgotten = _forget(RemoteConnection.objects.filter(user=user, pool_id=pool_id))
+    forgotten = forget(RemoteConnection.objects.filter(user=user, pool_id=pool_id))
     if forgotten is None:
         raise NotFound("You have no connection to this pool.")
     return forgotten
 
 
-def forget(connection_id: int) -> Forgotten | None:
-    """Delete one connection (staff in the admin), revoking its grant as :func:`disconnect` does;
-    None if it is already gone."""
-    return _forget(RemoteConnection.objects.filter(pk=connection_id))
+def forget(connections) -> Forgotten | None:
+    """Delete the connection ``connections`` selects (staff in the admin; the user's own:
+    :func:`disconnect`) and revoke its FirecREST grant; None if it is already gone.
 
-
-def _forget(connections) -> Forgotten | None:
-    """Claim, commit, call: the row is deleted under its lock (a refresh that holds the lock
+    Claim, commit, call: the row is deleted under its lock (a refresh that holds the lock
     stores its rotated refresh token first, and that is the one revoked), the deletion commits,
     then the provider is asked to revoke the grant, with no transaction open. Access tokens
     already issued stay valid until they expire (FirecREST checks them itself)."""
