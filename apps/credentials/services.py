@@ -539,21 +539,16 @@ def connection_refusal(pool, connection) -> Forbidden | None:
     """Why a launch on per-user ``pool`` is refused with ``connection`` (the user's, or None), or
     None when it is not: the one rule behind :func:`require_connection` and the pools' per-user
     readiness (``apps.backends.readiness.user_readiness``), which reads every connection at once."""
-    if not needs_user_credentials(pool):
+    if not needs_user_credentials(pool) or (connection is not None and connection.is_connected):
         return None
+    page = connect_page()
     if connection is None:
-        return Forbidden(
-            f"Pool '{pool.name}' runs cases under your own {pool.get_kind_display()} account: connect it first at "
-            f"{connect_page()}.",
-            connect_url=connect_page(),
-        )
-    if not connection.is_connected:
-        return Forbidden(
-            f"Your connection to pool '{pool.name}' failed ({connection.failure or 'the provider refused it'}): "
-            f"reconnect at {connect_page()}, then launch again.",
-            connect_url=connect_page(),
-        )
-    return None
+        kind = pool.get_kind_display()
+        why = f"Pool '{pool.name}' runs cases under your own {kind} account: connect it first at {page}."
+    else:
+        failure = connection.failure or "the provider refused it"
+        why = f"Your connection to pool '{pool.name}' failed ({failure}): reconnect at {page}, then launch again."
+    return Forbidden(why, connect_url=page)
 
 
 # -- what a user sees -----------------------------------------------------------------------------
