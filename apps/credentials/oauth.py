@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlencode
+
+import jwt
 
 from apps.resources.remote import authorization_endpoint, revocation_endpoint
 
@@ -101,9 +102,7 @@ def refresh(remote: dict, refresh_token: str) -> TokenAnswer:
     data = {"grant_type": "refresh_token", "client_id": remote["public_client_id"], "refresh_token": refresh_token}
     answer = _token_request(remote, data, sent=[refresh_token])
     if not answer.refresh_token:  # a provider that does not rotate keeps the one it accepted
-        answer = TokenAnswer(
-            answer.access_token, refresh_token, answer.expires_in, answer.subject, answer.username, answer.issuer
-        )
+        answer = replace(answer, refresh_token=refresh_token)
     return answer
 
 
@@ -176,14 +175,10 @@ def _refusal(response, body: dict, *, sent: list[str], empty: str) -> OAuthError
 def claims(token: str) -> dict:
     """The payload of a JWT, unverified (see the module's docstring: a label, never a proof); {}
     for anything that is not a JWT."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return {}
     try:
-        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, UnicodeError):
+        return jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
         return {}
-    return payload if isinstance(payload, dict) else {}
 
 
 def probe_client(remote: dict) -> tuple[bool, str]:
