@@ -33,17 +33,12 @@ class Unreadable(Exception):
     value was tampered with). The message names no value."""
 
 
-def _keys() -> list[str]:
-    keys = getattr(settings, "GRIDGATE_CREDENTIALS_KEY", None) or []
-    if isinstance(keys, str):
-        keys = [part.strip() for part in keys.split(",") if part.strip()]
-    return list(keys)
-
-
 def _box():
     from cryptography.fernet import Fernet, MultiFernet
 
-    keys = _keys()
+    keys = getattr(settings, "GRIDGATE_CREDENTIALS_KEY", None) or []
+    if isinstance(keys, str):
+        keys = [part.strip() for part in keys.split(",") if part.strip()]
     if not keys:
         raise SealingUnavailable()
     try:

@@ -17,6 +17,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.text import capfirst
 from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_POST
@@ -126,10 +127,8 @@ def connection_paste(request, pool):
         return _back()
     session = provider(connection.pool.kind)
     who = connection.provider_username or connection.subject or "unknown"
-    words = session.paste.words
-    messages.success(
-        request, f"{words[0].upper()}{words[1:]} saved for {connection.pool.name} ({session.label} account {who})."
-    )
+    saved = f"{capfirst(session.paste.words)} saved for {connection.pool.name}"
+    messages.success(request, f"{saved} ({session.label} account {who}).")
     return _back()
 
 
