@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from apps.backends.firecrest.client import Session, _sdk
 from apps.backends.remote import Doctor, RemoteBackend
+from apps.credentials import oauth
 from apps.resources.remote import authorization_endpoint, revocation_endpoint
 
 
@@ -43,8 +44,6 @@ class FirecrestDoctor(RemoteBackend):
         """No service account to ask FirecREST with: what users need to connect (the
         authorization endpoint, the public client at the token endpoint, revocation); the system,
         partition and working_root are met by the first user's case."""
-        from apps.credentials import oauth
-
         endpoint = authorization_endpoint(session.remote)
         doctor.check(
             "authorization",
@@ -90,8 +89,6 @@ def _working_root(session: Session) -> tuple[bool, str]:
 
 def _revocation(session: Session) -> tuple[bool, str]:
     """Disconnecting revokes the grant there (RFC 7009): a made-up token is answered 200."""
-    from apps.credentials import oauth
-
     endpoint = revocation_endpoint(session.remote)
     try:
         oauth.revoke(session.remote, "gridgate-doctor-probe")
