@@ -96,6 +96,16 @@ SLURM_CLIENT_ENVIRONMENT = ("SLURM_CONF",)
 TIME_CHOICES = [("00:10:00", "10 minutes"), ("01:00:00", "1 hour"), ("04:00:00", "4 hours"), ("1-00:00:00", "1 day")]
 
 
+def launch_form(partitions: list[str], default) -> list[LaunchOption]:
+    """A Slurm cluster's launch options (here or through FirecREST): the partition among
+    ``partitions`` and the time limit. New ones each time: a class pins its own choices into them
+    (``sbatch.pin_class_partition``, ``sbatch.pin_class_time``)."""
+    return [
+        LaunchOption("partition", "Partition", [Choice(name, name) for name in partitions], default),
+        LaunchOption("time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00"),
+    ]
+
+
 def map_state(raw: str) -> str:
     """``CANCELLED by 0`` → cancelled; unknown → pending (never a failure)."""
     word = (raw or "").strip().split(" ")[0].rstrip("+").upper()
@@ -430,22 +440,12 @@ class SlurmBackend(PollsMany, ExecutionBackend):
 
     # -- launch form and doctor ----------------------------------------------------------------
     def launch_options(self, pool, identity=None) -> LaunchOptions:
-        time_option = LaunchOption(
-            key="time",
-            label="Time limit",
-            choices=[Choice(value, label) for value, label in TIME_CHOICES],
-            default="01:00:00",
-        )
         configured = (pool.remote or {}).get("partition") if pool is not None else None
         try:
             lines = run(["sinfo", "-h", "-o", "%P|%a"]).stdout.splitlines()
         except BackendError as exc:
-            fallback = [Choice(configured, configured)] if configured else []
-            return LaunchOptions(
-                options=[LaunchOption("partition", "Partition", fallback, configured), time_option],
-                degraded=True,
-                message=str(exc),
-            )
+            fallback = [configured] if configured else []
+            return LaunchOptions(options=launch_form(fallback, configured), degraded=True, message=str(exc))
         partitions, default = [], configured
         for line in lines:
             name, _, avail = line.partition("|")
@@ -453,8 +453,8 @@ class SlurmBackend(PollsMany, ExecutionBackend):
                 name = name[:-1]
                 default = default or name
             if avail == "up":
-                partitions.append(Choice(name, name))
-        return LaunchOptions(options=[LaunchOption("partition", "Partition", partitions, default), time_option])
+                partitions.append(name)
+        return LaunchOptions(options=launch_form(partitions, default))
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)

@@ -37,7 +37,6 @@ from apps.backends.base import (
     BackendError,
     BackendState,
     BackendStatus,
-    Choice,
     JobRef,
     LaunchOption,
     LaunchOptions,
@@ -55,7 +54,8 @@ from apps.backends.remote_common import (
     load_state,
     save_state,
 )
-from apps.backends.slurm import STATES, TIME_CHOICES, parse_elapsed
+from apps.backends.slurm import launch_form, parse_elapsed
+from apps.backends.slurm import map_state as slurm_state
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +73,7 @@ def map_state(raw, exit_code=None) -> str:
         words = [str(w) for w in raw]
     else:
         words = str(raw or "").split(",")
-    mapped = []
-    for word in words:
-        key = word.strip().split(" ")[0].rstrip("+").upper()
-        if key:
-            mapped.append(STATES.get(key, BackendStatus.PENDING))
+    mapped = [slurm_state(word) for word in words if word.strip()]
     if not mapped:
         return BackendStatus.PENDING
     if all(status in BackendStatus.TERMINAL for status in mapped):
@@ -92,20 +88,10 @@ def map_state(raw, exit_code=None) -> str:
 
 
 def _exit_code(value) -> int | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, int):
-        return value
-    text = str(value).split(":")[0]  # Slurm's "code:signal"
     try:
-        return int(text)
+        return int(str(value).split(":")[0])  # a number, or Slurm's "code:signal"
     except ValueError:
-        return None
-
-
-def time_option() -> LaunchOption:
-    """A new one each time: a class pins its own choices into it (``sbatch.pin_class_time``)."""
-    return LaunchOption("time", "Time limit", [Choice(value, label) for value, label in TIME_CHOICES], "01:00:00")
+        return None  # None, "", anything else
 
 
 def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
@@ -461,15 +447,14 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
     def fixed_options(self, session: Session) -> list[LaunchOption]:
         """The pool's own partition (a class's is pinned later) and the time limits."""
         configured = session.remote.get("partition")
-        fallback = [Choice(configured, configured)] if configured else []
-        return [LaunchOption("partition", "Partition", fallback, configured), time_option()]
+        return launch_form([configured] if configured else [], configured)
 
     def asked_options(self, session: Session) -> list[LaunchOption]:
         configured = session.remote.get("partition")
         partitions = session.call("partition listing", "partitions", session.system)
         names = [str(p.get("name")) for p in partitions or [] if p.get("name")]
         default = configured if configured in names else (names[0] if names else configured)
-        return [LaunchOption("partition", "Partition", [Choice(n, n) for n in names], default), time_option()]
+        return launch_form(names, default)
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         return sbatch.pin_class_time(sbatch.pin_class_partition(answer, resource_class), resource_class)
