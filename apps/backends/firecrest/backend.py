@@ -103,7 +103,6 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
     name = "firecrest"
     kinds = ("firecrest",)
     needs = (("working_root", "it has no working directory on the cluster"),)
-    session_class = Session
 
     def session(self, ref: SubmitSpec | JobRef) -> Session:
         """A submission's system is its class's override, else the pool's; a job's is in its id."""
@@ -148,33 +147,24 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
             wall_seconds=sbatch.wall_seconds(spec),
         )
 
-    def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat=None) -> dict[str, list]:
+    def _upload_tree(self, session: Session, local_root: Path, remote_root: str, heartbeat) -> dict[str, list]:
         """Upload every regular file under ``local_root``; returns {rel: [size, sha256]}."""
         manifest = {}
         made = {remote_root}
         account = session.remote.get("account")
         for rel, path in files.walk_files(local_root):
-            if heartbeat is not None:
-                heartbeat()  # renew the launch lease between uploads (R-CASE-1)
-            directory = posixpath.join(remote_root, posixpath.dirname(rel)) if "/" in rel else remote_root
+            heartbeat()  # renew the launch lease between uploads (R-CASE-1)
+            directory, name = posixpath.split(posixpath.join(remote_root, rel))
             if directory not in made:
                 session.call(f"mkdir {directory}", "mkdir", session.system, directory, create_parents=True)
                 made.add(directory)
             # pyfirecrest sends files under ~1 MiB to ops/upload and larger ones through the
             # transfer endpoints (S3 staging + a transfer job), blocking until they land.
-            session.call(
-                f"upload of {rel}",
-                "upload",
-                session.system,
-                str(path),
-                directory,
-                posixpath.basename(rel),
-                account=account,
-            )
+            session.call(f"upload of {rel}", "upload", session.system, str(path), directory, name, account=account)
             manifest[rel] = [path.stat().st_size, files._hash(path)]
         return manifest
 
-    def _upload_shared(self, session: Session, shared_dir: Path, heartbeat=None) -> str:
+    def _upload_shared(self, session: Session, shared_dir: Path, heartbeat) -> str:
         """A campaign's shared inputs, uploaded once per campaign (a marker says it is complete)."""
         campaign_root = posixpath.join(session.working_root, "campaigns", shared_dir.parent.name)
         target = posixpath.join(campaign_root, "shared")
@@ -280,11 +270,10 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
             elapsed = parse_elapsed(elapsed)
         stdout = stderr = ""
         if status != BackendStatus.PENDING and output:
-            rdir = session.run_dir(job.case_id)
             final = status in BackendStatus.TERMINAL
             try:
-                stdout = self._delta(session, posixpath.join(rdir, "stdout"), job.workspace / "stdout.log", final)
-                stderr = self._delta(session, posixpath.join(rdir, "stderr"), job.workspace / "stderr.log", final)
+                stdout = self._delta(session, job, "stdout", final)
+                stderr = self._delta(session, job, "stderr", final)
             except BackendError:
                 if status in BackendStatus.TERMINAL:
                     raise  # the last output must be caught up before the case ends
@@ -306,8 +295,8 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
             message=message,
         )
 
-    def _delta(self, session: Session, remote_path: str, local_log: Path, final: bool = False) -> str:
-        """The remote file past the bytes the workspace log already has (R-CASE-5).
+    def _delta(self, session: Session, job: JobRef, stream: str, final: bool) -> str:
+        """The job's remote ``stream`` file past the bytes the workspace log already has (R-CASE-5).
 
         The server runs ``tail --bytes=+N``: a 1-based start (``+1`` is the whole file) and
         ``bytes=0`` drops the option (the last 10 lines). So the 0-based offset ``k`` is asked
@@ -315,9 +304,10 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
         the file (still being written) arrives as U+FFFD; it is left for the next poll, which
         starts at its first byte, except in the last poll of a finished job."""
         try:
-            offset = local_log.stat().st_size
+            offset = (job.workspace / f"{stream}.log").stat().st_size
         except FileNotFoundError:
             offset = 0
+        remote_path = posixpath.join(session.run_dir(job.case_id), stream)
         try:
             text = session.call(
                 "output tail", "tail", session.system, remote_path, num_bytes=offset + 1, exclude_beginning=True
@@ -335,7 +325,7 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
 
     # -- files --------------------------------------------------------------------------------
     def _walk(self, session: Session, root: str, skip_top: tuple[str, ...]):
-        """(rel, entry) for regular files under ``root``; symlinks are never followed."""
+        """(rel, remote path, entry) for regular files under ``root``; symlinks are never followed."""
         pending = [("", root)]
         seen = 0
         while pending:
@@ -354,14 +344,14 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
                 if kind == "d":
                     pending.append((rel, posixpath.join(path, name)))
                 elif kind in ("-", "f", "file"):
-                    yield rel, entry
+                    yield rel, posixpath.join(path, name), entry
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         session = self.session(job)
         work = posixpath.join(session.run_dir(job.case_id), "work")
         live = job.workspace / "live"
         seen = load_state(job.workspace, STATE_DIR, "live.json")
-        for rel, entry in self._walk(session, work, ("shared",)):
+        for rel, source, entry in self._walk(session, work, ("shared",)):
             if not glob_matches(rel, globs):
                 continue
             size = _size(entry)
@@ -369,7 +359,6 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
             target = confined_target(live, rel)
             if target is None or size > LIVE_MAX_BYTES:
                 continue
-            source = posixpath.join(work, rel)
             known = seen.get(rel)
             if known and known[:2] == stamp and target.exists():
                 # Sizes and one-second mtimes miss a same-size rewrite within a second: the
@@ -387,17 +376,17 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
         manifest = load_state(job.workspace, STATE_DIR, "manifest.json")
         results = job.workspace / "results"
         results.mkdir(parents=True, exist_ok=True)
-        for rel, entry in self._walk(session, work, files.NOT_RESULTS):
+        for rel, source, entry in self._walk(session, work, files.NOT_RESULTS):
             size = _size(entry)
             known = manifest.get(rel)
             if known and known[0] == size:
-                answer = session.call(f"checksum of {rel}", "checksum", session.system, posixpath.join(work, rel))
+                answer = session.call(f"checksum of {rel}", "checksum", session.system, source)
                 if isinstance(answer, dict) and answer.get("checksum") == known[1]:
                     continue  # an input the job did not change is not a result
             target = confined_target(results, rel)
             if target is None:
                 continue
-            self._download(session, posixpath.join(work, rel), target)
+            self._download(session, source, target)
 
     def _download(self, session: Session, source: str, target: Path) -> None:
         def fetch(tmp: str):
