@@ -171,32 +171,27 @@ def identities_for(cases) -> dict:
     return out
 
 
-def _refusing_identity(user, pool, label: str, key: str, why: str) -> RemoteIdentity:
-    """An identity whose every ``token()`` raises CredentialsRequired: "reconnect at …"."""
-    return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
-
-
 def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIdentity:
-    if connection is None:
-        why = "does not exist: the pool runs cases under each user's own credentials"
-        return _refusing_identity(
-            user, pool, f"user {user.username} (not connected)", f"user:{user.pk}:{pool.pk}:none", why
-        )
+    """``user``'s identity through ``connection``: while there is none, it failed or the pool
+    moved, one whose every ``token()`` raises CredentialsRequired ("reconnect at …")."""
     session = provider(pool.kind)
-    label = f"user {user.username} ({session.account_word} {connection.subject or 'unknown'})"
-    key = f"user:{connection.pk}:{connection.generation}"
-    changed = moved(connection, pool)
-    if changed:
-        why = f"was made for other provider URLs (the pool's {changed} changed since)"
-        return _refusing_identity(user, pool, label, key, why)
-    if not connection.is_connected:
-        return _refusing_identity(user, pool, label, key, f"failed ({connection.failure or 'the provider refused it'})")
-    refused = partial(
-        _refused,
-        connection.pk,
-        connection.generation,
-        _reconnect(user, pool, "was refused by the provider (401: revoked or expired)"),
-    )
+    if connection is None:
+        label, key = f"user {user.username} (not connected)", f"user:{user.pk}:{pool.pk}:none"
+        why = "does not exist: the pool runs cases under each user's own credentials"
+    else:
+        label = f"user {user.username} ({session.account_word} {connection.subject or 'unknown'})"
+        key = f"user:{connection.pk}:{connection.generation}"
+        changed = moved(connection, pool)
+        if changed:
+            why = f"was made for other provider URLs (the pool's {changed} changed since)"
+        elif not connection.is_connected:
+            why = f"failed ({connection.failure or 'the provider refused it'})"
+        else:
+            why = ""
+    if why:
+        return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
+    refusal = _reconnect(user, pool, "was refused by the provider (401: revoked or expired)")
+    refused = partial(_refused, connection.pk, connection.generation, refusal)
     if session.paste is not None:
         # What the user pasted (Qarnot's API token; Run:AI's access key, which the backend
         # trades for short-lived access tokens itself), as ``pasted_secret`` kept it.
