@@ -46,7 +46,6 @@ class UserTokenAuth:
 
     def __init__(self, identity: RemoteIdentity):
         self.identity = identity
-        self.timeout = TIMEOUT
         self.last_token = ""
         self._fresh = False
 
@@ -86,8 +85,6 @@ class Session(RemoteSession):
         return [self.id_env, self.secret_env]
 
     def client_key(self, credential: tuple) -> tuple:
-        if self.per_user:
-            return (self.api_url, "user", credential[0])
         return (self.api_url, self.remote.get("token_uri"), digest(*credential))
 
     def open_client(self, credential: tuple):
