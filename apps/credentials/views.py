@@ -40,11 +40,13 @@ def _back():
     return redirect("web:connection-list")
 
 
-def _refuse(request, exc: Exception, what: str) -> None:
+def _refused(request, exc: Exception, what: str):
+    """Back to the connections page, saying why ``what`` was refused."""
     if isinstance(exc, sealing.SealingUnavailable):
         messages.error(request, exc.detail)  # the whole reason, in words: nothing to retry
     else:
         refuse(request, exc, what)
+    return _back()
 
 
 @login_required
@@ -65,8 +67,7 @@ def connection_connect(request, pool):
             user=request.user, pool_id=pool, redirect_uri=_callback_uri(request)
         )
     except REFUSALS as exc:
-        _refuse(request, exc, "Connecting")
-        return _back()
+        return _refused(request, exc, "Connecting")
     flows = dict(request.session.get(FLOWS) or {})
     flows[flow["state"]] = flow
     # A user who starts several connects keeps the newest few (an abandoned one expires anyway).
@@ -107,8 +108,7 @@ def connection_callback(request):
             max_age=settings.GRIDGATE_CONNECT_FLOW_SECONDS,
         )
     except REFUSALS as exc:
-        _refuse(request, exc, "Connecting")
-        return _back()
+        return _refused(request, exc, "Connecting")
     who = connection.provider_username or connection.subject or "your account"
     messages.success(request, f"Connected to {connection.pool.name} as {who}: your cases there run under it.")
     return _back()
@@ -123,8 +123,7 @@ def connection_paste(request, pool):
     try:
         connection = credential_services.store_pasted(user=request.user, pool_id=pool, values=request.POST)
     except REFUSALS as exc:
-        _refuse(request, exc, "Saving the credential")
-        return _back()
+        return _refused(request, exc, "Saving the credential")
     session = provider(connection.pool.kind)
     who = connection.provider_username or connection.subject or "unknown"
     saved = f"{capfirst(session.paste.words)} saved for {connection.pool.name}"
@@ -138,8 +137,7 @@ def connection_disconnect(request, pool):
     try:
         forgotten = credential_services.disconnect(user=request.user, pool_id=pool)
     except REFUSALS as exc:
-        _refuse(request, exc, "Disconnecting")
-    else:
-        tell = messages.warning if forgotten.revoked is False else messages.success
-        tell(request, f"Disconnected: {forgotten.detail}")
+        return _refused(request, exc, "Disconnecting")
+    tell = messages.warning if forgotten.revoked is False else messages.success
+    tell(request, f"Disconnected: {forgotten.detail}")
     return _back()
