@@ -47,13 +47,12 @@ class TokenAnswer:
 
 
 class OAuthError(Exception):
-    """The token endpoint refused (``error``: the OAuth error code, ``status``: the HTTP status) or
+    """The token endpoint refused (``error``: the OAuth error code; the HTTP status is in the message) or
     could not be reached (``unreachable``). The message is safe to show: no token, code or verifier."""
 
-    def __init__(self, message: str, *, error: str = "", status: int | None = None, unreachable: bool = False):
+    def __init__(self, message: str, *, error: str = "", unreachable: bool = False):
         super().__init__(message)
         self.error = error
-        self.status = status
         self.unreachable = unreachable
 
     @property
@@ -167,7 +166,6 @@ def _refusal(response, body: dict, *, sent: list[str], empty: str) -> OAuthError
     return OAuthError(
         f"the identity provider refused (HTTP {response.status_code}, {words})",
         error=error,
-        status=response.status_code,
         unreachable=response.status_code >= 500,
     )
 
