@@ -84,33 +84,31 @@ def connection_callback(request):
     flows = dict(request.session.get(FLOWS) or {})
     flow = flows.pop(state, None) if state else None
     request.session[FLOWS] = flows  # a state is used once, whatever happens next
+    error, code = request.GET.get("error"), request.GET.get("code", "")
     if flow is None:
         messages.error(
             request,
             "This connection attempt is unknown here or was already used (the page may have been reloaded): "
             "connect again.",
         )
-        return _back()
-    if request.GET.get("error"):
-        reason = request.GET.get("error_description") or request.GET["error"]
+    elif error:
+        reason = request.GET.get("error_description") or error
         messages.error(request, f"The identity provider did not connect you ({reason[:200]}). Connect again.")
-        return _back()
-    code = request.GET.get("code", "")
-    if not code:
+    elif not code:
         messages.error(request, "The identity provider sent no authorization code back: connect again.")
-        return _back()
-    try:
-        connection = credential_services.finish_connect(
-            user=request.user,
-            flow=flow,
-            code=code,
-            redirect_uri=_callback_uri(request),
-            max_age=settings.GRIDGATE_CONNECT_FLOW_SECONDS,
-        )
-    except REFUSALS as exc:
-        return _refused(request, exc, "Connecting")
-    who = connection.provider_username or connection.subject or "your account"
-    messages.success(request, f"Connected to {connection.pool.name} as {who}: your cases there run under it.")
+    else:
+        try:
+            connection = credential_services.finish_connect(
+                user=request.user,
+                flow=flow,
+                code=code,
+                redirect_uri=_callback_uri(request),
+                max_age=settings.GRIDGATE_CONNECT_FLOW_SECONDS,
+            )
+        except REFUSALS as exc:
+            return _refused(request, exc, "Connecting")
+        who = connection.provider_username or connection.subject or "your account"
+        messages.success(request, f"Connected to {connection.pool.name} as {who}: your cases there run under it.")
     return _back()
 
 
