@@ -1,12 +1,5 @@
-"""Per-user remote credentials (docs/backends.md, "Per-user credentials").
-
-A pool whose ``remote`` says ``"credentials": "user"`` runs each case under its owner's own
-account at the provider. The user connects once (FirecREST: the provider's OAuth2 authorization
-code flow with PKCE; Qarnot: their API token, pasted once; Run:AI: their access key); the refresh
-token, API token or access key is kept here **sealed** (``apps.credentials.sealing``), the one
-credential Gridgate stores. Nothing else of it is kept: access tokens live in the memory of the
-process that obtained them.
-"""
+"""The per-user remote credential, kept sealed (docs/backends.md, "Per-user credentials"; how it is
+made, used and ended: ``apps.credentials.services``; how it is sealed: ``apps.credentials.sealing``)."""
 
 from django.conf import settings
 from django.db import models
