@@ -53,8 +53,7 @@ def _refused(request, exc: Exception, what: str):
 @require_GET
 @never_cache
 def connection_list(request):
-    rows = credential_services.connection_rows(request.user)
-    context = {"rows": rows, "can_seal": sealing.available()}
+    context = {"rows": credential_services.connection_rows(request.user), "can_seal": sealing.available()}
     return render(request, "web/connection_list.html", context)
 
 
