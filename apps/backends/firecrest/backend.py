@@ -43,9 +43,9 @@ from apps.backends.base import (
     PollsMany,
     SubmitSpec,
 )
-from apps.backends.firecrest.client import ProviderError, Session, _sdk
+from apps.backends.firecrest.client import Session, _sdk
 from apps.backends.firecrest.doctor import FirecrestDoctor
-from apps.backends.remote import RemoteSession
+from apps.backends.remote import ProviderError, RemoteSession
 from apps.backends.remote_common import (
     LIVE_MAX_BYTES,
     confined_target,

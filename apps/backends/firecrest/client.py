@@ -15,11 +15,9 @@ import json
 import posixpath
 
 from apps.backends.base import BackendError, RemoteIdentity
-from apps.backends.remote import Failure, ProviderError, RemoteSession
+from apps.backends.remote import Failure, RemoteSession
 from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret
-
-__all__ = ["ProviderError", "Session", "UserTokenAuth"]
 
 TIMEOUT = 30.0  # seconds per HTTP request: a hung API is a failed call, not a hung worker
 RATE_LIMIT_RETRIES = 2  # pyfirecrest sleeps Retry-After on 429; bounded so a pass stays bounded
