@@ -34,15 +34,18 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
+from apps.accounts.models import Identity
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import provider
 from apps.core.exceptions import Forbidden, Invalid, NotFound, Unavailable
 from apps.credentials import oauth, sealing
 from apps.credentials.models import ConnectionState, RemoteConnection
+from apps.resources.models import ResourcePool
 from apps.resources.remote import SERVICE, USER, credential_mode
 
 logger = logging.getLogger(__name__)
@@ -104,8 +107,6 @@ def note_provider_url_change(*, pool, before: dict, actor) -> int:
         updated_at=now,
     )
     if actor is not None and getattr(actor, "pk", None):
-        from django.contrib.admin.models import CHANGE, LogEntry
-
         message = "Provider URLs changed: " + "; ".join(f"{key} {old} → {new}" for key, (old, new) in changed.items())
         if ended:
             message += f"; {ended} user connection(s) must reconnect"
@@ -307,8 +308,6 @@ def _user_pool(user, pool_id, *, pasted: bool):
     """The pool ``pool_id`` if ``user`` may use it and it takes their own credential, pasted or
     through the provider's sign-in as ``pasted`` says; refused before anything else when nothing
     could be kept (no sealing key: :class:`~apps.credentials.sealing.SealingUnavailable`)."""
-    from apps.resources.models import ResourcePool
-
     pool = ResourcePool.objects.visible_to(user).filter(pk=pool_id).first()
     if pool is None:
         raise NotFound("No such pool.")
@@ -391,8 +390,6 @@ def _check_linked_identity(user, issuer: str, subject: str) -> None:
     """The operators' identity links (docs/identity.md: the admin's *Identities*, issuer + subject)
     decide whose provider account a user may connect: a user linked at this issuer must connect as
     that subject, and a subject linked to another user is never taken."""
-    from apps.accounts.models import Identity
-
     if not issuer or not subject:
         return
     rows = list(Identity.objects.filter(issuer=issuer, user=user).values_list("subject", flat=True))
@@ -550,8 +547,6 @@ def connection_refusal(pool, connection) -> Forbidden | None:
 def connection_rows(user) -> list[dict]:
     """Every pool ``user`` may use that runs cases under their own credentials, with their
     connection (or None): the connections page and ``GET /api/v1/connections/``."""
-    from apps.resources.models import ResourcePool
-
     pools = [
         pool for pool in ResourcePool.objects.visible_to(user).order_by("name", "id") if needs_user_credentials(pool)
     ]
