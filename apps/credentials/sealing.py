@@ -14,6 +14,7 @@ a plaintext or a key into a message.
 
 from __future__ import annotations
 
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
 from apps.core.exceptions import Unavailable
@@ -34,8 +35,6 @@ class Unreadable(Exception):
 
 
 def _box():
-    from cryptography.fernet import Fernet, MultiFernet
-
     keys = getattr(settings, "GRIDGATE_CREDENTIALS_KEY", None) or []
     if isinstance(keys, str):
         keys = [part.strip() for part in keys.split(",") if part.strip()]
@@ -74,8 +73,6 @@ def seal(plaintext: str) -> str:
 
 def unseal(sealed: str) -> str:
     """The plaintext of a sealed value; :class:`Unreadable` when no configured key opens it."""
-    from cryptography.fernet import InvalidToken
-
     try:
         return _box().decrypt(sealed.encode("ascii")).decode()
     except (InvalidToken, UnicodeError, ValueError):
@@ -87,8 +84,6 @@ def unseal(sealed: str) -> str:
 
 def reseal(sealed: str) -> str:
     """``sealed`` under the first key (MultiFernet.rotate), for a key rotation."""
-    from cryptography.fernet import InvalidToken
-
     try:
         return _box().rotate(sealed.encode("ascii")).decode("ascii")
     except (InvalidToken, UnicodeError, ValueError):
