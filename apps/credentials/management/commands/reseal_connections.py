@@ -14,6 +14,7 @@ from django.db import transaction
 
 from apps.credentials import sealing
 from apps.credentials.models import RemoteConnection
+from apps.notifications.models import Subscription
 
 
 class Command(BaseCommand):
@@ -24,8 +25,6 @@ class Command(BaseCommand):
             sealing.require()
         except sealing.SealingUnavailable as exc:
             raise CommandError(exc.detail) from None
-        from apps.notifications.models import Subscription
-
         resealed, unreadable = reseal(RemoteConnection.objects.all(), "sealed_secret", also=["updated_at"])
         self.stdout.write(f"re-sealed {resealed} connection(s) under the first key")
         hooks, unreadable_hooks = reseal(Subscription.objects.exclude(secret_sealed=""), "secret_sealed")
