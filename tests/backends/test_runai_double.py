@@ -7,6 +7,7 @@ import requests
 
 from apps.backends import runai as rb
 from apps.backends.runai import client as rb_client
+from apps.credentials import oauth
 from tests.backends.conftest import wait_until
 from tests.doubles.runai_server import CLUSTER, RunaiDouble
 
@@ -62,7 +63,7 @@ def get(client, workload_id):
 
 
 def test_the_token_is_a_jwt_from_the_v2_endpoint_with_subject_and_exp(double, client):
-    claims = rb.token_claims(client._token)
+    claims = oauth.claims(client._token)
     assert claims["sub"] == "svc-subject" and claims["exp"] > 0
     assert [path for _m, path in double.calls] == ["/api/v2/token"]
 

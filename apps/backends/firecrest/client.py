@@ -62,6 +62,7 @@ class Session(RemoteSession):
     kind = "firecrest"
     label = "FirecREST"
     url_keys = ("api_url", "token_uri", "authorization_uri", "revocation_uri")
+    service_env = ("client_id_env", "client_secret_env")
 
     def __init__(self, remote: dict, system: str | None = None, identity: RemoteIdentity | None = None):
         super().__init__(remote, identity)
@@ -78,9 +79,6 @@ class Session(RemoteSession):
 
     def user_credential(self, identity: RemoteIdentity) -> tuple[str]:
         return (identity.key,)  # the token itself is asked for per request (UserTokenAuth)
-
-    def service_env_names(self) -> list[str]:
-        return [self.id_env, self.secret_env]
 
     def client_key(self, credential: tuple) -> tuple:
         return (self.api_url, self.remote.get("token_uri"), digest(*credential))

@@ -3,6 +3,6 @@
 
 from apps.backends.remote.session import _clients
 from apps.backends.runai.backend import RunaiBackend, map_phase
-from apps.backends.runai.client import TokenRefused, build_client, token_claims
+from apps.backends.runai.client import TokenRefused, build_client
 
-__all__ = ["RunaiBackend", "TokenRefused", "_clients", "build_client", "map_phase", "token_claims"]
+__all__ = ["RunaiBackend", "TokenRefused", "_clients", "build_client", "map_phase"]

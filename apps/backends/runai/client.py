@@ -21,12 +21,12 @@ import logging
 import math
 import time
 
-import jwt
 import urllib3
 
 from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import Failure, Paste, ProviderError, RemoteSession
 from apps.backends.remote_common import env_secret
+from apps.credentials import oauth
 from apps.resources.remote import with_defaults
 
 sdk_logger = logging.getLogger("apps.backends.runai.sdk")
@@ -159,15 +159,6 @@ def _message(data) -> str:
     return str(data or "")[:200]
 
 
-def token_claims(token: str) -> dict:
-    """The claims of a Run:AI access token (a JWT) as it came from the token endpoint over TLS:
-    read, not verified (the API verifies it), for the identity a connection records."""
-    try:
-        return jwt.decode(token, options={"verify_signature": False})
-    except jwt.InvalidTokenError:
-        return {}
-
-
 class Session(RemoteSession):
     """One pool's view of Run:AI for one credential: the lazily built client and the secrets to scrub."""
 
@@ -213,7 +204,7 @@ class Session(RemoteSession):
             if exc.status in (400, 401, 403):
                 raise CredentialsRequired("Run:AI refused the access key") from None
             raise
-        claims = token_claims(client._token)
+        claims = oauth.claims(client._token)  # as it came from the token endpoint: a label, not a proof
         client.close()
         subject = str(claims.get("sub") or client_id)
         return subject, str(claims.get("email") or claims.get("preferred_username") or "")
