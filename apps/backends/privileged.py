@@ -805,6 +805,7 @@ BLOCKED_V6 = ("::/127", "fc00::/7", "fe80::/10", "ff00::/8")
 SLIRP_DNS = "10.0.2.3"
 NFT = ("/usr/sbin/nft", "/sbin/nft")
 NSENTER = "/usr/bin/nsenter"
+NFT_MISSING = "nftables (nft) is not installed: apt install nftables"
 
 
 def host_addresses() -> tuple[list[str], list[str]]:
@@ -845,9 +846,6 @@ def egress_rules(allowed: list[str]) -> str:
     allow4, allow6 = merged(allowed, 4), merged(allowed, 6)
     drop4, drop6 = merged([*BLOCKED_V4, *own4], 4), merged([*BLOCKED_V6, *own6], 6)
 
-    def elements(items) -> str:
-        return ", ".join(items)
-
     lines = [
         "table inet gridgate_egress {",
         "  chain out {",
@@ -857,36 +855,40 @@ def egress_rules(allowed: list[str]) -> str:
         f"    ip daddr {SLIRP_DNS} tcp dport 53 accept",
     ]
     if allow4:
-        lines.append(f"    ip daddr {{ {elements(allow4)} }} accept")
+        lines.append(f"    ip daddr {{ {', '.join(allow4)} }} accept")
     if allow6:
-        lines.append(f"    ip6 daddr {{ {elements(allow6)} }} accept")
-    lines.append(f"    ip daddr {{ {elements(drop4)} }} drop")
-    lines.append(f"    ip6 daddr {{ {elements(drop6)} }} drop")
+        lines.append(f"    ip6 daddr {{ {', '.join(allow6)} }} accept")
+    lines.append(f"    ip daddr {{ {', '.join(drop4)} }} drop")
+    lines.append(f"    ip6 daddr {{ {', '.join(drop6)} }} drop")
     lines += ["  }", "}", ""]
     return "\n".join(lines)
 
 
-def nft_command() -> str | None:
-    return next((path for path in NFT if os.access(path, os.X_OK)), None)
+def _nft(namespace: list[str], allowed: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+    """nft loading :func:`egress_rules` into the network namespace the command ``namespace``
+    runs it in; None when nftables is not installed."""
+    nft = next((path for path in NFT if os.access(path, os.X_OK)), None)
+    if nft is None:
+        return None
+    return subprocess.run(
+        [*namespace, nft, "-f", "-"],
+        input=egress_rules(allowed).encode(),
+        capture_output=True,
+        timeout=timeout,
+        env={"PATH": DEFAULT_PATH},
+        check=False,
+    )
 
 
 def load_egress_filter(pid: int, allowed: list[str]) -> str | None:
     """Load :func:`egress_rules` into the network namespace of ``pid`` (the sandbox's); the
     reason it could not, or None."""
-    nft = nft_command()
-    if nft is None:
-        return "nftables (nft) is not installed: apt install nftables"
     try:
-        proc = subprocess.run(
-            [NSENTER, f"--net=/proc/{pid}/ns/net", nft, "-f", "-"],
-            input=egress_rules(allowed).encode(),
-            capture_output=True,
-            timeout=NETWORK_SETUP_SECONDS,
-            env={"PATH": DEFAULT_PATH},
-            check=False,
-        )
+        proc = _nft([NSENTER, f"--net=/proc/{pid}/ns/net"], allowed, NETWORK_SETUP_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"nft could not run: {exc}"
+    if proc is None:
+        return NFT_MISSING
     if proc.returncode != 0:
         return f"nft refused the egress filter: {proc.stderr.decode(errors='replace').strip()[:500]}"
     return None
@@ -894,20 +896,12 @@ def load_egress_filter(pid: int, allowed: list[str]) -> str | None:
 
 def egress_probe() -> str:
     """doctor's question: can a filter be loaded into a fresh network namespace here?"""
-    nft = nft_command()
-    if nft is None:
-        return "nftables (nft) is not installed: apt install nftables"
     try:
-        proc = subprocess.run(
-            ["/usr/bin/unshare", "--net", nft, "-f", "-"],
-            input=egress_rules([]).encode(),
-            capture_output=True,
-            timeout=30,
-            env={"PATH": DEFAULT_PATH},
-            check=False,
-        )
+        proc = _nft(["/usr/bin/unshare", "--net"], [], 30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot load an egress filter into a network namespace: {exc}"
+    if proc is None:
+        return NFT_MISSING
     if proc.returncode != 0:
         return f"cannot load an egress filter into a network namespace: {proc.stderr.decode(errors='replace')[:300]}"
     return "ok"
