@@ -526,11 +526,7 @@ def write_into(root_fd: int, rel: str, src: int, owner: tuple[int, int]) -> None
             fd = inner
         name = parts[-1]
         part = f".{name}.part"
-        try:
-            os.unlink(part, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        out = _new_file(fd, part)
         try:
             copy_sparse(src, out)
             os.fchown(out, *owner)
@@ -1101,23 +1097,21 @@ def _write_at(dir_fd: int, name: str, text: str) -> None:
     """A control file of the run directory, written anew and renamed into place (mode 0644: the
     service reads it), never through a link."""
     part = f".{name}.part"
-    try:
-        os.unlink(part, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-    with os.fdopen(fd, "w") as handle:
+    with os.fdopen(_new_file(dir_fd, part, mode=0o644), "w") as handle:
         handle.write(text + "\n")
     os.replace(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def _new_file(dir_fd: int, name: str, owner: tuple[int, int], mode: int = 0o600) -> int:
+def _new_file(dir_fd: int, name: str, owner: tuple[int, int] | None = None, mode: int = 0o600) -> int:
+    """``name`` made anew (anything by that name, a link included, goes first), handed to
+    ``owner`` when given."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-    os.fchown(fd, *owner)
+    if owner is not None:
+        os.fchown(fd, *owner)
     return fd
 
 
