@@ -690,11 +690,8 @@ def remove_cgroup(base: str, name: str) -> None:
     unified, v1 = _mounts()
     root = _v2_root(unified)
     mounts = [root] if root is not None else [v1[c] for c in CONTROLLERS if c in v1]
-    found = {
-        str(i): str(Path(mount, *_cgroup_base(base), name))
-        for i, mount in enumerate(mounts)
-        if Path(mount, *_cgroup_base(base), name).is_dir()
-    }
+    leaves = [Path(mount, *_cgroup_base(base), name) for mount in mounts]
+    found = {str(i): str(leaf) for i, leaf in enumerate(leaves) if leaf.is_dir()}
     if found:
         Cgroup(2 if root is not None else 1, found).remove()
 
