@@ -36,6 +36,7 @@ Verbs:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -1355,15 +1356,14 @@ def start(config: Config, request: dict) -> dict:
         "messages": messages,
         "rlimits": {"FSIZE": disk, "CORE": 0, **({"NPROC": config.nproc} if entry is not None else {})},
     }
-    rdir_fd = run_dir(config, request)
-    opened = [rdir_fd]
-    try:
+    with contextlib.ExitStack() as opened:
+        rdir_fd = _closing(opened, run_dir(config, request))
         # First, before anything changes: one supervisor per run directory. The lock stays with
         # the open file the supervisor inherits, held from here to its end.
         lock = os.open(
             "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=rdir_fd
         )
-        opened.append(lock)
+        _closing(opened, lock)
         info = os.fstat(lock)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             raise Refused("the run directory's lock is not a single regular file")
@@ -1371,34 +1371,27 @@ def start(config: Config, request: dict) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise Refused("this case is running already") from None
-        work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
-        opened.append(work_fd)
+        work_fd = _closing(opened, os.open("work", _DIR, dir_fd=rdir_fd))
         if entry is not None:
             give_tree(work_fd, entry, service_uid=config.service_uid)
         command_fd = open_regular("command.sh", dir_fd=rdir_fd)
         if command_fd is None:
             raise Refused("the run directory holds no command.sh (a single regular file)")
-        opened.append(command_fd)
+        _closing(opened, command_fd)
         fds = {COMMAND_FD: command_fd, WORK_FD: work_fd}
         shared = request.get("shared_campaign")
         if shared is not None:
             if not isinstance(shared, str) or not CASE_ID.fullmatch(shared):
                 raise Refused("shared_campaign must be a campaign's UUID")
-            fds[SHARED_FD] = open_dir(config.cases_root, "campaigns", shared, "shared")
-            opened.append(fds[SHARED_FD])
+            fds[SHARED_FD] = _closing(opened, open_dir(config.cases_root, "campaigns", shared, "shared"))
         if network:
-            fds[RESOLV_FD] = os.memfd_create("resolv.conf", os.MFD_CLOEXEC)
+            fds[RESOLV_FD] = _closing(opened, os.memfd_create("resolv.conf", os.MFD_CLOEXEC))
             os.write(fds[RESOLV_FD], SLIRP_RESOLV)
             os.lseek(fds[RESOLV_FD], 0, os.SEEK_SET)
-            opened.append(fds[RESOLV_FD])
         service = (config.service_uid, config.service_gid)
-        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        opened.append(devnull)
-        stdout = _new_file(rdir_fd, "stdout", service)
-        opened.append(stdout)
-        stderr = _new_file(rdir_fd, "stderr", service)
-        opened.append(stderr)
-        fds.update({0: devnull, 1: stdout, 2: stderr})
+        fds[0] = _closing(opened, os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        fds[1] = _closing(opened, _new_file(rdir_fd, "stdout", service))
+        fds[2] = _closing(opened, _new_file(rdir_fd, "stderr", service))
         for name in ("exit_status", "limit"):
             try:
                 os.unlink(name, dir_fd=rdir_fd)
@@ -1406,8 +1399,7 @@ def start(config: Config, request: dict) -> dict:
                 pass
         seccomp = shutil.which("bwrap", path=DEFAULT_PATH) is not None
         if seccomp:
-            fds[SECCOMP_FD] = user_namespace_filter()
-            opened.append(fds[SECCOMP_FD])
+            fds[SECCOMP_FD] = _closing(opened, user_namespace_filter())
         plan["argv"] = sandbox_argv(
             config, case, entry, env, network=network, shared=shared is not None, tmp_bytes=memory, seccomp=seccomp
         )
@@ -1415,9 +1407,6 @@ def start(config: Config, request: dict) -> dict:
         if entry is not None and config.cgroup != "off":
             cgroup = Cgroup(**create_cgroup(config.cgroup, f"case-{case}", memory_bytes=memory, tasks=tasks, cpu=cpu))
         return {"pid": _detach(plan, fds, rdir_fd, work_fd, cgroup)}
-    finally:
-        for fd in opened:
-            os.close(fd)
 
 
 def _detach(plan, fds, rdir_fd, work_fd, cgroup) -> int:
@@ -1470,6 +1459,12 @@ def _detach(plan, fds, rdir_fd, work_fd, cgroup) -> int:
     if not answer:
         raise Refused("the supervisor did not start")
     return int(answer)  # the lock is the supervisor's now: closing our fd leaves it held
+
+
+def _closing(opened: contextlib.ExitStack, fd: int) -> int:
+    """``fd``, closed when ``opened`` closes (at the end of a verb, however it ends)."""
+    opened.callback(os.close, fd)
+    return fd
 
 
 def supervisor_pid(rdir_fd: int) -> int | None:
@@ -1543,18 +1538,15 @@ def collect(config: Config, request: dict) -> dict:
     if max_bytes is not None:
         max_bytes = _positive_int(request, "max_bytes")
     service = (config.service_uid, config.service_gid)
-    rdir_fd = run_dir(config, request)
-    opened = [rdir_fd]
-    try:
+    with contextlib.ExitStack() as opened:
+        rdir_fd = _closing(opened, run_dir(config, request))
         if what == "results" and _exists(rdir_fd, "results_fetched"):
             return {"copied": []}
         try:
-            work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
+            work_fd = _closing(opened, os.open("work", _DIR, dir_fd=rdir_fd))
         except OSError:
             raise Refused("the working directory is gone: results cannot be fetched") from None
-        opened.append(work_fd)
-        target_fd = open_dir(config.cases_root, case, what, create=True, owner=service)
-        opened.append(target_fd)
+        target_fd = _closing(opened, open_dir(config.cases_root, case, what, create=True, owner=service))
         manifest = {}
         if what == "results":
             manifest_fd = open_regular("manifest.json", dir_fd=rdir_fd)
@@ -1609,9 +1601,6 @@ def collect(config: Config, request: dict) -> dict:
             os.close(_new_file(rdir_fd, "results_fetched", service))
             remove_tree(rdir_fd, "work")
         return {"copied": copied}
-    finally:
-        for fd in opened:
-            os.close(fd)
 
 
 def _exists(dir_fd: int, name: str) -> bool:
@@ -1653,18 +1642,16 @@ def sbatch(config: Config, request: dict) -> dict:
     entry = account(config, request)
     if entry is None:
         raise Refused("a Slurm case runs as an account of its own")
-    rdir_fd = run_dir(config, request)
-    opened = [rdir_fd]
-    try:
-        work_fd = os.open("work", _DIR, dir_fd=rdir_fd)
-        opened.append(work_fd)
+    with contextlib.ExitStack() as opened:
+        rdir_fd = _closing(opened, run_dir(config, request))
+        work_fd = _closing(opened, os.open("work", _DIR, dir_fd=rdir_fd))
         give_tree(work_fd, entry, service_uid=config.service_uid)
         for name in ("stdout", "stderr"):
             os.close(_new_file(rdir_fd, name, (entry.pw_uid, config.service_gid), 0o640))
         script_fd = open_regular("job.sh", dir_fd=rdir_fd)
         if script_fd is None:
             raise Refused("the run directory holds no job.sh (a single regular file)")
-        opened.append(script_fd)
+        _closing(opened, script_fd)
         script = os.read(script_fd, MAX_TEXT + 1)
         if len(script) > MAX_TEXT:
             raise Refused("the job script is too long")
@@ -1691,9 +1678,6 @@ def sbatch(config: Config, request: dict) -> dict:
             "stdout": proc.stdout.decode(errors="replace"),
             "stderr": proc.stderr.decode(errors="replace"),
         }
-    finally:
-        for fd in opened:
-            os.close(fd)
 
 
 def _client_env(config: Config) -> dict:
