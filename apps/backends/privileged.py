@@ -234,10 +234,8 @@ def account(config: Config, request: dict):
 
     groups = set()
     for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
-        try:
+        with contextlib.suppress(KeyError):
             groups.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
     if config.allowed_groups and not groups & set(config.allowed_groups):
         raise Refused(f"{entry.pw_name} is in none of the groups whose members cases may run as")
     admin = sorted(groups & set(config.forbidden_groups))
@@ -256,10 +254,8 @@ def overflow_ids() -> set[int]:
     """The overflow uids and gids (``nobody``, 65534 by default), read from the kernel."""
     ids = {65534}
     for path in OVERFLOW_FILES:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             ids.add(int(Path(path).read_text().strip()))
-        except (OSError, ValueError):
-            continue
     return ids
 
 
@@ -313,12 +309,10 @@ def open_dir(root: str, *parts: str, create: bool = False, owner: tuple[int, int
             if part in ("", ".", "..") or "/" in part or "\x00" in part:
                 raise Refused(f"invalid path component {part!r}")
             if create:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o700, dir_fd=fd)
                     if owner is not None:
                         os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
-                except FileExistsError:
-                    pass
             try:
                 inner = os.open(part, _DIR, dir_fd=fd)
             except OSError as exc:
@@ -462,10 +456,8 @@ def _rmdir_empty_children(fd: int) -> None:
     with os.scandir(fd) as entries:
         names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
     for name in names:
-        try:
+        with contextlib.suppress(OSError):  # not empty yet: its turn comes
             os.rmdir(name, dir_fd=fd)
-        except OSError:
-            pass  # not empty yet: its turn comes
 
 
 def data_extents(fd: int, size: int):
@@ -517,11 +509,9 @@ def write_into(root_fd: int, rel: str, src: int, owner: tuple[int, int]) -> None
     fd = os.dup(root_fd)
     try:
         for part in parts[:-1]:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o700, dir_fd=fd)
                 os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
-            except FileExistsError:
-                pass
             inner = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = inner
@@ -728,13 +718,11 @@ class Cgroup:
             _write(directory / "cgroup.procs", pid)
 
     def _counter(self, path: Path, key: str) -> int:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             for line in path.read_text().splitlines():
                 name, _, value = line.partition(" ")
                 if name == key:
                     return int(value)
-        except (OSError, ValueError):
-            pass
         return 0
 
     def oom_kills(self) -> int:
@@ -747,24 +735,18 @@ class Cgroup:
     def pids(self) -> set[int]:
         out = set()
         for directory in self.dirs:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 out.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
-            except (OSError, ValueError):
-                pass
         return out
 
     def signal(self, signum: int) -> None:
         if signum == signal.SIGKILL and self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
-            try:
+            with contextlib.suppress(OSError):
                 _write(self.dirs[0] / "cgroup.kill", 1)
                 return
-            except OSError:
-                pass
         for pid in self.pids():
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signum)
-            except OSError:
-                pass
 
     def remove(self) -> None:
         """Kill what is left and remove the directories (a cgroup with a process cannot go)."""
@@ -816,12 +798,10 @@ def host_addresses() -> tuple[list[str], list[str]]:
     for previous, line in zip(lines, lines[1:], strict=False):
         if line.strip() == "/32 host LOCAL":
             v4.add(previous.strip().lstrip("|-+ ").strip())
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/net/if_inet6").read_text().splitlines():
             raw = line.split()[0]
             v6.add(str(ipaddress.ip_address(int(raw, 16))))
-    except (OSError, ValueError, IndexError):
-        pass
     return sorted(v4), sorted(v6)
 
 
@@ -1084,10 +1064,8 @@ def disk_usage(dir_fd: int, *fds: int) -> int:
     for _rel, fd, filenames in walk(dir_fd):
         total += os.fstat(fd).st_blocks * 512
         for name in filenames:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.stat(name, dir_fd=fd, follow_symlinks=False).st_blocks * 512
-            except OSError:
-                pass
     return total
 
 
@@ -1103,10 +1081,8 @@ def _write_at(dir_fd: int, name: str, text: str) -> None:
 def _new_file(dir_fd: int, name: str, owner: tuple[int, int] | None = None, mode: int = 0o600) -> int:
     """``name`` made anew (anything by that name, a link included, goes first), handed to
     ``owner`` when given."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     if owner is not None:
         os.fchown(fd, *owner)
@@ -1178,10 +1154,8 @@ class Supervisor:
             if not chunk:
                 break
             data += chunk
-            try:
+            with contextlib.suppress(ValueError, KeyError):  # not all of it yet: read on
                 child_pid = int(json.loads(data)["child-pid"])
-            except (ValueError, KeyError):
-                continue
         os.close(info_r)
         if child_pid is None:
             os.close(block_w)
@@ -1245,10 +1219,8 @@ class Supervisor:
 
     def stop(self) -> int:
         """SIGTERM to the command (its process group and cgroup), SIGKILL after the grace."""
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(os.getpgid(0), signal.SIGTERM)  # we and bwrap ignore it; the command does not
-        except OSError:
-            pass
         if self.cgroup is not None:
             self.cgroup.signal(signal.SIGTERM)
         deadline = time.monotonic() + float(self.plan["grace"])
@@ -1257,10 +1229,8 @@ class Supervisor:
             if code is not None:
                 return code
             time.sleep(0.05)
-        try:
+        with contextlib.suppress(OSError):
             os.kill(self.child, signal.SIGKILL)  # bwrap: its pid namespace goes with it
-        except OSError:
-            pass
         if self.cgroup is not None:
             self.cgroup.signal(signal.SIGKILL)
         return os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
@@ -1393,10 +1363,8 @@ def start(config: Config, request: dict) -> dict:
         fds[1] = _closing(opened, _new_file(rdir_fd, "stdout", service))
         fds[2] = _closing(opened, _new_file(rdir_fd, "stderr", service))
         for name in ("exit_status", "limit"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=rdir_fd)
-            except FileNotFoundError:
-                pass
         seccomp = shutil.which("bwrap", path=DEFAULT_PATH) is not None
         if seccomp:
             fds[SECCOMP_FD] = _closing(opened, user_namespace_filter())
@@ -1442,11 +1410,9 @@ def _detach(plan, fds, rdir_fd, work_fd, cgroup) -> int:
                 _write_at(rdir_fd, "limit", json.dumps(failure))
                 code = 1
                 if supervisor.child:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(supervisor.child, signal.SIGKILL)
                         os.waitpid(supervisor.child, 0)
-                    except OSError:
-                        pass
             supervisor.finish(code)
         finally:
             os._exit(0)
@@ -1511,10 +1477,8 @@ def stop(config: Config, request: dict) -> dict:
         while time.monotonic() < deadline and supervisor_pid(rdir_fd) == pid:
             time.sleep(0.05)
         if supervisor_pid(rdir_fd) == pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)  # the supervisor leads its own group
-            except ProcessLookupError:
-                pass
             if config.cgroup != "off":
                 remove_cgroup(config.cgroup, f"case-{case_id(request)}")
         return {"stopped": True}
