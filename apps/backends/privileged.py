@@ -39,12 +39,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
+import grp
 import hashlib
+import ipaddress
 import json
 import math
 import os
 import pwd
 import re
+import resource
 import select
 import shutil
 import signal
@@ -230,8 +234,6 @@ def account(config: Config, request: dict):
             f"uid {entry.pw_uid} ({entry.pw_name}) is a system account (below {config.min_uid}): "
             "cases run as users' own accounts or a named sandbox account"
         )
-    import grp
-
     groups = set()
     for gid in os.getgrouplist(entry.pw_name, entry.pw_gid):
         with contextlib.suppress(KeyError):
@@ -788,8 +790,6 @@ def host_addresses() -> tuple[list[str], list[str]]:
     """This host's own addresses (every interface's, from the kernel's local routing table and
     ``if_inet6``): a case with the network reaches none of them, so nothing a host service
     listens on beyond loopback is in its reach either."""
-    import ipaddress
-
     v4, v6 = set(), set()
     try:
         lines = Path("/proc/net/fib_trie").read_text().splitlines()
@@ -808,8 +808,6 @@ def host_addresses() -> tuple[list[str], list[str]]:
 def egress_rules(allowed: list[str]) -> str:
     """The nftables ruleset loaded into a networked case's own network namespace (its OUTPUT
     hook: every packet the case sends). The command holds no capability, so it cannot change it."""
-    import ipaddress
-
     own4, own6 = host_addresses()
 
     def merged(items, version: int) -> list[str]:
@@ -1122,8 +1120,6 @@ class Supervisor:
             try:
                 if self.cgroup is not None:
                     self.cgroup.enter(os.getpid())
-                import resource
-
                 for name, value in self.plan["rlimits"].items():
                     resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (value, value))
                 signal.signal(signal.SIGUSR1, signal.SIG_DFL)
@@ -1310,8 +1306,6 @@ def start(config: Config, request: dict) -> dict:
     allowed = request.get("allowed_networks") or []
     if not isinstance(allowed, list) or len(allowed) > 256:
         raise Refused("allowed_networks must be a list of at most 256 networks")
-    import ipaddress
-
     try:
         allowed = [str(ipaddress.ip_network(item)) for item in allowed if isinstance(item, str)]
     except ValueError as exc:
@@ -1521,8 +1515,6 @@ def collect(config: Config, request: dict) -> dict:
                     manifest = json.load(handle)
                 except ValueError:
                     raise Refused("the inputs manifest is not valid JSON") from None
-        import fnmatch
-
         patterns = [*globs, PROGRESS_FILE]
         copied, stored = [], 0
         skip = NOT_RESULTS if what == "results" else ("shared",)
