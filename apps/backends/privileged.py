@@ -914,9 +914,7 @@ def user_namespace_filter() -> int:
         ) from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_syscall_resolve_name.restype = ctypes.c_int
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.restype = ctypes.c_int
     lib.seccomp_rule_add_array.argtypes = [
         ctypes.c_void_p,
         ctypes.c_uint32,
@@ -924,7 +922,6 @@ def user_namespace_filter() -> int:
         ctypes.c_uint,
         ctypes.POINTER(ArgCmp),
     ]
-    lib.seccomp_export_bpf.restype = ctypes.c_int
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     context = lib.seccomp_init(SCMP_ACT_ALLOW)
