@@ -882,11 +882,9 @@ def egress_probe() -> str:
 # -- no user namespaces inside the sandbox ------------------------------------------------------------
 CLONE_NEWUSER = 0x10000000
 SCMP_ACT_ALLOW = 0x7FFF0000
+#: libseccomp's SCMP_ACT_ERRNO(x) is this | x (an errno below 0x10000)
+SCMP_ACT_ERRNO = 0x00050000
 SCMP_CMP_MASKED_EQ = 7
-
-
-def scmp_act_errno(number: int) -> int:
-    return 0x00050000 | (number & 0xFFFF)
 
 
 def user_namespace_filter() -> int:
@@ -937,7 +935,7 @@ def user_namespace_filter() -> int:
                 continue  # not a system call on this architecture
             conditions = ctypes.pointer(condition) if condition is not None else None
             if lib.seccomp_rule_add_array(
-                context, scmp_act_errno(answer), number, int(condition is not None), conditions
+                context, SCMP_ACT_ERRNO | answer, number, int(condition is not None), conditions
             ):
                 raise Refused(f"libseccomp refused the rule for {name}")
         if lib.seccomp_export_bpf(context, fd) != 0:
