@@ -1493,7 +1493,7 @@ def collect(config: Config, request: dict) -> dict:
     service = (config.service_uid, config.service_gid)
     with contextlib.ExitStack() as opened:
         rdir_fd = _closing(opened, run_dir(config, request))
-        if what == "results" and _exists(rdir_fd, "results_fetched"):
+        if what == "results" and "results_fetched" in os.listdir(rdir_fd):
             return {"copied": []}
         try:
             work_fd = _closing(opened, os.open("work", _DIR, dir_fd=rdir_fd))
@@ -1552,14 +1552,6 @@ def collect(config: Config, request: dict) -> dict:
             os.close(_new_file(rdir_fd, "results_fetched", service))
             remove_tree(rdir_fd, "work")
         return {"copied": copied}
-
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def human_size(n: int) -> str:
