@@ -1561,18 +1561,14 @@ def human_size(n: int) -> str:
 def clean(config: Config, request: dict) -> dict:
     """The case's working directory and any cgroup left behind go (``manage.py cleanup``)."""
     case = case_id(request)
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if os.geteuid() == 0 and config.cgroup != "off":
+            cleanup.callback(remove_cgroup, config.cgroup, f"case-{case}")  # last, whatever happens
         try:
-            rdir_fd = run_dir(config, request)
+            rdir_fd = _closing(cleanup, run_dir(config, request))
         except Refused:
             return {}  # nothing left to clean (or not the service's: not ours to touch)
-        try:
-            remove_tree(rdir_fd, "work")
-        finally:
-            os.close(rdir_fd)
-    finally:
-        if os.geteuid() == 0 and config.cgroup != "off":
-            remove_cgroup(config.cgroup, f"case-{case}")
+        remove_tree(rdir_fd, "work")
     return {}
 
 
