@@ -1604,7 +1604,9 @@ def sbatch(config: Config, request: dict) -> dict:
                 cwd="/",
                 capture_output=True,
                 timeout=_positive_int(request, "timeout", 600),
-                env=_client_env(config),
+                # PATH and the configured slurm.conf, nothing of the caller's (a slurm.conf of the
+                # caller's choosing would load plugins of its choosing).
+                env={"PATH": DEFAULT_PATH, **({"SLURM_CONF": config.slurm_conf} if config.slurm_conf else {})},
                 check=False,
             )
         except FileNotFoundError:
@@ -1617,15 +1619,6 @@ def sbatch(config: Config, request: dict) -> dict:
             "stdout": proc.stdout.decode(errors="replace"),
             "stderr": proc.stderr.decode(errors="replace"),
         }
-
-
-def _client_env(config: Config) -> dict:
-    """The Slurm client's environment: PATH and the configured slurm.conf, nothing of the
-    caller's (a slurm.conf of the caller's choosing would load plugins of its choosing)."""
-    env = {"PATH": DEFAULT_PATH}
-    if config.slurm_conf:
-        env["SLURM_CONF"] = config.slurm_conf
-    return env
 
 
 def version(config: Config, request: dict) -> dict:
