@@ -24,13 +24,6 @@ from apps.backends.base import BackendError, Check, ResultsTooLarge
 HELPER = Path(privileged.__file__).resolve()
 
 
-def command() -> list[str]:
-    configured = settings.GRIDGATE_PRIVILEGED_COMMAND
-    if configured:
-        return shlex.split(configured)
-    return [sys.executable, "-I", "-S", str(HELPER)]
-
-
 def config(*, working_roots=()) -> dict:
     """The helper's configuration when it runs without sudo (with sudo it reads its own,
     /etc/gridgate/privileged.json, and ignores this)."""
@@ -51,9 +44,11 @@ def call(verb: str, request: dict, *, timeout: float, working_roots=()) -> dict:
     """The helper's answer to ``verb``; raises BackendError with its refusal (ResultsTooLarge
     when the results are over the case's storage)."""
     body = {"version": privileged.PROTOCOL, "config": config(working_roots=working_roots), **request}
+    configured = settings.GRIDGATE_PRIVILEGED_COMMAND
+    helper = shlex.split(configured) if configured else [sys.executable, "-I", "-S", str(HELPER)]
     try:
         proc = subprocess.run(
-            [*command(), verb],
+            [*helper, verb],
             input=json.dumps(body),
             capture_output=True,
             text=True,
