@@ -1449,15 +1449,15 @@ def stop(config: Config, request: dict) -> dict:
     """A cancel: SIGUSR1 to the case's supervisor, which stops the command (SIGTERM, the grace,
     SIGKILL) and records its end; SIGKILL to its whole group if it does not end in time."""
     grace = _positive_int(request, "grace", 3600, minimum=0)
-    try:
-        rdir_fd = run_dir(config, request)
-    except Refused:
-        # The run directory is gone (removed by hand) or not the service's: the case's cgroup
-        # still holds its processes, and taking them takes the supervisor's child with them.
-        if os.geteuid() == 0 and config.cgroup != "off":
-            remove_cgroup(config.cgroup, f"case-{case_id(request)}")
-        return {"stopped": False}
-    try:
+    with contextlib.ExitStack() as opened:
+        try:
+            rdir_fd = _closing(opened, run_dir(config, request))
+        except Refused:
+            # The run directory is gone (removed by hand) or not the service's: the case's cgroup
+            # still holds its processes, and taking them takes the supervisor's child with them.
+            if os.geteuid() == 0 and config.cgroup != "off":
+                remove_cgroup(config.cgroup, f"case-{case_id(request)}")
+            return {"stopped": False}
         pid = supervisor_pid(rdir_fd)
         if pid is None:
             return {"stopped": False}
@@ -1471,8 +1471,6 @@ def stop(config: Config, request: dict) -> dict:
             if config.cgroup != "off":
                 remove_cgroup(config.cgroup, f"case-{case_id(request)}")
         return {"stopped": True}
-    finally:
-        os.close(rdir_fd)
 
 
 def collect(config: Config, request: dict) -> dict:
