@@ -16,6 +16,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection as db
 from django.test import Client
 
@@ -129,6 +130,51 @@ def link_account(sandbox_host):
         return entry
 
     return link
+
+
+#: the service's secrets, set in the worker's environment: no case's command may read them (R-CASE-8)
+SECRETS = {
+    "SECRET_KEY": "django-secret-4711",
+    "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
+    "QARNOT_TOKEN": "qarnot-token-4711",
+    "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
+}
+
+
+def read_as(account, path: Path) -> subprocess.CompletedProcess:
+    """``cat path`` as another Unix account (no groups but its own)."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups", "cat", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def api_create(client, rc, command, inputs=()) -> str:
+    """A case of class ``rc`` created through the API, ``inputs`` ((name, bytes) pairs) uploaded with it: its id."""
+    body = {"name": "c", "resource_class": rc.pk, "command": command}
+    if inputs:
+        body["inputs"] = [SimpleUploadedFile(name, data) for name, data in inputs]
+    response = client.post("/api/v1/cases/", body, format="multipart" if inputs else "json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def api_launch(client, case_id):
+    """The launch request (202: recorded) and the worker's submit step for it (R-CASE-1)."""
+    response = client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    if response.status_code == 202:
+        passes.submit_pass(case_ids=[case_id])
+    return response
+
+
+def api_launched(client, rc, command, inputs=()) -> str:
+    """A case created and launched through the API (its launch answered 202): its id."""
+    case_id = api_create(client, rc, command, inputs)
+    response = api_launch(client, case_id)
+    assert response.status_code == 202, response.content
+    return case_id
 
 
 # -- users of the per-user credential tests ------------------------------------------------------

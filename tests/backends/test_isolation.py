@@ -14,16 +14,18 @@ from apps.backends.local import run_dir
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.backends.conftest import (
+    SECRETS,
+    api_create,
+    api_launch,
+    api_launched,
+    read_as,
+    wait_for_terminal,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
 
-SECRETS = {
-    "SECRET_KEY": "django-secret-4711",
-    "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
-    "QARNOT_TOKEN": "qarnot-token-4711",
-    "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
-}
 #: a command reading the service's environment and its neighbours' inputs, plus what it could try
 #: with the absolute cases root
 ATTACK = (
@@ -32,25 +34,6 @@ ATTACK = (
     "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > procs.txt; "
     "tr '\\0' '\\n' < /proc/1/environ >> env.txt; env >> env.txt; id -u > uid.txt; ls -a {root} > cases.txt; true"
 )
-
-
-def launch(client, case_id):
-    """The launch request (202: recorded) and the worker's submit step for it (R-CASE-1)."""
-    response = client.post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
-    if response.status_code == 202:
-        passes.submit_pass(case_ids=[case_id])
-    return response
-
-
-def create(client, rc, command, inputs=()):
-    body = {"name": "c", "resource_class": rc.pk, "command": command}
-    if inputs:
-        body["inputs"] = [SimpleUploadedFile(name, data) for name, data in inputs]
-        response = client.post("/api/v1/cases/", body, format="multipart")
-    else:
-        response = client.post("/api/v1/cases/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
 
 
 def download(client, case_id, path):
@@ -97,10 +80,8 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     rc = local_pool.classes.get()
-    victim = create(api(member), rc, "sleep 20", inputs=[("victim.txt", b"victim-private-data-0815")])
-    assert launch(api(member), victim).status_code == 202
-    attacker = create(api(owner), rc, ATTACK.replace("{root}", str(cases_root)))
-    assert launch(api(owner), attacker).status_code == 202
+    victim = api_launched(api(member), rc, "sleep 20", inputs=[("victim.txt", b"victim-private-data-0815")])
+    attacker = api_launched(api(owner), rc, ATTACK.replace("{root}", str(cases_root)))
     case = wait_for_terminal(Case.objects.get(pk=attacker))
     assert case.status == CaseStatus.DONE, case.last_error
     client = api(owner)
@@ -142,8 +123,6 @@ def test_campaign_shared_inputs_reach_its_cases_and_no_other_account(
 ):
     """R-CASE-8: the owner's case reads the campaign's shared input through its sandbox; another
     account on the host cannot reach ``campaigns/<id>/`` even knowing the id and file name."""
-    import subprocess
-
     client = api(owner)
     response = client.post(
         "/api/v1/campaigns/",
@@ -154,26 +133,21 @@ def test_campaign_shared_inputs_reach_its_cases_and_no_other_account(
     campaign = response.json()["id"]
     body = {"name": "c", "resource_class": local_pool.classes.get().pk, "command": "cat shared/mesh.msh > got.txt"}
     case_id = client.post("/api/v1/cases/", {**body, "campaign": campaign}, format="json").json()["id"]
-    assert launch(client, case_id).status_code == 202
+    assert api_launch(client, case_id).status_code == 202
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
     assert download(client, case_id, "results/got.txt") == "shared-mesh-0815"
 
     other = linked["member"]
     path = workspace.campaign_shared_dir(campaign) / "mesh.msh"
-    attempt = subprocess.run(
-        ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups", "cat", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    attempt = read_as(other, path)
     assert attempt.returncode != 0 and "0815" not in attempt.stdout
 
 
 def test_launch_without_a_linked_account_is_refused_saying_whom_to_ask(api, owner, local_pool):
     """R-CASE-8: 403 with a JSON message; nothing runs, the case stays prepared."""
-    case_id = create(api(owner), local_pool.classes.get(), "true")
-    response = launch(api(owner), case_id)
+    case_id = api_create(api(owner), local_pool.classes.get(), "true")
+    response = api_launch(api(owner), case_id)
     assert response.status_code == 403
     body = response.json()
     assert "operator" in body["detail"] and "Unix" in body["detail"]
@@ -184,8 +158,7 @@ def test_launch_without_a_linked_account_is_refused_saying_whom_to_ask(api, owne
 def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api, outsider, sandbox_host, db):
     pool = ResourcePool.objects.create(name="open", kind="local", public=True, sandbox_unlinked=True)
     rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
-    case_id = create(api(outsider), rc, "id -u > uid.txt")
-    assert launch(api(outsider), case_id).status_code == 202
+    case_id = api_launched(api(outsider), rc, "id -u > uid.txt")
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
     assert int(download(api(outsider), case_id, "results/uid.txt")) == sandbox_host["gridgate-sandbox"].pw_uid
@@ -194,8 +167,7 @@ def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api,
 def test_pool_without_network_gives_the_case_only_loopback(api, owner, linked, db):
     pool = ResourcePool.objects.create(name="offline", kind="local", public=True, network=False)
     rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
-    case_id = create(api(owner), rc, "awk -F: 'NR>2{print $1}' /proc/net/dev > ifaces.txt")
-    assert launch(api(owner), case_id).status_code == 202
+    case_id = api_launched(api(owner), rc, "awk -F: 'NR>2{print $1}' /proc/net/dev > ifaces.txt")
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, (workspace.case_dir(case_id) / "stderr.log").read_text()
     assert download(api(owner), case_id, "results/ifaces.txt").split() == ["lo"]
@@ -210,8 +182,7 @@ def test_symlinks_planted_by_the_command_never_come_back_or_set_progress(api, ow
         f"rm -f .gridgate/progress; ln -s {outside} .gridgate/progress; ln -s /etc obj; "
         "echo real > real.txt; sleep 2"
     )
-    case_id = create(api(owner), local_pool.classes.get(), command)
-    assert launch(api(owner), case_id).status_code == 202
+    case_id = api_launched(api(owner), local_pool.classes.get(), command)
     case = Case.objects.get(pk=case_id)
     work = run_dir(workspace.case_dir(case_id)) / "work"
     wait_until(lambda: (work / "real.txt").exists(), what="the command's links")
@@ -235,7 +206,7 @@ def test_symlinks_planted_in_the_workspace_are_never_followed_by_endpoints_or_th
     endpoints serve nothing through them and the poll writes nothing through them."""
     target = tmp_path / "outside.log"
     target.write_text("outside-content\n")
-    case_id = create(api(owner), local_pool.classes.get(), "echo from-the-command")
+    case_id = api_create(api(owner), local_pool.classes.get(), "echo from-the-command")
     root = workspace.case_dir(case_id)
     (root / "stdout.log").unlink()
     (root / "stdout.log").symlink_to(target)
@@ -245,7 +216,7 @@ def test_symlinks_planted_in_the_workspace_are_never_followed_by_endpoints_or_th
     assert client.get(f"/api/v1/cases/{case_id}/files/results/x").status_code in (400, 404)
     assert client.get(f"/api/v1/cases/{case_id}/files/stdout.log").status_code in (400, 404)
 
-    assert launch(client, case_id).status_code == 202
+    assert api_launch(client, case_id).status_code == 202
     rdir = run_dir(root)
     wait_until(lambda: (rdir / "exit_status").exists(), what="the command's end")
     passes.poll_pass(case_ids=[case_id])
@@ -263,8 +234,7 @@ def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, 
         f"setsid sh -c 'trap \"\" TERM; : {marker}; while :; do sleep 1; done' & "
         f"exec sh -c 'trap \"\" TERM; : {marker}; echo started; while :; do sleep 1; done'"
     )
-    case_id = create(api(owner), local_pool.classes.get(), command)
-    assert launch(api(owner), case_id).status_code == 202
+    case_id = api_launched(api(owner), local_pool.classes.get(), command)
     case = Case.objects.get(pk=case_id)
     pgid = int(case.remote_id.split(":")[1])
     wait_until(lambda: len(marker_processes(marker)) >= 2, what="the command and its escaped child")
@@ -278,8 +248,7 @@ def test_cancel_ends_a_command_that_traps_sigterm_and_its_escaped_children(api, 
 def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, local_pool, linked, settings):
     settings.GRIDGATE_CASE_CANCEL_GRACE_SECONDS = 1
     marker = f"mark-{uuid.uuid4().hex[:8]}"
-    case_id = create(api(owner), local_pool.classes.get(), f"exec sh -c ': {marker}; sleep 30'")
-    assert launch(api(owner), case_id).status_code == 202
+    case_id = api_launched(api(owner), local_pool.classes.get(), f"exec sh -c ': {marker}; sleep 30'")
     wait_until(lambda: marker_processes(marker), what="the command")
     run = run_dir(workspace.case_dir(case_id))
 
@@ -295,8 +264,7 @@ def test_cancel_after_the_run_directory_was_deleted_is_not_a_500(api, owner, loc
 
 def test_launching_leaves_no_child_and_no_zombie_in_the_launching_process(api, owner, local_pool, linked):
     zombies_before = set(zombie_children())  # other tests' processes in this worker are not ours
-    case_id = create(api(owner), local_pool.classes.get(), "echo quick")
-    assert launch(api(owner), case_id).status_code == 202
+    case_id = api_launched(api(owner), local_pool.classes.get(), "echo quick")
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
     assert set(zombie_children()) - zombies_before == set()

@@ -21,7 +21,17 @@ from apps.backends.slurm import SlurmBackend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
-from tests.backends.conftest import poll_until, submit_spec, wait_for_terminal, wait_until
+from tests.backends.conftest import (
+    SECRETS,
+    api_create,
+    api_launch,
+    api_launched,
+    poll_until,
+    read_as,
+    submit_spec,
+    wait_for_terminal,
+    wait_until,
+)
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
@@ -141,19 +151,13 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
 ):
     """R-CASE-8 on Slurm: the job is the owner's (squeue/scontrol say so, the account owns its
     files), it sees none of the worker's variables and none of another user's inputs."""
-    secrets = {
-        "SECRET_KEY": "django-secret-4711",
-        "DATABASE_URL": "postgres://gridgate:db-password-4711@db/gridgate",
-        "QARNOT_TOKEN": "qarnot-token-4711",
-        "FIRECREST_CLIENT_SECRET": "firecrest-secret-4711",
-    }
-    for name, value in secrets.items():
+    for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     victim_account = link_account(member, "gridgate-test2")
     rc = slurm_pool.classes.get()
-    victim = make_slurm_case(api(member), rc, "cat victim.txt > copy.txt; sleep 20", b"victim-private-data-0815")
-    assert api(member).post(f"/api/v1/cases/{victim}/launch/", {}, format="json").status_code == 202
-    passes.submit_pass(case_ids=[victim])  # the worker's submit step (R-CASE-1)
+    victim = api_launched(
+        api(member), rc, "cat victim.txt > copy.txt; sleep 20", [("victim.txt", b"victim-private-data-0815")]
+    )
     victim_job = Case.objects.get(pk=victim).remote_id
     attack = (
         "GP=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' '\\n' < /proc/$GP/environ > env.txt; "
@@ -161,10 +165,7 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
         f"cat ../../../*/inputs/* ../../*/work/* {cases_root}/*/inputs/* > loot.txt 2>/dev/null; "
         "id -u > uid.txt; true"
     )
-    attacker = make_slurm_case(api(owner), rc, attack)
-    response = api(owner).post(f"/api/v1/cases/{attacker}/launch/", {}, format="json")
-    assert response.status_code == 202, response.content
-    passes.submit_pass(case_ids=[attacker])
+    attacker = api_launched(api(owner), rc, attack)
     job_id = Case.objects.get(pk=attacker).remote_id
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert f"UserId={owner_account.pw_name}(" in shown
@@ -172,23 +173,13 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     assert case.status == CaseStatus.DONE, case.last_error
     results = workspace.case_dir(attacker) / "results"
     env = (results / "env.txt").read_text()
-    assert not any(value in env for value in secrets.values())
+    assert not any(value in env for value in SECRETS.values())
     assert "0815" not in (results / "loot.txt").read_text()
     assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
     assert not (working_root / "scratch" / attacker / "work").exists()  # dropped once fetched
     work = working_root / "scratch" / victim / "work"
     assert work.stat().st_uid == victim_account.pw_uid and (work.stat().st_mode & 0o777) == 0o700
     subprocess.run(["scancel", victim_job], capture_output=True, check=False)
-
-
-def read_as(account, path: Path) -> subprocess.CompletedProcess:
-    """``cat path`` as another Unix account (setpriv, as the isolation tests do)."""
-    return subprocess.run(
-        ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups", "cat", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_case(
@@ -220,21 +211,10 @@ def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_c
 def test_slurm_launch_without_a_linked_account_is_refused(slurm_cluster, working_root, api, member, db):
     pool = ResourcePool.objects.create(name="hpc2", kind="slurm", public=True, remote={"partition": "debug"})
     rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
-    case_id = make_slurm_case(api(member), rc, "true")
-    response = api(member).post(f"/api/v1/cases/{case_id}/launch/", {}, format="json")
+    case_id = api_create(api(member), rc, "true")
+    response = api_launch(api(member), case_id)
     assert response.status_code == 403 and "operator" in response.json()["detail"]
     assert Case.objects.get(pk=case_id).status == CaseStatus.PREPARED
-
-
-def make_slurm_case(client, rc, command, data=None):
-    from django.core.files.uploadedfile import SimpleUploadedFile
-
-    body = {"name": "c", "resource_class": rc.pk, "command": command}
-    if data is not None:
-        body["inputs"] = [SimpleUploadedFile("victim.txt", data)]
-    response = client.post("/api/v1/cases/", body, format="multipart" if data is not None else "json")
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
 
 
 def test_a_slurm_job_runs_within_its_class_wall_time_not_unlimited(slurm_pool, make_case):
