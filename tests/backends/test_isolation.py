@@ -76,7 +76,7 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
 ):
     """R-CASE-8: ``ATTACK`` as a real case: the service's variables (set in this worker process)
     and another user's inputs stay out of reach, /proc shows only the case's own processes, and the
-    case's account owns its files."""
+    case's account owns its files. R-BACK-1: the command's environment is its own, not the worker's."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     rc = local_pool.classes.get()
@@ -90,6 +90,7 @@ def test_attack_reads_no_service_secret_no_other_users_inputs_and_sees_only_its_
     for value in SECRETS.values():
         assert value not in env
     assert "SECRET_KEY" not in env and "DATABASE_URL" not in env
+    assert f"GRIDGATE_CASE_ID={attacker}" in env and "PATH=" in env  # what ``env`` printed: the case's own
     assert "0815" not in download(client, attacker, "results/loot.txt")
     assert download(client, attacker, "results/cases.txt").split() == [".", "..", attacker]  # only its own
     procs = [line for line in download(client, attacker, "results/procs.txt").splitlines() if line.strip()]

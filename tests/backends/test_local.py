@@ -99,17 +99,6 @@ def test_progress_marker_is_synced_into_live_and_read_while_running(make_case, r
     assert (rdir / "cancelled").exists()
 
 
-def test_case_command_never_sees_the_worker_environment(make_case, monkeypatch):
-    """R-BACK-1: the worker's environment (tokens, SECRET_KEY…) is not the command's."""
-    monkeypatch.setenv("QARNOT_TOKEN", "worker-secret-token-4711")
-    monkeypatch.setenv("DATABASE_URL", "postgres://gridgate:db-password-4711@db/gridgate")
-    case = wait_for_terminal(launched(make_case(command="env")))
-    assert case.status == CaseStatus.DONE, case.last_error
-    stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
-    assert "4711" not in stdout
-    assert f"GRIDGATE_CASE_ID={case.id}" in stdout and "PATH=" in stdout
-
-
 def test_output_written_just_before_exit_is_never_lost(make_case):
     """R-CASE-5: the status is decided before the output is read, and a finished command's
     output is drained whole (more than one bounded read)."""
