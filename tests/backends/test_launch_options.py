@@ -4,16 +4,10 @@ database in unit/test_launch_options.py."""
 
 import pytest
 
-from apps.backends.base import Choice, LaunchOption, LaunchOptions, validate_launch_options
+from apps.backends.base import Choice, LaunchOption, LaunchOptions
 from apps.backends.slurm import SlurmBackend
-from apps.core.exceptions import Invalid
 from apps.resources.models import ResourceClass, ResourcePool
-
-
-def refused(chosen, declared) -> Invalid:
-    with pytest.raises(Invalid) as info:
-        validate_launch_options(declared, chosen)
-    return info.value
+from tests.backends.unit.test_launch_options import refused
 
 
 @pytest.mark.django_db
