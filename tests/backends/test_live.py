@@ -36,16 +36,26 @@ COMMAND = (
 )
 
 
-def require(flag: str, names: list[str]) -> dict:
+def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", "CLIENT_SECRET")) -> dict:
+    """The ``GRIDGATE_LIVE_<provider>_<name>`` variables by name, each of ``secrets`` also set as
+    ``GRIDGATE_CRED_LIVE_<provider>_<name>``: only GRIDGATE_CRED_* variables may hold credentials
+    (R-BACK-1). Skipped, saying what to set, without ``GRIDGATE_LIVE_<provider>=1`` and them all."""
+    flag, names = f"GRIDGATE_LIVE_{provider}", [f"GRIDGATE_LIVE_{provider}_{name}" for name in names]
     if os.environ.get(flag) != "1":
         pytest.skip(f"live test: set {flag}=1 and {', '.join(names)} to run it against a real account")
     missing = [name for name in names if not os.environ.get(name)]
     if missing:
         pytest.skip(f"live test: {', '.join(missing)} not set")
-    return {name: os.environ[name] for name in names}
+    env = {name.removeprefix(f"{flag}_"): os.environ[name] for name in names}
+    for name in secrets:
+        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_{provider}_{name}", env[name])
+    return env
 
 
-def round_trip(pool, make_case):
+def round_trip(make_case, kind: str, remote: dict, **klass):
+    """A case of a class (``klass``) of a new ``kind`` pool with ``remote`` there and back."""
+    pool = ResourcePool.objects.create(name=f"live-{kind}", kind=kind, public=True, remote=remote)
+    ResourceClass.objects.create(pool=pool, cpu=1, default=True, **klass)
     case = make_case(resource_class=pool.classes.get(), command=COMMAND, observability_globs=["out/*.txt"])
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("live input\n")
     case = launched(case)
@@ -65,7 +75,7 @@ def round_trip(pool, make_case):
 
 
 def test_live_qarnot_round_trip(make_case, monkeypatch):
-    env = require("GRIDGATE_LIVE_QARNOT", ["GRIDGATE_LIVE_QARNOT_TOKEN"])
+    env = require(monkeypatch, "QARNOT", ["TOKEN"], secrets=["TOKEN"])
     remote = {
         "profile": os.environ.get("GRIDGATE_LIVE_QARNOT_PROFILE", "docker-batch"),
         "token_env": "GRIDGATE_CRED_LIVE_QARNOT_TOKEN",
@@ -74,66 +84,40 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
     }
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
         remote["cluster_url"] = os.environ["GRIDGATE_LIVE_QARNOT_CLUSTER_URL"]
-    assert env["GRIDGATE_LIVE_QARNOT_TOKEN"] not in str(remote)
-    # Only GRIDGATE_CRED_* variables may hold credentials (R-BACK-1).
-    monkeypatch.setenv("GRIDGATE_CRED_LIVE_QARNOT_TOKEN", env["GRIDGATE_LIVE_QARNOT_TOKEN"])
-    pool = ResourcePool.objects.create(name="live-qarnot", kind="qarnot", public=True, remote=remote)
-    ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=2, default=True)
-    round_trip(pool, make_case)
+    assert env["TOKEN"] not in str(remote)
+    round_trip(make_case, "qarnot", remote, name="small", memory=2)
 
 
 def test_live_firecrest_round_trip(make_case, monkeypatch):
-    names = [
-        "GRIDGATE_LIVE_FIRECREST_CLIENT_ID",
-        "GRIDGATE_LIVE_FIRECREST_CLIENT_SECRET",
-        "GRIDGATE_LIVE_FIRECREST_API_URL",
-        "GRIDGATE_LIVE_FIRECREST_TOKEN_URI",
-        "GRIDGATE_LIVE_FIRECREST_SYSTEM",
-        "GRIDGATE_LIVE_FIRECREST_WORKING_ROOT",
-    ]
-    env = require("GRIDGATE_LIVE_FIRECREST", names)
+    names = ["CLIENT_ID", "CLIENT_SECRET", "API_URL", "TOKEN_URI", "SYSTEM", "WORKING_ROOT"]
+    env = require(monkeypatch, "FIRECREST", names)
     remote = {
-        "api_url": env["GRIDGATE_LIVE_FIRECREST_API_URL"],
-        "token_uri": env["GRIDGATE_LIVE_FIRECREST_TOKEN_URI"],
-        "system_name": env["GRIDGATE_LIVE_FIRECREST_SYSTEM"],
-        "working_root": env["GRIDGATE_LIVE_FIRECREST_WORKING_ROOT"],
+        "api_url": env["API_URL"],
+        "token_uri": env["TOKEN_URI"],
+        "system_name": env["SYSTEM"],
+        "working_root": env["WORKING_ROOT"],
         "client_id_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_ID",
         "client_secret_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_SECRET",
         "credentials": "service",
     }
-    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (R-BACK-1)
-        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_FIRECREST_{name}", env[f"GRIDGATE_LIVE_FIRECREST_{name}"])
     if os.environ.get("GRIDGATE_LIVE_FIRECREST_PARTITION"):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]
-    pool = ResourcePool.objects.create(name="live-firecrest", kind="firecrest", public=True, remote=remote)
-    ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
-    round_trip(pool, make_case)
+    round_trip(make_case, "firecrest", remote, name="node", memory=1)
 
 
 def test_live_runai_round_trip(make_case, monkeypatch):
-    names = [
-        "GRIDGATE_LIVE_RUNAI_BASE_URL",
-        "GRIDGATE_LIVE_RUNAI_CLIENT_ID",
-        "GRIDGATE_LIVE_RUNAI_CLIENT_SECRET",
-        "GRIDGATE_LIVE_RUNAI_PROJECT",
-        "GRIDGATE_LIVE_RUNAI_WORKING_ROOT",
-        "GRIDGATE_LIVE_RUNAI_HOST_PATH",
-    ]
-    env = require("GRIDGATE_LIVE_RUNAI", names)
+    names = ["BASE_URL", "CLIENT_ID", "CLIENT_SECRET", "PROJECT", "WORKING_ROOT", "HOST_PATH"]
+    env = require(monkeypatch, "RUNAI", names)
     remote = {
-        "base_url": env["GRIDGATE_LIVE_RUNAI_BASE_URL"],
-        "project": env["GRIDGATE_LIVE_RUNAI_PROJECT"],
+        "base_url": env["BASE_URL"],
+        "project": env["PROJECT"],
         "image": os.environ.get("GRIDGATE_LIVE_RUNAI_IMAGE", "busybox:1.36"),
-        "working_root": env["GRIDGATE_LIVE_RUNAI_WORKING_ROOT"],
-        "host_path": env["GRIDGATE_LIVE_RUNAI_HOST_PATH"],
+        "working_root": env["WORKING_ROOT"],
+        "host_path": env["HOST_PATH"],
         "client_id_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_ID",
         "client_secret_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_SECRET",
         "credentials": "service",
     }
-    for name in ("CLIENT_ID", "CLIENT_SECRET"):  # only GRIDGATE_CRED_* may hold credentials (R-BACK-1)
-        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_RUNAI_{name}", env[f"GRIDGATE_LIVE_RUNAI_{name}"])
     if os.environ.get("GRIDGATE_LIVE_RUNAI_NODE_POOL"):
         remote["node_pool"] = os.environ["GRIDGATE_LIVE_RUNAI_NODE_POOL"]
-    pool = ResourcePool.objects.create(name="live-runai", kind="runai", public=True, remote=remote)
-    ResourceClass.objects.create(pool=pool, name="small", cpu=1, memory=1, default=True)
-    round_trip(pool, make_case)
+    round_trip(make_case, "runai", remote, name="small", memory=1)
