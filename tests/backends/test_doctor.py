@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from apps.backends.remote import clear_clients
 from apps.core import hosts, tasks
-from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.models import ResourcePool
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -100,10 +101,8 @@ def test_doctor_fails_while_the_cases_roots_parent_is_the_services_to_write(
 
 
 def test_doctor_fails_with_an_actionable_message_and_non_zero_exit(monkeypatch, tmp_path):
-    pool = ResourcePool.objects.create(
-        name="hpc", kind="slurm", public=True, remote={"partition": "debug", "working_root": str(tmp_path / "w")}
-    )
-    ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    remote = {"partition": "debug", "working_root": str(tmp_path / "w")}
+    pool = factories.pool("hpc", kind="slurm", remote=remote, class_name="core")
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no Slurm commands on this "host"
     code, out = doctor("--pool", str(pool.pk))
     assert code == 1

@@ -15,6 +15,7 @@ from apps.backends.firecrest import backend as fc_backend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
+from tests import factories
 from tests.backends.conftest import FirecrestDriver, launch, poll_once, poll_until, wait_for_terminal, wait_until
 from tests.doubles.firecrest_server import FirecrestDouble
 
@@ -34,8 +35,7 @@ def test_firecrest_double_runs_a_real_batch_job_on_the_local_slurm(slurm_cluster
     server = FirecrestDouble(tmp_path / "hpc-slurm", runner="slurm", client_secret=driver.secret).start()
     try:
         remote = FirecrestDriver.remote(server, credentials="service")
-        pool = ResourcePool.objects.create(name="slurm-fc", kind="firecrest", public=True, remote=remote)
-        ResourceClass.objects.create(pool=pool, name="node", cpu=1, memory=1, default=True)
+        pool = factories.pool("slurm-fc", kind="firecrest", remote=remote, class_name="node")
         case = launch(make_case, pool, "cat in.txt > out.txt; echo on-slurm")
         assert case.status == CaseStatus.PENDING, case.last_error
         assert server.jobs[int(case.remote_id.split("@")[0])].slurm_id

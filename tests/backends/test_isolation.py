@@ -13,7 +13,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from apps.backends.local import run_dir
 from apps.cases import passes, workspace
 from apps.cases.models import Case, CaseStatus
-from apps.resources.models import ResourceClass, ResourcePool
+from tests import factories
 from tests.backends.conftest import (
     SECRETS,
     api_create,
@@ -157,8 +157,7 @@ def test_launch_without_a_linked_account_is_refused_saying_whom_to_ask(api, owne
 
 
 def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api, outsider, sandbox_host, db):
-    pool = ResourcePool.objects.create(name="open", kind="local", public=True, sandbox_unlinked=True)
-    rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
+    rc = factories.pool("open", class_name="s", sandbox_unlinked=True).classes.get()
     case_id = api_launched(api(outsider), rc, "id -u > uid.txt")
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, case.last_error
@@ -166,8 +165,7 @@ def test_unlinked_user_runs_as_the_sandbox_account_where_the_pool_allows_it(api,
 
 
 def test_pool_without_network_gives_the_case_only_loopback(api, owner, linked, db):
-    pool = ResourcePool.objects.create(name="offline", kind="local", public=True, network=False)
-    rc = ResourceClass.objects.create(pool=pool, name="s", cpu=1, memory=1, default=True)
+    rc = factories.pool("offline", class_name="s", network=False).classes.get()
     case_id = api_launched(api(owner), rc, "awk -F: 'NR>2{print $1}' /proc/net/dev > ifaces.txt")
     case = wait_for_terminal(Case.objects.get(pk=case_id))
     assert case.status == CaseStatus.DONE, (workspace.case_dir(case_id) / "stderr.log").read_text()

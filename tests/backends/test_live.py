@@ -25,7 +25,7 @@ import pytest
 
 from apps.cases import passes, workspace
 from apps.cases.models import CaseStatus
-from apps.resources.models import ResourceClass, ResourcePool
+from tests import factories
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
@@ -53,9 +53,8 @@ def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", 
 
 
 def round_trip(make_case, kind: str, remote: dict, **klass):
-    """A case of a class (``klass``) of a new ``kind`` pool with ``remote`` there and back."""
-    pool = ResourcePool.objects.create(name=f"live-{kind}", kind=kind, public=True, remote=remote)
-    ResourceClass.objects.create(pool=pool, cpu=1, default=True, **klass)
+    """A case of the one class (``klass``: its name and size) of a new ``kind`` pool with ``remote`` there and back."""
+    pool = factories.pool(f"live-{kind}", kind=kind, remote=remote, **klass)
     case = make_case(resource_class=pool.classes.get(), command=COMMAND, observability_globs=["out/*.txt"])
     (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("live input\n")
     case = launched(case)
@@ -85,7 +84,7 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
         remote["cluster_url"] = os.environ["GRIDGATE_LIVE_QARNOT_CLUSTER_URL"]
     assert env["TOKEN"] not in str(remote)
-    round_trip(make_case, "qarnot", remote, name="small", memory=2)
+    round_trip(make_case, "qarnot", remote, class_name="small", memory=2)
 
 
 def test_live_firecrest_round_trip(make_case, monkeypatch):
@@ -102,7 +101,7 @@ def test_live_firecrest_round_trip(make_case, monkeypatch):
     }
     if os.environ.get("GRIDGATE_LIVE_FIRECREST_PARTITION"):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]
-    round_trip(make_case, "firecrest", remote, name="node", memory=1)
+    round_trip(make_case, "firecrest", remote, class_name="node")
 
 
 def test_live_runai_round_trip(make_case, monkeypatch):
@@ -120,4 +119,4 @@ def test_live_runai_round_trip(make_case, monkeypatch):
     }
     if os.environ.get("GRIDGATE_LIVE_RUNAI_NODE_POOL"):
         remote["node_pool"] = os.environ["GRIDGATE_LIVE_RUNAI_NODE_POOL"]
-    round_trip(make_case, "runai", remote, name="small", memory=1)
+    round_trip(make_case, "runai", remote, class_name="small")

@@ -31,7 +31,8 @@ from apps.cases.models import Case, CaseEvent, CaseStatus
 from apps.core.exceptions import Invalid
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
-from apps.resources.models import ResourceClass, ResourcePool
+from apps.resources.models import ResourcePool
+from tests import factories
 from tests.backends.conftest import (
     DRIVERS,
     PASTED,
@@ -587,8 +588,7 @@ def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, sta
     owned = driver.service_pool()
     with Listener() as elsewhere:
         remote = {**owned.remote, **dict.fromkeys(driver.url_keys, elsewhere.url), **driver.service_env}
-        theirs = ResourcePool.objects.create(name="mine", kind=driver.kind, public=True, remote=remote)
-        ResourceClass.objects.create(pool=theirs, name="c", default=True, **driver.resources)
+        theirs = factories.pool("mine", kind=driver.kind, remote=remote, class_name="c", **driver.resources)
         for unbound in driver.service_env.values():
             for variable in driver.service_env.values():
                 bound = [owned.pk] if variable == unbound else [owned.pk, theirs.pk]

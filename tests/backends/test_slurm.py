@@ -21,6 +21,7 @@ from apps.backends.slurm import SlurmBackend
 from apps.cases import passes, services, workspace
 from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
+from tests import factories
 from tests.backends.conftest import (
     SECRETS,
     api_create,
@@ -57,14 +58,8 @@ def owner_account(link_account, owner):
 
 @pytest.fixture
 def slurm_pool(slurm_cluster, working_root, owner_account):
-    pool = ResourcePool.objects.create(
-        name="hpc",
-        kind="slurm",
-        public=True,
-        remote={"partition": "debug", "working_root": str(working_root / "scratch")},
-    )
-    ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
-    return pool
+    remote = {"partition": "debug", "working_root": str(working_root / "scratch")}
+    return factories.pool("hpc", kind="slurm", remote=remote, class_name="core")
 
 
 def early_job(root: Path, command: str, inputs: dict | None = None):
@@ -209,8 +204,7 @@ def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_c
 
 
 def test_slurm_launch_without_a_linked_account_is_refused(slurm_cluster, working_root, api, member, db):
-    pool = ResourcePool.objects.create(name="hpc2", kind="slurm", public=True, remote={"partition": "debug"})
-    rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    rc = factories.pool("hpc2", kind="slurm", remote={"partition": "debug"}, class_name="core").classes.get()
     case_id = api_create(api(member), rc, "true")
     response = api_launch(api(member), case_id)
     assert response.status_code == 403 and "operator" in response.json()["detail"]
@@ -347,8 +341,7 @@ def test_job_past_min_job_age_is_still_resolved_from_sacct(aged_job, settings, m
     wait_forgotten(job_id)
 
     settings.GRIDGATE_CASES_ROOT = root / "cases"
-    pool = ResourcePool.objects.create(name="aged", kind="slurm", public=True, remote=remote)
-    rc = ResourceClass.objects.create(pool=pool, name="core", cpu=1, memory=1, default=True)
+    rc = factories.pool("aged", kind="slurm", remote=remote, class_name="core").classes.get()
     case = make_case(resource_class=rc, command="unused")
     Case.objects.filter(pk=case.pk).delete()
     Case.objects.create(
