@@ -26,7 +26,7 @@ import pytest
 from apps.cases import passes, workspace
 from apps.cases.models import CaseStatus
 from tests import factories
-from tests.cases.conftest import launched
+from tests.backends.conftest import launch
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db]
 
@@ -53,11 +53,10 @@ def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", 
 
 
 def round_trip(make_case, kind: str, remote: dict, **klass):
-    """A case of the one class (``klass``: its name and size) of a new ``kind`` pool with ``remote`` there and back."""
+    """A case of the one class (``klass``: its name and size) of a new ``kind`` pool with ``remote``,
+    there and back."""
     pool = factories.pool(f"live-{kind}", kind=kind, remote=remote, **klass)
-    case = make_case(resource_class=pool.classes.get(), command=COMMAND, observability_globs=["out/*.txt"])
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("live input\n")
-    case = launched(case)
+    case = launch(make_case, pool, COMMAND, inputs={"in.txt": "live input\n"}, observability_globs=["out/*.txt"])
     assert case.status == CaseStatus.PENDING, case.last_error
     live = workspace.case_dir(case.id) / "live" / "out" / "progress.txt"
     deadline = time.monotonic() + 1800

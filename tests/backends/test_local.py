@@ -8,7 +8,7 @@ import pytest
 from apps.backends.local import LocalBackend, run_dir
 from apps.cases import passes, services, workspace
 from apps.cases.models import TERMINAL, CaseStatus
-from tests.backends.conftest import wait_for_terminal, wait_until
+from tests.backends.conftest import wait_for_terminal, wait_until, write_inputs
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sandbox]
@@ -33,18 +33,12 @@ def _kill(case):
         pass
 
 
-def with_input(case, name, data: bytes):
-    (workspace.case_dir(case.id) / "inputs" / name).write_bytes(data)
-
-
 def test_real_command_writes_a_result_that_comes_back_into_results(make_case):
     case = make_case(
         command="cat mesh.txt > out.txt; echo extra >> mesh.txt; mkdir -p post; echo 7 > post/value; echo hello",
         observability_globs=["post/*"],
     )
-    with_input(case, "mesh.txt", b"mesh\n")
-    with_input(case, "untouched.txt", b"same\n")
-    case = launched(case)
+    case = launched(write_inputs(case, {"mesh.txt": b"mesh\n", "untouched.txt": b"same\n"}))
     assert case.status == CaseStatus.PENDING and case.remote_id.startswith("local:")
     case = wait_for_terminal(case)
 

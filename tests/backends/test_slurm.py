@@ -27,11 +27,13 @@ from tests.backends.conftest import (
     api_create,
     api_launch,
     api_launched,
+    launch,
     poll_until,
     read_as,
     submit_spec,
     wait_for_terminal,
     wait_until,
+    write_inputs,
 )
 from tests.cases.conftest import launched
 
@@ -111,10 +113,8 @@ def forgotten_failure(unreadable_log_conf, tmp_path_factory):
 
 
 def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
-    rc = slurm_pool.classes.get()
-    case = make_case(resource_class=rc, command="cat in.txt > out.txt; echo computed")
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    case = launched(case, launch_options={"time": "00:10:00"})
+    case = make_case(resource_class=slurm_pool.classes.get(), command="cat in.txt > out.txt; echo computed")
+    case = launched(write_inputs(case), launch_options={"time": "00:10:00"})
     assert case.status == CaseStatus.PENDING and case.backend == "slurm" and case.remote_id.isdigit()
     text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
     assert f"#SBATCH --job-name={case.id}" in text and "#SBATCH --partition=debug" in text
@@ -184,9 +184,7 @@ def test_another_account_cannot_read_the_job_script_or_the_manifest_of_a_slurm_c
     run directory any account may traverse. Both are 0600 now: job.sh the job's account's,
     manifest.json the service's; sbatch still reads the script (the job runs)."""
     command = "echo token=secret-4711 > /dev/null; cat in.txt > out.txt"
-    case = make_case(resource_class=slurm_pool.classes.get(), command=command)
-    (workspace.case_dir(case.id) / "inputs" / "in.txt").write_text("input\n")
-    case = launched(case)
+    case = launch(make_case, slurm_pool, command)
     assert case.status == CaseStatus.PENDING, case.last_error
     rdir = working_root / "scratch" / str(case.id)
     script, manifest = rdir / "job.sh", rdir / "manifest.json"
