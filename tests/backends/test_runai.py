@@ -239,17 +239,14 @@ def test_a_secret_or_token_runai_echoes_in_an_error_never_reaches_the_case_logs_
     double.fault("/api/v2/token$", status=503, times=rb_client.RETRIES + 1)
     double.echo_credentials = rb_client.RETRIES + 1
     signin = launch(make_case, r_pool, "true")
-    assert (
-        signin.status == CaseStatus.PREPARED and "sign-in failed: the provider answered HTTP 503" in signin.last_error
-    )
+    assert signin.status == CaseStatus.PREPARED, signin.last_error
+    assert "sign-in failed: the provider answered HTTP 503" in signin.last_error
     # A create refused (400) echoing the bearer token: the launch fails for good.
     double.fault("/api/v1/workloads/trainings$", status=400, times=1, method="POST")
     double.echo_credentials = 1
     refused = launch(make_case, r_pool, "true")
-    assert (
-        refused.status == CaseStatus.FAILED
-        and "submission failed: the provider answered HTTP 400" in refused.last_error
-    )
+    assert refused.status == CaseStatus.FAILED, refused.last_error
+    assert "submission failed: the provider answered HTTP 400" in refused.last_error
     # A poll answered 502 (each retry too), echoing the bearer token: a failed poll.
     double.hold = {"Pending"}
     polled = launch(make_case, r_pool, "true")
