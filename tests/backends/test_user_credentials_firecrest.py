@@ -39,18 +39,13 @@ PROVIDER = "firecrest"  # the ``driver`` fixture's
 remote_for = FirecrestDriver.remote
 
 
-@pytest.fixture
-def user_pool(driver):
-    return driver.pool
-
-
 # -- connecting ----------------------------------------------------------------------------------
 def test_connect_round_trip_checks_the_state_sends_the_pkce_verifier_and_keeps_the_refresh_token_sealed(
-    user_pool, double, ada
+    driver, double, ada
 ):
     client = browser(ada)
     double.login_as = "ada"
-    start = client.post(f"/connections/{user_pool.pk}/connect/")
+    start = client.post(f"/connections/{driver.pool.pk}/connect/")
     query = parse_qs(urlsplit(start["Location"]).query)
     assert start["Location"].startswith(double.authorization_uri)
     assert query["code_challenge_method"] == ["S256"] and query["client_id"] == ["gridgate-firecrest"]
@@ -65,8 +60,8 @@ def test_connect_round_trip_checks_the_state_sends_the_pkce_verifier_and_keeps_t
     assert not RemoteConnection.objects.exists()
 
     done = client.get(f"/connections/callback/?code={back['code'][0]}&state={back['state'][0]}", follow=True)
-    assert f"Connected to {user_pool.name} as ada" in done.content.decode()
-    connection = RemoteConnection.objects.get(user=ada, pool=user_pool)
+    assert f"Connected to {driver.pool.name} as ada" in done.content.decode()
+    connection = RemoteConnection.objects.get(user=ada, pool=driver.pool)
     assert connection.state == ConnectionState.CONNECTED and connection.subject == double.subject_of("ada")
     assert connection.issuer == double.issuer and connection.last_refreshed_at is not None
     # PKCE: the verifier was sent with the code, hashes to the challenge (the double checks), and
@@ -83,7 +78,7 @@ def test_connect_round_trip_checks_the_state_sends_the_pkce_verifier_and_keeps_t
     assert "unknown here or was already used" in replay.content.decode()
 
 
-def test_a_provider_account_other_than_the_linked_identity_is_refused(driver, user_pool, double, ada):
+def test_a_provider_account_other_than_the_linked_identity_is_refused(driver, double, ada):
     """docs/identity.md: an operator links a user to their identity (issuer, subject); connecting
     as someone else at that provider is refused."""
     Identity.objects.create(user=ada, issuer=double.issuer, subject=double.subject_of("ada"))
@@ -94,9 +89,7 @@ def test_a_provider_account_other_than_the_linked_identity_is_refused(driver, us
 
 
 # -- rotating refresh tokens -------------------------------------------------------------------
-def test_refresh_token_rotation_is_stored_back_sealed_and_the_rotated_one_is_revoked(
-    driver, user_pool, double, ada, make_case
-):
+def test_refresh_token_rotation_is_stored_back_sealed_and_the_rotated_one_is_revoked(driver, double, ada, make_case):
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     (first,) = double.live_refresh_tokens("ada")
@@ -116,12 +109,12 @@ def test_refresh_token_rotation_is_stored_back_sealed_and_the_rotated_one_is_rev
     credential_services.forget_access_tokens()
     assert wait_for_terminal(case).status == CaseStatus.DONE
     assert double.live_refresh_tokens("ada") != [second]
-    credential_services.disconnect(user=ada, pool_id=user_pool.pk)  # RFC 7009: the one stored last is revoked
+    credential_services.disconnect(user=ada, pool_id=driver.pool.pk)  # RFC 7009: the one stored last is revoked
     assert double.live_refresh_tokens("ada") == []
 
 
 # -- the admin --------------------------------------------------------------------------------------
-def test_staff_see_connections_in_the_admin_and_can_delete_them(driver, user_pool, double, ada, admin_client):
+def test_staff_see_connections_in_the_admin_and_can_delete_them(driver, double, ada, admin_client):
     driver.connect(ada)
     connection = RemoteConnection.objects.get(user=ada)
     listing = admin_client.get("/admin/credentials/remoteconnection/").content.decode()
@@ -134,9 +127,7 @@ def test_staff_see_connections_in_the_admin_and_can_delete_them(driver, user_poo
     assert double.live_refresh_tokens("ada") == [] and double.revocations == ["refresh_token"]
 
 
-def test_deleting_several_connections_in_the_admin_revokes_each_grant(
-    driver, user_pool, double, ada, bob, admin_client
-):
+def test_deleting_several_connections_in_the_admin_revokes_each_grant(driver, double, ada, bob, admin_client):
     driver.connect(ada)
     driver.connect(bob)
     ids = [str(pk) for pk in RemoteConnection.objects.values_list("pk", flat=True)]
@@ -152,13 +143,13 @@ def test_deleting_several_connections_in_the_admin_revokes_each_grant(
 
 # -- disconnecting revokes the grant at the provider (RFC 7009) --------------------------------------
 def test_when_the_provider_cannot_revoke_the_credential_is_still_forgotten_and_the_user_told(
-    driver, user_pool, double, ada, api, caplog
+    driver, double, ada, api, caplog
 ):
     caplog.set_level(logging.DEBUG)
     driver.connect(ada)
     (token,) = double.live_refresh_tokens("ada")
     double.fault("/auth/revoke", status=503, body={"error": "temporarily_unavailable", "error_description": token})
-    answer = api(ada).delete(f"/api/v1/connections/{user_pool.pk}/")
+    answer = api(ada).delete(f"/api/v1/connections/{driver.pool.pk}/")
     assert answer.status_code == 200 and answer.json()["revoked"] is False
     detail = answer.json()["detail"]
     assert "revoking it failed (the identity provider refused (HTTP 503, temporarily_unavailable: ***))" in detail
@@ -198,18 +189,16 @@ def test_the_revocation_endpoint_is_the_pools_or_keycloaks_beside_the_token_endp
 
 
 # -- the page -------------------------------------------------------------------------------------
-def test_the_connections_page_lists_pools_needing_credentials_with_their_state(
-    driver, user_pool, double, ada, local_pool
-):
+def test_the_connections_page_lists_pools_needing_credentials_with_their_state(driver, double, ada, local_pool):
     client = browser(ada)
     page = client.get("/connections/").content.decode()
-    assert user_pool.name in page and "Not connected" in page and local_pool.name not in page
+    assert driver.pool.name in page and "Not connected" in page and local_pool.name not in page
     driver.connect(ada)
     RemoteConnection.objects.filter(user=ada).update(state=ConnectionState.FAILED, failure="Token is not active")
     page = client.get("/connections/").content.decode()
     assert "Failed: reconnect" in page and "Token is not active" in page and "Reconnect" in page
     assert "Your sign-in grant is revoked at the identity provider." in page  # the disconnect's confirmation
-    page = client.post(f"/connections/{user_pool.pk}/disconnect/", follow=True).content.decode()
+    page = client.post(f"/connections/{driver.pool.pk}/disconnect/", follow=True).content.decode()
     assert not RemoteConnection.objects.exists()
     assert "Disconnected: Gridgate no longer holds the grant, and the identity provider has revoked it." in page
 
@@ -270,19 +259,19 @@ def test_the_data_migration_keeps_the_service_account_of_existing_remote_pools(d
     assert ResourcePool.objects.get(pk=old_q.pk).remote == {"profile": "p"} and local.remote == {}
 
 
-def test_doctor_of_a_per_user_pool_checks_the_key_and_the_public_client(user_pool, double):
+def test_doctor_of_a_per_user_pool_checks_the_key_and_the_public_client(driver, double):
     """Without the key it fails: test_doctor_of_a_per_user_pool_needs_the_sealing_key (the contract)."""
-    checks = {check.name: check for check in fc.FirecrestBackend().doctor(user_pool)}
+    checks = {check.name: check for check in fc.FirecrestBackend().doctor(driver.pool)}
     assert checks["credentials"].ok and checks["authorization"].ok and checks["client"].ok, checks
     assert checks["revocation"].ok and checks["revocation"].message.endswith(f"{double.url}/auth/revoke")
     double.public_client_id = "renamed"
-    checks = {check.name: check for check in fc.FirecrestBackend().doctor(user_pool)}
+    checks = {check.name: check for check in fc.FirecrestBackend().doctor(driver.pool)}
     assert not checks["client"].ok and "public client gridgate-firecrest" in checks["client"].message
     assert not checks["revocation"].ok and "invalid_client" in checks["revocation"].message
 
 
 def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_working(
-    driver, user_pool, double, ada, make_case, settings
+    driver, double, ada, make_case, settings
 ):
     """A credential no configured key opens (the old key dropped too early) is reported and left as
     it was, for its user to reconnect or the old key to be put back."""
@@ -305,25 +294,25 @@ def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_wor
     assert wait_for_terminal(case).status == CaseStatus.DONE
 
 
-def test_r_cred_2_credentials_do_not_change_while_cases_of_the_pool_run(user_pool, double, ada, make_case, api, staff):
-    case = make_case(user=ada, resource_class=user_pool.classes.get(), command="true")
+def test_r_cred_2_credentials_do_not_change_while_cases_of_the_pool_run(driver, double, ada, make_case, api, staff):
+    case = make_case(user=ada, resource_class=driver.pool.classes.get(), command="true")
     Case.objects.filter(pk=case.pk).update(status=CaseStatus.RUNNING, remote_id="1@cluster")
     to_service = {"remote": remote_for(double, credentials="service")}
-    refused = api(staff).patch(f"/api/v1/resource-pools/{user_pool.pk}/", to_service, format="json")
+    refused = api(staff).patch(f"/api/v1/resource-pools/{driver.pool.pk}/", to_service, format="json")
     assert refused.status_code == 400 and "cannot change while cases of this pool" in str(refused.json())
-    assert credential_services.needs_user_credentials(ResourcePool.objects.get(pk=user_pool.pk))
+    assert credential_services.needs_user_credentials(ResourcePool.objects.get(pk=driver.pool.pk))
     # Other edits of the remote still go through while they run.
     same = api(staff).patch(
-        f"/api/v1/resource-pools/{user_pool.pk}/", {"remote": remote_for(double, partition="debug")}, format="json"
+        f"/api/v1/resource-pools/{driver.pool.pk}/", {"remote": remote_for(double, partition="debug")}, format="json"
     )
     assert same.status_code == 200, same.content
     Case.objects.filter(pk=case.pk).update(status=CaseStatus.DONE, results_fetched=True)
-    assert api(staff).patch(f"/api/v1/resource-pools/{user_pool.pk}/", to_service, format="json").status_code == 200
+    assert api(staff).patch(f"/api/v1/resource-pools/{driver.pool.pk}/", to_service, format="json").status_code == 200
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(driver, user_pool, double, ada):
+def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(driver, double, ada):
     """Eight workers needing ada's token at once: each refresh waits for the previous one's rotated
     token (the connection's row lock), so none reuses a spent one, which would make the provider
     end the whole session."""
@@ -347,25 +336,23 @@ def test_concurrent_refreshes_of_one_connection_never_use_a_refresh_token_twice(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_refresh_and_a_disconnect_hold_the_connections_row_and_never_its_user_or_pool(
-    driver, user_pool, ada, monkeypatch
-):
+def test_a_refresh_and_a_disconnect_hold_the_connections_row_and_never_its_user_or_pool(driver, ada, monkeypatch):
     """The refresh calls the token endpoint with its row lock held (bounded by ``oauth.TIMEOUT``).
     Taken with the user and pool joined in, it locked their rows too: while an identity provider
     was slow, every insert naming the pool (an admission) or the user waited for it."""
     driver.connect(ada)
-    connection = RemoteConnection.objects.get(user=ada)
+    connection, pool = RemoteConnection.objects.get(user=ada), driver.pool
     answers = locked_while(
         monkeypatch,
         oauth,
         "refresh",
         lambda: bool(credential_services._refresh(connection.pk, connection.generation)),
-        [(RemoteConnection, connection.pk), (get_user_model(), ada.pk), (ResourcePool, user_pool.pk)],
+        [(RemoteConnection, connection.pk), (get_user_model(), ada.pk), (ResourcePool, pool.pk)],
     )
     assert answers == {
         ("RemoteConnection", connection.pk): True,
         ("User", ada.pk): False,
-        ("ResourcePool", user_pool.pk): False,
+        ("ResourcePool", pool.pk): False,
         "result": True,
     }
     # Disconnecting deletes the row under its lock, the pool's row untouched.
@@ -373,7 +360,7 @@ def test_a_refresh_and_a_disconnect_hold_the_connections_row_and_never_its_user_
         monkeypatch,
         RemoteConnection,
         "delete",
-        lambda: credential_services.disconnect(user=ada, pool_id=user_pool.pk).revoked,
-        [(RemoteConnection, connection.pk), (ResourcePool, user_pool.pk)],
+        lambda: credential_services.disconnect(user=ada, pool_id=pool.pk).revoked,
+        [(RemoteConnection, connection.pk), (ResourcePool, pool.pk)],
     )
-    assert answers == {("RemoteConnection", connection.pk): True, ("ResourcePool", user_pool.pk): False, "result": True}
+    assert answers == {("RemoteConnection", connection.pk): True, ("ResourcePool", pool.pk): False, "result": True}
