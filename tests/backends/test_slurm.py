@@ -128,24 +128,12 @@ def test_slurm_job_completes_and_its_results_come_back(slurm_pool, make_case):
     assert case.cores == 1 and case.execution_time is not None
 
 
-def test_slurm_job_never_sees_the_worker_environment(slurm_pool, make_case, monkeypatch):
-    """R-BACK-1: neither sbatch nor the job inherits the worker's environment (--export=NONE)."""
-    monkeypatch.setenv("FIRECREST_CLIENT_SECRET", "worker-secret-value-4711")
-    case = make_case(resource_class=slurm_pool.classes.get(), command="env")
-    case = launched(case)
-    text = (Path(slurm_pool.remote["working_root"]) / str(case.id) / "job.sh").read_text()
-    assert "#SBATCH --export=NONE" in text and "4711" not in text
-    case = wait_for_terminal(case, timeout=90)
-    assert case.status == CaseStatus.DONE, case.last_error
-    stdout = (workspace.case_dir(case.id) / "stdout.log").read_text()
-    assert "4711" not in stdout and f"GRIDGATE_CASE_ID={case.id}" in stdout
-
-
 def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users_files(
     slurm_pool, api, owner, member, link_account, owner_account, monkeypatch, cases_root, working_root
 ):
     """R-CASE-8 on Slurm: the job is the owner's (squeue/scontrol say so, the account owns its
-    files), it sees none of the worker's variables and none of another user's inputs."""
+    files), it sees none of the worker's variables (R-BACK-1: neither sbatch nor the job inherits
+    them, --export=NONE) and none of another user's inputs."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     victim_account = link_account(member, "gridgate-test2")
@@ -161,6 +149,8 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
         "id -u > uid.txt; true"
     )
     attacker = api_launched(api(owner), rc, attack)
+    text = (working_root / "scratch" / attacker / "job.sh").read_text()
+    assert "#SBATCH --export=NONE" in text and "4711" not in text
     job_id = Case.objects.get(pk=attacker).remote_id
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert f"UserId={owner_account.pw_name}(" in shown
@@ -168,7 +158,7 @@ def test_slurm_attack_runs_as_the_owner_and_reaches_no_secret_and_no_other_users
     assert case.status == CaseStatus.DONE, case.last_error
     results = workspace.case_dir(attacker) / "results"
     env = (results / "env.txt").read_text()
-    assert not any(value in env for value in SECRETS.values())
+    assert not any(value in env for value in SECRETS.values()) and f"GRIDGATE_CASE_ID={attacker}" in env
     assert "0815" not in (results / "loot.txt").read_text()
     assert int((results / "uid.txt").read_text()) == owner_account.pw_uid
     assert not (working_root / "scratch" / attacker / "work").exists()  # dropped once fetched
