@@ -12,6 +12,7 @@ from apps.cases import passes, services, workspace
 from apps.cases.models import Campaign, Case, CaseStatus
 from apps.core.exceptions import Invalid
 from tests.backends.conftest import launch, poll_until
+from tests.backends.test_doctor import doctor
 
 pytestmark = pytest.mark.django_db
 
@@ -117,16 +118,12 @@ def test_unknown_provider_state_maps_to_pending():
     assert qb.map_state("Deleted") == BackendStatus.CANCELLED
 
 
-def test_doctor_fails_at_the_storage_check_when_the_accounts_quota_is_full(q_pool, double, capsys):
+def test_doctor_fails_at_the_storage_check_when_the_accounts_quota_is_full(q_pool, double):
     """R-BACK-5: a full storage quota fails ``manage.py doctor`` (exit 1) at its storage check;
     the passing run, each check printed and never the token, is the contract's."""
-    from django.core.management import call_command
-
     double.user["quotaBytesBucket"] = 1
-    with pytest.raises(SystemExit) as exit_info:
-        call_command("doctor", "--pool", str(q_pool.id))
-    assert exit_info.value.code == 1
-    assert "FAIL  [qarnot pool=qarnot] storage" in capsys.readouterr().out
+    code, out = doctor("--pool", str(q_pool.id))
+    assert code == 1 and "FAIL  [qarnot pool=qarnot] storage" in out
 
 
 # -- Qarnot as its SDK describes it ------------------------------------------------------------

@@ -46,6 +46,7 @@ from tests.backends.conftest import (
     wait_for_terminal,
     wait_until,
 )
+from tests.backends.test_doctor import doctor
 from tests.cases.conftest import launched
 from tests.resources.test_admin import inline_data, pool_form
 
@@ -151,7 +152,7 @@ def test_doctor_without_a_pool_checks_the_sdk_only(driver):
     assert [(c.name, c.ok) for c in checks] == [("sdk", True), ("pool", True)]
 
 
-def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver, capsys):
+def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver):
     """R-BACK-5: ``manage.py doctor --pool`` prints each of the provider's checks, all passing, and
     never the secret (R-BACK-1)."""
     pool = driver.service_pool()
@@ -159,14 +160,13 @@ def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver, cap
     assert [c.name for c in checks if not c.ok] == []
     assert ("credentials", True) in [(c.name, c.ok) for c in checks]
     assert not any(driver.secret in c.message for c in checks)
-    call_command("doctor", "--pool", str(pool.id))
-    out = capsys.readouterr().out
+    code, out = doctor("--pool", str(pool.id))
     for name in driver.doctor_checks:
         assert f"OK    [{driver.name} pool={pool.name}] {name}:" in out, name
-    assert driver.secret not in out and "FAIL" not in out
+    assert code == 0 and driver.secret not in out and "FAIL" not in out
 
 
-def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver, monkeypatch, capsys):
+def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver, monkeypatch):
     monkeypatch.delenv(driver.secret_env)
     calls = len(driver.double.calls)
     pool = driver.service_pool()
@@ -174,9 +174,8 @@ def test_doctor_stops_at_a_missing_service_credential_naming_its_variable(driver
     assert checks[-1].name == "credentials" and not checks[-1].ok
     assert driver.secret_env in checks[-1].message
     assert len(driver.double.calls) == calls
-    with pytest.raises(SystemExit) as failed:
-        call_command("doctor", "--pool", str(pool.id))
-    assert failed.value.code == 1 and driver.secret_env in capsys.readouterr().out
+    code, out = doctor("--pool", str(pool.id))
+    assert code == 1 and driver.secret_env in out
 
 
 def test_doctor_of_a_per_user_pool_needs_the_sealing_key(driver, settings):
