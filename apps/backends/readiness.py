@@ -44,14 +44,10 @@ def case_readiness(pool) -> Readiness:
     else:
         # A credential the service will not read (a name without the GRIDGATE_CRED_ prefix, from a
         # pool saved before that rule) is as missing as an unset one.
-        missing_credentials = [
-            key
+        if any(
+            key.endswith("_env") and env_name and (credentials.name_problem(env_name) or not os.environ.get(env_name))
             for key, env_name in remote.items()
-            if key.endswith("_env")
-            and env_name
-            and (credentials.name_problem(env_name) or not os.environ.get(env_name))
-        ]
-        if missing_credentials:
+        ):
             return Readiness(False, f"{NOT_YET} its connection to the provider has no credentials. {ASK}")
     for key, missing in backend.needs:
         if not remote.get(key):
@@ -73,10 +69,6 @@ class Usability:
     runs: str
     reason: str = ""
 
-    @property
-    def words(self) -> str:
-        return "ready" if self.usable else f"not usable by you: {self.reason}"
-
 
 def user_readiness(user, pools) -> dict[int, Usability]:
     """Per pool of ``pools``, whether ``user``'s work would be accepted there: the host's set-up
@@ -89,9 +81,6 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     A pool with devices takes jobs; sessions are admitted on any pool the user sees (an operator's
     "not accessible" is a hint to schedulers, R-SESS-5), so such a pool is usable.
     """
-    from django.db.models import Count
-
-    from apps.backends.registry import backend_class
     from apps.core.exceptions import ServiceError
     from apps.credentials import services as credential_services
     from apps.credentials.models import RemoteConnection
@@ -101,13 +90,7 @@ def user_readiness(user, pools) -> dict[int, Usability]:
 
     pools = list(pools)
     ids = [pool.pk for pool in pools]
-    with_devices = set(
-        Device.objects.filter(pool_id__in=ids)
-        .order_by()
-        .values("pool_id")
-        .annotate(n=Count("id"))
-        .values_list("pool_id", flat=True)
-    )
+    with_devices = set(Device.objects.filter(pool_id__in=ids).order_by().values_list("pool_id", flat=True).distinct())
     uid = connections_of = None
     out = {}
     for pool in pools:
@@ -115,11 +98,8 @@ def user_readiness(user, pools) -> dict[int, Usability]:
             out[pool.pk] = Usability(True, "jobs")
             continue
         host = case_readiness(pool)
-        if not host.runs_cases:
-            out[pool.pk] = Usability(False, "", host.message)
-            continue
         if not host.ready:
-            out[pool.pk] = Usability(False, "cases", host.message)
+            out[pool.pk] = Usability(False, "cases" if host.runs_cases else "", host.message)
             continue
         try:
             if backend_class(backend_name_for_kind(pool.kind)).runs_as_user:
