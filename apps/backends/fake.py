@@ -17,7 +17,6 @@ good), ``transient_submit = N`` the next N submissions with a transient error (n
 from __future__ import annotations
 
 import itertools
-import shutil
 import threading
 from dataclasses import dataclass, field
 
@@ -182,19 +181,12 @@ class FakeBackend(ExecutionBackend):
             raise BackendError("fake: download interrupted (injected failure)")
         with self._lock:
             outputs = dict(self._job(job_ref.remote_id).files)
-        results = job_ref.workspace / "results"
-        staging = job_ref.workspace / ".results.part"
-        shutil.rmtree(staging, ignore_errors=True)
         for rel, data in outputs.items():
-            target = staging / rel
+            target = job_ref.workspace / "results" / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        results.mkdir(parents=True, exist_ok=True)
-        for rel, _path in files.walk_files(staging):
-            target = results / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel).replace(target)
-        shutil.rmtree(staging, ignore_errors=True)
+            partial = target.with_name(f".{target.name}.part")  # a reader never sees half a file
+            partial.write_bytes(data)
+            partial.replace(target)
 
     def cancel(self, job_ref: JobRef) -> None:
         self._count("cancel")
@@ -211,16 +203,8 @@ class FakeBackend(ExecutionBackend):
             job.step = len(job.script) - 1
 
     def launch_options(self, pool, identity=None) -> LaunchOptions:
-        return LaunchOptions(
-            options=[
-                LaunchOption(
-                    key="outcome",
-                    label="Scripted outcome",
-                    choices=[Choice("succeed", "Succeed"), Choice("fail", "Fail")],
-                    default="succeed",
-                )
-            ]
-        )
+        choices = [Choice("succeed", "Succeed"), Choice("fail", "Fail")]
+        return LaunchOptions(options=[LaunchOption("outcome", "Scripted outcome", choices, default="succeed")])
 
     def doctor(self, pool=None) -> list[Check]:
         return [Check("fake", True, "the fake backend needs nothing (in-process, for tests and benchmarks)")]
