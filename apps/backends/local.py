@@ -159,15 +159,8 @@ def start_request(spec: SubmitSpec, work: Path) -> dict:
     }
 
 
-def _time_option(minimum: int, maximum: int, default: int | None) -> LaunchOption:
-    return LaunchOption(
-        "time",
-        "Wall time (minutes)",
-        [],
-        str(default) if default is not None else None,
-        minimum=minimum,
-        maximum=maximum,
-    )
+def _time_option(maximum: int, default: str | None) -> LaunchOption:
+    return LaunchOption("time", "Wall time (minutes)", [], default, minimum=1, maximum=maximum)
 
 
 class LocalBackend(ExecutionBackend):
@@ -213,7 +206,6 @@ class LocalBackend(ExecutionBackend):
 
     def poll(self, job: JobRef) -> BackendState:
         rdir = run_dir(job.workspace)
-        cores = 1
         # The status is decided before the output is read: a command that ends between the two
         # reads would otherwise be finalized without the output it wrote last (R-CASE-5).
         if (rdir / "cancelled").exists():
@@ -226,10 +218,8 @@ class LocalBackend(ExecutionBackend):
             elif code == "0":
                 status, message = BackendStatus.SUCCEEDED, ""
             elif code == XFSZ_STATUS:
-                status, message = (
-                    BackendStatus.FAILED,
-                    ("the command was stopped (SIGXFSZ): a file, or its output, reached the class's storage limit"),
-                )
+                stopped = "the command was stopped (SIGXFSZ): a file, or its output, reached the class's storage limit"
+                status, message = BackendStatus.FAILED, stopped
             else:
                 status, message = BackendStatus.FAILED, f"the command exited with status {code}"
         elif supervisor_alive(rdir):
@@ -247,7 +237,7 @@ class LocalBackend(ExecutionBackend):
         execution_time = None
         if started is not None:
             execution_time = max(0.0, (ended or time.time()) - started)
-        return BackendState(status=status, progress=None, execution_time=execution_time, cores=cores, message=message)
+        return BackendState(status=status, execution_time=execution_time, cores=1, message=message)
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         as_root.call("collect", {"case_id": job.case_id, "what": "live", "globs": list(globs or [])}, timeout=3600)
@@ -279,11 +269,11 @@ class LocalBackend(ExecutionBackend):
     def launch_options(self, pool, identity=None) -> LaunchOptions:
         """The wall time in minutes; its range and default are the class's
         (:meth:`pin_class_overrides`)."""
-        return LaunchOptions(options=[_time_option(1, 7 * 24 * 60, None)])
+        return LaunchOptions(options=[_time_option(7 * 24 * 60, None)])
 
     def pin_class_overrides(self, answer: LaunchOptions, resource_class) -> LaunchOptions:
         options = [
-            _time_option(1, max(1, resource_class.max_wall_time // 60), max(1, resource_class.wall_time // 60))
+            _time_option(max(1, resource_class.max_wall_time // 60), str(max(1, resource_class.wall_time // 60)))
             if option.key == "time"
             else option
             for option in answer.options
@@ -335,13 +325,8 @@ class LocalBackend(ExecutionBackend):
             probe.unlink()
             checks.append(Check("cases root", True, f"{root} is writable"))
         except OSError as exc:
-            checks.append(
-                Check(
-                    "cases root",
-                    False,
-                    f"{root} is not writable ({exc}): set GRIDGATE_CASES_ROOT to a writable directory",
-                )
-            )
+            fix = "set GRIDGATE_CASES_ROOT to a writable directory"
+            checks.append(Check("cases root", False, f"{root} is not writable ({exc}): {fix}"))
         free_gb = shutil.disk_usage(root).free / 1e9 if root.exists() else 0
         checks.append(Check("disk space", free_gb >= 1, f"{free_gb:.1f} GB free under {root}"))
         return checks
