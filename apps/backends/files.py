@@ -41,32 +41,23 @@ def _hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def walk_files(root: Path, *, skip_top: tuple[str, ...] = ()):
+def walk_files(root: Path):
     """Regular files under ``root`` as (relative posix path, path); symlinks are skipped."""
     if not root.is_dir():
         return
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel_dir = Path(dirpath).relative_to(root)
-        if rel_dir == Path("."):
-            dirnames[:] = [d for d in dirnames if d not in skip_top]
         dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink())
         for name in sorted(filenames):
             path = Path(dirpath) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            rel = (rel_dir / name).as_posix()
-            if rel_dir == Path(".") and name in skip_top:
-                continue
-            yield rel, path
+            if path.is_file() and not path.is_symlink():
+                yield (rel_dir / name).as_posix(), path
 
 
 # -- reading a tree the command owns (R-CASE-8) ------------------------------------------------------
 # What the service writes in a workspace is never written through a link planted there. (The
 # command's own tree is read by the privileged helper, through fds and O_NOFOLLOW opens.)
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-
-
-def open_for_write(path: Path, flags: int = _WRITE_FLAGS) -> int:
+def open_for_write(path: Path, flags: int) -> int:
     """Open a file the service writes in a workspace; never through a symlink planted there."""
     return os.open(path, flags, 0o600)
 
