@@ -140,14 +140,13 @@ def validate_launch_options(declared: LaunchOptions, chosen) -> dict[str, Any]:
             continue
         if option.is_range:
             number = _whole_number(value)
-            if number is None or not option.minimum <= number <= option.maximum:
-                problems[key] = [f"{_shown(value)} is not allowed for '{key}'; allowed: {option.allowed()}."]
+            if number is not None and option.minimum <= number <= option.maximum:
+                clean[key] = number
                 continue
-            clean[key] = number
         elif isinstance(value, str) and value in {choice.value for choice in option.choices}:
             clean[key] = value
-        else:
-            problems[key] = [f"{_shown(value)} is not allowed for '{key}'; allowed: {option.allowed()}."]
+            continue
+        problems[key] = [f"{_shown(value)} is not allowed for '{key}'; allowed: {option.allowed()}."]
     if problems:
         detail = " ".join(message for messages in problems.values() for message in messages)
         if declared.degraded:
@@ -198,7 +197,6 @@ class RunAs:
     uid: int | None = None
     gid: int | None = None
     name: str = ""
-    home: str = ""
     network: bool = True
     #: networks the egress filter lets through although it drops them otherwise (the pool's
     #: ``allowed_networks``, as CIDR texts)
@@ -360,8 +358,6 @@ class CredentialsRequired(BackendError):
     reconnect, and the message says where. Not transient (the same credential fails the same way)
     and not a failure of the job: a launch fails with this message, a poll keeps the case as it
     is and says it waits for its owner to reconnect."""
-
-    transient = False
 
 
 class LeaseLost(BackendError):

@@ -89,7 +89,7 @@ def run_as_for(user, pool: ResourcePool, *, uid=LOOK_UP) -> RunAs:
                 f"Your linked Unix uid {uid} has no account on this host: ask an operator to create it "
                 "or to correct the link (admin → Users → Unix account)."
             ) from None
-        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir, pool.network, egress(pool))
+        return RunAs(RunAs.OWNER, entry.pw_uid, entry.pw_gid, entry.pw_name, pool.network, egress(pool))
     if pool.sandbox_unlinked:
         return _sandbox_account(pool)
     raise Forbidden(
@@ -112,7 +112,7 @@ def _sandbox_account(pool: ResourcePool) -> RunAs:
         ) from None
     if entry.pw_uid == 0:
         raise Unavailable("The sandbox account is root: an operator must set GRIDGATE_SANDBOX_USER.")
-    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, "", pool.network, egress(pool))
+    return RunAs(RunAs.SANDBOX, entry.pw_uid, entry.pw_gid, entry.pw_name, pool.network, egress(pool))
 
 
 def egress(pool: ResourcePool) -> tuple[str, ...]:
