@@ -112,11 +112,6 @@ def map_state(raw: str) -> str:
     return STATES.get(word, BackendStatus.PENDING)
 
 
-def parse_elapsed(text: str) -> float | None:
-    """Slurm durations: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``; None for ``UNLIMITED`` and the like."""
-    return duration_seconds(text or "", "-")
-
-
 def _int(text: str) -> int | None:
     try:
         return int(text)
@@ -252,15 +247,14 @@ class SlurmBackend(PollsMany, ExecutionBackend):
 
     def submit(self, spec: SubmitSpec) -> str:
         """R-CASE-8: the job is submitted as the case's account (``sbatch`` run as that account
-        by the privileged helper),
-        so squeue/sacct show the user and file permissions apply; its working directory is
-        that account's (0700) and the run directory is the service's (0711: the job reaches its
-        own ``work/``, cannot replace ``job.sh`` or the control files). Its files are 0600 or
-        0640 and no other account reads them: ``job.sh`` (the command, which may carry a secret)
-        ends up the job's account's, ``manifest.json`` stays the service's, the output files are
-        the account's and readable by the service's group. The service prepares the run directory;
-        the privileged helper hands it over and submits (``sbatch`` verb). ``run_as`` None or
-        trusted: submitted by the service as itself, which then owns them all."""
+        by the privileged helper), so squeue/sacct show the user and file permissions apply; its
+        working directory is that account's (0700) and the run directory is the service's (0711:
+        the job reaches its own ``work/``, cannot replace ``job.sh`` or the control files). Its
+        files are 0600 or 0640 and no other account reads them: ``job.sh`` (the command, which may
+        carry a secret) ends up the job's account's, ``manifest.json`` stays the service's, the
+        output files are the account's and readable by the service's group. The service prepares
+        the run directory; the privileged helper hands it over and submits (``sbatch`` verb).
+        ``run_as`` None or trusted: submitted by the service as itself, which then owns them all."""
         require_command(spec)
         rdir = run_dir_for(spec.case_id, spec.workspace, spec.pool_remote)
         run_as = spec.run_as if spec.run_as is not None and spec.run_as.switches else None
@@ -317,7 +311,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
         for line in proc.stdout.splitlines():
             parts = line.split("|", 5)
             if len(parts) == 6:
-                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[3]), _int(parts[4]), parts[5].strip())
+                out[parts[0]] = (parts[1], parts[2], duration_seconds(parts[3], "-"), _int(parts[4]), parts[5].strip())
         return out
 
     def _sacct(self, ids: list[str]) -> tuple[dict[str, tuple[str, str, float | None, int | None, str]], str]:
@@ -331,7 +325,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
             parts = line.split("|")
             # Only the job line: its steps (``ID.batch``, ``ID.extern``) are not the job.
             if len(parts) == 6 and parts[0] in ids:
-                out[parts[0]] = (parts[1], parts[2], parse_elapsed(parts[4]), _int(parts[5]), parts[3])
+                out[parts[0]] = (parts[1], parts[2], duration_seconds(parts[4], "-"), _int(parts[5]), parts[3])
         return out, proc.unreadable
 
     def _exit_code(self, job_id: str) -> str:

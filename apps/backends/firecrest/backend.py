@@ -42,6 +42,7 @@ from apps.backends.base import (
     LaunchOptions,
     PollsMany,
     SubmitSpec,
+    duration_seconds,
 )
 from apps.backends.firecrest.client import Session, _sdk
 from apps.backends.firecrest.doctor import FirecrestDoctor
@@ -54,7 +55,7 @@ from apps.backends.remote_common import (
     load_state,
     save_state,
 )
-from apps.backends.slurm import launch_form, parse_elapsed
+from apps.backends.slurm import launch_form
 from apps.backends.slurm import map_state as slurm_state
 
 logger = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
         status = map_state(raw, exit_code)
         elapsed = (entry.get("time") or {}).get("elapsed")
         if isinstance(elapsed, str):
-            elapsed = parse_elapsed(elapsed)
+            elapsed = duration_seconds(elapsed, "-")
         stdout = stderr = ""
         if status != BackendStatus.PENDING and output:
             final = status in BackendStatus.TERMINAL
