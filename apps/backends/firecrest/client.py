@@ -16,7 +16,6 @@ import posixpath
 
 from apps.backends.base import BackendError, RemoteIdentity
 from apps.backends.remote import Failure, RemoteSession
-from apps.backends.remote.session import digest
 from apps.backends.remote_common import env_secret
 
 TIMEOUT = 30.0  # seconds per HTTP request: a hung API is a failed call, not a hung worker
@@ -79,9 +78,6 @@ class Session(RemoteSession):
 
     def user_credential(self, identity: RemoteIdentity) -> tuple[str]:
         return (identity.key,)  # the token itself is asked for per request (UserTokenAuth)
-
-    def client_key(self, credential: tuple) -> tuple:
-        return (self.api_url, self.remote.get("token_uri"), digest(*credential))
 
     def open_client(self, credential: tuple):
         firecrest, Firecrest = _sdk()
