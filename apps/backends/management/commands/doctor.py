@@ -75,15 +75,13 @@ class Command(BaseCommand):
             self.stdout.write(f"OK    [{label}] {check.name}: {check.message}")
         else:
             self.stdout.write(self.style.ERROR(f"FAIL  [{label}] {check.name}: {check.message}"))
-        return check.ok
+        return bool(check.ok)
 
     def handle(self, *args, backend=None, pool=None, **options):
-        failed = 0
-        total = 0
+        passed = []  # one entry per check reported
         targets = self.targets(backend, pool)
         for check in self.site_checks():
-            total += 1
-            failed += not self._report_check("site", check)
+            passed.append(self._report_check("site", check))
         for name, target_pool in targets:
             label = f"{name}" + (f" pool={target_pool.name}" if target_pool is not None else "")
             try:
@@ -93,10 +91,9 @@ class Command(BaseCommand):
                 checks = [registry.Check("doctor", False, f"the check itself failed: {text}")]
             for check in checks:
                 check.message = scrub_for_pool(target_pool, check.message)
-                total += 1
-                failed += not self._report_check(label, check)
-        summary = f"{total - failed}/{total} checks passed"
-        if failed:
+                passed.append(self._report_check(label, check))
+        summary = f"{sum(passed)}/{len(passed)} checks passed"
+        if not all(passed):
             self.stdout.write(self.style.ERROR(summary))
             sys.exit(1)
         self.stdout.write(self.style.SUCCESS(summary))
