@@ -182,13 +182,7 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
     else:
         label = f"user {user.username} ({session.account_word} {connection.subject or 'unknown'})"
         key = f"user:{connection.pk}:{connection.generation}"
-        changed = moved(connection, pool)
-        if changed:
-            why = f"was made for other provider URLs (the pool's {changed} changed since)"
-        elif not connection.is_connected:
-            why = f"failed ({connection.failure or 'the provider refused it'})"
-        else:
-            why = ""
+        why = _unusable(connection, pool)
     if why:
         return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=partial(_refuse, _reconnect(user, pool, why)))
     refusal = _reconnect(user, pool, "was refused by the provider (401: revoked or expired)")
@@ -200,6 +194,16 @@ def _user_identity(user, pool, connection: RemoteConnection | None) -> RemoteIde
     else:
         token = partial(_access_token, connection.pk, connection.generation)
     return RemoteIdentity(RemoteIdentity.USER, label, key=key, token=token, refused=refused)
+
+
+def _unusable(connection: RemoteConnection, pool) -> str:
+    """Why ``connection`` must not be used: its pool's provider URLs changed, or it failed ("": it may)."""
+    changed = moved(connection, pool)
+    if changed:
+        return f"was made for other provider URLs (the pool's {changed} changed since)"
+    if not connection.is_connected:
+        return f"failed ({connection.failure or 'the provider refused it'})"
+    return ""
 
 
 def _refuse(message: str, *, fresh: bool = False) -> str:
@@ -249,12 +253,9 @@ def _refresh(connection_id: int, generation: int) -> str:
         if connection is None:
             raise CredentialsRequired(f"the connection was removed: reconnect at {connect_page()}")
         user, pool = connection.user, connection.pool
-        if not connection.is_connected:
-            why = f"failed ({connection.failure or 'the provider refused it'})"
+        why = _unusable(connection, pool)  # read under the lock: never a refresh token to a new host
+        if why:
             raise CredentialsRequired(_reconnect(user, pool, why))
-        changed = moved(connection, pool)  # read under the lock: never a refresh token to a new host
-        if changed:
-            raise CredentialsRequired(_reconnect(user, pool, f"was made for other provider URLs ({changed} changed)"))
         refresh_token = _api_token(connection.sealed_secret, _reconnect(user, pool, "cannot be read"))
         try:
             answer = oauth.refresh(pool.remote_config(), refresh_token)
