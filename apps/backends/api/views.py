@@ -95,4 +95,4 @@ class ConnectionDetailView(APIView):
     )
     def delete(self, request, pool: int):
         forgotten = credential_services.disconnect(user=request.user, pool_id=pool)
-        return Response(DisconnectedSerializer({"revoked": forgotten.revoked, "detail": forgotten.detail}).data)
+        return Response(DisconnectedSerializer(forgotten).data)
