@@ -379,7 +379,6 @@ class ExecutionBackend(ABC):
     """Five verbs plus launch options and doctor. Instances are cheap and stateless: build one per
     call site with :func:`apps.backends.registry.get_backend`."""
 
-    name: str = ""
     #: True for backends that run the command under a Unix account of this site (local, Slurm):
     #: the core resolves a :class:`RunAs` for them and refuses the launch without one (R-CASE-8).
     runs_as_user: bool = False
@@ -389,8 +388,6 @@ class ExecutionBackend(ABC):
     #: host must see one cases root (docs/deployment.md): the web writes inputs and serves logs and
     #: results there, and any worker host may submit a not-yet-pinned launch.
     host_bound: bool = False
-    #: pool kinds this backend can serve (the registry decides which one actually does).
-    kinds: tuple[str, ...] = ()
     #: what the pages say a pool lacks before anyone launches (``readiness``): the pool's
     #: ``remote`` keys a case cannot run without, each with what is missing in users' words, and
     #: the commands it runs on this host

@@ -70,9 +70,6 @@ class FakeJob:
 
 
 class FakeBackend(ExecutionBackend):
-    name = "fake"
-    kinds = ("local", "slurm", "firecrest", "qarnot")
-
     # The fake "provider": shared by every instance in this process.
     jobs: dict[str, FakeJob] = {}
     faults = Faults()

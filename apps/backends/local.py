@@ -164,8 +164,6 @@ def _time_option(maximum: int, default: str | None) -> LaunchOption:
 
 
 class LocalBackend(ExecutionBackend):
-    name = "local"
-    kinds = ("local",)
     runs_as_user = True
     host_bound = True  # liveness is this host's lock: only this host polls or cancels
 

@@ -207,8 +207,6 @@ def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
 
 
 class SlurmBackend(PollsMany, ExecutionBackend):
-    name = "slurm"
-    kinds = ("slurm",)
     needs = (("working_root", "it has no working directory on the cluster"),)
     commands = ("sbatch", "squeue", "scancel")
     runs_as_user = True

@@ -101,8 +101,6 @@ def split_remote_id(remote_id: str, default_system: str) -> tuple[str, str]:
 
 
 class FirecrestBackend(PollsMany, FirecrestDoctor):
-    name = "firecrest"
-    kinds = ("firecrest",)
     needs = (("working_root", "it has no working directory on the cluster"),)
 
     def session(self, ref: SubmitSpec | JobRef) -> Session:

@@ -119,9 +119,6 @@ def case_tag(case_id: str) -> str:
 
 
 class QarnotBackend(QarnotDoctor):
-    name = "qarnot"
-    kinds = ("qarnot",)
-
     # -- submission --------------------------------------------------------------------------
     def find_in(self, session: Session, case_id: str) -> str | None:
         with session.guard("task lookup"):

@@ -77,8 +77,6 @@ def run_dir_for(case_id: str, remote: dict) -> Path:
 
 
 class RunaiBackend(RunaiDoctor):
-    name = "runai"
-    kinds = ("runai",)
     needs = (
         ("working_root", "it has no working directory on the cluster"),
         ("image", "it names no container image to run cases in"),
