@@ -251,10 +251,6 @@ class RemoteIdentity:
     token: Callable[..., str] | None = field(default=None, repr=False, compare=False)
     refused: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
-    @property
-    def is_user(self) -> bool:
-        return self.mode == self.USER
-
 
 @dataclass
 class SubmitSpec:

@@ -154,11 +154,6 @@ class RemoteSession:
     def user_credential(self, identity: RemoteIdentity) -> tuple:  # pragma: no cover
         raise NotImplementedError
 
-    def client_key(self, credential: tuple) -> tuple:
-        """What tells this client from another: where the credential goes (``url_keys``) and a
-        :func:`digest` of it."""
-        return (*(self.remote.get(key) for key in self.url_keys), digest(*credential))
-
     def open_client(self, credential: tuple):  # pragma: no cover
         raise NotImplementedError
 
@@ -191,7 +186,7 @@ class RemoteSession:
         identity nothing is sent at all."""
         if not self.per_user:
             return self.service_credential()
-        if self.identity is None or not self.identity.is_user:
+        if self.identity is None or self.identity.mode != RemoteIdentity.USER:
             raise BackendError(
                 f"this pool runs {self.runs} under each user's own {self.user_credential_words} and no user "
                 "credential was given: refusing to act under the service account (R-CRED-1)"
@@ -202,7 +197,8 @@ class RemoteSession:
     def client(self):
         if self._client is None:
             credential = self.credential()
-            key = (self.kind, *self.client_key(credential))
+            # what tells this client from another: where the credential goes, and a digest of it
+            key = (self.kind, *(self.remote.get(name) for name in self.url_keys), digest(*credential))
             with _clients_lock:
                 client = _clients.get(key)
             if client is None:
