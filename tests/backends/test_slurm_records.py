@@ -162,7 +162,7 @@ def test_a_job_slurmctld_forgot_ends_failed_only_when_its_record_cannot_be_read_
 
 
 def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
-    """Slurm's durations (``parse_elapsed``) are tests/backends/unit/test_durations.py's."""
+    """Slurm's durations (``duration_seconds(text, "-")``) are tests/backends/unit/test_durations.py's."""
     assert slurm.map_state("COMPLETED") == "succeeded"
     assert slurm.map_state("CANCELLED by 0") == "cancelled"
     assert slurm.map_state("OUT_OF_MEMORY") == "failed"
