@@ -170,26 +170,20 @@ def test_r_sess_7_a_device_reconfigured_mid_run_is_honoured_by_every_submission_
     assert not Job.objects.filter(pool=pool, created_at__gt=changed).exists()
 
 
-def test_r_sess_7_a_configuration_change_racing_every_attempt_costs_retries_never_a_503(
-    qpu_pool, open_session, owner, monkeypatch
-):
-    """The worst race: after each read of the session's pool and devices, an administrator's
-    change commits before the submission's statement. The attempts before the last retry; the
-    last holds the configuration until it commits, so the change cannot get in (it is refused
-    at once here, NOWAIT) and the job is stored against the configuration it was checked with."""
+def racing_every_read(monkeypatch, change) -> list[str]:
+    """After each read of the session's pool and devices (``statements.target``), an
+    administrator's ``change`` runs in its own transaction and thread before the submission's
+    statement. The list says, per attempt, whether the change committed or was refused."""
     from django.db import DatabaseError, transaction
 
     from apps.scheduling import statements
 
-    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 4})
-    session = open_session(qpu_pool, owner)
     read, changes = statements.target, []
 
     def administrator():
         try:
             with transaction.atomic():
-                Device.objects.select_for_update(nowait=True).get(pk=device.pk)
-                Device.objects.filter(pk=device.pk).update(max_concurrent_jobs=len(changes) + 2)
+                change(len(changes))
             changes.append("committed")
         except DatabaseError:
             changes.append("refused: the submission holds the configuration")
@@ -204,11 +198,35 @@ def test_r_sess_7_a_configuration_change_racing_every_attempt_costs_retries_neve
         return found
 
     monkeypatch.setattr(statements, "target", read_then_change)
-    job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
-    assert Job.objects.filter(pk=job.pk).exists()
+    return changes
+
+
+def assert_every_attempt_but_the_last_was_raced(changes) -> None:
     assert changes == ["committed"] * (services.SUBMISSION_ATTEMPTS - 1) + [
         "refused: the submission holds the configuration"
     ]
+
+
+def test_r_sess_7_a_configuration_change_racing_every_attempt_costs_retries_never_a_503(
+    qpu_pool, open_session, owner, monkeypatch
+):
+    """The worst race: after each read of the session's pool and devices, an administrator's
+    change commits before the submission's statement. The attempts before the last retry; the
+    last holds the configuration until it commits, so the change cannot get in (it is refused
+    at once here, NOWAIT) and the job is stored against the configuration it was checked with."""
+    device = Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 4})
+    session = open_session(qpu_pool, owner)
+
+    def reconfigure(attempt):
+        # The lock the UPDATE itself takes (FOR NO KEY UPDATE), asked NOWAIT: refused at once only
+        # while the submission shares the row (FOR SHARE; a key-share lock would let it in).
+        Device.objects.select_for_update(nowait=True, no_key=True).get(pk=device.pk)
+        Device.objects.filter(pk=device.pk).update(max_concurrent_jobs=attempt + 2)
+
+    changes = racing_every_read(monkeypatch, reconfigure)
+    job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert_every_attempt_but_the_last_was_raced(changes)
 
 
 def test_r_sess_7_a_device_added_racing_every_attempt_costs_retries_never_a_503(
@@ -218,36 +236,15 @@ def test_r_sess_7_a_device_added_racing_every_attempt_costs_retries_never_a_503(
     the existing devices holds back; the last attempt's hold on the pool row does (a new device
     takes a key-share lock on its pool), and the job is stored against the devices it was
     checked with."""
-    from django.db import DatabaseError, transaction
-
-    from apps.scheduling import statements
-
     Device.objects.create(pool=qpu_pool, name="emu", driver="emulator", config={"max_atoms": 4})
     session = open_session(qpu_pool, owner)
-    read, changes = statements.target, []
 
-    def administrator():
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute("SET LOCAL lock_timeout = '200ms'")
-                Device.objects.create(pool=qpu_pool, name=f"emu-{len(changes)}", driver="fake")
-            changes.append("committed")
-        except DatabaseError:
-            changes.append("refused: the submission holds the configuration")
-        finally:
-            connection.close()
+    def add_device(attempt):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '200ms'")
+        Device.objects.create(pool=qpu_pool, name=f"emu-{attempt}", driver="fake")
 
-    def read_then_change(session_id, pool_name):
-        found = read(session_id, pool_name)
-        racer = threading.Thread(target=administrator)
-        racer.start()
-        racer.join()
-        return found
-
-    monkeypatch.setattr(statements, "target", read_then_change)
+    changes = racing_every_read(monkeypatch, add_device)
     job = services.submit_job(user=owner, session_id=session.pk, payload={"sequence": analog_sequence(2)}, shots=1)
     assert Job.objects.filter(pk=job.pk).exists()
-    assert changes == ["committed"] * (services.SUBMISSION_ATTEMPTS - 1) + [
-        "refused: the submission holds the configuration"
-    ]
+    assert_every_attempt_but_the_last_was_raced(changes)
