@@ -36,11 +36,19 @@ def code_of(job):
     return selectors.queue_info([job])[job.pk].code
 
 
-def test_r_res_1_without_a_window_the_older_sessions_job_goes_first(qpu, device, alice, outsiders):
+def outsider_then_holder(qpu, alice, outsiders):
+    """Before 10:00, an outsider's job, then a minute later alice's (a holder once a window is
+    reserved for group_a): (theirs, mine)."""
     with time_machine.travel(at(9, 50), tick=False) as clock:
         theirs = submit(open_session(outsiders[0], qpu))
         clock.shift(60)
-        submit(open_session(alice, qpu))
+        mine = submit(open_session(alice, qpu))
+    return theirs, mine
+
+
+def test_r_res_1_without_a_window_the_older_sessions_job_goes_first(qpu, device, alice, outsiders):
+    theirs, _mine = outsider_then_holder(qpu, alice, outsiders)
+    with time_machine.travel(at(9, 51), tick=False):
         assert passes.dispatch_once(qpu.pk).pk == theirs.pk
 
 
@@ -48,10 +56,7 @@ def test_r_res_1_a_holders_job_starts_at_the_first_dispatch_of_the_window_and_ot
     qpu, device, alice, group_a, outsiders, reserve
 ):
     reserve(qpu, groups=[group_a], device=device)
-    with time_machine.travel(at(9, 50), tick=False) as clock:
-        theirs = submit(open_session(outsiders[0], qpu))
-        clock.shift(60)
-        mine = submit(open_session(alice, qpu))
+    theirs, mine = outsider_then_holder(qpu, alice, outsiders)
     with time_machine.travel(at(10, 0, 1), tick=False):
         dispatched = passes.dispatch_once(qpu.pk)
         assert dispatched.pk == mine.pk and dispatched.device_id == device.pk
@@ -75,10 +80,7 @@ def test_r_res_1_on_a_pool_with_two_devices_only_the_reserved_one_serves_holders
 ):
     other = Device.objects.create(pool=qpu, name="qpu2", driver="fake", config=LONG)
     reserve(qpu, groups=[group_a], device=other)
-    with time_machine.travel(at(9, 50), tick=False) as clock:
-        theirs = submit(open_session(outsiders[0], qpu))
-        clock.shift(60)
-        mine = submit(open_session(alice, qpu))
+    theirs, mine = outsider_then_holder(qpu, alice, outsiders)
     with time_machine.travel(at(10, 1), tick=False):
         first, second = passes.dispatch_once(qpu.pk), passes.dispatch_once(qpu.pk)
     assert (first.pk, first.device_id) == (mine.pk, other.pk)
@@ -94,10 +96,7 @@ def test_r_res_1_a_holder_whose_project_has_no_device_time_left_waits_on_the_res
 
     Allocation.objects.create(name="spent", pool=qpu, user=alice, device_seconds=0, starts_at=at(9), ends_at=at(12))
     reserve(qpu, groups=[group_a], device=device)
-    with time_machine.travel(at(9, 50), tick=False) as clock:
-        theirs = submit(open_session(outsiders[0], qpu))
-        clock.shift(60)
-        mine = submit(open_session(alice, qpu))
+    theirs, mine = outsider_then_holder(qpu, alice, outsiders)
     with time_machine.travel(at(10, 0, 1), tick=False):
         assert passes.dispatch_once(qpu.pk).pk == theirs.pk
         assert code_of(mine) == "allocation_exhausted"
