@@ -1,39 +1,8 @@
 """The Qarnot backend: docker tasks on Qarnot's cloud through the qarnot SDK (R-BACK-3).
 
-Quirks this module absorbs so the core never sees them (each was met on a real account, see
-``docs/backends.md``):
-
-- **Lazy connection**, tokens and refused tokens: ``client.py``.
-- **Room before spending.** There is no quota exception: a full bucket or storage quota surfaces
-  as a botocore ``ClientError`` in the middle of an upload. The per-case upload plan is checked
-  against ``max_upload_mb`` and ``user_info`` (bucket count, storage bytes) before anything is
-  uploaded.
-- **Buckets per case**: ``gg-<case>-in`` (inputs) and ``gg-<case>-out`` (results and snapshots);
-  a campaign's shared inputs go once to ``gg-campaign-<id>`` under the ``shared/`` prefix (so the
-  task sees ``shared/`` as locally) and are never downloaded back.
-- **Setters before submit.** Constraints, scheduling type and the snapshot whitelist are set
-  before ``submit()`` (most setters raise once the task has a uuid). ``snapshot(interval)``
-  called before submit keeps only the interval and drops the whitelist, so the periodic snapshot
-  is started right after submit with the whitelist passed explicitly.
-- **Catalogue-checked constraints.** Qarnot refuses a whole submission for a constraint its
-  per-account catalogue does not list, so the synthesised core constraint is sent only when the
-  catalogue lists it; node types come from the same catalogue.
-- **Results**: ``download_results`` re-downloads the whole bucket on every fresh task and
-  ``get_all_files`` does not sanitise keys, so objects are listed and fetched here, only new or
-  changed whitelisted ones while running, confined to the workspace.
-- **Abort of a finished task** raises ``UnauthorizedException("Invalid operation on non-running
-  task")``: the task's state then says whether it had ended: "already finished" (R-CASE-6),
-  never a 500 (the state decides, not the message).
-- **One-shot output.** ``fresh_stdout``/``fresh_stderr`` return only what is new and consume it,
-  so every read goes to a spool in the workspace first; the delta is the spool past what the
-  workspace log holds. Output read by a caller that does not record it (the cancel's final-state
-  check) still lands in the log at the next poll (R-CASE-5).
-- **Failures** are reported per instance (``completedInstances[*].error``), which the SDK does
-  not parse: the failure message is built from the task's JSON.
-- **Task quota.** 403 "maximum number of tasks reached" (``MaxTaskException``) is temporary: the
-  launch is retried later (``SubmitUncertain``), never failed.
-- **Multipart ETags** (boto3 uploads over 8 MB in parts) are not MD5s: an unchanged large input
-  is recognised by recomputing its multipart ETag locally, so it never comes back as a result.
+Qarnot's quirks (each met on a real account: docs/backends.md, "qarnot") are absorbed here so
+the core never sees them, each explained where it is handled; the connection and what the SDK's
+errors mean are in ``client.py``.
 """
 
 from __future__ import annotations
@@ -107,10 +76,13 @@ MAX_THREADS = 256
 
 
 def bucket_names(case_id: str) -> tuple[str, str]:
+    """The case's inputs bucket and its results (and snapshots) bucket."""
     return f"gg-{case_id}-in", f"gg-{case_id}-out"
 
 
 def shared_bucket_name(shared_dir: Path) -> str:
+    """A campaign's shared inputs, uploaded once under ``shared/`` (the task sees them where a
+    local run does) and never downloaded back."""
     return f"gg-campaign-{shared_dir.parent.name}"
 
 
@@ -191,7 +163,8 @@ class QarnotBackend(QarnotDoctor):
             return False
 
     def plan(self, session: Session, spec: SubmitSpec) -> dict:
-        """What this launch will upload and create, checked before anything is spent."""
+        """What this launch will upload and create, checked before anything is spent: Qarnot has no
+        quota exception, a full bucket or storage quota would surface mid-upload."""
         inputs = list(files.walk_files(spec.inputs_dir))
         shared, shared_bucket = [], None
         if spec.shared_dir is not None and spec.shared_dir.is_dir():
@@ -222,16 +195,15 @@ class QarnotBackend(QarnotDoctor):
                 f"the Qarnot storage quota has {max(0, quota - used) / MB:.1f} MB left and this launch "
                 f"uploads {total / MB:.1f} MB: free storage first"
             )
-        return {"inputs": inputs, "shared": shared, "shared_bucket": shared_bucket, "bytes": total}
+        return {"inputs": inputs, "shared": shared, "shared_bucket": shared_bucket}
 
-    def _upload(self, session: Session, bucket: str, entries, prefix: str = "", heartbeat=None) -> dict[str, str]:
+    def _upload(self, session: Session, spec: SubmitSpec, bucket: str, entries, prefix: str = "") -> dict[str, str]:
         """Upload files; returns {key: md5} (S3's ETag of a single-part upload)."""
         with session.guard(f"creation of bucket {bucket}"):
             session.conn.create_bucket(bucket)
         md5s = {}
         for rel, path in entries:
-            if heartbeat is not None:
-                heartbeat()  # renew the launch lease between uploads (R-CASE-1)
+            spec.heartbeat()  # renew the launch lease between uploads (R-CASE-1)
             key = prefix + rel
             with session.guard(f"upload of {key}"):
                 # A full quota surfaces here as a botocore ClientError: reported, and the case fails
@@ -245,11 +217,11 @@ class QarnotBackend(QarnotDoctor):
         plan = self.plan(session, spec)
         constraints = self._constraints(session, spec)
         in_name, out_name = bucket_names(spec.case_id)
-        manifest = self._upload(session, in_name, plan["inputs"], heartbeat=spec.heartbeat)
+        manifest = self._upload(session, spec, in_name, plan["inputs"])
         resources = [in_name]
         if plan["shared_bucket"]:
             if plan["shared"]:
-                self._upload(session, plan["shared_bucket"], plan["shared"], prefix="shared/", heartbeat=spec.heartbeat)
+                self._upload(session, spec, plan["shared_bucket"], plan["shared"], prefix="shared/")
                 with session.guard("shared-inputs marker"):
                     session.s3.put_object(Bucket=plan["shared_bucket"], Key=SHARED_MARKER, Body=b"ok\n")
             resources.append(plan["shared_bucket"])
@@ -394,13 +366,13 @@ class QarnotBackend(QarnotDoctor):
 
     def _get(self, session: Session, bucket: str, key: str, target: Path) -> None:
         def fetch(tmp: str):
-            with session.guard(f"download of {key}"):
-                session.s3.download_file(bucket, key, tmp)
+            session.guarded(f"download of {key}", lambda: session.s3.download_file(bucket, key, tmp))
 
         download_atomically(target, fetch)
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
-        """Only new or changed whitelisted objects (by ETag) come down while the task runs."""
+        """Only new or changed whitelisted objects (by ETag) come down while the task runs: the
+        SDK's ``download_results`` would fetch the whole bucket again on every poll."""
         session = self.session(job)
         _in, out_name = bucket_names(job.case_id)
         live = job.workspace / "live"

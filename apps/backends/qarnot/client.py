@@ -1,12 +1,8 @@
 """Qarnot's SDK calls: the connection for one token and what the SDK's and S3's errors mean.
 
-- **Lazy connection.** ``qarnot.connection.Connection`` does network I/O in its constructor
-  (``GET /settings``, ``GET /info``, S3 set-up), so it is built on first use and kept per
-  (cluster, token) in this process. The token is the case owner's own on a per-user pool (pasted
-  once on the connections page; never the service's, R-CRED-1), else the one in the environment
-  variable the pool's ``token_env`` names (R-BACK-1).
-- **401 on a user's token** (the SDK's ``UnauthorizedException`` raised without a message: its
-  403s carry the API's) marks their connection failed: they must reconnect.
+The token is the case owner's own on a per-user pool (pasted once on the connections page; never
+the service's, R-CRED-1), else the one in the environment variable the pool's ``token_env`` names
+(R-BACK-1).
 """
 
 from __future__ import annotations
@@ -79,7 +75,8 @@ class Session(RemoteSession):
             raise BackendError(scrub(f"Qarnot account check failed: {failure.detail}", [token])) from None
 
     def open_client(self, credential: tuple):
-        """A new connection (asks ``/settings`` and ``/info`` now)."""
+        """A new connection: it asks ``/settings`` and ``/info`` and sets up S3 in its constructor,
+        so the shared session builds it on first use and keeps it per (cluster, token)."""
         return _sdk().connection.Connection(
             client_token=credential[0],
             cluster_url=self.remote.get("cluster_url") or None,

@@ -25,18 +25,11 @@ class QarnotDoctor(RemoteBackend):
 
     def doctor_provider(self, session: Session, doctor: Doctor) -> None:
         doctor.check("profile", lambda: _profile(session))
-        image = session.remote.get("docker_image")
-        if not image:
-            doctor.check("image", lambda: "no docker_image: the profile's default image runs cases")
-        else:
-            ok = " " not in image and not image.startswith(("-", ":"))
-            doctor.check(
-                "image", lambda: (ok, f"image {image}" + ("" if ok else " is malformed: fix remote.docker_image"))
-            )
+        doctor.check("image", lambda: _image(session.remote.get("docker_image")))
         listed = []  # the storage answered: its quota is worth a line, whatever the bucket count
         doctor.check("buckets", lambda: _buckets(session, listed))
         if listed:
-            _storage(session, doctor)
+            doctor.check("storage", lambda: _storage(session))
 
 
 def _profile(session: Session) -> tuple[bool, str]:
@@ -45,6 +38,13 @@ def _profile(session: Session) -> tuple[bool, str]:
     if profile in profiles:
         return True, f"profile {profile} is available"
     return False, f"profile {profile!r} is not offered ({', '.join(profiles)}): fix remote.profile"
+
+
+def _image(image: str | None) -> tuple[bool, str] | str:
+    if not image:
+        return "no docker_image: the profile's default image runs cases"
+    ok = " " not in image and not image.startswith(("-", ":"))
+    return ok, f"image {image}" + ("" if ok else " is malformed: fix remote.docker_image")
 
 
 def _buckets(session: Session, listed: list) -> tuple[bool, str]:
@@ -56,14 +56,13 @@ def _buckets(session: Session, listed: list) -> tuple[bool, str]:
     return ok, message + ("" if ok else ": a case needs 2 (3 with shared inputs); delete old buckets")
 
 
-def _storage(session: Session, doctor: Doctor) -> None:
+def _storage(session: Session) -> tuple[bool, str] | str:
     info = session.info
     quota, used = info.quota_bytes_bucket, info.used_quota_bytes_bucket
-    limit = int(session.remote.get("max_upload_mb") or 512)
     if quota is None or quota < 0:
-        doctor.check("storage", lambda: "no storage quota")
-        return
+        return "no storage quota"
     left = max(0, quota - (used or 0))
+    limit = int(session.remote.get("max_upload_mb") or 512)
     ok = left >= limit * MB
     tail = "" if ok else f", less than one case's max_upload_mb ({limit} MB): free storage"
-    doctor.check("storage", lambda: (ok, f"{left / MB:.1f} MB of storage left{tail}"))
+    return ok, f"{left / MB:.1f} MB of storage left{tail}"
