@@ -1,20 +1,10 @@
 """The Run:AI backend: training workloads on a Run:AI cluster through runapy, the Python client of
-the Run:AI REST API (docs/backends.md, "runai").
+the Run:AI REST API (docs/backends.md, "runai"). Tokens, retries and timeouts: ``client.py``.
 
-Quirks this module absorbs so the core never sees them:
-
-- **Token endpoint, retries, early expiry, timeouts**: ``client.py``. A create that got no clear
-  answer is looked up by name (``SubmitUncertain``, R-CASE-1).
-- **Results** come back through a shared volume (no file API in Run:AI): the case's run directory
-  ``working_root/<case id>`` on Gridgate's hosts is ``host_path/<case id>`` on the cluster's
-  nodes, mounted alone (hostPath) at ``mount_path`` in the container, so a case sees its own
-  directory and no other. Inputs go in, stdout/stderr and results come out there.
-- **Phases**: Pending/Creating/Initializing/Resuming → pending; Running/Updating/Degraded and the
-  transitions Stopping/Terminating/Deleting → running; Completed/Succeeded → succeeded; Failed →
-  failed with ``phaseMessage``; Stopped/Deleted → cancelled; anything else (``Unknown`` when the
-  cluster lost contact) → pending, never a failure (the core never moves a running case back).
-- **Deleted workloads** are not found by ``GET /workloads/{id}`` any more: a 404 is looked up among
-  the deleted ones (``deleted=true``) before it is called a failed poll.
+Run:AI has no file API: a case's run directory ``working_root/<case id>`` on Gridgate's hosts is
+``host_path/<case id>`` on the cluster's nodes, mounted alone (hostPath) at ``mount_path`` in the
+container, so a case sees its own directory and no other. Inputs go in, stdout/stderr and results
+come out there.
 """
 
 from __future__ import annotations
@@ -51,7 +41,7 @@ logger = logging.getLogger(__name__)
 STATE_DIR = ".runai"
 NAME_PREFIX = "gg-"  # a Kubernetes name starts with a letter; a case id may start with a digit
 
-
+#: ``Unknown`` (the cluster lost contact) and any other phase is pending, never a failure
 map_phase = state_map(
     {
         BackendStatus.PENDING: ("Pending", "Creating", "Initializing", "Resuming"),
@@ -120,7 +110,7 @@ class RunaiBackend(RunaiDoctor):
             compute["gpuDevicesRequest"] = gpus
         return compute
 
-    def _prepare(self, spec: SubmitSpec, remote: dict) -> Path:
+    def _prepare(self, spec: SubmitSpec, remote: dict) -> None:
         """The run directory on the shared volume: ``work/`` (inputs, the campaign's shared inputs
         copied: no link can point outside the one directory the workload mounts), ``job.sh``,
         ``stdout``/``stderr``. The inputs' hashes stay in the workspace, out of the job's reach."""
@@ -146,7 +136,6 @@ class RunaiBackend(RunaiDoctor):
                 files.write_private(rdir / name)
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
-        return rdir
 
     @staticmethod
     def _body(spec: SubmitSpec, remote: dict, project: dict, cluster, compute: dict, node_pool) -> dict:
@@ -154,6 +143,8 @@ class RunaiBackend(RunaiDoctor):
         mount = remote.get("mount_path") or "/gridgate"
         environment = {str(k): str(v) for k, v in (spec.environment or {}).items()}
         environment["GRIDGATE_CASE_ID"] = spec.case_id
+        # Only this case's directory: a case never sees another's files (R-CASE-8).
+        volume = {"name": "gridgate-case", "path": f"{remote['host_path'].rstrip('/')}/{spec.case_id}"}
         body = {
             "name": workload_name(spec.case_id),
             "projectId": str(project.get("id")),
@@ -168,17 +159,7 @@ class RunaiBackend(RunaiDoctor):
                 # One run: a failed command is a failed case, not six more attempts (the default).
                 "backoffLimit": 0,
                 "restartPolicy": "Never",
-                "storage": {
-                    # Only this case's directory: a case never sees another's files (R-CASE-8).
-                    "hostPath": [
-                        {
-                            "name": "gridgate-case",
-                            "path": f"{remote['host_path'].rstrip('/')}/{spec.case_id}",
-                            "mountPath": mount,
-                            "readOnly": False,
-                        }
-                    ]
-                },
+                "storage": {"hostPath": [{**volume, "mountPath": mount, "readOnly": False}]},
             },
         }
         if node_pool:
@@ -229,7 +210,8 @@ class RunaiBackend(RunaiDoctor):
 
     # -- observation -----------------------------------------------------------------------
     def _workload(self, session: client.Session, job: JobRef) -> dict | None:
-        """The workload, or None when Run:AI lists it among the deleted ones."""
+        """The workload, or None when Run:AI lists it among the deleted ones (``GET
+        /workloads/{id}`` answers 404 for a deleted workload)."""
         try:
             return session.call("workload lookup", lambda c: client._api().WorkloadsApi(c).get_workload(job.remote_id))
         except ProviderError as exc:
@@ -244,10 +226,9 @@ class RunaiBackend(RunaiDoctor):
         session = self.session(job)
         workload = self._workload(session, job)
         if workload is None:
-            status, raw, message, elapsed = BackendStatus.CANCELLED, "Deleted", "deleted at Run:AI", None
+            status, message, elapsed = BackendStatus.CANCELLED, "deleted at Run:AI", None
         else:
-            raw = str(workload.get("phase") or "")
-            status = map_phase(raw)
+            status = map_phase(workload.get("phase"))
             text = str(workload.get("phaseMessage") or "").strip()
             elapsed = workload.get("totalRunningTimeSeconds")
             message = ""
@@ -339,25 +320,25 @@ class RunaiBackend(RunaiDoctor):
         workload = self._workload(session, job)
         if workload is None or map_phase(workload.get("phase")) in BackendStatus.TERMINAL:
             raise AlreadyFinished(f"Run:AI workload {job.remote_id} already ended")
+        if not self._delete(session, job.remote_id):
+            raise AlreadyFinished(f"Run:AI workload {job.remote_id} no longer exists")
+
+    @staticmethod
+    def _delete(session: client.Session, workload_id: str) -> bool:
+        """DELETE the workload; False when Run:AI no longer has it (404)."""
         try:
-            session.call("workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id))
+            session.call("workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(workload_id))
         except ProviderError as exc:
             if exc.status != 404:
                 raise
-            raise AlreadyFinished(f"Run:AI workload {job.remote_id} no longer exists") from None
+            return False
+        return True
 
     def purge(self, job: JobRef) -> None:
         """The run directory on the shared volume and the workload's record at Run:AI (what is
         already gone is skipped)."""
         if job.remote_id:
-            session = self.session(job)
-            try:
-                session.call(
-                    "workload deletion", lambda c: client._api().TrainingsApi(c).delete_training(job.remote_id)
-                )
-            except ProviderError as exc:
-                if exc.status != 404:
-                    raise
+            self._delete(self.session(job), job.remote_id)
         root = (job.pool_remote or {}).get("working_root")
         if not root:
             return

@@ -1,17 +1,8 @@
 """Run:AI's SDK calls (runapy): the client for one access key and what its errors mean.
 
-- **Token endpoint.** runapy asks ``POST /api/v1/token`` (JSON ``grantType: app_token``), the
-  deprecated one; current control planes document ``POST /api/v2/token`` (form-encoded
-  ``grant_type=client_credentials``). The client here overrides that one method and otherwise
-  runs runapy as it is. runapy's constructor asks for a token at once (network I/O), so clients are
-  built lazily and kept per (base URL, credential) in this process.
-- **Retries.** runapy retries 401, 429 and 5xx on every method, POST included: a create answered
-  502 after Run:AI accepted it would be sent again. Here urllib3 (runapy's transport) retries only
-  GET and DELETE on 429/5xx (``Retry-After`` honoured up to ``RETRY_AFTER_MAX``).
-- **Tokens expire early.** runapy's refresher leaves its "refreshing" flag set after a failed
-  refresh so it never tries again: a 401 is answered by a new token and one more try
-  (:meth:`Session.renew`, through the shared session's rule).
-- **No timeouts** are set by runapy's API methods: every request is bounded here (``TIMEOUT``).
+runapy runs as it is but for three things, each changed where it is marked (docs/backends.md,
+"runai"): the token endpoint, the retries and the timeouts. Its constructor asks for a token
+(network I/O): the shared session builds clients lazily and keeps one per (base URL, key).
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ from apps.backends.base import BackendError, CredentialsRequired, RemoteIdentity
 from apps.backends.remote import Failure, Paste, ProviderError, RemoteSession
 from apps.backends.remote_common import env_secret
 from apps.credentials import oauth
-from apps.resources.remote import with_defaults
 
 sdk_logger = logging.getLogger("apps.backends.runai.sdk")
 
@@ -88,8 +78,10 @@ def _configuration(sdk) -> type:
 
     class Configuration(sdk["Configuration"]):
         def get_retry_object(self):
-            # Only idempotent methods, only 429/5xx; the last answer is returned (not raised) so
-            # its status reaches the error; Retry-After is honoured but never for long.
+            # runapy retries 401, 429 and 5xx on every method: a create answered 502 after Run:AI
+            # accepted it would be sent again. Only idempotent methods, only 429/5xx; the last
+            # answer is returned (not raised) so its status reaches the error; Retry-After is
+            # honoured but never for long.
             return Retry(
                 total=RETRIES,
                 connect=0,
@@ -104,17 +96,20 @@ def _configuration(sdk) -> type:
 
 
 def _client_class():
-    """runapy's ``ApiClient`` with the three changes above (token endpoint, retries, timeouts),
-    built once, on first use (runapy is imported only when a Run:AI pool is used)."""
+    """runapy's ``ApiClient`` with the three changes (token endpoint, retries, timeouts), built
+    once, on first use (runapy is imported only when a Run:AI pool is used)."""
     if "client" in _classes:
         return _classes["client"]
     sdk = _sdk()
 
     class Client(sdk["ApiClient"]):
         def call_api(self, *args, _request_timeout=None, **kwargs):
+            # runapy's API methods set no timeout: every request is bounded here.
             return super().call_api(*args, _request_timeout=_request_timeout or TIMEOUT, **kwargs)
 
         def _make_token_request(self) -> str:
+            # runapy asks the deprecated POST /api/v1/token (JSON grantType: app_token); current
+            # control planes document /api/v2/token, form-encoded.
             config = self.configuration
             url = f"{config.runai_base_url}/api/v2/token"
             form = {
@@ -196,7 +191,7 @@ class Session(RemoteSession):
         """(subject, e-mail or name) of the account an access key belongs to, from the claims of a
         token asked for with it (a client of its own, not cached). :class:`CredentialsRequired`
         when Run:AI refuses the key."""
-        session = cls({**with_defaults("runai", remote or {}), "credentials": "service"})
+        session = cls({**(remote or {}), "credentials": "service"})
         session.secrets = [secret]
         try:
             client = session.guarded("access-key check", lambda: session.open_client((client_id, secret)))
@@ -231,7 +226,8 @@ class Session(RemoteSession):
 
     def renew(self, client) -> None:
         """A new token now (the old one was refused before its exp: revoked, or the clocks
-        differ), and runapy's refresher made usable again."""
+        differ), and runapy's refresher made usable again: after a failed refresh it leaves its
+        "refreshing" flag set and never tries again."""
         client._token = client._make_token_request()
         client.set_default_header("authorization", f"Bearer {client._token}")
         client.token_refresher._set_token_expiry()

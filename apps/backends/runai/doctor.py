@@ -39,10 +39,7 @@ class RunaiDoctor(RemoteBackend):
             "cluster",
             lambda: _cluster(session, session.remote.get("cluster_id") or (found or [{}])[0].get("clusterId")),
         )
-        if session.remote.get("node_pool"):
-            doctor.check("node pool", lambda: _node_pool(session))
-        else:
-            doctor.check("node pool", lambda: "no node pool: the project's order of node pools applies")
+        doctor.check("node pool", lambda: _node_pool(session))
 
 
 def _volume(remote: dict) -> tuple[bool, str]:
@@ -84,8 +81,10 @@ def _cluster(session: Session, cluster) -> tuple[bool, str]:
     return False, f"cluster {cluster or '(any)'} is unknown or not connected: check remote.cluster_id"
 
 
-def _node_pool(session: Session) -> tuple[bool, str]:
+def _node_pool(session: Session) -> tuple[bool, str] | str:
     node_pool = session.remote.get("node_pool")
+    if not node_pool:
+        return "no node pool: the project's order of node pools applies"
     body = session.call("node-pool listing", lambda c: _api().NodePoolsApi(c).get_nodepools())
     names = [p.get("name") for p in (body or {}).get("nodePools") or [] if isinstance(p, dict)]
     if node_pool in names:
