@@ -2,7 +2,6 @@
 "Qarnot as the SDK … describe it"): one short test per behaviour, so the double cannot drift back
 to a friendlier API than the real one."""
 
-import boto3
 import botocore.exceptions
 import pytest
 import qarnot
@@ -127,19 +126,12 @@ def test_double_tag_filters_are_exact_and_task_pages_truncated_with_a_next_token
 
 
 def test_double_storage_enforces_the_quota_mid_upload(double):
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=double.storage_url,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",  # noqa: S106 - moto accepts anything
-        region_name="us-east-1",
-    )
-    s3.create_bucket(Bucket="quota-test")
+    double.s3.create_bucket(Bucket="quota-test")
     double.user["quotaBytesBucket"] = double.used_bytes() + 10
     with pytest.raises(botocore.exceptions.ClientError) as info:
-        s3.put_object(Bucket="quota-test", Key="big", Body=b"x" * 100)
+        double.s3.put_object(Bucket="quota-test", Key="big", Body=b"x" * 100)
     assert info.value.response["Error"]["Code"] == "QuotaExceeded"
-    s3.put_object(Bucket="quota-test", Key="small", Body=b"x")
+    double.s3.put_object(Bucket="quota-test", Key="small", Body=b"x")
 
 
 def test_double_answers_max_tasks_with_403_and_missing_credits_with_402(double):
