@@ -103,9 +103,7 @@ class RunaiBackend(RunaiDoctor):
                 raise BackendError(
                     f"gpu_portion {portion!r} needs a class with GPUs and one of {', '.join(GPU_PORTIONS)}"
                 )
-            compute.update(
-                {"gpuDevicesRequest": gpus, "gpuRequestType": "portion", "gpuPortionRequest": float(portion)}
-            )
+            compute |= {"gpuDevicesRequest": gpus, "gpuRequestType": "portion", "gpuPortionRequest": float(portion)}
         elif gpus:
             compute["gpuDevicesRequest"] = gpus
         return compute
