@@ -22,7 +22,7 @@ def double():
 
 
 @pytest.fixture(autouse=True)
-def fresh(double, tmp_path):
+def fresh(double):
     double.reset()
     double.add_client("svc", SECRET, "svc-subject", "gridgate@example.org")
     yield
