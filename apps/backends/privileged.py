@@ -7,31 +7,15 @@ docs/deployment.md), as a fresh interpreter that imports nothing of the project 
 outside the standard library (``python3 -I -S``): no Django, no pickle, no SDK runs as root. A
 service that itself runs as root (a single-host test set-up) calls it the same way without
 sudo. Each call is ``<verb>`` with one JSON request on stdin; the answer is one JSON object on
-stdout (exit status 2 and ``{"error"}`` for a refusal).
+stdout (exit status 2 and ``{"error"}`` for a refusal). The verbs are the functions in
+:data:`VERBS` (docs/operations.md, "What the service runs as", has the table).
 
 What it trusts under sudo: nothing the caller says about where things are or who may run.
-Its configuration is :data:`CONFIG_FILE` (root's, writable by nobody else) and every request is
-checked against it: a case id is a UUID; the account exists, is not root, not the service, and
-has a uid of at least ``min_uid`` unless it is one of the named sandbox accounts; every path is
-reached from a configured root one component at a time without following a symlink; files of the
-service's or of a user's tree are opened ``O_NOFOLLOW``, never as hard links, never as anything
-but regular files; what it writes into the service's tree is created anew and handed to the
-service. The command line it runs is built here from those checked values, never taken from
-the caller. Without sudo the configuration comes with the request (the caller is root already, or
-runs trusted cases as itself and can switch to nobody).
-
-Verbs:
-- ``start``: a local case whose run directory the service prepared: hand its working directory
-  to the case's account, make its cgroup (memory, tasks, CPU), and start the supervisor that
-  runs the sandbox (bubblewrap) and watches the bounds (:class:`Supervisor`), detached;
-- ``stop``: ask a local case's supervisor to stop the command (a cancel);
-- ``collect``: copy a case's results (or live files) from its working directory, which its
-  account owns, into its workspace, which the service owns; after the results, drop the working
-  directory;
-- ``clean``: remove a case's working directory and any cgroup left behind;
-- ``sbatch``: a Slurm case: hand its working directory and output files to its account and
-  submit its job script as that account;
-- ``version``: the protocol this copy speaks and whether its configuration loads (doctor).
+Every request is checked against :data:`CONFIG_FILE` (root's, writable by nobody else); every
+path is reached from a configured root one component at a time without following a symlink;
+the command line it runs is built here from those checked values, never taken from the caller.
+Without sudo the configuration comes with the request (the caller is root already, or runs
+trusted cases as itself and can switch to nobody).
 """
 
 from __future__ import annotations
@@ -65,7 +49,6 @@ PROTOCOL = 2
 CONFIG_FILE = "/etc/gridgate/privileged.json"
 CASE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-JOB_ID = re.compile(r"[0-9]{1,12}")
 #: the largest command, environment and job script a request may carry
 MAX_TEXT = 1 << 20
 #: fds the sandbox's command line refers to (dup'ed there in the sandbox's process)
