@@ -63,20 +63,9 @@ SLIRP_RESOLV = b"nameserver 10.0.2.3\n"
 #: /etc entries a shell command needs (users, libraries, locale, alternatives such as awk, TLS
 #: roots, name resolution); the rest of /etc (a deployment's env files) stays out of sight.
 ETC_ENTRIES = (
-    "passwd",
-    "group",
-    "nsswitch.conf",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "alternatives",
-    "ssl",
-    "ca-certificates",
-    "resolv.conf",
-    "hosts",
-    "host.conf",
-)
+    "passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives",
+    "ssl", "ca-certificates", "resolv.conf", "hosts", "host.conf",
+)  # fmt: skip
 #: top-level system directories, bound read-only (or recreated as the symlinks they are on
 #: merged-/usr systems). Not /opt, /srv or /home: deployments live there.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -877,34 +866,26 @@ def user_namespace_filter() -> int:
     to ``clone``). A user namespace would hand the command a full set of capabilities over a
     namespace of its own: the way into many kernel bugs, which a case has no use for.
 
-    The program is compiled by libseccomp (Debian ``libseccomp2``, the library bwrap's own users
-    such as flatpak compile theirs with), called through ctypes: this helper stays one file of the
-    standard library, run by the system's ``python3 -I -S``, which sees no package of the
-    service's. libseccomp filters the host's native architecture and kills a process calling
-    through another one (a 32-bit binary on x86_64), so the filter cannot be walked around."""
-    import ctypes
+    libseccomp (Debian ``libseccomp2``) compiles it, called through ctypes so this helper stays one
+    standard-library file; it kills a process calling through another architecture (a 32-bit
+    binary on x86_64), so the filter cannot be walked around (docs/operations.md)."""
+    from ctypes import CDLL, POINTER, Structure, c_char_p, c_int, c_uint, c_uint32, c_uint64, c_void_p, pointer
 
-    class ArgCmp(ctypes.Structure):
-        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+    class ArgCmp(Structure):
+        _fields_ = [("arg", c_uint), ("op", c_int), ("a", c_uint64), ("b", c_uint64)]
 
     try:
-        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+        lib = CDLL("libseccomp.so.2", use_errno=True)
     except OSError:
         raise Refused(
             "libseccomp is not installed: cases cannot run without their syscall filter (apt install libseccomp2)"
         ) from None
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_uint32,
-        ctypes.c_int,
-        ctypes.c_uint,
-        ctypes.POINTER(ArgCmp),
-    ]
-    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_init.restype = c_void_p
+    lib.seccomp_init.argtypes = [c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [c_void_p, c_uint32, c_int, c_uint, POINTER(ArgCmp)]
+    lib.seccomp_export_bpf.argtypes = [c_void_p, c_int]
+    lib.seccomp_release.argtypes = [c_void_p]
     context = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not context:
         raise Refused("libseccomp could not make a filter")
@@ -916,7 +897,7 @@ def user_namespace_filter() -> int:
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number < 0:
                 continue  # not a system call on this architecture
-            conditions = ctypes.pointer(condition) if condition is not None else None
+            conditions = pointer(condition) if condition is not None else None
             if lib.seccomp_rule_add_array(
                 context, SCMP_ACT_ERRNO | answer, number, int(condition is not None), conditions
             ):
@@ -961,15 +942,8 @@ def _dirs(args: list[str], path: Path, below: Path | None = None) -> None:
 def switch_to(entry) -> list[str]:
     """The command prefix that becomes ``entry``'s account (its groups from /etc/group) with no
     capability left, not even in the bounding set."""
-    return [
-        "/usr/bin/setpriv",
-        f"--reuid={entry.pw_uid}",
-        f"--regid={entry.pw_gid}",
-        "--init-groups",
-        "--inh-caps=-all",
-        "--bounding-set=-all",
-        "--",
-    ]
+    become = [f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups"]
+    return ["/usr/bin/setpriv", *become, "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 def sandbox_argv(
@@ -1136,23 +1110,15 @@ class Supervisor:
             return  # bwrap failed before creating the sandbox: its exit status says so
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         self.exit_r, self.exit_w = os.pipe2(os.O_CLOEXEC)
-        slirp = shutil.which("slirp4netns", path=DEFAULT_PATH)
+        argv = [shutil.which("slirp4netns", path=DEFAULT_PATH) or "slirp4netns", "--configure", "--mtu=65520"]
+        argv.append("--disable-host-loopback")
+        # It parses the case's packets as root: its own mount namespace with every capability but
+        # binding low ports dropped, and a syscall filter.
+        argv += ["--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={self.exit_r}"]
+        argv += [str(child_pid), "tap0"]
         try:
             self.slirp = subprocess.Popen(
-                [
-                    slirp or "slirp4netns",
-                    "--configure",
-                    "--mtu=65520",
-                    "--disable-host-loopback",
-                    # It parses the case's packets as root: its own mount namespace with every
-                    # capability but binding low ports dropped, and a syscall filter.
-                    "--enable-sandbox",
-                    "--enable-seccomp",
-                    f"--ready-fd={ready_w}",
-                    f"--exit-fd={self.exit_r}",
-                    str(child_pid),
-                    "tap0",
-                ],
+                argv,
                 pass_fds=(ready_w, self.exit_r),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -1216,10 +1182,7 @@ class Supervisor:
         disk = self.plan["disk_bytes"]
         disk_every = float(self.plan["disk_interval"])
         next_disk = started + disk_every
-        while True:
-            code = self._exited()
-            if code is not None:
-                break
+        while (code := self._exited()) is None:
             now = time.monotonic()
             if self.stop_requested:
                 return self.stop()  # a cancel (or a failed network set-up): no bound to record
