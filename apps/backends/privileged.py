@@ -74,6 +74,7 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: (never downloaded back) and Gridgate's own control files
 NOT_RESULTS = ("shared", ".gridgate")
 PROGRESS_FILE = ".gridgate/progress"
+FORBIDDEN_GROUPS = ("root", "sudo", "wheel", "adm")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -104,7 +105,7 @@ class Config:
     #: when set, cases run only as members of one of these groups
     allowed_groups: list[str] = field(default_factory=list)
     #: never as a member of these (administrators: a case would run with their groups)
-    forbidden_groups: list[str] = field(default_factory=lambda: ["root", "sudo", "wheel", "adm"])
+    forbidden_groups: list[str] = field(default_factory=lambda: list(FORBIDDEN_GROUPS))
 
     @classmethod
     def from_dict(cls, data) -> Config:
@@ -122,7 +123,7 @@ class Config:
                 nproc=int(data.get("nproc", 4096)),
                 slurm_conf=str(data["slurm_conf"]) if data.get("slurm_conf") else None,
                 allowed_groups=[str(name) for name in data.get("allowed_groups", [])],
-                forbidden_groups=[str(name) for name in data.get("forbidden_groups", ["root", "sudo", "wheel", "adm"])],
+                forbidden_groups=[str(name) for name in data.get("forbidden_groups", FORBIDDEN_GROUPS)],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise Refused(f"the configuration is incomplete or malformed ({exc})") from None
@@ -610,15 +611,12 @@ def create_cgroup(base: str, name: str, *, memory_bytes: int, tasks: int, cpu: f
     quota = max(1000, math.ceil(cpu * CPU_PERIOD_US))
     try:
         if root is not None:
-            parent = Path(root)
-            for part in _cgroup_base(base):
+            leaf = Path(root)
+            for part in [*_cgroup_base(base), name]:
                 # Controllers reach a child only when every ancestor hands them down.
-                _enable_v2_controllers(parent)
-                parent = parent / part
-                parent.mkdir(exist_ok=True)
-            _enable_v2_controllers(parent)
-            leaf = parent / name
-            leaf.mkdir(exist_ok=True)
+                _enable_v2_controllers(leaf)
+                leaf = leaf / part
+                leaf.mkdir(exist_ok=True)
             _write(leaf / "memory.max", memory_bytes)
             if (leaf / "memory.swap.max").exists():
                 _write(leaf / "memory.swap.max", 0)
@@ -950,28 +948,24 @@ def sandbox_argv(
     config: Config, case: str, entry, env: dict, *, network: bool, shared: bool, tmp_bytes: int, seccomp: bool = False
 ) -> list[str]:
     """The command line that runs the case's command (fd 3) as ``entry``'s account in its
-    sandbox (R-CASE-8).
-
-    Its working directory and the campaign's shared inputs are bound from the fds this helper
-    opened (``--bind-fd``, which also closes them: no handle on the host's tree reaches the
-    command), so no path the service could swap for a link is resolved by bwrap. The step that
-    is still root inside the sandbox (``setpriv``, with only CAP_SETUID and CAP_SETGID) runs
-    with an empty environment: the case's variables (``LD_PRELOAD`` would be one) are set by
-    ``env -i`` after the switch, as the account. With the network, bwrap reports on fd 4 and
-    waits on fd 5; with ``seccomp`` it loads the filter on fd 9 (:func:`user_namespace_filter`)."""
+    sandbox (R-CASE-8). Its working directory and the campaign's shared inputs are bound from the
+    fds this helper opened (``--bind-fd``, which also closes them: no handle on the host's tree
+    reaches the command), never from a path the service could swap for a link. Root's step inside
+    the sandbox (``setpriv``) runs with an empty environment: the case's variables (``LD_PRELOAD``
+    would be one) are set by ``env -i`` after the switch, as the account. With the network, bwrap
+    reports on fd 4 and waits on fd 5; with ``seccomp`` it loads the filter on fd 9."""
     variables = [f"{name}={value}" for name, value in sorted(env.items())]
+    case_env = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables]
     work = Path(config.cases_root, case, ".run", "work")
     # Into the working directory as the account (root without CAP_DAC_OVERRIDE may not enter it).
-    inner = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables]
-    inner += ["/bin/sh", "-c", 'cd "$0" && exec /bin/sh "$1"', str(work), COMMAND_IN_SANDBOX]
+    inner = [*case_env, "/bin/sh", "-c", 'cd "$0" && exec /bin/sh "$1"', str(work), COMMAND_IN_SANDBOX]
     bwrap = shutil.which("bwrap", path=DEFAULT_PATH)
     if bwrap is None:
         if entry is not None:
             raise Refused("bubblewrap (bwrap) is not installed: cases cannot run in a sandbox (apt install bubblewrap)")
         # A trusted single-user pool without bubblewrap (a developer's laptop): the service's own
         # account, a cleared environment, no sandbox, the host's network (docs/operations.md).
-        command = ["/usr/bin/env", "-i", "--default-signal=TERM", *variables, "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
-        return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *command]
+        return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(work), *case_env, "/bin/sh", f"/proc/self/fd/{COMMAND_FD}"]
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
     # Never the host's network namespace, whose loopback holds the database.
     args.append("--unshare-net")
@@ -999,11 +993,9 @@ def sandbox_argv(
         # switch to the account and then clear every set, the bounding set included (dropping a
         # capability from the bounding set takes CAP_SETPCAP: without it the set stayed full).
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        args += ["--cap-add", "CAP_SETPCAP", "--"]
-        args += switch_to(entry)
-    else:
-        args.append("--")
-    return args + inner
+        args += ["--cap-add", "CAP_SETPCAP"]
+    switch = switch_to(entry) if entry is not None else []
+    return [*args, "--", *switch, *inner]
 
 
 # -- the supervisor ------------------------------------------------------------------------------
@@ -1431,9 +1423,7 @@ def collect(config: Config, request: dict) -> dict:
     globs = request.get("globs") or []
     if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
         raise Refused("globs must be a list of patterns")
-    max_bytes = request.get("max_bytes")
-    if max_bytes is not None:
-        max_bytes = _positive_int(request, "max_bytes")
+    max_bytes = _positive_int(request, "max_bytes") if request.get("max_bytes") is not None else None
     service = (config.service_uid, config.service_gid)
     with contextlib.ExitStack() as opened:
         rdir_fd = _closing(opened, run_dir(config, request))
@@ -1480,12 +1470,12 @@ def collect(config: Config, request: dict) -> dict:
                                 f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
                                 f"{rel!r} and what follows it were not brought back"
                             )
+                    try:
                         write_into(target_fd, rel, fd, service)
-                    else:
-                        try:
-                            write_into(target_fd, rel, fd, service)
-                        except OSError:
-                            continue  # a live copy that cannot land (a directory there): the next sync tries
+                    except OSError:
+                        if what == "results":
+                            raise
+                        continue  # a live copy that cannot land (a directory there): the next sync tries
                 finally:
                     os.close(fd)
                 copied.append(rel)
