@@ -1157,8 +1157,7 @@ class Supervisor:
             self.cgroup.signal(signal.SIGTERM)
         deadline = time.monotonic() + float(self.plan["grace"])
         while time.monotonic() < deadline:
-            code = self._exited()
-            if code is not None:
+            if (code := self._exited()) is not None:
                 return code
             time.sleep(0.05)
         with contextlib.suppress(OSError):

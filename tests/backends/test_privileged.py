@@ -6,6 +6,8 @@ file that is not the service's, signal a process a forged pid file names. The la
 real worker as an unprivileged service account whose only way to root is the documented sudo
 rule (root, bwrap and sudo needed; required under CI)."""
 
+import fcntl
+import grp
 import json
 import os
 import pwd
@@ -20,11 +22,13 @@ from django.db import connection
 
 from apps.backends import as_root, privileged
 from apps.cases.models import Case, CaseStatus
+from tests.backends.conftest import _required_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = "gridgate-svc"
 #: where the sudo test's service keeps its workspaces: named in the helper's own configuration
 SUDO_CASES_ROOT = Path("/var/tmp/gridgate-sudo-tests/cases")
+BOUNDS = {"memory_bytes": 1 << 30, "cpu": 1, "tasks": 64, "disk_bytes": 1 << 30}
 
 
 def config(tmp_path, **changes) -> privileged.Config:
@@ -33,17 +37,28 @@ def config(tmp_path, **changes) -> privileged.Config:
     return privileged.Config(**fields)
 
 
-def case_dirs(tmp_path) -> tuple[str, Path]:
+def prepared_case(cases_root: Path, **changes) -> tuple[privileged.Config, str, Path]:
+    """The helper's configuration for ``cases_root``, a case's id and its run directory as the
+    service prepares it (work/ and an inputs manifest)."""
     case = str(uuid.uuid4())
-    rdir = tmp_path / case / ".run"
+    rdir = cases_root / case / ".run"
     (rdir / "work").mkdir(parents=True)
     rdir.chmod(0o700)
-    return case, rdir
+    (rdir / "manifest.json").write_text("{}")
+    return config(cases_root, **changes), case, rdir
 
 
 @pytest.fixture
 def account(sandbox_host):
     return sandbox_host["gridgate-test1"]
+
+
+@pytest.fixture(autouse=True)
+def one_request_per_test():
+    """The helper serves one request per process and opens each configured root once for it;
+    called in-process, each test is one request."""
+    yield
+    privileged.close_roots()
 
 
 def test_the_helper_never_switches_to_root_the_service_or_a_system_account(tmp_path, sandbox_host):
@@ -78,14 +93,6 @@ def test_the_helper_never_runs_a_case_as_nobody_or_another_overflow_id(tmp_path,
     assert as_root.config()["sandbox_accounts"] == [as_root.settings.GRIDGATE_SANDBOX_USER]
 
 
-@pytest.fixture(autouse=True)
-def one_request_per_test():
-    """The helper serves one request per process and opens each configured root once for it;
-    called in-process, each test is one request."""
-    yield
-    privileged.close_roots()
-
-
 def test_the_cases_root_swapped_between_two_steps_of_a_request_changes_nothing_of_roots(
     tmp_path, sandbox_host, monkeypatch
 ):
@@ -99,8 +106,7 @@ def test_the_cases_root_swapped_between_two_steps_of_a_request_changes_nothing_o
     cases = parent / "cases"
     roots = tmp_path / "roots-own"
     roots.mkdir(mode=0o755)
-    settings = config(cases, service_uid=service.pw_uid, service_gid=service.pw_gid)
-    case, rdir = case_dirs(cases)
+    settings, case, rdir = prepared_case(cases, service_uid=service.pw_uid, service_gid=service.pw_gid)
     for path in (parent, cases, cases / case, rdir, rdir / "work"):
         os.chown(path, service.pw_uid, service.pw_gid)
     (rdir / "work" / "progress.txt").write_text("0.5")
@@ -131,8 +137,7 @@ def test_a_case_id_that_is_not_a_uuid_is_refused(tmp_path, case):
 
 
 def test_a_run_directory_that_is_a_link_or_not_the_services_is_refused(tmp_path, account):
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
+    settings, case, rdir = prepared_case(tmp_path)
     shutil.rmtree(rdir)
     rdir.symlink_to("/etc", target_is_directory=True)  # the service swapped it for a link
     with pytest.raises(privileged.Refused):
@@ -149,8 +154,7 @@ def test_a_run_directory_that_is_a_link_or_not_the_services_is_refused(tmp_path,
 
 
 def test_a_working_directory_holding_a_hard_link_or_someone_elses_file_is_not_handed_over(tmp_path, account):
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
+    settings, case, rdir = prepared_case(tmp_path)
     work = rdir / "work"
     secret = tmp_path / "root-only"
     secret.write_text("secret")
@@ -174,8 +178,7 @@ def test_a_working_directory_holding_a_hard_link_or_someone_elses_file_is_not_ha
 def test_stop_never_signals_a_process_a_forged_pid_file_names(tmp_path):
     """The pid file is the service's: it may name any process. Only a root process of this
     helper sitting in this very run directory is signalled."""
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
+    settings, case, rdir = prepared_case(tmp_path)
     bystander = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
     try:
         (rdir / "pid").write_text(str(bystander.pid))
@@ -189,9 +192,7 @@ def test_stop_never_signals_a_process_a_forged_pid_file_names(tmp_path):
 
 
 def test_collecting_results_replaces_a_link_planted_in_the_workspace_and_writes_nothing_through_it(tmp_path):
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
-    (rdir / "manifest.json").write_text("{}")
+    settings, case, rdir = prepared_case(tmp_path)
     (rdir / "work" / "out.txt").write_text("result")
     results = tmp_path / case / "results"
     results.mkdir()
@@ -230,8 +231,6 @@ def sudo_service(sandbox_host):
     """The service account, the documented sudo rule for this checkout's helper, and the
     helper's own configuration (root's files, as docs/deployment.md has them)."""
     if shutil.which("sudo") is None:
-        from tests.backends.conftest import _required_or_skip
-
         _required_or_skip("sudo is not installed (apt install sudo)")
     try:
         service = pwd.getpwnam(SERVICE_ACCOUNT)
@@ -244,17 +243,8 @@ def sudo_service(sandbox_host):
     rule.chmod(0o440)
     conf = Path(privileged.CONFIG_FILE)
     conf.parent.mkdir(mode=0o755, exist_ok=True)
-    conf.write_text(
-        json.dumps(
-            {
-                "cases_root": str(SUDO_CASES_ROOT),
-                "service_uid": service.pw_uid,
-                "service_gid": service.pw_gid,
-                "min_uid": 100,
-                "sandbox_accounts": ["gridgate-sandbox"],
-            }
-        )
-    )
+    helper_config = {"cases_root": str(SUDO_CASES_ROOT), "service_uid": service.pw_uid, "service_gid": service.pw_gid}
+    conf.write_text(json.dumps({**helper_config, "min_uid": 100, "sandbox_accounts": ["gridgate-sandbox"]}))
     conf.chmod(0o644)
     shutil.rmtree(SUDO_CASES_ROOT, ignore_errors=True)
     SUDO_CASES_ROOT.mkdir(parents=True)
@@ -365,9 +355,7 @@ def nest(top: Path, depth: int) -> Path:
 def test_a_tree_deeper_than_any_walk_is_refused_for_results_and_still_removed(tmp_path):
     """A 3000-level tree raised RecursionError in the walks and rmtree: the fetch failed on every
     retry and clean never removed the tree or the cgroup."""
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
-    (rdir / "manifest.json").write_text("{}")
+    settings, case, rdir = prepared_case(tmp_path)
     nest(rdir / "work", 3000)
     with pytest.raises(privileged.TooLarge, match="nested deeper"):
         privileged.collect(settings, {"case_id": case, "what": "results"})
@@ -376,11 +364,8 @@ def test_a_tree_deeper_than_any_walk_is_refused_for_results_and_still_removed(tm
 
 
 def test_a_second_start_of_a_running_case_changes_nothing_and_is_refused(tmp_path, account):
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
+    settings, case, rdir = prepared_case(tmp_path)
     lock = os.open(rdir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    import fcntl
-
     fcntl.flock(lock, fcntl.LOCK_EX)  # as a live supervisor holds it
     (rdir / "stdout").write_text("the running case's output")
     request = {"case_id": case, "account": {"uid": account.pw_uid}, "wall_seconds": 1, "disk_interval": 1, "grace": 0}
@@ -393,12 +378,7 @@ def test_a_second_start_of_a_running_case_changes_nothing_and_is_refused(tmp_pat
     assert (rdir / "work").stat().st_uid == os.geteuid()  # not handed over either
 
 
-BOUNDS = {"memory_bytes": 1 << 30, "cpu": 1, "tasks": 64, "disk_bytes": 1 << 30}
-
-
 def test_an_administrator_account_is_never_switched_to(tmp_path, sandbox_host):
-    import grp
-
     try:
         group = grp.getgrnam("adm")
     except KeyError:
@@ -415,9 +395,7 @@ def test_an_administrator_account_is_never_switched_to(tmp_path, sandbox_host):
 def test_collecting_skips_a_file_the_cases_account_does_not_own(tmp_path, account):
     """On a shared file system the account could move into work/ another account's file (from a
     directory both may write): it is not brought back."""
-    settings = config(tmp_path)
-    case, rdir = case_dirs(tmp_path)
-    (rdir / "manifest.json").write_text("{}")
+    settings, case, rdir = prepared_case(tmp_path)
     work = rdir / "work"
     (work / "mine.txt").write_text("mine")
     (work / "theirs.txt").write_text("someone else's")
