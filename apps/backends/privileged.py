@@ -196,8 +196,6 @@ def account(config: Config, request: dict):
         raise Refused("cases never run as root or as the service's own account")
     overflow = overflow_ids()
     if entry.pw_uid in overflow or entry.pw_gid in overflow:
-        # nobody (65534) is the kernel's overflow id: every file a user namespace or an NFS
-        # export cannot map shows as owned by it, so a case running as it could reach them.
         raise Refused(
             f"uid {entry.pw_uid} ({entry.pw_name}) is the kernel's overflow account (nobody): files no "
             "namespace or NFS export can map belong to it, so no case runs as it"
@@ -262,11 +260,9 @@ def root_fd(root: str) -> int:
     root cannot change under the request; resolved at each step, a swap between two steps would
     have root create a directory of the service's inside one of root's (doctor also fails while
     the root's parent is the service's to write)."""
-    fd = _ROOTS.get(root)
-    if fd is None:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        _ROOTS[root] = fd
-    return fd
+    if root not in _ROOTS:
+        _ROOTS[root] = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _ROOTS[root]
 
 
 def close_roots() -> None:

@@ -237,15 +237,13 @@ def test_doctor_fails_a_networked_pool_whose_cases_get_no_egress_filter(bounded,
     assert check.ok, check.message
     assert not any(c.name == "egress filter" for c in LocalBackend().doctor(bounded().pool))
     real = as_root.call
-    monkeypatch.setattr(
-        as_root,
-        "call",
-        lambda verb, request, **kw: (
-            {"egress": "nftables (nft) is not installed: apt install nftables"}
-            if request.get("probe_egress")
-            else real(verb, request, **kw)
-        ),
-    )
+
+    def without_nft(verb, request, **kw):
+        if request.get("probe_egress"):
+            return {"egress": "nftables (nft) is not installed: apt install nftables"}
+        return real(verb, request, **kw)
+
+    monkeypatch.setattr(as_root, "call", without_nft)
     check = next(c for c in LocalBackend().doctor(pool) if c.name == "egress filter")
     assert not check.ok and "apt install nftables" in check.message
 
