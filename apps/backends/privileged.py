@@ -1099,7 +1099,7 @@ class Supervisor:
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         self.exit_r, self.exit_w = os.pipe2(os.O_CLOEXEC)
         argv = [shutil.which("slirp4netns", path=DEFAULT_PATH) or "slirp4netns", "--configure", "--mtu=65520"]
-        argv.append("--disable-host-loopback")
+        argv.append("--disable-host-loopback")  # the host's loopback holds the database
         # It parses the case's packets as root: its own mount namespace with every capability but
         # binding low ports dropped, and a syscall filter.
         argv += ["--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={self.exit_r}"]
@@ -1252,10 +1252,8 @@ def start(config: Config, request: dict) -> dict:
         rdir_fd = _closing(opened, run_dir(config, request))
         # First, before anything changes: one supervisor per run directory. The lock stays with
         # the open file the supervisor inherits, held from here to its end.
-        lock = os.open(
-            "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=rdir_fd
-        )
-        _closing(opened, lock)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        lock = _closing(opened, os.open("lock", flags, 0o644, dir_fd=rdir_fd))
         info = os.fstat(lock)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             raise Refused("the run directory's lock is not a single regular file")
