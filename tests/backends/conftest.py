@@ -461,6 +461,8 @@ class FirecrestDriver(Driver):
         assert done.redirect_chain[0][1] == 302
         return [start, done]
 
+    reconnect = connect  # a new grant
+
     def offer(self, user):
         return browser(user).post(f"/connections/{self.pool.pk}/connect/", follow=True)
 
@@ -468,9 +470,6 @@ class FirecrestDriver(Driver):
         client = browser(user)
         state = parse_qs(urlsplit(self.start(client, user)["Location"]).query)["state"][0]
         return client.get(f"/connections/callback/?code=made-up&state={state}", follow=True)
-
-    def reconnect(self, user):
-        return self.connect(user)  # a new grant
 
     def lose(self, user, how):
         self.double.revoke_user(user.username)  # e.g. an administrator ended the user's sessions

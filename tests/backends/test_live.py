@@ -36,10 +36,11 @@ COMMAND = (
 )
 
 
-def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", "CLIENT_SECRET")) -> dict:
-    """The ``GRIDGATE_LIVE_<provider>_<name>`` variables by name, each of ``secrets`` also set as
-    ``GRIDGATE_CRED_LIVE_<provider>_<name>``: only GRIDGATE_CRED_* variables may hold credentials
-    (R-BACK-1). Skipped, saying what to set, without ``GRIDGATE_LIVE_<provider>=1`` and them all."""
+def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", "CLIENT_SECRET")) -> tuple[dict, dict]:
+    """The ``GRIDGATE_LIVE_<provider>_<name>`` variables by name, and the remote keys of a service pool
+    whose credential is ``secrets``: each is copied to ``GRIDGATE_CRED_LIVE_<provider>_<name>``, which
+    its ``<name>_env`` key names, as only GRIDGATE_CRED_* variables may hold credentials (R-BACK-1).
+    Skipped, saying what to set, without ``GRIDGATE_LIVE_<provider>=1`` and them all."""
     flag, names = f"GRIDGATE_LIVE_{provider}", [f"GRIDGATE_LIVE_{provider}_{name}" for name in names]
     if os.environ.get(flag) != "1":
         pytest.skip(f"live test: set {flag}=1 and {', '.join(names)} to run it against a real account")
@@ -47,9 +48,12 @@ def require(monkeypatch, provider: str, names: list[str], secrets=("CLIENT_ID", 
     if missing:
         pytest.skip(f"live test: {', '.join(missing)} not set")
     env = {name.removeprefix(f"{flag}_"): os.environ[name] for name in names}
+    service = {"credentials": "service"}
     for name in secrets:
-        monkeypatch.setenv(f"GRIDGATE_CRED_LIVE_{provider}_{name}", env[name])
-    return env
+        variable = f"GRIDGATE_CRED_LIVE_{provider}_{name}"
+        monkeypatch.setenv(variable, env[name])
+        service[f"{name.lower()}_env"] = variable
+    return env, service
 
 
 def round_trip(make_case, kind: str, remote: dict, **klass):
@@ -73,12 +77,11 @@ def round_trip(make_case, kind: str, remote: dict, **klass):
 
 
 def test_live_qarnot_round_trip(make_case, monkeypatch):
-    env = require(monkeypatch, "QARNOT", ["TOKEN"], secrets=["TOKEN"])
+    env, service = require(monkeypatch, "QARNOT", ["TOKEN"], secrets=["TOKEN"])
     remote = {
         "profile": os.environ.get("GRIDGATE_LIVE_QARNOT_PROFILE", "docker-batch"),
-        "token_env": "GRIDGATE_CRED_LIVE_QARNOT_TOKEN",
-        "credentials": "service",
         "snapshot_interval": 30,
+        **service,
     }
     if os.environ.get("GRIDGATE_LIVE_QARNOT_CLUSTER_URL"):
         remote["cluster_url"] = os.environ["GRIDGATE_LIVE_QARNOT_CLUSTER_URL"]
@@ -88,15 +91,13 @@ def test_live_qarnot_round_trip(make_case, monkeypatch):
 
 def test_live_firecrest_round_trip(make_case, monkeypatch):
     names = ["CLIENT_ID", "CLIENT_SECRET", "API_URL", "TOKEN_URI", "SYSTEM", "WORKING_ROOT"]
-    env = require(monkeypatch, "FIRECREST", names)
+    env, service = require(monkeypatch, "FIRECREST", names)
     remote = {
         "api_url": env["API_URL"],
         "token_uri": env["TOKEN_URI"],
         "system_name": env["SYSTEM"],
         "working_root": env["WORKING_ROOT"],
-        "client_id_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_ID",
-        "client_secret_env": "GRIDGATE_CRED_LIVE_FIRECREST_CLIENT_SECRET",
-        "credentials": "service",
+        **service,
     }
     if os.environ.get("GRIDGATE_LIVE_FIRECREST_PARTITION"):
         remote["partition"] = os.environ["GRIDGATE_LIVE_FIRECREST_PARTITION"]
@@ -105,16 +106,14 @@ def test_live_firecrest_round_trip(make_case, monkeypatch):
 
 def test_live_runai_round_trip(make_case, monkeypatch):
     names = ["BASE_URL", "CLIENT_ID", "CLIENT_SECRET", "PROJECT", "WORKING_ROOT", "HOST_PATH"]
-    env = require(monkeypatch, "RUNAI", names)
+    env, service = require(monkeypatch, "RUNAI", names)
     remote = {
         "base_url": env["BASE_URL"],
         "project": env["PROJECT"],
         "image": os.environ.get("GRIDGATE_LIVE_RUNAI_IMAGE", "busybox:1.36"),
         "working_root": env["WORKING_ROOT"],
         "host_path": env["HOST_PATH"],
-        "client_id_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_ID",
-        "client_secret_env": "GRIDGATE_CRED_LIVE_RUNAI_CLIENT_SECRET",
-        "credentials": "service",
+        **service,
     }
     if os.environ.get("GRIDGATE_LIVE_RUNAI_NODE_POOL"):
         remote["node_pool"] = os.environ["GRIDGATE_LIVE_RUNAI_NODE_POOL"]

@@ -55,8 +55,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(params=list(DRIVERS))
 def driver(request, tmp_path, monkeypatch, settings, db):
-    """Each provider's driver (tests/backends/conftest.py): its double with the service credential
-    in the environment and ada's and bob's accounts, a per-user pool, the user's connect step."""
+    """Each provider's driver in turn (tests/backends/conftest.py's ``Driver``)."""
     yield from driving(request.param, tmp_path, monkeypatch, settings)
 
 
@@ -95,8 +94,7 @@ def test_a_401_gets_a_fresh_token_and_exactly_one_more_try(driver):
 # itself (an invalid_grant, not the API's refusal): test_a_lost_credential_… below.
 @pytest.mark.parametrize("driver", PASTED, indirect=True)
 def test_a_credential_the_provider_refuses_asks_its_user_to_reconnect(driver, tmp_path):
-    """A per-user credential refused by the provider itself marks the connection failed (the
-    identity's ``refused``) and the call raises CredentialsRequired with its message."""
+    """The identity's ``refused`` marks the connection failed; the call raises its message."""
     marked = []
     token = driver.module.Session.pasted_secret(["nobody"] * len(driver.fields))
     identity = RemoteIdentity(
@@ -153,8 +151,7 @@ def test_doctor_without_a_pool_checks_the_sdk_only(driver):
 
 
 def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver):
-    """R-BACK-5: ``manage.py doctor --pool`` prints each of the provider's checks, all passing, and
-    never the secret (R-BACK-1)."""
+    """R-BACK-5, and R-BACK-1 for ``manage.py doctor --pool``: each of the provider's checks passes."""
     pool = driver.service_pool()
     checks = driver.backend.doctor(pool)
     assert [c.name for c in checks if not c.ok] == []
@@ -241,8 +238,7 @@ def test_a_credential_the_provider_refuses_is_not_kept(driver, ada):
 
 @pytest.mark.parametrize("driver", PASTED, indirect=True)
 def test_a_script_keeps_its_pasted_credential_through_the_api_and_never_gets_it_back(driver, ada, api):
-    """``PUT /api/v1/connections/{pool}/`` takes the fields the provider's ``paste`` names,
-    refuses others naming them, keeps only what the provider accepted, and never answers it."""
+    """``PUT /api/v1/connections/{pool}/`` refuses other fields than ``paste``'s, naming them."""
     client, url = api(ada), f"/api/v1/connections/{driver.pool.pk}/"
     refused = client.put(url, dict.fromkeys(driver.fields, "not-a-credential-of-anyone"), format="json")
     assert refused.status_code == 400 and driver.refused_words[0] in refused.json()["detail"]
@@ -488,10 +484,9 @@ def test_a_user_lists_and_disconnects_only_their_own_connection(driver, ada, bob
 
 # -- a moved pool ----------------------------------------------------------------------------------
 def test_f3_a_connection_never_follows_its_pool_to_another_host(driver, ada, staff, api, settings):
-    """F3: a user with "change resource pool" moved a per-user pool's provider URLs after ada
-    connected; her next launch-options call sent her credential to the new host. A connection now
-    remembers the provider URLs it was made against and is not used after they change: ada is
-    asked to reconnect, and the change is in the pool's admin history."""
+    """F3: a per-user pool's provider URLs moved after ada connected; her next launch-options call
+    sent her credential to the new host. A connection now remembers the URLs it was made against:
+    after a change ada is asked to reconnect, and the change is in the pool's admin history."""
     settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
     pool, before = driver.pool, dict(driver.pool.remote)
     assert driver.saved(ada) in driver.connect(ada)[-1].content.decode()
@@ -563,8 +558,7 @@ def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(drive
 # A pool whose remote says ``"credentials": "service"`` runs every user's jobs under the one
 # credential its ``*_env`` keys name.
 def test_a_secret_in_a_pool_remote_is_refused_and_the_session_reads_the_environment_only(driver):
-    """R-POOL-7 at the backend's door: a secret stored in the pool's remote is refused, naming the
-    ``*_env`` key that names its variable; the session reads the secret from the environment only."""
+    """R-POOL-7 at the backend's door: the refusal names the ``*_env`` key to use instead."""
     pool = driver.service_pool()
     key = driver.secret_key
     pool.remote = {**pool.remote, key: driver.secret}
@@ -579,10 +573,9 @@ def test_a_secret_in_a_pool_remote_is_refused_and_the_session_reads_the_environm
 
 @pytest.mark.credential_binding  # tests/conftest.py reads every variable as bound without it
 def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, staff, api, monkeypatch, settings):
-    """F8: any pool could name another pool's GRIDGATE_CRED_ variable: whoever may change one pool
-    pointed it at the service account of another, then at a host of theirs. A variable is now read
-    only for the pools <NAME>_POOLS binds it to, which the environment sets, not a pool editor.
-    Each of the service's variables is checked: the one left unbound is named."""
+    """F8: whoever may change one pool could point it at another's GRIDGATE_CRED_ variable, then at a
+    host of theirs. A variable is now read only for the pools <NAME>_POOLS (in the environment, not
+    the pool) binds it to. Each of the service's variables is checked: the one left unbound is named."""
     settings.GRIDGATE_LAUNCH_OPTIONS_CACHE_SECONDS = 0
     owned = driver.service_pool()
     with Listener() as elsewhere:
@@ -604,8 +597,7 @@ def test_f8_a_pool_cannot_use_a_credential_variable_bound_to_another(driver, sta
 def test_the_service_secret_never_appears_in_logs_responses_the_admin_or_errors(
     driver, ada, make_case, api, admin_client, caplog, monkeypatch
 ):
-    """R-BACK-1: the secret's value, and every token it gave, is in no log record, API response,
-    admin page, event or error, also once the provider refuses the credential quoting it back."""
+    """R-BACK-1, for every token it gave too, also once the provider refuses it quoting it back."""
     caplog.set_level(logging.DEBUG)
     pool = driver.service_pool()
     case = wait_for_terminal(launch(make_case, pool, user=ada, command="echo hi; exit 1"), timeout=90)
@@ -649,10 +641,9 @@ def test_cancel_of_a_running_case_cancels_its_job_at_the_provider(driver, ada, m
 def test_cancel_of_a_case_that_already_finished_answers_409_with_the_real_state_and_keeps_its_output(
     driver, ada, make_case, api
 ):
-    """R-CASE-6 + R-CASE-5: the job ended between the user's last look and Stop, its output never
-    read (the real FirecREST answers the cancel 500, scancel's "already completing or complete";
-    Qarnot 'Invalid operation on non-running task'). The API answers 409 with the real final
-    state, never 500, and the case ends done with every byte of its output, once."""
+    """R-CASE-6 + R-CASE-5: the job ended between the user's last look and Stop, its output unread
+    (the real FirecREST answers the cancel 500, scancel's "already completing or complete"; Qarnot
+    'Invalid operation on non-running task'): never a 500, and every byte of its output, once."""
     case = launch(make_case, driver.service_pool(), user=ada, command="echo first; echo last")
     assert case.status == CaseStatus.PENDING, case.last_error
     driver.ended(case)
@@ -695,9 +686,8 @@ def test_a_submission_answered_late_or_5xx_is_never_resent_and_the_job_is_adopte
 
 
 def test_the_backends_state_in_the_workspace_is_the_services_alone(driver, ada, make_case):
-    """The backend's directory in the case workspace (the inputs' hashes, what was synced,
-    Qarnot's output spool) was 0755 with 0644 files in a case directory every account may
-    traverse (0711): it is 0700, its files 0600."""
+    """Its directory (the inputs' hashes, what was synced, Qarnot's output spool) was 0755 with 0644
+    files in a case directory every account may traverse (0711): it is 0700, its files 0600."""
     case = launch(make_case, driver.service_pool(), user=ada, command="echo spooled-output")
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
@@ -708,9 +698,8 @@ def test_the_backends_state_in_the_workspace_is_the_services_alone(driver, ada, 
 
 
 def test_cleanup_purges_the_remote_side_of_cases_past_the_retention_once(driver, ada, make_case):
-    """SPEC §8: ``manage.py cleanup`` removes what the provider holds of cases finished before the
-    retention (FirecREST's run directory, Qarnot's buckets and task, Run:AI's run directory and
-    workload), once; ``--dry-run`` only counts; a second purge finds nothing and raises nothing."""
+    """SPEC §8: what the provider holds (FirecREST's run directory, Qarnot's buckets and task, Run:AI's
+    run directory and workload); ``--dry-run`` only counts; a second purge finds nothing, raises nothing."""
     pool = driver.service_pool()
     old = wait_for_terminal(launch(make_case, pool, user=ada, command="echo x > out.txt"), timeout=90)
     recent = wait_for_terminal(launch(make_case, pool, user=ada, command="true"), timeout=90)
