@@ -393,10 +393,9 @@ def test_a_connected_user_chooses_among_the_options_their_own_account_sees(drive
     indirect=["driver"],
 )
 def test_a_lost_credential_makes_polls_wait_and_reconnecting_resumes_them(driver, how, ada, make_case, api):
-    """Polls keep the case as it is (no failure counted) and say, once, that the owner must
-    reconnect; launches are refused up front and cancels wait, and the credential never shows
-    (though a refusal may echo it). Reconnecting makes the case due at once and it ends done,
-    the same job."""
+    """Polls keep the case as it is (no failure counted) and say once that the owner must reconnect;
+    launches are refused up front, cancels wait, and the credential never shows (though a refusal
+    may echo it). Reconnecting makes the case due at once, and it ends done: the same job."""
     driver.connect(ada)
     case = launched(driver.case(make_case, ada, driver.held("cat in.txt > out.txt; echo done")))
     assert case.status == CaseStatus.PENDING, case.last_error
@@ -536,9 +535,8 @@ def test_f3_a_pool_moved_in_the_admin_ends_its_connections_and_says_so(driver, a
 
 def test_f3_a_pool_moved_behind_the_services_back_still_gets_no_credential(driver, ada):
     """F3: the check is made where the credential is used, whoever changed the pool (a shell, a
-    migration): the connection is refused there too. FirecREST's refresh grant reads the connection
-    and the pool again under the row lock, so a worker holding ada's identity from before the move
-    still sends no refresh token to the token_uri the pool was moved to."""
+    migration). FirecREST's refresh grant reads the connection and the pool again under the row lock:
+    a worker holding ada's identity from before the move sends no refresh token to the new token_uri."""
     driver.connect(ada)
     stale = credential_services.identity_for(ada, driver.pool)  # a worker's, from before the move
     with Listener() as elsewhere:
@@ -721,9 +719,6 @@ def test_cleanup_purges_the_remote_side_of_cases_past_the_retention_once(driver,
 
 
 # -- a case's life on a service-account pool -------------------------------------------------------
-GATE = "while [ ! -e go ]; do sleep 0.1; done"  # the job waits here until the test writes ``go``
-
-
 def test_a_case_runs_shows_live_files_and_progress_and_ends_done_with_its_results(driver, ada, make_case):
     """R-CASE-2 … 5: launch → pending → running, its output and live files (and progress) brought
     back while it runs, → done with what it made in results/ (not its unchanged inputs) and its
@@ -732,7 +727,7 @@ def test_a_case_runs_shows_live_files_and_progress_and_ends_done_with_its_result
     case = launch(
         make_case, driver.service_pool(), user=ada, command=
         "cat in.txt > out.txt; echo started; mkdir -p out; echo 0.5 > .gridgate/progress; echo partial > out/p.txt; "
-        f"{GATE}; echo final > out/p.txt; echo done; echo warn >&2",
+        "while [ ! -e go ]; do sleep 0.1; done; echo final > out/p.txt; echo done; echo warn >&2",
         inputs=inputs, observability_globs=["out/*.txt"],
     )  # fmt: skip
     assert case.status == CaseStatus.PENDING, case.last_error
@@ -745,7 +740,7 @@ def test_a_case_runs_shows_live_files_and_progress_and_ends_done_with_its_result
     wait_until(lambda: passes.sync_pass(case_ids=[case.id]) and live.exists(), what="a live file")
     case.refresh_from_db()
     assert live.read_text() == "partial\n" and case.progress == 0.5
-    (work / "go").write_text("")
+    (work / "go").write_text("")  # the job waited for it
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
     assert (root / "results" / "out.txt").read_text() == "input\n"
