@@ -151,7 +151,7 @@ def test_doctor_without_a_pool_checks_the_sdk_only(driver):
 
 
 def test_doctor_of_a_service_pool_passes_and_never_prints_the_secret(driver):
-    """R-BACK-5, and R-BACK-1 for ``manage.py doctor --pool``: each of the provider's checks passes."""
+    """R-BACK-5: ``manage.py doctor --pool`` prints each of the provider's checks, all passing (R-BACK-1)."""
     pool = driver.service_pool()
     checks = driver.backend.doctor(pool)
     assert [c.name for c in checks if not c.ok] == []
@@ -684,8 +684,8 @@ def test_a_submission_answered_late_or_5xx_is_never_resent_and_the_job_is_adopte
 
 
 def test_the_backends_state_in_the_workspace_is_the_services_alone(driver, ada, make_case):
-    """Its directory (the inputs' hashes, what was synced, Qarnot's output spool) was 0755 with 0644
-    files in a case directory every account may traverse (0711): it is 0700, its files 0600."""
+    """The backend's directory (the inputs' hashes, what was synced, Qarnot's output spool) was 0755,
+    its files 0644, in a case directory every account may traverse (0711): it is 0700, its files 0600."""
     case = launch(make_case, driver.service_pool(), user=ada, command="echo spooled-output")
     case = wait_for_terminal(case, timeout=90)
     assert case.status == CaseStatus.DONE, case.last_error
