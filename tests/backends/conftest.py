@@ -305,7 +305,7 @@ class Driver:
     backend = module = None  # the provider's backend and its client.py
     secret = secret_env = ""  # the service credential's secret and its variable
     listing_path = ""  # the double's path of ``listing``
-    # -- service-account pools (the contract's last section)
+    # -- service-account pools (the contract's section of that name)
     secret_key = ""  # the remote key a pool would hold the secret under: R-POOL-7 names ``<key>_env``
     refused_service_words = ""  # a launch's words when the provider refuses the service credential
     submit_call: tuple = ()  # the double's (method, path) of a submission
