@@ -12,7 +12,7 @@ from importlib import import_module
 
 from django.conf import settings
 
-from apps.backends.base import BackendError, Check, ExecutionBackend
+from apps.backends.base import BackendError, ExecutionBackend
 from apps.resources.remote import POOL_REMOTE_KEYS
 
 #: backend name → "module:Class" (imported lazily so an optional SDK is imported only when used)
@@ -24,8 +24,6 @@ BACKENDS: dict[str, str] = {
     "runai": "apps.backends.runai.backend:RunaiBackend",
     "slurm": "apps.backends.slurm:SlurmBackend",
 }
-
-__all__ = ["BACKENDS", "Check", "NoBackend", "backend_class", "backend_name_for_kind", "describe", "get_backend"]
 
 #: without ``GRIDGATE_CASE_BACKENDS``: every pool kind to the backend of its name
 DEFAULT_KIND_MAP = {kind: kind for kind in POOL_REMOTE_KEYS}
@@ -67,7 +65,7 @@ def backend_name_for_kind(kind: str) -> str:
 def describe() -> list[dict]:
     """``GET /backends/``: each registered backend with the pool kinds it serves here."""
     mapping = kind_map()
-    out = []
-    for name in sorted(BACKENDS):
-        out.append({"name": name, "kinds": sorted(kind for kind, served_by in mapping.items() if served_by == name)})
-    return out
+    return [
+        {"name": name, "kinds": sorted(kind for kind, served_by in mapping.items() if served_by == name)}
+        for name in sorted(BACKENDS)
+    ]

@@ -9,6 +9,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.backends import registry
+from apps.backends.base import Check
 from apps.backends.remote_common import scrub_for_pool
 from apps.resources.models import ResourcePool
 
@@ -53,20 +54,18 @@ class Command(BaseCommand):
         from apps.core.hosts import shared_root_check
 
         # Before any backend's check: those create a missing root with the umask's mode.
-        root_ok, root_message = cases_root_check()
-        ok, message = shared_root_check()
         checks = [
-            registry.Check("cases root", root_ok, root_message),
-            registry.Check("cases root shared", ok, message),
-            registry.Check("cases root space", *space_check()),
+            Check("cases root", *cases_root_check()),
+            Check("cases root shared", *shared_root_check()),
+            Check("cases root space", *space_check()),
         ]
         if ResourcePool.objects.exclude(slurm_licence="").exists():
             from apps.licences import sacctmgr
             from apps.licences.passes import calendar_check
 
             # Pools with a Slurm licence: their counts are set through slurmdbd (docs/qrmi.md).
-            checks.append(registry.Check("slurm licences", *sacctmgr.check()))
-            checks.append(registry.Check("slurm reservations (the QPU calendar)", *calendar_check()))
+            checks.append(Check("slurm licences", *sacctmgr.check()))
+            checks.append(Check("slurm reservations (the QPU calendar)", *calendar_check()))
         return checks
 
     def _report_check(self, label: str, check) -> bool:
@@ -78,17 +77,15 @@ class Command(BaseCommand):
         return bool(check.ok)
 
     def handle(self, *args, backend=None, pool=None, **options):
-        passed = []  # one entry per check reported
-        targets = self.targets(backend, pool)
-        for check in self.site_checks():
-            passed.append(self._report_check("site", check))
+        targets = self.targets(backend, pool)  # a wrong --backend or --pool stops before any line
+        passed = [self._report_check("site", check) for check in self.site_checks()]  # one entry per check
         for name, target_pool in targets:
-            label = f"{name}" + (f" pool={target_pool.name}" if target_pool is not None else "")
+            label = name + (f" pool={target_pool.name}" if target_pool is not None else "")
             try:
                 checks = registry.get_backend(name).doctor(target_pool)
             except Exception as exc:  # a doctor must report, not crash
                 text = scrub_for_pool(target_pool, f"{type(exc).__name__}: {exc}")  # R-BACK-1
-                checks = [registry.Check("doctor", False, f"the check itself failed: {text}")]
+                checks = [Check("doctor", False, f"the check itself failed: {text}")]
             for check in checks:
                 check.message = scrub_for_pool(target_pool, check.message)
                 passed.append(self._report_check(label, check))
