@@ -1,38 +1,21 @@
 """The local backend: a real process on the worker host, sandboxed and bounded, that outlives
-the worker.
+the worker. What it does is in docs/backends.md, "local"; the sandbox, its bounds and its network
+in docs/operations.md, "Running users' commands". The reasons behind it:
 
-R-CASE-8 — the command reaches nothing but its own working directory:
-
-- It runs as the case's :class:`~apps.backends.base.RunAs` account (the owner's linked account or
-  the pool's sandbox account; a trusted demo pool: the service's own), inside bubblewrap
-  (``bwrap``) with its own pid namespace and ``/proc`` (no other process is visible, so no
-  ``/proc/<worker>/environ``), a cleared environment plus the case's variables, read-only system
-  directories, a private ``/tmp`` no larger than the class's memory and, of the cases root, only
-  its own ``.run/work`` (its account's, mode 0700).
-- Its own network namespace, always: only its own loopback, unless the pool allows the network;
-  then slirp4netns routes it out with the host's loopback out of reach (the host's PostgreSQL,
-  Redis and web port listen there).
-- Bounded: its cgroup holds the class's memory, tasks and CPU; rlimits bound a file's size and an
-  account's processes; a wall time and a disk bound stop it. Results come back within the class's
-  storage, sparse files as sparse; logs are drained in chunks up to ``GRIDGATE_CASE_MAX_LOG_MB``;
-  the working directory is dropped once the results are fetched.
-- The service is not root. What needs root (handing the working directory to the account, the
-  cgroup, starting the sandbox as the account, reading the account's files back, stopping its
-  processes) is the privileged helper's (``apps/backends/privileged.py``, through
-  :mod:`apps.backends.as_root`), which checks every request. This module prepares the run directory
-  as the service (its inputs, ``command.sh``: the command is a file, never an argument, since every
-  account on the host reads every command line) and reads what the supervisor writes there
-  (``stdout``/``stderr``, ``limit``, ``exit_status``). Nothing lives only in the memory of the
-  process that started the case, so a restarted worker reads the outcome from disk.
-- Cancel: the helper asks the supervisor to stop the command (SIGTERM to its process group and
-  cgroup), then SIGKILL after ``GRIDGATE_CASE_CANCEL_GRACE_SECONDS``; bwrap dying takes its whole
-  pid namespace with it, so a command that trapped SIGTERM or left the process group still ends.
-
-The remote id is ``local:<supervisor pid>``. The supervisor holds an flock on ``.run/lock`` for
-its life: that lock, not the pid (which may be recycled, and which the service may not see under
-``hidepid``), says whether the case still runs. Liveness is this host's, so the backend is
-``host_bound``: a case is pinned to the worker host that starts its process (``Case.run_host``)
-and only that host's workers poll, sync or cancel it.
+- R-CASE-8: the command reaches nothing but its own working directory. bubblewrap gives it its own
+  pid namespace and ``/proc`` (so no ``/proc/<worker>/environ``), its own network namespace (the
+  host's PostgreSQL, Redis and web port listen on the host's loopback) and a cleared environment.
+- The service is not root: what needs root is the privileged helper's
+  (``apps/backends/privileged.py``, through :mod:`apps.backends.as_root`), which checks every
+  request. This module prepares the run directory as the service (the command goes in
+  ``command.sh``, never an argument, since every account on the host reads every command line)
+  and reads what the supervisor writes there: nothing lives only in the memory of the worker that
+  started the case, so a restarted worker reads the outcome from disk.
+- Cancel: bwrap dying takes its whole pid namespace with it, so a command that trapped SIGTERM or
+  left the process group still ends.
+- The remote id is ``local:<supervisor pid>``, but the supervisor's flock on ``.run/lock``, not
+  the pid (which may be recycled, and which the service may not see under ``hidepid``), says
+  whether the case still runs. That lock is this host's, so the backend is ``host_bound``.
 """
 
 from __future__ import annotations
@@ -43,7 +26,10 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from django.conf import settings
 
 from apps.backends import as_root, files
 from apps.backends.base import (
@@ -125,8 +111,6 @@ def _duration(seconds: int) -> str:
 def start_request(spec: SubmitSpec, work: Path) -> dict:
     """What the helper's ``start`` is asked: who, with what, within which bounds, and the words
     for each bound it may have to enforce."""
-    from django.conf import settings
-
     bounds = spec.bounds
     run_as = spec.run_as or RunAs(RunAs.TRUSTED)
     wall = wall_seconds(spec)
@@ -249,8 +233,6 @@ class LocalBackend(ExecutionBackend):
     def cancel(self, job: JobRef) -> None:
         """R-CASE-8: stop the whole tree. A run directory that vanished is "already gone": the
         tree is still stopped if it runs, and the cancel succeeds (never a FileNotFoundError)."""
-        from django.conf import settings
-
         rdir = run_dir(job.workspace)
         if (rdir / "exit_status").exists():
             raise AlreadyFinished("the command had already finished")
@@ -276,7 +258,7 @@ class LocalBackend(ExecutionBackend):
             else option
             for option in answer.options
         ]
-        return LaunchOptions(options=options, degraded=answer.degraded, message=answer.message)
+        return replace(answer, options=options)
 
     def purge(self, job: JobRef) -> None:
         """The working directory and a cgroup its supervisor could not remove (it was killed)."""
@@ -284,35 +266,26 @@ class LocalBackend(ExecutionBackend):
             as_root.call("clean", {"case_id": job.case_id}, timeout=3600)
 
     def doctor(self, pool=None) -> list[Check]:
-        from django.conf import settings
-
         checks = [Check("shell", os.access("/bin/sh", os.X_OK), "/bin/sh runs the case commands")]
-        bwrap = shutil.which("bwrap")
         trusted = pool is not None and pool.trusted  # runs as the service: no switch, sandbox optional
-        checks.append(
-            Check(
-                "sandbox",
-                bool(bwrap) or trusted,
-                f"{bwrap} isolates each case (R-CASE-8)"
-                if bwrap
-                else "bwrap is missing: apt install bubblewrap (only trusted pools run without it)",
-            )
-        )
+        if bwrap := shutil.which("bwrap"):
+            checks.append(Check("sandbox", True, f"{bwrap} isolates each case (R-CASE-8)"))
+        else:
+            missing = "bwrap is missing: apt install bubblewrap (only trusted pools run without it)"
+            checks.append(Check("sandbox", trusted, missing))
         checks.append(as_root.helper_check(trusted, cgroup=True))
         if not trusted:
             checks.append(Check("cases root parent", *root_parent_check()))
         network = pool is not None and pool.network
-        slirp = shutil.which("slirp4netns")
-        checks.append(
-            Check(
-                "network",
-                bool(slirp) or not network,
-                f"{slirp} routes the cases of pools that allow the network, never to the host's loopback"
-                if slirp
-                else "slirp4netns is missing: cases of pools that allow the network cannot start "
-                "(apt install slirp4netns); other pools' cases have no network",
+        if slirp := shutil.which("slirp4netns"):
+            routes = f"{slirp} routes the cases of pools that allow the network, never to the host's loopback"
+            checks.append(Check("network", True, routes))
+        else:
+            missing = (
+                "slirp4netns is missing: cases of pools that allow the network cannot start "
+                "(apt install slirp4netns); other pools' cases have no network"
             )
-        )
+            checks.append(Check("network", not network, missing))
         if network:
             checks.append(as_root.egress_check())
         root = Path(settings.GRIDGATE_CASES_ROOT)
