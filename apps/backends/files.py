@@ -21,6 +21,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from django.conf import settings
+
 from apps.backends.base import BackendError
 
 # One definition of each, the helper's (it imports nothing of the project).
@@ -54,12 +56,10 @@ def walk_files(root: Path):
                 yield (rel_dir / name).as_posix(), path
 
 
-# -- reading a tree the command owns (R-CASE-8) ------------------------------------------------------
-# What the service writes in a workspace is never written through a link planted there. (The
-# command's own tree is read by the privileged helper, through fds and O_NOFOLLOW opens.)
 def open_for_write(path: Path, flags: int) -> int:
-    """Open a file the service writes in a workspace; never through a symlink planted there."""
-    return os.open(path, flags, 0o600)
+    """Open a file the service writes in a workspace (0600 if new), never through a symlink planted
+    there (R-CASE-8; the command's own tree is read by the privileged helper, through fds)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
 
 
 def write_private(path: Path, data: bytes = b"") -> None:
@@ -163,8 +163,6 @@ def case_environment(spec) -> dict[str, str]:
 
 def log_cap_bytes() -> int:
     """How much of each of a case's logs is kept (``GRIDGATE_CASE_MAX_LOG_MB``)."""
-    from django.conf import settings
-
     return settings.GRIDGATE_CASE_MAX_LOG_MB * 1024 * 1024
 
 
@@ -263,6 +261,6 @@ def read_progress(path: Path) -> float | None:
             value = float(handle.read(64).decode("ascii", "replace").strip().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if value != value or value < 0:  # NaN or negative: ignore a garbled marker
+    if math.isnan(value) or value < 0:  # ignore a garbled marker
         return None
     return min(value, 1.0)
