@@ -1,17 +1,10 @@
-"""The fake backend: a scripted remote service, in process, for tests and benchmarks.
+"""The fake backend: a scripted remote service, in process, for tests and benchmarks
+(docs/backends.md, "fake").
 
 Like csauto's StubAdapter it satisfies the contract with local files and a scripted state
 sequence, so the whole remote lifecycle runs with no network, no account and no credit. Its
 "remote" state lives in this process (class attributes), so it serves tests, the benchmark and a
 single-process demo, not a multi-host deployment.
-
-Launch options (read here only; the core passes them through): ``outcome`` = ``succeed`` or
-``fail`` picks the script's last state.
-
-Injectable failures (tests): ``FakeBackend.faults.fail_polls = N`` fails the next N polls,
-``fail_fetch_final = N`` the next N downloads, ``fail_submit = N`` the next N submissions (for
-good), ``transient_submit = N`` the next N submissions with a transient error (nothing queued),
-``uncertain_submit = N`` the next N with a lost answer (the job IS queued, the caller is not told).
 """
 
 from __future__ import annotations
@@ -36,16 +29,16 @@ from apps.backends.base import (
     SubmitUncertain,
 )
 
-DEFAULT_SCRIPT = (
-    BackendStatus.PENDING,
-    BackendStatus.RUNNING,
-    BackendStatus.RUNNING,
-    BackendStatus.SUCCEEDED,
-)
+DEFAULT_SCRIPT = (BackendStatus.PENDING, BackendStatus.RUNNING, BackendStatus.RUNNING, BackendStatus.SUCCEEDED)
 
 
 @dataclass
 class Faults:
+    """Injected failures (tests, ``FakeBackend.faults.fail_polls = N``): how many of the next
+    polls, downloads or submissions fail. ``fail_submit`` fails for good, ``transient_submit``
+    with a transient error (nothing queued), ``uncertain_submit`` with a lost answer (the job IS
+    queued, the caller is not told)."""
+
     fail_polls: int = 0
     fail_fetch_final: int = 0
     fail_submit: int = 0
@@ -66,7 +59,7 @@ class FakeJob:
     def status(self) -> str:
         if self.cancelled:
             return BackendStatus.CANCELLED
-        return self.script[max(self.step, 0)] if self.step >= 0 else BackendStatus.PENDING
+        return self.script[self.step] if self.step >= 0 else BackendStatus.PENDING
 
 
 class FakeBackend(ExecutionBackend):
