@@ -1,12 +1,8 @@
 """The part of a remote provider's backend written once: a session per submission or job, the
 ``find``/``submit`` entry, what a failed submission means, the launch form's fallbacks (R-BACK-2)
-and the ``doctor`` skeleton (R-BACK-5).
-
-``doctor`` is SDK version → a pool configured? → the pool's own settings → the credential
-(per-user: what users need to connect; service: the environment variables, then a client, which
-asks for a token) → the provider's own listings. A provider fills :meth:`RemoteBackend.sdk_version`
-and :meth:`RemoteBackend.doctor_provider` (and optionally the other ``doctor_*`` hooks), each
-line through :meth:`Doctor.check`.
+and the ``doctor`` skeleton (R-BACK-5): SDK version → a pool configured? → the pool's own settings
+→ the credential → the provider's own listings. The hooks a provider fills: docs/backends.md,
+"Adding a remote provider".
 """
 
 from __future__ import annotations
@@ -160,9 +156,8 @@ class RemoteBackend(ExecutionBackend):
             doctor.check("credentials", self.sealing_check)
             self.doctor_per_user(session, doctor)
             return doctor
-        if doctor.check("credentials", lambda: self.service_credential_check(session)) and self.doctor_client(
-            session, doctor
-        ):
+        credential = doctor.check("credentials", lambda: self.service_credential_check(session))
+        if credential and self.doctor_client(session, doctor):
             self.doctor_provider(session, doctor)
         return doctor
 

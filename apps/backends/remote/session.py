@@ -1,21 +1,10 @@
 """One pool's view of a remote provider for one credential (R-BACK-1, R-CRED-1).
 
-A provider's session subclasses :class:`RemoteSession` and fills four hooks:
-
-- ``service_credential()`` / ``user_credential(identity)``: the credential, as the tuple its SDK
-  needs; each sets ``self.secrets`` (what no message may show);
-- ``open_client(credential)``: a new SDK client (may do network I/O: it runs outside any lock);
-- ``classify(exc)``: a :class:`Failure` for an SDK or transport exception (status, transient,
-  timeout…, and the words a user may read).
-
-The rest is written once here: R-CRED-1's refusal, the process-wide client cache keyed by the
-provider's URL and a digest of the credential, :meth:`RemoteSession.call` with the 401 rule, and
-the scrubbing of every form of a secret from every message.
-
-How a user connects a per-user pool is said here too, for ``apps.credentials`` (which asks
-:func:`provider` by pool kind): ``url_keys``, the pool's provider URLs a connection is bound to;
-``paste``, the credential a user pastes (a :class:`Paste`; None: the provider's OAuth sign-in,
-a refresh token kept), with ``account_of`` and ``pasted_secret``; ``account_word``.
+A provider's session subclasses :class:`RemoteSession` and fills its hooks (docs/backends.md,
+"Adding a remote provider", says which, and what ``apps.credentials`` reads to connect a user).
+The rest is written once here: R-CRED-1's refusal, the process-wide client cache,
+:meth:`RemoteSession.call` with the 401 rule, and the scrubbing of every form of a secret from
+every message.
 """
 
 from __future__ import annotations
