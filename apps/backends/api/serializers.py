@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 from rest_framework import serializers
 
 from apps.backends import registry
@@ -30,6 +32,12 @@ class LaunchOptionsSerializer(serializers.Serializer):
     message = serializers.CharField(allow_blank=True)
 
 
+#: what a connection's fields read when the caller has none to the pool
+NOT_CONNECTED = SimpleNamespace(
+    state="not_connected", subject="", connected_at=None, last_refreshed_at=None, failed_at=None, failure=""
+)
+
+
 class ConnectionSerializer(serializers.Serializer):
     """A pool that runs cases under each user's own credentials, and the caller's connection to it.
     Never carries the credential (it is not a field of anything the API returns)."""
@@ -38,36 +46,23 @@ class ConnectionSerializer(serializers.Serializer):
     pool_name = serializers.CharField(source="pool.name")
     kind = serializers.CharField(source="pool.kind")
     state = serializers.ChoiceField(
+        source="connection.state",
         choices=["not_connected", "connected", "failed"],
         help_text="failed: the provider refused the stored credential (expired or revoked): reconnect.",
     )
     subject = serializers.CharField(
-        allow_blank=True, help_text="The provider's identity of the connected account (its subject or e-mail)."
+        source="connection.subject",
+        allow_blank=True,
+        help_text="The provider's identity of the connected account (its subject or e-mail).",
     )
-    connected_at = serializers.DateTimeField(allow_null=True)
-    last_refreshed_at = serializers.DateTimeField(allow_null=True)
-    failed_at = serializers.DateTimeField(allow_null=True)
-    failure = serializers.CharField(allow_blank=True)
+    connected_at = serializers.DateTimeField(source="connection.connected_at", allow_null=True)
+    last_refreshed_at = serializers.DateTimeField(source="connection.last_refreshed_at", allow_null=True)
+    failed_at = serializers.DateTimeField(source="connection.failed_at", allow_null=True)
+    failure = serializers.CharField(source="connection.failure", allow_blank=True)
     connect_url = serializers.CharField(help_text="The page where the user connects (a browser flow).")
 
     def to_representation(self, row):
-        connection = row["connection"]
-        return {
-            "pool": row["pool"].pk,
-            "pool_name": row["pool"].name,
-            "kind": row["pool"].kind,
-            "state": connection.state if connection is not None else "not_connected",
-            "subject": connection.subject if connection is not None else "",
-            "connected_at": _when(connection and connection.connected_at),
-            "last_refreshed_at": _when(connection and connection.last_refreshed_at),
-            "failed_at": _when(connection and connection.failed_at),
-            "failure": connection.failure if connection is not None else "",
-            "connect_url": row["connect_url"],
-        }
-
-
-def _when(value):
-    return serializers.DateTimeField().to_representation(value) if value else None
+        return super().to_representation({**row, "connection": row["connection"] or NOT_CONNECTED})
 
 
 class DisconnectedSerializer(serializers.Serializer):
