@@ -71,7 +71,7 @@ def call(verb: str, request: dict, *, timeout: float, working_roots=()) -> dict:
         text = answer.get("error") or (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         if answer.get("too_large"):
             raise ResultsTooLarge(text)
-        raise BackendError(f"{text}")
+        raise BackendError(text)
     return answer
 
 

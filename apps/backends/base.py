@@ -113,12 +113,9 @@ class LaunchOptions:
 def validate_launch_options(declared: LaunchOptions, chosen) -> dict[str, Any]:
     """R-BACK-6: the user's launch options, checked against what the backend declared; the one
     place this rule lives (case creation and launch call it through ``apps.cases.services``).
-
-    Undeclared keys, values outside the declared choices or range, and any text with control
-    characters are refused with :class:`~apps.core.exceptions.Invalid` (400) naming the allowed
-    values. An empty value means "the default" and is dropped. When the provider could not be
-    asked (``degraded``), ``declared`` holds only the defaults and static choices, so only those
-    pass. Range values may come as digit strings (HTML forms post text) and are returned as ints.
+    What it refuses, with :class:`~apps.core.exceptions.Invalid` (400) naming the allowed values,
+    and what it drops: docs/backends.md, "Launch options are an allow-list". Range values may come
+    as digit strings (HTML forms post text) and are returned as ints.
     """
     if not isinstance(chosen, dict):
         raise Invalid("Launch options must be a JSON object.", launch_options=["Must be a JSON object."])
