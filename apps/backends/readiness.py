@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from functools import cache
 
 from apps.backends.registry import NoBackend, backend_class, backend_name_for_kind
 from apps.core import credentials
@@ -91,7 +92,17 @@ def user_readiness(user, pools) -> dict[int, Usability]:
     pools = list(pools)
     ids = [pool.pk for pool in pools]
     with_devices = set(Device.objects.filter(pool_id__in=ids).order_by().values_list("pool_id", flat=True).distinct())
-    uid = connections_of = None
+
+    # Read once, and only if a pool needs them.
+    @cache
+    def linked_uid():
+        return unix_uid_for(user) if user is not None else None
+
+    @cache
+    def connections():
+        rows = RemoteConnection.objects.filter(user=user, pool_id__in=ids).only("pool_id", "state", "failure")
+        return {row.pool_id: row for row in rows}
+
     out = {}
     for pool in pools:
         if pool.pk in with_devices:
@@ -103,18 +114,9 @@ def user_readiness(user, pools) -> dict[int, Usability]:
             continue
         try:
             if backend_class(backend_name_for_kind(pool.kind)).runs_as_user:
-                if uid is None:
-                    uid = (unix_uid_for(user) if user is not None else None,)
-                run_as_for(user, pool, uid=uid[0])
+                run_as_for(user, pool, uid=linked_uid())
             if credential_services.needs_user_credentials(pool):
-                if connections_of is None:
-                    connections_of = {
-                        row.pool_id: row
-                        for row in RemoteConnection.objects.filter(user=user, pool_id__in=ids).only(
-                            "pool_id", "state", "failure"
-                        )
-                    }
-                refusal = credential_services.connection_refusal(pool, connections_of.get(pool.pk))
+                refusal = credential_services.connection_refusal(pool, connections().get(pool.pk))
                 if refusal is not None:
                     raise refusal
         except ServiceError as exc:
