@@ -76,8 +76,7 @@ def provider_words(text: str, *, service: bool, status: int | None = None) -> st
     that runs under the service's account, every user of the pool would read what the provider
     answered the *service* (an error body may quote the service's request, its account, other
     tenants' jobs): they get the status and a reference, and the words go to the log under that
-    reference, for the operators. ``RemoteSession.error`` calls this for every provider's answer
-    (a ``Failure`` marked ``provider_words``)."""
+    reference, for the operators."""
     if not service:
         return text
     reference = token_hex(4)
