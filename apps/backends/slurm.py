@@ -1,33 +1,18 @@
-"""The Slurm backend: ``sbatch``/``squeue``/``scontrol``/``sacct``/``scancel`` on a login node.
+"""The Slurm backend: ``sbatch``/``squeue``/``scontrol``/``sacct``/``scancel`` on a login node,
+each job submitted as its case's account (R-CASE-8). docs/backends.md, "slurm", lists the quirks
+absorbed here; the ones that shape this module:
 
-Quirks this module absorbs so the core never sees them:
+- **Job name = case id**: before every submission the job is looked up by name and adopted, so a
+  retried launch never creates a second one (R-CASE-1).
+- **One squeue per pass** (R-CASE-2) reads every live job, with the reason a pending one waits
+  (sacct always says ``None``). A job slurmctld has forgotten (``MinJobAge``) is read from its
+  permanent record, accounting or else the job-completion log (:func:`sacct`); a job neither
+  knows is a failed poll, never a failure (R-CASE-3).
+- **An sbatch that lost its controller's answer** may have queued the job: :class:`SubmitUncertain`,
+  never a failure.
 
-- **Job name = case id.** Before every submission the backend looks the name up (``squeue
-  --name``, then ``sacct --name``) and adopts an existing job, so a retried launch never
-  creates a second one (R-CASE-1).
-- **Jobs age out of slurmctld.** ``squeue`` forgets a finished job ``MinJobAge`` seconds after it
-  ends (plus slurmctld's purge cycle). The backend then reads the job's permanent record: plain
-  ``sacct -j ID`` where the site runs slurmdbd (a job line plus ``ID.batch``/``ID.extern`` step
-  lines, of which only the job line is read), else ``sacct -c`` (the job-completion log of a
-  site without slurmdbd; with slurmdbd and ``JobCompType=jobcomp/none`` it exits 1). A job
-  neither knows is a failed poll, never a failure (R-CASE-3): right after ``sbatch`` sacct shows
-  nothing for about a second, then for ~3 s an allocation record ``ID|allocation|PENDING``;
-  both mean "not yet known", and never move a case's state back.
-- **Live jobs are read with squeue**, whose ``%r`` carries the reason a job waits
-  (``JobHeldAdmin``, ``Resources``, ``Priority``): it reaches the case as its status message
-  (sacct always says ``None``).
-- **sbatch errors that lose the answer** ("Socket timed out", "Unable to contact slurm
-  controller") may or may not have queued the job: :class:`SubmitUncertain`, retried by the core
-  after a lookup by name, never a failure.
-- ``squeue -j`` with a single unknown id exits 1 ("Invalid job id specified"); with several ids
-  it prints only the known ones. Both mean "not in slurmctld".
-- State names map here; ``COMPLETING`` is still running (epilog, output flush). An unknown state
-  maps to pending, never to a failure.
-- One ``squeue`` call covers every job of a pass (R-CASE-2 bar: one status call per pass).
-
-The run directory is ``<working_root>/<case id>/`` (the pool's ``remote.working_root``, a
-filesystem shared by the login and compute nodes); without a ``working_root`` the case workspace
-itself is used, which suits a single-node cluster.
+The run directory is ``<working_root>/<case id>/`` (a filesystem the login and compute nodes
+share), else the case workspace's ``.run/``, which suits a single-node cluster.
 """
 
 from __future__ import annotations
@@ -55,36 +40,21 @@ from apps.backends.base import (
     duration_seconds,
     require_command,
 )
+from apps.backends.remote import Doctor
 from apps.core.cases_root import root_parent_check
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker
 
+#: Slurm's state words (squeue, sacct, FirecREST) by status. ``COMPLETING`` (epilog, output flush)
+#: is still running; a word not listed is pending, never a failure.
 STATES = {
-    "PENDING": BackendStatus.PENDING,
-    "CONFIGURING": BackendStatus.PENDING,
-    "REQUEUED": BackendStatus.PENDING,
-    "REQUEUE_HOLD": BackendStatus.PENDING,
-    "REQUEUE_FED": BackendStatus.PENDING,
-    "RESV_DEL_HOLD": BackendStatus.PENDING,
-    "RUNNING": BackendStatus.RUNNING,
-    "COMPLETING": BackendStatus.RUNNING,
-    "STAGE_OUT": BackendStatus.RUNNING,
-    "SIGNALING": BackendStatus.RUNNING,
-    "RESIZING": BackendStatus.RUNNING,
-    "SUSPENDED": BackendStatus.RUNNING,
-    "STOPPED": BackendStatus.RUNNING,
-    "COMPLETED": BackendStatus.SUCCEEDED,
-    "FAILED": BackendStatus.FAILED,
-    "TIMEOUT": BackendStatus.FAILED,
-    "OUT_OF_MEMORY": BackendStatus.FAILED,
-    "NODE_FAIL": BackendStatus.FAILED,
-    "BOOT_FAIL": BackendStatus.FAILED,
-    "DEADLINE": BackendStatus.FAILED,
-    "PREEMPTED": BackendStatus.FAILED,
-    "SPECIAL_EXIT": BackendStatus.FAILED,
-    "REVOKED": BackendStatus.FAILED,
-    "CANCELLED": BackendStatus.CANCELLED,
+    BackendStatus.PENDING: "PENDING CONFIGURING REQUEUED REQUEUE_HOLD REQUEUE_FED RESV_DEL_HOLD",
+    BackendStatus.RUNNING: "RUNNING COMPLETING STAGE_OUT SIGNALING RESIZING SUSPENDED STOPPED",
+    BackendStatus.SUCCEEDED: "COMPLETED",
+    BackendStatus.FAILED: "FAILED TIMEOUT OUT_OF_MEMORY NODE_FAIL BOOT_FAIL DEADLINE PREEMPTED SPECIAL_EXIT REVOKED",
+    BackendStatus.CANCELLED: "CANCELLED",
 }
+STATUS_OF = {word: status for status, words in STATES.items() for word in words.split()}
 
 #: how far back ``sacct`` looks: without ``-S`` it starts at midnight today, so a job submitted
 #: yesterday would be missed by the lookup by name (and submitted again) or by the poll.
@@ -92,6 +62,8 @@ SACCT_START = "now-30days"
 #: worker variables the Slurm client commands may need (configuration location only); the rest of
 #: the worker's environment (credentials, R-BACK-1) never reaches ``sbatch`` or the job.
 SLURM_CLIENT_ENVIRONMENT = ("SLURM_CONF",)
+#: the most of a live job's output one poll brings in (``files.drain_log``'s chunk)
+LIVE_DRAIN_BYTES = 4 << 20
 
 TIME_CHOICES = [("00:10:00", "10 minutes"), ("01:00:00", "1 hour"), ("04:00:00", "4 hours"), ("1-00:00:00", "1 day")]
 
@@ -109,7 +81,13 @@ def launch_form(partitions: list[str], default) -> list[LaunchOption]:
 def map_state(raw: str) -> str:
     """``CANCELLED by 0`` → cancelled; unknown → pending (never a failure)."""
     word = (raw or "").strip().split(" ")[0].rstrip("+").upper()
-    return STATES.get(word, BackendStatus.PENDING)
+    return STATUS_OF.get(word, BackendStatus.PENDING)
+
+
+def ended(job_id, state: str, exit_code) -> str:
+    """A failed job's message, here and through FirecREST."""
+    code = f" (exit code {exit_code})" if exit_code not in (None, "") else ""
+    return f"Slurm job {job_id} ended {state}{code}"
 
 
 def _int(text: str) -> int | None:
@@ -117,10 +95,6 @@ def _int(text: str) -> int | None:
         return int(text)
     except (TypeError, ValueError):
         return None
-
-
-def client_environment() -> dict[str, str]:
-    return files.base_environment(files.INHERITED_ENVIRONMENT + SLURM_CLIENT_ENVIRONMENT)
 
 
 #: what a Slurm client prints when its conversation with slurmctld broke off: the request may or
@@ -140,9 +114,8 @@ def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> s
     did not, raises ``timeout_error`` with ``timeout=True`` (for sbatch :class:`SubmitUncertain`:
     the job may be queued); the facts are set here, where the error is caught (STYLE 6)."""
     try:
-        proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=TIMEOUT, check=False, env=client_environment()
-        )
+        environment = files.base_environment(files.INHERITED_ENVIRONMENT + SLURM_CLIENT_ENVIRONMENT)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, check=False, env=environment)
     except FileNotFoundError:
         raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
@@ -189,16 +162,23 @@ def unreadable_record(plain: subprocess.CompletedProcess, log: subprocess.Comple
     return next((line.strip() for line in (log.stderr or "").splitlines() if "fatal: open" in line), "")
 
 
-def accounting_source() -> tuple[str | None, str]:
-    """(``"accounting"``, ``"completion log"`` or None, the refusal text) for doctor."""
+def finished_job_records() -> tuple[bool, str]:
+    """Doctor: whether ``sacct`` answers from a permanent record, asked as :func:`sacct` asks."""
     probe = ["-n", "-P", "-o", "jobid", "-S", "now"]
+    answers = "sacct answers from the {} (finished jobs resolve after MinJobAge)"
     plain = run(["sacct", *probe], check=False)
     if plain.returncode == 0:
-        return "accounting", ""
+        return True, answers.format("accounting")
     log = run(["sacct", "-c", *probe], check=False)
     if log.returncode == 0:
-        return "completion log", ""
-    return None, (plain.stderr or log.stderr).strip()
+        return True, answers.format("completion log")
+    refusal = (plain.stderr or log.stderr).strip()
+    return False, (
+        "sacct answers from neither accounting nor a job completion log"
+        + (f" ({refusal})" if refusal else "")
+        + ": run slurmdbd (AccountingStorageType=accounting_storage/slurmdbd) or set"
+        " JobCompType=jobcomp/filetxt, so jobs finished past MinJobAge still resolve"
+    )
 
 
 def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
@@ -269,9 +249,8 @@ class SlurmBackend(PollsMany, ExecutionBackend):
                     files.write_private(rdir / name)
         except OSError as exc:
             raise BackendError(f"cannot prepare {rdir}: {exc}") from None
-        # A timed-out sbatch may have queued the job: uncertain, never a failure (the retry
-        # looks the job up by name first, R-CASE-1).
-        # So is an sbatch that says it lost its controller ("Socket timed out"): see ``checked``.
+        # An sbatch that timed out, or says it lost its controller (``checked``), may have queued
+        # the job: uncertain, never a failure (the retry looks the job up by name first, R-CASE-1).
         if run_as:
             account = {"uid": run_as.uid}
             answer = self._helper("sbatch", spec.case_id, spec.pool_remote, account=account, timeout=TIMEOUT)
@@ -302,6 +281,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
     # -- observation -----------------------------------------------------------------------
     def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
         proc = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T|%M|%C|%r"], check=False)
+        # One unknown id exits 1 ("Invalid job id specified"); several list only the known ones.
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             detail = proc.stderr.strip().splitlines()
             raise BackendError(f"squeue failed: {detail[-1] if detail else proc.returncode}", transient=True)
@@ -352,11 +332,9 @@ class SlurmBackend(PollsMany, ExecutionBackend):
 
     def _state(self, job: JobRef, live: dict, archived: dict, unreadable: str) -> BackendState | Exception:
         """One job's answer from the pass's squeue and sacct reads (its output drained)."""
-        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
-        reason = ""
+        reason = exit_code = ""
         if job.remote_id in live and live[job.remote_id][0] == job.case_id:
             _name, raw, elapsed, cores, reason = live[job.remote_id]
-            exit_code = ""
         elif job.remote_id in archived and archived[job.remote_id][0] == job.case_id:
             _name, raw, elapsed, cores, exit_code = archived[job.remote_id]
         elif unreadable:
@@ -366,8 +344,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
             # completion log, which this account cannot read: waiting cannot tell more (it
             # was a failed poll backing off for ever, the case pending meanwhile). It ends
             # failed, saying why, with its output (R-CASE-4).
-            for stream in ("stdout", "stderr"):
-                files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes())
+            self._drain(job, limit=LIVE_DRAIN_BYTES)
             return BackendState(
                 status=BackendStatus.FAILED,
                 message=(
@@ -386,22 +363,19 @@ class SlurmBackend(PollsMany, ExecutionBackend):
         message = ""
         if status == BackendStatus.PENDING and reason and reason != "None":
             message = f"Slurm: {reason}"  # why it waits: JobHeldAdmin, Resources, Priority…
+        elif status == BackendStatus.FAILED:
+            exit_code = exit_code or self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
+            message = ended(job.remote_id, raw.split(" ")[0], exit_code)
         # A finished job writes nothing more: drain its output (it is finalized on this answer).
-        limit = None if status in BackendStatus.TERMINAL else 4 << 20
-        if status == BackendStatus.FAILED and not exit_code:
-            exit_code = self._exit_code(job.remote_id)  # only for failures: one extra call, rarely
-        if status == BackendStatus.FAILED:
-            message = f"Slurm job {job.remote_id} ended {raw.split(' ')[0]}" + (
-                f" (exit code {exit_code})" if exit_code else ""
-            )
+        self._drain(job, limit=None if status in BackendStatus.TERMINAL else LIVE_DRAIN_BYTES)
+        return BackendState(status=status, execution_time=elapsed, cores=cores, message=message)
+
+    @staticmethod
+    def _drain(job: JobRef, *, limit: int | None) -> None:
+        """The job's output past what its workspace logs hold, at most ``limit`` bytes (None: all)."""
+        rdir = run_dir_for(job.case_id, job.workspace, job.pool_remote)
         for stream in ("stdout", "stderr"):
             files.drain_log(rdir / stream, job.workspace / f"{stream}.log", cap=files.log_cap_bytes(), limit=limit)
-        return BackendState(
-            status=status,
-            execution_time=elapsed,
-            cores=cores,
-            message=message,
-        )
 
     def sync(self, job: JobRef, globs: list[str]) -> None:
         self._helper("collect", job.case_id, job.pool_remote, what="live", globs=list(globs or []))
@@ -453,67 +427,47 @@ class SlurmBackend(PollsMany, ExecutionBackend):
 
     def doctor(self, pool=None) -> list[Check]:
         trusted = pool is not None and pool.trusted
-        checks = [as_root.helper_check(trusted, cgroup=False)]
+        remote = (pool.remote or {}) if pool is not None else {}
+        doctor = Doctor([as_root.helper_check(trusted, cgroup=False)])
         if not trusted:
-            checks.append(Check("cases root parent", *root_parent_check()))
+            doctor.append(Check("cases root parent", *root_parent_check()))
         for command in ("sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"):
             found = shutil.which(command)
-            checks.append(
-                Check(
-                    f"command {command}",
-                    bool(found),
-                    found or f"{command} is not on PATH: install the Slurm client tools (slurm-client) on this host",
-                )
-            )
-        try:
-            ping = run(["scontrol", "ping"]).stdout.strip()
-            checks.append(Check("controller", "UP" in ping, ping or "no answer from scontrol ping"))
-        except BackendError as exc:
-            checks.append(Check("controller", False, f"{exc}: start slurmctld or fix slurm.conf/munge on this host"))
-        remote = (pool.remote or {}) if pool is not None else {}
-        partition = remote.get("partition")
-        if partition:
-            try:
-                found = run(["sinfo", "-h", "-p", partition, "-o", "%P|%a"]).stdout.strip()
-                ok = bool(found) and found.endswith("|up")
-                checks.append(
-                    Check(
-                        "partition",
-                        ok,
-                        f"partition {partition} is up"
-                        if ok
-                        else f"partition {partition} is missing or not up: fix the pool's remote.partition",
-                    )
-                )
-            except BackendError as exc:
-                checks.append(Check("partition", False, str(exc)))
-        root = remote.get("working_root")
-        if root:
-            path = Path(root)
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                probe = path / ".gridgate-doctor"
-                probe.write_text("ok")
-                probe.unlink()
-                problem = files.unsafe_parent(path)
-                if not problem and not trusted:
-                    closed, message = root_parent_check(path)
-                    problem = None if closed else message
-                checks.append(Check("working_root", not problem, problem or f"{root} is writable"))
-            except OSError as exc:
-                checks.append(Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root"))
+            missing = f"{command} is not on PATH: install the Slurm client tools (slurm-client) on this host"
+            doctor.append(Check(f"command {command}", bool(found), found or missing))
+        doctor.check("controller", controller_check, fix="start slurmctld or fix slurm.conf/munge on this host")
+        if remote.get("partition"):
+            doctor.check("partition", lambda: partition_check(remote["partition"]))
+        if remote.get("working_root"):
+            doctor.append(working_root_check(remote["working_root"], trusted))
         if shutil.which("sacct"):
-            source, refusal = accounting_source()
-            checks.append(
-                Check(
-                    "finished-job records",
-                    source is not None,
-                    f"sacct answers from the {source} (finished jobs resolve after MinJobAge)"
-                    if source
-                    else "sacct answers from neither accounting nor a job completion log"
-                    + (f" ({refusal})" if refusal else "")
-                    + ": run slurmdbd (AccountingStorageType=accounting_storage/slurmdbd) or set"
-                    " JobCompType=jobcomp/filetxt, so jobs finished past MinJobAge still resolve",
-                )
-            )
-        return checks
+            doctor.append(Check("finished-job records", *finished_job_records()))
+        return doctor
+
+
+def controller_check() -> tuple[bool, str]:
+    ping = run(["scontrol", "ping"]).stdout.strip()
+    return "UP" in ping, ping or "no answer from scontrol ping"
+
+
+def partition_check(partition: str) -> tuple[bool, str]:
+    found = run(["sinfo", "-h", "-p", partition, "-o", "%P|%a"]).stdout.strip()
+    if found and found.endswith("|up"):
+        return True, f"partition {partition} is up"
+    return False, f"partition {partition} is missing or not up: fix the pool's remote.partition"
+
+
+def working_root_check(root: str, trusted: bool) -> Check:
+    path = Path(root)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".gridgate-doctor"
+        probe.write_text("ok")
+        probe.unlink()
+        problem = files.unsafe_parent(path)
+        if not problem and not trusted:
+            closed, message = root_parent_check(path)
+            problem = None if closed else message
+    except OSError as exc:
+        return Check("working_root", False, f"{root} is not writable ({exc}): fix remote.working_root")
+    return Check("working_root", not problem, problem or f"{root} is writable")
