@@ -1,24 +1,17 @@
-"""The one ``#SBATCH`` job-script renderer for the Slurm and FirecREST backends (R-BACK-6, R-BACK-4).
+"""The one ``#SBATCH`` job-script renderer for the Slurm and FirecREST backends (R-BACK-6, R-BACK-4;
+docs/backends.md, "One job-script renderer"). The backends' intended differences are named
+parameters of :func:`render`, not a second copy: ``export_none`` (the local Slurm job inherits
+nothing of the submitting worker, R-BACK-1; FirecREST submits from its own server) and
+``make_progress_dir`` (FirecREST's script creates ``.gridgate/`` itself).
 
-Both backends write the same kind of script: ``#SBATCH`` directives (the launch specification's,
-then the user's launch options), ``export`` lines, then the case's command. The differences are
-named parameters of :func:`render`, not a second copy:
+Every job gets a ``--time``: the user's ``time`` launch option (offered within the class's
+maximum, :func:`pin_class_time`), else the class's wall time. Without one a job inherits the
+partition's limit, which is ``UNLIMITED`` on many sites: a case would hold its nodes for ever.
 
-- ``export_none``: the local Slurm backend adds ``--export=NONE`` so the job inherits nothing of
-  the submitting process (R-BACK-1); FirecREST submits from its own server, whose environment is
-  not the worker's.
-- ``make_progress_dir``: FirecREST cannot create ``.gridgate/`` beforehand (the work directory is
-  remote), so the script does it.
-
-Every job gets a ``--time``: the user's ``time`` launch option (offered within the class's maximum,
-:func:`pin_class_time`), else the class's wall time. Without one a job inherits the partition's
-limit, which is ``UNLIMITED`` on many sites: a case would hold its nodes for ever.
-
-No value reaches the script unquoted or unchecked. ``#SBATCH`` lines are parsed by ``sbatch``,
-not by a shell, so quoting cannot make them safe: their values must match :data:`SAFE_VALUE` (or
-:data:`SAFE_PATH` for paths), which excludes whitespace, quotes, ``$``, backticks and control
-characters. ``export`` values go through :func:`quote` (``shlex.quote``, single quotes) after
-control characters are refused. The case's command is the user's own script and is written as is.
+``#SBATCH`` lines are parsed by ``sbatch``, not by a shell, so quoting cannot make them safe:
+their values must match :data:`SAFE_VALUE` (or :data:`SAFE_PATH` for paths). ``export`` values
+go through :func:`quote` after control characters are refused. The case's command is the user's
+own script and is written as is.
 """
 
 from __future__ import annotations

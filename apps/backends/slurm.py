@@ -141,12 +141,11 @@ def sacct(args: list[str]) -> subprocess.CompletedProcess:
     completion log's refusal if that log is the site's record and this account cannot read it
     (:func:`unreadable_record`), else ''."""
     proc = run(["sacct", *args], check=False)
+    proc.unreadable = ""
     if proc.returncode != 0:
         plain = proc
         proc = run(["sacct", "-c", *args], check=False)
         proc.unreadable = unreadable_record(plain, proc)
-    else:
-        proc.unreadable = ""
     return proc
 
 

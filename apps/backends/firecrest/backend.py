@@ -1,23 +1,15 @@
 """The FirecREST backend: Slurm jobs on an HPC system through the FirecREST v2 API (pyfirecrest).
+docs/backends.md, "firecrest", lists the quirks absorbed here; the ones that shape this module:
 
-Quirks this module absorbs so the core never sees them:
-
-- **Credentials** and the client: ``client.py`` (per-user tokens, R-CRED-1, the 401 rule).
 - **Remote id = ``<job id>@<system>``**: a class may override the system (``system_name``), and
   the poll pass only has the pool's remote, so the id carries the system it was submitted to.
-- **Job name = case id.** ``find`` asks ``job_info(name=case id)`` before every submission, and a
-  submission whose answer timed out looks the job up the same way before giving up, so a retried
-  launch adopts the job instead of creating a second one (R-CASE-1).
-- **One status call per (system, credential) per pass** (R-BACK-4): ``poll_many`` lists the
-  user's jobs once (``GET /compute/{system}/jobs``) and picks every case out of that list; a job
-  missing from it is looked up alone, and a 404 there (right after submit FirecREST/Slurm may not
-  list it yet) is a failed poll, never a failure (R-CASE-3).
-- **States** are Slurm's, possibly a list or comma-joined ("COMPLETED", "CANCELLED by 1234",
-  ["FAILED"]): COMPLETED is success only with exit code 0; unknown states map to pending.
-- **Files**: ``ops/upload``/``ops/download`` below ~1 MiB; above, pyfirecrest goes through the
-  transfer endpoints (S3 staging and a transfer job), which this module simply lets it do.
-- **Output deltas** (R-CASE-5) come from ``ops/tail`` with ``skipHeading`` at the byte offset the
-  workspace log already has, so a restarted worker resumes exactly where the last one stopped.
+- **Job name = case id**: ``find`` looks the job up by name before every submission, and so does
+  a submission whose answer was lost, so a retried launch adopts its job (R-CASE-1).
+- **One job listing per (system, credential) per pass** (R-BACK-4): every case is picked out of
+  it by job id; one missing from it is looked up alone, and not knowing it yet is a failed poll,
+  never a failure (R-CASE-3).
+- **Output deltas** (R-CASE-5) come from ``ops/tail`` at the byte offset the workspace log
+  already has, so a restarted worker resumes exactly where the last one stopped.
 
 Remote layout: ``<working_root>/<case id>/`` holds ``work/`` (inputs, the job's working
 directory), ``stdout`` and ``stderr``; a campaign's shared inputs are uploaded once to
@@ -27,7 +19,6 @@ directory), ``stdout`` and ``stderr``; a campaign's shared inputs are uploaded o
 from __future__ import annotations
 
 import io
-import logging
 import posixpath
 from pathlib import Path
 
@@ -55,10 +46,8 @@ from apps.backends.remote_common import (
     load_state,
     save_state,
 )
-from apps.backends.slurm import launch_form
+from apps.backends.slurm import ended, launch_form
 from apps.backends.slurm import map_state as slurm_state
-
-logger = logging.getLogger(__name__)
 
 FIND_AFTER_TIMEOUT_ATTEMPTS = 3
 FIND_AFTER_TIMEOUT_SLEEP = 1.0
@@ -264,26 +253,24 @@ class FirecrestBackend(PollsMany, FirecrestDoctor):
         raw = status_info.get("state")
         exit_code = status_info.get("exitCode")
         status = map_state(raw, exit_code)
+        final = status in BackendStatus.TERMINAL
         elapsed = (entry.get("time") or {}).get("elapsed")
         if isinstance(elapsed, str):
             elapsed = duration_seconds(elapsed, "-")
         stdout = stderr = ""
         if status != BackendStatus.PENDING and output:
-            final = status in BackendStatus.TERMINAL
             try:
                 stdout = self._delta(session, job, "stdout", final)
                 stderr = self._delta(session, job, "stderr", final)
             except BackendError:
-                if status in BackendStatus.TERMINAL:
+                if final:
                     raise  # the last output must be caught up before the case ends
                 stdout = stderr = ""  # caught up at the next poll: the offset lives on disk
         message = ""
-        words = ",".join(raw) if isinstance(raw, list) else str(raw or "")
         if status == BackendStatus.FAILED:
+            words = ",".join(raw) if isinstance(raw, list) else str(raw or "")
+            message = ended(entry.get("jobId"), words, exit_code)
             reason = status_info.get("stateReason")
-            message = f"Slurm job {entry.get('jobId')} ended {words}" + (
-                f" (exit code {exit_code})" if exit_code not in (None, "") else ""
-            )
             if reason and reason != "None":
                 message += f": {reason}"
         return BackendState(

@@ -5,8 +5,6 @@
   rotated refresh token stored back); on a service pool, OIDC client credentials from the
   environment variables the pool's ``client_id_env``/``client_secret_env`` name, and
   ``ClientCredentialsAuth`` caches the token.
-- **401 "expires too soon"**: the real server refuses a token with less than 30 s left; the
-  shared session answers a 401 with a fresh token and one more try.
 """
 
 from __future__ import annotations
@@ -67,12 +65,11 @@ class Session(RemoteSession):
         super().__init__(remote, identity)
         self.api_url = self.remote.get("api_url") or ""
         self.system = system or self.remote.get("system_name") or ""
-        self.id_env = self.remote.get("client_id_env")
-        self.secret_env = self.remote.get("client_secret_env")
 
     def service_credential(self) -> tuple[str, str]:
-        client_id = env_secret(self.id_env, "FirecREST client id", self.remote)
-        secret = env_secret(self.secret_env, "FirecREST client secret", self.remote)
+        id_env, secret_env = self.service_env_names()
+        client_id = env_secret(id_env, "FirecREST client id", self.remote)
+        secret = env_secret(secret_env, "FirecREST client secret", self.remote)
         self.secrets = [client_id, secret]
         return client_id, secret
 
@@ -107,7 +104,7 @@ class Session(RemoteSession):
         one per user (each user's listing shows only their jobs)."""
         if self.per_user:
             return (self.api_url, self.system, "user", self.identity.key if self.identity else "")
-        return (self.api_url, self.system, self.id_env, self.secret_env)
+        return (self.api_url, self.system, *self.service_env_names())
 
     def secret_values(self) -> list[str]:
         """The service credential, or the user's current access token."""
