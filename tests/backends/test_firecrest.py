@@ -17,6 +17,7 @@ from apps.cases.models import Case, CaseStatus
 from apps.resources.models import ResourceClass, ResourcePool
 from tests import factories
 from tests.backends.conftest import FirecrestDriver, launch, poll_once, poll_until, wait_for_terminal, wait_until
+from tests.backends.test_launch_options import HOSTILE, assert_class_partition_wins, launch_with
 from tests.doubles.firecrest_server import FirecrestDouble
 
 pytestmark = pytest.mark.django_db
@@ -120,11 +121,7 @@ def test_job_script_carries_sbatch_lines_and_the_case_id_as_job_name(fc_pool, ma
 
 def test_r_back_6_options_outside_the_allow_list_are_400_on_firecrest(fc_pool, make_case, double, api, owner):
     case = make_case(resource_class=fc_pool.classes.get(), command="true")
-    response = api(owner).post(
-        f"/api/v1/cases/{case.id}/launch/",
-        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
-        format="json",
-    )
+    response = launch_with(api(owner), case, HOSTILE)
     assert response.status_code == 400
     assert "one of debug" in response.json()["detail"] and "365-00:00:00" in response.json()["detail"]
     case.refresh_from_db()
@@ -137,9 +134,7 @@ def test_r_back_6_unreachable_firecrest_allows_only_the_configured_partition(fc_
     double.partitions = ["debug", "normal"]
     double.fault("/partitions", status=503, times=5)
     case = make_case(resource_class=fc_pool.classes.get(), command="true")
-    response = api(owner).post(
-        f"/api/v1/cases/{case.id}/launch/", {"launch_options": {"partition": "normal"}}, format="json"
-    )
+    response = launch_with(api(owner), case, {"partition": "normal"})
     assert response.status_code == 400 and "could not be asked" in response.json()["detail"]
 
 
@@ -155,26 +150,8 @@ def test_r_back_6_a_class_partition_survives_the_firecrest_default(double, make_
         pool=pool, name="dbg", cpu=1, memory=1, default=True, remote={"partition": "debug"}
     )
     client = api(owner)
-    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
-    assert not body["degraded"]
-    partition = next(o for o in body["options"] if o["key"] == "partition")
-    assert partition["default"] == "debug" and [c["value"] for c in partition["choices"]] == ["debug"]
-    defaults = {o["key"]: o["default"] for o in body["options"] if o["default"]}
-
-    case = make_case(resource_class=rc, command="true")
-    response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
-    assert response.status_code == 202, response.content
-    passes.submit_pass(case_ids=[case.id])  # the worker's submit step (R-CASE-1)
-    case.refresh_from_db()
-    assert case.status == "pending", case.last_error
-    script = next((Path(pool.remote["working_root"]) / str(case.id)).glob("job-*.sh")).read_text()
-    assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=debug"]
-
-    other = make_case(resource_class=rc, command="true")
-    response = client.post(
-        f"/api/v1/cases/{other.id}/launch/", {"launch_options": {"partition": "normal"}}, format="json"
-    )
-    assert response.status_code == 400 and "one of debug" in response.json()["detail"]
+    case, form = assert_class_partition_wins(client, make_case, rc, "normal", script="job-*.sh")
+    assert not form["degraded"]
     cache.clear()
     double.fault("/partitions", status=503, times=5)
     body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()

@@ -30,10 +30,14 @@ def token(double, field="access_token"):
     return answer.json()[field]
 
 
-def get(double, endpoint, bearer=None, **params):
-    """A GET with ``bearer``, else a fresh token of the service client."""
+def call(double, method, endpoint, bearer=None, **kwargs):
+    """A request with ``bearer``, else a fresh token of the service client."""
     headers = {"Authorization": f"Bearer {bearer or token(double)}"}
-    return requests.get(f"{double.url}{endpoint}", params=params, headers=headers, timeout=5)
+    return requests.request(method, f"{double.url}{endpoint}", headers=headers, timeout=5, **kwargs)
+
+
+def get(double, endpoint, bearer=None, **params):
+    return call(double, "GET", endpoint, bearer, params=params)
 
 
 def test_double_tail_is_tail_bytes_plus_n_one_based_and_zero_bytes_returns_the_last_ten_lines(double):
@@ -61,12 +65,8 @@ def test_double_refuses_a_token_with_less_than_30_seconds_left(double):
 def submit(double, script="#!/bin/bash\n#SBATCH --job-name=case\nsleep 30\n"):
     work = double.fs_root / "w"
     work.mkdir(exist_ok=True)
-    answer = requests.post(
-        f"{double.url}/compute/cluster/jobs",
-        json={"job": {"working_directory": str(work), "script": script}},
-        headers={"Authorization": f"Bearer {token(double)}"},
-        timeout=5,
-    )
+    job = {"working_directory": str(work), "script": script}
+    answer = call(double, "POST", "/compute/cluster/jobs", json={"job": job})
     assert answer.status_code == 201
     return answer.json()["jobId"]
 
@@ -102,9 +102,7 @@ def test_double_cancel_of_a_finished_or_unknown_job_answers_500_with_scancels_me
         double.jobs[int(job_id)].proc.wait(10)
     else:
         job_id = "99999"
-    answer = requests.delete(
-        f"{double.url}/compute/cluster/jobs/{job_id}", headers={"Authorization": f"Bearer {token(double)}"}, timeout=5
-    )
+    answer = call(double, "DELETE", f"/compute/cluster/jobs/{job_id}")
     assert answer.status_code == 500
     assert ("already completing or complete" if finished else "Invalid job id") in answer.json()["message"]
 
@@ -128,12 +126,8 @@ def test_double_services_health_is_a_list_with_each_service(double):
 
 def test_double_without_staging_answers_500_to_uploads_over_one_mib(double):
     double.staging = False
-    answer = requests.post(
-        f"{double.url}/filesystem/cluster/transfer/upload",
-        json={"path": str(double.fs_root / "big"), "transfer_directives": {"file_size": 2 << 20}},
-        headers={"Authorization": f"Bearer {token(double)}"},
-        timeout=5,
-    )
+    upload = {"path": str(double.fs_root / "big"), "transfer_directives": {"file_size": 2 << 20}}
+    answer = call(double, "POST", "/filesystem/cluster/transfer/upload", json=upload)
     assert answer.status_code == 500
 
 

@@ -2,12 +2,47 @@
 backend default; the allow-list check itself (``validate_launch_options``) is tested without a
 database in unit/test_launch_options.py."""
 
+from pathlib import Path
+
 import pytest
 
 from apps.backends.base import Choice, LaunchOption, LaunchOptions
 from apps.backends.slurm import SlurmBackend
+from apps.cases import passes
 from apps.resources.models import ResourceClass, ResourcePool
 from tests.backends.unit.test_launch_options import refused
+
+#: the issue's example: batch options that went straight into ``#SBATCH``
+HOSTILE = {"partition": "gpu-premium", "time": "365-00:00:00"}
+
+
+def launch_with(client, case, options):
+    """The launch request of ``case`` with ``options`` (its answer)."""
+    return client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": options}, format="json")
+
+
+def assert_class_partition_wins(client, make_case, rc, other: str, script: str):
+    """R-BACK-6 through the API on a Slurm-like pool: the form offers only the class's partition,
+    a launch with every default the form shows submits to it (the job script ``script`` says so),
+    and the ``other`` partition is refused. Returns the launched case and the form."""
+    pinned = rc.remote["partition"]
+    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
+    partition = next(o for o in body["options"] if o["key"] == "partition")
+    assert partition["default"] == pinned and [c["value"] for c in partition["choices"]] == [pinned]
+    defaults = {o["key"]: o["default"] for o in body["options"] if o["default"]}
+
+    case = make_case(resource_class=rc, command="true")
+    response = launch_with(client, case, defaults)
+    assert response.status_code == 202, response.content
+    passes.submit_pass(case_ids=[case.id])  # the worker's submit step (R-CASE-1)
+    case.refresh_from_db()
+    assert case.status == "pending", case.last_error
+    text = next((Path(rc.pool.remote["working_root"]) / str(case.id)).glob(script)).read_text()
+    assert [line for line in text.splitlines() if "--partition" in line] == [f"#SBATCH --partition={pinned}"]
+
+    response = launch_with(client, make_case(resource_class=rc, command="true"), {"partition": other})
+    assert response.status_code == 400 and f"one of {pinned}" in response.json()["detail"]
+    return case, body
 
 
 @pytest.mark.django_db

@@ -35,6 +35,7 @@ from tests.backends.conftest import (
     wait_until,
     write_inputs,
 )
+from tests.backends.test_launch_options import HOSTILE, assert_class_partition_wins, launch_with
 from tests.cases.conftest import launched
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
@@ -265,11 +266,7 @@ def test_doctor_checks_pass_on_the_local_cluster(slurm_pool):
 def test_r_back_6_the_issue_example_is_400_on_slurm_naming_the_partitions_and_times(slurm_pool, make_case, api, owner):
     """Hostile batch options: {"partition": "gpu-premium", "time": "365-00:00:00"} went straight into #SBATCH."""
     case = make_case(resource_class=slurm_pool.classes.get(), command="true")
-    response = api(owner).post(
-        f"/api/v1/cases/{case.id}/launch/",
-        {"launch_options": {"partition": "gpu-premium", "time": "365-00:00:00"}},
-        format="json",
-    )
+    response = launch_with(api(owner), case, HOSTILE)
     assert response.status_code == 400
     detail = response.json()["detail"]
     assert "debug" in detail and "normal" in detail and "1-00:00:00" in detail
@@ -289,26 +286,7 @@ def test_r_back_6_a_class_partition_survives_every_default_in_the_slurm_script(
     rc = ResourceClass.objects.create(
         pool=pool, name="long", cpu=1, memory=1, default=True, remote={"partition": "normal"}
     )
-    client = api(owner)
-    body = client.get(f"/api/v1/resource-classes/{rc.id}/launch-options/").json()
-    partition = next(o for o in body["options"] if o["key"] == "partition")
-    assert partition["default"] == "normal" and [c["value"] for c in partition["choices"]] == ["normal"]
-    defaults = {o["key"]: o["default"] for o in body["options"] if o["default"]}
-
-    case = make_case(resource_class=rc, command="true")
-    response = client.post(f"/api/v1/cases/{case.id}/launch/", {"launch_options": defaults}, format="json")
-    assert response.status_code == 202, response.content
-    passes.submit_pass(case_ids=[case.id])
-    case.refresh_from_db()
-    assert case.status == "pending", case.last_error
-    script = (working_root / "scratch" / str(case.id) / "job.sh").read_text()
-    assert [line for line in script.splitlines() if "--partition" in line] == ["#SBATCH --partition=normal"]
-
-    other = make_case(resource_class=rc, command="true")
-    response = client.post(
-        f"/api/v1/cases/{other.id}/launch/", {"launch_options": {"partition": "debug"}}, format="json"
-    )
-    assert response.status_code == 400 and "one of normal" in response.json()["detail"]
+    case, _form = assert_class_partition_wins(api(owner), make_case, rc, "debug", script="job.sh")
     wait_for_terminal(case, timeout=90)
 
 

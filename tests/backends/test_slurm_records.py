@@ -34,6 +34,9 @@ def job(tmp_path, remote_id="12"):
     return JobRef(CASE, remote_id, tmp_path, {"working_root": str(tmp_path / "scratch")})
 
 
+#: what sacct prints when the site keeps no accounting, and no completion log
+NO_ACCOUNTING = (1, "", "Slurm accounting storage is disabled\n")
+NO_COMPLETION_LOG = (1, "", "Slurm job completion is disabled\n")
 ACCOUNTING_SITE = {
     "squeue": (0, "", ""),  # slurmctld forgot the job (MinJobAge)
     ("sacct", False): (
@@ -42,7 +45,7 @@ ACCOUNTING_SITE = {
         "12.extern|extern|COMPLETED|0:0|00:00:03|1\n",
         "",
     ),
-    ("sacct", True): (1, "", "Slurm job completion is disabled\n"),
+    ("sacct", True): NO_COMPLETION_LOG,
 }
 
 
@@ -54,14 +57,8 @@ def test_a_finished_job_is_read_from_plain_sacct_on_an_accounting_site(monkeypat
 
 
 def test_a_finished_job_falls_back_to_the_completion_log_without_accounting(monkeypatch, tmp_path):
-    fake_slurm(
-        monkeypatch,
-        {
-            "squeue": (0, "", ""),
-            ("sacct", False): (1, "", "Slurm accounting storage is disabled\n"),
-            ("sacct", True): (0, f"12|{CASE}|FAILED|3:0|00:00:01|1\n", ""),
-        },
-    )
+    log = (0, f"12|{CASE}|FAILED|3:0|00:00:01|1\n", "")
+    fake_slurm(monkeypatch, {"squeue": (0, "", ""), ("sacct", False): NO_ACCOUNTING, ("sacct", True): log})
     state = SlurmBackend().poll(job(tmp_path))
     assert state.status == BackendStatus.FAILED and "exit code 3:0" in state.message
 
@@ -131,19 +128,12 @@ def test_sacct_lookups_look_back_past_midnight(monkeypatch):
     assert len(sacct) == 2 and all(args[args.index("-S") + 1] == slurm.SACCT_START for args in sacct)
 
 
-NO_ACCOUNTING = (1, "", "Slurm accounting storage is disabled\n")
-
-
 @pytest.mark.parametrize(
     "plain, log, ends",
     [
         (NO_ACCOUNTING, (1, "", "sacct: fatal: open /var/log/slurm/jobcomp.log: Permission denied\n"), True),
         # Nothing lasting: slurmdbd unreachable; a log that answered without the job (not yet written).
-        (
-            (1, "", "sacct: error: slurm_persist_conn_open: Connection refused\n"),
-            (1, "", "Slurm job completion is disabled\n"),
-            False,
-        ),
+        ((1, "", "sacct: error: slurm_persist_conn_open: Connection refused\n"), NO_COMPLETION_LOG, False),
         (NO_ACCOUNTING, (0, "", ""), False),
     ],
 )
@@ -170,22 +160,19 @@ def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
     assert slurm.map_state("SOME_NEW_STATE") == "pending"
 
 
-def test_doctor_accepts_accounting_and_never_tells_a_slurmdbd_site_to_run_slurmdbd(monkeypatch):
+def records_check(monkeypatch, answers):
+    """Doctor's "finished-job records" line on a host with every Slurm command."""
     monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
-    fake_slurm(monkeypatch, {"scontrol": (0, "Slurmctld(primary) at vm is UP\n", ""), **ACCOUNTING_SITE})
-    check = next(c for c in SlurmBackend().doctor() if c.name == "finished-job records")
+    fake_slurm(monkeypatch, answers)
+    return next(c for c in SlurmBackend().doctor() if c.name == "finished-job records")
+
+
+def test_doctor_accepts_accounting_and_never_tells_a_slurmdbd_site_to_run_slurmdbd(monkeypatch):
+    check = records_check(monkeypatch, {"scontrol": (0, "Slurmctld(primary) at vm is UP\n", ""), **ACCOUNTING_SITE})
     assert check.ok and "accounting" in check.message and "slurmdbd" not in check.message
 
 
 def test_doctor_fails_a_site_with_neither_accounting_nor_a_completion_log(monkeypatch):
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
-    fake_slurm(
-        monkeypatch,
-        {
-            "scontrol": (0, "UP\n", ""),
-            ("sacct", False): (1, "", "Slurm accounting storage is disabled\n"),
-            ("sacct", True): (1, "", "Slurm job completion is disabled\n"),
-        },
-    )
-    check = next(c for c in SlurmBackend().doctor() if c.name == "finished-job records")
+    answers = {"scontrol": (0, "UP\n", ""), ("sacct", False): NO_ACCOUNTING, ("sacct", True): NO_COMPLETION_LOG}
+    check = records_check(monkeypatch, answers)
     assert not check.ok and "JobCompType=jobcomp/filetxt" in check.message and "slurmdbd" in check.message

@@ -142,14 +142,12 @@ def test_an_empty_launch_option_keeps_the_specification_directive():
     assert merged_directives(["--partition=normal"], {"partition": ""}) == [("--partition", "normal")]
 
 
-def test_a_launch_option_that_is_not_text_is_refused():
-    with pytest.raises(ScriptError):
-        merged_directives([], {"partition": 3})
-
-
-def test_a_malformed_batch_directive_is_refused():
-    with pytest.raises(ScriptError, match="malformed"):
-        merged_directives(["--partition"], {})
+@pytest.mark.parametrize(
+    ("directives", "options", "words"), [([], {"partition": 3}, "invalid value"), (["--partition"], {}, "malformed")]
+)
+def test_a_launch_option_that_is_not_text_or_a_malformed_batch_directive_is_refused(directives, options, words):
+    with pytest.raises(ScriptError, match=words):
+        merged_directives(directives, options)
 
 
 @pytest.mark.parametrize("value", ["normal\n#SBATCH --uid=0", "a b", "$(id)", "`id`", "'x'", "", "x" * 65])
