@@ -120,14 +120,14 @@ def run(args: list[str], *, check: bool = True, timeout_error=BackendError) -> s
         raise BackendError(f"{args[0]} is not installed on this host (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
         raise timeout_error(f"{args[0]} did not answer within {TIMEOUT} s", timeout=True) from None
-    return checked(proc, args, check=check, timeout_error=timeout_error)
+    return checked(proc, check=check, timeout_error=timeout_error)
 
 
-def checked(proc, args: list[str], *, check: bool = True, timeout_error=BackendError) -> subprocess.CompletedProcess:
+def checked(proc, *, check: bool = True, timeout_error=BackendError) -> subprocess.CompletedProcess:
     """``proc``'s outcome as :func:`run` reports it (also for the sbatch the privileged helper ran)."""
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
-        text = f"{args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}"
+        text = f"{proc.args[0]} failed: {detail[-1] if detail else f'exit status {proc.returncode}'}"
         if any(marker in (proc.stderr or "").lower() for marker in LOST_ANSWER):
             raise timeout_error(text, timeout=True)
         raise BackendError(text)
@@ -154,9 +154,7 @@ def unreadable_record(plain: subprocess.CompletedProcess, log: subprocess.Comple
     denied``) when the site keeps no accounting (plain sacct: "Slurm accounting storage is
     disabled") and this account cannot open the log; '' for anything that may pass (slurmdbd
     unreachable, a record that answered). Only the former is a lasting fact."""
-    if plain.returncode == 0 or log.returncode == 0:
-        return ""
-    if "accounting storage is disabled" not in (plain.stderr or "").lower():
+    if log.returncode == 0 or "accounting storage is disabled" not in (plain.stderr or "").lower():
         return ""
     return next((line.strip() for line in (log.stderr or "").splitlines() if "fatal: open" in line), "")
 
@@ -256,7 +254,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
             if answer.get("timeout"):
                 raise SubmitUncertain(f"sbatch did not answer within {TIMEOUT} s", timeout=True)
             proc = subprocess.CompletedProcess(["sbatch"], answer["returncode"], answer["stdout"], answer["stderr"])
-            out = checked(proc, ["sbatch"], timeout_error=SubmitUncertain).stdout.strip()
+            out = checked(proc, timeout_error=SubmitUncertain).stdout.strip()
         else:
             out = run(["sbatch", "--parsable", str(script)], timeout_error=SubmitUncertain).stdout.strip()
         job_id = out.split(";")[0]
