@@ -178,6 +178,11 @@ def finished_job_records() -> tuple[bool, str]:
     )
 
 
+#: one job as squeue or sacct shows it: (name, state, elapsed seconds, cores, the reason it waits
+#: from squeue or its exit code from sacct)
+Record = tuple[str, str, float | None, int | None, str]
+
+
 def run_dir_for(case_id: str, workspace: Path, pool_remote: dict) -> Path:
     root = (pool_remote or {}).get("working_root")
     return Path(root) / case_id if root else workspace / ".run"
@@ -276,7 +281,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
         )
 
     # -- observation -----------------------------------------------------------------------
-    def _squeue(self, ids: list[str]) -> dict[str, tuple[str, str, float | None, int | None, str]]:
+    def _squeue(self, ids: list[str]) -> dict[str, Record]:
         proc = run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%j|%T|%M|%C|%r"], check=False)
         # One unknown id exits 1 ("Invalid job id specified"); several list only the known ones.
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
@@ -289,7 +294,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
                 out[parts[0]] = (parts[1], parts[2], duration_seconds(parts[3], "-"), _int(parts[4]), parts[5].strip())
         return out
 
-    def _sacct(self, ids: list[str]) -> tuple[dict[str, tuple[str, str, float | None, int | None, str]], str]:
+    def _sacct(self, ids: list[str]) -> tuple[dict[str, Record], str]:
         """The permanent records of ``ids``, and the completion log's refusal when this account
         cannot read the site's only record (:func:`unreadable_record`)."""
         proc = sacct(
