@@ -177,6 +177,22 @@ class Check:
     message: str
 
 
+class Doctor(list):
+    """The lines of one ``doctor`` run."""
+
+    def check(self, name: str, fn, *, fix: str = "") -> bool:
+        """One line: ``fn()`` answers ``(ok, message)`` (or just the message when it passed); a
+        :class:`BackendError` it raises is a failed line with its (already safe) message and the
+        ``fix``. Returns whether the line passed, so a doctor stops where later checks are moot."""
+        try:
+            answer = fn()
+        except BackendError as exc:
+            answer = (False, f"{exc}: {fix}" if fix else str(exc))
+        ok, message = (True, answer) if isinstance(answer, str) else answer
+        self.append(Check(name, bool(ok), message))
+        return bool(ok)
+
+
 @dataclass(frozen=True)
 class RunAs:
     """The Unix account a case's command runs as (R-CASE-8), resolved by the core at launch.

@@ -30,6 +30,7 @@ from apps.backends.base import (
     BackendStatus,
     Check,
     Choice,
+    Doctor,
     ExecutionBackend,
     JobRef,
     LaunchOption,
@@ -40,7 +41,6 @@ from apps.backends.base import (
     duration_seconds,
     require_command,
 )
-from apps.backends.remote import Doctor
 from apps.core.cases_root import root_parent_check
 
 TIMEOUT = 30  # seconds for any Slurm command: a hung controller is a failed poll, not a hung worker

@@ -4,8 +4,9 @@ partition, the working root; on a per-user pool, what users need to connect (OAu
 
 from __future__ import annotations
 
+from apps.backends.base import Doctor
 from apps.backends.firecrest.client import Session, _sdk
-from apps.backends.remote import Doctor, RemoteBackend
+from apps.backends.remote import RemoteBackend
 from apps.credentials import oauth
 from apps.resources.remote import authorization_endpoint, revocation_endpoint
 

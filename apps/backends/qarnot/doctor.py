@@ -4,8 +4,9 @@ buckets and storage."""
 
 from __future__ import annotations
 
+from apps.backends.base import Doctor
 from apps.backends.qarnot.client import MB, Session, _sdk
-from apps.backends.remote import Doctor, RemoteBackend
+from apps.backends.remote import RemoteBackend
 
 
 class QarnotDoctor(RemoteBackend):

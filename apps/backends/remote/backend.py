@@ -14,6 +14,7 @@ from apps.backends.base import (
     BackendError,
     BackendStatus,
     Check,
+    Doctor,
     ExecutionBackend,
     LaunchOptions,
     SubmitUncertain,
@@ -29,22 +30,6 @@ def state_map(words: dict[str, tuple[str, ...]]):
     word is pending, never a failure (the core never moves a running case back)."""
     states = {word: status for status, listed in words.items() for word in listed}
     return lambda raw: states.get(str(raw or ""), BackendStatus.PENDING)
-
-
-class Doctor(list):
-    """The lines of one ``doctor`` run."""
-
-    def check(self, name: str, fn, *, fix: str = "") -> bool:
-        """One line: ``fn()`` answers ``(ok, message)`` (or just the message when it passed); a
-        :class:`BackendError` it raises is a failed line with its (already safe) message and the
-        ``fix``. Returns whether the line passed, so a doctor stops where later checks are moot."""
-        try:
-            answer = fn()
-        except BackendError as exc:
-            answer = (False, f"{exc}: {fix}" if fix else str(exc))
-        ok, message = (True, answer) if isinstance(answer, str) else answer
-        self.append(Check(name, bool(ok), message))
-        return bool(ok)
 
 
 class RemoteBackend(ExecutionBackend):

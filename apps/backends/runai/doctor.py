@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from apps.backends import files
-from apps.backends.remote import Doctor, RemoteBackend
+from apps.backends.base import Doctor
+from apps.backends.remote import RemoteBackend
 from apps.backends.runai.client import Session, _api, _sdk, projects
 
 
