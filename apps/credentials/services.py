@@ -1,28 +1,10 @@
-"""Per-user remote credentials: connecting, the identity a case's calls run under, refreshing.
+"""Per-user remote credentials: connecting, the identity a case's calls run under, refreshing,
+disconnecting (docs/backends.md, "Per-user credentials", which tells the flows).
 
-docs/backends.md, "Per-user credentials". A FirecREST, Qarnot or Run:AI pool whose ``remote`` says
-``"credentials": "user"`` runs each case under its owner's own account at the provider:
-
-- **Connect** (once per user and pool). FirecREST: :func:`start_connect` sends the browser to the
-  pool's identity provider (authorization code + PKCE, a public client), :func:`finish_connect`
-  trades the code for tokens and keeps the refresh token. Qarnot and Run:AI: :func:`store_pasted`
-  checks what the user pasted (the API token; the access key, client id + secret, at the token
-  endpoint) at the provider and keeps it. What differs by provider is its session class's
-  (``apps.backends.remote.provider``: ``url_keys``, ``paste``, ``account_of``). Each is sealed
-  (``apps.credentials.sealing``); without ``GRIDGATE_CREDENTIALS_KEY`` connecting is refused, saying so.
-- **Identity**: :func:`identity_for` / :func:`identities_for` give the backend a
-  :class:`~apps.backends.base.RemoteIdentity` for the case's owner: a label the case records, and
-  a ``token()`` that yields the owner's access token (refresh grant, rotated refresh token
-  stored back) or API token. The backend never sees the database or a sealed value.
-- **Disconnect** (:func:`disconnect`; staff: :func:`forget`): the credential is deleted, then a
-  FirecREST grant is revoked at the identity provider (RFC 7009); the answer says whether it was.
-- **Expired or revoked** (``invalid_grant``, Qarnot's 401): the connection is marked failed and
-  ``token()`` raises :class:`~apps.backends.base.CredentialsRequired`, whose message names the
-  page to reconnect at. A launch then fails saying so; a poll keeps the case as it is
-  (``apps.cases.passes``). Reconnecting makes the owner's waiting cases due at once.
-
-Access tokens are never stored: each process keeps the ones it obtained in memory
-(``_access_tokens``) until a minute before they expire.
+What differs by provider is its session class's (``apps.backends.remote.provider``: ``url_keys``,
+``paste``, ``account_of``). The backend only gets a :class:`~apps.backends.base.RemoteIdentity`
+and never sees the database or a sealed value. Access tokens are never stored: each process keeps
+the ones it obtained in memory (``_access_tokens``) until a minute before they expire.
 """
 
 from __future__ import annotations
@@ -72,11 +54,9 @@ def needs_user_credentials(pool) -> bool:
 
 
 def provider_urls(pool) -> dict:
-    """Where ``pool`` sends its users' credentials: its provider URLs as configured (its
-    provider's ``url_keys``; a missing optional one as None). A connection remembers them when it
-    is made and is never used once they differ (:func:`moved`): whoever may change a pool must
-    not be able to redirect the credentials its users already connected to a host of their
-    choosing."""
+    """Where ``pool`` sends its users' credentials (its provider's ``url_keys``; a missing one as
+    None). A connection remembers them and is never used once they differ (:func:`moved`): whoever
+    may change a pool must not redirect the credentials its users already connected elsewhere."""
     remote = pool.remote or {}
     session = provider(pool.kind)
     return {key: remote.get(key) for key in (session.url_keys if session else ())}
@@ -86,8 +66,7 @@ def moved(connection: RemoteConnection, pool) -> str:
     """The provider URLs of ``pool`` that changed since ``connection`` was made, in words ("" if
     none): the connection is then not used, and the user reconnects."""
     now = provider_urls(pool)
-    changed = [key for key in now if (connection.provider_urls or {}).get(key) != now[key]]
-    return ", ".join(changed)
+    return ", ".join(key for key in now if (connection.provider_urls or {}).get(key) != now[key])
 
 
 def note_provider_url_change(*, pool, before: dict, actor) -> int:
@@ -99,14 +78,12 @@ def note_provider_url_change(*, pool, before: dict, actor) -> int:
     if before == after:
         return 0
     changed = {key: (before.get(key), after[key]) for key in after if before.get(key) != after[key]}
+    failure = f"the pool's provider URLs changed ({', '.join(changed)})"
     now = timezone.now()
     ended = RemoteConnection.objects.filter(pool=pool, state=ConnectionState.CONNECTED).update(
-        state=ConnectionState.FAILED,
-        failed_at=now,
-        failure=f"the pool's provider URLs changed ({', '.join(changed)})",
-        updated_at=now,
+        state=ConnectionState.FAILED, failed_at=now, failure=failure, updated_at=now
     )
-    if actor is not None and getattr(actor, "pk", None):
+    if getattr(actor, "pk", None):
         message = "Provider URLs changed: " + "; ".join(f"{key} {old} → {new}" for key, (old, new) in changed.items())
         if ended:
             message += f"; {ended} user connection(s) must reconnect"
@@ -133,9 +110,8 @@ def identity_for(user, pool, connections: dict | None = None) -> RemoteIdentity 
     if mode == SERVICE:
         # a service-account job records the credential's variable name, never a value
         names = provider(pool.kind)(pool.remote_config()).service_env_names()
-        return RemoteIdentity(
-            RemoteIdentity.SERVICE, f"service account ({names[0] if names else pool.kind})", key="service"
-        )
+        label = f"service account ({names[0] if names else pool.kind})"
+        return RemoteIdentity(RemoteIdentity.SERVICE, label, key="service")
     if connections is None:
         connection = RemoteConnection.objects.filter(user=user, pool=pool).first()
     else:
@@ -244,12 +220,8 @@ def _refresh(connection_id: int, generation: int) -> str:
     call is bounded by ``oauth.TIMEOUT``."""
     failure, answer = None, None
     with transaction.atomic():
-        connection = (
-            RemoteConnection.objects.select_for_update(of=("self",))
-            .select_related("user", "pool")
-            .filter(pk=connection_id)
-            .first()
-        )
+        locked = RemoteConnection.objects.select_for_update(of=("self",)).select_related("user", "pool")
+        connection = locked.filter(pk=connection_id).first()
         if connection is None:
             raise CredentialsRequired(f"the connection was removed: reconnect at {connect_page()}")
         user, pool = connection.user, connection.pool
@@ -359,9 +331,7 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
             "administrator to allow the 'offline_access' scope for the pool's client."
         )
     _check_linked_identity(user, answer.issuer, answer.subject)
-    connection = _store(
-        user, pool, answer.refresh_token, subject=answer.subject, username=answer.username, issuer=answer.issuer
-    )
+    connection = _store(user, pool, answer.refresh_token, answer.subject, answer.username, answer.issuer)
     _keep_access_token(connection.pk, connection.generation, answer)
     return connection
 
@@ -384,7 +354,7 @@ def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
         raise Invalid(paste.refused) from None
     except BackendError as exc:
         raise Unavailable(f"{session.label} could not be asked to check the {paste.words}: {exc}") from None
-    return _store(user, pool, session.pasted_secret(given), subject=subject, username=username, issuer="")
+    return _store(user, pool, session.pasted_secret(given), subject, username)
 
 
 def _check_linked_identity(user, issuer: str, subject: str) -> None:
@@ -407,7 +377,7 @@ def _check_linked_identity(user, issuer: str, subject: str) -> None:
         )
 
 
-def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str) -> RemoteConnection:
+def _store(user, pool, secret: str, subject: str, username: str, issuer: str = "") -> RemoteConnection:
     """The user's one connection to ``pool`` made or replaced: two connects at once (a double
     click, a script's retry) end in one row, the later one's, never in a unique-constraint 500
     (``get_or_create`` takes the row the other one inserted)."""
@@ -426,7 +396,7 @@ def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str)
     }
     with transaction.atomic():
         connection, made = RemoteConnection.objects.select_for_update().get_or_create(
-            user=user, pool=pool, defaults={**values, "generation": 1}
+            user=user, pool=pool, defaults=values
         )
         if not made:
             for name, value in values.items():
@@ -479,8 +449,7 @@ def forget(connections) -> Forgotten | None:
 
     Claim, commit, call: the row is deleted under its lock (a refresh that holds the lock
     stores its rotated refresh token first, and that is the one revoked), the deletion commits,
-    then the provider is asked to revoke the grant, with no transaction open. Access tokens
-    already issued stay valid until they expire (FirecREST checks them itself)."""
+    then the provider is asked to revoke the grant, with no transaction open."""
     with transaction.atomic():
         connection = connections.select_for_update(of=("self",)).select_related("pool").first()
         if connection is None:
@@ -493,11 +462,8 @@ def forget(connections) -> Forgotten | None:
             del _access_tokens[key]
     paste = provider(pool.kind).paste
     if paste is not None:
-        return Forgotten(
-            None,
-            f"Gridgate no longer holds the {paste.words}; it stays valid at the provider until its owner deletes it "
-            "there.",
-        )
+        gone = f"Gridgate no longer holds the {paste.words}"
+        return Forgotten(None, f"{gone}; it stays valid at the provider until its owner deletes it there.")
     end_it = "end it at the identity provider (Keycloak: Account console → Applications)"
     if changed:
         # The grant belongs to the provider it was made with; the pool now names another, which
