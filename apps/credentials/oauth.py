@@ -1,14 +1,6 @@
-"""The OAuth2 client of the per-user connect flow (docs/backends.md, "Per-user credentials").
-
-A **public** client (no secret: the browser could read it) with PKCE (RFC 7636, S256) against the
-identity provider of a FirecREST pool, the one whose ``token_uri`` the pool already names:
-
-- :func:`authorization_url` sends the browser to the provider with a ``state`` (checked at the
-  callback) and the verifier's challenge;
-- :func:`exchange_code` trades the code and the verifier for tokens at ``token_uri``;
-- :func:`refresh` runs the refresh grant; the provider may rotate the refresh token (Keycloak
-  does with "Revoke Refresh Token"): the answer's new one replaces the old;
-- :func:`revoke` asks the provider to revoke a refresh token (RFC 7009) when its user disconnects.
+"""The OAuth2 client of the per-user connect flow (docs/backends.md, "Per-user credentials"): a
+**public** client (no secret: the browser could read it) with PKCE (RFC 7636, S256) against the
+identity provider of a FirecREST pool, the one whose ``token_uri`` the pool already names.
 
 The identity (``sub``, ``preferred_username``, ``iss``) is read from the ID token, else the access
 token, **without** checking a signature: the token came straight from ``token_uri`` over TLS in
@@ -98,6 +90,8 @@ def exchange_code(remote: dict, *, code: str, verifier: str, redirect_uri: str) 
 
 
 def refresh(remote: dict, refresh_token: str) -> TokenAnswer:
+    """The refresh grant. The provider may rotate the refresh token (Keycloak does with "Revoke
+    Refresh Token"): the answer's new one then replaces the old."""
     data = {"grant_type": "refresh_token", "client_id": remote["public_client_id"], "refresh_token": refresh_token}
     answer = _token_request(remote, data, sent=[refresh_token])
     if not answer.refresh_token:  # a provider that does not rotate keeps the one it accepted

@@ -1,12 +1,8 @@
-"""The connections page: a user's own credentials for pools that run cases under them.
-
-docs/backends.md, "Per-user credentials". Thin, as the other pages: the services of
-``apps.credentials.services`` do the work. FirecREST pools connect through the provider's OAuth2
-flow (a redirect there, back to :func:`connection_callback`); Qarnot and Run:AI pools take what
-the user pastes in a form (the API token; the access key's client id and secret: the fields their
-provider's ``paste`` names). The flow in progress (its state and PKCE verifier) is kept in the
-user's server-side session between the redirect and the callback, never in a URL or a cookie. No
-credential is ever rendered: not in the page, a message or a redirect.
+"""The connections page: a user's own credentials for pools that run cases under them
+(docs/backends.md, "Per-user credentials"); the services of ``apps.credentials.services`` do the
+work. The OAuth flow in progress (its state and PKCE verifier) is kept in the user's server-side
+session between the redirect and the callback, never in a URL or a cookie. No credential is ever
+rendered: not in the page, a message or a redirect.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """``manage.py reseal_connections``: re-seal every stored per-user credential (and every
-notification webhook's signing secret) under the first key of
-``GRIDGATE_CREDENTIALS_KEY`` (docs/backends.md, "Per-user credentials", key rotation).
+notification webhook's signing secret) under the first key of ``GRIDGATE_CREDENTIALS_KEY``, the
+middle step of a key rotation (``apps.credentials.sealing``).
 
-Rotation: put the new key first (``GRIDGATE_CREDENTIALS_KEY=new,old``) on every web and worker
-host, run this once, then drop the old key. Each connection is re-sealed under its row lock (a
-worker storing a rotated refresh token meanwhile waits, and its value is never overwritten with
-an older one). A value no configured key opens is reported by id and left as it is; the exit
-status is then 1 (those users reconnect). Nothing secret is printed.
+Each connection is re-sealed under its row lock (a worker storing a rotated refresh token meanwhile
+waits, and its value is never overwritten with an older one). A value no configured key opens is
+reported by id and left as it is; the exit status is then 1 (those users reconnect). Nothing
+secret is printed.
 """
 
 from django.core.management.base import BaseCommand, CommandError
