@@ -39,13 +39,17 @@ PROVIDER = "firecrest"  # the ``driver`` fixture's
 remote_for = FirecrestDriver.remote
 
 
+def set_remote(client, pool, remote: dict):
+    """``PATCH`` of ``pool``'s remote through the API, as ``client``."""
+    return client.patch(f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote}, format="json")
+
+
 # -- connecting ----------------------------------------------------------------------------------
 def test_connect_round_trip_checks_the_state_sends_the_pkce_verifier_and_keeps_the_refresh_token_sealed(
     driver, double, ada
 ):
     client = browser(ada)
-    double.login_as = "ada"
-    start = client.post(f"/connections/{driver.pool.pk}/connect/")
+    start = driver.start(client, ada)
     query = parse_qs(urlsplit(start["Location"]).query)
     assert start["Location"].startswith(double.authorization_uri)
     assert query["code_challenge_method"] == ["S256"] and query["client_id"] == ["gridgate-firecrest"]
@@ -211,17 +215,13 @@ def test_the_credentials_option_is_validated_and_set_through_the_api_and_the_adm
     assert created.status_code == 201, created.content
     pool = ResourcePool.objects.get(name="fresh")
     assert credential_services.needs_user_credentials(pool)  # a new pool: each user's own, by default
-    bad = client.patch(
-        f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote_for(double, credentials="x")}, format="json"
-    )
+    bad = set_remote(client, pool, remote_for(double, credentials="x"))
     assert bad.status_code == 400 and "'credentials' must be 'user'" in str(bad.json())
     no_endpoint = remote_for(double, token_uri="https://idp.example.org/oauth2/issue")
     no_endpoint.pop("authorization_uri")
-    refused = client.patch(f"/api/v1/resource-pools/{pool.pk}/", {"remote": no_endpoint}, format="json")
+    refused = set_remote(client, pool, no_endpoint)
     assert refused.status_code == 400 and "authorization_uri" in str(refused.json())
-    service = client.patch(
-        f"/api/v1/resource-pools/{pool.pk}/", {"remote": remote_for(double, credentials="service")}, format="json"
-    )
+    service = set_remote(client, pool, remote_for(double, credentials="service"))
     assert service.status_code == 200 and service.json()["remote"]["credentials"] == "service"
     pool.refresh_from_db()
     assert not credential_services.needs_user_credentials(pool)
@@ -231,10 +231,8 @@ def test_the_credentials_option_is_validated_and_set_through_the_api_and_the_adm
     answer = admin_client.post("/admin/resources/resourcepool/add/", data)
     assert answer.status_code == 302, answer.content.decode()[:2000]
     assert ResourcePool.objects.get(name="via-admin").remote["credentials"] == "service"
-    refused = admin_client.post(
-        "/admin/resources/resourcepool/add/",
-        pool_form(kind="qarnot", remote='{"profile": "p", "credentials": "everyone"}', name="bad") | inline_data([]),
-    )
+    data = pool_form(kind="qarnot", remote='{"profile": "p", "credentials": "everyone"}', name="bad") | inline_data([])
+    refused = admin_client.post("/admin/resources/resourcepool/add/", data)
     assert refused.status_code == 200 and "must be &#x27;user&#x27;" in refused.content.decode()
 
 
@@ -297,17 +295,15 @@ def test_rotating_the_credentials_key_reseals_every_connection_and_they_keep_wor
 def test_r_cred_2_credentials_do_not_change_while_cases_of_the_pool_run(driver, double, ada, make_case, api, staff):
     case = make_case(user=ada, resource_class=driver.pool.classes.get(), command="true")
     Case.objects.filter(pk=case.pk).update(status=CaseStatus.RUNNING, remote_id="1@cluster")
-    to_service = {"remote": remote_for(double, credentials="service")}
-    refused = api(staff).patch(f"/api/v1/resource-pools/{driver.pool.pk}/", to_service, format="json")
+    to_service = remote_for(double, credentials="service")
+    refused = set_remote(api(staff), driver.pool, to_service)
     assert refused.status_code == 400 and "cannot change while cases of this pool" in str(refused.json())
     assert credential_services.needs_user_credentials(ResourcePool.objects.get(pk=driver.pool.pk))
     # Other edits of the remote still go through while they run.
-    same = api(staff).patch(
-        f"/api/v1/resource-pools/{driver.pool.pk}/", {"remote": remote_for(double, partition="debug")}, format="json"
-    )
+    same = set_remote(api(staff), driver.pool, remote_for(double, partition="debug"))
     assert same.status_code == 200, same.content
     Case.objects.filter(pk=case.pk).update(status=CaseStatus.DONE, results_fetched=True)
-    assert api(staff).patch(f"/api/v1/resource-pools/{driver.pool.pk}/", to_service, format="json").status_code == 200
+    assert set_remote(api(staff), driver.pool, to_service).status_code == 200
 
 
 @pytest.mark.postgres

@@ -39,12 +39,8 @@ def qpu_pool(db):
 
 
 def test_a_device_naming_secret_key_is_refused(api, staff, qpu_pool):
-    body = {
-        "pool": qpu_pool.pk,
-        "name": "qpu",
-        "driver": "pasqal_qpu",
-        "config": {"url": "http://127.0.0.1:9", "auth_header": "Authorization", "auth_env": "SECRET_KEY"},
-    }
+    config = {"url": "http://127.0.0.1:9", "auth_header": "Authorization", "auth_env": "SECRET_KEY"}
+    body = {"pool": qpu_pool.pk, "name": "qpu", "driver": "pasqal_qpu", "config": config}
     response = api(staff).post("/api/v1/devices/", body, format="json")
     assert response.status_code == 400 and "GRIDGATE_CRED_" in str(response.json()), response.content
 
@@ -99,10 +95,7 @@ def test_pool_class_and_device_writes_need_the_model_permission_not_just_staff(
 def test_a_pool_write_that_edits_classes_needs_the_class_permissions_too(api, bare_staff, local_pool):
     bare_staff.user_permissions.add(Permission.objects.get(codename="change_resourcepool"))
     client = api(bare_staff)
-    rc = local_pool.classes.get()
-    body = {"classes": [{"id": rc.pk, "memory": 3}]}
-    assert client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", body, format="json").status_code == 403
-    assert (
-        client.patch(f"/api/v1/resource-pools/{local_pool.pk}/", {"idle_timeout": 120}, format="json").status_code
-        == 200
-    )
+    url = f"/api/v1/resource-pools/{local_pool.pk}/"
+    classes = [{"id": local_pool.classes.get().pk, "memory": 3}]
+    assert client.patch(url, {"classes": classes}, format="json").status_code == 403
+    assert client.patch(url, {"idle_timeout": 120}, format="json").status_code == 200
