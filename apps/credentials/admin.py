@@ -1,8 +1,6 @@
-"""Operators' view of per-user remote credentials (docs/backends.md, "Per-user credentials").
-
-Staff see whose connection exists, to which pool, as which provider identity, and since when;
-they can delete one (the user then reconnects). The sealed credential is never on any page: the
-field is not editable, not listed and not in any form, and nothing here can open it.
+"""Operators' view of per-user remote credentials (docs/backends.md, "Per-user credentials"):
+whose connection exists, to which pool, as which provider identity, and since when; staff can
+delete one (the user then reconnects). Nothing here can open the sealed credential.
 """
 
 from django.contrib import admin, messages
