@@ -17,12 +17,11 @@ from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection as db
-from django.utils import timezone
 
 from apps.accounts.models import Identity
 from apps.backends import firecrest as fc
 from apps.cases.models import Case, CaseStatus
-from apps.credentials import oauth, sealing
+from apps.credentials import oauth
 from apps.credentials import services as credential_services
 from apps.credentials.models import ConnectionState, RemoteConnection
 from apps.resources.models import ResourcePool
@@ -135,11 +134,8 @@ def test_deleting_several_connections_in_the_admin_revokes_each_grant(driver, do
     driver.connect(ada)
     driver.connect(bob)
     ids = [str(pk) for pk in RemoteConnection.objects.values_list("pk", flat=True)]
-    answer = admin_client.post(
-        "/admin/credentials/remoteconnection/",
-        {"action": "delete_selected", "_selected_action": ids, "post": "yes"},
-        follow=True,
-    )
+    data = {"action": "delete_selected", "_selected_action": ids, "post": "yes"}
+    answer = admin_client.post("/admin/credentials/remoteconnection/", data, follow=True)
     assert answer.status_code == 200 and "has revoked it" in answer.content.decode()
     assert not RemoteConnection.objects.exists()
     assert double.live_refresh_tokens("ada") == [] and double.live_refresh_tokens("bob") == []
@@ -172,14 +168,7 @@ def test_without_a_revocation_endpoint_doctor_and_disconnect_say_grants_are_not_
         "disconnecting cannot revoke users' grants: this pool names no revocation endpoint (revocation_uri): "
         "set revocation_uri"
     )
-    RemoteConnection.objects.create(
-        user=ada,
-        pool=pool,
-        sealed_secret=sealing.seal("rt-1"),
-        subject="s",
-        connected_at=timezone.now(),
-        provider_urls=credential_services.provider_urls(pool),
-    )
+    credential_services._store(ada, pool, "rt-1", subject="s", username="")  # as a connect keeps a grant
     answer = api(ada).delete(f"/api/v1/connections/{pool.pk}/").json()
     assert answer["revoked"] is False and "names no revocation endpoint (revocation_uri)" in answer["detail"]
     assert double.revocations == []
