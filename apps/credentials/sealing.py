@@ -35,9 +35,7 @@ class Unreadable(Exception):
 
 
 def _box():
-    keys = getattr(settings, "GRIDGATE_CREDENTIALS_KEY", None) or []
-    if isinstance(keys, str):
-        keys = [part.strip() for part in keys.split(",") if part.strip()]
+    keys = settings.GRIDGATE_CREDENTIALS_KEY  # a list: config.env.env_list split the variable
     if not keys:
         raise SealingUnavailable()
     try:

@@ -31,17 +31,13 @@ def _callback_uri(request) -> str:
     return request.build_absolute_uri(reverse("web:connection-callback"))
 
 
-def _back():
-    return redirect("web:connection-list")
-
-
 def _refused(request, exc: Exception, what: str):
     """Back to the connections page, saying why ``what`` was refused."""
     if isinstance(exc, sealing.SealingUnavailable):
         messages.error(request, exc.detail)  # the whole reason, in words: nothing to retry
     else:
         refuse(request, exc, what)
-    return _back()
+    return redirect("web:connection-list")
 
 
 @login_required
@@ -103,7 +99,7 @@ def connection_callback(request):
             return _refused(request, exc, "Connecting")
         who = connection.provider_username or connection.subject or "your account"
         messages.success(request, f"Connected to {connection.pool.name} as {who}: your cases there run under it.")
-    return _back()
+    return redirect("web:connection-list")
 
 
 @sensitive_post_parameters()
@@ -120,7 +116,7 @@ def connection_paste(request, pool):
     who = connection.provider_username or connection.subject or "unknown"
     saved = f"{capfirst(session.paste.words)} saved for {connection.pool.name}"
     messages.success(request, f"{saved} ({session.label} account {who}).")
-    return _back()
+    return redirect("web:connection-list")
 
 
 @login_required
@@ -132,4 +128,4 @@ def connection_disconnect(request, pool):
         return _refused(request, exc, "Disconnecting")
     tell = messages.warning if forgotten.revoked is False else messages.success
     tell(request, f"Disconnected: {forgotten.detail}")
-    return _back()
+    return redirect("web:connection-list")
