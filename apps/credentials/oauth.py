@@ -24,6 +24,10 @@ import jwt
 from apps.resources.remote import authorization_endpoint, revocation_endpoint
 
 TIMEOUT = 15.0  # seconds: a connect or a refresh waits this long for the token endpoint
+#: an access token is used until this many seconds before it expires: FirecREST refuses one with
+#: less than 30 s left (401 "expires too soon"), and pyfirecrest's default of 10 s made a call fail
+#: in every token cycle; 60 s leaves room for the request itself
+MIN_TOKEN_VALIDITY = 60
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,6 @@ from apps.resources.remote import SERVICE, USER, credential_mode
 
 logger = logging.getLogger(__name__)
 
-#: an access token is used until this many seconds before it expires (FirecREST refuses one with
-#: less than 30 s left: the backend's MIN_TOKEN_VALIDITY, the same margin)
-MIN_TOKEN_VALIDITY = 60
-
 _access_tokens: dict[tuple[int, int], tuple[str, float]] = {}  # (connection, generation) → (token, expiry)
 _access_lock = threading.Lock()
 
@@ -200,11 +196,11 @@ def _api_token(sealed: str, unreadable: str, *, fresh: bool = False) -> str:
 
 def _access_token(connection_id: int, generation: int, *, fresh: bool = False) -> str:
     """The owner's FirecREST access token: the one this process holds while it has more than
-    ``MIN_TOKEN_VALIDITY`` left, else a refresh grant."""
+    ``oauth.MIN_TOKEN_VALIDITY`` left, else a refresh grant."""
     if not fresh:
         with _access_lock:
             cached = _access_tokens.get((connection_id, generation))
-        if cached and cached[1] - time.time() > MIN_TOKEN_VALIDITY:
+        if cached and cached[1] - time.time() > oauth.MIN_TOKEN_VALIDITY:
             return cached[0]
     return _refresh(connection_id, generation)
 

@@ -15,14 +15,10 @@ import posixpath
 from apps.backends.base import BackendError, RemoteIdentity
 from apps.backends.remote import Failure, RemoteSession
 from apps.backends.remote_common import env_secret
+from apps.credentials import oauth
 
 TIMEOUT = 30.0  # seconds per HTTP request: a hung API is a failed call, not a hung worker
 RATE_LIMIT_RETRIES = 2  # pyfirecrest sleeps Retry-After on 429; bounded so a pass stays bounded
-
-#: pyfirecrest reuses a token until this many seconds before it expires. The real server refuses
-#: a token with less than 30 s left (401 "expires too soon"); the SDK's default of 10 s made a
-#: call fail in every token cycle. 60 s leaves room for the request itself.
-MIN_TOKEN_VALIDITY = 60
 
 
 def _sdk():
@@ -82,7 +78,7 @@ class Session(RemoteSession):
             auth = UserTokenAuth(self.identity)
         else:
             token_uri = self.remote.get("token_uri")
-            auth = firecrest.ClientCredentialsAuth(*credential, token_uri, min_token_validity=MIN_TOKEN_VALIDITY)
+            auth = firecrest.ClientCredentialsAuth(*credential, token_uri, min_token_validity=oauth.MIN_TOKEN_VALIDITY)
             auth.timeout = TIMEOUT
             # Its own log record of a refusal quotes the token endpoint's answer, unscrubbed: an
             # identity provider or gateway that echoes the request would put the secret in the log
