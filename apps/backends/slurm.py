@@ -346,7 +346,7 @@ class SlurmBackend(PollsMany, ExecutionBackend):
             # completion log, which this account cannot read: waiting cannot tell more (it
             # was a failed poll backing off for ever, the case pending meanwhile). It ends
             # failed, saying why, with its output (R-CASE-4).
-            self._drain(job, limit=LIVE_DRAIN_BYTES)
+            self._drain(job, limit=None)  # it ends on this answer: all of it
             return BackendState(
                 status=BackendStatus.FAILED,
                 message=(

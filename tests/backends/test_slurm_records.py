@@ -151,6 +151,17 @@ def test_a_job_slurmctld_forgot_ends_failed_only_when_its_record_cannot_be_read_
         assert isinstance(state, Exception) and "does not know" in str(state)
 
 
+def test_a_job_ended_for_an_unreadable_record_keeps_all_its_output(monkeypatch, tmp_path):
+    """Its case ends on this answer, so the output is drained to the end, not one poll's 4 MiB."""
+    unreadable = (1, "", "sacct: fatal: open /var/log/slurm/jobcomp.log: Permission denied\n")
+    fake_slurm(monkeypatch, {"squeue": (0, "", ""), ("sacct", False): NO_ACCOUNTING, ("sacct", True): unreadable})
+    (tmp_path / ".run").mkdir()
+    (tmp_path / ".run" / "stdout").write_bytes(b"x" * (slurm.LIVE_DRAIN_BYTES + 1000))
+    state = SlurmBackend().poll_many([JobRef("c", "12", tmp_path, {})])["12"]
+    assert state.status == BackendStatus.FAILED
+    assert (tmp_path / "stdout.log").stat().st_size == slurm.LIVE_DRAIN_BYTES + 1000
+
+
 def test_state_mapping_never_turns_an_unknown_state_into_a_failure():
     """Slurm's durations (``duration_seconds(text, "-")``) are tests/backends/unit/test_durations.py's."""
     assert slurm.map_state("COMPLETED") == "succeeded"
