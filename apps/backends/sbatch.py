@@ -135,8 +135,9 @@ def slurm_duration(seconds: int) -> str:
     return f"{days}-{hours:02d}:{rest // 60:02d}:00"
 
 
-def duration_seconds(text: str) -> int | None:
-    """Seconds of a Slurm duration (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``); None when unreadable."""
+def time_limit_seconds(text: str) -> int | None:
+    """Seconds of a Slurm time limit (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``: a bare number is minutes,
+    unlike an elapsed time: ``base.duration_seconds``); None when unreadable."""
     days, _, clock = text.rpartition("-")
     try:
         parts = [int(part) for part in clock.split(":")]
@@ -166,10 +167,10 @@ def pin_class_time(answer: LaunchOptions, resource_class) -> LaunchOptions:
         kept = [
             choice
             for choice in option.choices
-            if (duration_seconds(choice.value) or 0) <= resource_class.max_wall_time and choice.value != default
+            if (time_limit_seconds(choice.value) or 0) <= resource_class.max_wall_time and choice.value != default
         ]
         kept.append(Choice(default, f"{default} (the class's wall time)"))
-        option.choices = sorted(kept, key=lambda choice: duration_seconds(choice.value) or 0)
+        option.choices = sorted(kept, key=lambda choice: time_limit_seconds(choice.value) or 0)
         option.default = default
     return answer
 

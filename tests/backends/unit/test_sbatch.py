@@ -13,13 +13,13 @@ from apps.backends.base import Choice, LaunchOption, LaunchOptions
 from apps.backends.sbatch import (
     ScriptError,
     directive,
-    duration_seconds,
     merged_directives,
     pin_class_partition,
     pin_class_time,
     quote,
     render,
     slurm_duration,
+    time_limit_seconds,
 )
 
 
@@ -191,8 +191,8 @@ def test_a_time_limit_is_written_in_whole_minutes_rounded_up(seconds, text):
     [("1-02:03:04", 93784), ("02:03:04", 7384), ("10:30", 630), ("45", 2700), ("2-05", 190800), ("1-02:03", 93780)]
     + [("UNLIMITED", None), ("1:2:3:4", None), ("a-01:00:00", None), ("", None)],
 )
-def test_slurm_durations_are_read_in_each_of_their_forms_and_an_unreadable_one_is_none(text, seconds):
-    assert duration_seconds(text) == seconds
+def test_slurm_time_limits_are_read_in_each_of_their_forms_and_an_unreadable_one_is_none(text, seconds):
+    assert time_limit_seconds(text) == seconds
 
 
 def test_a_class_partition_override_becomes_the_only_choice():
