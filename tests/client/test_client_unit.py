@@ -114,6 +114,7 @@ def test_device_grant_polls_at_the_interval_and_slows_down_when_asked():
                 json={
                     "device_authorization_endpoint": "https://idp.test/device",
                     "token_endpoint": "https://idp.test/token",
+                    "revocation_endpoint": "https://idp.test/revoke",
                 },
             )
         if request.url.path == "/device":
@@ -139,6 +140,7 @@ def test_device_grant_polls_at_the_interval_and_slows_down_when_asked():
         )
 
     assert tokens["access_token"] == "a.b.c" and tokens["client_id"] == "gridgate-cli"
+    assert tokens["revocation_endpoint"] == "https://idp.test/revoke"  # for logout
     assert shown == [("https://idp.test/go", "ABCD-EFGH", None)]
     assert clock.slept == [5.0, 5.0, 10.0]
 
@@ -397,6 +399,46 @@ def test_a_device_login_whose_renewal_is_refused_exits_4_saying_to_log_in_again(
 
     assert cli.main(["pools"]) == cli.EXIT_AUTH
     assert capsys.readouterr().err == "gridgate: Your sign-in has ended (invalid_grant): run gridgate login again.\n"
+
+
+@pytest.mark.parametrize(
+    ("stored", "answer", "code", "said"),
+    [
+        ({"revocation_endpoint": "https://idp.test/revoke"}, httpx.Response(200), 0, "the sign-in is ended"),
+        ({}, None, 0, "did not revoke it"),  # a provider that names no endpoint, or an older client's login
+        ({"revocation_endpoint": "https://idp.test/revoke"}, httpx.Response(400), 0, "did not revoke it"),
+        ({"revocation_endpoint": "https://idp.test/revoke"}, httpx.ConnectError("refused"), 5, "could not end it"),
+    ],
+    ids=["revoked", "no-endpoint", "refused", "unreachable"],
+)
+def test_logout_of_a_device_login_revokes_its_refresh_token_at_the_provider(
+    tmp_path, monkeypatch, capsys, stored, answer, code, said
+):
+    """The refresh token would go on minting access tokens: logout revokes it (RFC 7009) where the
+    provider says how, and forgets the login here whatever the provider answers."""
+    from gridgate_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
+    monkeypatch.delenv("GRIDGATE_URL", raising=False)
+    config.store_token("https://grid.example.org", "a.b.c", expires_at=0, **DEVICE_ENTRY, **stored)
+    sent = []
+
+    def handler(request):
+        sent.append((str(request.url), request.content.decode()))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw))
+
+    assert cli.main(["logout"]) == code
+    out = capsys.readouterr()
+    assert said in out.out + out.err
+    expected = "token=r&token_type_hint=refresh_token&client_id=gridgate-cli"
+    assert sent == ([("https://idp.test/revoke", expected)] if stored else [])
+    assert config.forget_token("https://grid.example.org") is None  # forgotten in every case
 
 
 @pytest.mark.parametrize(

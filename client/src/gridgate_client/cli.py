@@ -392,6 +392,7 @@ def login(username, password_stdin, device, name):
                 refresh_token=tokens.get("refresh_token"),
                 token_endpoint=tokens["token_endpoint"],
                 client_id=tokens["client_id"],
+                revocation_endpoint=tokens.get("revocation_endpoint"),
                 expires_at=time.time() + float(tokens.get("expires_in", 300)),
             )
             emit({"url": url, "method": "device", "stored": str(path)}, f"Logged in to {url} (token in {path}).")
@@ -432,6 +433,9 @@ def logout():
     if entry is None:
         emit({"url": url, "forgotten": False, "revoked": False}, f"No stored token for {url}.")
         return
+    if entry.get("refresh_token"):
+        _end_device_login(url, entry)
+        return
     if not isinstance(token_id, int):
         emit(
             {"url": url, "forgotten": True, "revoked": False},
@@ -451,6 +455,32 @@ def logout():
                 exit_for(exc),
             ) from None
     emit({"url": url, "forgotten": True, "revoked": True}, f"Logged out of {url}: the token is revoked.")
+
+
+def _end_device_login(url: str, entry: dict) -> None:
+    """A sign-in with the centre's provider holds its refresh token, which would go on minting
+    access tokens: revoked at the provider where it says how (its access token, minutes long, is
+    not revocable there: it expires)."""
+    try:
+        with httpx.Client(timeout=30) as http:
+            revoked = devicegrant.revoke(entry, http=http)
+    except GridgateError as exc:
+        raise Fail(
+            f"Forgot the sign-in for {url}, but could not end it at the identity provider ({exc.detail}): it ends "
+            "when its refresh token expires.",
+            EXIT_UNAVAILABLE,
+        ) from None
+    if revoked:
+        emit(
+            {"url": url, "forgotten": True, "revoked": True},
+            f"Logged out of {url}: the sign-in is ended at the identity provider.",
+        )
+    else:
+        emit(
+            {"url": url, "forgotten": True, "revoked": False},
+            f"Forgot the sign-in for {url}; the identity provider did not revoke it, so it ends when its refresh "
+            "token expires.",
+        )
 
 
 @cli.command()

@@ -76,7 +76,8 @@ def device_login(
 ) -> dict:
     """Run the grant for ``device`` (``{"issuer", "client_id", "scopes"}`` from Gridgate);
     ``show(verification_uri, user_code, verification_uri_complete)`` tells the user what to do.
-    Returns the token answer with ``token_endpoint`` and ``client_id`` (for :func:`refresh`)."""
+    Returns the token answer with ``token_endpoint``, ``client_id`` (for :func:`refresh`) and the
+    provider's ``revocation_endpoint`` if it names one (for :func:`revoke`)."""
     document = discover(http, device["issuer"])
     asked = _post(
         http,
@@ -105,7 +106,11 @@ def device_login(
             continue  # a poll lost on the way: the next one asks again, until the code expires
         if answer.status_code == 200:
             tokens = _json(answer)
-            tokens.update(token_endpoint=document["token_endpoint"], client_id=device["client_id"])
+            tokens.update(
+                token_endpoint=document["token_endpoint"],
+                client_id=device["client_id"],
+                revocation_endpoint=document.get("revocation_endpoint"),
+            )
             return tokens
         error, description = _token_error(answer)
         if error == "authorization_pending":
@@ -138,3 +143,17 @@ def refresh(entry: dict, *, http: httpx.Client) -> dict:
     if not isinstance(tokens.get("access_token"), str):
         raise GridgateError("The identity provider renewed your sign-in without a token: run gridgate login again.")
     return tokens
+
+
+def revoke(entry: dict, *, http: httpx.Client) -> bool:
+    """End a stored device login at the provider: revoke its refresh token (RFC 7009), so no new
+    access token comes from it. False when the login recorded no revocation endpoint (a provider
+    that names none, or a login from an older client) or the provider refused."""
+    if not entry.get("revocation_endpoint") or not entry.get("refresh_token"):
+        return False
+    answer = _post(
+        http,
+        entry["revocation_endpoint"],
+        {"token": entry["refresh_token"], "token_type_hint": "refresh_token", "client_id": entry["client_id"]},
+    )
+    return answer.status_code == 200
