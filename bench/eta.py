@@ -32,10 +32,13 @@ Targets: coverage 90 % ± 3 in every 200-job window with median bound / wait <= 
 <= 25 % (<= 10 % when arrivals stop); at least 30 % below the baseline's median error.
 
 ``BENCH_ETA_STRATEGIES`` (default all three), ``BENCH_ETA_SEEDS`` (default 34,35,36),
-``BENCH_ETA_WHY=1`` prints where each run's error comes from. The simulation's connection
-commits without waiting for the WAL flush (``_usage_sim.fast_commits``).
+``BENCH_ETA_WHY=1`` prints where each run's error comes from, ``BENCH_ETA_DUMP=<folder>`` writes
+each run's recorded predictions (what ``relearned`` replays) to ``<folder>/<strategy>-<seed>.json``,
+to try other corrections on them offline. The simulation's connection commits without waiting
+for the WAL flush (``_usage_sim.fast_commits``).
 """
 
+import json
 import math
 import os
 import random
@@ -51,6 +54,7 @@ STRATEGIES = [
 ]
 WHY = os.environ.get("BENCH_ETA_WHY") == "1"  # print where each run's error comes from
 TOLD = os.environ.get("BENCH_ETA_TOLD") == "1"  # the control told the arrival process's state (below)
+DUMP = os.environ.get("BENCH_ETA_DUMP")  # a folder: each run's recorded predictions, to replay other corrections
 WINDOW = 200  # jobs: the bound's coverage is checked over each run of this many submissions
 RELEARN_WINDOWS = (50, 100, 200, 500, 1000)  # last starts the bound's correction is replayed with (control)
 JOBS = int(os.environ.get("BENCH_ETA_JOBS", "2000"))
@@ -158,6 +162,10 @@ def calibrate(strategy: str, seed: int) -> dict:
         "eta_recorded_at", "scheduled_at", "eta_recorded_seconds", "eta_p90_recorded_seconds"
     )
     predicted = sorted((at.timestamp(), start.timestamp(), median, bound) for at, start, median, bound in predicted)
+    if DUMP:
+        os.makedirs(DUMP, exist_ok=True)
+        with open(os.path.join(DUMP, f"{strategy}-{seed}.json"), "w") as out:
+            json.dump(predicted, out)
     learned = {window: relearned(predicted, window) for window in RELEARN_WINDOWS}
     oracle, oracle_held = floor(sampled, dispatched, started, sim.shots_of)
     figures["floor"] = statistics.median(error for _, error in oracle)
