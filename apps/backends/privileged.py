@@ -1404,6 +1404,47 @@ def stop(config: Config, request: dict) -> dict:
         return {"stopped": True}
 
 
+def bring_back(what, work_fd, target_fd, owner, globs, manifest, max_bytes, keep=None) -> list[str]:
+    """Copy the ``results`` or the ``live`` files (``what``) of a case's working directory
+    ``work_fd`` into ``target_fd``, handed to ``owner``; the paths copied. :func:`collect` and the
+    Run:AI backend both bring files back so. The case's command chose what lies there: only
+    regular files with one name are read, reached without following a link, and ``keep(rel,
+    info)``, when given, vets each by its ``fstat``. Live files match ``globs``; results are what
+    is not an unchanged input (``manifest``), never more than ``max_bytes`` on disk."""
+    copied, stored = [], 0
+    skip = NOT_RESULTS if what == "results" else ("shared",)
+    for rel, dir_fd, name in untrusted_files(work_fd, skip):
+        if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in [*globs, PROGRESS_FILE]):
+            continue
+        fd = open_regular(name, dir_fd=dir_fd)
+        if fd is None:
+            continue
+        try:
+            info = os.fstat(fd)
+            if keep is not None and not keep(rel, info):
+                continue
+            if what == "results":
+                # Only an input can be unchanged: a new file is never read twice.
+                if rel in manifest and manifest[rel] == sha256_fd(fd):
+                    continue
+                stored += info.st_blocks * 512
+                if max_bytes is not None and stored > max_bytes:
+                    raise TooLarge(
+                        f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
+                        f"{rel!r} and what follows it were not brought back"
+                    )
+            try:
+                write_into(target_fd, rel, fd, owner)
+            except OSError:
+                if what == "results":
+                    raise
+                continue  # a live copy that cannot land (a directory there): the next sync tries
+        finally:
+            os.close(fd)
+        copied.append(rel)
+    return copied
+
+
 def collect(config: Config, request: dict) -> dict:
     """Copy the case's results (what the command created or changed: not its unchanged inputs,
     not ``shared/`` or ``.gridgate/``) or its live files (the globs and the progress marker)
@@ -1437,41 +1478,15 @@ def collect(config: Config, request: dict) -> dict:
                     manifest = json.load(handle)
                 except ValueError:
                     raise Refused("the inputs manifest is not valid JSON") from None
-        patterns = [*globs, PROGRESS_FILE]
-        copied, stored = [], 0
-        skip = NOT_RESULTS if what == "results" else ("shared",)
-        # Only what the case's account owns comes back: on a shared file system it could move
-        # into work/ another account's file from a directory both may write.
-        owner = os.fstat(work_fd).st_uid
+        uid = os.fstat(work_fd).st_uid
+
+        def owned(rel: str, info: os.stat_result) -> bool:
+            # Only what the case's account owns comes back: on a shared file system it could move
+            # into work/ another account's file from a directory both may write.
+            return info.st_uid == uid
+
         try:
-            for rel, dir_fd, name in untrusted_files(work_fd, skip):
-                if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in patterns):
-                    continue
-                fd = open_regular(name, dir_fd=dir_fd)
-                if fd is None:
-                    continue
-                try:
-                    if os.fstat(fd).st_uid != owner:
-                        continue
-                    if what == "results":
-                        # Only an input can be unchanged: a new file is never read twice.
-                        if rel in manifest and manifest[rel] == sha256_fd(fd):
-                            continue
-                        stored += os.fstat(fd).st_blocks * 512
-                        if max_bytes is not None and stored > max_bytes:
-                            raise TooLarge(
-                                f"the results hold more than the case's storage limit of {human_size(max_bytes)}: "
-                                f"{rel!r} and what follows it were not brought back"
-                            )
-                    try:
-                        write_into(target_fd, rel, fd, service)
-                    except OSError:
-                        if what == "results":
-                            raise
-                        continue  # a live copy that cannot land (a directory there): the next sync tries
-                finally:
-                    os.close(fd)
-                copied.append(rel)
+            copied = bring_back(what, work_fd, target_fd, service, globs, manifest, max_bytes, keep=owned)
         except TooDeep as exc:
             raise TooLarge(f"the working directory is not brought back: {exc}") from None
         if what == "results":

@@ -32,7 +32,7 @@ from apps.backends.base import (
 )
 from apps.backends.remote import ProviderError
 from apps.backends.remote.backend import state_map
-from apps.backends.remote_common import LIVE_MAX_BYTES, glob_matches, load_state, save_state
+from apps.backends.remote_common import LIVE_MAX_BYTES, load_state, save_state
 from apps.backends.runai import client
 from apps.backends.runai.doctor import RunaiDoctor
 
@@ -248,13 +248,20 @@ class RunaiBackend(RunaiDoctor):
         )
 
     def _copy_tree(self, job: JobRef, what: str, globs: list[str]) -> None:
-        """``work/`` on the shared volume into ``live/`` or ``results/``, following no symlink out
-        (the job chooses what lies there, R-CASE-7): results are what the command created or
-        changed (not its unchanged inputs, not ``shared/`` or ``.gridgate/``), never more than
-        the case's storage; live files match the globs, each at most ``LIVE_MAX_BYTES``."""
+        """``work/`` on the shared volume into ``live/`` or ``results/`` as the helper brings files
+        back (:func:`privileged.bring_back`: the job chooses what lies there, R-CASE-7); a live
+        file only up to ``LIVE_MAX_BYTES`` and when it changed since the last sync."""
         rdir = run_dir_for(job.case_id, job.pool_remote)
         manifest = load_state(job.workspace, STATE_DIR, "manifest.json") if what == "results" else {}
         seen = load_state(job.workspace, STATE_DIR, "live.json") if what == "live" else {}
+
+        def changed(rel: str, info: os.stat_result) -> bool:
+            stamp = f"{info.st_size}:{info.st_mtime_ns}"
+            if info.st_size > LIVE_MAX_BYTES or seen.get(rel) == stamp:
+                return False
+            seen[rel] = stamp
+            return True
+
         owner = (os.geteuid(), os.getegid())
         target = job.workspace / what
         target.mkdir(parents=True, exist_ok=True)
@@ -263,40 +270,11 @@ class RunaiBackend(RunaiDoctor):
         except OSError as exc:
             raise BackendError(f"the working directory on the shared volume is gone: {exc}") from None
         target_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        stored = 0
         try:
-            skip = files.NOT_RESULTS if what == "results" else ("shared",)
-            for rel, dir_fd, name in privileged.untrusted_files(work_fd, skip):
-                if what == "live" and not glob_matches(rel, globs):
-                    continue
-                fd = privileged.open_regular(name, dir_fd=dir_fd)
-                if fd is None:
-                    continue
-                try:
-                    info = os.fstat(fd)
-                    if what == "live":
-                        stamp = f"{info.st_size}:{info.st_mtime_ns}"
-                        if info.st_size > LIVE_MAX_BYTES or seen.get(rel) == stamp:
-                            continue
-                        seen[rel] = stamp
-                    else:
-                        if rel in manifest and manifest[rel] == privileged.sha256_fd(fd):
-                            continue  # an input returned unchanged is not a result
-                        stored += info.st_blocks * 512
-                        if job.max_result_bytes is not None and stored > job.max_result_bytes:
-                            raise ResultsTooLarge(
-                                f"the results hold more than the case's storage limit of "
-                                f"{privileged.human_size(job.max_result_bytes)}: {rel!r} and what follows were not "
-                                "brought back"
-                            )
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    try:
-                        privileged.write_into(target_fd, rel, fd, owner)
-                    except OSError:
-                        if what == "results":
-                            raise
-                finally:
-                    os.close(fd)
+            keep = changed if what == "live" else None
+            privileged.bring_back(what, work_fd, target_fd, owner, globs, manifest, job.max_result_bytes, keep)
+        except privileged.TooLarge as exc:
+            raise ResultsTooLarge(str(exc)) from None
         except privileged.Refused as exc:
             raise BackendError(str(exc)) from None
         finally:
