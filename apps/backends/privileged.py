@@ -1404,6 +1404,12 @@ def stop(config: Config, request: dict) -> dict:
         return {"stopped": True}
 
 
+def glob_matches(rel: str, globs: list[str]) -> bool:
+    """The core's observability globs (fnmatch: ``*`` also crosses ``/``), plus Gridgate's
+    progress marker: a case's live files, for every backend."""
+    return any(fnmatch.fnmatch(rel, pattern) for pattern in list(globs or []) + [PROGRESS_FILE])
+
+
 def bring_back(what, work_fd, target_fd, owner, globs, manifest, max_bytes, keep=None) -> list[str]:
     """Copy the ``results`` or the ``live`` files (``what``) of a case's working directory
     ``work_fd`` into ``target_fd``, handed to ``owner``; the paths copied. :func:`collect` and the
@@ -1414,7 +1420,7 @@ def bring_back(what, work_fd, target_fd, owner, globs, manifest, max_bytes, keep
     copied, stored = [], 0
     skip = NOT_RESULTS if what == "results" else ("shared",)
     for rel, dir_fd, name in untrusted_files(work_fd, skip):
-        if what == "live" and not any(fnmatch.fnmatch(rel, pattern) for pattern in [*globs, PROGRESS_FILE]):
+        if what == "live" and not glob_matches(rel, globs):
             continue
         fd = open_regular(name, dir_fd=dir_fd)
         if fd is None:

@@ -9,7 +9,6 @@ provider or an SDK echoes them back.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import itertools
 import json
 import logging
@@ -85,15 +84,9 @@ def provider_words(text: str, *, service: bool, status: int | None = None) -> st
     return f"the provider {answered} (reference {reference}: an operator finds its words in the logs)"
 
 
-def glob_matches(rel: str, globs: list[str]) -> bool:
-    """The core's observability globs, with the same semantics as the local backends (fnmatch:
-    ``*`` also crosses ``/``), plus Gridgate's progress marker."""
-    return any(fnmatch.fnmatch(rel, pattern) for pattern in list(globs or []) + [PROGRESS_FILE])
-
-
 def globs_to_regex(globs: list[str]) -> str:
     """One anchored regular expression for a provider-side filter (Qarnot's snapshot whitelist)
-    matching exactly what :func:`glob_matches` matches. Written by hand rather than with
+    matching exactly what :func:`privileged.glob_matches` matches. Written by hand rather than with
     ``fnmatch.translate``, whose ``(?s:…)\\Z`` output is Python-specific."""
     parts = []
     for pattern in list(globs or []) + [PROGRESS_FILE]:

@@ -37,12 +37,12 @@ from apps.backends.base import (
 )
 from apps.backends.firecrest.client import Session, _sdk
 from apps.backends.firecrest.doctor import FirecrestDoctor
+from apps.backends.privileged import glob_matches
 from apps.backends.remote import ProviderError, RemoteSession
 from apps.backends.remote_common import (
     LIVE_MAX_BYTES,
     confined_target,
     download_atomically,
-    glob_matches,
     load_state,
     save_state,
 )

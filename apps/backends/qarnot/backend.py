@@ -30,6 +30,7 @@ from apps.backends.base import (
     SubmitUncertain,
     duration_seconds,
 )
+from apps.backends.privileged import glob_matches
 from apps.backends.qarnot.client import MB, Session, _sdk
 from apps.backends.qarnot.doctor import QarnotDoctor
 from apps.backends.remote.backend import state_map
@@ -37,7 +38,6 @@ from apps.backends.remote_common import (
     LIVE_MAX_BYTES,
     confined_target,
     download_atomically,
-    glob_matches,
     globs_to_regex,
     load_state,
     safe_relative,
