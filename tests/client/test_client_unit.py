@@ -422,6 +422,9 @@ def test_logout_of_a_device_login_revokes_its_refresh_token_at_the_provider(
     monkeypatch.delenv("GRIDGATE_TOKEN", raising=False)
     monkeypatch.delenv("GRIDGATE_URL", raising=False)
     config.store_token("https://grid.example.org", "a.b.c", expires_at=0, **DEVICE_ENTRY, **stored)
+    renewed = {"access_token": "x.y.z", "refresh_token": "r", "expires_in": 300}
+    monkeypatch.setattr(devicegrant, "refresh", lambda entry, *, http: renewed)
+    cli._refresh_if_due("https://grid.example.org")  # a command renewed it first: the login keeps its endpoint
     sent = []
 
     def handler(request):

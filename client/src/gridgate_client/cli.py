@@ -229,14 +229,12 @@ def _refresh_if_due(url: str) -> None:
         return
     with httpx.Client(timeout=30) as http:
         tokens = devicegrant.refresh(entry, http=http)
-    config.store_token(
-        url,
-        tokens["access_token"],
-        refresh_token=tokens.get("refresh_token", entry["refresh_token"]),
-        token_endpoint=entry["token_endpoint"],
-        client_id=entry["client_id"],
+    kept = {key: value for key, value in entry.items() if key != "token"}  # its endpoints, client id
+    kept.update(
+        refresh_token=tokens.get("refresh_token", entry["refresh_token"]),  # the provider may rotate it
         expires_at=time.time() + float(tokens.get("expires_in", 300)),
     )
+    config.store_token(url, tokens["access_token"], **kept)
 
 
 class Status:
@@ -425,8 +423,8 @@ def login(username, password_stdin, device, name):
 @cli.command()
 @json_option
 def logout():
-    """Revoke the stored token on the server and forget it. A token from an older login (which did
-    not record its id) or from the centre's sign-in is only forgotten here."""
+    """Revoke the stored token on the server, or a sign-in with the centre's provider there, and
+    forget it. A token from an older login (which did not record its id) is only forgotten here."""
     url = config.resolve_url((click.get_current_context().find_root().obj or {}).get("url"))
     entry = config.forget_token(url)
     token_id = (entry or {}).get("token_id")
