@@ -341,7 +341,11 @@ def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
     pool = _user_pool(user, pool_id, pasted=True)
     session = provider(pool.kind)
     paste = session.paste
-    given = [(values.get(name) or "").strip() for name, _what, _secret in paste.fields]
+    names = [name for name, _what, _secret in paste.fields]
+    if not set(names) <= set(values):
+        fields = " and ".join(f"'{name}'" for name in names)
+        raise Invalid(f"Send {fields} (your {pool.get_kind_display()} {paste.words}).")
+    given = [(values.get(name) or "").strip() for name in names]
     if any(not value or len(value) > paste.limit or not all(" " < char < "\x7f" for char in value) for value in given):
         raise Invalid(paste.malformed)
     try:

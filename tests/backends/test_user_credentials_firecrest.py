@@ -141,6 +141,14 @@ def test_deleting_several_connections_in_the_admin_revokes_each_grant(driver, do
     assert double.live_refresh_tokens("ada") == [] and double.live_refresh_tokens("bob") == []
 
 
+def test_a_firecrest_credential_is_never_pasted_through_the_api(driver, ada, api):
+    """A FirecREST pool connects in the browser (its OAuth flow): a PUT is refused by the rule the
+    connections page follows, whatever it carries."""
+    answer = api(ada).put(f"/api/v1/connections/{driver.pool.pk}/", {"token": "pasted"}, format="json")
+    assert answer.status_code == 400 and "is a firecrest pool: connect it from" in answer.json()["detail"]
+    assert not RemoteConnection.objects.exists()
+
+
 # -- disconnecting revokes the grant at the provider (RFC 7009) --------------------------------------
 def test_when_the_provider_cannot_revoke_the_credential_is_still_forgotten_and_the_user_told(
     driver, double, ada, api, caplog

@@ -1,6 +1,5 @@
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,7 +12,6 @@ from apps.backends.api.serializers import (
     DisconnectedSerializer,
     LaunchOptionsSerializer,
 )
-from apps.backends.remote import provider
 from apps.backends.services import launch_options_for
 from apps.credentials import services as credential_services
 from apps.resources.selectors import visible_classes
@@ -76,18 +74,8 @@ class ConnectionDetailView(APIView):
         """Keep your Qarnot API token or Run:AI access key for this pool, once the provider accepted it."""
         body = ConnectionCredentialSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        data = body.validated_data
-        found = self._row(request, pool)["pool"]
-        paste = provider(found.kind).paste
-        if paste is None:
-            raise ValidationError(
-                {"detail": f"A {found.kind} pool connects in the browser: {credential_services.connect_page()}."}
-            )
-        names = [name for name, _what, _secret in paste.fields]
-        if not set(names) <= set(data):
-            fields = " and ".join(f"'{name}'" for name in names)
-            raise ValidationError({"detail": f"Send {fields} (your {found.get_kind_display()} {paste.words})."})
-        credential_services.store_pasted(user=request.user, pool_id=pool, values=data)
+        self._row(request, pool)  # a 404 for a pool that takes no credential of yours
+        credential_services.store_pasted(user=request.user, pool_id=pool, values=body.validated_data)
         return Response(ConnectionSerializer(self._row(request, pool)).data)
 
     @extend_schema(
