@@ -327,7 +327,9 @@ def finish_connect(*, user, flow: dict, code: str, redirect_uri: str, max_age: f
             "administrator to allow the 'offline_access' scope for the pool's client."
         )
     _check_linked_identity(user, answer.issuer, answer.subject)
-    connection = _store(user, pool, answer.refresh_token, answer.subject, answer.username, answer.issuer)
+    connection = _store(
+        user, pool, answer.refresh_token, subject=answer.subject, username=answer.username, issuer=answer.issuer
+    )
     _keep_access_token(connection.pk, connection.generation, answer)
     return connection
 
@@ -354,7 +356,7 @@ def store_pasted(*, user, pool_id, values: dict) -> RemoteConnection:
         raise Invalid(paste.refused) from None
     except BackendError as exc:
         raise Unavailable(f"{session.label} could not be asked to check the {paste.words}: {exc}") from None
-    return _store(user, pool, session.pasted_secret(given), subject, username)
+    return _store(user, pool, session.pasted_secret(given), subject=subject, username=username)
 
 
 def _check_linked_identity(user, issuer: str, subject: str) -> None:
@@ -377,7 +379,7 @@ def _check_linked_identity(user, issuer: str, subject: str) -> None:
         )
 
 
-def _store(user, pool, secret: str, subject: str, username: str, issuer: str = "") -> RemoteConnection:
+def _store(user, pool, secret: str, *, subject: str, username: str, issuer: str = "") -> RemoteConnection:
     """The user's one connection to ``pool`` made or replaced: two connects at once (a double
     click, a script's retry) end in one row, the later one's, never in a unique-constraint 500
     (``get_or_create`` takes the row the other one inserted)."""
